@@ -1,0 +1,369 @@
+//! Lock throughput and latency, printed beside the baselines measured in the same run.
+//!
+//! ```text
+//! cargo run --release -p lock --example bench -- --clients 32 --keys 10000 --hold-ms 0 --seconds 10
+//! cargo run --release -p lock --example bench -- --clients 32 --keys 1 --hold-ms 1 --seconds 10
+//! ```
+//!
+//! Each of C tasks takes a lock on a random one of K keys, holds it H ms, releases it, and
+//! starts over, for S seconds. Baselines, each run in every round:
+//! - many keys: the raw limit — `redis-benchmark` running `SET k v NX PX 30000` and then the
+//!   release script at C connections, combined as one pair (1 / (1/set + 1/release)) — and
+//!   redis-py's asyncio `Lock` (`bench/redis_py_lock.py`, if `python3 -c 'import redis'` works);
+//! - one key: the serial limit 1 / (hold + one round trip), the round trip being the median
+//!   of sequential PINGs.
+//!
+//! The last line is `pairs/s: <median over rounds>`.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use lock::{LockService, RedisOptions};
+use tokio::time::Instant;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Distinct lock keys (1 = one hot key).
+    #[arg(long, default_value_t = 10_000)]
+    keys: u64,
+    /// How long each holder keeps the lock, ms (fractions allowed).
+    #[arg(long, default_value_t = 0.0)]
+    hold_ms: f64,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Measurement rounds; figures are medians over rounds.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// `redis` or `in-process` (no baselines).
+    #[arg(long, default_value = "redis")]
+    backend: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Skip the baselines.
+    #[arg(long)]
+    no_baselines: bool,
+}
+
+struct Run {
+    pairs_per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    /// Mean time a holder actually held the lock (sleep overshoot included).
+    mean_hold_us: f64,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let host_port = args
+        .redis_url
+        .trim_start_matches("redis://")
+        .trim_end_matches('/')
+        .to_owned();
+    let (host, port) = host_port.split_once(':').unwrap_or((&host_port, "6379"));
+    println!(
+        "lock bench: backend={} clients={} keys={} hold={}ms seconds={} rounds={}",
+        args.backend, args.clients, args.keys, args.hold_ms, args.seconds, args.rounds
+    );
+    let redis = args.backend == "redis";
+    let locks = if redis {
+        LockService::redis(&args.redis_url, RedisOptions::default())?
+    } else {
+        LockService::in_process()
+    };
+    locks.ping().await?;
+    let baselines = redis && !args.no_baselines;
+
+    let mut ours = Vec::new();
+    let mut raw = Vec::new();
+    let mut python = Vec::new();
+    let mut rtts = Vec::new();
+    let mut commands_per_pair = Vec::new();
+    for round in 1..=args.rounds {
+        if baselines && args.keys > 1 {
+            let pair = raw_limit(host, port, args.clients, args.keys, args.seconds)?;
+            println!(
+                "round {round}: raw limit {pair:.0} pairs/s (redis-benchmark SET NX PX + release script)"
+            );
+            raw.push(pair);
+            match redis_py(&args) {
+                Some(rate) => {
+                    println!("round {round}: redis-py asyncio Lock {rate:.0} pairs/s");
+                    python.push(rate);
+                }
+                None => println!("round {round}: redis-py skipped (pip install redis)"),
+            }
+        }
+        if baselines && args.keys == 1 {
+            let rtt = median_ping_us(&args.redis_url).await?;
+            println!("round {round}: one round trip (median PING) {rtt:.1} µs");
+            rtts.push(rtt);
+        }
+        let before = if redis {
+            script_calls(&args.redis_url).await?
+        } else {
+            0
+        };
+        let run = measure(&locks, &args).await?;
+        if redis {
+            let pairs = run.pairs_per_sec * args.seconds;
+            let calls = script_calls(&args.redis_url).await?.saturating_sub(before);
+            commands_per_pair.push(calls as f64 / pairs);
+        }
+        println!(
+            "round {round}: payonce lock {:.0} pairs/s, acquire p50 {:.3} ms p99 {:.3} ms, mean hold {:.3} ms",
+            run.pairs_per_sec,
+            run.p50_us as f64 / 1000.0,
+            run.p99_us as f64 / 1000.0,
+            run.mean_hold_us / 1000.0
+        );
+        ours.push(run);
+    }
+
+    let rate = median(ours.iter().map(|run| run.pairs_per_sec).collect());
+    println!("summary (medians over {} rounds):", args.rounds);
+    println!(
+        "  payonce lock     {rate:>9.0} pairs/s   acquire p50 {:.3} ms   p99 {:.3} ms",
+        median(ours.iter().map(|run| run.p50_us as f64).collect()) / 1000.0,
+        median(ours.iter().map(|run| run.p99_us as f64).collect()) / 1000.0,
+    );
+    if !commands_per_pair.is_empty() {
+        println!(
+            "  Redis commands per acquire+release (scripts called, server count): {:.2}",
+            median(commands_per_pair)
+        );
+    }
+    if !raw.is_empty() {
+        let raw = median(raw);
+        println!(
+            "  raw limit        {raw:>9.0} pairs/s   ratio {:.2} (target >= 0.5)",
+            rate / raw
+        );
+    }
+    if !python.is_empty() {
+        let python = median(python);
+        println!(
+            "  redis-py Lock    {python:>9.0} pairs/s   ratio {:.2} (target >= 3)",
+            rate / python
+        );
+    }
+    if !rtts.is_empty() {
+        let rtt_us = median(rtts);
+        let serial = 1e6 / (args.hold_ms * 1000.0 + rtt_us);
+        println!(
+            "  serial limit     {serial:>9.0} pairs/s   1/({} ms hold + {:.3} ms round trip)   ratio {:.2} (target >= 0.8)",
+            args.hold_ms,
+            rtt_us / 1000.0,
+            rate / serial
+        );
+    }
+    println!("pairs/s: {rate:.0}");
+    Ok(())
+}
+
+async fn measure(locks: &LockService, args: &Args) -> Result<Run, Box<dyn std::error::Error>> {
+    let stop = Arc::new(AtomicBool::new(false));
+    let pairs = Arc::new(AtomicU64::new(0));
+    let held_us = Arc::new(AtomicU64::new(0));
+    let hold = Duration::from_secs_f64(args.hold_ms / 1000.0);
+    let prefix = format!("bench-{:08x}", rand::random::<u32>());
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..args.clients)
+        .map(|_| {
+            let (locks, stop, pairs, held_us, prefix) = (
+                locks.clone(),
+                stop.clone(),
+                pairs.clone(),
+                held_us.clone(),
+                prefix.clone(),
+            );
+            let keys = args.keys;
+            tokio::spawn(async move {
+                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("{prefix}:{}", rand::random_range(0..keys));
+                    let asked = Instant::now();
+                    let mut guard = locks
+                        .acquire(
+                            &key,
+                            Duration::from_secs(30),
+                            asked + Duration::from_secs(30),
+                        )
+                        .await?;
+                    let got = Instant::now();
+                    latency.saturating_record((got - asked).as_micros().max(1) as u64);
+                    if !hold.is_zero() {
+                        tokio::task::spawn_blocking(move || precise_sleep(hold)).await?;
+                    }
+                    held_us.fetch_add(got.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    guard.release().await?;
+                    pairs.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(latency)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for task in tasks {
+        latency.add(task.await?.map_err(|error| error.to_string())?)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let pairs = pairs.load(Ordering::Relaxed);
+    Ok(Run {
+        pairs_per_sec: pairs as f64 / elapsed,
+        p50_us: latency.value_at_quantile(0.5),
+        p99_us: latency.value_at_quantile(0.99),
+        mean_hold_us: held_us.load(Ordering::Relaxed) as f64 / pairs.max(1) as f64,
+    })
+}
+
+/// Holds for `hold` and not much longer: Tokio's timer rounds up to whole milliseconds
+/// (doubling a 1 ms hold) and a thread sleep overshoots by tens of µs, so sleep most of it
+/// and spin the rest. The bench measures the lock, not the timer.
+fn precise_sleep(hold: Duration) {
+    let until = std::time::Instant::now() + hold;
+    std::thread::sleep(hold.saturating_sub(Duration::from_micros(200)));
+    while std::time::Instant::now() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// redis-benchmark: SET NX PX, then the release script, at the same connection count.
+fn raw_limit(
+    host: &str,
+    port: &str,
+    clients: usize,
+    keys: u64,
+    seconds: f64,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let release = format!(
+        "{}\n{}",
+        include_str!("../src/scripts/hand_off.lua"),
+        include_str!("../src/scripts/release.lua")
+    );
+    // About `seconds` of work in all at the rates seen on a 2-core machine.
+    let requests = ((seconds * 40_000.0) as u64).max(10_000).to_string();
+    let run = |command: &[&str]| -> Result<f64, Box<dyn std::error::Error>> {
+        let output = Command::new("redis-benchmark")
+            .args([
+                "-h",
+                host,
+                "-p",
+                port,
+                "-c",
+                &clients.to_string(),
+                "-n",
+                &requests,
+            ])
+            .args(["-r", &keys.to_string(), "--csv"])
+            .args(command)
+            .output()?;
+        let csv = String::from_utf8(output.stdout)?;
+        // The last line ends in rps and six latency columns; the test name before them may
+        // span lines (a script's text), so count from the end.
+        let rate = csv
+            .lines()
+            .last()
+            .and_then(|line| line.split(',').rev().nth(6))
+            .map(|field| field.trim_matches('"').parse::<f64>())
+            .ok_or("redis-benchmark printed no result")??;
+        Ok(rate)
+    };
+    let set = run(&[
+        "SET",
+        "rawbench:lock:{__rand_int__}",
+        "v",
+        "NX",
+        "PX",
+        "30000",
+    ])?;
+    let rel = run(&[
+        "EVAL",
+        &release,
+        "3",
+        "rawbench:lock:{__rand_int__}",
+        "rawbench:fence:{__rand_int__}",
+        "rawbench:queue:{__rand_int__}",
+        "00000000000000000000000000000000",
+    ])?;
+    Ok(1.0 / (1.0 / set + 1.0 / rel))
+}
+
+fn redis_py(args: &Args) -> Option<f64> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/redis_py_lock.py");
+    let output = Command::new("python3")
+        .arg(script)
+        .args([
+            "--url",
+            &args.redis_url,
+            "--clients",
+            &args.clients.to_string(),
+        ])
+        .args([
+            "--keys",
+            &args.keys.to_string(),
+            "--hold-ms",
+            &args.hold_ms.to_string(),
+        ])
+        .args(["--seconds", &args.seconds.to_string()])
+        .output()
+        .ok()?;
+    let stdout = String::from_utf8(output.stdout).ok()?;
+    stdout
+        .lines()
+        .last()?
+        .strip_prefix("pairs/s: ")?
+        .parse()
+        .ok()
+}
+
+async fn median_ping_us(url: &str) -> Result<f64, Box<dyn std::error::Error>> {
+    let mut connection = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let mut samples = Vec::with_capacity(2000);
+    for _ in 0..2000 {
+        let sent = Instant::now();
+        let _: String = redis::cmd("PING").query_async(&mut connection).await?;
+        samples.push(sent.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(median(samples))
+}
+
+/// Script calls the server has run (EVALSHA + EVAL), from INFO commandstats.
+async fn script_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
+    let mut connection = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await?;
+    Ok(info
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| {
+            line.split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}

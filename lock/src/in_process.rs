@@ -1,0 +1,280 @@
+//! Locks that live in one process: the embedded mode's backend. Same contract as Redis —
+//! leases expire, waiters are served first come first served by direct hand-off, fencing
+//! tokens only grow — with a mutex-guarded map instead of a server.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until};
+
+use crate::error::LockError;
+use crate::service::{Lease, LockBackend, validate};
+use crate::token::{FencingToken, OwnerToken};
+
+/// An in-process lock table.
+#[derive(Debug, Default)]
+pub struct InProcessBackend {
+    /// One entry per key ever locked: the fencing counter must outlive the lock itself.
+    /// Never held across an await.
+    keys: Mutex<HashMap<String, KeyState>>,
+}
+
+#[derive(Debug, Default)]
+struct KeyState {
+    holder: Option<Holder>,
+    fence: u64,
+    queue: VecDeque<Waiter>,
+}
+
+#[derive(Debug)]
+struct Holder {
+    owner: OwnerToken,
+    expires_at: Instant,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    owner: OwnerToken,
+    ttl: Duration,
+    /// Completed with the fencing token and the grant's instant when the lock is handed to
+    /// this waiter.
+    grant: oneshot::Sender<(u64, Instant)>,
+}
+
+impl KeyState {
+    fn held_by_other(&self, owner: OwnerToken, now: Instant) -> Option<Instant> {
+        self.holder
+            .as_ref()
+            .filter(|holder| holder.owner != owner && holder.expires_at > now)
+            .map(|holder| holder.expires_at)
+    }
+
+    fn grant(&mut self, owner: OwnerToken, ttl: Duration, now: Instant) -> u64 {
+        self.fence += 1;
+        self.holder = Some(Holder {
+            owner,
+            expires_at: now + ttl,
+        });
+        self.fence
+    }
+
+    /// Gives a free lock to the first waiter still listening. Returns whether anyone got it.
+    fn hand_off(&mut self, now: Instant) -> bool {
+        self.holder = None;
+        while let Some(waiter) = self.queue.pop_front() {
+            if waiter.grant.is_closed() {
+                continue;
+            }
+            let fence = self.grant(waiter.owner, waiter.ttl, now);
+            if waiter.grant.send((fence, now)).is_ok() {
+                return true;
+            }
+            self.holder = None;
+        }
+        false
+    }
+
+    /// Frees an expired lease and passes the lock on, as Redis does by expiring the key and
+    /// the next waiter's retry.
+    fn expire(&mut self, now: Instant) {
+        if self
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder.expires_at <= now)
+        {
+            self.hand_off(now);
+        }
+    }
+}
+
+impl InProcessBackend {
+    /// An empty lock table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn table(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
+        // A panic while holding this mutex cannot leave a key half-updated (every update is
+        // a few field assignments), so a poisoned table is still consistent.
+        self.keys
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[async_trait]
+impl LockBackend for InProcessBackend {
+    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        let owner = OwnerToken::random();
+        let now = Instant::now();
+        let mut table = self.table();
+        let state = table.entry(key.to_owned()).or_default();
+        state.expire(now);
+        if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
+            return Ok(None);
+        }
+        let fence = state.grant(owner, ttl, now);
+        Ok(Some(Lease::new(
+            key,
+            owner,
+            FencingToken::new(fence),
+            ttl,
+            now,
+        )))
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        validate(key, ttl)?;
+        let started = Instant::now();
+        let owner = OwnerToken::random();
+        let (grant, mut granted) = oneshot::channel();
+        let mut grant = Some(grant);
+        loop {
+            let now = Instant::now();
+            // Checking the lock and joining the queue happen under one lock of the table, so
+            // a release cannot slip in between and find nobody to wake.
+            let wake_at = {
+                let mut table = self.table();
+                let state = table.entry(key.to_owned()).or_default();
+                state.expire(now);
+                if let Ok((fence, granted_at)) = granted.try_recv() {
+                    return Ok(Lease::new(
+                        key,
+                        owner,
+                        FencingToken::new(fence),
+                        ttl,
+                        granted_at,
+                    ));
+                }
+                if state.held_by_other(owner, now).is_none()
+                    && grant.is_some()
+                    && !state.hand_off_pending(now)
+                {
+                    let fence = state.grant(owner, ttl, now);
+                    return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
+                }
+                if let Some(grant) = grant.take() {
+                    state.queue.push_back(Waiter { owner, ttl, grant });
+                }
+                // Sleep until the hand-off, or until the current lease would expire (a holder
+                // that vanished never hands off).
+                state
+                    .holder
+                    .as_ref()
+                    .map_or(now + ttl, |holder| holder.expires_at)
+            };
+            if now >= deadline {
+                return Err(self.give_up(key, owner, started));
+            }
+            tokio::select! {
+                biased;
+                grant = &mut granted => {
+                    return match grant {
+                        Ok((fence, granted_at)) => Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, granted_at)),
+                        // Dropped without a grant: only giving up removes our entry, so this is
+                        // unreachable in practice; treat it as a timeout rather than guess.
+                        Err(_) => Err(self.give_up(key, owner, started)),
+                    };
+                }
+                () = sleep_until(wake_at.min(deadline)) => {}
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let Some(state) = table.get_mut(lease.key()) else {
+            return Ok(false);
+        };
+        let ours = state
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder.owner == lease.owner());
+        if !ours {
+            state.expire(now);
+            return Ok(false);
+        }
+        let was_live = state
+            .holder
+            .as_ref()
+            .is_some_and(|holder| holder.expires_at > now);
+        state.hand_off(now);
+        Ok(was_live)
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let now = Instant::now();
+        let mut table = self.table();
+        let holder = table
+            .get_mut(lease.key())
+            .and_then(|state| state.holder.as_mut())
+            .filter(|holder| holder.owner == lease.owner() && holder.expires_at > now);
+        Ok(match holder {
+            Some(holder) => {
+                holder.expires_at = now + ttl;
+                true
+            }
+            None => false,
+        })
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        let mut table = self.table();
+        let state = table.entry(key.to_owned()).or_default();
+        state.fence = state.fence.max(floor.get());
+        Ok(FencingToken::new(state.fence))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        Ok(())
+    }
+}
+
+impl InProcessBackend {
+    /// Leaves the queue after the deadline; a grant that raced with giving up is passed on.
+    fn give_up(&self, key: &str, owner: OwnerToken, started: Instant) -> LockError {
+        let now = Instant::now();
+        let mut table = self.table();
+        if let Some(state) = table.get_mut(key) {
+            state.queue.retain(|waiter| waiter.owner != owner);
+            if state
+                .holder
+                .as_ref()
+                .is_some_and(|holder| holder.owner == owner)
+            {
+                state.hand_off(now);
+            }
+        }
+        LockError::TimedOut {
+            key: key.to_owned(),
+            waited: now - started,
+        }
+    }
+}
+
+impl KeyState {
+    /// Whether a free lock must go to a queued waiter first (no barging past the queue).
+    /// Hands it over if so.
+    fn hand_off_pending(&mut self, now: Instant) -> bool {
+        self.queue.retain(|waiter| !waiter.grant.is_closed());
+        if self.holder.is_none() && !self.queue.is_empty() {
+            return self.hand_off(now);
+        }
+        false
+    }
+}

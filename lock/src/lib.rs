@@ -1,0 +1,69 @@
+//! Distributed locks with fencing tokens, for serialising work on one resource across many
+//! processes.
+//!
+//! # Map
+//! - [`LockService`] (`service.rs`): what callers hold. `acquire(key, ttl, deadline)` returns
+//!   a [`LockGuard`]; `try_acquire` never waits; `raise_fencing` restores token order after
+//!   the store lost its data.
+//! - [`LockBackend`] (`service.rs`): the trait a store implements, one atomic step per
+//!   method, in terms of [`Lease`]s.
+//! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
+//!   fires [`LockGuard::lost`] the moment the lease is gone.
+//! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`) and
+//!   [`InProcessBackend`] (`in_process.rs`): the two stores, held to one test suite.
+//! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
+//!
+//! # Why fencing tokens
+//! A lease can run out while its holder is paused (GC, swap, a slow network), and another
+//! process then takes the lock. The first holder cannot know this when it wakes. So every
+//! grant carries a [`FencingToken`], strictly increasing per key; the store the lock
+//! protects records the highest token it accepted and refuses older ones. The lock makes
+//! conflicts rare and cheap; the fencing check makes them harmless.
+//!
+//! # How waiting works in Redis, and why this way
+//! A lock is three keys: the lock itself (`<owner>:<token>` with a TTL), a fencing counter,
+//! and a queue of waiters in arrival order. All three change only inside Lua scripts, so
+//! every step is atomic:
+//! - *acquire* takes a free lock with an empty queue in one round trip (INCR the counter,
+//!   SET the lock). Otherwise a waiting caller appends itself to the queue in the same
+//!   script that found the lock held — there is no gap between "saw it held" and "started
+//!   waiting" for a release to fall into.
+//! - *release* deletes the lock only if it holds the caller's owner token, then **hands it
+//!   directly** to the first live waiter: grants it (new fencing token) and PUBLISHes one
+//!   message to that waiter's process. One release wakes exactly one waiter, and it wakes
+//!   holding the lock, so a hand-off costs one round trip and nobody can barge past the
+//!   queue.
+//! - Each process subscribes once to its own channel, on the same RESP3 connection as its
+//!   commands, before any of its waiters queue; the message names the waiter by owner token.
+//!
+//! We chose pub/sub with direct hand-off over per-key wake lists (BLPOP): a blocking pop
+//! occupies a connection per waiter, while pub/sub costs one subscription per process and
+//! leaves the multiplexed connection free. Pub/sub is fire-and-forget, so nothing relies on
+//! it alone: every waiter also sleeps at most until the lease it saw runs out and then
+//! looks again. That covers a lost message, a reconnect, and a holder that crashed without
+//! releasing — its lease expires and the queue is served from the next attempt. A waiter's
+//! queue entry carries its deadline, so the entries of waiters that died are skipped.
+//!
+//! # Limits
+//! One Redis server: if it restarts without persistence, locks held at that moment are
+//! forgotten (two holders may overlap) and counters restart — the fencing check in the
+//! protected store is what keeps that safe, and [`LockService::raise_fencing`] restores the
+//! order. Key names carry a hash tag, so all of a lock's keys share a cluster slot, but
+//! cluster mode is not tested.
+
+mod error;
+mod guard;
+mod in_process;
+mod redis_backend;
+mod service;
+mod token;
+
+#[cfg(feature = "test-support")]
+pub mod testing;
+
+pub use error::LockError;
+pub use guard::LockGuard;
+pub use in_process::InProcessBackend;
+pub use redis_backend::{RedisBackend, RedisOptions};
+pub use service::{Lease, LockBackend, LockService, MIN_TTL};
+pub use token::{FencingToken, OwnerToken};

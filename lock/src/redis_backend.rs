@@ -1,0 +1,465 @@
+//! Locks in Redis: one script round trip per acquire, release and renewal; waiters sleep
+//! until a release hands the lock to them over pub/sub.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{
+    Client, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value,
+};
+use tokio::sync::oneshot;
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::error::LockError;
+use crate::service::{Lease, LockBackend, validate};
+use crate::token::{FencingToken, OwnerToken};
+
+const HAND_OFF: &str = include_str!("scripts/hand_off.lua");
+
+/// Settings for [`RedisBackend`].
+#[derive(Clone, Debug)]
+pub struct RedisOptions {
+    /// Prefix of every key and channel the backend uses.
+    pub namespace: String,
+    /// Upper bound on connecting and on any one round trip: an unreachable Redis becomes
+    /// [`LockError::Unavailable`] within this time instead of a hang.
+    pub op_timeout: Duration,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "payonce".to_owned(),
+            op_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The scripts, each loaded once per server and then called by SHA (the `redis` crate
+/// reloads one on NOSCRIPT, e.g. after a restart).
+struct Scripts {
+    acquire: Script,
+    release: Script,
+    cancel: Script,
+    extend: Script,
+    raise_fencing: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        let with_hand_off = |body: &str| Script::new(&format!("{HAND_OFF}\n{body}"));
+        Self {
+            acquire: with_hand_off(include_str!("scripts/acquire.lua")),
+            release: with_hand_off(include_str!("scripts/release.lua")),
+            cancel: with_hand_off(include_str!("scripts/cancel.lua")),
+            extend: Script::new(include_str!("scripts/extend.lua")),
+            raise_fencing: Script::new(include_str!("scripts/raise_fencing.lua")),
+        }
+    }
+}
+
+/// Waiters of this process, by owner token. The connection's push handler completes the
+/// one a hand-off message names; a waiter that is gone is simply not found.
+#[derive(Default)]
+struct Waiters(Mutex<HashMap<OwnerToken, oneshot::Sender<u64>>>);
+
+impl Waiters {
+    fn map(&self) -> MutexGuard<'_, HashMap<OwnerToken, oneshot::Sender<u64>>> {
+        // Inserts and removes cannot leave the map inconsistent; poisoning carries no news.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Handles a hand-off message, `<owner hex>:<fencing token>`.
+    fn deliver(&self, payload: &[u8]) {
+        let Some((owner, fence)) = std::str::from_utf8(payload)
+            .ok()
+            .and_then(|text| text.split_once(':'))
+            .and_then(|(owner, fence)| Some((OwnerToken::from_hex(owner)?, fence.parse().ok()?)))
+        else {
+            tracing::warn!("ignoring a malformed lock hand-off message");
+            return;
+        };
+        if let Some(waiter) = self.map().remove(&owner) {
+            let _ = waiter.send(fence);
+        }
+    }
+}
+
+/// Removes a waiter's registration when its acquire call ends, however it ends.
+struct Registration<'a> {
+    waiters: &'a Waiters,
+    owner: OwnerToken,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.waiters.map().remove(&self.owner);
+    }
+}
+
+/// What one acquire attempt answered.
+enum Attempt {
+    Granted(FencingToken),
+    Held {
+        /// How long the current lease has left.
+        remaining: Duration,
+        /// Our place in the queue ('' when we did not queue).
+        entry: String,
+    },
+}
+
+/// Locks in one Redis server. See the crate docs for the protocol.
+pub struct RedisBackend {
+    /// One multiplexed connection (RESP3), reconnected on failure; carries both commands
+    /// and this process's wake-up subscription.
+    connection: ConnectionManager,
+    scripts: Scripts,
+    namespace: String,
+    /// The channel releases publish to when they hand a lock to one of our waiters.
+    channel: String,
+    waiters: Arc<Waiters>,
+    /// Set once the wake-up subscription is confirmed; the connection manager renews it
+    /// after reconnecting.
+    subscribed: AtomicBool,
+    /// Serialises the first subscription so concurrent waiters send one SUBSCRIBE.
+    subscribing: tokio::sync::Mutex<()>,
+    op_timeout: Duration,
+    /// Round trips sent, for benchmarks and tests.
+    round_trips: AtomicU64,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("namespace", &self.namespace)
+            .field("channel", &self.channel)
+            .field("op_timeout", &self.op_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// A backend for the Redis at `url` (`redis://host:port/db`). Connects lazily; must be
+    /// called inside a Tokio runtime.
+    pub fn open(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        let info = url
+            .into_connection_info()
+            .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
+        // RESP3 lets one multiplexed connection carry pub/sub pushes next to commands.
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = Client::open(info.set_redis_settings(settings))
+            .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
+
+        let waiters = Arc::new(Waiters::default());
+        let push_waiters = Arc::clone(&waiters);
+        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
+            if push.kind == PushKind::Message
+                && let [_channel, Value::BulkString(payload)] = push.data.as_slice()
+            {
+                push_waiters.deliver(payload);
+            }
+            Ok(())
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(options.op_timeout))
+            .set_response_timeout(Some(options.op_timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(options.op_timeout)
+            .set_push_sender(on_push)
+            .set_automatic_resubscription();
+        let connection = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))?;
+
+        let client_id = OwnerToken::random().to_hex();
+        Ok(Self {
+            connection,
+            scripts: Scripts::new(),
+            channel: format!("{}:wake:{client_id}", options.namespace),
+            namespace: options.namespace,
+            waiters,
+            subscribed: AtomicBool::new(false),
+            subscribing: tokio::sync::Mutex::new(()),
+            op_timeout: options.op_timeout,
+            round_trips: AtomicU64::new(0),
+        })
+    }
+
+    /// Round trips sent so far (a retried NOSCRIPT counts once).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// The lock key, fencing counter and queue of `key`.
+    fn keys(&self, key: &str) -> [String; 3] {
+        let ns = &self.namespace;
+        [
+            format!("{ns}:lock:{{{key}}}"),
+            format!("{ns}:fence:{{{key}}}"),
+            format!("{ns}:queue:{{{key}}}"),
+        ]
+    }
+
+    /// Bounds one round trip by the op timeout and by `deadline`.
+    async fn round_trip<T>(
+        &self,
+        deadline: Option<Instant>,
+        call: impl Future<Output = redis::RedisResult<T>>,
+    ) -> Result<T, LockError> {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let limit = Instant::now() + self.op_timeout;
+        let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
+        match timeout_at(limit, call).await {
+            Ok(result) => result.map_err(LockError::from),
+            Err(_) => Err(LockError::unavailable(format!(
+                "Redis did not answer within {:?}",
+                self.op_timeout
+            ))),
+        }
+    }
+
+    async fn script<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        keys: &[String],
+        args: &[&str],
+        deadline: Option<Instant>,
+    ) -> Result<T, LockError> {
+        let mut invocation = script.prepare_invoke();
+        for key in keys {
+            invocation.key(key);
+        }
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        let mut connection = self.connection.clone();
+        self.round_trip(deadline, invocation.invoke_async(&mut connection))
+            .await
+    }
+
+    /// Makes sure hand-off messages for our waiters reach us before any of them queues:
+    /// a waiter that queued before the subscription could miss its wake-up.
+    async fn ensure_subscribed(&self, deadline: Instant) -> Result<(), LockError> {
+        if self.subscribed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _single = self.subscribing.lock().await;
+        if self.subscribed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut connection = self.connection.clone();
+        self.round_trip(Some(deadline), connection.subscribe(&self.channel))
+            .await?;
+        self.subscribed.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    async fn attempt(
+        &self,
+        keys: &[String; 3],
+        owner: &str,
+        ttl: Duration,
+        wait: Duration,
+        entry: &str,
+        deadline: Option<Instant>,
+    ) -> Result<Attempt, LockError> {
+        let ttl_ms = millis(ttl).to_string();
+        let wait_ms = millis(wait).to_string();
+        let (granted, value, entry): (i64, i64, String) = self
+            .script(
+                &self.scripts.acquire,
+                keys,
+                &[owner, &ttl_ms, &wait_ms, &self.channel, entry],
+                deadline,
+            )
+            .await?;
+        Ok(if granted == 1 {
+            Attempt::Granted(FencingToken::new(value.max(0).unsigned_abs()))
+        } else {
+            // PTTL answers -1 for a key without expiry (someone set it by hand): wait a
+            // lease length before looking again rather than spin.
+            let remaining = u64::try_from(value)
+                .ok()
+                .filter(|&ms| ms > 0)
+                .map_or(ttl, Duration::from_millis);
+            Attempt::Held { remaining, entry }
+        })
+    }
+
+    /// Leaves the queue after the deadline. A hand-off that raced with giving up is passed
+    /// on by the same script.
+    async fn give_up(
+        &self,
+        keys: &[String; 3],
+        key: &str,
+        owner: &str,
+        entry: &str,
+        started: Instant,
+    ) -> LockError {
+        let result: Result<i64, LockError> = self
+            .script(&self.scripts.cancel, keys, &[owner, entry], None)
+            .await;
+        if let Err(error) = result {
+            tracing::debug!(key, %error, "could not leave the lock queue; our entry expires by itself");
+        }
+        LockError::TimedOut {
+            key: key.to_owned(),
+            waited: started.elapsed(),
+        }
+    }
+}
+
+/// Whole milliseconds, rounded up so a short wait is not truncated to "don't wait".
+fn millis(duration: Duration) -> u128 {
+    duration.as_nanos().div_ceil(1_000_000)
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        let keys = self.keys(key);
+        let owner = OwnerToken::random();
+        let sent_at = Instant::now();
+        match self
+            .attempt(&keys, &owner.to_hex(), ttl, Duration::ZERO, "", None)
+            .await?
+        {
+            Attempt::Granted(fence) => Ok(Some(Lease::new(key, owner, fence, ttl, sent_at))),
+            Attempt::Held { .. } => Ok(None),
+        }
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError> {
+        validate(key, ttl)?;
+        let started = Instant::now();
+        let keys = self.keys(key);
+        let owner = OwnerToken::random();
+        let owner_hex = owner.to_hex();
+        self.ensure_subscribed(deadline).await?;
+
+        // Registered before the first attempt: the hand-off message may overtake the
+        // attempt's own reply.
+        let (grant, mut granted) = oneshot::channel();
+        self.waiters.map().insert(owner, grant);
+        let _registration = Registration {
+            waiters: &self.waiters,
+            owner,
+        };
+
+        let mut entry = String::new();
+        loop {
+            let sent_at = Instant::now();
+            if sent_at >= deadline {
+                return Err(self.give_up(&keys, key, &owner_hex, &entry, started).await);
+            }
+            let attempt = self
+                .attempt(
+                    &keys,
+                    &owner_hex,
+                    ttl,
+                    deadline - sent_at,
+                    &entry,
+                    Some(deadline),
+                )
+                .await?;
+            let remaining = match attempt {
+                Attempt::Granted(fence) => return Ok(Lease::new(key, owner, fence, ttl, sent_at)),
+                Attempt::Held {
+                    remaining,
+                    entry: queued,
+                } => {
+                    if !queued.is_empty() {
+                        entry = queued;
+                    }
+                    remaining
+                }
+            };
+            // Woken by the hand-off, or when the lease we saw runs out (a holder that
+            // vanished never releases), whichever is first.
+            let look_again = (Instant::now() + remaining + Duration::from_millis(1)).min(deadline);
+            tokio::select! {
+                biased;
+                fence = &mut granted => {
+                    if let Ok(fence) = fence {
+                        // The grant came after our last attempt was sent.
+                        return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at));
+                    }
+                    // Our registration vanished, which only this call removes: look again.
+                    let (grant, fresh) = oneshot::channel();
+                    self.waiters.map().insert(owner, grant);
+                    granted = fresh;
+                }
+                () = sleep_until(look_again) => {}
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let keys = self.keys(lease.key());
+        let held: i64 = self
+            .script(
+                &self.scripts.release,
+                &keys,
+                &[&lease.owner().to_hex()],
+                None,
+            )
+            .await?;
+        Ok(held == 1)
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let [lock_key, _, _] = self.keys(lease.key());
+        let ttl_ms = millis(ttl).to_string();
+        let extended: i64 = self
+            .script(
+                &self.scripts.extend,
+                &[lock_key],
+                &[&lease.owner().to_hex(), &ttl_ms],
+                None,
+            )
+            .await?;
+        Ok(extended == 1)
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        let [_, fence_key, _] = self.keys(key);
+        let counter: i64 = self
+            .script(
+                &self.scripts.raise_fencing,
+                &[fence_key],
+                &[&floor.get().to_string()],
+                None,
+            )
+            .await?;
+        Ok(FencingToken::new(counter.max(0).unsigned_abs()))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let mut connection = self.connection.clone();
+        let _: String = self
+            .round_trip(None, redis::cmd("PING").query_async(&mut connection))
+            .await?;
+        Ok(())
+    }
+}

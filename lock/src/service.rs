@@ -1,0 +1,195 @@
+//! The seam between callers and lock stores: [`LockBackend`] is what a store implements,
+//! [`LockService`] is what callers hold.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use crate::error::LockError;
+use crate::guard::LockGuard;
+use crate::in_process::InProcessBackend;
+use crate::redis_backend::{RedisBackend, RedisOptions};
+use crate::token::{FencingToken, OwnerToken};
+
+/// The shortest lease a backend accepts. The watchdog renews at a third of the TTL; below a
+/// few milliseconds that is a busy loop, not a lease.
+pub const MIN_TTL: Duration = Duration::from_millis(3);
+
+/// One grant of a lock: what release and extend need, and what the holder shows to the
+/// store it writes to (the fencing token).
+#[derive(Clone, Debug)]
+pub struct Lease {
+    key: String,
+    owner: OwnerToken,
+    fencing: FencingToken,
+    ttl: Duration,
+    /// Local time no later than the moment the store granted the lease, so that
+    /// `acquired_at + ttl` never overestimates how long we hold it.
+    acquired_at: Instant,
+}
+
+impl Lease {
+    /// Assembles a lease. Backends call this on a grant; tests use it to impersonate a
+    /// holder (the store checks the owner token, not how the lease was made).
+    pub fn new(
+        key: impl Into<String>,
+        owner: OwnerToken,
+        fencing: FencingToken,
+        ttl: Duration,
+        acquired_at: Instant,
+    ) -> Self {
+        Self {
+            key: key.into(),
+            owner,
+            fencing,
+            ttl,
+            acquired_at,
+        }
+    }
+
+    /// The locked key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// This grant's owner token.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// This grant's fencing token.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing
+    }
+
+    /// The lease length asked for.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A local instant no later than the grant.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+}
+
+/// A lock store. Every method is one atomic step on the store; waiting, when a method
+/// waits, sleeps until woken (never polls faster than the holder's lease runs out).
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// Takes the lock if it is free and nobody is queued for it; never waits.
+    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError>;
+
+    /// Takes the lock, queueing behind earlier waiters until it is handed over or the
+    /// deadline passes ([`LockError::TimedOut`]).
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<Lease, LockError>;
+
+    /// Deletes the lock if `lease` still holds it and hands it to the next waiter. Returns
+    /// whether it was still held. Safe to repeat; never touches another holder's lock.
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError>;
+
+    /// Restarts the lease's TTL if it is still held. Returns whether it was.
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError>;
+
+    /// Raises the key's fencing counter to at least `floor`, so the next grant carries a
+    /// larger token. Returns the counter afterwards. Used when the store lost its data and
+    /// the protected resource reports the highest token it has accepted.
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError>;
+
+    /// Checks that the store answers.
+    async fn ping(&self) -> Result<(), LockError>;
+}
+
+/// Rejects requests no backend can honour.
+pub(crate) fn validate(key: &str, ttl: Duration) -> Result<(), LockError> {
+    if key.is_empty() {
+        return Err(LockError::Invalid("the lock key is empty".into()));
+    }
+    if ttl < MIN_TTL {
+        return Err(LockError::Invalid(format!(
+            "lock TTL {ttl:?} is below the minimum {MIN_TTL:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// A handle on a lock store; clones share it. Hands out [`LockGuard`]s, which renew their
+/// lease while they live.
+#[derive(Clone, Debug)]
+pub struct LockService {
+    backend: Arc<dyn LockBackend>,
+}
+
+impl LockService {
+    /// Wraps any backend.
+    pub fn new(backend: impl LockBackend) -> Self {
+        Self {
+            backend: Arc::new(backend),
+        }
+    }
+
+    /// Locks that live in this process only (the embedded mode: one instance).
+    pub fn in_process() -> Self {
+        Self::new(InProcessBackend::new())
+    }
+
+    /// Locks in the Redis at `url`. Connects lazily, so a Redis that is down at start-up
+    /// shows up as [`LockError::Unavailable`] on use rather than as a failure to start.
+    /// Must be called inside a Tokio runtime.
+    pub fn redis(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        Ok(Self::new(RedisBackend::open(url, options)?))
+    }
+
+    /// The backend, for callers that manage leases themselves.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// Takes the lock on `key`, waiting in line until `deadline`. The guard renews the
+    /// lease every `ttl / 3` until released or dropped.
+    pub async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let lease = self.backend.acquire(key, ttl, deadline).await?;
+        Ok(LockGuard::start(lease, Arc::clone(&self.backend)))
+    }
+
+    /// Takes the lock on `key` only if that needs no waiting.
+    pub async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let lease = self.backend.try_acquire(key, ttl).await?;
+        Ok(lease.map(|lease| LockGuard::start(lease, Arc::clone(&self.backend))))
+    }
+
+    /// See [`LockBackend::raise_fencing`].
+    pub async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        self.backend.raise_fencing(key, floor).await
+    }
+
+    /// See [`LockBackend::ping`].
+    pub async fn ping(&self) -> Result<(), LockError> {
+        self.backend.ping().await
+    }
+}

@@ -1,0 +1,103 @@
+//! The lock contract, checked against a real Redis and against the in-process backend.
+//! The shared suite (`suite.rs`) runs on both; `redis_only.rs` covers what only a server
+//! can show (commands counted, data wiped, the server gone).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod redis_only;
+mod suite;
+
+use std::time::Duration;
+
+use lock::{LockService, RedisOptions};
+
+/// The shared Redis (CI starts one on 6379), under a namespace of the test's own so tests
+/// running in parallel never meet.
+pub fn shared_redis() -> LockService {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    redis_at(&url)
+}
+
+pub fn redis_at(url: &str) -> LockService {
+    LockService::redis(
+        url,
+        RedisOptions {
+            namespace: format!("test-{:016x}", rand::random::<u64>()),
+            op_timeout: Duration::from_secs(2),
+        },
+    )
+    .expect("a valid Redis URL")
+}
+
+/// Generates one `#[tokio::test]` per shared-suite case for a backend.
+macro_rules! shared_suite {
+    ($backend:ident, $make:expr, $make_after_data_loss:expr) => {
+        mod $backend {
+            use super::*;
+
+            shared_suite!(@cases $make;
+                mutual_exclusion_under_contention,
+                release_by_non_owner_keeps_the_holder,
+                release_after_expiry_keeps_the_new_holder,
+                release_twice_is_safe,
+                vanished_holder_is_succeeded_after_its_ttl,
+                dropped_guard_releases_promptly,
+                watchdog_keeps_the_lock_past_three_ttls,
+                lost_fires_when_the_lock_is_deleted_behind_its_back,
+                lost_fires_when_the_lock_is_taken_over,
+                fencing_tokens_increase_over_1000_handoffs,
+                waiters_acquire_in_arrival_order,
+                try_acquire_never_waits_and_never_barges,
+                acquire_times_out_at_its_deadline,
+                abandoned_wait_does_not_block_the_queue,
+                raise_fencing_never_lowers,
+                extend_only_by_the_holder,
+                rejects_empty_key_and_tiny_ttl
+            );
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn fencing_survives_data_loss_with_catch_up() {
+                suite::fencing_survives_data_loss_with_catch_up(($make_after_data_loss)()).await;
+            }
+        }
+    };
+    (@cases $make:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                suite::$case(($make)()).await;
+            }
+        )*
+    };
+}
+
+shared_suite!(redis, shared_redis, redis_only::PrivateRedis::start);
+shared_suite!(in_process, LockService::in_process, InProcessStore::default);
+
+/// A lock store whose data can be lost, as a restart without persistence loses it.
+#[allow(async_fn_in_trait)]
+pub trait Store {
+    fn service(&self) -> LockService;
+    /// Loses every lock and counter; returns the service to use afterwards.
+    async fn lose_data(&mut self) -> LockService;
+}
+
+/// The in-process store loses its data the only way it can: the process restarts.
+#[derive(Debug)]
+pub struct InProcessStore(LockService);
+
+impl Default for InProcessStore {
+    fn default() -> Self {
+        Self(LockService::in_process())
+    }
+}
+
+impl Store for InProcessStore {
+    fn service(&self) -> LockService {
+        self.0.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.0 = LockService::in_process();
+        self.0.clone()
+    }
+}

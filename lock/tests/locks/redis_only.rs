@@ -1,0 +1,280 @@
+//! What only a Redis server can show: commands counted on the server, data wiped, keys
+//! changed behind the holder's back, and the server gone.
+
+use std::time::Duration;
+
+use lock::testing::{RedisServer, free_port};
+use lock::{LockError, LockService, RedisOptions};
+use redis::AsyncCommands;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::{Store, redis_at};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// A Redis of the test's own.
+pub struct PrivateRedis {
+    pub server: RedisServer,
+    pub locks: LockService,
+}
+
+impl PrivateRedis {
+    pub fn start() -> Self {
+        let server = RedisServer::start().expect("redis-server starts");
+        let locks = LockService::redis(
+            &server.url(),
+            RedisOptions {
+                namespace: "t".into(),
+                op_timeout: Duration::from_secs(2),
+            },
+        )
+        .unwrap();
+        Self { server, locks }
+    }
+
+    pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Commands clients sent since the last `CONFIG RESETSTAT`, from INFO commandstats:
+    /// script calls, script loads, SUBSCRIBE, PING. Redis also counts the commands a script
+    /// runs inside itself; those are not round trips and are left out (as are the test's
+    /// own INFO and CONFIG calls).
+    pub async fn commands_since_reset(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        info.lines()
+            .filter_map(|line| line.strip_prefix("cmdstat_"))
+            .filter_map(|line| {
+                let (command, stats) = line.split_once(':')?;
+                let client_sent = matches!(command, "evalsha" | "eval" | "subscribe" | "ping")
+                    || command.starts_with("script|");
+                let calls = stats.split_once("calls=")?.1.split(',').next()?;
+                client_sent.then(|| calls.parse::<u64>().ok()).flatten()
+            })
+            .sum()
+    }
+
+    pub async fn reset_stats(&self) {
+        let _: () = redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+    }
+}
+
+impl Store for PrivateRedis {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        let _: () = redis::cmd("FLUSHALL")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        self.locks.clone()
+    }
+}
+
+/// A raw DEL of the lock key fires `lost()` within one renewal period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_key_is_deleted_in_redis() {
+    let redis = PrivateRedis::start();
+    let ttl = Duration::from_millis(600);
+    let guard = redis.locks.try_acquire("k", ttl).await.unwrap().unwrap();
+    let _: () = redis.raw().await.del("t:lock:{k}").await.unwrap();
+    timeout(ttl / 3 + Duration::from_millis(100), guard.lost())
+        .await
+        .expect("lost() did not fire within one renewal period");
+}
+
+/// A raw SET over the lock key (another writer) fires `lost()`, and the holder's release
+/// leaves the other value in place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_fires_when_the_key_is_overwritten_in_redis() {
+    let redis = PrivateRedis::start();
+    let ttl = Duration::from_millis(600);
+    let mut guard = redis.locks.try_acquire("k", ttl).await.unwrap().unwrap();
+    let mut raw = redis.raw().await;
+    let _: () = raw.set("t:lock:{k}", "someone-else").await.unwrap();
+    timeout(ttl / 3 + Duration::from_millis(100), guard.lost())
+        .await
+        .expect("lost() did not fire within one renewal period");
+    assert!(!guard.release().await.unwrap());
+    let value: String = raw.get("t:lock:{k}").await.unwrap();
+    assert_eq!(value, "someone-else");
+}
+
+/// 16 waiters queued behind a holder for 2 s cost Redis a small constant number of
+/// commands each, not a number that grows with the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_does_not_spin() {
+    let redis = PrivateRedis::start();
+    redis.locks.ping().await.unwrap();
+    redis.reset_stats().await;
+    let mut holder = redis
+        .locks
+        .try_acquire("k", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let locks = redis.locks.clone();
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("k", 10 * SECOND, Instant::now() + 20 * SECOND)
+                    .await
+                    .unwrap();
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    sleep(2 * SECOND).await;
+    let during_wait = redis.commands_since_reset().await;
+    // Per waiter: one acquire script; plus the holder's acquire, one SUBSCRIBE, and the
+    // first-use SCRIPT LOAD / EVAL fallbacks.
+    assert!(
+        during_wait <= 16 + 10,
+        "{during_wait} commands while 16 waiters waited 2 s"
+    );
+
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let total = redis.commands_since_reset().await;
+    // Each hand-off: the holder's release (which grants the next waiter), nothing else.
+    assert!(
+        total <= during_wait + 17 + 4,
+        "{total} commands for 17 hand-offs"
+    );
+}
+
+/// A hot key's hand-offs cost a small constant number of commands each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hand_offs_cost_a_constant_number_of_commands() {
+    let redis = PrivateRedis::start();
+    redis.locks.ping().await.unwrap();
+    redis.reset_stats().await;
+    const TASKS: u64 = 8;
+    const ROUNDS: u64 = 50;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let locks = redis.locks.clone();
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let mut guard = locks
+                        .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                        .await
+                        .unwrap();
+                    sleep(Duration::from_millis(1)).await;
+                    guard.release().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let commands = redis.commands_since_reset().await;
+    let per_handoff = commands as f64 / (TASKS * ROUNDS) as f64;
+    assert!(
+        per_handoff <= 2.2,
+        "{per_handoff:.2} commands per acquire+release"
+    );
+}
+
+/// With Redis unreachable, acquire fails with `Unavailable` within its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_redis_is_unavailable_within_the_deadline() {
+    let url = format!("redis://127.0.0.1:{}", free_port().unwrap());
+    let locks = redis_at(&url);
+    let started = Instant::now();
+    let result = locks
+        .acquire("k", SECOND, started + Duration::from_millis(800))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "took {:?}",
+        started.elapsed()
+    );
+
+    let started = Instant::now();
+    let result = locks.try_acquire("k", SECOND).await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(locks.ping().await.is_err());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// A Redis that does not answer at all (accepts the connection, never replies) is just as
+/// unavailable: no hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_redis_is_unavailable_within_the_deadline() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let _accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let locks = redis_at(&url);
+    let started = Instant::now();
+    let result = locks
+        .acquire("k", SECOND, started + Duration::from_millis(800))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// After Redis restarts (empty), the same service reconnects, and the holder of a lock
+/// that was forgotten learns it lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_after_a_restart_and_reports_the_lost_lock() {
+    let mut redis = PrivateRedis::start();
+    let ttl = Duration::from_millis(600);
+    let guard = redis.locks.try_acquire("k", ttl).await.unwrap().unwrap();
+    redis.server.restart().unwrap();
+    timeout(ttl + SECOND, guard.lost())
+        .await
+        .expect("lost() fired");
+    let deadline = Instant::now() + 5 * SECOND;
+    let mut next = loop {
+        match redis.locks.acquire("k", ttl, deadline).await {
+            Ok(guard) => break guard,
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                sleep(Duration::from_millis(50)).await;
+            }
+            Err(error) => panic!("no reconnect: {error}"),
+        }
+    };
+    assert!(next.release().await.unwrap());
+}

@@ -1,0 +1,410 @@
+//! The behaviour every lock backend must show. Each function is one test case; `main.rs`
+//! runs them against each backend.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock::{FencingToken, Lease, LockError, LockService, OwnerToken};
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Store;
+
+fn after(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+fn key() -> String {
+    format!("key-{:016x}", rand::random::<u64>())
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// 32 tasks doing a read-modify-write that is not atomic on its own lose no update and
+/// never overlap.
+pub async fn mutual_exclusion_under_contention(locks: LockService) {
+    const TASKS: u64 = 32;
+    const ROUNDS: u64 = 20;
+    let key = key();
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (locks, key, counter, inside) =
+                (locks.clone(), key.clone(), counter.clone(), inside.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let mut guard = locks
+                        .acquire(&key, 5 * SECOND, after(30_000))
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), TASKS * ROUNDS);
+}
+
+/// A release with someone else's owner token returns false and the holder keeps the lock.
+pub async fn release_by_non_owner_keeps_the_holder(locks: LockService) {
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 5 * SECOND).await.unwrap().unwrap();
+    let impostor = Lease::new(
+        &key,
+        OwnerToken::random(),
+        holder.fencing_token(),
+        5 * SECOND,
+        Instant::now(),
+    );
+    assert!(!locks.backend().release(&impostor).await.unwrap());
+    assert!(locks.try_acquire(&key, 5 * SECOND).await.unwrap().is_none());
+    assert!(holder.release().await.unwrap());
+}
+
+/// A holder whose lease expired cannot release its successor's lock.
+pub async fn release_after_expiry_keeps_the_new_holder(locks: LockService) {
+    let key = key();
+    let first = locks
+        .try_acquire(&key, Duration::from_millis(100))
+        .await
+        .unwrap()
+        .unwrap();
+    let stale = first.lease().clone();
+    first.abandon().await;
+    let mut second = locks.acquire(&key, 5 * SECOND, after(2_000)).await.unwrap();
+    assert!(!locks.backend().release(&stale).await.unwrap());
+    assert!(locks.try_acquire(&key, 5 * SECOND).await.unwrap().is_none());
+    assert!(second.release().await.unwrap());
+}
+
+/// Releasing twice is harmless: the second call reports the lock was not held.
+pub async fn release_twice_is_safe(locks: LockService) {
+    let key = key();
+    let mut guard = locks.try_acquire(&key, 5 * SECOND).await.unwrap().unwrap();
+    let lease = guard.lease().clone();
+    assert!(guard.release().await.unwrap());
+    assert!(!guard.release().await.unwrap());
+    assert!(!locks.backend().release(&lease).await.unwrap());
+    let mut next = locks.try_acquire(&key, 5 * SECOND).await.unwrap().unwrap();
+    assert!(
+        !locks.backend().release(&lease).await.unwrap(),
+        "old lease released the new holder"
+    );
+    assert!(next.release().await.unwrap());
+}
+
+/// A holder that vanishes without releasing is succeeded once its TTL runs out, not before.
+pub async fn vanished_holder_is_succeeded_after_its_ttl(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(300);
+    let crashed = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let granted_by = crashed.lease().acquired_at() + ttl;
+    crashed.abandon().await;
+    let mut successor = locks.acquire(&key, 5 * SECOND, after(3_000)).await.unwrap();
+    let now = Instant::now();
+    assert!(
+        now >= granted_by - Duration::from_millis(20),
+        "taken before the TTL ran out"
+    );
+    assert!(
+        now <= granted_by + Duration::from_millis(250),
+        "took {:?} past the TTL",
+        now - granted_by
+    );
+    assert!(successor.release().await.unwrap());
+}
+
+/// Dropping a guard stops its renewal and frees the lock well before the TTL.
+pub async fn dropped_guard_releases_promptly(locks: LockService) {
+    let key = key();
+    let guard = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    drop(guard);
+    let started = Instant::now();
+    let mut next = locks.acquire(&key, 5 * SECOND, after(2_000)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_millis(500));
+    assert!(next.release().await.unwrap());
+}
+
+/// While the guard lives, the watchdog keeps the lock well past its TTL.
+pub async fn watchdog_keeps_the_lock_past_three_ttls(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(150);
+    let mut guard = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+    for _ in 0..6 {
+        sleep(ttl / 2).await;
+        assert!(
+            locks.try_acquire(&key, ttl).await.unwrap().is_none(),
+            "lock was lost"
+        );
+    }
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap(), "held past 3 TTLs");
+}
+
+/// Deleting the lock behind the holder's back fires `lost()` within one renewal period.
+pub async fn lost_fires_when_the_lock_is_deleted_behind_its_back(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(600);
+    let period = ttl / 3;
+    let guard = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(
+        locks
+            .backend()
+            .release(&guard.lease().clone())
+            .await
+            .unwrap()
+    );
+    let deleted_at = Instant::now();
+    timeout(period + Duration::from_millis(100), guard.lost())
+        .await
+        .expect("lost() did not fire within one renewal period");
+    assert!(deleted_at.elapsed() <= period + Duration::from_millis(100));
+    assert!(guard.is_lost());
+}
+
+/// A lock taken over by another holder fires `lost()`, and the old guard's release leaves
+/// the new holder alone.
+pub async fn lost_fires_when_the_lock_is_taken_over(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(600);
+    let mut old = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+    locks.backend().release(&old.lease().clone()).await.unwrap();
+    let mut new = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    timeout(ttl / 3 + Duration::from_millis(100), old.lost())
+        .await
+        .expect("lost() did not fire within one renewal period");
+    assert!(new.fencing_token() > old.fencing_token());
+    assert!(!old.release().await.unwrap());
+    assert!(new.release().await.unwrap());
+}
+
+/// Fencing tokens strictly increase across 1,000 hand-offs between competing tasks.
+pub async fn fencing_tokens_increase_over_1000_handoffs(locks: LockService) {
+    let key = key();
+    let seen = Arc::new(Mutex::new(Vec::with_capacity(1000)));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (locks, key, seen) = (locks.clone(), key.clone(), seen.clone());
+            tokio::spawn(async move {
+                for _ in 0..125 {
+                    let mut guard = locks
+                        .acquire(&key, 5 * SECOND, after(60_000))
+                        .await
+                        .unwrap();
+                    seen.lock().await.push(guard.fencing_token());
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().await;
+    assert_eq!(seen.len(), 1000);
+    assert!(
+        seen.windows(2).all(|pair| pair[0] < pair[1]),
+        "tokens went backwards or repeated"
+    );
+}
+
+/// Waiters that start waiting in a known order acquire in that order.
+pub async fn waiters_acquire_in_arrival_order(locks: LockService) {
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let (locks, key, order) = (locks.clone(), key.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let mut guard = locks
+                .acquire(&key, 10 * SECOND, after(20_000))
+                .await
+                .unwrap();
+            order.lock().await.push(i);
+            sleep(Duration::from_millis(5)).await;
+            assert!(guard.release().await.unwrap());
+        }));
+        // Long enough for waiter i to be queued before i + 1 starts.
+        sleep(Duration::from_millis(40)).await;
+    }
+    assert!(holder.release().await.unwrap());
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().await, (0..8).collect::<Vec<_>>());
+}
+
+/// `try_acquire` answers at once, and does not jump the queue when the lock comes free.
+pub async fn try_acquire_never_waits_and_never_barges(locks: LockService) {
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let started = Instant::now();
+    assert!(locks.try_acquire(&key, SECOND).await.unwrap().is_none());
+    assert!(started.elapsed() < Duration::from_millis(200));
+
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move {
+            locks
+                .acquire(&key, 10 * SECOND, after(5_000))
+                .await
+                .unwrap()
+        })
+    };
+    sleep(Duration::from_millis(50)).await;
+    assert!(holder.release().await.unwrap());
+    // The lock went to the queued waiter, not to whoever asks next.
+    assert!(locks.try_acquire(&key, SECOND).await.unwrap().is_none());
+    let mut waiter = waiter.await.unwrap();
+    assert!(waiter.fencing_token() > holder.fencing_token());
+    assert!(waiter.release().await.unwrap());
+}
+
+/// A waiter gives up at its deadline with `TimedOut`, and leaves no trace in the queue.
+pub async fn acquire_times_out_at_its_deadline(locks: LockService) {
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let started = Instant::now();
+    let result = locks.acquire(&key, SECOND, after(200)).await;
+    let waited = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::TimedOut { .. })),
+        "{result:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(190),
+        "gave up early: {waited:?}"
+    );
+    assert!(
+        waited < Duration::from_millis(600),
+        "gave up late: {waited:?}"
+    );
+    assert!(holder.release().await.unwrap());
+    // Nobody is left in line: the lock is free for the next caller at once.
+    let mut next = locks
+        .try_acquire(&key, SECOND)
+        .await
+        .unwrap()
+        .expect("lock not free");
+    assert!(next.release().await.unwrap());
+}
+
+/// A waiter whose call is abandoned (its future dropped, as when a client disconnects)
+/// delays those behind it by at most one lease.
+pub async fn abandoned_wait_does_not_block_the_queue(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(300);
+    let mut holder = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+    let abandoned = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move { locks.acquire(&key, ttl, after(10_000)).await })
+    };
+    sleep(Duration::from_millis(30)).await;
+    let patient = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move { locks.acquire(&key, ttl, after(10_000)).await.unwrap() })
+    };
+    sleep(Duration::from_millis(30)).await;
+    abandoned.abort();
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let mut patient = patient.await.unwrap();
+    assert!(
+        released_at.elapsed() < 2 * ttl + Duration::from_millis(200),
+        "the queue stalled for {:?}",
+        released_at.elapsed()
+    );
+    assert!(patient.release().await.unwrap());
+}
+
+/// `raise_fencing` lifts the counter and never lowers it.
+pub async fn raise_fencing_never_lowers(locks: LockService) {
+    let key = key();
+    assert_eq!(
+        locks
+            .raise_fencing(&key, FencingToken::new(500))
+            .await
+            .unwrap()
+            .get(),
+        500
+    );
+    assert_eq!(
+        locks
+            .raise_fencing(&key, FencingToken::new(7))
+            .await
+            .unwrap()
+            .get(),
+        500
+    );
+    let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+    assert_eq!(guard.fencing_token().get(), 501);
+    guard.release().await.unwrap();
+}
+
+/// Only the current holder can extend a lease.
+pub async fn extend_only_by_the_holder(locks: LockService) {
+    let key = key();
+    let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+    let impostor = Lease::new(
+        &key,
+        OwnerToken::random(),
+        FencingToken::new(0),
+        SECOND,
+        Instant::now(),
+    );
+    assert!(!locks.backend().extend(&impostor, SECOND).await.unwrap());
+    assert!(locks.backend().extend(guard.lease(), SECOND).await.unwrap());
+    assert!(guard.release().await.unwrap());
+    assert!(!locks.backend().extend(guard.lease(), SECOND).await.unwrap());
+}
+
+/// Requests no store can honour are refused up front.
+pub async fn rejects_empty_key_and_tiny_ttl(locks: LockService) {
+    assert!(matches!(
+        locks.try_acquire("", SECOND).await,
+        Err(LockError::Invalid(_))
+    ));
+    assert!(matches!(
+        locks
+            .acquire(&key(), Duration::from_millis(1), after(100))
+            .await,
+        Err(LockError::Invalid(_))
+    ));
+}
+
+/// After the store loses everything, feeding back the highest token the protected store
+/// accepted keeps the next token above it.
+pub async fn fencing_survives_data_loss_with_catch_up(mut store: impl Store) {
+    let key = key();
+    let locks = store.service();
+    let mut highest = FencingToken::new(0);
+    for _ in 0..5 {
+        let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+        highest = highest.max(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    let locks = store.lose_data().await;
+    locks.raise_fencing(&key, highest).await.unwrap();
+    let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+    assert!(
+        guard.fencing_token() > highest,
+        "{:?} <= {highest:?}",
+        guard.fencing_token()
+    );
+    guard.release().await.unwrap();
+}

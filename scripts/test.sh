@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The test command: starts (or installs) PostgreSQL and Redis, then runs every test of the
+# workspace against them. Tests only ever talk to loopback addresses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/services.sh
+command -v cargo >/dev/null || { echo "cargo is required: https://rustup.rs" >&2; exit 1; }
+export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+cargo test --workspace --locked "$@"
