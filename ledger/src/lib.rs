@@ -1,2 +1,255 @@
 //! The ledger: accounts, tickets and entries, and the one transaction that applies an
-//! operation. (Being built; see the issue tracker.)
+//! operation. It knows nothing of Redis or HTTP.
+//!
+//! # Map
+//! - [`Ledger`] (this file): the handle the API holds — open (migrations run on open),
+//!   accounts, API keys, tickets, entries, [`Ledger::apply`], [`Ledger::audit`],
+//!   [`Ledger::reap`].
+//! - `store.rs`: the SQL, written once and generic over PostgreSQL and SQLite; `apply` is
+//!   there, as one transaction.
+//! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
+//!   [`NewAccount`]), [`Ticket`], [`Entry`], [`Operation`], outcomes.
+//! - `lottery.rs`: the prize table.
+//! - `audit.rs`: the invariants and the queries that check them.
+//! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
+//!   (unavailable vs. constraint vs. other).
+//! - `db_types.rs`, `api_key.rs`: timestamps across both databases; key generation and
+//!   hashing.
+//!
+//! # The transaction that applies an operation
+//! `apply(ticket, operation, fingerprint, fencing_token)` runs in one database
+//! transaction: it locks the ticket; replays a stored outcome (or refuses a different
+//! request under the same ticket); refuses an expired ticket; then moves money and points
+//! with one conditional UPDATE that also checks and records the fencing token; writes the
+//! entry when something moved; and stores the outcome — success or business refusal —
+//! under the ticket. Either all of that commits or none of it does, so there is no moment
+//! at which money moved but the outcome was not recorded, or the reverse.
+
+mod api_key;
+mod audit;
+mod db_types;
+mod error;
+pub mod lottery;
+mod model;
+mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
+
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+pub use audit::{Rule, Violation};
+pub use error::{ApplyError, LedgerError};
+pub use model::{
+    Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
+    MAX_AMOUNT, NewAccount, Operation, OperationResult, Outcome, PointsToSpend, Refusal, Renderer,
+    StoredResponse, Ticket, TicketId, TicketState,
+};
+
+use db_types::Timestamp;
+use store::{SqlStore, Store, before};
+
+static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
+static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
+
+/// How to open the ledger.
+#[derive(Clone, Debug)]
+pub struct LedgerOptions {
+    /// Pool size (PostgreSQL); SQLite uses what its single writer can use.
+    pub max_connections: u32,
+    /// How long a request waits for a pooled connection before the database counts as
+    /// unavailable.
+    pub acquire_timeout: Duration,
+}
+
+impl Default for LedgerOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: 16,
+            acquire_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// What [`Ledger::reap`] removed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reaped {
+    /// Unused tickets deleted (expired longer than the retention ago).
+    pub deleted_unused: u64,
+    /// Used tickets whose stored response was dropped (expired longer than the retention
+    /// ago); the ticket itself stays, so it can never run again.
+    pub pruned_outcomes: u64,
+}
+
+/// The ledger. Cheap to clone; clones share one connection pool.
+#[derive(Clone, Debug)]
+pub struct Ledger {
+    store: Arc<dyn Store>,
+    database: &'static str,
+}
+
+impl Ledger {
+    /// Opens the ledger at `url` — `postgres://…` or `sqlite:path` — and applies the
+    /// migrations.
+    pub async fn open(url: &str, options: &LedgerOptions) -> Result<Self, LedgerError> {
+        if url.starts_with("sqlite:") {
+            let connect = SqliteConnectOptions::from_str(url)?.create_if_missing(true);
+            Self::open_sqlite_with(connect, options).await
+        } else {
+            Self::open_postgres(url, options).await
+        }
+    }
+
+    /// Opens a PostgreSQL ledger and applies the migrations.
+    pub async fn open_postgres(url: &str, options: &LedgerOptions) -> Result<Self, LedgerError> {
+        let connect = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await?;
+        POSTGRES_MIGRATIONS.run(&pool).await?;
+        Ok(Self {
+            store: Arc::new(SqlStore { pool }),
+            database: "postgres",
+        })
+    }
+
+    /// Opens (creating if needed) a SQLite ledger file and applies the migrations.
+    pub async fn open_sqlite(path: &Path, options: &LedgerOptions) -> Result<Self, LedgerError> {
+        let connect = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        Self::open_sqlite_with(connect, options).await
+    }
+
+    async fn open_sqlite_with(
+        connect: SqliteConnectOptions,
+        options: &LedgerOptions,
+    ) -> Result<Self, LedgerError> {
+        let connect = connect
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(options.max_connections.clamp(1, 8))
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await?;
+        SQLITE_MIGRATIONS.run(&pool).await?;
+        Ok(Self {
+            store: Arc::new(SqlStore { pool }),
+            database: "sqlite",
+        })
+    }
+
+    /// `"postgres"` or `"sqlite"`.
+    pub fn database(&self) -> &'static str {
+        self.database
+    }
+
+    /// Opens an account with its opening entry. Returns it and its API key, which is
+    /// not stored and cannot be shown again.
+    pub async fn create_account(&self, new: &NewAccount) -> Result<(Account, String), LedgerError> {
+        let key = api_key::generate();
+        let account = self
+            .store
+            .create_account(new, api_key::hash(&key), Timestamp::now())
+            .await?;
+        Ok((account, key))
+    }
+
+    /// The account an API key belongs to, if any.
+    pub async fn authenticate(&self, api_key: &str) -> Result<Option<AccountId>, LedgerError> {
+        self.store.authenticate(api_key::hash(api_key)).await
+    }
+
+    /// An account.
+    pub async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError> {
+        self.store.account(id).await
+    }
+
+    /// The highest fencing token the account has accepted: after the lock store lost its
+    /// data, its counter is raised to this.
+    pub async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError> {
+        self.store.fencing_token(id).await
+    }
+
+    /// Issues a ticket to an account, usable until `ttl` from now.
+    pub async fn issue_ticket(
+        &self,
+        account_id: AccountId,
+        ttl: Duration,
+    ) -> Result<Ticket, LedgerError> {
+        let now = Timestamp::now();
+        let ttl = time::Duration::try_from(ttl).unwrap_or(time::Duration::MAX);
+        let expires_at = Timestamp::truncated(
+            now.0
+                .checked_add(ttl)
+                .unwrap_or(time::OffsetDateTime::now_utc()),
+        );
+        self.store.issue_ticket(account_id, now, expires_at).await
+    }
+
+    /// A ticket and, once used, its outcome.
+    pub async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError> {
+        self.store.ticket(id).await
+    }
+
+    /// Up to `limit` of an account's entries with ids above `after`, oldest first.
+    pub async fn entries(
+        &self,
+        account_id: AccountId,
+        after: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<Entry>, LedgerError> {
+        self.store
+            .entries(account_id, after.unwrap_or(0), i64::from(limit))
+            .await
+    }
+
+    /// Applies an operation under a ticket, in one transaction (see the crate docs).
+    /// `render` builds the response body stored under the ticket.
+    pub async fn apply(
+        &self,
+        request: ApplyRequest<'_>,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        self.store.apply(&request, render, Timestamp::now()).await
+    }
+
+    /// Checks every invariant over the whole database; empty means clean.
+    pub async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {
+        self.store.audit().await
+    }
+
+    /// Deletes unused tickets that expired more than `retention` ago, and drops the stored
+    /// responses of used tickets that expired more than `retention` ago — so an outcome is
+    /// kept for at least `retention` after its ticket was used. Used tickets themselves
+    /// stay, so they never run again. Works in batches of `batch` until none are left.
+    pub async fn reap(&self, retention: Duration, batch: u32) -> Result<Reaped, LedgerError> {
+        let batch = i64::from(batch.max(1));
+        let mut total = Reaped::default();
+        loop {
+            let now = Timestamp::now();
+            let cutoff = before(now, retention);
+            let (deleted, pruned) = self.store.reap(cutoff, now, batch).await?;
+            total.deleted_unused += deleted;
+            total.pruned_outcomes += pruned;
+            if deleted < batch.unsigned_abs() && pruned < batch.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Checks that the database answers.
+    pub async fn ping(&self) -> Result<(), LedgerError> {
+        self.store.ping().await
+    }
+}

@@ -1,0 +1,278 @@
+//! Ledger throughput: `apply` withdrawals from concurrent tasks on PostgreSQL, printed beside
+//! pgbench running the bare SQL of a withdrawal (bench/withdraw.sql: one conditional UPDATE
+//! and one INSERT per transaction, on tables shaped like the ledger's) in the same run.
+//!
+//! ```text
+//! cargo run --release -p ledger --example bench -- --tasks 32 --seconds 15 --rounds 3
+//! ```
+//!
+//! Two workloads: withdrawals spread over 10,000 accounts, and over 10 hot accounts. Each
+//! round runs pgbench, then the ledger, on a database of the bench's own (dropped at the end).
+//! `apply` is called with one fencing token per round: without the lock, tasks share the
+//! hot accounts, and the bench measures the ledger's transaction, not lock hand-offs.
+
+use std::process::Command;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ledger::{
+    AccountId, Amount, ApplyRequest, Execution, Ledger, LedgerOptions, NewAccount, Operation,
+    TicketId,
+};
+use serde_json::{Value, json};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Concurrent tasks (and pgbench clients).
+    #[arg(long, default_value_t = 32)]
+    tasks: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 15.0)]
+    seconds: f64,
+    /// Rounds; the summary gives medians.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// The server to benchmark (a database of the bench's own is created on it).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+}
+
+fn render(execution: &Execution<'_>) -> Value {
+    json!({ "ticket_id": execution.ticket_id, "account_id": execution.account_id, "result": format!("{:?}", execution.result) })
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let admin = PgConnectOptions::from_str(&args.database_url)?;
+    let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
+    let mut admin_connection = PgConnection::connect_with(&admin).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin_connection)
+        .await?;
+    let mut url = url::Url::parse(&args.database_url)?;
+    url.set_path(&format!("/{name}"));
+    let url = url.to_string();
+    println!(
+        "ledger bench: tasks={} seconds={} rounds={} database={name}",
+        args.tasks, args.seconds, args.rounds
+    );
+
+    let result = run(&args, &url).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin_connection)
+    .await?;
+    result
+}
+
+async fn run(args: &Args, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let options = LedgerOptions {
+        max_connections: u32::try_from(args.tasks)?,
+        ..LedgerOptions::default()
+    };
+    let ledger = Ledger::open_postgres(url, &options).await?;
+    let raw = PgPoolOptions::new().max_connections(4).connect(url).await?;
+    let mut summary = Vec::new();
+    let mut token = 0_u64;
+    for (label, accounts) in [("10,000 accounts", 10_000_usize), ("10 hot accounts", 10)] {
+        let ids = create_accounts(&ledger, accounts, args.tasks).await?;
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        for round in 1..=args.rounds {
+            let baseline = pgbench(url, accounts, args)?;
+            println!("round {round}, {label}: pgbench {baseline:.0} tx/s");
+            token += 1;
+            let rate = measure(&ledger, &raw, &ids, args, token).await?;
+            println!(
+                "round {round}, {label}: ledger apply {rate:.0} applies/s (ratio {:.2})",
+                rate / baseline
+            );
+            ours.push(rate);
+            theirs.push(baseline);
+        }
+        summary.push((label, median(ours), median(theirs)));
+    }
+    println!(
+        "summary (medians over {} rounds; target ratio >= 0.6):",
+        args.rounds
+    );
+    for (label, ours, theirs) in summary {
+        println!(
+            "  {label:<16} ledger apply {ours:>7.0} applies/s   pgbench bare SQL {theirs:>7.0} tx/s   ratio {:.2}",
+            ours / theirs
+        );
+    }
+    Ok(())
+}
+
+async fn create_accounts(
+    ledger: &Ledger,
+    count: usize,
+    tasks: usize,
+) -> Result<Vec<AccountId>, Box<dyn std::error::Error>> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let workers: Vec<_> = (0..tasks)
+        .map(|_| {
+            let (ledger, next) = (ledger.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                while next.fetch_add(1, Ordering::Relaxed) < count {
+                    let new = NewAccount::new("bench", 1_000_000_000_000, 0)?;
+                    ids.push(ledger.create_account(&new).await?.0.id);
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(ids)
+            })
+        })
+        .collect();
+    let mut ids = Vec::with_capacity(count);
+    for worker in workers {
+        ids.extend(worker.await?.map_err(|error| error.to_string())?);
+    }
+    Ok(ids)
+}
+
+/// Tickets for one round, issued in bulk so issuing is not part of the measurement.
+async fn issue_tickets(
+    raw: &sqlx::PgPool,
+    accounts: &[AccountId],
+    count: usize,
+) -> Result<Vec<(TicketId, AccountId)>, Box<dyn std::error::Error>> {
+    let tickets: Vec<(TicketId, AccountId)> = (0..count)
+        .map(|_| {
+            (
+                TicketId::random(),
+                accounts[rand::random_range(0..accounts.len())],
+            )
+        })
+        .collect();
+    for chunk in tickets.chunks(10_000) {
+        let ids: Vec<Uuid> = chunk.iter().map(|(ticket, _)| ticket.0).collect();
+        let owners: Vec<Uuid> = chunk.iter().map(|(_, account)| account.0).collect();
+        sqlx::query(
+            "INSERT INTO tickets (id, account_id, created_at, expires_at)
+             SELECT id, account_id, now(), now() + interval '1 day'
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS t (id, account_id)",
+        )
+        .bind(ids)
+        .bind(owners)
+        .execute(raw)
+        .await?;
+    }
+    Ok(tickets)
+}
+
+async fn measure(
+    ledger: &Ledger,
+    raw: &sqlx::PgPool,
+    accounts: &[AccountId],
+    args: &Args,
+    token: u64,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    // More tickets than the fastest run seen could use.
+    let tickets = Arc::new(issue_tickets(raw, accounts, (args.seconds * 12_000.0) as usize).await?);
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..args.tasks)
+        .map(|_| {
+            let (ledger, tickets, next, done, stop) = (
+                ledger.clone(),
+                tickets.clone(),
+                next.clone(),
+                done.clone(),
+                stop.clone(),
+            );
+            tokio::spawn(async move {
+                let amount = Operation::Withdrawal(Amount::new(1)?);
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(&(ticket_id, account_id)) =
+                        tickets.get(next.fetch_add(1, Ordering::Relaxed))
+                    else {
+                        return Err("ran out of tickets; raise the estimate".into());
+                    };
+                    let request = ApplyRequest {
+                        ticket_id,
+                        account_id,
+                        operation: amount,
+                        fingerprint: "POST withdrawal 1",
+                        fencing_token: token,
+                    };
+                    let applied = ledger.apply(request, &render).await?;
+                    if applied.response.status != 201 {
+                        return Err(format!("unexpected outcome {:?}", applied.response).into());
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    for worker in workers {
+        worker.await?.map_err(|error| error.to_string())?;
+    }
+    Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
+}
+
+fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
+    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/bench");
+    let setup = Command::new("psql")
+        .args([
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            &format!("accounts={accounts}"),
+        ])
+        .args(["-f", &format!("{bench}/schema.sql"), url])
+        .output()?;
+    if !setup.status.success() {
+        return Err(format!("psql: {}", String::from_utf8_lossy(&setup.stderr)).into());
+    }
+    let output = Command::new("pgbench")
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &args.tasks.to_string(),
+            "-j",
+            "2",
+        ])
+        .args(["-T", &format!("{}", args.seconds.ceil() as u64)])
+        .args(["-D", &format!("accounts={accounts}")])
+        .args(["-f", &format!("{bench}/withdraw.sql"), url])
+        .output()?;
+    let stdout = String::from_utf8(output.stdout)?;
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "pgbench printed no tps: {stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+            .into()
+        })
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}

@@ -1,0 +1,131 @@
+//! The audit: every invariant of the ledger, checked over the whole database.
+//!
+//! The SQL here runs unchanged on PostgreSQL and SQLite. Each query returns the rows that
+//! break one rule — at most 1,000 of them, enough to diagnose and bounded on a badly broken
+//! database. An empty result everywhere means clean.
+
+use serde::Serialize;
+
+use crate::model::{AccountId, TicketId};
+
+/// One broken invariant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Violation {
+    /// Which rule.
+    pub rule: Rule,
+    /// The account concerned, where there is one.
+    pub account_id: Option<AccountId>,
+    /// The ticket concerned, where there is one.
+    pub ticket_id: Option<TicketId>,
+    /// What exactly is wrong, with the numbers.
+    pub detail: String,
+}
+
+/// The ledger's invariants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// Balance and points are never negative.
+    NonNegative,
+    /// Balance = sum of the account's entries (opening included); likewise points.
+    BalanceMatchesEntries,
+    /// Each entry's balance_after and points_after are the running sums.
+    RunningTotals,
+    /// At most one entry per ticket.
+    OneEntryPerTicket,
+    /// A ticket stored as 201 has its entry, on its account, of its kind; any other ticket
+    /// has none.
+    OutcomeMatchesEntry,
+    /// Every entry's ticket exists (used tickets are never deleted).
+    EntryHasTicket,
+    /// Fencing tokens never go backwards: along an account's entries, and the account's
+    /// recorded token is at least every entry's.
+    FencingTokenOnlyGrows,
+    /// Exactly one opening entry per account, and it comes first.
+    OpeningEntry,
+    /// An entry's signs fit its kind (withdrawals take money, deposits add it, draws spend
+    /// points and credit nothing negative).
+    EntrySigns,
+}
+
+pub(crate) const NEGATIVE: &str = "
+    SELECT id, balance, points FROM accounts
+    WHERE balance < 0 OR points < 0
+    LIMIT 1000";
+
+pub(crate) const SUMS: &str = "
+    SELECT a.id, a.balance, a.points,
+           CAST(COALESCE(SUM(e.amount), 0) AS BIGINT),
+           CAST(COALESCE(SUM(e.points), 0) AS BIGINT)
+    FROM accounts a LEFT JOIN entries e ON e.account_id = a.id
+    GROUP BY a.id, a.balance, a.points
+    HAVING a.balance <> COALESCE(SUM(e.amount), 0) OR a.points <> COALESCE(SUM(e.points), 0)
+    LIMIT 1000";
+
+pub(crate) const RUNNING: &str = "
+    SELECT id, account_id, ticket_id, balance_after, points_after,
+           running_balance, running_points, fencing_token, previous_token
+    FROM (
+        SELECT id, account_id, ticket_id, balance_after, points_after, fencing_token,
+               CAST(SUM(amount) OVER running AS BIGINT) AS running_balance,
+               CAST(SUM(points) OVER running AS BIGINT) AS running_points,
+               LAG(fencing_token) OVER running AS previous_token
+        FROM entries
+        WINDOW running AS (PARTITION BY account_id ORDER BY id)
+    ) chain
+    WHERE balance_after <> running_balance
+       OR points_after <> running_points
+       OR fencing_token < previous_token
+    LIMIT 1000";
+
+pub(crate) const DUPLICATE_ENTRIES: &str = "
+    SELECT e.ticket_id, e.account_id, d.entries
+    FROM entries e JOIN (
+        SELECT ticket_id, CAST(COUNT(*) AS BIGINT) AS entries FROM entries
+        WHERE ticket_id IS NOT NULL
+        GROUP BY ticket_id
+        HAVING COUNT(*) > 1
+    ) d ON d.ticket_id = e.ticket_id
+    LIMIT 1000";
+
+pub(crate) const OUTCOME_VS_ENTRY: &str = "
+    SELECT t.id, t.account_id, t.response_status, t.operation, e.id, e.account_id, e.kind
+    FROM tickets t LEFT JOIN entries e ON e.ticket_id = t.id
+    WHERE (COALESCE(t.response_status, 0) = 201) <> (e.id IS NOT NULL)
+       OR e.account_id <> t.account_id
+       OR e.kind <> t.operation
+    LIMIT 1000";
+
+pub(crate) const ORPHAN_ENTRIES: &str = "
+    SELECT e.id, e.account_id, e.ticket_id
+    FROM entries e LEFT JOIN tickets t ON t.id = e.ticket_id
+    WHERE e.ticket_id IS NOT NULL AND t.id IS NULL
+    LIMIT 1000";
+
+pub(crate) const ACCOUNT_TOKENS: &str = "
+    SELECT a.id, a.fencing_token, MAX(e.fencing_token)
+    FROM accounts a JOIN entries e ON e.account_id = a.id
+    GROUP BY a.id, a.fencing_token
+    HAVING MAX(e.fencing_token) > a.fencing_token
+    LIMIT 1000";
+
+pub(crate) const OPENING_COUNT: &str = "
+    SELECT a.id, CAST(COUNT(e.id) AS BIGINT)
+    FROM accounts a LEFT JOIN entries e ON e.account_id = a.id AND e.kind = 'opening'
+    GROUP BY a.id
+    HAVING COUNT(e.id) <> 1
+    LIMIT 1000";
+
+pub(crate) const OPENING_FIRST: &str = "
+    SELECT e.id, e.account_id FROM entries e
+    WHERE e.kind = 'opening'
+      AND e.id <> (SELECT MIN(x.id) FROM entries x WHERE x.account_id = e.account_id)
+    LIMIT 1000";
+
+pub(crate) const SIGNS: &str = "
+    SELECT id, account_id, ticket_id, kind, amount, points FROM entries
+    WHERE (kind = 'withdrawal' AND (amount >= 0 OR points <> 0))
+       OR (kind = 'deposit' AND (amount <= 0 OR points <> 0))
+       OR (kind = 'lottery_draw' AND (amount < 0 OR points >= 0))
+       OR (kind = 'opening' AND (amount < 0 OR points < 0))
+    LIMIT 1000";

@@ -1,0 +1,73 @@
+//! Column types that differ between the two databases, behind one Rust type each.
+
+use sqlx::encode::IsNull;
+use sqlx::error::BoxDynError;
+use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+use sqlx::sqlite::{SqliteArgumentsBuffer, SqliteTypeInfo, SqliteValueRef};
+use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
+use time::OffsetDateTime;
+
+/// A point in time, to the microsecond: `TIMESTAMPTZ` in PostgreSQL, `INTEGER`
+/// microseconds since the Unix epoch in SQLite (where text timestamps of varying precision
+/// would not compare correctly).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Timestamp(pub OffsetDateTime);
+
+impl Timestamp {
+    /// The current time, truncated to what both databases store.
+    pub fn now() -> Self {
+        Self::truncated(OffsetDateTime::now_utc())
+    }
+
+    pub fn truncated(at: OffsetDateTime) -> Self {
+        let micros = at.microsecond();
+        Self(at.replace_nanosecond(micros * 1000).unwrap_or(at))
+    }
+
+    fn micros(self) -> i64 {
+        // Within ±292,000 years of 1970 this fits.
+        i64::try_from(self.0.unix_timestamp_nanos() / 1000).unwrap_or(i64::MAX)
+    }
+
+    fn from_micros(micros: i64) -> Result<Self, BoxDynError> {
+        Ok(Self(OffsetDateTime::from_unix_timestamp_nanos(
+            i128::from(micros) * 1000,
+        )?))
+    }
+}
+
+impl Type<Postgres> for Timestamp {
+    fn type_info() -> PgTypeInfo {
+        <OffsetDateTime as Type<Postgres>>::type_info()
+    }
+}
+
+impl Encode<'_, Postgres> for Timestamp {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        <OffsetDateTime as Encode<Postgres>>::encode_by_ref(&self.0, buf)
+    }
+}
+
+impl Decode<'_, Postgres> for Timestamp {
+    fn decode(value: PgValueRef<'_>) -> Result<Self, BoxDynError> {
+        Ok(Self(<OffsetDateTime as Decode<Postgres>>::decode(value)?))
+    }
+}
+
+impl Type<Sqlite> for Timestamp {
+    fn type_info() -> SqliteTypeInfo {
+        <i64 as Type<Sqlite>>::type_info()
+    }
+}
+
+impl Encode<'_, Sqlite> for Timestamp {
+    fn encode_by_ref(&self, buf: &mut SqliteArgumentsBuffer) -> Result<IsNull, BoxDynError> {
+        <i64 as Encode<Sqlite>>::encode(self.micros(), buf)
+    }
+}
+
+impl Decode<'_, Sqlite> for Timestamp {
+    fn decode(value: SqliteValueRef<'_>) -> Result<Self, BoxDynError> {
+        Self::from_micros(<i64 as Decode<Sqlite>>::decode(value)?)
+    }
+}

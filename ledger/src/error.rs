@@ -1,0 +1,162 @@
+//! The ledger's errors, and the one place database errors are classified.
+
+use sqlx::error::DatabaseError;
+
+use crate::model::InvalidInput;
+
+/// A failure of the ledger itself (not a refusal of the operation: those are outcomes).
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    /// The database cannot be reached, or is shutting down, or ran out of connections.
+    /// Nothing was written; retrying later is safe.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// A constraint the ledger relies on fired: a bug or a hand-made change, never a
+    /// client error.
+    #[error("constraint `{constraint}` violated")]
+    Constraint {
+        /// The constraint's name (as in the migrations).
+        constraint: &'static str,
+        /// The database's report.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(#[source] sqlx::Error),
+    /// Applying the migrations failed.
+    #[error("migrations failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// Refused input.
+    #[error(transparent)]
+    Invalid(#[from] InvalidInput),
+    /// A row the ledger cannot read back (an unknown entry kind, a token out of range).
+    #[error("unreadable row: {0}")]
+    Corrupt(String),
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(error: sqlx::Error) -> Self {
+        if is_unavailable(&error) {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+/// Errors that mean "the database is not there right now", as opposed to "this request is
+/// wrong": the API answers 503 and the client may retry.
+fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+            // PostgreSQL: connection exceptions (08), insufficient resources (53),
+            // operator intervention such as shutdown (57), serialization failure and
+            // deadlock (40001, 40P01). SQLite: busy (5) and locked (6).
+            code.starts_with("08")
+                || code.starts_with("53")
+                || code.starts_with("57")
+                || code == "40001"
+                || code == "40P01"
+                || code == "5"
+                || code == "6"
+        }),
+        _ => false,
+    }
+}
+
+/// Why `apply` did not run the operation.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// No such ticket, or it was issued to another account.
+    #[error("unknown ticket")]
+    UnknownTicket,
+    /// The ticket expired before it was used.
+    #[error("the ticket expired unused")]
+    TicketExpired,
+    /// The ticket was used for a different request (other amount, other operation).
+    #[error("the ticket was used for a different request")]
+    FingerprintMismatch,
+    /// The ticket was used, but its stored response is past retention.
+    #[error("the ticket was used and its outcome is no longer retained")]
+    OutcomePruned,
+    /// The fencing token is older than one the account already accepted: a newer lock
+    /// holder has written. Nothing was written.
+    #[error("stale fencing token {presented}: the account has accepted {recorded}")]
+    StaleToken {
+        /// The token the caller presented.
+        presented: u64,
+        /// The highest token the account has accepted.
+        recorded: u64,
+    },
+    /// The ledger failed.
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+impl From<sqlx::Error> for ApplyError {
+    fn from(error: sqlx::Error) -> Self {
+        Self::Ledger(error.into())
+    }
+}
+
+/// Constraint names that errors are matched against (as named in the migrations).
+pub(crate) mod constraint {
+    pub const ENTRY_PER_TICKET: &str = "entries_ticket_id_key";
+    pub const API_KEY_HASH: &str = "accounts_api_key_hash_key";
+    pub const BALANCE_NON_NEGATIVE: &str = "accounts_balance_non_negative";
+    pub const POINTS_NON_NEGATIVE: &str = "accounts_points_non_negative";
+
+    pub const ALL: [&str; 4] = [
+        ENTRY_PER_TICKET,
+        API_KEY_HASH,
+        BALANCE_NON_NEGATIVE,
+        POINTS_NON_NEGATIVE,
+    ];
+}
+
+/// The constraint a database error names. PostgreSQL reports it; SQLite writes it into the
+/// message ("CHECK constraint failed: <name>", or for UNIQUE the columns).
+fn violated_constraint(error: &dyn DatabaseError) -> Option<&'static str> {
+    let reported = error.constraint().map(str::to_owned).or_else(|| {
+        let message = error.message();
+        if let Some(name) = message.strip_prefix("CHECK constraint failed: ") {
+            return Some(name.to_owned());
+        }
+        match message.strip_prefix("UNIQUE constraint failed: ")? {
+            "entries.ticket_id" => Some(constraint::ENTRY_PER_TICKET.to_owned()),
+            "accounts.api_key_hash" => Some(constraint::API_KEY_HASH.to_owned()),
+            _ => None,
+        }
+    })?;
+    constraint::ALL.into_iter().find(|name| *name == reported)
+}
+
+/// Turns constraint violations into [`LedgerError::Constraint`], so callers match on a
+/// typed error instead of a message.
+pub(crate) trait ResultExt<T> {
+    fn or_constraint(self) -> Result<T, LedgerError>;
+}
+
+impl<T> ResultExt<T> for Result<T, sqlx::Error> {
+    fn or_constraint(self) -> Result<T, LedgerError> {
+        self.map_err(|error| {
+            let named = match &error {
+                sqlx::Error::Database(db) => violated_constraint(db.as_ref()),
+                _ => None,
+            };
+            match named {
+                Some(constraint) => LedgerError::Constraint {
+                    constraint,
+                    source: error,
+                },
+                None => error.into(),
+            }
+        })
+    }
+}

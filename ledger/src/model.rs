@@ -1,0 +1,417 @@
+//! The ledger's vocabulary: identifiers, validated amounts, and what the database holds.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::lottery::Prize;
+
+/// The largest amount one request may move, in minor units (and the largest number of
+/// points one draw may spend).
+pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
+
+/// An account's identifier.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct AccountId(pub Uuid);
+
+/// A ticket's identifier: the idempotency key of one spend.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct TicketId(pub Uuid);
+
+impl AccountId {
+    /// A fresh random identifier.
+    pub fn random() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl TicketId {
+    /// A fresh random identifier.
+    pub fn random() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl std::fmt::Display for AccountId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::fmt::Display for TicketId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Input the ledger refuses before touching the database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidInput {
+    /// An amount outside 1 ..= [`MAX_AMOUNT`].
+    #[error("amount must be between 1 and {MAX_AMOUNT}, got {0}")]
+    Amount(i64),
+    /// Points to spend outside 1 ..= [`MAX_AMOUNT`].
+    #[error("points must be between 1 and {MAX_AMOUNT}, got {0}")]
+    Points(i64),
+    /// An account name that is empty or longer than 100 characters.
+    #[error("name must be 1 to 100 characters, got {0}")]
+    NameLength(usize),
+    /// A negative opening balance.
+    #[error("opening balance must not be negative, got {0}")]
+    OpeningBalance(i64),
+    /// Negative opening points.
+    #[error("opening points must not be negative, got {0}")]
+    OpeningPoints(i64),
+}
+
+/// Money moved by one request, in minor units: 1 ..= [`MAX_AMOUNT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct Amount(i64);
+
+impl Amount {
+    /// Validates an amount.
+    pub fn new(value: i64) -> Result<Self, InvalidInput> {
+        if (1..=MAX_AMOUNT).contains(&value) {
+            Ok(Self(value))
+        } else {
+            Err(InvalidInput::Amount(value))
+        }
+    }
+
+    /// The number of minor units.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// Points spent by one lottery draw: 1 ..= [`MAX_AMOUNT`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct PointsToSpend(i64);
+
+impl PointsToSpend {
+    /// Validates a number of points.
+    pub fn new(value: i64) -> Result<Self, InvalidInput> {
+        if (1..=MAX_AMOUNT).contains(&value) {
+            Ok(Self(value))
+        } else {
+            Err(InvalidInput::Points(value))
+        }
+    }
+
+    /// The number of points.
+    pub fn get(self) -> i64 {
+        self.0
+    }
+}
+
+/// A validated request to open an account.
+#[derive(Clone, Debug)]
+pub struct NewAccount {
+    name: String,
+    balance: i64,
+    points: i64,
+}
+
+impl NewAccount {
+    /// Validates the name (1 to 100 characters) and the opening balance and points (≥ 0).
+    pub fn new(name: impl Into<String>, balance: i64, points: i64) -> Result<Self, InvalidInput> {
+        let name = name.into();
+        let length = name.chars().count();
+        if !(1..=100).contains(&length) {
+            return Err(InvalidInput::NameLength(length));
+        }
+        if balance < 0 {
+            return Err(InvalidInput::OpeningBalance(balance));
+        }
+        if points < 0 {
+            return Err(InvalidInput::OpeningPoints(points));
+        }
+        Ok(Self {
+            name,
+            balance,
+            points,
+        })
+    }
+
+    /// The account's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The opening balance.
+    pub fn balance(&self) -> i64 {
+        self.balance
+    }
+
+    /// The opening points.
+    pub fn points(&self) -> i64 {
+        self.points
+    }
+}
+
+/// What a ticket is spent on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    /// Take money out.
+    Withdrawal(Amount),
+    /// Put money in.
+    Deposit(Amount),
+    /// Spend points on a draw from the prize table; the prize may credit money.
+    LotteryDraw(PointsToSpend),
+}
+
+impl Operation {
+    /// The entry kind this operation writes.
+    pub fn kind(self) -> EntryKind {
+        match self {
+            Self::Withdrawal(_) => EntryKind::Withdrawal,
+            Self::Deposit(_) => EntryKind::Deposit,
+            Self::LotteryDraw(_) => EntryKind::LotteryDraw,
+        }
+    }
+}
+
+/// What an entry records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    /// The opening balance and points, written with the account.
+    Opening,
+    /// Money in.
+    Deposit,
+    /// Money out.
+    Withdrawal,
+    /// Points out, possibly money in.
+    LotteryDraw,
+}
+
+impl EntryKind {
+    /// The name stored in the database and shown by the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Opening => "opening",
+            Self::Deposit => "deposit",
+            Self::Withdrawal => "withdrawal",
+            Self::LotteryDraw => "lottery_draw",
+        }
+    }
+
+    pub(crate) fn parse(name: &str) -> Option<Self> {
+        [
+            Self::Opening,
+            Self::Deposit,
+            Self::Withdrawal,
+            Self::LotteryDraw,
+        ]
+        .into_iter()
+        .find(|kind| kind.as_str() == name)
+    }
+}
+
+/// An account as the API shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Account {
+    /// Its identifier.
+    pub id: AccountId,
+    /// Its name.
+    pub name: String,
+    /// Money, in minor units; never negative.
+    pub balance: i64,
+    /// Points; never negative.
+    pub points: i64,
+    /// When it was opened.
+    pub created_at: OffsetDateTime,
+}
+
+/// A response stored under a ticket, replayed for every repeat of the request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The HTTP status of the original response.
+    pub status: u16,
+    /// Its JSON body.
+    pub body: Value,
+}
+
+/// What a used ticket remembers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    /// The entry kind of the operation that used it.
+    pub operation: EntryKind,
+    /// The fingerprint of the request that used it.
+    pub fingerprint: String,
+    /// The stored response; `None` once the retention period dropped it.
+    pub response: Option<StoredResponse>,
+    /// When it was used.
+    pub completed_at: OffsetDateTime,
+}
+
+/// A ticket: the right to spend once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ticket {
+    /// Its identifier, sent as the `Idempotency-Key`.
+    pub id: TicketId,
+    /// The account it was issued to; only that account may use it.
+    pub account_id: AccountId,
+    /// When it was issued.
+    pub created_at: OffsetDateTime,
+    /// After this, an unused ticket can no longer be used.
+    pub expires_at: OffsetDateTime,
+    /// Set once it was used.
+    pub outcome: Option<Outcome>,
+}
+
+/// Where a ticket is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TicketState {
+    /// Issued and usable.
+    Issued,
+    /// Used; its outcome is stored.
+    Completed,
+    /// Expired unused.
+    Expired,
+}
+
+impl Ticket {
+    /// The ticket's state at `now`.
+    pub fn state(&self, now: OffsetDateTime) -> TicketState {
+        if self.outcome.is_some() {
+            TicketState::Completed
+        } else if now >= self.expires_at {
+            TicketState::Expired
+        } else {
+            TicketState::Issued
+        }
+    }
+}
+
+/// One line of an account's history.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Increasing in the order entries were written.
+    pub id: i64,
+    /// The account it belongs to.
+    pub account_id: AccountId,
+    /// The ticket that wrote it; `None` for the opening entry.
+    pub ticket_id: Option<TicketId>,
+    /// What it records.
+    pub kind: EntryKind,
+    /// Signed change to the balance.
+    pub amount: i64,
+    /// Signed change to the points.
+    pub points: i64,
+    /// The balance after this entry.
+    pub balance_after: i64,
+    /// The points after this entry.
+    pub points_after: i64,
+    /// The lock fencing token the write carried (0 for the opening entry).
+    pub fencing_token: u64,
+    /// When it was written.
+    pub created_at: OffsetDateTime,
+}
+
+/// Why an operation was refused. Refusals are outcomes: stored under the ticket and
+/// replayed, like successes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// The balance is below the amount.
+    InsufficientFunds {
+        /// The balance at the time.
+        balance: i64,
+    },
+    /// The points are below the points to spend.
+    InsufficientPoints {
+        /// The points at the time.
+        points: i64,
+    },
+    /// The deposit or prize would overflow the balance.
+    BalanceLimit {
+        /// The balance at the time.
+        balance: i64,
+    },
+}
+
+/// What executing an operation did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OperationResult {
+    /// Applied: an entry was written.
+    Applied {
+        /// The balance after.
+        balance: i64,
+        /// The points after.
+        points: i64,
+        /// Money the lottery prize credited (0 otherwise).
+        credit: i64,
+        /// The prize drawn, for lottery draws.
+        prize: Option<&'static Prize>,
+    },
+    /// Refused for a business reason: nothing moved.
+    Refused(Refusal),
+}
+
+impl OperationResult {
+    /// The HTTP status this outcome is stored with: 201 applied, 402 not enough money or
+    /// points, 422 a balance that would overflow.
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::Applied { .. } => 201,
+            Self::Refused(
+                Refusal::InsufficientFunds { .. } | Refusal::InsufficientPoints { .. },
+            ) => 402,
+            Self::Refused(Refusal::BalanceLimit { .. }) => 422,
+        }
+    }
+}
+
+/// Everything a renderer needs to build the response body stored under the ticket.
+#[derive(Clone, Copy, Debug)]
+pub struct Execution<'a> {
+    /// The ticket used.
+    pub ticket_id: TicketId,
+    /// The account.
+    pub account_id: AccountId,
+    /// What was asked.
+    pub operation: &'a Operation,
+    /// What happened.
+    pub result: &'a OperationResult,
+}
+
+/// Builds the JSON body stored (and replayed) for an execution. The ledger decides the
+/// status ([`OperationResult::status`]); the caller decides the body's shape.
+pub type Renderer = dyn Fn(&Execution<'_>) -> Value + Send + Sync;
+
+/// The answer to `apply`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    /// The stored response.
+    pub response: StoredResponse,
+    /// True when the ticket had already been used and this is its stored outcome.
+    pub replayed: bool,
+}
+
+/// A request to apply one operation under one ticket.
+#[derive(Clone, Copy, Debug)]
+pub struct ApplyRequest<'a> {
+    /// The ticket to spend.
+    pub ticket_id: TicketId,
+    /// The account the request was authenticated for.
+    pub account_id: AccountId,
+    /// What to do.
+    pub operation: Operation,
+    /// Identifies the request (method, path, canonical body); a repeat with another
+    /// fingerprint is refused.
+    pub fingerprint: &'a str,
+    /// The fencing token of the lock the caller holds on the account.
+    pub fencing_token: u64,
+}

@@ -1,0 +1,903 @@
+//! The SQL behind the ledger, written once for both databases.
+//!
+//! [`SqlStore`] is generic over the sqlx database; the statements are shared text
+//! (`$1`-style parameters work in both) except where [`Dialect`] says otherwise. The
+//! [`Store`] trait is the seam the [`Ledger`](crate::Ledger) handle holds.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
+
+use crate::audit::{self, Rule, Violation};
+use crate::db_types::Timestamp;
+use crate::error::{ApplyError, LedgerError, ResultExt};
+use crate::lottery;
+use crate::model::{
+    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Execution, NewAccount, Operation,
+    OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+};
+
+/// What differs between the two databases.
+pub(crate) trait Dialect: Database {
+    /// Opens a transaction that will write. SQLite takes the write lock up front, so two
+    /// writers never deadlock upgrading from a read.
+    const BEGIN_WRITE: &'static str;
+    /// Reads a ticket and locks it until the transaction ends (SQLite's write lock already
+    /// covers the whole database). Parameter: $1 ticket.
+    const LOCK_TICKET: &'static str;
+    /// Where the database can, [`LOCK_TICKET`](Self::LOCK_TICKET) and [`MOVE`] as one
+    /// statement: the move happens only if the locked ticket is this account's, unused and
+    /// unexpired. One round trip fewer on every spend. Parameters: $1 ticket, $2 account,
+    /// $3 debit, $4 credit, $5 points spent, $6 fencing token, $7 now.
+    const LOCK_TICKET_AND_MOVE: Option<&'static str>;
+    /// Where the database can, [`INSERT_ENTRY`] and [`COMPLETE_TICKET`] as one statement.
+    /// Parameters: $1..$9 as in INSERT_ENTRY, then $10 fingerprint, $11 status, $12 body.
+    const RECORD_APPLIED: Option<&'static str>;
+}
+
+impl Dialect for sqlx::Postgres {
+    const BEGIN_WRITE: &'static str = "BEGIN";
+    const LOCK_TICKET: &'static str = "
+        SELECT id, account_id, created_at, expires_at, operation, fingerprint,
+               response_status, response_body, completed_at
+        FROM tickets WHERE id = $1 FOR UPDATE";
+    const LOCK_TICKET_AND_MOVE: Option<&'static str> = Some(
+        "WITH ticket AS (
+             SELECT id, account_id, created_at, expires_at, operation, fingerprint,
+                    response_status, response_body, completed_at
+             FROM tickets WHERE id = $1 FOR UPDATE
+         ), moved AS (
+             UPDATE accounts
+             SET balance = balance - $3 + $4, points = points - $5, fencing_token = $6
+             WHERE id = $2 AND fencing_token <= $6 AND balance >= $3 AND points >= $5
+               AND balance - $3 <= 9223372036854775807 - $4
+               AND EXISTS (SELECT 1 FROM ticket
+                           WHERE account_id = $2 AND completed_at IS NULL AND expires_at > $7)
+             RETURNING balance, points
+         )
+         SELECT ticket.*, moved.balance AS moved_balance, moved.points AS moved_points
+         FROM ticket LEFT JOIN moved ON true",
+    );
+    const RECORD_APPLIED: Option<&'static str> = Some(
+        "WITH entry AS (
+             INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                                  points_after, fencing_token, created_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+         )
+         UPDATE tickets
+         SET operation = $3, fingerprint = $10, response_status = $11, response_body = $12,
+             completed_at = $9
+         WHERE id = $2",
+    );
+}
+
+impl Dialect for sqlx::Sqlite {
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const LOCK_TICKET: &'static str = "
+        SELECT id, account_id, created_at, expires_at, operation, fingerprint,
+               response_status, response_body, completed_at
+        FROM tickets WHERE id = $1";
+    // SQLite has no data-modifying CTEs; its round trips are function calls anyway.
+    const LOCK_TICKET_AND_MOVE: Option<&'static str> = None;
+    const RECORD_APPLIED: Option<&'static str> = None;
+}
+
+/// The storage operations of the ledger, one atomic step each.
+#[async_trait]
+pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
+    async fn create_account(
+        &self,
+        new: &NewAccount,
+        key_hash: Vec<u8>,
+        now: Timestamp,
+    ) -> Result<Account, LedgerError>;
+    async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError>;
+    async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError>;
+    async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError>;
+    async fn issue_ticket(
+        &self,
+        account_id: AccountId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<Ticket, LedgerError>;
+    async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError>;
+    async fn entries(
+        &self,
+        account_id: AccountId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Entry>, LedgerError>;
+    async fn apply(
+        &self,
+        request: &ApplyRequest<'_>,
+        render: &Renderer,
+        now: Timestamp,
+    ) -> Result<Applied, ApplyError>;
+    async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
+    /// Deletes unused tickets and prunes the outcomes of used ones, both expired before
+    /// `cutoff`; at most `batch` of each. Returns how many of each.
+    async fn reap(
+        &self,
+        cutoff: Timestamp,
+        now: Timestamp,
+        batch: i64,
+    ) -> Result<(u64, u64), LedgerError>;
+    async fn ping(&self) -> Result<(), LedgerError>;
+}
+
+/// The ledger's tables in one database.
+pub(crate) struct SqlStore<D: Database> {
+    pub(crate) pool: Pool<D>,
+}
+
+impl<D: Database> fmt::Debug for SqlStore<D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqlStore")
+            .field("database", &D::NAME)
+            .field("connections", &self.pool.size())
+            .finish()
+    }
+}
+
+#[derive(FromRow)]
+struct AccountRow {
+    id: AccountId,
+    name: String,
+    balance: i64,
+    points: i64,
+    created_at: Timestamp,
+}
+
+impl From<AccountRow> for Account {
+    fn from(row: AccountRow) -> Self {
+        Self {
+            id: row.id,
+            name: row.name,
+            balance: row.balance,
+            points: row.points,
+            created_at: row.created_at.0,
+        }
+    }
+}
+
+#[derive(FromRow)]
+struct TicketRow {
+    id: TicketId,
+    account_id: AccountId,
+    created_at: Timestamp,
+    expires_at: Timestamp,
+    operation: Option<String>,
+    fingerprint: Option<String>,
+    response_status: Option<i32>,
+    response_body: Option<Json<Value>>,
+    completed_at: Option<Timestamp>,
+}
+
+impl TryFrom<TicketRow> for Ticket {
+    type Error = LedgerError;
+
+    fn try_from(row: TicketRow) -> Result<Self, LedgerError> {
+        let outcome = match (
+            row.operation,
+            row.fingerprint,
+            row.response_status,
+            row.completed_at,
+        ) {
+            (Some(operation), Some(fingerprint), Some(status), Some(completed_at)) => {
+                let operation = EntryKind::parse(&operation).ok_or_else(|| {
+                    LedgerError::Corrupt(format!("ticket {}: operation {operation:?}", row.id))
+                })?;
+                let status = u16::try_from(status).map_err(|_| {
+                    LedgerError::Corrupt(format!("ticket {}: status {status}", row.id))
+                })?;
+                Some(Outcome {
+                    operation,
+                    fingerprint,
+                    response: row
+                        .response_body
+                        .map(|Json(body)| StoredResponse { status, body }),
+                    completed_at: completed_at.0,
+                })
+            }
+            (None, None, None, None) => None,
+            _ => {
+                return Err(LedgerError::Corrupt(format!(
+                    "ticket {}: partial outcome",
+                    row.id
+                )));
+            }
+        };
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            created_at: row.created_at.0,
+            expires_at: row.expires_at.0,
+            outcome,
+        })
+    }
+}
+
+/// A locked ticket and, where the move rode along, what the account holds after it.
+#[derive(FromRow)]
+struct LockedTicket {
+    #[sqlx(flatten)]
+    ticket: TicketRow,
+    moved_balance: Option<i64>,
+    moved_points: Option<i64>,
+}
+
+#[derive(FromRow)]
+struct EntryRow {
+    id: i64,
+    account_id: AccountId,
+    ticket_id: Option<TicketId>,
+    kind: String,
+    amount: i64,
+    points: i64,
+    balance_after: i64,
+    points_after: i64,
+    fencing_token: i64,
+    created_at: Timestamp,
+}
+
+impl TryFrom<EntryRow> for Entry {
+    type Error = LedgerError;
+
+    fn try_from(row: EntryRow) -> Result<Self, LedgerError> {
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            ticket_id: row.ticket_id,
+            kind: EntryKind::parse(&row.kind).ok_or_else(|| {
+                LedgerError::Corrupt(format!("entry {}: kind {:?}", row.id, row.kind))
+            })?,
+            amount: row.amount,
+            points: row.points,
+            balance_after: row.balance_after,
+            points_after: row.points_after,
+            fencing_token: u64::try_from(row.fencing_token).map_err(|_| {
+                LedgerError::Corrupt(format!("entry {}: token {}", row.id, row.fencing_token))
+            })?,
+            created_at: row.created_at.0,
+        })
+    }
+}
+
+const INSERT_ENTRY: &str = "
+    INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                         points_after, fencing_token, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// The operation as one conditional update: it moves the money and points and records the
+/// fencing token only if the token is not stale, the balance covers the debit, the points
+/// cover the spend, and the credit cannot overflow. Concurrent updates of one account
+/// serialise on its row and each re-checks the condition, so there is no read-then-write
+/// race even without the lock. Written so that no sub-expression can overflow: amounts are
+/// at most 10^12 and credits 10^14.
+const MOVE: &str = "
+    UPDATE accounts
+    SET balance = balance - $2 + $3, points = points - $4, fencing_token = $5
+    WHERE id = $1 AND fencing_token <= $5 AND balance >= $2 AND points >= $4
+      AND balance - $2 <= 9223372036854775807 - $3
+    RETURNING balance, points";
+
+/// After a refused MOVE: records the token if it is not stale, and returns what the
+/// account holds, which says why the move was refused.
+const RECORD_TOKEN: &str = "
+    UPDATE accounts SET fencing_token = $2
+    WHERE id = $1 AND fencing_token <= $2
+    RETURNING balance, points";
+
+const COMPLETE_TICKET: &str = "
+    UPDATE tickets
+    SET operation = $2, fingerprint = $3, response_status = $4, response_body = $5,
+        completed_at = $6
+    WHERE id = $1";
+
+/// How many minor units one lottery draw credits, given the prize and the points spent.
+fn prize_credit(prize: &lottery::Prize, points: i64) -> i64 {
+    prize.credit_per_point.saturating_mul(points)
+}
+
+fn token_to_sql(token: u64) -> Result<i64, LedgerError> {
+    i64::try_from(token)
+        .map_err(|_| LedgerError::Corrupt(format!("fencing token {token} exceeds 2^63")))
+}
+
+#[async_trait]
+impl<D> Store for SqlStore<D>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> String: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Vec<u8>: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Json<Value>: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: ColumnIndex<D::Row>,
+    usize: ColumnIndex<D::Row>,
+    for<'r> AccountRow: FromRow<'r, D::Row>,
+    for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> EntryRow: FromRow<'r, D::Row>,
+    for<'r> LockedTicket: FromRow<'r, D::Row>,
+    for<'r> (i64, i64): FromRow<'r, D::Row>,
+{
+    async fn create_account(
+        &self,
+        new: &NewAccount,
+        key_hash: Vec<u8>,
+        now: Timestamp,
+    ) -> Result<Account, LedgerError> {
+        let id = AccountId::random();
+        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+        sqlx::query(
+            "INSERT INTO accounts (id, name, balance, points, api_key_hash, fencing_token, created_at)
+             VALUES ($1, $2, $3, $4, $5, 0, $6)",
+        )
+        .bind(id)
+        .bind(new.name())
+        .bind(new.balance())
+        .bind(new.points())
+        .bind(key_hash)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .or_constraint()?;
+        sqlx::query(INSERT_ENTRY)
+            .bind(id)
+            .bind(None::<TicketId>)
+            .bind(EntryKind::Opening.as_str())
+            .bind(new.balance())
+            .bind(new.points())
+            .bind(new.balance())
+            .bind(new.points())
+            .bind(0_i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .or_constraint()?;
+        tx.commit().await?;
+        Ok(Account {
+            id,
+            name: new.name().to_owned(),
+            balance: new.balance(),
+            points: new.points(),
+            created_at: now.0,
+        })
+    }
+
+    async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError> {
+        Ok(
+            sqlx::query_scalar("SELECT id FROM accounts WHERE api_key_hash = $1")
+                .bind(key_hash)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError> {
+        let row: Option<AccountRow> = sqlx::query_as(
+            "SELECT id, name, balance, points, created_at FROM accounts WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(Account::from))
+    }
+
+    async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError> {
+        let token: Option<i64> =
+            sqlx::query_scalar("SELECT fencing_token FROM accounts WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(token.map(|token| token.max(0).unsigned_abs()))
+    }
+
+    async fn issue_ticket(
+        &self,
+        account_id: AccountId,
+        now: Timestamp,
+        expires_at: Timestamp,
+    ) -> Result<Ticket, LedgerError> {
+        let id = TicketId::random();
+        sqlx::query(
+            "INSERT INTO tickets (id, account_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+        )
+        .bind(id)
+        .bind(account_id)
+        .bind(now)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await
+        .or_constraint()?;
+        Ok(Ticket {
+            id,
+            account_id,
+            created_at: now.0,
+            expires_at: expires_at.0,
+            outcome: None,
+        })
+    }
+
+    async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError> {
+        let row: Option<TicketRow> = sqlx::query_as(
+            "SELECT id, account_id, created_at, expires_at, operation, fingerprint,
+                    response_status, response_body, completed_at
+             FROM tickets WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(Ticket::try_from).transpose()
+    }
+
+    async fn entries(
+        &self,
+        account_id: AccountId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<Entry>, LedgerError> {
+        let rows: Vec<EntryRow> = sqlx::query_as(
+            "SELECT id, account_id, ticket_id, kind, amount, points, balance_after, points_after,
+                    fencing_token, created_at
+             FROM entries WHERE account_id = $1 AND id > $2
+             ORDER BY id LIMIT $3",
+        )
+        .bind(account_id)
+        .bind(after)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.into_iter().map(Entry::try_from).collect()
+    }
+
+    async fn apply(
+        &self,
+        request: &ApplyRequest<'_>,
+        render: &Renderer,
+        now: Timestamp,
+    ) -> Result<Applied, ApplyError> {
+        // Every early return below drops the transaction, which rolls it back: nothing
+        // is written unless the whole operation and its outcome are.
+        let token = token_to_sql(request.fencing_token)?;
+        let (debit, credit, spend, prize) = match request.operation {
+            Operation::Withdrawal(amount) => (amount.get(), 0, 0, None),
+            Operation::Deposit(amount) => (0, amount.get(), 0, None),
+            // Drawn before we know the ticket is usable; a replay simply discards it.
+            Operation::LotteryDraw(points) => {
+                let prize = lottery::draw();
+                (
+                    0,
+                    prize_credit(prize, points.get()),
+                    points.get(),
+                    Some(prize),
+                )
+            }
+        };
+        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+
+        // 1. Lock the ticket, so concurrent uses of it queue here until we commit. Where
+        //    the database allows, the conditional move of step 3 rides in the same
+        //    statement (it only happens if the ticket is usable, as checked in step 2).
+        let (ticket, mut moved) = match D::LOCK_TICKET_AND_MOVE {
+            Some(statement) => {
+                let locked: Option<LockedTicket> = sqlx::query_as(statement)
+                    .bind(request.ticket_id)
+                    .bind(request.account_id)
+                    .bind(debit)
+                    .bind(credit)
+                    .bind(spend)
+                    .bind(token)
+                    .bind(now)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                match locked {
+                    Some(locked) => {
+                        let moved = locked.moved_balance.zip(locked.moved_points);
+                        (Some(locked.ticket), moved)
+                    }
+                    None => (None, None),
+                }
+            }
+            None => {
+                let ticket: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
+                    .bind(request.ticket_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                (ticket, None)
+            }
+        };
+
+        // 2. The ticket is this account's (else it is unknown to it); a used one replays
+        //    its stored outcome or refuses a different request; an expired one is refused.
+        let ticket = match ticket {
+            Some(row) if row.account_id == request.account_id => Ticket::try_from(row)?,
+            _ => return Err(ApplyError::UnknownTicket),
+        };
+        if let Some(outcome) = ticket.outcome {
+            if outcome.fingerprint != request.fingerprint {
+                return Err(ApplyError::FingerprintMismatch);
+            }
+            let response = outcome.response.ok_or(ApplyError::OutcomePruned)?;
+            return Ok(Applied {
+                response,
+                replayed: true,
+            });
+        }
+        if now.0 >= ticket.expires_at {
+            return Err(ApplyError::TicketExpired);
+        }
+
+        // 3. Move money and points under the fencing check, in one conditional update.
+        if D::LOCK_TICKET_AND_MOVE.is_none() {
+            moved = sqlx::query_as(MOVE)
+                .bind(request.account_id)
+                .bind(debit)
+                .bind(credit)
+                .bind(spend)
+                .bind(token)
+                .fetch_optional(&mut *tx)
+                .await
+                .or_constraint()?;
+        }
+        let result = match moved {
+            Some((balance, points)) => OperationResult::Applied {
+                balance,
+                points,
+                credit,
+                prize,
+            },
+            None => {
+                // Refused: stale token (nothing may be written), or a business refusal,
+                // which is recorded with the token like any other outcome.
+                let held: Option<(i64, i64)> = sqlx::query_as(RECORD_TOKEN)
+                    .bind(request.account_id)
+                    .bind(token)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some((balance, points)) = held else {
+                    let recorded: i64 =
+                        sqlx::query_scalar("SELECT fencing_token FROM accounts WHERE id = $1")
+                            .bind(request.account_id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                    return Err(ApplyError::StaleToken {
+                        presented: request.fencing_token,
+                        recorded: recorded.max(0).unsigned_abs(),
+                    });
+                };
+                OperationResult::Refused(if balance < debit {
+                    Refusal::InsufficientFunds { balance }
+                } else if points < spend {
+                    Refusal::InsufficientPoints { points }
+                } else {
+                    Refusal::BalanceLimit { balance }
+                })
+            }
+        };
+
+        // 4. The entry (only when something moved) and the outcome, in this transaction.
+        let status = result.status();
+        let body = render(&Execution {
+            ticket_id: request.ticket_id,
+            account_id: request.account_id,
+            operation: &request.operation,
+            result: &result,
+        });
+        let kind = request.operation.kind().as_str();
+        match result {
+            OperationResult::Applied {
+                balance, points, ..
+            } => {
+                let entry = |statement| {
+                    sqlx::query(statement)
+                        .bind(request.account_id)
+                        .bind(request.ticket_id)
+                        .bind(kind)
+                        .bind(credit - debit)
+                        .bind(-spend)
+                        .bind(balance)
+                        .bind(points)
+                        .bind(token)
+                        .bind(now)
+                };
+                match D::RECORD_APPLIED {
+                    Some(statement) => {
+                        entry(statement)
+                            .bind(request.fingerprint)
+                            .bind(i32::from(status))
+                            .bind(Json(&body))
+                            .execute(&mut *tx)
+                            .await
+                            .or_constraint()?;
+                    }
+                    None => {
+                        entry(INSERT_ENTRY)
+                            .execute(&mut *tx)
+                            .await
+                            .or_constraint()?;
+                        complete_ticket::<D>(&mut tx, request, kind, status, &body, now).await?;
+                    }
+                }
+            }
+            OperationResult::Refused(_) => {
+                complete_ticket::<D>(&mut tx, request, kind, status, &body, now).await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(Applied {
+            response: StoredResponse { status, body },
+            replayed: false,
+        })
+    }
+
+    async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {
+        let pool = &self.pool;
+        let mut found = Vec::new();
+        let mut report = |rule, account_id, ticket_id, detail: String| {
+            found.push(Violation {
+                rule,
+                account_id,
+                ticket_id,
+                detail,
+            });
+        };
+
+        let rows: Vec<(AccountId, i64, i64)> =
+            sqlx::query_as(audit::NEGATIVE).fetch_all(pool).await?;
+        for (account, balance, points) in rows {
+            report(
+                Rule::NonNegative,
+                Some(account),
+                None,
+                format!("balance {balance}, points {points}"),
+            );
+        }
+
+        let rows: Vec<(AccountId, i64, i64, i64, i64)> =
+            sqlx::query_as(audit::SUMS).fetch_all(pool).await?;
+        for (account, balance, points, sum_amount, sum_points) in rows {
+            report(
+                Rule::BalanceMatchesEntries,
+                Some(account),
+                None,
+                format!(
+                    "balance {balance} but entries sum to {sum_amount}; points {points} but entries sum to {sum_points}"
+                ),
+            );
+        }
+
+        type Running = (
+            i64,
+            AccountId,
+            Option<TicketId>,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<i64>,
+        );
+        let rows: Vec<Running> = sqlx::query_as(audit::RUNNING).fetch_all(pool).await?;
+        for (
+            entry,
+            account,
+            ticket,
+            balance_after,
+            points_after,
+            running_balance,
+            running_points,
+            token,
+            previous,
+        ) in rows
+        {
+            if balance_after != running_balance || points_after != running_points {
+                report(
+                    Rule::RunningTotals,
+                    Some(account),
+                    ticket,
+                    format!(
+                        "entry {entry}: balance_after {balance_after} (running sum {running_balance}), points_after {points_after} (running sum {running_points})"
+                    ),
+                );
+            }
+            if let Some(previous) = previous.filter(|previous| token < *previous) {
+                report(
+                    Rule::FencingTokenOnlyGrows,
+                    Some(account),
+                    ticket,
+                    format!("entry {entry}: fencing token {token} after {previous}"),
+                );
+            }
+        }
+
+        let rows: Vec<(TicketId, AccountId, i64)> = sqlx::query_as(audit::DUPLICATE_ENTRIES)
+            .fetch_all(pool)
+            .await?;
+        for (ticket, account, count) in rows {
+            report(
+                Rule::OneEntryPerTicket,
+                Some(account),
+                Some(ticket),
+                format!("{count} entries"),
+            );
+        }
+
+        type Pair = (
+            TicketId,
+            AccountId,
+            Option<i32>,
+            Option<String>,
+            Option<i64>,
+            Option<AccountId>,
+            Option<String>,
+        );
+        let rows: Vec<Pair> = sqlx::query_as(audit::OUTCOME_VS_ENTRY)
+            .fetch_all(pool)
+            .await?;
+        for (ticket, account, status, operation, entry, entry_account, entry_kind) in rows {
+            let detail = match entry {
+                None => format!("stored status {status:?} but no entry"),
+                Some(entry) => format!(
+                    "stored status {status:?} for {operation:?}, but entry {entry} is {entry_kind:?} on account {entry_account:?}"
+                ),
+            };
+            report(
+                Rule::OutcomeMatchesEntry,
+                Some(account),
+                Some(ticket),
+                detail,
+            );
+        }
+
+        let rows: Vec<(i64, AccountId, TicketId)> = sqlx::query_as(audit::ORPHAN_ENTRIES)
+            .fetch_all(pool)
+            .await?;
+        for (entry, account, ticket) in rows {
+            report(
+                Rule::EntryHasTicket,
+                Some(account),
+                Some(ticket),
+                format!("entry {entry} names a ticket that does not exist"),
+            );
+        }
+
+        let rows: Vec<(AccountId, i64, i64)> = sqlx::query_as(audit::ACCOUNT_TOKENS)
+            .fetch_all(pool)
+            .await?;
+        for (account, recorded, highest) in rows {
+            report(
+                Rule::FencingTokenOnlyGrows,
+                Some(account),
+                None,
+                format!("account records token {recorded} but an entry carries {highest}"),
+            );
+        }
+
+        let rows: Vec<(AccountId, i64)> =
+            sqlx::query_as(audit::OPENING_COUNT).fetch_all(pool).await?;
+        for (account, count) in rows {
+            report(
+                Rule::OpeningEntry,
+                Some(account),
+                None,
+                format!("{count} opening entries"),
+            );
+        }
+        let rows: Vec<(i64, AccountId)> =
+            sqlx::query_as(audit::OPENING_FIRST).fetch_all(pool).await?;
+        for (entry, account) in rows {
+            report(
+                Rule::OpeningEntry,
+                Some(account),
+                None,
+                format!("opening entry {entry} is not the account's first"),
+            );
+        }
+
+        let rows: Vec<(i64, AccountId, Option<TicketId>, String, i64, i64)> =
+            sqlx::query_as(audit::SIGNS).fetch_all(pool).await?;
+        for (entry, account, ticket, kind, amount, points) in rows {
+            report(
+                Rule::EntrySigns,
+                Some(account),
+                ticket,
+                format!("entry {entry}: {kind} with amount {amount}, points {points}"),
+            );
+        }
+
+        Ok(found)
+    }
+
+    async fn reap(
+        &self,
+        cutoff: Timestamp,
+        now: Timestamp,
+        batch: i64,
+    ) -> Result<(u64, u64), LedgerError> {
+        // RETURNING counts the rows the same way in both databases.
+        let deleted: Vec<TicketId> = sqlx::query_scalar(
+            "DELETE FROM tickets WHERE id IN (
+                 SELECT id FROM tickets
+                 WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
+                 LIMIT $2)
+             RETURNING id",
+        )
+        .bind(cutoff)
+        .bind(batch)
+        .fetch_all(&self.pool)
+        .await?;
+        let pruned: Vec<TicketId> = sqlx::query_scalar(
+            "UPDATE tickets SET response_body = NULL, pruned_at = $2 WHERE id IN (
+                 SELECT id FROM tickets
+                 WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                 LIMIT $3)
+             RETURNING id",
+        )
+        .bind(cutoff)
+        .bind(now)
+        .bind(batch)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok((deleted.len() as u64, pruned.len() as u64))
+    }
+
+    async fn ping(&self) -> Result<(), LedgerError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+}
+
+/// How long the retention keeps something, as a timestamp offset that cannot overflow.
+pub(crate) fn before(now: Timestamp, age: Duration) -> Timestamp {
+    let age = time::Duration::try_from(age).unwrap_or(time::Duration::MAX);
+    Timestamp(
+        now.0
+            .checked_sub(age)
+            .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
+    )
+}
+
+/// Stores the outcome under the ticket. Parameters as in [`COMPLETE_TICKET`].
+async fn complete_ticket<D>(
+    tx: &mut sqlx::Transaction<'static, D>,
+    request: &ApplyRequest<'_>,
+    kind: &str,
+    status: u16,
+    body: &Value,
+    now: Timestamp,
+) -> Result<(), LedgerError>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i32: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+{
+    sqlx::query(COMPLETE_TICKET)
+        .bind(request.ticket_id)
+        .bind(kind)
+        .bind(request.fingerprint)
+        .bind(i32::from(status))
+        .bind(Json(body))
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

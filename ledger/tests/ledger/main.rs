@@ -1,0 +1,72 @@
+//! The ledger's contract, checked against a fresh PostgreSQL database and a fresh SQLite
+//! file per test: the same suite for both.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod suite;
+
+macro_rules! suite_for {
+    ($database:ident, $open:expr) => {
+        mod $database {
+            use super::suite;
+
+            suite_for!(@cases $open;
+                opening_an_account_writes_its_opening_entry,
+                api_keys_authenticate_only_their_account,
+                concurrent_distinct_tickets_succeed_exactly_as_far_as_the_money_goes,
+                concurrent_uses_of_one_ticket_execute_once,
+                stale_fencing_token_writes_nothing,
+                fingerprint_mismatch_executes_nothing,
+                expired_ticket_is_refused,
+                ticket_of_another_account_is_unknown,
+                refusals_are_stored_and_stay_refused,
+                lottery_draw_replays_the_same_prize,
+                deposit_that_would_overflow_is_refused,
+                reaper_deletes_expired_tickets_and_prunes_old_outcomes,
+                entries_page_oldest_first,
+                audit_finds_a_planted_balance_change,
+                audit_finds_a_planted_token_regression,
+                audit_finds_a_planted_outcome_without_entry
+            );
+        }
+    };
+    (@cases $open:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $case() {
+                let database = ($open).await;
+                suite::$case(&database).await;
+            }
+        )*
+    };
+}
+
+suite_for!(postgres, async {
+    ledger::testing::TestDatabase::postgres().await.unwrap()
+});
+suite_for!(sqlite, async {
+    ledger::testing::TestDatabase::sqlite().unwrap()
+});
+
+/// A database that is not there is reported as unavailable, not as some other error.
+#[tokio::test]
+async fn unreachable_postgres_is_unavailable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let options = ledger::LedgerOptions {
+        acquire_timeout: std::time::Duration::from_millis(500),
+        ..Default::default()
+    };
+    let error = ledger::Ledger::open(
+        &format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        &options,
+    )
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(error, ledger::LedgerError::Unavailable(_)),
+        "{error:?}"
+    );
+}

@@ -1,0 +1,577 @@
+//! One function per behaviour; `main.rs` runs each on both databases.
+
+use std::time::Duration;
+
+use ledger::testing::TestDatabase;
+use ledger::{
+    AccountId, Amount, Applied, ApplyError, ApplyRequest, Execution, Ledger, NewAccount, Operation,
+    OperationResult, PointsToSpend, Renderer, Rule, TicketId, TicketState,
+};
+use serde_json::{Value, json};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A renderer that records everything the ledger decided.
+fn render(execution: &Execution<'_>) -> Value {
+    let (kind, balance, points, credit, prize) = match *execution.result {
+        OperationResult::Applied {
+            balance,
+            points,
+            credit,
+            prize,
+        } => (
+            "applied".to_owned(),
+            balance,
+            points,
+            credit,
+            prize.map(|p| p.label),
+        ),
+        OperationResult::Refused(refusal) => (format!("{refusal:?}"), -1, -1, 0, None),
+    };
+    json!({
+        "ticket_id": execution.ticket_id,
+        "account_id": execution.account_id,
+        "result": kind,
+        "balance": balance,
+        "points": points,
+        "credit": credit,
+        "prize": prize,
+    })
+}
+
+const RENDER: &Renderer = &render;
+
+async fn open(database: &TestDatabase) -> Ledger {
+    database.open().await.unwrap()
+}
+
+async fn account(ledger: &Ledger, balance: i64, points: i64) -> AccountId {
+    let new = NewAccount::new("test", balance, points).unwrap();
+    ledger.create_account(&new).await.unwrap().0.id
+}
+
+fn withdrawal(amount: i64) -> Operation {
+    Operation::Withdrawal(Amount::new(amount).unwrap())
+}
+
+async fn apply(
+    ledger: &Ledger,
+    account_id: AccountId,
+    ticket_id: TicketId,
+    operation: Operation,
+    fingerprint: &str,
+    token: u64,
+) -> Result<Applied, ApplyError> {
+    ledger
+        .apply(
+            ApplyRequest {
+                ticket_id,
+                account_id,
+                operation,
+                fingerprint,
+                fencing_token: token,
+            },
+            RENDER,
+        )
+        .await
+}
+
+async fn assert_clean(ledger: &Ledger) {
+    let violations = ledger.audit().await.unwrap();
+    assert!(violations.is_empty(), "{violations:#?}");
+}
+
+/// Opening an account records the opening balance and points as its first entry.
+pub async fn opening_an_account_writes_its_opening_entry(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let (account, key) = ledger
+        .create_account(&NewAccount::new("Ada", 1500, 7).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        (account.name.as_str(), account.balance, account.points),
+        ("Ada", 1500, 7)
+    );
+    assert!(key.starts_with("po_") && key.len() > 40);
+    assert_eq!(
+        ledger.account(account.id).await.unwrap(),
+        Some(account.clone())
+    );
+    let entries = ledger.entries(account.id, None, 10).await.unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].kind, ledger::EntryKind::Opening);
+    assert_eq!((entries[0].amount, entries[0].points), (1500, 7));
+    assert_eq!(entries[0].ticket_id, None);
+    assert_clean(&ledger).await;
+}
+
+/// A key finds its own account and nothing else; the key is not what is stored.
+pub async fn api_keys_authenticate_only_their_account(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let (first, first_key) = ledger
+        .create_account(&NewAccount::new("a", 0, 0).unwrap())
+        .await
+        .unwrap();
+    let (second, second_key) = ledger
+        .create_account(&NewAccount::new("b", 0, 0).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.authenticate(&first_key).await.unwrap(),
+        Some(first.id)
+    );
+    assert_eq!(
+        ledger.authenticate(&second_key).await.unwrap(),
+        Some(second.id)
+    );
+    assert_eq!(ledger.authenticate("po_not-a-key").await.unwrap(), None);
+    assert_eq!(ledger.authenticate("").await.unwrap(), None);
+}
+
+/// 64 concurrent withdrawals with distinct tickets on an account that can afford exactly
+/// 10: exactly 10 succeed, 54 are stored as insufficient funds, the balance ends at 0.
+pub async fn concurrent_distinct_tickets_succeed_exactly_as_far_as_the_money_goes(
+    database: &TestDatabase,
+) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let mut tickets = Vec::new();
+    for _ in 0..64 {
+        tickets.push(ledger.issue_ticket(account_id, HOUR).await.unwrap().id);
+    }
+    let tasks: Vec<_> = tickets
+        .into_iter()
+        .map(|ticket| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        let applied = task.await.unwrap();
+        assert!(!applied.replayed);
+        statuses.push(applied.response.status);
+    }
+    assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 10);
+    assert_eq!(statuses.iter().filter(|&&s| s == 402).count(), 54);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        0
+    );
+    assert_eq!(
+        ledger.entries(account_id, None, 100).await.unwrap().len(),
+        11
+    );
+    assert_clean(&ledger).await;
+}
+
+/// 64 concurrent uses of one ticket: one execution, 63 replays equal to it.
+pub async fn concurrent_uses_of_one_ticket_execute_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let tasks: Vec<_> = (0..64)
+        .map(|_| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.unwrap());
+    }
+    let originals: Vec<_> = results.iter().filter(|r| !r.replayed).collect();
+    assert_eq!(originals.len(), 1);
+    let original = &originals[0].response;
+    assert_eq!(original.status, 201);
+    assert!(results.iter().all(|r| &r.response == original));
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        900
+    );
+    assert_eq!(
+        ledger.entries(account_id, None, 100).await.unwrap().len(),
+        2
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A holder that paused past its lease comes back with an older fencing token after the
+/// next holder committed: it writes nothing and learns the recorded token.
+pub async fn stale_fencing_token_writes_nothing(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let paused = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let successor = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let applied = apply(&ledger, account_id, successor, withdrawal(700), "w700", 8)
+        .await
+        .unwrap();
+    assert_eq!(applied.response.status, 201);
+
+    let error = apply(&ledger, account_id, paused, withdrawal(700), "w700", 7)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ApplyError::StaleToken {
+                presented: 7,
+                recorded: 8
+            }
+        ),
+        "{error:?}"
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        300
+    );
+    let ticket = ledger.ticket(paused).await.unwrap().unwrap();
+    assert_eq!(
+        ticket.state(time::OffsetDateTime::now_utc()),
+        TicketState::Issued,
+        "a stale write stored an outcome"
+    );
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(8));
+    // The same ticket, retried under a fresh lock, executes once.
+    let retried = apply(&ledger, account_id, paused, withdrawal(100), "w100", 9)
+        .await
+        .unwrap();
+    assert_eq!(retried.response.status, 201);
+    assert_clean(&ledger).await;
+}
+
+/// A repeat with a different request under a used ticket executes nothing.
+pub async fn fingerprint_mismatch_executes_nothing(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap();
+    let error = apply(&ledger, account_id, ticket, withdrawal(200), "w200", 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ApplyError::FingerprintMismatch),
+        "{error:?}"
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        900
+    );
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(1));
+    assert_clean(&ledger).await;
+}
+
+/// An unused ticket past its expiry cannot be used.
+pub async fn expired_ticket_is_refused(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger
+        .issue_ticket(account_id, Duration::from_millis(20))
+        .await
+        .unwrap()
+        .id;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let error = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ApplyError::TicketExpired), "{error:?}");
+    let ticket = ledger.ticket(ticket).await.unwrap().unwrap();
+    assert_eq!(
+        ticket.state(time::OffsetDateTime::now_utc()),
+        TicketState::Expired
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        1000
+    );
+}
+
+/// A ticket issued to one account is unknown to every other.
+pub async fn ticket_of_another_account_is_unknown(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let owner = account(&ledger, 1000, 0).await;
+    let other = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(owner, HOUR).await.unwrap().id;
+    let error = apply(&ledger, other, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ApplyError::UnknownTicket), "{error:?}");
+    let error = apply(
+        &ledger,
+        owner,
+        TicketId::random(),
+        withdrawal(100),
+        "w100",
+        1,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(error, ApplyError::UnknownTicket), "{error:?}");
+    assert_eq!(ledger.account(other).await.unwrap().unwrap().balance, 1000);
+}
+
+/// A refusal is an outcome: stored, replayed, and final even once the money is there.
+pub async fn refusals_are_stored_and_stay_refused(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 50, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let first = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap();
+    assert_eq!(first.response.status, 402);
+    assert_eq!(
+        first.response.body["result"],
+        "InsufficientFunds { balance: 50 }"
+    );
+
+    let top_up = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let deposit = Operation::Deposit(Amount::new(500).unwrap());
+    assert_eq!(
+        apply(&ledger, account_id, top_up, deposit, "d500", 2)
+            .await
+            .unwrap()
+            .response
+            .status,
+        201
+    );
+
+    let again = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 3)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.response, first.response);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        550
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A draw spends points, may credit money, and a replay shows the same prize. Not enough
+/// points is a stored refusal.
+pub async fn lottery_draw_replays_the_same_prize(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 0, 10).await;
+    let draw = Operation::LotteryDraw(PointsToSpend::new(4).unwrap());
+    let mut credited = 0;
+    for round in 0..2 {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        let first = apply(&ledger, account_id, ticket, draw, "draw4", round + 1)
+            .await
+            .unwrap();
+        assert_eq!(first.response.status, 201);
+        let replay = apply(&ledger, account_id, ticket, draw, "draw4", round + 1)
+            .await
+            .unwrap();
+        assert!(replay.replayed);
+        assert_eq!(replay.response.body["prize"], first.response.body["prize"]);
+        assert_eq!(replay.response, first.response);
+        credited += first.response.body["credit"].as_i64().unwrap();
+    }
+    let account = ledger.account(account_id).await.unwrap().unwrap();
+    assert_eq!((account.points, account.balance), (2, credited));
+
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let refused = apply(&ledger, account_id, ticket, draw, "draw4", 5)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 402);
+    assert_eq!(
+        refused.response.body["result"],
+        "InsufficientPoints { points: 2 }"
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A deposit that would push the balance past i64 is refused and stored, not an error.
+pub async fn deposit_that_would_overflow_is_refused(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, i64::MAX - 10, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let deposit = Operation::Deposit(Amount::new(11).unwrap());
+    let refused = apply(&ledger, account_id, ticket, deposit, "d11", 1)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 422);
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let deposit = Operation::Deposit(Amount::new(10).unwrap());
+    assert_eq!(
+        apply(&ledger, account_id, ticket, deposit, "d10", 2)
+            .await
+            .unwrap()
+            .response
+            .status,
+        201
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        i64::MAX
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The reaper deletes unused tickets long expired and drops outcomes kept past the
+/// retention, but a pruned ticket never executes again.
+pub async fn reaper_deletes_expired_tickets_and_prunes_old_outcomes(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let unused = ledger
+        .issue_ticket(account_id, Duration::from_millis(10))
+        .await
+        .unwrap()
+        .id;
+    let used = ledger
+        .issue_ticket(account_id, Duration::from_millis(300))
+        .await
+        .unwrap()
+        .id;
+    let fresh = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, used, withdrawal(100), "w100", 1)
+        .await
+        .unwrap();
+    // Outcomes are kept for the retention after their ticket's expiry: not yet.
+    assert_eq!(
+        ledger
+            .reap(Duration::from_millis(100), 1)
+            .await
+            .unwrap()
+            .pruned_outcomes,
+        0
+    );
+    tokio::time::sleep(Duration::from_millis(450)).await;
+
+    let reaped = ledger.reap(Duration::from_millis(100), 1).await.unwrap();
+    assert_eq!((reaped.deleted_unused, reaped.pruned_outcomes), (1, 1));
+    assert!(ledger.ticket(unused).await.unwrap().is_none());
+    assert!(ledger.ticket(fresh).await.unwrap().is_some());
+    let pruned = ledger.ticket(used).await.unwrap().unwrap();
+    assert!(
+        pruned
+            .outcome
+            .as_ref()
+            .is_some_and(|outcome| outcome.response.is_none())
+    );
+
+    let error = apply(&ledger, account_id, used, withdrawal(100), "w100", 2)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, ApplyError::OutcomePruned), "{error:?}");
+    let error = apply(&ledger, account_id, used, withdrawal(5), "w5", 2)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ApplyError::FingerprintMismatch),
+        "{error:?}"
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        900
+    );
+    assert_clean(&ledger).await;
+}
+
+/// Entries come oldest first, a page at a time.
+pub async fn entries_page_oldest_first(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    for amount in 1..=5 {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(
+            &ledger,
+            account_id,
+            ticket,
+            withdrawal(amount),
+            &format!("w{amount}"),
+            1,
+        )
+        .await
+        .unwrap();
+    }
+    let first = ledger.entries(account_id, None, 4).await.unwrap();
+    let rest = ledger
+        .entries(account_id, Some(first[3].id), 4)
+        .await
+        .unwrap();
+    let amounts: Vec<i64> = first.iter().chain(&rest).map(|e| e.amount).collect();
+    assert_eq!(amounts, [1000, -1, -2, -3, -4, -5]);
+    let balances: Vec<i64> = first.iter().chain(&rest).map(|e| e.balance_after).collect();
+    assert_eq!(balances, [1000, 999, 997, 994, 990, 985]);
+}
+
+async fn used_account(ledger: &Ledger) -> AccountId {
+    let account_id = account(ledger, 1000, 0).await;
+    for token in 1..=3 {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(ledger, account_id, ticket, withdrawal(10), "w10", token)
+            .await
+            .unwrap();
+    }
+    assert_clean(ledger).await;
+    account_id
+}
+
+fn has(violations: &[ledger::Violation], rule: Rule, account_id: AccountId) -> bool {
+    violations
+        .iter()
+        .any(|v| v.rule == rule && v.account_id == Some(account_id))
+}
+
+/// Money changed behind the ledger's back is found.
+pub async fn audit_finds_a_planted_balance_change(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = used_account(&ledger).await;
+    database
+        .execute("UPDATE accounts SET balance = balance + 1")
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        has(&violations, Rule::BalanceMatchesEntries, account_id),
+        "{violations:#?}"
+    );
+}
+
+/// An account whose recorded token went backwards is found.
+pub async fn audit_finds_a_planted_token_regression(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = used_account(&ledger).await;
+    database
+        .execute("UPDATE accounts SET fencing_token = 1")
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        has(&violations, Rule::FencingTokenOnlyGrows, account_id),
+        "{violations:#?}"
+    );
+}
+
+/// A success stored without its entry (or an entry for a refusal) is found.
+pub async fn audit_finds_a_planted_outcome_without_entry(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = used_account(&ledger).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let refused = apply(&ledger, account_id, ticket, withdrawal(5000), "w5000", 4)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 402);
+    database
+        .execute("UPDATE tickets SET response_status = 201 WHERE response_status = 402")
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        has(&violations, Rule::OutcomeMatchesEntry, account_id),
+        "{violations:#?}"
+    );
+}
