@@ -1,6 +1,145 @@
-//! The payonce HTTP service. (Being built; see the issue tracker.)
+//! `payonce`: serve the API (the default), or `payonce audit` the ledger.
 
-fn main() {
-    eprintln!("payonce: not built yet");
-    std::process::exit(2);
+use std::process::ExitCode;
+
+use api::config::{Cli, Command, Mode};
+use api::state::AppState;
+use clap::Parser;
+use ledger::{Ledger, LedgerOptions};
+use tracing_subscriber::EnvFilter;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => serve(&cli.config).await,
+        Command::Audit { json } => return audit(&cli.config, json).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("payonce: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::Error>> {
+    let mode = config.mode()?;
+    eprintln!(
+        "payonce {} starting in the {} mode with:\n{config}",
+        env!("CARGO_PKG_VERSION"),
+        match mode {
+            Mode::Embedded { .. } => "embedded (SQLite + in-process locks)",
+            Mode::Distributed { .. } => "distributed (PostgreSQL + Redis)",
+        }
+    );
+    if config.fault_injection {
+        tracing::warn!(
+            "FAULT INJECTION IS ENABLED: the Payonce-Fault header is honoured. Never in production."
+        );
+    }
+    let state = AppState::connect(config).await?;
+    let listener = tokio::net::TcpListener::bind(config.addr).await?;
+    tracing::info!(addr = %listener.local_addr()?, "listening");
+    api::serve(listener, state, config.request_timeout, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Completes on ctrl-c or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(error) = tokio::signal::ctrl_c().await {
+            tracing::error!(%error, "cannot listen for ctrl-c");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!(%error, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing in-flight requests");
+}
+
+/// Exit codes: 0 clean, 1 violations found, 2 the audit could not run.
+async fn audit(config: &api::config::Config, json: bool) -> ExitCode {
+    let url = match (&config.database_url, config.mode()) {
+        (Some(url), _) => url.clone(),
+        (None, Ok(Mode::Embedded { sqlite_path })) => format!("sqlite:{}", sqlite_path.display()),
+        (None, _) => {
+            eprintln!("payonce audit: set DATABASE_URL (or run where the embedded data lives)");
+            return ExitCode::from(2);
+        }
+    };
+    let ledger = match Ledger::open(&url, &LedgerOptions::default()).await {
+        Ok(ledger) => ledger,
+        Err(error) => {
+            eprintln!("payonce audit: cannot open the ledger: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let violations = match ledger.audit().await {
+        Ok(violations) => violations,
+        Err(error) => {
+            eprintln!("payonce audit: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    if json {
+        match serde_json::to_string_pretty(&violations) {
+            Ok(text) => println!("{text}"),
+            Err(error) => {
+                eprintln!("payonce audit: {error}");
+                return ExitCode::from(2);
+            }
+        }
+    } else if violations.is_empty() {
+        println!(
+            "audit clean: every invariant holds ({} database)",
+            ledger.database()
+        );
+    } else {
+        for violation in &violations {
+            let account = violation
+                .account_id
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            let ticket = violation
+                .ticket_id
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            println!(
+                "VIOLATION {:?} account={account} ticket={ticket}: {}",
+                violation.rule, violation.detail
+            );
+        }
+        println!("{} violation(s)", violations.len());
+    }
+    if violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }

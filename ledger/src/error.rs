@@ -54,18 +54,32 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|code| {
-            // PostgreSQL: connection exceptions (08), insufficient resources (53),
-            // operator intervention such as shutdown (57), serialization failure and
-            // deadlock (40001, 40P01). SQLite: busy (5) and locked (6).
-            code.starts_with("08")
-                || code.starts_with("53")
-                || code.starts_with("57")
-                || code == "40001"
-                || code == "40P01"
-                || code == "5"
-                || code == "6"
-        }),
+        sqlx::Error::Database(db) => {
+            // A FATAL error ends the session: the server refused or dropped the connection
+            // (not accepting connections, too many clients, shutting down, failed auth).
+            let fatal = db
+                .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                .is_some_and(|pg| {
+                    matches!(
+                        pg.severity(),
+                        sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+                    )
+                });
+            fatal
+                || db.code().is_some_and(|code| {
+                    // PostgreSQL: connection exceptions (08), insufficient resources (53),
+                    // operator intervention such as shutdown (57), serialization failure
+                    // and deadlock (40001, 40P01). SQLite: busy (5), locked (6), I/O
+                    // error (10), disk full (13), cannot open (14).
+                    code.starts_with("08")
+                        || code.starts_with("53")
+                        || code.starts_with("57")
+                        || matches!(
+                            code.as_ref(),
+                            "40001" | "40P01" | "5" | "6" | "10" | "13" | "14"
+                        )
+                })
+        }
         _ => false,
     }
 }

@@ -101,6 +101,13 @@ impl LockGuard {
         self.finished = true;
     }
 
+    /// Stops renewing but keeps the guard, as a process pause (GC, swap, SIGSTOP) stops
+    /// every thread including the watchdog: the lease runs out at its TTL and
+    /// [`lost`](Self::lost) does not fire. For fault injection.
+    pub async fn stop_renewal(&mut self) {
+        self.stop_watchdog().await;
+    }
+
     async fn stop_watchdog(&mut self) {
         if let Some(watchdog) = self.watchdog.take() {
             watchdog.abort();

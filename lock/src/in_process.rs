@@ -11,7 +11,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, validate};
+use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
 /// An in-process lock table.
@@ -33,12 +33,14 @@ struct KeyState {
 struct Holder {
     owner: OwnerToken,
     expires_at: Instant,
+    note: String,
 }
 
 #[derive(Debug)]
 struct Waiter {
     owner: OwnerToken,
     ttl: Duration,
+    note: String,
     /// Completed with the fencing token and the grant's instant when the lock is handed to
     /// this waiter.
     grant: oneshot::Sender<(u64, Instant)>,
@@ -52,11 +54,12 @@ impl KeyState {
             .map(|holder| holder.expires_at)
     }
 
-    fn grant(&mut self, owner: OwnerToken, ttl: Duration, now: Instant) -> u64 {
+    fn grant(&mut self, owner: OwnerToken, ttl: Duration, note: String, now: Instant) -> u64 {
         self.fence += 1;
         self.holder = Some(Holder {
             owner,
             expires_at: now + ttl,
+            note,
         });
         self.fence
     }
@@ -68,7 +71,7 @@ impl KeyState {
             if waiter.grant.is_closed() {
                 continue;
             }
-            let fence = self.grant(waiter.owner, waiter.ttl, now);
+            let fence = self.grant(waiter.owner, waiter.ttl, waiter.note, now);
             if waiter.grant.send((fence, now)).is_ok() {
                 return true;
             }
@@ -107,8 +110,14 @@ impl InProcessBackend {
 
 #[async_trait]
 impl LockBackend for InProcessBackend {
-    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
         validate(key, ttl)?;
+        validate_note(note)?;
         let owner = OwnerToken::random();
         let now = Instant::now();
         let mut table = self.table();
@@ -117,7 +126,7 @@ impl LockBackend for InProcessBackend {
         if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
             return Ok(None);
         }
-        let fence = state.grant(owner, ttl, now);
+        let fence = state.grant(owner, ttl, note.to_owned(), now);
         Ok(Some(Lease::new(
             key,
             owner,
@@ -132,8 +141,10 @@ impl LockBackend for InProcessBackend {
         key: &str,
         ttl: Duration,
         deadline: Instant,
+        note: &str,
     ) -> Result<Lease, LockError> {
         validate(key, ttl)?;
+        validate_note(note)?;
         let started = Instant::now();
         let owner = OwnerToken::random();
         let (grant, mut granted) = oneshot::channel();
@@ -159,11 +170,16 @@ impl LockBackend for InProcessBackend {
                     && grant.is_some()
                     && !state.hand_off_pending(now)
                 {
-                    let fence = state.grant(owner, ttl, now);
+                    let fence = state.grant(owner, ttl, note.to_owned(), now);
                     return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
                 }
                 if let Some(grant) = grant.take() {
-                    state.queue.push_back(Waiter { owner, ttl, grant });
+                    state.queue.push_back(Waiter {
+                        owner,
+                        ttl,
+                        note: note.to_owned(),
+                        grant,
+                    });
                 }
                 // Sleep until the hand-off, or until the current lease would expire (a holder
                 // that vanished never hands off).
@@ -238,6 +254,16 @@ impl LockBackend for InProcessBackend {
         let state = table.entry(key.to_owned()).or_default();
         state.fence = state.fence.max(floor.get());
         Ok(FencingToken::new(state.fence))
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        let now = Instant::now();
+        let table = self.table();
+        Ok(table
+            .get(key)
+            .and_then(|state| state.holder.as_ref())
+            .filter(|holder| holder.expires_at > now)
+            .map(|holder| holder.note.clone()))
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -4,7 +4,8 @@
 //! # Map
 //! - [`LockService`] (`service.rs`): what callers hold. `acquire(key, ttl, deadline)` returns
 //!   a [`LockGuard`]; `try_acquire` never waits; `raise_fencing` restores token order after
-//!   the store lost its data.
+//!   the store lost its data; `acquire_noted` / `holder_note` let a holder say what it is
+//!   doing, so a waiter that gives up can tell what it waited behind.
 //! - [`LockBackend`] (`service.rs`): the trait a store implements, one atomic step per
 //!   method, in terms of [`Lease`]s.
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
@@ -65,5 +66,5 @@ pub use error::LockError;
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
-pub use service::{Lease, LockBackend, LockService, MIN_TTL};
+pub use service::{Lease, LockBackend, LockService, MAX_NOTE, MIN_TTL};
 pub use token::{FencingToken, OwnerToken};

@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, validate};
+use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
 const HAND_OFF: &str = include_str!("scripts/hand_off.lua");
@@ -149,6 +149,13 @@ impl RedisBackend {
     /// A backend for the Redis at `url` (`redis://host:port/db`). Connects lazily; must be
     /// called inside a Tokio runtime.
     pub fn open(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+        if options.namespace.is_empty() || options.namespace.contains(['|', '{', '}']) {
+            // '|' separates queue-entry fields; braces would break the keys' hash tags.
+            return Err(LockError::Invalid(format!(
+                "namespace {:?} must be non-empty without '|', '{{' or '}}'",
+                options.namespace
+            )));
+        }
         let info = url
             .into_connection_info()
             .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
@@ -264,6 +271,7 @@ impl RedisBackend {
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
         keys: &[String; 3],
@@ -271,6 +279,7 @@ impl RedisBackend {
         ttl: Duration,
         wait: Duration,
         entry: &str,
+        note: &str,
         deadline: Option<Instant>,
     ) -> Result<Attempt, LockError> {
         let ttl_ms = millis(ttl).to_string();
@@ -279,7 +288,7 @@ impl RedisBackend {
             .script(
                 &self.scripts.acquire,
                 keys,
-                &[owner, &ttl_ms, &wait_ms, &self.channel, entry],
+                &[owner, &ttl_ms, &wait_ms, &self.channel, entry, note],
                 deadline,
             )
             .await?;
@@ -326,13 +335,19 @@ fn millis(duration: Duration) -> u128 {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
-    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError> {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
         validate(key, ttl)?;
+        validate_note(note)?;
         let keys = self.keys(key);
         let owner = OwnerToken::random();
         let sent_at = Instant::now();
         match self
-            .attempt(&keys, &owner.to_hex(), ttl, Duration::ZERO, "", None)
+            .attempt(&keys, &owner.to_hex(), ttl, Duration::ZERO, "", note, None)
             .await?
         {
             Attempt::Granted(fence) => Ok(Some(Lease::new(key, owner, fence, ttl, sent_at))),
@@ -345,8 +360,10 @@ impl LockBackend for RedisBackend {
         key: &str,
         ttl: Duration,
         deadline: Instant,
+        note: &str,
     ) -> Result<Lease, LockError> {
         validate(key, ttl)?;
+        validate_note(note)?;
         let started = Instant::now();
         let keys = self.keys(key);
         let owner = OwnerToken::random();
@@ -375,6 +392,7 @@ impl LockBackend for RedisBackend {
                     ttl,
                     deadline - sent_at,
                     &entry,
+                    note,
                     Some(deadline),
                 )
                 .await?;
@@ -453,6 +471,21 @@ impl LockBackend for RedisBackend {
             )
             .await?;
         Ok(FencingToken::new(counter.max(0).unsigned_abs()))
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        let [lock_key, _, _] = self.keys(key);
+        let mut connection = self.connection.clone();
+        let value: Option<String> = self
+            .round_trip(
+                None,
+                redis::cmd("GET")
+                    .arg(&lock_key)
+                    .query_async(&mut connection),
+            )
+            .await?;
+        // "<owner>:<fence>:<note>": the note is everything after the second colon.
+        Ok(value.and_then(|value| value.splitn(3, ':').nth(2).map(str::to_owned)))
     }
 
     async fn ping(&self) -> Result<(), LockError> {

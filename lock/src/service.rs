@@ -80,8 +80,14 @@ impl Lease {
 /// waits, sleeps until woken (never polls faster than the holder's lease runs out).
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
-    /// Takes the lock if it is free and nobody is queued for it; never waits.
-    async fn try_acquire(&self, key: &str, ttl: Duration) -> Result<Option<Lease>, LockError>;
+    /// Takes the lock if it is free and nobody is queued for it; never waits. `note` says
+    /// what the holder will be doing (see [`holder_note`](Self::holder_note)); may be empty.
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError>;
 
     /// Takes the lock, queueing behind earlier waiters until it is handed over or the
     /// deadline passes ([`LockError::TimedOut`]).
@@ -90,7 +96,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         key: &str,
         ttl: Duration,
         deadline: Instant,
+        note: &str,
     ) -> Result<Lease, LockError>;
+
+    /// The note of the lock's current holder, or `None` when it is free. Lets a waiter
+    /// that gave up say what it was waiting behind.
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError>;
 
     /// Deletes the lock if `lease` still holds it and hands it to the next waiter. Returns
     /// whether it was still held. Safe to repeat; never touches another holder's lock.
@@ -112,6 +123,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     async fn ping(&self) -> Result<(), LockError>;
 }
 
+/// The longest note a holder may attach.
+pub const MAX_NOTE: usize = 256;
+
 /// Rejects requests no backend can honour.
 pub(crate) fn validate(key: &str, ttl: Duration) -> Result<(), LockError> {
     if key.is_empty() {
@@ -120,6 +134,16 @@ pub(crate) fn validate(key: &str, ttl: Duration) -> Result<(), LockError> {
     if ttl < MIN_TTL {
         return Err(LockError::Invalid(format!(
             "lock TTL {ttl:?} is below the minimum {MIN_TTL:?}"
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_note(note: &str) -> Result<(), LockError> {
+    if note.len() > MAX_NOTE {
+        return Err(LockError::Invalid(format!(
+            "a lock note is at most {MAX_NOTE} bytes, got {}",
+            note.len()
         )));
     }
     Ok(())
@@ -165,7 +189,19 @@ impl LockService {
         ttl: Duration,
         deadline: Instant,
     ) -> Result<LockGuard, LockError> {
-        let lease = self.backend.acquire(key, ttl, deadline).await?;
+        self.acquire_noted(key, ttl, deadline, "").await
+    }
+
+    /// [`acquire`](Self::acquire), leaving a note that others can read with
+    /// [`holder_note`](Self::holder_note) while we hold the lock.
+    pub async fn acquire_noted(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+        note: &str,
+    ) -> Result<LockGuard, LockError> {
+        let lease = self.backend.acquire(key, ttl, deadline, note).await?;
         Ok(LockGuard::start(lease, Arc::clone(&self.backend)))
     }
 
@@ -175,8 +211,13 @@ impl LockService {
         key: &str,
         ttl: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
-        let lease = self.backend.try_acquire(key, ttl).await?;
+        let lease = self.backend.try_acquire(key, ttl, "").await?;
         Ok(lease.map(|lease| LockGuard::start(lease, Arc::clone(&self.backend))))
+    }
+
+    /// See [`LockBackend::holder_note`].
+    pub async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        self.backend.holder_note(key).await
     }
 
     /// See [`LockBackend::raise_fencing`].

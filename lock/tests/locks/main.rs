@@ -51,6 +51,7 @@ macro_rules! shared_suite {
                 abandoned_wait_does_not_block_the_queue,
                 raise_fencing_never_lowers,
                 extend_only_by_the_holder,
+                holder_note_follows_the_holder,
                 rejects_empty_key_and_tiny_ttl
             );
 

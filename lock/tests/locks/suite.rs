@@ -408,3 +408,43 @@ pub async fn fencing_survives_data_loss_with_catch_up(mut store: impl Store) {
     );
     guard.release().await.unwrap();
 }
+
+/// The holder's note is readable by anyone, moves with a hand-off to the next waiter, and
+/// is gone once the lock is free.
+pub async fn holder_note_follows_the_holder(locks: LockService) {
+    let key = key();
+    assert_eq!(locks.holder_note(&key).await.unwrap(), None);
+    let mut first = locks
+        .acquire_noted(&key, 10 * SECOND, after(1_000), "first: ticket 1")
+        .await
+        .unwrap();
+    assert_eq!(
+        locks.holder_note(&key).await.unwrap().as_deref(),
+        Some("first: ticket 1")
+    );
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move {
+            locks
+                .acquire_noted(&key, 10 * SECOND, after(5_000), "second|with:separators")
+                .await
+                .unwrap()
+        })
+    };
+    sleep(Duration::from_millis(50)).await;
+    assert!(first.release().await.unwrap());
+    let mut second = waiter.await.unwrap();
+    assert_eq!(
+        locks.holder_note(&key).await.unwrap().as_deref(),
+        Some("second|with:separators")
+    );
+    assert!(second.release().await.unwrap());
+    assert_eq!(locks.holder_note(&key).await.unwrap(), None);
+    let too_long = "x".repeat(lock::MAX_NOTE + 1);
+    assert!(matches!(
+        locks
+            .acquire_noted(&key, SECOND, after(100), &too_long)
+            .await,
+        Err(LockError::Invalid(_))
+    ));
+}

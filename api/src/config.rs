@@ -1,0 +1,283 @@
+//! Configuration: flags and environment variables (every flag has one), the running mode
+//! they select, and how they are printed at start-up.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// `payonce [serve]` or `payonce audit`.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "payonce", version, about = "An idempotent payment service.")]
+pub struct Cli {
+    /// What to do; serving is the default.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Settings shared by every command.
+    #[command(flatten)]
+    pub config: Config,
+}
+
+/// The commands.
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Serve the HTTP API (the default).
+    Serve,
+    /// Check every ledger invariant; print what is wrong and exit 1 if anything is.
+    Audit {
+        /// Print the violations as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(text)
+}
+
+/// Every setting. Each flag can also be given as the environment variable shown.
+#[derive(Args, Debug, Clone)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, env = "PAYONCE_ADDR", default_value = "127.0.0.1:8080")]
+    pub addr: SocketAddr,
+    /// PostgreSQL URL. With REDIS_URL: the distributed mode. With neither: embedded.
+    #[arg(long, env = "DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// Redis URL for the locks. With DATABASE_URL: the distributed mode.
+    #[arg(long, env = "REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Prefix of every Redis key and channel, so deployments can share a Redis.
+    #[arg(long, env = "PAYONCE_REDIS_NAMESPACE", default_value = "payonce")]
+    pub redis_namespace: String,
+    /// Where the embedded mode keeps its SQLite file.
+    #[arg(long, env = "PAYONCE_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// Lease of an account lock; the holder renews it every third of this.
+    #[arg(long, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
+    pub lock_ttl: Duration,
+    /// How long a spend waits for a busy account (or for its own duplicate to finish)
+    /// before answering 409.
+    #[arg(long, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
+    pub lock_wait: Duration,
+    /// How long a ticket stays usable.
+    #[arg(long, env = "PAYONCE_TICKET_TTL", default_value = "24h", value_parser = duration)]
+    pub ticket_ttl: Duration,
+    /// How long after a ticket's expiry its stored outcome is kept (the ticket itself
+    /// stays, so it can never run again).
+    #[arg(long, env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
+    pub retention: Duration,
+    /// How often expired tickets and old outcomes are reaped.
+    #[arg(long, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
+    pub reap_interval: Duration,
+    /// Longest a request may take before it is answered 503.
+    #[arg(long, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub request_timeout: Duration,
+    /// Database connections per instance.
+    #[arg(long, env = "PAYONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+    /// How long to keep trying to reach the database at start-up.
+    #[arg(long, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub startup_timeout: Duration,
+    /// This instance's name in the `Payonce-Instance` response header (default: the
+    /// listen address).
+    #[arg(long, env = "PAYONCE_INSTANCE")]
+    pub instance: Option<String>,
+    /// Honour the `Payonce-Fault` request header (a pause inside the critical section).
+    /// For tests and demonstrations only; never in production.
+    #[arg(long, env = "PAYONCE_FAULT_INJECTION", default_value_t = false)]
+    pub fault_injection: bool,
+}
+
+/// Where the ledger and the locks live.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// One instance: a SQLite file and in-process locks.
+    Embedded {
+        /// The ledger's file.
+        sqlite_path: PathBuf,
+    },
+    /// Any number of instances sharing PostgreSQL and Redis.
+    Distributed {
+        /// The ledger's database.
+        database_url: String,
+        /// The locks' Redis.
+        redis_url: String,
+    },
+}
+
+/// Settings that cannot work together.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Exactly one of the two URLs.
+    #[error(
+        "{set} is set but {unset} is not: the distributed mode needs both, the embedded mode neither"
+    )]
+    HalfDistributed {
+        /// The one that is set.
+        set: &'static str,
+        /// The one that is missing.
+        unset: &'static str,
+    },
+    /// A setting out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// The mode the URLs select.
+    pub fn mode(&self) -> Result<Mode, ConfigError> {
+        match (&self.database_url, &self.redis_url) {
+            (None, None) => Ok(Mode::Embedded {
+                sqlite_path: self.data_dir.join("payonce.sqlite3"),
+            }),
+            (Some(database_url), Some(redis_url)) => Ok(Mode::Distributed {
+                database_url: database_url.clone(),
+                redis_url: redis_url.clone(),
+            }),
+            (Some(_), None) => Err(ConfigError::HalfDistributed {
+                set: "DATABASE_URL",
+                unset: "REDIS_URL",
+            }),
+            (None, Some(_)) => Err(ConfigError::HalfDistributed {
+                set: "REDIS_URL",
+                unset: "DATABASE_URL",
+            }),
+        }
+    }
+
+    /// Checks the settings that have a range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.lock_ttl < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_TTL must be at least 100ms".into(),
+            ));
+        }
+        if self.ticket_ttl.is_zero() || self.request_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_TICKET_TTL and PAYONCE_REQUEST_TIMEOUT must be positive".into(),
+            ));
+        }
+        if self.db_max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
+            ));
+        }
+        self.mode().map(drop)
+    }
+
+    /// The name in the `Payonce-Instance` header.
+    pub fn instance_name(&self) -> String {
+        self.instance
+            .clone()
+            .unwrap_or_else(|| self.addr.to_string())
+    }
+}
+
+/// A URL with its password replaced, for printing.
+pub fn mask(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut parsed) if parsed.password().is_some() => {
+            // Only fails for URLs that cannot have a password, which this one has.
+            let _ = parsed.set_password(Some("****"));
+            parsed.to_string()
+        }
+        Ok(parsed) => parsed.to_string(),
+        Err(_) => "<unparseable URL>".to_owned(),
+    }
+}
+
+impl fmt::Display for Config {
+    /// The start-up report: every setting, secrets masked.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let human = |d: Duration| humantime::format_duration(d).to_string();
+        let unset = || "(unset)".to_owned();
+        let rows = [
+            ("PAYONCE_ADDR", self.addr.to_string()),
+            (
+                "DATABASE_URL",
+                self.database_url.as_deref().map_or_else(unset, mask),
+            ),
+            (
+                "REDIS_URL",
+                self.redis_url.as_deref().map_or_else(unset, mask),
+            ),
+            ("PAYONCE_REDIS_NAMESPACE", self.redis_namespace.clone()),
+            ("PAYONCE_DATA_DIR", self.data_dir.display().to_string()),
+            ("PAYONCE_LOCK_TTL", human(self.lock_ttl)),
+            ("PAYONCE_LOCK_WAIT", human(self.lock_wait)),
+            ("PAYONCE_TICKET_TTL", human(self.ticket_ttl)),
+            ("PAYONCE_RETENTION", human(self.retention)),
+            ("PAYONCE_REAP_INTERVAL", human(self.reap_interval)),
+            ("PAYONCE_REQUEST_TIMEOUT", human(self.request_timeout)),
+            (
+                "PAYONCE_DB_MAX_CONNECTIONS",
+                self.db_max_connections.to_string(),
+            ),
+            ("PAYONCE_STARTUP_TIMEOUT", human(self.startup_timeout)),
+            ("PAYONCE_INSTANCE", self.instance_name()),
+            ("PAYONCE_FAULT_INJECTION", self.fault_injection.to_string()),
+        ];
+        for (name, value) in rows {
+            writeln!(f, "  {name:<28} {value}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(args: &[&str]) -> Config {
+        let mut argv = vec!["payonce"];
+        argv.extend_from_slice(args);
+        Cli::parse_from(argv).config
+    }
+
+    #[test]
+    fn no_urls_is_embedded_both_is_distributed_one_is_refused() {
+        // Set the fields directly: the test command exports DATABASE_URL and REDIS_URL.
+        let with = |database: Option<&str>, redis: Option<&str>| {
+            let mut config = config(&[]);
+            config.database_url = database.map(str::to_owned);
+            config.redis_url = redis.map(str::to_owned);
+            config.mode()
+        };
+        assert!(matches!(with(None, None), Ok(Mode::Embedded { .. })));
+        let both = with(Some("postgres://db"), Some("redis://r"));
+        assert!(matches!(both, Ok(Mode::Distributed { .. })));
+        let error = with(Some("postgres://db"), None).unwrap_err();
+        assert!(error.to_string().contains("REDIS_URL is not"), "{error}");
+        let error = with(None, Some("redis://r")).unwrap_err();
+        assert!(error.to_string().contains("DATABASE_URL is not"), "{error}");
+    }
+
+    #[test]
+    fn printed_settings_mask_passwords() {
+        let printed = config(&[
+            "--database-url",
+            "postgres://app:hunter2@db:5432/payonce",
+            "--redis-url",
+            "redis://:s3cret@redis:6379",
+        ])
+        .to_string();
+        assert!(
+            !printed.contains("hunter2") && !printed.contains("s3cret"),
+            "{printed}"
+        );
+        assert!(
+            printed.contains("postgres://app:****@db:5432/payonce"),
+            "{printed}"
+        );
+    }
+
+    #[test]
+    fn durations_read_as_people_write_them() {
+        let parsed = config(&["--lock-ttl", "1500ms", "--retention", "3days"]);
+        assert_eq!(parsed.lock_ttl, Duration::from_millis(1500));
+        assert_eq!(parsed.retention, Duration::from_secs(3 * 86_400));
+    }
+}

@@ -1,0 +1,372 @@
+//! Every error the API answers, in one place, as RFC 9457 `application/problem+json`.
+//!
+//! A problem's `type` is `/problems/<name>`, a path this service also serves, with the
+//! explanation from [`ApiError::explanation`]. 5xx answers never show their cause to the
+//! client; it is logged instead.
+
+use axum::Json;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ledger::{ApplyError, LedgerError};
+use lock::LockError;
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// The media type of every error body.
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document: what every error body looks like. Stored refusals
+/// (402, and 422 `balance-limit`) add `ticket_id`, `account_id` and the numbers involved.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct Problem {
+    /// `/problems/<name>`: identifies the kind of problem; serves its explanation.
+    #[serde(rename = "type")]
+    #[schema(example = "/problems/insufficient-funds")]
+    pub kind: String,
+    /// Short, the same for every occurrence of the kind.
+    pub title: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// What happened this time.
+    pub detail: String,
+}
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("a spend needs an Idempotency-Key header carrying a ticket id")]
+    IdempotencyKeyMissing,
+    #[error("the Idempotency-Key is not a ticket id (a UUID, bare or as a quoted string)")]
+    IdempotencyKeyInvalid,
+    #[error("{0}")]
+    MalformedJson(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("missing or unknown API key: send `Authorization: Bearer <api_key>`")]
+    Unauthenticated,
+    #[error("this API key belongs to another account")]
+    Forbidden,
+    #[error("{0}")]
+    NotFound(String),
+    #[error("no such ticket for this account")]
+    TicketNotFound,
+    #[error("this method is not allowed here")]
+    MethodNotAllowed,
+    #[error("the original request with this ticket is still executing; retry shortly")]
+    RequestInProgress,
+    #[error("the account is busy with other requests; retry shortly")]
+    AccountBusy,
+    #[error("the ticket expired unused; take a new one")]
+    TicketExpired,
+    #[error("the ticket was used, and its stored outcome is past retention")]
+    OutcomePruned,
+    #[error("the request body is larger than 16 KiB")]
+    PayloadTooLarge,
+    #[error("send the body as `Content-Type: application/json`")]
+    UnsupportedMediaType,
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("this ticket was already used for a different request; nothing was executed")]
+    IdempotencyKeyReuse,
+    #[error(
+        "the account lock was lost before the write; nothing was stored, retry with the same ticket"
+    )]
+    LockLost,
+    #[error("lock store unavailable: {0}")]
+    LockStoreUnavailable(String),
+    #[error("database unavailable: {0}")]
+    DatabaseUnavailable(String),
+    #[error("the request took longer than the server allows")]
+    Timeout,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::IdempotencyKeyMissing
+            | Self::IdempotencyKeyInvalid
+            | Self::MalformedJson(_)
+            | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Unauthenticated => StatusCode::UNAUTHORIZED,
+            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::NotFound(_) | Self::TicketNotFound => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
+            Self::TicketExpired | Self::OutcomePruned => StatusCode::GONE,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Self::InvalidRequest(_) | Self::IdempotencyKeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::LockLost
+            | Self::LockStoreUnavailable(_)
+            | Self::DatabaseUnavailable(_)
+            | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The problem's name: the last segment of its `type`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::IdempotencyKeyMissing => "idempotency-key-missing",
+            Self::IdempotencyKeyInvalid => "idempotency-key-invalid",
+            Self::MalformedJson(_) => "malformed-json",
+            Self::BadRequest(_) => "bad-request",
+            Self::Unauthenticated => "unauthenticated",
+            Self::Forbidden => "forbidden",
+            Self::NotFound(_) => "not-found",
+            Self::TicketNotFound => "ticket-not-found",
+            Self::MethodNotAllowed => "method-not-allowed",
+            Self::RequestInProgress => "request-in-progress",
+            Self::AccountBusy => "account-busy",
+            Self::TicketExpired => "ticket-expired",
+            Self::OutcomePruned => "outcome-expired",
+            Self::PayloadTooLarge => "payload-too-large",
+            Self::UnsupportedMediaType => "unsupported-media-type",
+            Self::InvalidRequest(_) => "invalid-request",
+            Self::IdempotencyKeyReuse => "idempotency-key-reuse",
+            Self::LockLost => "lock-lost",
+            Self::LockStoreUnavailable(_) => "lock-store-unavailable",
+            Self::DatabaseUnavailable(_) => "database-unavailable",
+            Self::Timeout => "timeout",
+            Self::Internal(_) => "internal-error",
+        }
+    }
+
+    /// Seconds after which a retry may succeed, for the `Retry-After` header.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self.status() {
+            StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => Some(1),
+            _ => None,
+        }
+    }
+
+    /// The detail shown to the client: the message, except for 5xx, whose causes are
+    /// internal and only logged.
+    fn public_detail(&self) -> String {
+        match self {
+            Self::LockStoreUnavailable(_) => {
+                "the lock store is unavailable; nothing was executed, retry with the same ticket"
+                    .into()
+            }
+            Self::DatabaseUnavailable(_) => {
+                "the database is unavailable; nothing was executed, retry with the same ticket"
+                    .into()
+            }
+            Self::Internal(_) => "an internal error occurred; it has been logged".into(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The problem document.
+    pub fn problem(&self) -> Problem {
+        problem(self.status(), self.name(), &self.public_detail())
+    }
+}
+
+/// The problem document for a status, a name and a detail.
+pub fn problem(status: StatusCode, name: &str, detail: &str) -> Problem {
+    Problem {
+        kind: format!("/problems/{name}"),
+        title: title(name),
+        status: status.as_u16(),
+        detail: detail.to_owned(),
+    }
+}
+
+/// The title of each problem name: the name in words.
+fn title(name: &str) -> String {
+    let words = name.replace('-', " ");
+    let mut chars = words.chars();
+    chars
+        .next()
+        .map(|first| first.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+/// The body of a problem with extra members (stored refusals carry their numbers).
+pub fn problem_with(problem: &Problem, extra: Map<String, Value>) -> Value {
+    let mut body = serde_json::to_value(problem)
+        .ok()
+        .and_then(|value| value.as_object().cloned())
+        .unwrap_or_default();
+    body.extend(extra);
+    Value::Object(body)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            if status == StatusCode::INTERNAL_SERVER_ERROR {
+                tracing::error!(error = %self, "request failed");
+            } else {
+                tracing::warn!(error = %self, "request refused: service unavailable");
+            }
+        }
+        let mut response = (status, Json(self.problem())).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(seconds) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        if matches!(self, Self::Unauthenticated) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<LedgerError> for ApiError {
+    fn from(error: LedgerError) -> Self {
+        match error {
+            LedgerError::Unavailable(cause) => Self::DatabaseUnavailable(cause.to_string()),
+            LedgerError::Invalid(invalid) => Self::InvalidRequest(invalid.to_string()),
+            other => Self::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(error: LockError) -> Self {
+        match error {
+            LockError::TimedOut { .. } => Self::AccountBusy,
+            LockError::Unavailable { reason } => Self::LockStoreUnavailable(reason),
+            LockError::Lost { .. } => Self::LockLost,
+            LockError::Invalid(reason) => Self::Internal(reason),
+        }
+    }
+}
+
+impl From<ApplyError> for ApiError {
+    fn from(error: ApplyError) -> Self {
+        match error {
+            ApplyError::UnknownTicket => Self::TicketNotFound,
+            ApplyError::TicketExpired => Self::TicketExpired,
+            ApplyError::FingerprintMismatch => Self::IdempotencyKeyReuse,
+            ApplyError::OutcomePruned => Self::OutcomePruned,
+            ApplyError::StaleToken { .. } => Self::LockLost,
+            ApplyError::Ledger(error) => error.into(),
+        }
+    }
+}
+
+/// Every problem name, its status and what it means: served at `/problems/<name>` and
+/// listed in the README's error table.
+pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
+    (
+        "idempotency-key-missing",
+        400,
+        "A spend was sent without an `Idempotency-Key` header. Take a ticket (POST /v1/accounts/{id}/tickets) and send its id as the key.",
+    ),
+    (
+        "idempotency-key-invalid",
+        400,
+        "The `Idempotency-Key` is not a UUID (bare, or as a quoted structured-field string).",
+    ),
+    (
+        "malformed-json",
+        400,
+        "The body is not valid JSON. Nothing was stored; the ticket is still usable.",
+    ),
+    ("bad-request", 400, "A query parameter is malformed."),
+    (
+        "unauthenticated",
+        401,
+        "No API key, or an unknown one. Send `Authorization: Bearer <api_key>` with the key shown when the account was created.",
+    ),
+    (
+        "forbidden",
+        403,
+        "The API key is valid but belongs to another account.",
+    ),
+    ("not-found", 404, "No such resource."),
+    (
+        "ticket-not-found",
+        404,
+        "The ticket does not exist, or was issued to another account.",
+    ),
+    (
+        "method-not-allowed",
+        405,
+        "The resource exists but not with this method.",
+    ),
+    (
+        "request-in-progress",
+        409,
+        "The original request with this ticket is still executing. Retry after `Retry-After` seconds to get its outcome.",
+    ),
+    (
+        "account-busy",
+        409,
+        "Other requests held the account's lock longer than this request may wait. Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "insufficient-funds",
+        402,
+        "The balance did not cover the withdrawal. This outcome is stored under the ticket and replayed; take a new ticket to try again.",
+    ),
+    (
+        "insufficient-points",
+        402,
+        "The points did not cover the draw. Stored and replayed like any outcome.",
+    ),
+    (
+        "ticket-expired",
+        410,
+        "The ticket expired before it was used. Take a new one.",
+    ),
+    (
+        "outcome-expired",
+        410,
+        "The ticket was used, but its stored outcome is past retention. It will never execute again.",
+    ),
+    (
+        "payload-too-large",
+        413,
+        "The body is over 16 KiB. Nothing was stored; the ticket is still usable.",
+    ),
+    (
+        "unsupported-media-type",
+        415,
+        "Send JSON bodies with `Content-Type: application/json`. Nothing was stored.",
+    ),
+    (
+        "invalid-request",
+        422,
+        "The body is JSON but not a valid request (an amount outside 1..=10^12, a missing field, an unknown field). Nothing was stored; the ticket is still usable.",
+    ),
+    (
+        "balance-limit",
+        422,
+        "The deposit or prize would overflow the balance. Stored and replayed like any outcome.",
+    ),
+    (
+        "idempotency-key-reuse",
+        422,
+        "The ticket was already used for a different request (another amount or another endpoint). Nothing was executed.",
+    ),
+    (
+        "lock-lost",
+        503,
+        "The account lock was lost (or a newer lock holder had written) before this request could commit. Nothing was stored; retry with the same ticket.",
+    ),
+    (
+        "lock-store-unavailable",
+        503,
+        "Redis cannot be reached. Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "database-unavailable",
+        503,
+        "The database cannot be reached. Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "timeout",
+        503,
+        "The request took longer than the server allows. Retry with the same ticket: a spend executes at most once.",
+    ),
+    ("internal-error", 500, "A bug. It has been logged."),
+];

@@ -1,0 +1,186 @@
+//! Prometheus metrics (OpenMetrics text at `/metrics`), one registry per server so that
+//! several servers in one process (the tests) keep separate counts.
+
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::time::Instant;
+
+use crate::state::AppState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: String,
+    method: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: String,
+    method: String,
+}
+
+fn latency_histogram() -> Histogram {
+    // 0.5 ms .. ~16 s
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The service's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    replays: Counter,
+    executions: Counter,
+    lock_wait: Histogram,
+    locks_lost: Counter,
+    stale_tokens: Counter,
+    lock_timeouts: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric at zero.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("payonce");
+        let requests = Family::<RequestLabels, Counter>::default();
+        let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+            latency_histogram,
+        );
+        let replays = Counter::default();
+        let executions = Counter::default();
+        let lock_wait = latency_histogram();
+        let locks_lost = Counter::default();
+        let stale_tokens = Counter::default();
+        let lock_timeouts = Counter::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by route, method and status",
+            requests.clone(),
+        );
+        registry.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by route and method",
+            latency.clone(),
+        );
+        registry.register(
+            "replays",
+            "Spends answered with a stored outcome",
+            replays.clone(),
+        );
+        registry.register(
+            "executions",
+            "Spends executed (outcome stored for the first time)",
+            executions.clone(),
+        );
+        registry.register(
+            "lock_wait_seconds",
+            "Time spends waited for their account's lock",
+            lock_wait.clone(),
+        );
+        registry.register(
+            "locks_lost",
+            "Spends refused because the lock was lost or a newer holder had written",
+            locks_lost.clone(),
+        );
+        registry.register(
+            "stale_fencing_tokens",
+            "Writes the ledger refused for carrying an old fencing token",
+            stale_tokens.clone(),
+        );
+        registry.register(
+            "lock_timeouts",
+            "Spends that gave up waiting for their account's lock (409)",
+            lock_timeouts.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            latency,
+            replays,
+            executions,
+            lock_wait,
+            locks_lost,
+            stale_tokens,
+            lock_timeouts,
+        }
+    }
+
+    /// The OpenMetrics text exposition.
+    pub fn render(&self) -> String {
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+
+    pub fn replayed(&self) {
+        self.replays.inc();
+    }
+
+    pub fn executed(&self) {
+        self.executions.inc();
+    }
+
+    pub fn waited_for_lock(&self, waited: Duration) {
+        self.lock_wait.observe(waited.as_secs_f64());
+    }
+
+    pub fn lock_lost(&self) {
+        self.locks_lost.inc();
+    }
+
+    pub fn stale_token(&self) {
+        self.stale_tokens.inc();
+    }
+
+    pub fn lock_timed_out(&self) {
+        self.lock_timeouts.inc();
+    }
+
+    fn observe(&self, route: String, method: String, status: u16, took: Duration) {
+        self.latency
+            .get_or_create(&RouteLabels {
+                route: route.clone(),
+                method: method.clone(),
+            })
+            .observe(took.as_secs_f64());
+        self.requests
+            .get_or_create(&RequestLabels {
+                route,
+                method,
+                status,
+            })
+            .inc();
+    }
+}
+
+/// Middleware: counts every request by its route template (never the raw path, whose ids
+/// would make a metric per account).
+pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().as_str().to_owned();
+    let response = next.run(request).await;
+    state
+        .metrics()
+        .observe(route, method, response.status().as_u16(), started.elapsed());
+    response
+}

@@ -1,0 +1,133 @@
+//! The bodies stored under a ticket: what the first execution answered, replayed byte for
+//! byte (as a JSON value) by every repeat. The ledger calls [`render`] inside its
+//! transaction and decides the status; this decides the shape.
+
+use axum::http::StatusCode;
+use ledger::{Execution, Operation, OperationResult, Refusal};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+use uuid::Uuid;
+
+use crate::error::{problem, problem_with};
+
+/// A withdrawal or deposit that went through.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MoneyMoved {
+    /// The ticket spent.
+    pub ticket_id: Uuid,
+    /// The account.
+    pub account_id: Uuid,
+    /// The amount withdrawn or deposited, in minor units.
+    pub amount: i64,
+    /// The balance after.
+    pub balance: i64,
+}
+
+/// A lottery draw that went through.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Drawn {
+    /// The ticket spent.
+    pub ticket_id: Uuid,
+    /// The account.
+    pub account_id: Uuid,
+    /// The prize drawn: `nothing`, `bronze`, `silver` or `gold`.
+    pub prize: String,
+    /// Money the prize credited, in minor units (≥ 0).
+    pub credit: i64,
+    /// Points spent on the draw.
+    pub points: i64,
+    /// Points left after the draw.
+    pub points_after: i64,
+    /// The balance after the credit.
+    pub balance: i64,
+}
+
+/// The body stored for an execution.
+pub fn render(execution: &Execution<'_>) -> Value {
+    let ticket_id = execution.ticket_id.0;
+    let account_id = execution.account_id.0;
+    let body = match (*execution.operation, *execution.result) {
+        (
+            Operation::Withdrawal(amount) | Operation::Deposit(amount),
+            OperationResult::Applied { balance, .. },
+        ) => serde_json::to_value(MoneyMoved {
+            ticket_id,
+            account_id,
+            amount: amount.get(),
+            balance,
+        }),
+        (
+            Operation::LotteryDraw(points),
+            OperationResult::Applied {
+                balance,
+                points: points_after,
+                credit,
+                prize,
+            },
+        ) => serde_json::to_value(Drawn {
+            ticket_id,
+            account_id,
+            prize: prize.map_or("nothing", |prize| prize.label).to_owned(),
+            credit,
+            points: points.get(),
+            points_after,
+            balance,
+        }),
+        (operation, OperationResult::Refused(refusal)) => {
+            return refused(execution, operation, refusal);
+        }
+    };
+    // Serialising these plain structs cannot fail; keep the outcome storable regardless.
+    body.unwrap_or_else(|error| json!({ "error": error.to_string() }))
+}
+
+fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) -> Value {
+    let status =
+        StatusCode::from_u16(execution.result.status()).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+    let mut extra = Map::new();
+    extra.insert("ticket_id".into(), json!(execution.ticket_id.0));
+    extra.insert("account_id".into(), json!(execution.account_id.0));
+    let (name, detail) = match (refusal, operation) {
+        (Refusal::InsufficientFunds { balance }, Operation::Withdrawal(amount)) => {
+            extra.insert("balance".into(), json!(balance));
+            extra.insert("amount".into(), json!(amount.get()));
+            (
+                "insufficient-funds",
+                format!(
+                    "the balance {balance} does not cover the withdrawal of {}",
+                    amount.get()
+                ),
+            )
+        }
+        (Refusal::InsufficientFunds { balance }, _) => {
+            extra.insert("balance".into(), json!(balance));
+            (
+                "insufficient-funds",
+                format!("the balance {balance} does not cover this"),
+            )
+        }
+        (Refusal::InsufficientPoints { points }, Operation::LotteryDraw(spend)) => {
+            extra.insert("points".into(), json!(points));
+            extra.insert("points_needed".into(), json!(spend.get()));
+            (
+                "insufficient-points",
+                format!("{points} points do not cover a draw of {}", spend.get()),
+            )
+        }
+        (Refusal::InsufficientPoints { points }, _) => {
+            extra.insert("points".into(), json!(points));
+            (
+                "insufficient-points",
+                format!("{points} points do not cover this"),
+            )
+        }
+        (Refusal::BalanceLimit { balance }, _) => {
+            extra.insert("balance".into(), json!(balance));
+            (
+                "balance-limit",
+                format!("the balance {balance} cannot grow by this much (the limit is 2^63 − 1)"),
+            )
+        }
+    };
+    problem_with(&problem(status, name, &detail), extra)
+}

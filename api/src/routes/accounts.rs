@@ -1,0 +1,245 @@
+//! `POST /v1/accounts`, `GET /v1/accounts/{id}`, `GET /v1/accounts/{id}/entries`.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ledger::{Account, Entry, NewAccount};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::{ApiError, Problem};
+use crate::extract::{AccountPath, Caller, JsonBody};
+use crate::state::AppState;
+
+/// A request to open an account.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewAccountRequest {
+    /// 1 to 100 characters.
+    #[schema(min_length = 1, max_length = 100, example = "Ada")]
+    pub name: String,
+    /// Opening balance in minor units.
+    #[serde(default)]
+    #[schema(minimum = 0, default = 0)]
+    pub balance: i64,
+    /// Opening points.
+    #[serde(default)]
+    #[schema(minimum = 0, default = 0)]
+    pub points: i64,
+}
+
+/// An account.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AccountView {
+    /// Its id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Money, in minor units.
+    pub balance: i64,
+    /// Points.
+    pub points: i64,
+    /// When it was opened (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<Account> for AccountView {
+    fn from(account: Account) -> Self {
+        Self {
+            id: account.id.0,
+            name: account.name,
+            balance: account.balance,
+            points: account.points,
+            created_at: account.created_at,
+        }
+    }
+}
+
+/// A new account, with its API key: shown this once, stored only as a hash.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CreatedAccount {
+    /// Its id.
+    pub id: Uuid,
+    /// Its name.
+    pub name: String,
+    /// Opening balance.
+    pub balance: i64,
+    /// Opening points.
+    pub points: i64,
+    /// Send as `Authorization: Bearer <api_key>`. Not retrievable later.
+    pub api_key: String,
+    /// When it was opened (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+/// Opens an account; its opening balance and points are its first ledger entry.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts",
+    tag = "accounts",
+    request_body = NewAccountRequest,
+    responses(
+        (status = 201, description = "Opened", body = CreatedAccount),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name, balance or points", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_account(
+    State(state): State<AppState>,
+    JsonBody(request): JsonBody<NewAccountRequest>,
+) -> Result<Response, ApiError> {
+    let new = NewAccount::new(request.name, request.balance, request.points)
+        .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let (account, api_key) = state.ledger().create_account(&new).await?;
+    let location = format!("/v1/accounts/{}", account.id);
+    let body = CreatedAccount {
+        id: account.id.0,
+        name: account.name,
+        balance: account.balance,
+        points: account.points,
+        api_key,
+        created_at: account.created_at,
+    };
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
+}
+
+/// Reads an account.
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{id}",
+    tag = "accounts",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The account", body = AccountView),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_account(
+    State(state): State<AppState>,
+    AccountPath(account): AccountPath,
+    caller: Caller,
+) -> Result<Json<AccountView>, ApiError> {
+    caller.must_be(account)?;
+    let account = state
+        .ledger()
+        .account(account)
+        .await?
+        .ok_or_else(|| ApiError::NotFound("no such account".into()))?;
+    Ok(Json(account.into()))
+}
+
+/// Paging through entries.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EntriesQuery {
+    /// Return entries with ids above this (the `next_after` of the previous page).
+    pub after: Option<i64>,
+    /// Page size, 1 to 1000 (default 100).
+    pub limit: Option<u32>,
+}
+
+/// One line of an account's history.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EntryView {
+    /// Increases in the order entries were written.
+    pub id: i64,
+    /// The ticket that wrote it; null for the opening entry.
+    pub ticket_id: Option<Uuid>,
+    /// `opening`, `deposit`, `withdrawal` or `lottery_draw`.
+    #[schema(value_type = String, example = "withdrawal")]
+    pub kind: &'static str,
+    /// Signed change to the balance (negative for a withdrawal).
+    pub amount: i64,
+    /// Signed change to the points (negative for a draw).
+    pub points: i64,
+    /// The balance after this entry.
+    pub balance_after: i64,
+    /// The points after this entry.
+    pub points_after: i64,
+    /// When it was written (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<Entry> for EntryView {
+    fn from(entry: Entry) -> Self {
+        Self {
+            id: entry.id,
+            ticket_id: entry.ticket_id.map(|ticket| ticket.0),
+            kind: entry.kind.as_str(),
+            amount: entry.amount,
+            points: entry.points,
+            balance_after: entry.balance_after,
+            points_after: entry.points_after,
+            created_at: entry.created_at,
+        }
+    }
+}
+
+/// A page of entries, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EntriesPage {
+    /// The entries.
+    pub entries: Vec<EntryView>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next_after: Option<i64>,
+}
+
+/// Lists an account's ledger entries, oldest first, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{id}/entries",
+    tag = "accounts",
+    params(("id" = Uuid, Path, description = "The account"), EntriesQuery),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of entries", body = EntriesPage),
+        (status = 400, description = "Malformed paging parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_entries(
+    State(state): State<AppState>,
+    AccountPath(account): AccountPath,
+    caller: Caller,
+    query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EntriesPage>, ApiError> {
+    caller.must_be(account)?;
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to 1000, got {limit}"
+        )));
+    }
+    let entries = state.ledger().entries(account, query.after, limit).await?;
+    let next_after = (entries.len() == limit as usize)
+        .then(|| entries.last().map(|entry| entry.id))
+        .flatten();
+    Ok(Json(EntriesPage {
+        entries: entries.into_iter().map(EntryView::from).collect(),
+        next_after,
+    }))
+}

@@ -1,0 +1,161 @@
+//! The router: every route, its OpenAPI description (from the same handlers, so the two
+//! cannot drift apart), and the layers around them.
+
+pub mod accounts;
+pub mod service;
+pub mod spends;
+pub mod tickets;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderName, Request, StatusCode, header};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::error::{ApiError, PROBLEM_JSON, Problem};
+use crate::metrics;
+use crate::state::AppState;
+
+/// Bodies above this are refused with 413.
+pub const BODY_LIMIT: usize = 16 * 1024;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "payonce",
+        description = "An idempotent payment service: take a ticket, spend it once. \
+                       Errors are RFC 9457 problem+json; see /problems/{name}."
+    ),
+    components(schemas(Problem)),
+    modifiers(&BearerKey),
+    tags(
+        (name = "accounts", description = "Accounts, their keys and their ledger entries"),
+        (name = "tickets", description = "Tickets: the idempotency keys of spends"),
+        (name = "spends", description = "Withdrawals, deposits and lottery draws, each sent with a ticket"),
+        (name = "service", description = "Health, readiness, metrics and documentation"),
+    )
+)]
+struct ApiDoc;
+
+/// The `api_key` bearer scheme the account endpoints require.
+struct BearerKey;
+
+impl Modify for BearerKey {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
+        );
+    }
+}
+
+/// The routes and their OpenAPI document.
+pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(accounts::create_account))
+        .routes(routes!(accounts::get_account))
+        .routes(routes!(accounts::list_entries))
+        .routes(routes!(tickets::issue_ticket))
+        .routes(routes!(tickets::get_ticket))
+        .routes(routes!(spends::withdraw))
+        .routes(routes!(spends::deposit))
+        .routes(routes!(spends::draw))
+        .routes(routes!(service::healthz))
+        .routes(routes!(service::readyz))
+        .routes(routes!(service::metrics))
+        .routes(routes!(service::explain_problem))
+        .split_for_parts()
+}
+
+/// The whole application: routes, `/openapi.json`, `/`, and the layers.
+pub fn app(state: AppState, request_timeout: Duration) -> Router {
+    let (routes, openapi) = routes();
+    let openapi = openapi.to_pretty_json().unwrap_or_else(|error| {
+        tracing::error!(%error, "cannot render the OpenAPI document");
+        "{}".to_owned()
+    });
+    let instance = state.settings().instance.clone();
+    routes
+        .route("/", get(service::index))
+        .route(
+            "/openapi.json",
+            get(move || async move { ([(header::CONTENT_TYPE, "application/json")], openapi) }),
+        )
+        .fallback(|| async { ApiError::NotFound("no such resource".into()) })
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
+        .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
+        .with_state(state)
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
+                .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<Body>| {
+                    let id = request
+                        .headers()
+                        .get("x-request-id")
+                        .and_then(|id| id.to_str().ok())
+                        .unwrap_or_default();
+                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
+                }))
+                .layer(PropagateRequestIdLayer::x_request_id())
+                .layer(SetResponseHeaderLayer::overriding(
+                    HeaderName::from_static("payonce-instance"),
+                    instance,
+                ))
+                .layer(middleware::map_response(problems_for_bare_errors))
+                .layer(CatchPanicLayer::new())
+                .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+                .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),
+        )
+}
+
+/// Layers answer some errors themselves (413 from the body limit, 503 from the timeout,
+/// 500 from a caught panic) with plain bodies; give them the API's problem+json form.
+async fn problems_for_bare_errors<B>(response: axum::http::Response<B>) -> Response
+where
+    B: axum::body::HttpBody<Data = axum::body::Bytes> + Send + 'static,
+    B::Error: Into<axum::BoxError>,
+{
+    let response = response.map(Body::new);
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    if !(status.is_client_error() || status.is_server_error()) || is_problem {
+        return response;
+    }
+    let error = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::PayloadTooLarge,
+        StatusCode::SERVICE_UNAVAILABLE | StatusCode::REQUEST_TIMEOUT => ApiError::Timeout,
+        StatusCode::NOT_FOUND => ApiError::NotFound("no such resource".into()),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::MethodNotAllowed,
+        StatusCode::INTERNAL_SERVER_ERROR => ApiError::Internal("a handler panicked".into()),
+        other => {
+            let mut answer =
+                ApiError::BadRequest(other.canonical_reason().unwrap_or("error").to_owned())
+                    .into_response();
+            *answer.status_mut() = other;
+            return answer;
+        }
+    };
+    let mut answer = error.into_response();
+    if let Some(allow) = response.headers().get(header::ALLOW) {
+        answer.headers_mut().insert(header::ALLOW, allow.clone());
+    }
+    answer
+}

@@ -1,0 +1,146 @@
+//! The service's own endpoints: liveness, readiness, metrics, the OpenAPI document, the
+//! problem explanations and the web page.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{Html, IntoResponse, Response};
+use serde::Serialize;
+use serde_json::{Map, json};
+
+use crate::error::{EXPLANATIONS, PROBLEM_JSON, Problem, problem, problem_with};
+use crate::state::AppState;
+
+/// Liveness.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Health {
+    /// Always `ok` when the process answers.
+    #[schema(example = "ok")]
+    pub status: &'static str,
+}
+
+/// The process is up.
+#[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, description = "Alive", body = Health)))]
+pub async fn healthz() -> Json<Health> {
+    Json(Health { status: "ok" })
+}
+
+/// What readiness found.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Readiness {
+    /// `ready`.
+    #[schema(example = "ready")]
+    pub status: &'static str,
+    /// `ok`, or why the database did not answer.
+    pub database: String,
+    /// `ok`, or why the lock store did not answer.
+    pub lock_store: String,
+}
+
+/// Ready to serve: the database and the lock store both answer (within 2 s each).
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "service",
+    responses(
+        (status = 200, description = "Ready", body = Readiness),
+        (status = 503, description = "The database or the lock store does not answer", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn readyz(State(state): State<AppState>) -> Response {
+    let limit = Duration::from_secs(2);
+    let (database, lock_store) = tokio::join!(
+        tokio::time::timeout(limit, state.ledger().ping()),
+        tokio::time::timeout(limit, state.locks().ping()),
+    );
+    let database = match database {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("no answer within 2s".to_owned()),
+    };
+    let lock_store = match lock_store {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("no answer within 2s".to_owned()),
+    };
+    let describe = |check: &Result<(), String>| match check {
+        Ok(()) => "ok".to_owned(),
+        Err(_) => "unavailable".to_owned(),
+    };
+    if database.is_ok() && lock_store.is_ok() {
+        return Json(Readiness {
+            status: "ready",
+            database: describe(&database),
+            lock_store: describe(&lock_store),
+        })
+        .into_response();
+    }
+    // The causes go to the log, not to whoever polls readiness.
+    tracing::warn!(?database, ?lock_store, "not ready");
+    let mut extra = Map::new();
+    extra.insert("database".into(), json!(describe(&database)));
+    extra.insert("lock_store".into(), json!(describe(&lock_store)));
+    let detail = "the database or the lock store does not answer";
+    let body = problem_with(
+        &problem(StatusCode::SERVICE_UNAVAILABLE, "not-ready", detail),
+        extra,
+    );
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON)),
+            (header::RETRY_AFTER, HeaderValue::from(1)),
+        ],
+        Json(body),
+    )
+        .into_response()
+}
+
+/// Prometheus metrics, in the OpenMetrics text format.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "service",
+    responses((status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text"))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics().render(),
+    )
+        .into_response()
+}
+
+/// What a problem type means: the `type` URI of every error body points here.
+#[utoipa::path(
+    get,
+    path = "/problems/{name}",
+    tag = "service",
+    params(("name" = String, Path, description = "The problem's name")),
+    responses(
+        (status = 200, description = "Its explanation", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such problem", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn explain_problem(Path(name): Path<String>) -> Response {
+    match EXPLANATIONS.iter().find(|(known, _, _)| *known == name) {
+        Some((name, status, text)) => (
+            [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+            format!("{name} ({status})\n\n{text}\n"),
+        )
+            .into_response(),
+        None => {
+            crate::error::ApiError::NotFound(format!("no problem named {name:?}")).into_response()
+        }
+    }
+}
+
+/// The web page.
+pub async fn index() -> Html<&'static str> {
+    Html(include_str!("../../web/index.html"))
+}

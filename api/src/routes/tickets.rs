@@ -1,0 +1,144 @@
+//! `POST /v1/accounts/{id}/tickets`, `GET /v1/tickets/{ticket_id}`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ledger::TicketState;
+use serde::Serialize;
+use serde_json::Value;
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::{ApiError, Problem};
+use crate::extract::{AccountPath, Caller, TicketPath};
+use crate::state::AppState;
+
+/// A fresh ticket: send its id as the `Idempotency-Key` of one spend.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TicketIssued {
+    /// The ticket's id.
+    pub ticket_id: Uuid,
+    /// The account it may be spent on.
+    pub account_id: Uuid,
+    /// After this it can no longer be used (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: OffsetDateTime,
+}
+
+/// A stored response.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StoredResponseView {
+    /// Its HTTP status.
+    pub status: u16,
+    /// Its JSON body.
+    #[schema(value_type = Object)]
+    pub body: Value,
+}
+
+/// A ticket and, once used, the response stored under it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TicketView {
+    /// The ticket's id.
+    pub ticket_id: Uuid,
+    /// The account it belongs to.
+    pub account_id: Uuid,
+    /// `issued`, `completed` or `expired`.
+    #[schema(value_type = String, example = "completed")]
+    pub state: TicketState,
+    /// The stored response, once used (absent once past retention).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response: Option<StoredResponseView>,
+    /// When it was issued (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+    /// When it stops being usable (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub expires_at: OffsetDateTime,
+}
+
+/// Issues a ticket to the account.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{id}/tickets",
+    tag = "tickets",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    responses(
+        (status = 201, description = "Issued", body = TicketIssued),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn issue_ticket(
+    State(state): State<AppState>,
+    AccountPath(account): AccountPath,
+    caller: Caller,
+) -> Result<Response, ApiError> {
+    caller.must_be(account)?;
+    let ticket = state
+        .ledger()
+        .issue_ticket(account, state.settings().ticket_ttl)
+        .await?;
+    let location = format!("/v1/tickets/{}", ticket.id);
+    let body = TicketIssued {
+        ticket_id: ticket.id.0,
+        account_id: ticket.account_id.0,
+        expires_at: ticket.expires_at,
+    };
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(body),
+    )
+        .into_response())
+}
+
+/// Reads a ticket: whether it is still usable, and what it answered if it was used.
+#[utoipa::path(
+    get,
+    path = "/v1/tickets/{ticket_id}",
+    tag = "tickets",
+    params(("ticket_id" = Uuid, Path, description = "The ticket")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The ticket", body = TicketView),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is not the ticket's account's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such ticket", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_ticket(
+    State(state): State<AppState>,
+    TicketPath(ticket): TicketPath,
+    caller: Caller,
+) -> Result<Json<TicketView>, ApiError> {
+    let ticket = state
+        .ledger()
+        .ticket(ticket)
+        .await?
+        .ok_or(ApiError::TicketNotFound)?;
+    caller.must_be(ticket.account_id)?;
+    let ticket_state = ticket.state(OffsetDateTime::now_utc());
+    let response = ticket
+        .outcome
+        .and_then(|outcome| outcome.response)
+        .map(|response| StoredResponseView {
+            status: response.status,
+            body: response.body,
+        });
+    Ok(Json(TicketView {
+        ticket_id: ticket.id.0,
+        account_id: ticket.account_id.0,
+        state: ticket_state,
+        response,
+        created_at: ticket.created_at,
+        expires_at: ticket.expires_at,
+    }))
+}

@@ -1,0 +1,167 @@
+//! The state every handler shares: the ledger, the locks, the settings, the metrics.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use ledger::{AccountId, Ledger, LedgerError, LedgerOptions};
+use lock::{LockService, RedisOptions};
+
+use crate::config::{Config, ConfigError, Mode};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// The settings handlers read.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Lease of an account lock.
+    pub lock_ttl: Duration,
+    /// How long a spend waits for its account's lock.
+    pub lock_wait: Duration,
+    /// How long a new ticket stays usable.
+    pub ticket_ttl: Duration,
+    /// How long outcomes are kept after their ticket's expiry.
+    pub retention: Duration,
+    /// How often the reaper runs.
+    pub reap_interval: Duration,
+    /// Whether the `Payonce-Fault` header is honoured.
+    pub fault_injection: bool,
+    /// This instance's name, sent as `Payonce-Instance`.
+    pub instance: HeaderValue,
+}
+
+impl Settings {
+    /// The settings in `config`.
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            lock_ttl: config.lock_ttl,
+            lock_wait: config.lock_wait,
+            ticket_ttl: config.ticket_ttl,
+            retention: config.retention,
+            reap_interval: config.reap_interval,
+            fault_injection: config.fault_injection,
+            instance: HeaderValue::from_str(&config.instance_name())
+                .unwrap_or_else(|_| HeaderValue::from_static("payonce")),
+        }
+    }
+}
+
+/// Why the service could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// Settings that cannot work.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The ledger could not be opened.
+    #[error("cannot open the ledger: {0}")]
+    Ledger(#[from] LedgerError),
+    /// The lock store could not be set up.
+    #[error("cannot set up the locks: {0}")]
+    Lock(#[from] lock::LockError),
+    /// The data directory could not be created.
+    #[error("cannot create the data directory: {0}")]
+    DataDir(#[from] std::io::Error),
+}
+
+/// Shared by every handler; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct AppState(Arc<Inner>);
+
+#[derive(Debug)]
+struct Inner {
+    ledger: Ledger,
+    locks: LockService,
+    settings: Settings,
+    metrics: Metrics,
+}
+
+impl AppState {
+    /// Assembles the state from its parts.
+    pub fn new(ledger: Ledger, locks: LockService, settings: Settings) -> Self {
+        Self(Arc::new(Inner {
+            ledger,
+            locks,
+            settings,
+            metrics: Metrics::new(),
+        }))
+    }
+
+    /// Opens the ledger (retrying while the database is unreachable, up to the start-up
+    /// timeout) and sets up the locks, in the mode the configuration selects.
+    pub async fn connect(config: &Config) -> Result<Self, StartError> {
+        config.validate()?;
+        let options = LedgerOptions {
+            max_connections: config.db_max_connections,
+            ..LedgerOptions::default()
+        };
+        let (ledger, locks) = match config.mode()? {
+            Mode::Embedded { sqlite_path } => {
+                if let Some(dir) = sqlite_path.parent() {
+                    std::fs::create_dir_all(dir)?;
+                }
+                let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
+                (ledger, LockService::in_process())
+            }
+            Mode::Distributed {
+                database_url,
+                redis_url,
+            } => {
+                let ledger =
+                    open_with_retries(&database_url, &options, config.startup_timeout).await?;
+                let locks = LockService::redis(
+                    &redis_url,
+                    RedisOptions {
+                        namespace: config.redis_namespace.clone(),
+                        ..RedisOptions::default()
+                    },
+                )?;
+                (ledger, locks)
+            }
+        };
+        Ok(Self::new(ledger, locks, Settings::from_config(config)))
+    }
+
+    /// The ledger.
+    pub fn ledger(&self) -> &Ledger {
+        &self.0.ledger
+    }
+
+    /// The account locks.
+    pub fn locks(&self) -> &LockService {
+        &self.0.locks
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.0.settings
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.0.metrics
+    }
+
+    /// The account an API key belongs to.
+    pub async fn authenticate(&self, key: &str) -> Result<Option<AccountId>, ApiError> {
+        Ok(self.0.ledger.authenticate(key).await?)
+    }
+}
+
+/// A database that is still starting (docker-compose, a restart) is retried; anything
+/// else fails at once.
+async fn open_with_retries(
+    url: &str,
+    options: &LedgerOptions,
+    timeout: Duration,
+) -> Result<Ledger, LedgerError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match Ledger::open(url, options).await {
+            Err(LedgerError::Unavailable(error)) if tokio::time::Instant::now() < deadline => {
+                tracing::warn!(%error, "database not reachable yet; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            result => return result,
+        }
+    }
+}

@@ -1,0 +1,1004 @@
+//! One function per row of the contract and per idempotency rule; `main.rs` runs each on
+//! both backends.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestApp, assert_problem, read, spawn_app, spawn_app_with};
+
+fn new_account_body(name: &str, balance: i64, points: i64) -> Value {
+    json!({ "name": name, "balance": balance, "points": points })
+}
+
+/// POST /v1/accounts answers 201 with the key, once; bad input is 4xx problem+json.
+pub async fn accounts_open_with_a_key_shown_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let response = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .json(&new_account_body("Ada", 1500, 7))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(
+        location,
+        format!("/v1/accounts/{}", body["id"].as_str().unwrap())
+    );
+    assert_eq!(
+        (
+            body["name"].as_str(),
+            body["balance"].as_i64(),
+            body["points"].as_i64()
+        ),
+        (Some("Ada"), Some(1500), Some(7))
+    );
+    assert!(body["api_key"].as_str().unwrap().starts_with("po_"));
+    assert!(body["created_at"].as_str().unwrap().ends_with('Z'));
+
+    // Balance and points default to 0.
+    let response = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .json(&json!({ "name": "Bob" }))
+        .send()
+        .await
+        .unwrap();
+    let (status, _, body) = read(response).await;
+    assert_eq!(
+        (status, body["balance"].as_i64(), body["points"].as_i64()),
+        (StatusCode::CREATED, Some(0), Some(0))
+    );
+
+    for bad in [
+        new_account_body("", 0, 0),
+        new_account_body(&"x".repeat(101), 0, 0),
+        new_account_body("neg", -1, 0),
+        new_account_body("neg", 0, -1),
+        json!({ "balance": 5 }),
+        json!({ "name": "x", "extra": true }),
+        json!({ "name": 5 }),
+    ] {
+        let response = app
+            .client
+            .post(app.url("/v1/accounts"))
+            .json(&bad)
+            .send()
+            .await
+            .unwrap();
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    let name_of_100 = new_account_body(&"é".repeat(100), 0, 0);
+    let response = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .json(&name_of_100)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+
+    let response = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .header("content-type", "application/json")
+        .body("{\"name\":")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::BAD_REQUEST, "malformed-json").await;
+    let response = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .header("content-type", "text/plain")
+        .body("{\"name\":\"x\"}")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(
+        response,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+    )
+    .await;
+}
+
+/// GET /v1/accounts/{id}: 401 without or with an unknown key, 403 with another account's,
+/// 404 for what is not an account id, 200 with its own.
+pub async fn account_reads_need_the_accounts_own_key(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(100, 3).await;
+    let bob = app.create_account(0, 0).await;
+    let url = app.url(&format!("/v1/accounts/{}", ada.id));
+
+    let response = app.client.get(&url).send().await.unwrap();
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let response = app
+        .client
+        .get(&url)
+        .bearer_auth("po_unknown")
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let response = app
+        .client
+        .get(&url)
+        .header("authorization", format!("Basic {}", ada.key))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let response = app
+        .client
+        .get(&url)
+        .bearer_auth(&bob.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+    let response = app
+        .client
+        .get(app.url("/v1/accounts/not-a-uuid"))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+
+    let (status, _, body) = read(
+        app.client
+            .get(&url)
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["id"], ada.id.as_str());
+    assert_eq!(
+        (body["balance"].as_i64(), body["points"].as_i64()),
+        (Some(100), Some(3))
+    );
+    assert!(body.get("api_key").is_none(), "the key is shown only once");
+}
+
+/// GET /v1/accounts/{id}/entries: oldest first, paginated with `after` and `limit`.
+pub async fn entries_list_oldest_first_a_page_at_a_time(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    for amount in 1..=4 {
+        let ticket = app.ticket(&ada).await;
+        assert_eq!(
+            app.withdraw(&ada, &ticket, amount).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let url = app.url(&format!("/v1/accounts/{}/entries", ada.id));
+    let first: Value = app
+        .client
+        .get(format!("{url}?limit=3"))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entries = first["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 3);
+    assert_eq!(entries[0]["kind"], "opening");
+    assert_eq!(entries[0]["ticket_id"], Value::Null);
+    assert_eq!(entries[1]["kind"], "withdrawal");
+    assert_eq!(
+        (
+            entries[1]["amount"].as_i64(),
+            entries[1]["balance_after"].as_i64()
+        ),
+        (Some(-1), Some(999))
+    );
+    let after = first["next_after"].as_i64().unwrap();
+    let rest: Value = app
+        .client
+        .get(format!("{url}?after={after}&limit=3"))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let amounts: Vec<i64> = rest["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["amount"].as_i64().unwrap())
+        .collect();
+    assert_eq!(amounts, [-3, -4]);
+    assert_eq!(rest["next_after"], Value::Null);
+
+    for bad in ["?limit=0", "?limit=1001", "?limit=abc", "?after=x"] {
+        let response = app
+            .client
+            .get(format!("{url}{bad}"))
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap();
+        assert_problem(response, StatusCode::BAD_REQUEST, "bad-request").await;
+    }
+    let bob = app.create_account(0, 0).await;
+    let response = app
+        .client
+        .get(&url)
+        .bearer_auth(&bob.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+}
+
+/// Tickets: issued (201, Location), then completed with their stored response; readable
+/// only with their account's key.
+pub async fn tickets_show_their_state_and_stored_response(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let bob = app.create_account(0, 0).await;
+    let response = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/tickets", ada.id)))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let location = response.headers()["location"].to_str().unwrap().to_owned();
+    let issued: Value = response.json().await.unwrap();
+    let ticket = issued["ticket_id"].as_str().unwrap().to_owned();
+    assert_eq!(location, format!("/v1/tickets/{ticket}"));
+    assert_eq!(issued["account_id"], ada.id.as_str());
+    assert!(issued["expires_at"].is_string());
+
+    let url = app.url(&format!("/v1/tickets/{ticket}"));
+    let (status, _, body) = read(
+        app.client
+            .get(&url)
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (StatusCode::OK, Some("issued"))
+    );
+    assert!(body.get("response").is_none());
+
+    let (_, _, spent) = read(app.withdraw(&ada, &ticket, 250).await).await;
+    let (_, _, body) = read(
+        app.client
+            .get(&url)
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["state"], "completed");
+    assert_eq!(body["response"]["status"], 201);
+    assert_eq!(body["response"]["body"], spent);
+
+    let response = app
+        .client
+        .get(&url)
+        .bearer_auth(&bob.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+    let response = app.client.get(&url).send().await.unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let unknown = app.url(&format!("/v1/tickets/{}", uuid::Uuid::new_v4()));
+    let response = app
+        .client
+        .get(unknown)
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
+    let response = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/tickets", ada.id)))
+        .bearer_auth(&bob.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+}
+
+/// Rule 1: no Idempotency-Key → 400; not a UUID → 400. A quoted key works.
+pub async fn spend_without_or_with_a_malformed_idempotency_key_is_400(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let url = app.url(&format!("/v1/accounts/{}/withdrawals", ada.id));
+    let response = app
+        .client
+        .post(&url)
+        .bearer_auth(&ada.key)
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::BAD_REQUEST, "idempotency-key-missing").await;
+    for bad in ["abc", "12345678", "\"not-a-uuid\""] {
+        let response = app.withdraw(&ada, bad, 1).await;
+        assert_problem(response, StatusCode::BAD_REQUEST, "idempotency-key-invalid").await;
+    }
+    // Authentication comes first.
+    let response = app
+        .client
+        .post(&url)
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+
+    let ticket = app.ticket(&ada).await;
+    let (status, replayed, _) = read(app.withdraw(&ada, &format!("\"{ticket}\""), 5).await).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    let (status, replayed, _) = read(app.withdraw(&ada, &ticket, 5).await).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "bare and quoted forms are the same key"
+    );
+}
+
+/// Rule 2: an unknown ticket, or another account's, is 404; an expired one is 410.
+pub async fn unknown_foreign_or_expired_tickets_are_refused(backend: Backend) {
+    let app = spawn_app_with(backend, &["--ticket-ttl", "300ms"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let bob = app.create_account(1000, 0).await;
+    let response = app
+        .withdraw(&ada, &uuid::Uuid::new_v4().to_string(), 1)
+        .await;
+    assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
+    let bobs = app.ticket(&bob).await;
+    let response = app.withdraw(&ada, &bobs, 1).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
+    let expiring = app.ticket(&ada).await;
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let response = app.withdraw(&ada, &expiring, 1).await;
+    assert_problem(response, StatusCode::GONE, "ticket-expired").await;
+    let (_, _, body) = read(
+        app.client
+            .get(app.url(&format!("/v1/tickets/{expiring}")))
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["state"], "expired");
+    assert_eq!(app.balance(&ada).await, (1000, 0));
+    assert_eq!(app.balance(&bob).await, (1000, 0));
+}
+
+/// Rules 3 and 4: the first request executes (201, no replay header); repeats return the
+/// same status and body with `Idempotent-Replayed: true`; deposits alike.
+pub async fn first_request_executes_and_repeats_replay_it(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let (status, replayed, original) = read(app.withdraw(&ada, &ticket, 300).await).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(
+        original,
+        json!({ "ticket_id": ticket, "account_id": ada.id, "amount": 300, "balance": 700 })
+    );
+    for _ in 0..3 {
+        let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
+        assert_eq!((status, replayed), (StatusCode::CREATED, true));
+        assert_eq!(body, original);
+    }
+    let deposit_ticket = app.ticket(&ada).await;
+    let (status, _, body) = read(
+        app.spend(&ada, "deposits", &deposit_ticket, json!({ "amount": 50 }))
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, body["balance"].as_i64(), body["amount"].as_i64()),
+        (StatusCode::CREATED, Some(750), Some(50))
+    );
+    let (status, replayed, again) = read(
+        app.spend(&ada, "deposits", &deposit_ticket, json!({ "amount": 50 }))
+            .await,
+    )
+    .await;
+    assert_eq!((status, replayed, again), (StatusCode::CREATED, true, body));
+    assert_eq!(app.balance(&ada).await, (750, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Rule 3: insufficient funds is a stored 402, replayed, and stays failed even after the
+/// money arrives.
+pub async fn refusals_are_stored_and_a_failed_ticket_stays_failed(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(50, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let response = app.withdraw(&ada, &ticket, 100).await;
+    let original =
+        assert_problem(response, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
+    assert_eq!(
+        (original["balance"].as_i64(), original["amount"].as_i64()),
+        (Some(50), Some(100))
+    );
+    assert_eq!(original["ticket_id"], ticket.as_str());
+
+    let top_up = app.ticket(&ada).await;
+    assert_eq!(
+        app.spend(&ada, "deposits", &top_up, json!({ "amount": 500 }))
+            .await
+            .status(),
+        StatusCode::CREATED
+    );
+    let response = app.withdraw(&ada, &ticket, 100).await;
+    assert_eq!(response.headers()["idempotent-replayed"], "true");
+    let replay = assert_problem(response, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
+    assert_eq!(replay, original);
+    assert_eq!(app.balance(&ada).await, (550, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Lottery draws spend points (one by default, with an empty body), may credit money, and
+/// replay the same prize; too few points is a stored 402.
+pub async fn lottery_draws_spend_points_and_replay_the_same_prize(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(0, 5).await;
+    let ticket = app.ticket(&ada).await;
+    let (status, replayed, drawn) = read(
+        app.spend(&ada, "lottery-draws", &ticket, json!({ "points": 3 }))
+            .await,
+    )
+    .await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert_eq!(
+        (drawn["points"].as_i64(), drawn["points_after"].as_i64()),
+        (Some(3), Some(2))
+    );
+    let prize = drawn["prize"].as_str().unwrap();
+    assert!(
+        ["nothing", "bronze", "silver", "gold"].contains(&prize),
+        "{drawn}"
+    );
+    let credit = drawn["credit"].as_i64().unwrap();
+    assert_eq!(drawn["balance"].as_i64(), Some(credit));
+    for _ in 0..3 {
+        let (status, replayed, body) = read(
+            app.spend(&ada, "lottery-draws", &ticket, json!({ "points": 3 }))
+                .await,
+        )
+        .await;
+        assert_eq!(
+            (status, replayed, body),
+            (StatusCode::CREATED, true, drawn.clone())
+        );
+    }
+
+    // No body at all: one point.
+    let one = app.ticket(&ada).await;
+    let response = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/lottery-draws", ada.id)))
+        .bearer_auth(&ada.key)
+        .header("idempotency-key", &one)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, body) = read(response).await;
+    assert_eq!(
+        (
+            status,
+            body["points"].as_i64(),
+            body["points_after"].as_i64()
+        ),
+        (StatusCode::CREATED, Some(1), Some(1))
+    );
+
+    let short = app.ticket(&ada).await;
+    let response = app
+        .spend(&ada, "lottery-draws", &short, json!({ "points": 2 }))
+        .await;
+    let refused = assert_problem(
+        response,
+        StatusCode::PAYMENT_REQUIRED,
+        "insufficient-points",
+    )
+    .await;
+    assert_eq!(refused["points"].as_i64(), Some(1));
+    let response = app
+        .spend(&ada, "lottery-draws", &short, json!({ "points": 2 }))
+        .await;
+    assert_eq!(response.headers()["idempotent-replayed"], "true");
+    assert_problem(
+        response,
+        StatusCode::PAYMENT_REQUIRED,
+        "insufficient-points",
+    )
+    .await;
+    for bad in [
+        json!({ "points": 0 }),
+        json!({ "points": -1 }),
+        json!({ "points": "1" }),
+    ] {
+        let ticket = app.ticket(&ada).await;
+        let response = app.spend(&ada, "lottery-draws", &ticket, bad).await;
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    app.assert_audit_clean().await;
+}
+
+/// Rule 5: another amount or another endpoint under a used ticket is 422 and executes
+/// nothing.
+pub async fn a_different_request_under_a_used_ticket_is_422(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    assert_eq!(
+        app.withdraw(&ada, &ticket, 100).await.status(),
+        StatusCode::CREATED
+    );
+    let response = app.withdraw(&ada, &ticket, 101).await;
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    let response = app
+        .spend(&ada, "deposits", &ticket, json!({ "amount": 100 }))
+        .await;
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    let response = app.spend(&ada, "lottery-draws", &ticket, json!({})).await;
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    assert_eq!(app.balance(&ada).await, (900, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Rule 7: validation errors (400, 413, 415, 422) store nothing; the ticket stays usable.
+pub async fn validation_errors_store_nothing(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let url = app.url(&format!("/v1/accounts/{}/withdrawals", ada.id));
+    for amount in [
+        json!(0),
+        json!(-5),
+        json!(1_000_000_000_001_i64),
+        json!("10"),
+        json!(1.5),
+        json!(null),
+    ] {
+        let response = app
+            .spend(&ada, "withdrawals", &ticket, json!({ "amount": amount }))
+            .await;
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    for body in [json!({}), json!({ "amount": 5, "memo": "x" })] {
+        let response = app.spend(&ada, "withdrawals", &ticket, body).await;
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    let send = |content_type: &'static str, body: String| {
+        app.client
+            .post(&url)
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &ticket)
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    assert_problem(
+        send("application/json", "{\"amount\":".into())
+            .await
+            .unwrap(),
+        StatusCode::BAD_REQUEST,
+        "malformed-json",
+    )
+    .await;
+    assert_problem(
+        send("text/plain", "{\"amount\":5}".into()).await.unwrap(),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported-media-type",
+    )
+    .await;
+    let huge = format!("{{\"amount\":5,\"pad\":\"{}\"}}", "x".repeat(17 * 1024));
+    assert_problem(
+        send("application/json", huge).await.unwrap(),
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload-too-large",
+    )
+    .await;
+
+    let (_, _, body) = read(
+        app.client
+            .get(app.url(&format!("/v1/tickets/{ticket}")))
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(body["state"], "issued");
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 5).await).await;
+    assert_eq!(
+        (status, replayed, body["balance"].as_i64()),
+        (StatusCode::CREATED, false, Some(995))
+    );
+}
+
+/// Rule 6: a duplicate that arrives while the original executes waits for it, then replays.
+pub async fn duplicate_of_a_running_request_waits_and_replays(backend: Backend) {
+    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "5s"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let slow = {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &ticket)
+            .header("payonce-fault", "pause=700ms")
+            .json(&json!({ "amount": 100 }));
+        tokio::spawn(async move { read(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, replayed, duplicate) = read(app.withdraw(&ada, &ticket, 100).await).await;
+    let (original_status, original_replayed, original) = slow.await.unwrap();
+    assert_eq!(
+        (original_status, original_replayed),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, true),
+        "the duplicate waited and replayed"
+    );
+    assert_eq!(duplicate, original);
+    assert_eq!(app.balance(&ada).await, (900, 0));
+}
+
+/// Rule 6, past the bound: 409 request-in-progress with Retry-After; later it replays.
+pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend) {
+    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "200ms"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let slow = {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &ticket)
+            .header("payonce-fault", "pause=1200ms")
+            .json(&json!({ "amount": 100 }));
+        tokio::spawn(async move { read(request.send().await.unwrap()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let response = app.withdraw(&ada, &ticket, 100).await;
+    assert_problem(response, StatusCode::CONFLICT, "request-in-progress").await;
+    let (status, _, original) = slow.await.unwrap();
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 100).await).await;
+    assert_eq!(
+        (status, replayed, body),
+        (StatusCode::CREATED, true, original)
+    );
+}
+
+/// Rule 9: a spend that waits too long for a busy account is 409 account-busy, executes
+/// nothing, and its ticket stays usable.
+pub async fn busy_account_is_409_account_busy(backend: Backend) {
+    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "200ms"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let (first, second) = (app.ticket(&ada).await, app.ticket(&ada).await);
+    let slow = {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &first)
+            .header("payonce-fault", "pause=1s")
+            .json(&json!({ "amount": 100 }));
+        tokio::spawn(async move { request.send().await.unwrap().status() })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let response = app.withdraw(&ada, &second, 100).await;
+    assert_problem(response, StatusCode::CONFLICT, "account-busy").await;
+    assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+    let (status, replayed, _) = read(app.withdraw(&ada, &second, 100).await).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "the ticket was still usable"
+    );
+    assert_eq!(app.balance(&ada).await, (800, 0));
+    assert!(app.metric("payonce_lock_timeouts_total").await >= 1.0);
+}
+
+/// 100 concurrent requests with one ticket: one execution, 99 replays identical to it,
+/// each with the replay header.
+pub async fn hundred_concurrent_copies_execute_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(10_000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let results = futures::future::join_all(
+        (0..100).map(|_| async { read(app.withdraw(&ada, &ticket, 100).await).await }),
+    )
+    .await;
+    let originals: Vec<_> = results
+        .iter()
+        .filter(|(_, replayed, _)| !replayed)
+        .collect();
+    assert_eq!(originals.len(), 1, "exactly one execution");
+    let (status, _, original) = originals[0];
+    assert_eq!(*status, StatusCode::CREATED);
+    for (status, _, body) in &results {
+        assert_eq!((status, body), (&StatusCode::CREATED, original));
+    }
+    assert_eq!(app.balance(&ada).await, (9_900, 0));
+    assert_eq!(app.metric("payonce_executions_total").await, 1.0);
+    assert_eq!(app.metric("payonce_replays_total").await, 99.0);
+    app.assert_audit_clean().await;
+}
+
+/// Concurrent withdrawals with distinct tickets that together exceed the balance: exactly
+/// the affordable number succeed, the rest are stored 402s.
+pub async fn concurrent_distinct_tickets_spend_exactly_the_balance(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let mut tickets = Vec::new();
+    for _ in 0..30 {
+        tickets.push(app.ticket(&ada).await);
+    }
+    let results = futures::future::join_all(
+        tickets
+            .iter()
+            .map(|ticket| async { read(app.withdraw(&ada, ticket, 100).await).await }),
+    )
+    .await;
+    let created = results
+        .iter()
+        .filter(|(status, _, _)| *status == StatusCode::CREATED)
+        .count();
+    let refused = results
+        .iter()
+        .filter(|(status, _, _)| *status == StatusCode::PAYMENT_REQUIRED)
+        .count();
+    assert_eq!((created, refused), (10, 20), "{results:?}");
+    assert_eq!(app.balance(&ada).await, (0, 0));
+    app.assert_audit_clean().await;
+}
+
+/// A holder paused past its lease inside the critical section cannot commit: the next
+/// holder's write stands, the paused request gets 503 lock-lost, nothing is spent twice.
+pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        &[
+            "--fault-injection",
+            "--lock-ttl",
+            "300ms",
+            "--lock-wait",
+            "5s",
+        ],
+    )
+    .await;
+    let ada = app.create_account(1000, 0).await;
+    let (paused_ticket, next_ticket) = (app.ticket(&ada).await, app.ticket(&ada).await);
+    let paused = {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &paused_ticket)
+            .header("payonce-fault", "pause=1200ms")
+            .json(&json!({ "amount": 700 }));
+        tokio::spawn(async move { request.send().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _, body) = read(app.withdraw(&ada, &next_ticket, 700).await).await;
+    assert_eq!(
+        (status, body["balance"].as_i64()),
+        (StatusCode::CREATED, Some(300)),
+        "the next holder took over after the lease ran out"
+    );
+    assert_problem(
+        paused.await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lock-lost",
+    )
+    .await;
+
+    assert_eq!(app.balance(&ada).await, (300, 0));
+    let (_, _, ticket) = read(
+        app.client
+            .get(app.url(&format!("/v1/tickets/{paused_ticket}")))
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        ticket["state"], "issued",
+        "the paused request stored nothing"
+    );
+    assert!(app.metric("payonce_stale_fencing_tokens_total").await >= 1.0);
+    assert!(app.metric("payonce_locks_lost_total").await >= 1.0);
+    // Retried with the same ticket, it executes once — and finds the money gone.
+    let response = app.withdraw(&ada, &paused_ticket, 700).await;
+    assert_problem(response, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
+    assert_eq!(app.balance(&ada).await, (300, 0));
+    app.assert_audit_clean().await;
+}
+
+/// /healthz, /readyz, /metrics, /openapi.json, /problems/{name} and / answer.
+pub async fn service_endpoints_answer(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let (status, _, body) = read(app.client.get(app.url("/healthz")).send().await.unwrap()).await;
+    assert_eq!((status, body), (StatusCode::OK, json!({ "status": "ok" })));
+    let (status, _, body) = read(app.client.get(app.url("/readyz")).send().await.unwrap()).await;
+    assert_eq!(
+        (
+            status,
+            body["database"].as_str(),
+            body["lock_store"].as_str()
+        ),
+        (StatusCode::OK, Some("ok"), Some("ok"))
+    );
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("payonce_http_requests_total{"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("payonce_lock_wait_seconds"), "{metrics}");
+    let page = app.client.get(app.url("/")).send().await.unwrap();
+    assert!(
+        page.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(page.text().await.unwrap().contains("payonce"));
+    let spec: Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        spec["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        spec["openapi"]
+    );
+    let explanation = app
+        .client
+        .get(app.url("/problems/insufficient-funds"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(explanation.status(), StatusCode::OK);
+    assert!(explanation.text().await.unwrap().contains("402"));
+    let response = app
+        .client
+        .get(app.url("/problems/no-such-problem"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    let instance = app.client.get(app.url("/healthz")).send().await.unwrap();
+    assert!(instance.headers().contains_key("payonce-instance"));
+    assert!(instance.headers().contains_key("x-request-id"));
+}
+
+/// Unknown routes are 404 and wrong methods 405, both as problem+json.
+pub async fn unknown_routes_and_methods_are_problems(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let response = app
+        .client
+        .get(app.url("/v1/nothing-here"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    let response = app
+        .client
+        .delete(app.url("/v1/accounts"))
+        .send()
+        .await
+        .unwrap();
+    assert!(response.headers().contains_key("allow"));
+    assert_problem(
+        response,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+    )
+    .await;
+}
+
+/// Shutting down lets a request in flight finish.
+pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
+    let app: TestApp = spawn_app_with(backend, &["--fault-injection"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let in_flight = {
+        let request = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &ticket)
+            .header("payonce-fault", "pause=500ms")
+            .json(&json!({ "amount": 100 }));
+        tokio::spawn(async move { request.send().await.unwrap().status() })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let ledger = app.state.ledger().clone();
+    app.stop().await;
+    assert_eq!(in_flight.await.unwrap(), StatusCode::CREATED);
+    let account = ledger
+        .account(ledger::AccountId(ada.id.parse().unwrap()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(account.balance, 900);
+}

@@ -1,0 +1,306 @@
+//! What only the distributed mode has: several instances sharing PostgreSQL and Redis,
+//! Redis or the database going away, Redis losing its data, and the `payonce audit`
+//! command.
+
+use std::time::Duration;
+
+use lock::testing::{RedisServer, free_port};
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{
+    Backend, Shared, TestApp, assert_problem, read, spawn_app, spawn_config, spawn_with,
+};
+
+async fn three_instances() -> Vec<TestApp> {
+    let shared = Shared::new(Backend::Distributed).await;
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(spawn_with(shared.clone(), &[]).await);
+    }
+    instances
+}
+
+/// 99 concurrent copies of one request spread over three instances: one execution.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_execute_one_ticket_once() {
+    let instances = three_instances().await;
+    let ada = instances[0].create_account(10_000, 0).await;
+    let ticket = instances[1].ticket(&ada).await;
+    let (instances_ref, ada_ref, ticket_ref) = (&instances, &ada, &ticket);
+    let results = futures::future::join_all((0..99).map(|i| async move {
+        read(
+            instances_ref[i % 3]
+                .withdraw(ada_ref, ticket_ref, 100)
+                .await,
+        )
+        .await
+    }))
+    .await;
+    let originals: Vec<_> = results
+        .iter()
+        .filter(|(_, replayed, _)| !replayed)
+        .collect();
+    assert_eq!(
+        originals.len(),
+        1,
+        "exactly one execution across the instances"
+    );
+    for (status, _, body) in &results {
+        assert_eq!((status, body), (&StatusCode::CREATED, &originals[0].2));
+    }
+    assert_eq!(instances[2].balance(&ada).await, (9_900, 0));
+    instances[0].assert_audit_clean().await;
+}
+
+/// Withdrawals with distinct tickets over three instances: exactly the affordable number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_instances_spend_exactly_the_balance() {
+    let instances = three_instances().await;
+    let ada = instances[0].create_account(1000, 0).await;
+    let mut tickets = Vec::new();
+    for i in 0..30 {
+        tickets.push(instances[i % 3].ticket(&ada).await);
+    }
+    let (instances_ref, ada_ref) = (&instances, &ada);
+    let results =
+        futures::future::join_all(tickets.iter().enumerate().map(|(i, ticket)| async move {
+            read(instances_ref[i % 3].withdraw(ada_ref, ticket, 100).await).await
+        }))
+        .await;
+    let created = results
+        .iter()
+        .filter(|(status, _, _)| *status == StatusCode::CREATED)
+        .count();
+    let refused = results
+        .iter()
+        .filter(|(status, _, _)| *status == StatusCode::PAYMENT_REQUIRED)
+        .count();
+    assert_eq!((created, refused), (10, 20));
+    assert_eq!(instances[1].balance(&ada).await, (0, 0));
+    instances[0].assert_audit_clean().await;
+}
+
+/// The paused-holder fault across instances: the holder pauses on one instance, the next
+/// holder writes through another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn paused_holder_on_one_instance_cannot_commit_after_another_wrote() {
+    let shared = Shared::new(Backend::Distributed).await;
+    let flags = [
+        "--fault-injection",
+        "--lock-ttl",
+        "300ms",
+        "--lock-wait",
+        "5s",
+    ];
+    let first = spawn_with(shared.clone(), &flags).await;
+    let second = spawn_with(shared, &flags).await;
+    let ada = first.create_account(1000, 0).await;
+    let (paused_ticket, next_ticket) = (first.ticket(&ada).await, first.ticket(&ada).await);
+    let paused = {
+        let request = first
+            .client
+            .post(first.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
+            .bearer_auth(&ada.key)
+            .header("idempotency-key", &paused_ticket)
+            .header("payonce-fault", "pause=1200ms")
+            .json(&json!({ "amount": 700 }));
+        tokio::spawn(async move { request.send().await.unwrap() })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _, _) = read(second.withdraw(&ada, &next_ticket, 700).await).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_problem(
+        paused.await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lock-lost",
+    )
+    .await;
+    assert_eq!(first.balance(&ada).await, (300, 0));
+    first.assert_audit_clean().await;
+}
+
+/// With Redis unreachable, spends are 503 and store nothing; readiness says so; the
+/// ticket stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_redis_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::Distributed).await;
+    let mut config = shared.config(&[]);
+    config.redis_url = Some(format!("redis://127.0.0.1:{}", free_port().unwrap()));
+    let app = spawn_config(shared, config).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let response = app.withdraw(&ada, &ticket, 100).await;
+    assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lock-store-unavailable",
+    )
+    .await;
+    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+    let body = assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "not-ready").await;
+    assert_eq!(
+        (body["database"].as_str(), body["lock_store"].as_str()),
+        (Some("ok"), Some("unavailable"))
+    );
+    let (_, _, state) = read(
+        app.client
+            .get(app.url(&format!("/v1/tickets/{ticket}")))
+            .bearer_auth(&ada.key)
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(state["state"], "issued");
+    assert_eq!(app.balance(&ada).await, (1000, 0));
+}
+
+/// With the database refusing connections, requests are 503; once it is back, the same
+/// ticket executes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_down_is_503_and_the_ticket_survives() {
+    let app = spawn_app(Backend::Distributed).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let database = app
+        .shared
+        .database
+        .url()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let admin = ledger::testing::postgres_admin_url();
+    let mut control = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+        .await
+        .unwrap();
+    let run = |sql: String| sqlx::query(sqlx::AssertSqlSafe(sql));
+    run(format!(
+        "ALTER DATABASE {database} WITH ALLOW_CONNECTIONS false"
+    ))
+    .execute(&mut control)
+    .await
+    .unwrap();
+    run(format!(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{database}'"
+    ))
+    .execute(&mut control)
+    .await
+    .unwrap();
+
+    let response = app.withdraw(&ada, &ticket, 100).await;
+    assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "database-unavailable",
+    )
+    .await;
+    let response = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}", ada.id)))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "database-unavailable",
+    )
+    .await;
+    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "not-ready").await;
+
+    run(format!(
+        "ALTER DATABASE {database} WITH ALLOW_CONNECTIONS true"
+    ))
+    .execute(&mut control)
+    .await
+    .unwrap();
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 100).await).await;
+    assert_eq!(
+        (status, replayed, body["balance"].as_i64()),
+        (StatusCode::CREATED, false, Some(900))
+    );
+    app.assert_audit_clean().await;
+}
+
+/// Redis loses its data (FLUSHALL): fencing tokens restart below what the ledger has seen.
+/// The first spend after is refused as stale and raises the counter; the retry succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_recovers_after_redis_loses_its_data() {
+    let redis = RedisServer::start().unwrap();
+    let shared = Shared::new(Backend::Distributed).await;
+    let mut config = shared.config(&[]);
+    config.redis_url = Some(redis.url());
+    let app = spawn_config(shared, config).await;
+    let ada = app.create_account(1000, 0).await;
+    for _ in 0..3 {
+        let ticket = app.ticket(&ada).await;
+        assert_eq!(
+            app.withdraw(&ada, &ticket, 10).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let mut raw = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+
+    let ticket = app.ticket(&ada).await;
+    let response = app.withdraw(&ada, &ticket, 10).await;
+    assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "lock-lost").await;
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 10).await).await;
+    assert_eq!(
+        (status, replayed, body["balance"].as_i64()),
+        (StatusCode::CREATED, false, Some(960))
+    );
+    app.assert_audit_clean().await;
+}
+
+/// Exactly one of DATABASE_URL and REDIS_URL refuses to start, saying why.
+#[tokio::test]
+async fn half_distributed_configuration_refuses_to_start() {
+    let shared = Shared::new(Backend::Distributed).await;
+    let mut config = shared.config(&[]);
+    config.redis_url = None;
+    let error = api::state::AppState::connect(&config).await.unwrap_err();
+    assert!(error.to_string().contains("REDIS_URL is not"), "{error}");
+}
+
+/// `payonce audit` exits 0 on a clean ledger and 1 (naming the rule) on a broken one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn audit_command_exits_nonzero_on_a_violation() {
+    let app = spawn_app(Backend::Distributed).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    app.withdraw(&ada, &ticket, 100).await;
+    let url = app.shared.database.url().to_owned();
+    let run = || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_payonce"))
+            .arg("audit")
+            .env("DATABASE_URL", &url)
+            .env_remove("REDIS_URL")
+            .output()
+            .unwrap()
+    };
+    let clean = run();
+    assert_eq!(
+        clean.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&clean.stderr)
+    );
+    assert!(String::from_utf8_lossy(&clean.stdout).contains("audit clean"));
+    app.shared
+        .database
+        .execute("UPDATE accounts SET balance = balance + 1")
+        .await
+        .unwrap();
+    let broken = run();
+    assert_eq!(broken.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&broken.stdout).contains("BalanceMatchesEntries"));
+}

@@ -1,0 +1,309 @@
+//! Starting real payonce servers on port-0 listeners for the tests, against a fresh
+//! database each (PostgreSQL + Redis, or embedded SQLite + in-process locks).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::config::{Cli, Config};
+use api::state::AppState;
+use clap::Parser;
+use ledger::testing::TestDatabase;
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+
+/// Which mode a test server runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// PostgreSQL + Redis.
+    Distributed,
+    /// SQLite + in-process locks.
+    Embedded,
+}
+
+/// The database and lock store a group of instances share.
+pub struct Shared {
+    pub backend: Backend,
+    pub database: TestDatabase,
+    pub redis_url: String,
+    pub namespace: String,
+}
+
+impl Shared {
+    pub async fn new(backend: Backend) -> Arc<Self> {
+        let database = match backend {
+            Backend::Distributed => TestDatabase::postgres().await.expect("a test database"),
+            Backend::Embedded => TestDatabase::sqlite().expect("a SQLite file"),
+        };
+        Arc::new(Self {
+            backend,
+            database,
+            redis_url: std::env::var("REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+            namespace: format!("test-{:016x}", rand_u64()),
+        })
+    }
+
+    /// A configuration for one instance; `extra` are more command-line flags.
+    pub fn config(&self, extra: &[&str]) -> Config {
+        let mut args = vec!["payonce".to_owned(), "--addr".into(), "127.0.0.1:0".into()];
+        match self.backend {
+            Backend::Distributed => {
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--redis-url".into(),
+                    self.redis_url.clone(),
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
+                ]);
+            }
+            Backend::Embedded => {
+                // The embedded mode keeps its own file in the test's temporary directory.
+                let path = self.database.url().trim_start_matches("sqlite:");
+                let dir = std::path::Path::new(path)
+                    .parent()
+                    .expect("a directory")
+                    .display()
+                    .to_string();
+                args.extend(["--data-dir".into(), dir]);
+            }
+        }
+        args.extend(extra.iter().map(|arg| (*arg).to_owned()));
+        let mut config = Cli::parse_from(args).config;
+        if self.backend == Backend::Embedded {
+            // The test command exports DATABASE_URL and REDIS_URL; the embedded mode is
+            // the one where neither is set.
+            config.database_url = None;
+            config.redis_url = None;
+        }
+        config
+    }
+}
+
+fn rand_u64() -> u64 {
+    uuid::Uuid::new_v4().as_u64_pair().0
+}
+
+/// A running server.
+pub struct TestApp {
+    pub address: String,
+    pub client: Client,
+    pub shared: Arc<Shared>,
+    pub state: AppState,
+    shutdown: Option<oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Drop for TestApp {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+    }
+}
+
+/// One server on a fresh database.
+pub async fn spawn_app(backend: Backend) -> TestApp {
+    spawn_with(Shared::new(backend).await, &[]).await
+}
+
+/// One server on a fresh database, with extra flags.
+pub async fn spawn_app_with(backend: Backend, extra: &[&str]) -> TestApp {
+    spawn_with(Shared::new(backend).await, extra).await
+}
+
+/// One more server on `shared`.
+pub async fn spawn_with(shared: Arc<Shared>, extra: &[&str]) -> TestApp {
+    let config = shared.config(extra);
+    spawn_config(shared, config).await
+}
+
+/// A server with exactly this configuration.
+pub async fn spawn_config(shared: Arc<Shared>, config: Config) -> TestApp {
+    let state = AppState::connect(&config)
+        .await
+        .expect("the service starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let address = format!("http://{}", listener.local_addr().expect("an address"));
+    let (shutdown, stop) = oneshot::channel::<()>();
+    let server = tokio::spawn(api::serve(
+        listener,
+        state.clone(),
+        config.request_timeout,
+        async move {
+            let _ = stop.await;
+        },
+    ));
+    TestApp {
+        address,
+        client: Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("a client"),
+        shared,
+        state,
+        shutdown: Some(shutdown),
+        server: Some(server),
+    }
+}
+
+/// An account as the tests use it.
+#[derive(Clone, Debug)]
+pub struct TestAccount {
+    pub id: String,
+    pub key: String,
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.address)
+    }
+
+    /// Stops the server and waits until it has finished in-flight requests.
+    pub async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(server) = self.server.take() {
+            server.await.expect("server task").expect("server result");
+        }
+    }
+
+    pub async fn create_account(&self, balance: i64, points: i64) -> TestAccount {
+        let response = self
+            .client
+            .post(self.url("/v1/accounts"))
+            .json(&json!({ "name": "test", "balance": balance, "points": points }))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        TestAccount {
+            id: body["id"].as_str().expect("id").to_owned(),
+            key: body["api_key"].as_str().expect("key").to_owned(),
+        }
+    }
+
+    pub async fn ticket(&self, account: &TestAccount) -> String {
+        let response = self
+            .client
+            .post(self.url(&format!("/v1/accounts/{}/tickets", account.id)))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        let body: Value = response.json().await.expect("json");
+        body["ticket_id"].as_str().expect("ticket").to_owned()
+    }
+
+    /// POSTs a spend (`withdrawals`, `deposits` or `lottery-draws`) with a JSON body.
+    pub async fn spend(
+        &self,
+        account: &TestAccount,
+        what: &str,
+        ticket: &str,
+        body: Value,
+    ) -> Response {
+        self.client
+            .post(self.url(&format!("/v1/accounts/{}/{what}", account.id)))
+            .bearer_auth(&account.key)
+            .header("idempotency-key", ticket)
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    pub async fn withdraw(&self, account: &TestAccount, ticket: &str, amount: i64) -> Response {
+        self.spend(account, "withdrawals", ticket, json!({ "amount": amount }))
+            .await
+    }
+
+    pub async fn balance(&self, account: &TestAccount) -> (i64, i64) {
+        let body: Value = self
+            .client
+            .get(self.url(&format!("/v1/accounts/{}", account.id)))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("json");
+        (
+            body["balance"].as_i64().expect("balance"),
+            body["points"].as_i64().expect("points"),
+        )
+    }
+
+    pub async fn assert_audit_clean(&self) {
+        let violations = self.state.ledger().audit().await.expect("audit runs");
+        assert!(violations.is_empty(), "{violations:#?}");
+    }
+
+    /// A metric's value from `/metrics` (summed over labels).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("request")
+            .text()
+            .await
+            .expect("text");
+        text.lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter(|line| {
+                line.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+/// Status, replay header and JSON body of a response.
+pub async fn read(response: Response) -> (StatusCode, bool, Value) {
+    let status = response.status();
+    let replayed = response
+        .headers()
+        .get("idempotent-replayed")
+        .is_some_and(|value| value == "true");
+    let body = response.json().await.unwrap_or(Value::Null);
+    (status, replayed, body)
+}
+
+/// Asserts a problem+json answer of this status and name.
+pub async fn assert_problem(response: Response, status: StatusCode, name: &str) -> Value {
+    assert_eq!(response.status(), status, "expected {status} {name}");
+    let content_type = response
+        .headers()
+        .get("content-type")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let retry_after = response.headers().get("retry-after").cloned();
+    let body: Value = response.json().await.expect("a JSON body");
+    assert_eq!(content_type, "application/problem+json", "{body}");
+    assert!(
+        body["type"]
+            .as_str()
+            .is_some_and(|kind| kind.ends_with(name)),
+        "expected type ending {name}: {body}"
+    );
+    assert_eq!(body["status"], status.as_u16(), "{body}");
+    assert!(
+        body["title"].is_string() && body["detail"].is_string(),
+        "{body}"
+    );
+    if status == StatusCode::CONFLICT || status == StatusCode::SERVICE_UNAVAILABLE {
+        assert!(retry_after.is_some(), "{status} without Retry-After");
+    }
+    body
+}

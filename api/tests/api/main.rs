@@ -1,0 +1,53 @@
+//! The HTTP contract of DESIGN.md, checked against real servers on port-0 listeners:
+//! PostgreSQL + Redis, and the embedded mode (SQLite + in-process locks).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod contract;
+mod distributed;
+mod helpers;
+mod openapi;
+
+/// Runs each listed contract case against both backends.
+macro_rules! both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres_and_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::Distributed).await;
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::Embedded).await;
+                }
+            )*
+        }
+    };
+}
+
+both_backends!(
+    accounts_open_with_a_key_shown_once,
+    account_reads_need_the_accounts_own_key,
+    entries_list_oldest_first_a_page_at_a_time,
+    tickets_show_their_state_and_stored_response,
+    spend_without_or_with_a_malformed_idempotency_key_is_400,
+    unknown_foreign_or_expired_tickets_are_refused,
+    first_request_executes_and_repeats_replay_it,
+    refusals_are_stored_and_a_failed_ticket_stays_failed,
+    lottery_draws_spend_points_and_replay_the_same_prize,
+    a_different_request_under_a_used_ticket_is_422,
+    validation_errors_store_nothing,
+    duplicate_of_a_running_request_waits_and_replays,
+    duplicate_past_the_wait_is_409_request_in_progress,
+    busy_account_is_409_account_busy,
+    hundred_concurrent_copies_execute_once,
+    concurrent_distinct_tickets_spend_exactly_the_balance,
+    paused_lock_holder_cannot_commit,
+    service_endpoints_answer,
+    unknown_routes_and_methods_are_problems,
+    graceful_shutdown_finishes_in_flight_requests,
+);

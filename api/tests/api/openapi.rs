@@ -1,0 +1,244 @@
+//! `/openapi.json` describes what the server really does: every route it serves is in the
+//! document, every documented operation is routed, the spends document every error status
+//! of the contract, and real response bodies fit their documented schemas.
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, spawn_app};
+
+fn schema<'a>(spec: &'a Value, reference: &Value) -> &'a Value {
+    let name = reference["$ref"]
+        .as_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap();
+    &spec["components"]["schemas"][name]
+}
+
+/// The documented response schema of an operation and status.
+fn response_schema<'a>(spec: &'a Value, path: &str, method: &str, status: u16) -> &'a Value {
+    let content = &spec["paths"][path][method]["responses"][status.to_string()]["content"];
+    let media = content.as_object().unwrap().values().next().unwrap();
+    schema(spec, &media["schema"])
+}
+
+/// Every required property is present, and every property present is documented (except
+/// on problems, which may carry extension members, as RFC 9457 allows).
+fn assert_fits(schema: &Value, body: &Value, what: &str) {
+    let object = body
+        .as_object()
+        .unwrap_or_else(|| panic!("{what}: not an object: {body}"));
+    for required in schema["required"].as_array().into_iter().flatten() {
+        let name = required.as_str().unwrap();
+        assert!(
+            object.contains_key(name),
+            "{what}: missing required {name}: {body}"
+        );
+    }
+    let properties = schema["properties"].as_object().unwrap();
+    if !properties.contains_key("detail") {
+        for key in object.keys() {
+            assert!(
+                properties.contains_key(key),
+                "{what}: undocumented property {key}: {body}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_matches_the_routes_and_the_bodies() {
+    let app = spawn_app(Backend::Embedded).await;
+    let spec: Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+
+    let contract = [
+        ("/v1/accounts", "post"),
+        ("/v1/accounts/{id}", "get"),
+        ("/v1/accounts/{id}/entries", "get"),
+        ("/v1/accounts/{id}/tickets", "post"),
+        ("/v1/tickets/{ticket_id}", "get"),
+        ("/v1/accounts/{id}/withdrawals", "post"),
+        ("/v1/accounts/{id}/deposits", "post"),
+        ("/v1/accounts/{id}/lottery-draws", "post"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ];
+    for (path, method) in contract {
+        assert!(
+            spec["paths"][path][method].is_object(),
+            "{method} {path} is not documented"
+        );
+    }
+
+    // Every documented operation is routed: asked with dummy ids it may be refused, but
+    // never as an unknown route or a wrong method.
+    for (path, operations) in spec["paths"].as_object().unwrap() {
+        let concrete = path
+            .replace("{id}", &uuid::Uuid::new_v4().to_string())
+            .replace("{ticket_id}", &uuid::Uuid::new_v4().to_string())
+            .replace("{name}", "not-found");
+        for method in operations.as_object().unwrap().keys() {
+            let method = Method::from_bytes(method.to_uppercase().as_bytes()).unwrap();
+            let response = app
+                .client
+                .request(method.clone(), app.url(&concrete))
+                .send()
+                .await
+                .unwrap();
+            let status = response.status();
+            let body: Value = response.json().await.unwrap_or(Value::Null);
+            assert_ne!(status, StatusCode::METHOD_NOT_ALLOWED, "{method} {path}");
+            assert_ne!(
+                body["detail"], "no such resource",
+                "{method} {path} is documented but not routed"
+            );
+        }
+    }
+
+    for spend in ["withdrawals", "deposits", "lottery-draws"] {
+        let responses = &spec["paths"][format!("/v1/accounts/{{id}}/{spend}")]["post"]["responses"];
+        for status in [201, 400, 401, 403, 404, 409, 410, 413, 415, 422, 503] {
+            assert!(
+                responses[status.to_string()].is_object(),
+                "{spend} does not document {status}"
+            );
+        }
+    }
+    for spend in ["withdrawals", "lottery-draws"] {
+        assert!(
+            spec["paths"][format!("/v1/accounts/{{id}}/{spend}")]["post"]["responses"]["402"]
+                .is_object()
+        );
+    }
+
+    // Real bodies against their schemas.
+    let created = app
+        .client
+        .post(app.url("/v1/accounts"))
+        .json(&json!({ "name": "Ada", "balance": 100, "points": 3 }))
+        .send()
+        .await
+        .unwrap();
+    let created: Value = created.json().await.unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts", "post", 201),
+        &created,
+        "created account",
+    );
+    let account = crate::helpers::TestAccount {
+        id: created["id"].as_str().unwrap().to_owned(),
+        key: created["api_key"].as_str().unwrap().to_owned(),
+    };
+    let body: Value = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}", "get", 200),
+        &body,
+        "account",
+    );
+    let issued: Value = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/tickets", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}/tickets", "post", 201),
+        &issued,
+        "ticket",
+    );
+    let ticket = issued["ticket_id"].as_str().unwrap();
+    let moved: Value = app
+        .withdraw(&account, ticket, 10)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}/withdrawals", "post", 201),
+        &moved,
+        "withdrawal",
+    );
+    let draw_ticket = app.ticket(&account).await;
+    let drawn: Value = app
+        .spend(&account, "lottery-draws", &draw_ticket, json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}/lottery-draws", "post", 201),
+        &drawn,
+        "draw",
+    );
+    let view: Value = app
+        .client
+        .get(app.url(&format!("/v1/tickets/{ticket}")))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/tickets/{ticket_id}", "get", 200),
+        &view,
+        "ticket view",
+    );
+    let page: Value = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}/entries", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200),
+        &page,
+        "entries",
+    );
+    let entry_schema = schema(
+        &spec,
+        &response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200)["properties"]["entries"]["items"],
+    );
+    assert_fits(entry_schema, &page["entries"][0], "entry");
+    let broke = app.ticket(&account).await;
+    let refused: Value = app
+        .withdraw(&account, &broke, 1_000_000)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_fits(
+        response_schema(&spec, "/v1/accounts/{id}/withdrawals", "post", 402),
+        &refused,
+        "402",
+    );
+}
