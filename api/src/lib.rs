@@ -23,6 +23,7 @@ pub mod state;
 
 use std::future::Future;
 
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -39,6 +40,12 @@ pub async fn serve(
     let stopping = CancellationToken::new();
     let reaper = tokio::spawn(reap(state.clone(), stopping.clone()));
     let app = routes::app(state, request_timeout);
+    // Answers are small and latency matters: no Nagle delay on client sockets.
+    let listener = listener.tap_io(|socket| {
+        if let Err(error) = socket.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
+    });
     let served = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await;

@@ -12,6 +12,6 @@ pub(crate) fn generate() -> String {
 
 /// What the database stores and looks keys up by. A fast hash is enough: the key has 256
 /// bits of entropy, so there is nothing to brute-force.
-pub(crate) fn hash(key: &str) -> Vec<u8> {
-    Sha256::digest(key.as_bytes()).to_vec()
+pub(crate) fn hash(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
 }

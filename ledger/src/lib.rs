@@ -86,11 +86,31 @@ pub struct Reaped {
     pub pruned_outcomes: u64,
 }
 
-/// The ledger. Cheap to clone; clones share one connection pool.
+/// The ledger. Cheap to clone; clones share one connection pool and one key cache.
 #[derive(Clone, Debug)]
 pub struct Ledger {
     store: Arc<dyn Store>,
     database: &'static str,
+    /// API key hash → account. Keys never change and accounts are never deleted, so an
+    /// entry can never go stale; this saves a query on every authenticated request.
+    /// Unknown keys are not cached.
+    keys: moka::sync::Cache<[u8; 32], AccountId>,
+}
+
+/// A pooled PostgreSQL connection idle longer than this is pinged before it is used.
+const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
+
+/// How many API keys each instance remembers.
+const KEY_CACHE_CAPACITY: u64 = 100_000;
+
+impl Ledger {
+    fn with_store(store: Arc<dyn Store>, database: &'static str) -> Self {
+        Self {
+            store,
+            database,
+            keys: moka::sync::Cache::new(KEY_CACHE_CAPACITY),
+        }
+    }
 }
 
 impl Ledger {
@@ -111,13 +131,23 @@ impl Ledger {
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
+            // Pinging every connection before use would add a round trip to every
+            // statement; only a connection that sat idle long enough to have been cut
+            // (a database restart, a proxy timeout) is checked first. A broken one that
+            // slips through fails its request with 503, which is safe to retry.
+            .test_before_acquire(false)
+            .before_acquire(|connection, meta| {
+                Box::pin(async move {
+                    if meta.idle_for < IDLE_BEFORE_PING {
+                        return Ok(true);
+                    }
+                    Ok(sqlx::Connection::ping(connection).await.is_ok())
+                })
+            })
             .connect_with(connect)
             .await?;
         POSTGRES_MIGRATIONS.run(&pool).await?;
-        Ok(Self {
-            store: Arc::new(SqlStore { pool }),
-            database: "postgres",
-        })
+        Ok(Self::with_store(Arc::new(SqlStore { pool }), "postgres"))
     }
 
     /// Opens (creating if needed) a SQLite ledger file and applies the migrations.
@@ -143,10 +173,7 @@ impl Ledger {
             .connect_with(connect)
             .await?;
         SQLITE_MIGRATIONS.run(&pool).await?;
-        Ok(Self {
-            store: Arc::new(SqlStore { pool }),
-            database: "sqlite",
-        })
+        Ok(Self::with_store(Arc::new(SqlStore { pool }), "sqlite"))
     }
 
     /// `"postgres"` or `"sqlite"`.
@@ -158,16 +185,26 @@ impl Ledger {
     /// not stored and cannot be shown again.
     pub async fn create_account(&self, new: &NewAccount) -> Result<(Account, String), LedgerError> {
         let key = api_key::generate();
+        let hash = api_key::hash(&key);
         let account = self
             .store
-            .create_account(new, api_key::hash(&key), Timestamp::now())
+            .create_account(new, hash.to_vec(), Timestamp::now())
             .await?;
+        self.keys.insert(hash, account.id);
         Ok((account, key))
     }
 
     /// The account an API key belongs to, if any.
     pub async fn authenticate(&self, api_key: &str) -> Result<Option<AccountId>, LedgerError> {
-        self.store.authenticate(api_key::hash(api_key)).await
+        let hash = api_key::hash(api_key);
+        if let Some(account) = self.keys.get(&hash) {
+            return Ok(Some(account));
+        }
+        let found = self.store.authenticate(hash.to_vec()).await?;
+        if let Some(account) = found {
+            self.keys.insert(hash, account);
+        }
+        Ok(found)
     }
 
     /// An account.

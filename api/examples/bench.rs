@@ -1,0 +1,302 @@
+//! Withdrawals per second through one payonce instance on PostgreSQL + Redis, printed
+//! beside pgbench running the bare SQL of a withdrawal in the same run.
+//!
+//! ```text
+//! cargo run --release -p api --example bench -- --connections 32 --seconds 15 --rounds 3
+//! ```
+//!
+//! The bench starts one payonce server in this process (release build, distributed mode,
+//! a database of its own, a Redis namespace of its own), opens 1,000 accounts through the
+//! API, and issues tickets in bulk (the fixture; issuing is not what is measured). Each
+//! round then runs pgbench with `ledger/bench/withdraw.sql` (one conditional UPDATE plus
+//! one INSERT per transaction, 32 clients) and `wrk` (32 connections, 2 threads) sending
+//! withdrawals of 1, each with its own ticket, through HTTP: authentication, ticket
+//! lookup, the account lock, the ledger transaction, release. Needs `wrk` and `pgbench`.
+
+use std::process::Command;
+use std::str::FromStr;
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// wrk connections and pgbench clients.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 15)]
+    seconds: u64,
+    /// Rounds; the summary gives medians.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
+    /// Accounts the withdrawals spread over.
+    #[arg(long, default_value_t = 1000)]
+    accounts: usize,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+}
+
+struct Round {
+    withdrawals_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    pgbench_tps: f64,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
+    let mut admin = PgConnection::connect(&args.database_url).await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .execute(&mut admin)
+        .await?;
+    let mut url = url::Url::parse(&args.database_url)?;
+    url.set_path(&format!("/{name}"));
+    let url = url.to_string();
+    println!(
+        "api bench: connections={} seconds={} rounds={} accounts={} database={name}",
+        args.connections, args.seconds, args.rounds, args.accounts
+    );
+    let result = run(&args, &url).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+    )))
+    .execute(&mut admin)
+    .await?;
+    result
+}
+
+async fn run(args: &Args, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+    let cli = api::config::Cli::parse_from([
+        "payonce",
+        "--database-url",
+        url,
+        "--redis-url",
+        &args.redis_url,
+        "--redis-namespace",
+        &format!("bench-{}", Uuid::new_v4().simple()),
+        "--db-max-connections",
+        "32",
+    ]);
+    let config = cli.config;
+    let state = api::state::AppState::connect(&config).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let address = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(api::serve(
+        listener,
+        state,
+        config.request_timeout,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+
+    let accounts = open_accounts(&address, args.accounts).await?;
+    let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        let pgbench_tps = pgbench(url, args)?;
+        println!("round {round}: pgbench bare SQL {pgbench_tps:.0} tx/s");
+        let tickets = issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000).await?;
+        let measured = wrk(&address, &tickets, args)?;
+        println!(
+            "round {round}: payonce {:.0} withdrawals/s, p50 {:.1} ms, p99 {:.1} ms (ratio {:.2})",
+            measured.withdrawals_per_sec,
+            measured.p50_ms,
+            measured.p99_ms,
+            measured.withdrawals_per_sec / pgbench_tps
+        );
+        rounds.push(Round {
+            pgbench_tps,
+            ..measured
+        });
+    }
+    let _ = stop.send(());
+    server.await??;
+
+    let median = |pick: fn(&Round) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let ours = median(|r| r.withdrawals_per_sec);
+    let theirs = median(|r| r.pgbench_tps);
+    println!("summary (medians over {} rounds):", args.rounds);
+    println!(
+        "  payonce HTTP withdrawals {ours:>7.0}/s   p50 {:.1} ms   p99 {:.1} ms (target <= 50 ms)",
+        median(|r| r.p50_ms),
+        median(|r| r.p99_ms)
+    );
+    println!(
+        "  pgbench bare SQL         {theirs:>7.0}/s   ratio {:.2} (target >= 0.4)",
+        ours / theirs
+    );
+    Ok(())
+}
+
+/// Accounts with balances no bench can exhaust: (id, key).
+async fn open_accounts(
+    address: &str,
+    count: usize,
+) -> Result<Vec<(Uuid, String)>, Box<dyn std::error::Error>> {
+    let client = reqwest::Client::new();
+    let mut accounts = Vec::with_capacity(count);
+    for chunk in 0..count.div_ceil(32) {
+        let requests = (0..32.min(count - chunk * 32)).map(|_| {
+            client
+                .post(format!("{address}/v1/accounts"))
+                .json(&json!({ "name": "bench", "balance": 1_000_000_000_000_000_i64 }))
+                .send()
+        });
+        for response in futures::future::join_all(requests).await {
+            let body: Value = response?.json().await?;
+            let id = Uuid::from_str(body["id"].as_str().ok_or("no id")?)?;
+            accounts.push((id, body["api_key"].as_str().ok_or("no key")?.to_owned()));
+        }
+    }
+    Ok(accounts)
+}
+
+/// Tickets inserted straight into the ledger's table, spread over the accounts.
+async fn issue_tickets(
+    raw: &sqlx::PgPool,
+    accounts: &[(Uuid, String)],
+    count: usize,
+) -> Result<Vec<(Uuid, String, Uuid)>, Box<dyn std::error::Error>> {
+    let tickets: Vec<(Uuid, String, Uuid)> = (0..count)
+        .map(|_| {
+            let (account, key) = &accounts[rand_index(accounts.len())];
+            (*account, key.clone(), Uuid::new_v4())
+        })
+        .collect();
+    for chunk in tickets.chunks(10_000) {
+        let ids: Vec<Uuid> = chunk.iter().map(|t| t.2).collect();
+        let owners: Vec<Uuid> = chunk.iter().map(|t| t.0).collect();
+        sqlx::query(
+            "INSERT INTO tickets (id, account_id, created_at, expires_at)
+             SELECT id, account_id, now(), now() + interval '1 day'
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS t (id, account_id)",
+        )
+        .bind(ids)
+        .bind(owners)
+        .execute(raw)
+        .await?;
+    }
+    Ok(tickets)
+}
+
+fn rand_index(len: usize) -> usize {
+    (Uuid::new_v4().as_u128() % len as u128) as usize
+}
+
+fn wrk(
+    address: &str,
+    tickets: &[(Uuid, String, Uuid)],
+    args: &Args,
+) -> Result<Round, Box<dyn std::error::Error>> {
+    let file = std::env::temp_dir().join(format!("payonce-bench-{}.txt", Uuid::new_v4().simple()));
+    let lines: String = tickets
+        .iter()
+        .map(|(account, key, ticket)| format!("{account} {key} {ticket}\n"))
+        .collect();
+    std::fs::write(&file, lines)?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/withdraw.lua");
+    let output = Command::new("wrk")
+        .args([
+            "-t",
+            "2",
+            "-c",
+            &args.connections.to_string(),
+            "-d",
+            &format!("{}s", args.seconds),
+        ])
+        .args(["--timeout", "10s", "-s", script, address, "--"])
+        .arg(&file)
+        .arg("2")
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let output =
+        output.map_err(|error| format!("cannot run wrk ({error}): apt-get install wrk"))?;
+    let stdout = String::from_utf8(output.stdout)?;
+    let value = |name: &str| -> Result<f64, Box<dyn std::error::Error>> {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .ok_or_else(|| {
+                format!(
+                    "wrk printed no {name}:\n{stdout}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+                .into()
+            })
+    };
+    let created = value("created")?;
+    if value("other")? > 0.0 {
+        return Err(format!("some withdrawals failed or tickets ran out:\n{stdout}").into());
+    }
+    Ok(Round {
+        withdrawals_per_sec: created / Duration::from_secs(args.seconds).as_secs_f64(),
+        p50_ms: value("latency_p50_us")? / 1000.0,
+        p99_ms: value("latency_p99_us")? / 1000.0,
+        pgbench_tps: 0.0,
+    })
+}
+
+fn pgbench(url: &str, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
+    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/../ledger/bench");
+    let setup = Command::new("psql")
+        .args([
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            &format!("accounts={}", args.accounts),
+        ])
+        .args(["-f", &format!("{bench}/schema.sql"), url])
+        .output()?;
+    if !setup.status.success() {
+        return Err(format!("psql: {}", String::from_utf8_lossy(&setup.stderr)).into());
+    }
+    let output = Command::new("pgbench")
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &args.connections.to_string(),
+            "-j",
+            "2",
+        ])
+        .args([
+            "-T",
+            &args.seconds.to_string(),
+            "-D",
+            &format!("accounts={}", args.accounts),
+        ])
+        .args(["-f", &format!("{bench}/withdraw.sql"), url])
+        .output()?;
+    let stdout = String::from_utf8(output.stdout)?;
+    stdout
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("tps = ")?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .ok_or_else(|| format!("pgbench printed no tps: {stdout}").into())
+}
