@@ -17,6 +17,12 @@ install() {
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "$@" >/dev/null
 }
 
+# --- Tools the tests use ----------------------------------------------------------
+# curl and jq run the README's walkthrough; psql drops old test databases.
+for tool in curl jq; do
+  command -v "$tool" >/dev/null || install "$tool"
+done
+
 # --- Redis -------------------------------------------------------------------
 command -v redis-server >/dev/null || install redis-server
 if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
@@ -34,6 +40,7 @@ redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null
 if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
   install postgresql postgresql-contrib
 fi
+command -v pgbench >/dev/null || install postgresql-contrib
 version=$(ls /etc/postgresql | sort -V | tail -n 1)
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start

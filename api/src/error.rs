@@ -369,4 +369,9 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The request took longer than the server allows. Retry with the same ticket: a spend executes at most once.",
     ),
     ("internal-error", 500, "A bug. It has been logged."),
+    (
+        "not-ready",
+        503,
+        "From /readyz: the database or the lock store does not answer.",
+    ),
 ];

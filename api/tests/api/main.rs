@@ -6,6 +6,7 @@ mod contract;
 mod distributed;
 mod helpers;
 mod openapi;
+mod readme;
 
 /// Runs each listed contract case against both backends.
 macro_rules! both_backends {

@@ -1,0 +1,82 @@
+//! The README stays true: its walkthrough runs as written, and its tables name every
+//! setting and every problem the code has.
+
+use api::config::Cli;
+use api::error::EXPLANATIONS;
+use clap::CommandFactory;
+
+use crate::helpers::{Backend, spawn_app};
+
+const README: &str = include_str!("../../../README.md");
+
+fn walkthrough() -> &'static str {
+    let start = README
+        .find("<!-- walkthrough:start -->")
+        .expect("start marker");
+    let end = README.find("<!-- walkthrough:end -->").expect("end marker");
+    let block = &README[start..end];
+    let code = block.find("```sh\n").expect("a sh block") + "```sh\n".len();
+    let close = block[code..].find("```").expect("closing fence") + code;
+    &block[code..close]
+}
+
+/// Every command of the walkthrough succeeds against a fresh server and shows what it
+/// says it shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_walkthrough_runs_as_written() {
+    let app = spawn_app(Backend::Embedded).await;
+    let script = walkthrough();
+    assert!(script.contains("PAYONCE=http://127.0.0.1:8080\n"));
+    let script = script.replace(
+        "PAYONCE=http://127.0.0.1:8080\n",
+        &format!("PAYONCE={}\n", app.address),
+    );
+    let output = tokio::process::Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &script])
+        .output()
+        .await
+        .expect("bash runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for shown in [
+        "idempotent-replayed: true",
+        "\"balance\":700",
+        "/problems/idempotency-key-reuse",
+        "/problems/insufficient-funds",
+        "/problems/idempotency-key-missing",
+        "\"kind\": \"lottery_draw\"",
+        "payonce_replays_total",
+        "/v1/accounts/{id}/withdrawals",
+    ] {
+        assert!(
+            stdout.contains(shown),
+            "the walkthrough does not show {shown}:\n{stdout}"
+        );
+    }
+}
+
+/// The configuration table lists every environment variable the binary reads, and the
+/// error table every problem name.
+#[test]
+fn the_tables_list_every_setting_and_problem() {
+    let command = Cli::command();
+    for argument in command.get_arguments() {
+        if let Some(env) = argument.get_env() {
+            let name = env.to_string_lossy();
+            assert!(
+                README.contains(&format!("| `{name}` |")),
+                "README's configuration table lacks {name}"
+            );
+        }
+    }
+    for (name, status, _) in EXPLANATIONS {
+        assert!(
+            README.contains(&format!("| {status} | `{name}` |")),
+            "README's error table lacks {status} {name}"
+        );
+    }
+}
