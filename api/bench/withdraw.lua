@@ -1,4 +1,4 @@
--- wrk script for `cargo run --release -p api --example bench`: every request is a
+-- wrk script for `cargo run --release -p api --example http_bench`: every request is a
 -- withdrawal of 1 with its own pre-issued ticket. The bench writes the tickets to a file,
 -- one "<account id> <api key> <ticket id>" per line; thread i of n takes lines i, i+n, ...
 -- Counts answers by status, so only 201s count as withdrawals.

@@ -1,4 +1,4 @@
--- pgbench baseline for `cargo run --release -p ledger --example bench`: the bare SQL of a
+-- pgbench baseline for `cargo run --release -p ledger --example apply_bench`: the bare SQL of a
 -- withdrawal — one conditional UPDATE and one INSERT per transaction — on tables shaped
 -- like the ledger's (see bench/schema.sql). Variable: accounts (how many to spread over).
 \set aid random(1, :accounts)

@@ -289,4 +289,9 @@ impl Ledger {
     pub async fn ping(&self) -> Result<(), LedgerError> {
         self.store.ping().await
     }
+
+    /// Closes the connections (after in-flight work finishes).
+    pub async fn close(&self) {
+        self.store.close().await;
+    }
 }

@@ -127,6 +127,7 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         batch: i64,
     ) -> Result<(u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
+    async fn close(&self);
 }
 
 /// The ledger's tables in one database.
@@ -858,6 +859,10 @@ where
     async fn ping(&self) -> Result<(), LedgerError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    async fn close(&self) {
+        self.pool.close().await;
     }
 }
 

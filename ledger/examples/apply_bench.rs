@@ -3,13 +3,15 @@
 //! and one INSERT per transaction, on tables shaped like the ledger's) in the same run.
 //!
 //! ```text
-//! cargo run --release -p ledger --example bench -- --tasks 32 --seconds 15 --rounds 3
+//! cargo run --release -p ledger --example apply_bench -- --tasks 32 --seconds 15 --rounds 3
 //! ```
 //!
 //! Two workloads: withdrawals spread over 10,000 accounts, and over 10 hot accounts. Each
-//! round runs pgbench, then the ledger, on a database of the bench's own (dropped at the end).
-//! `apply` is called with one fencing token per round: without the lock, tasks share the
-//! hot accounts, and the bench measures the ledger's transaction, not lock hand-offs.
+//! round makes a fresh database, sets up both sides (accounts through the ledger, tickets
+//! in bulk, pgbench's tables), vacuums, and runs pgbench and the ledger one after the
+//! other, in alternating order. `apply` is called with one fencing token: without the lock,
+//! tasks share the hot accounts, and the bench measures the ledger's transaction, not
+//! lock hand-offs.
 
 use std::process::Command;
 use std::str::FromStr;
@@ -54,67 +56,84 @@ fn render(execution: &Execution<'_>) -> Value {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let admin = PgConnectOptions::from_str(&args.database_url)?;
-    let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
-    let mut admin_connection = PgConnection::connect_with(&admin).await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin_connection)
-        .await?;
-    let mut url = url::Url::parse(&args.database_url)?;
-    url.set_path(&format!("/{name}"));
-    let url = url.to_string();
     println!(
-        "ledger bench: tasks={} seconds={} rounds={} database={name}",
+        "ledger bench: tasks={} seconds={} rounds={}",
         args.tasks, args.seconds, args.rounds
     );
-
-    let result = run(&args, &url).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin_connection)
-    .await?;
-    result
+    let mut admin =
+        PgConnection::connect_with(&PgConnectOptions::from_str(&args.database_url)?).await?;
+    let mut summary = Vec::new();
+    for (label, accounts) in [("10,000 accounts", 10_000_usize), ("10 hot accounts", 10)] {
+        let mut ours = Vec::new();
+        let mut theirs = Vec::new();
+        let mut ratios = Vec::new();
+        for round in 1..=args.rounds {
+            // A fresh database each round, so neither side inherits the other's (or an
+            // earlier round's) tables, bloat or checkpoint debt.
+            let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
+            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+                .execute(&mut admin)
+                .await?;
+            let mut url = url::Url::parse(&args.database_url)?;
+            url.set_path(&format!("/{name}"));
+            let result = run_round(&args, url.as_str(), accounts, round).await;
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+            )))
+            .execute(&mut admin)
+            .await?;
+            let (rate, baseline) = result?;
+            println!(
+                "round {round}, {label}: ledger apply {rate:.0} applies/s, pgbench {baseline:.0} tx/s, ratio {:.2}",
+                rate / baseline
+            );
+            ours.push(rate);
+            theirs.push(baseline);
+            ratios.push(rate / baseline);
+        }
+        summary.push((label, median(ours), median(theirs), median(ratios)));
+    }
+    println!(
+        "summary (medians over {} rounds; target ratio >= 0.6):",
+        args.rounds
+    );
+    for (label, ours, theirs, ratio) in summary {
+        println!(
+            "  {label:<16} ledger apply {ours:>7.0} applies/s   pgbench bare SQL {theirs:>7.0} tx/s   ratio {ratio:.2}"
+        );
+    }
+    Ok(())
 }
 
-async fn run(args: &Args, url: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// One round on a fresh database: set both sides up, vacuum, then measure them one after
+/// the other — pgbench first in odd rounds, the ledger first in even ones.
+async fn run_round(
+    args: &Args,
+    url: &str,
+    accounts: usize,
+    round: usize,
+) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let options = LedgerOptions {
         max_connections: u32::try_from(args.tasks)?,
         ..LedgerOptions::default()
     };
     let ledger = Ledger::open_postgres(url, &options).await?;
     let raw = PgPoolOptions::new().max_connections(4).connect(url).await?;
-    let mut summary = Vec::new();
-    let mut token = 0_u64;
-    for (label, accounts) in [("10,000 accounts", 10_000_usize), ("10 hot accounts", 10)] {
-        let ids = create_accounts(&ledger, accounts, args.tasks).await?;
-        let mut ours = Vec::new();
-        let mut theirs = Vec::new();
-        for round in 1..=args.rounds {
-            let baseline = pgbench(url, accounts, args)?;
-            println!("round {round}, {label}: pgbench {baseline:.0} tx/s");
-            token += 1;
-            let rate = measure(&ledger, &raw, &ids, args, token).await?;
-            println!(
-                "round {round}, {label}: ledger apply {rate:.0} applies/s (ratio {:.2})",
-                rate / baseline
-            );
-            ours.push(rate);
-            theirs.push(baseline);
-        }
-        summary.push((label, median(ours), median(theirs)));
-    }
-    println!(
-        "summary (medians over {} rounds; target ratio >= 0.6):",
-        args.rounds
-    );
-    for (label, ours, theirs) in summary {
-        println!(
-            "  {label:<16} ledger apply {ours:>7.0} applies/s   pgbench bare SQL {theirs:>7.0} tx/s   ratio {:.2}",
-            ours / theirs
-        );
-    }
-    Ok(())
+    let ids = create_accounts(&ledger, accounts, args.tasks).await?;
+    // More tickets than the fastest run seen could use.
+    let tickets = issue_tickets(&raw, &ids, (args.seconds * 12_000.0) as usize).await?;
+    pgbench_tables(url, accounts)?;
+    sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
+    let result = if round % 2 == 1 {
+        let baseline = pgbench(url, accounts, args)?;
+        (measure(&ledger, tickets, args).await?, baseline)
+    } else {
+        let rate = measure(&ledger, tickets, args).await?;
+        (rate, pgbench(url, accounts, args)?)
+    };
+    raw.close().await;
+    ledger.close().await;
+    Ok(result)
 }
 
 async fn create_accounts(
@@ -175,13 +194,10 @@ async fn issue_tickets(
 
 async fn measure(
     ledger: &Ledger,
-    raw: &sqlx::PgPool,
-    accounts: &[AccountId],
+    tickets: Vec<(TicketId, AccountId)>,
     args: &Args,
-    token: u64,
 ) -> Result<f64, Box<dyn std::error::Error>> {
-    // More tickets than the fastest run seen could use.
-    let tickets = Arc::new(issue_tickets(raw, accounts, (args.seconds * 12_000.0) as usize).await?);
+    let tickets = Arc::new(tickets);
     let next = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -208,7 +224,7 @@ async fn measure(
                         account_id,
                         operation: amount,
                         fingerprint: "POST withdrawal 1",
-                        fencing_token: token,
+                        fencing_token: 1,
                     };
                     let applied = ledger.apply(request, &render).await?;
                     if applied.response.status != 201 {
@@ -228,8 +244,9 @@ async fn measure(
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
 }
 
-fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
-    let bench = concat!(env!("CARGO_MANIFEST_DIR"), "/bench");
+const BENCH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench");
+
+fn pgbench_tables(url: &str, accounts: usize) -> Result<(), Box<dyn std::error::Error>> {
     let setup = Command::new("psql")
         .args([
             "-q",
@@ -238,11 +255,15 @@ fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::
             "-v",
             &format!("accounts={accounts}"),
         ])
-        .args(["-f", &format!("{bench}/schema.sql"), url])
+        .args(["-f", &format!("{BENCH}/schema.sql"), url])
         .output()?;
     if !setup.status.success() {
         return Err(format!("psql: {}", String::from_utf8_lossy(&setup.stderr)).into());
     }
+    Ok(())
+}
+
+fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
     let output = Command::new("pgbench")
         .args([
             "-n",
@@ -255,7 +276,7 @@ fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::
         ])
         .args(["-T", &format!("{}", args.seconds.ceil() as u64)])
         .args(["-D", &format!("accounts={accounts}")])
-        .args(["-f", &format!("{bench}/withdraw.sql"), url])
+        .args(["-f", &format!("{BENCH}/withdraw.sql"), url])
         .output()?;
     let stdout = String::from_utf8(output.stdout)?;
     stdout
