@@ -1,6 +1,183 @@
-//! The load generator and auditor. (Being built; see the issue tracker.)
+//! `loadtest`: drive payonce instances with spends, duplicates and races, then audit.
+//!
+//! Exit codes: 0 the audit passed, 1 it found violations (each printed), 2 the run could
+//! not be carried out.
 
-fn main() {
-    eprintln!("loadtest: not built yet");
-    std::process::exit(2);
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use loadtest::run::{Limit, RunOptions};
+use loadtest::{healthz, report, run, safety};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "loadtest",
+    about = "Load-test payonce and prove nothing was spent twice.",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// GET /healthz as fast as the clients can: the generator's own speed.
+    Healthz(HealthzArgs),
+}
+
+fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
+    humantime::parse_duration(text)
+}
+
+fn fraction(text: &str) -> Result<f64, String> {
+    let value: f64 = text.parse().map_err(|error| format!("{error}"))?;
+    if (0.0..=1.0).contains(&value) {
+        Ok(value)
+    } else {
+        Err(format!("{value} is not between 0 and 1"))
+    }
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    /// Base URLs of the instances, comma-separated.
+    #[arg(long, value_delimiter = ',', required = false)]
+    targets: Vec<String>,
+    /// Accounts to open and spread the spends over.
+    #[arg(long, default_value_t = 20)]
+    accounts: usize,
+    /// Concurrent clients.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// Run this long (e.g. 30s).
+    #[arg(long, value_parser = duration, conflicts_with = "requests")]
+    duration: Option<Duration>,
+    /// Or send this many spends (duplicates come on top).
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Write the JSON report (counts, latency, throughput, metrics, violations, history).
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Where to draw the chart (SVG).
+    #[arg(long, default_value = "loadtest-chart.svg")]
+    chart: PathBuf,
+    /// Fraction of spends sent twice at once (to another target) and again later.
+    #[arg(long, default_value = "0.3", value_parser = fraction)]
+    duplicates: f64,
+    /// Fraction of duplicated spends also sent later with a changed amount (must be 422).
+    #[arg(long, default_value = "0.2", value_parser = fraction)]
+    changed: f64,
+    /// Allow targets that are not loopback addresses.
+    #[arg(long)]
+    allow_remote: bool,
+    /// No progress bar.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+#[derive(Args, Debug)]
+struct HealthzArgs {
+    /// Base URLs, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    targets: Vec<String>,
+    /// Concurrent connections.
+    #[arg(long, default_value_t = 32)]
+    clients: usize,
+    /// How long.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    duration: Duration,
+    /// Allow targets that are not loopback addresses.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Healthz(args)) => healthz_command(args).await,
+        None => run_command(cli.run).await,
+    }
+}
+
+async fn run_command(args: RunArgs) -> ExitCode {
+    let limit = match (args.duration, args.requests) {
+        (Some(duration), None) => Limit::Duration(duration),
+        (None, Some(requests)) => Limit::Requests(requests),
+        _ => {
+            eprintln!("loadtest: give --duration or --requests (the run must be bounded)");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(error) = safety::check_targets(&args.targets, args.allow_remote) {
+        eprintln!("loadtest: {error}");
+        return ExitCode::from(2);
+    }
+    if args.accounts == 0 || args.clients == 0 {
+        eprintln!("loadtest: --accounts and --clients must be at least 1");
+        return ExitCode::from(2);
+    }
+    let options = RunOptions {
+        targets: args.targets,
+        accounts: args.accounts,
+        clients: args.clients,
+        limit,
+        duplicate_fraction: args.duplicates,
+        changed_fraction: args.changed,
+        progress: !args.no_progress,
+    };
+    let result = match run::run(options).await {
+        Ok(result) => result,
+        Err(error) => {
+            eprintln!("loadtest: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = report::print_summary(&result, &mut stdout) {
+        eprintln!("loadtest: {error}");
+    }
+    if let Some(path) = &args.report {
+        match report::write_json(&result, path) {
+            Ok(()) => println!("report: {}", path.display()),
+            Err(error) => eprintln!("loadtest: cannot write the report: {error}"),
+        }
+    }
+    match report::draw_chart(&result, &args.chart) {
+        Ok(()) => println!("chart: {}", args.chart.display()),
+        Err(error) => eprintln!("loadtest: cannot draw the chart: {error}"),
+    }
+    if result.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+async fn healthz_command(args: HealthzArgs) -> ExitCode {
+    if let Err(error) = safety::check_targets(&args.targets, args.allow_remote) {
+        eprintln!("loadtest: {error}");
+        return ExitCode::from(2);
+    }
+    match healthz::hammer(args.targets, args.clients, args.duration).await {
+        Ok(load) => {
+            println!(
+                "ok {} failed {} in {:.1} s",
+                load.ok,
+                load.failed,
+                load.elapsed.as_secs_f64()
+            );
+            println!("requests/s: {:.0}", load.rate());
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("loadtest: {error}");
+            ExitCode::from(2)
+        }
+    }
 }

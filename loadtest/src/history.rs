@@ -1,0 +1,182 @@
+//! What the load test saw: every account it opened and every spend attempt it sent, with
+//! the answer. The auditor judges this record against the final state of the ledger.
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// An account the run opened.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AccountRecord {
+    /// Its id.
+    pub id: String,
+    /// Its API key (never written to the report).
+    #[serde(skip_serializing, default)]
+    pub key: String,
+    /// The balance it was opened with.
+    pub opening_balance: i64,
+    /// The points it was opened with.
+    pub opening_points: i64,
+}
+
+/// What a spend does.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum SpendKind {
+    /// `POST …/withdrawals`; the amount is money.
+    Withdrawal,
+    /// `POST …/deposits`; the amount is money.
+    Deposit,
+    /// `POST …/lottery-draws`; the amount is points.
+    LotteryDraw,
+}
+
+impl SpendKind {
+    /// The path segment.
+    pub fn path(self) -> &'static str {
+        match self {
+            Self::Withdrawal => "withdrawals",
+            Self::Deposit => "deposits",
+            Self::LotteryDraw => "lottery-draws",
+        }
+    }
+
+    /// The request body for an amount (money, or points for a draw).
+    pub fn body(self, amount: i64) -> Value {
+        match self {
+            Self::Withdrawal | Self::Deposit => serde_json::json!({ "amount": amount }),
+            Self::LotteryDraw => serde_json::json!({ "points": amount }),
+        }
+    }
+
+    /// The entry kind the ledger writes for it.
+    pub fn entry_kind(self) -> &'static str {
+        match self {
+            Self::Withdrawal => "withdrawal",
+            Self::Deposit => "deposit",
+            Self::LotteryDraw => "lottery_draw",
+        }
+    }
+}
+
+/// Why an attempt was sent.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The first send.
+    Original,
+    /// The same request, sent at the same time (to another target when there are several).
+    ConcurrentDuplicate,
+    /// The same request, sent again after the original was answered.
+    LateDuplicate,
+    /// The same ticket with another amount, after the original was answered: must be 422.
+    ChangedDuplicate,
+}
+
+/// One HTTP request of a spend, and its answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Attempt {
+    /// Why it was sent.
+    pub role: Role,
+    /// Which target (index into the run's targets).
+    pub target: usize,
+    /// The amount (or points) in its body.
+    pub amount: i64,
+    /// The HTTP status; 0 when no answer came (a transport error).
+    pub status: u16,
+    /// Whether it carried `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// The JSON body of the answer.
+    pub body: Option<Value>,
+    /// Milliseconds since the run started, when it was sent.
+    pub sent_at_ms: u64,
+    /// How long the answer took, µs.
+    pub latency_us: u64,
+    /// The transport error, if any.
+    pub error: Option<String>,
+}
+
+impl Attempt {
+    /// The `type` of a problem+json body, if it is one.
+    pub fn problem(&self) -> Option<&str> {
+        self.body.as_ref()?.get("type")?.as_str()
+    }
+}
+
+/// One ticket and every attempt sent with it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct SpendRecord {
+    /// The ticket.
+    pub ticket: String,
+    /// The account.
+    pub account: String,
+    /// What it does.
+    pub kind: SpendKind,
+    /// The amount of the original request.
+    pub amount: i64,
+    /// Every request sent with this ticket.
+    pub attempts: Vec<Attempt>,
+}
+
+/// Everything the run sent and received.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct History {
+    /// The targets, in the order attempts index them.
+    pub targets: Vec<String>,
+    /// The accounts opened.
+    pub accounts: Vec<AccountRecord>,
+    /// The spends.
+    pub spends: Vec<SpendRecord>,
+}
+
+/// One ledger entry, as `GET /v1/accounts/{id}/entries` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct EntryRecord {
+    /// Its id.
+    pub id: i64,
+    /// The ticket that wrote it; `None` for the opening entry.
+    pub ticket_id: Option<String>,
+    /// `opening`, `deposit`, `withdrawal` or `lottery_draw`.
+    pub kind: String,
+    /// Signed change to the balance.
+    pub amount: i64,
+    /// Signed change to the points.
+    pub points: i64,
+    /// The balance after.
+    pub balance_after: i64,
+    /// The points after.
+    pub points_after: i64,
+}
+
+/// An account at the end of the run.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct AccountState {
+    /// Its balance.
+    pub balance: i64,
+    /// Its points.
+    pub points: i64,
+    /// All its entries, oldest first.
+    pub entries: Vec<EntryRecord>,
+}
+
+/// A ticket as `GET /v1/tickets/{id}` shows it: read for tickets the run never got a
+/// definitive answer for (every attempt was 409, 503 or lost).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TicketState {
+    /// `issued`, `completed` or `expired`.
+    pub state: String,
+    /// The stored status, once completed.
+    pub status: Option<u16>,
+    /// The stored body, once completed.
+    pub body: Option<Value>,
+}
+
+/// The ledger at the end of the run, read through the API.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct FinalState {
+    /// By account id.
+    pub accounts: HashMap<String, AccountState>,
+    /// By ticket id, for the tickets without a definitive answer.
+    pub tickets: HashMap<String, TicketState>,
+}

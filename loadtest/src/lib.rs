@@ -1,0 +1,23 @@
+//! The payonce load test: a pure HTTP client of the contract that hammers one or more
+//! instances with spends, duplicates and races, then proves from the ledger — read back
+//! through the API — that nothing was spent twice.
+//!
+//! # Map
+//! - `main.rs`: the `loadtest` binary — `loadtest [run]` and `loadtest healthz`.
+//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the read-back.
+//! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
+//!   state, so tests can plant faults in recorded histories.
+//! - [`history`] (`history.rs`): what was sent and answered, and the final state.
+//! - [`client`] (`client.rs`): the HTTP calls, nothing more.
+//! - [`report`] (`report.rs`): the summary table, the JSON report, the SVG chart.
+//! - [`safety`] (`safety.rs`): loopback targets only, unless `--allow-remote`.
+//! - [`healthz`] (`healthz.rs`): the generator benchmark's load — `GET /healthz` as fast as
+//!   the clients can.
+
+pub mod audit;
+pub mod client;
+pub mod healthz;
+pub mod history;
+pub mod report;
+pub mod run;
+pub mod safety;

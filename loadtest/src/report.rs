@@ -1,0 +1,257 @@
+//! What a run reports: the summary table on stdout, the JSON report, and the chart.
+
+use std::io::Write;
+use std::path::Path;
+
+use hdrhistogram::Histogram;
+use plotters::prelude::*;
+use serde_json::json;
+
+use crate::run::RunResult;
+
+/// Latency at a quantile, in milliseconds.
+fn ms(latency: &Histogram<u64>, quantile: f64) -> f64 {
+    latency.value_at_quantile(quantile) as f64 / 1000.0
+}
+
+/// The summary table, then the verdict and each violation.
+pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Result<()> {
+    let counts = &result.counts;
+    let seconds = result.elapsed.as_secs_f64().max(0.001);
+    let executed_tickets = result
+        .history
+        .spends
+        .iter()
+        .filter(|spend| spend.attempts.iter().any(|a| a.status == 201))
+        .count();
+    let rows: Vec<(&str, String)> = vec![
+        ("targets", result.history.targets.join(", ")),
+        ("accounts", result.history.accounts.len().to_string()),
+        ("duration", format!("{seconds:.1} s")),
+        (
+            "tickets",
+            format!(
+                "{} ({} ticket requests failed)",
+                counts.tickets, counts.ticket_errors
+            ),
+        ),
+        ("spend requests", counts.requests.to_string()),
+        (
+            "rate",
+            format!("{:.0} spend requests/s", counts.requests as f64 / seconds),
+        ),
+        ("201 created", counts.created.to_string()),
+        ("402 refused (stored)", counts.payment_required.to_string()),
+        ("409 busy / in progress", counts.conflict.to_string()),
+        ("422 reuse / limit", counts.unprocessable.to_string()),
+        ("503 unavailable", counts.unavailable.to_string()),
+        ("other status", counts.other.to_string()),
+        ("no answer", counts.transport_errors.to_string()),
+        ("replays (header)", counts.replays.to_string()),
+        ("tickets that moved money", executed_tickets.to_string()),
+        (
+            "latency p50 / p90 / p99 / max",
+            format!(
+                "{:.1} / {:.1} / {:.1} / {:.1} ms",
+                ms(&result.latency, 0.5),
+                ms(&result.latency, 0.9),
+                ms(&result.latency, 0.99),
+                result.latency.max() as f64 / 1000.0
+            ),
+        ),
+        ("violations", result.violations.len().to_string()),
+    ];
+    writeln!(out, "{:-<72}", "")?;
+    for (name, value) in rows {
+        writeln!(out, "{name:<32} {value}")?;
+    }
+    for (target, metrics) in &result.metrics {
+        let pick = |name: &str| {
+            metrics
+                .iter()
+                .find(|(metric, _)| metric == name)
+                .map_or(0.0, |(_, value)| *value)
+        };
+        writeln!(
+            out,
+            "{:<32} executions {} · replays {} · locks lost {} · stale tokens {} · lock timeouts {}",
+            format!("metrics of {target}"),
+            pick("payonce_executions_total"),
+            pick("payonce_replays_total"),
+            pick("payonce_locks_lost_total"),
+            pick("payonce_stale_fencing_tokens_total"),
+            pick("payonce_lock_timeouts_total"),
+        )?;
+    }
+    writeln!(out, "{:-<72}", "")?;
+    if result.violations.is_empty() {
+        writeln!(
+            out,
+            "AUDIT PASSED: nothing was spent twice, every replay matched its original, every invariant held"
+        )?;
+    } else {
+        writeln!(
+            out,
+            "AUDIT FAILED: {} violation(s)",
+            result.violations.len()
+        )?;
+        for violation in &result.violations {
+            writeln!(
+                out,
+                "  {:?} account={} ticket={}: {}",
+                violation.kind,
+                violation.account,
+                violation.ticket.as_deref().unwrap_or("-"),
+                violation.detail
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The JSON report: the counts, latency, throughput per second, each target's metrics, the
+/// violations, and the whole history (API keys left out).
+pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
+    let latency = &result.latency;
+    let report = json!({
+        "verdict": if result.violations.is_empty() { "passed" } else { "failed" },
+        "elapsed_seconds": result.elapsed.as_secs_f64(),
+        "counts": result.counts,
+        "latency_ms": {
+            "p50": ms(latency, 0.5),
+            "p90": ms(latency, 0.9),
+            "p99": ms(latency, 0.99),
+            "max": latency.max() as f64 / 1000.0,
+        },
+        "throughput_per_second": result.timeline,
+        "metrics": result.metrics.iter().map(|(target, metrics)| json!({
+            "target": target,
+            "counters": metrics.iter().map(|(name, value)| (name.clone(), json!(value))).collect::<serde_json::Map<_, _>>(),
+        })).collect::<Vec<_>>(),
+        "violations": result.violations,
+        "history": result.history,
+    });
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+}
+
+/// Picks one count out of a second of the run.
+type PickCount = fn(&crate::run::Second) -> u64;
+
+/// The chart: throughput over time (answers per second by class) above the latency
+/// distribution (latency against percentile, on a scale that spreads the tail).
+pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, bottom) = root.split_vertically(400);
+
+    // Whole seconds only: the last, partial one would show as a drop to zero.
+    let whole = (result.elapsed.as_secs() as usize).clamp(1, result.timeline.len().max(1));
+    let timeline = &result.timeline[..whole.min(result.timeline.len())];
+    let seconds = timeline.len().max(1) as u32;
+    let peak = timeline
+        .iter()
+        .map(|second| second.ok.max(second.refused).max(second.failed))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut chart = ChartBuilder::on(&top)
+        .caption("Answers per second", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(
+            0u32..seconds.saturating_sub(1).max(1),
+            0u64..peak + peak / 10 + 1,
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("second of the run")
+        .y_desc("answers")
+        .draw()?;
+    let series: [(&str, RGBColor, PickCount); 3] = [
+        ("2xx", RGBColor(30, 130, 60), |second| second.ok),
+        ("4xx (402, 409, 422)", RGBColor(200, 140, 0), |second| {
+            second.refused
+        }),
+        ("5xx and no answer", RGBColor(200, 30, 30), |second| {
+            second.failed
+        }),
+    ];
+    for (label, color, pick) in series {
+        chart
+            .draw_series(LineSeries::new(
+                result
+                    .timeline
+                    .iter()
+                    .enumerate()
+                    .map(|(index, second)| (index as u32, pick(second))),
+                color.stroke_width(2),
+            ))?
+            .label(label)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()?;
+
+    // x = -log10(1 - q): 1 is p90, 2 is p99, 3 is p99.9.
+    let nines = |quantile: f64| -(1.0 - quantile).max(1e-4).log10();
+    let points: Vec<(f64, f64)> = [
+        0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.995, 0.999, 0.9995, 0.9999,
+    ]
+    .iter()
+    .map(|&quantile| {
+        (
+            nines(quantile),
+            result.latency.value_at_quantile(quantile) as f64 / 1000.0,
+        )
+    })
+    .collect();
+    let top_latency = points
+        .iter()
+        .map(|(_, latency)| *latency)
+        .fold(1.0, f64::max);
+    let mut chart = ChartBuilder::on(&bottom)
+        .caption("Spend latency by percentile", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(35)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..4.0, 0.0..top_latency * 1.1)?;
+    chart
+        .configure_mesh()
+        .x_labels(5)
+        .x_desc("percentile")
+        .y_desc("latency (ms)")
+        .x_label_formatter(&|x| {
+            let percentile = 100.0 * (1.0 - 10f64.powf(-x));
+            format!("p{percentile:.5}")
+                .trim_end_matches('0')
+                .trim_end_matches('.')
+                .to_owned()
+        })
+        .draw()?;
+    chart.draw_series(LineSeries::new(points.clone(), BLUE.stroke_width(2)))?;
+    chart.draw_series(
+        points
+            .iter()
+            .map(|&(x, y)| Circle::new((x, y), 3, BLUE.filled())),
+    )?;
+    root.present()?;
+    Ok(())
+}

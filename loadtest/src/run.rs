@@ -1,0 +1,546 @@
+//! The generator: opens accounts, then has `clients` tasks take tickets and spend them —
+//! withdrawals, lottery draws and deposits, a fraction sent twice at once (to another
+//! target) and again later, some of those with a changed amount — until the duration or
+//! the request budget runs out. Then it reads the final state back and audits.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use rand::RngExt;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::audit::{Violation, audit};
+use crate::client::{Answer, Api, ClientError};
+use crate::history::{AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord};
+
+/// When the run stops.
+#[derive(Clone, Copy, Debug)]
+pub enum Limit {
+    /// After this long.
+    Duration(Duration),
+    /// After this many spends (originals; duplicates come on top).
+    Requests(u64),
+}
+
+/// How to run.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Base URLs of the instances.
+    pub targets: Vec<String>,
+    /// Accounts to spread the spends over.
+    pub accounts: usize,
+    /// Concurrent clients.
+    pub clients: usize,
+    /// When to stop.
+    pub limit: Limit,
+    /// Fraction of spends sent twice at once, and again later.
+    pub duplicate_fraction: f64,
+    /// Fraction of duplicated spends also sent later with a changed amount (must be 422).
+    pub changed_fraction: f64,
+    /// Show the progress bar (it hides itself when stderr is not a terminal).
+    pub progress: bool,
+}
+
+/// Per-second counts, for the throughput chart.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Second {
+    /// Answers 2xx.
+    pub ok: u64,
+    /// Answers 4xx (402, 409, 422...).
+    pub refused: u64,
+    /// Answers 5xx and transport errors.
+    pub failed: u64,
+}
+
+/// Counts by answer.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counts {
+    /// Every spend request sent.
+    pub requests: u64,
+    /// Tickets taken.
+    pub tickets: u64,
+    /// Ticket requests that failed.
+    pub ticket_errors: u64,
+    /// 201 answers (executions and replays).
+    pub created: u64,
+    /// 402.
+    pub payment_required: u64,
+    /// 409.
+    pub conflict: u64,
+    /// 422.
+    pub unprocessable: u64,
+    /// 503.
+    pub unavailable: u64,
+    /// Any other status.
+    pub other: u64,
+    /// No answer.
+    pub transport_errors: u64,
+    /// Answers with `Idempotent-Replayed: true`.
+    pub replays: u64,
+}
+
+impl Counts {
+    fn add(&mut self, attempt: &Attempt) {
+        self.requests += 1;
+        match attempt.status {
+            201 => self.created += 1,
+            402 => self.payment_required += 1,
+            409 => self.conflict += 1,
+            422 => self.unprocessable += 1,
+            503 => self.unavailable += 1,
+            0 => self.transport_errors += 1,
+            _ => self.other += 1,
+        }
+        if attempt.replayed {
+            self.replays += 1;
+        }
+    }
+
+    fn merge(&mut self, other: &Self) {
+        self.requests += other.requests;
+        self.tickets += other.tickets;
+        self.ticket_errors += other.ticket_errors;
+        self.created += other.created;
+        self.payment_required += other.payment_required;
+        self.conflict += other.conflict;
+        self.unprocessable += other.unprocessable;
+        self.unavailable += other.unavailable;
+        self.other += other.other;
+        self.transport_errors += other.transport_errors;
+        self.replays += other.replays;
+    }
+}
+
+/// Everything a run produced.
+#[derive(Debug)]
+pub struct RunResult {
+    /// What was sent and answered.
+    pub history: History,
+    /// The ledger afterwards.
+    pub final_state: FinalState,
+    /// What the audit found.
+    pub violations: Vec<Violation>,
+    /// Counts by answer.
+    pub counts: Counts,
+    /// Spend latency, µs.
+    pub latency: Histogram<u64>,
+    /// Answers per second of the run.
+    pub timeline: Vec<Second>,
+    /// How long the load lasted.
+    pub elapsed: Duration,
+    /// Each target's payonce counters afterwards: (target, [(metric, value)]).
+    pub metrics: Vec<(String, Vec<(String, f64)>)>,
+}
+
+/// Why a run could not be carried out (as opposed to finding violations).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Setup or read-back failed.
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    /// A histogram could not be made or merged.
+    #[error("latency histogram: {0}")]
+    Histogram(String),
+    /// A client task died.
+    #[error("a client task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
+}
+
+/// What one client task gathered.
+struct Gathered {
+    spends: Vec<SpendRecord>,
+    counts: Counts,
+    latency: Histogram<u64>,
+    timeline: Vec<Second>,
+}
+
+fn histogram() -> Result<Histogram<u64>, RunError> {
+    Histogram::new_with_bounds(1, 120_000_000, 3)
+        .map_err(|error| RunError::Histogram(error.to_string()))
+}
+
+/// Counters the progress bar reads while the clients run.
+#[derive(Default)]
+struct Live {
+    requests: AtomicU64,
+    created: AtomicU64,
+    replays: AtomicU64,
+    refused: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Runs the load, reads the ledger back, and audits.
+pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
+    let api = Api::new(options.targets.clone(), options.clients * 3)?;
+    let accounts = open_accounts(&api, &options).await?;
+
+    let started = Instant::now();
+    let stop_at = match options.limit {
+        Limit::Duration(duration) => Some(started + duration),
+        Limit::Requests(_) => None,
+    };
+    let budget = match options.limit {
+        Limit::Requests(requests) => Some(requests),
+        Limit::Duration(_) => None,
+    };
+    let issued = Arc::new(AtomicU64::new(0));
+    let live = Arc::new(Live::default());
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = progress_bar(&options);
+    let ticker = tokio::spawn(tick(
+        progress.clone(),
+        live.clone(),
+        issued.clone(),
+        done.clone(),
+        started,
+        options.limit,
+    ));
+
+    let accounts = Arc::new(accounts);
+    let tasks: Vec<_> = (0..options.clients)
+        .map(|client| {
+            let (api, accounts, issued, live, options) = (
+                api.clone(),
+                accounts.clone(),
+                issued.clone(),
+                live.clone(),
+                options.clone(),
+            );
+            tokio::spawn(async move {
+                client_loop(
+                    client, api, accounts, options, started, stop_at, budget, issued, live,
+                )
+                .await
+            })
+        })
+        .collect();
+    let mut history = History {
+        targets: options.targets.clone(),
+        accounts: Vec::new(),
+        spends: Vec::new(),
+    };
+    let mut counts = Counts::default();
+    let mut latency = histogram()?;
+    let mut timeline: Vec<Second> = Vec::new();
+    for task in tasks {
+        let gathered = task.await??;
+        history.spends.extend(gathered.spends);
+        counts.merge(&gathered.counts);
+        latency
+            .add(&gathered.latency)
+            .map_err(|error| RunError::Histogram(error.to_string()))?;
+        if timeline.len() < gathered.timeline.len() {
+            timeline.resize(gathered.timeline.len(), Second::default());
+        }
+        for (total, second) in timeline.iter_mut().zip(&gathered.timeline) {
+            total.ok += second.ok;
+            total.refused += second.refused;
+            total.failed += second.failed;
+        }
+    }
+    let elapsed = started.elapsed();
+    done.store(true, Ordering::Relaxed);
+    let _ = ticker.await;
+    progress.finish_and_clear();
+    history.accounts = accounts.as_ref().clone();
+
+    let final_state = read_back(&api, &history).await?;
+    let mut metrics = Vec::new();
+    for (index, target) in options.targets.iter().enumerate() {
+        metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
+    }
+    let violations = audit(&history, &final_state);
+    Ok(RunResult {
+        history,
+        final_state,
+        violations,
+        counts,
+        latency,
+        timeline,
+        elapsed,
+        metrics,
+    })
+}
+
+/// Funds sized so that roughly half the spends are refused: deposits (half as frequent as
+/// withdrawals, under a third of their size) and prizes bring in about a third of what
+/// withdrawals ask for, and the opening points cover about half of what the draws ask for.
+async fn open_accounts(api: &Api, options: &RunOptions) -> Result<Vec<AccountRecord>, RunError> {
+    let expected_spends = match options.limit {
+        Limit::Requests(requests) => requests as f64,
+        // A rough rate per client, from runs on small machines; only sizes the points.
+        Limit::Duration(duration) => duration.as_secs_f64() * options.clients as f64 * 40.0,
+    };
+    let per_account = expected_spends / options.accounts.max(1) as f64;
+    let opening_balance = 1_000;
+    let opening_points = ((per_account * DRAW_SHARE * 3.0) / 2.0).round().max(5.0) as i64;
+    let opened = futures::stream::iter(0..options.accounts)
+        .map(|index| async move {
+            let (id, key) = api
+                .open_account(index, opening_balance, opening_points)
+                .await?;
+            Ok::<_, ClientError>(AccountRecord {
+                id,
+                key,
+                opening_balance,
+                opening_points,
+            })
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<_>>()
+        .await;
+    Ok(opened.into_iter().collect::<Result<_, _>>()?)
+}
+
+const WITHDRAWAL_SHARE: f64 = 0.5;
+const DRAW_SHARE: f64 = 0.25;
+
+#[allow(clippy::too_many_arguments)]
+async fn client_loop(
+    client: usize,
+    api: Api,
+    accounts: Arc<Vec<AccountRecord>>,
+    options: RunOptions,
+    started: Instant,
+    stop_at: Option<Instant>,
+    budget: Option<u64>,
+    issued: Arc<AtomicU64>,
+    live: Arc<Live>,
+) -> Result<Gathered, RunError> {
+    let targets = options.targets.len();
+    let mut gathered = Gathered {
+        spends: Vec::new(),
+        counts: Counts::default(),
+        latency: histogram()?,
+        timeline: Vec::new(),
+    };
+    let mut turn = client;
+    loop {
+        if stop_at.is_some_and(|stop| Instant::now() >= stop) {
+            break;
+        }
+        if budget.is_some_and(|budget| issued.fetch_add(1, Ordering::Relaxed) >= budget) {
+            break;
+        }
+        turn += 1;
+        let target = turn % targets;
+        let (account, kind, amount, duplicate, changed) = {
+            let mut rng = rand::rng();
+            let account = &accounts[rng.random_range(0..accounts.len())];
+            let roll: f64 = rng.random();
+            let kind = if roll < WITHDRAWAL_SHARE {
+                SpendKind::Withdrawal
+            } else if roll < WITHDRAWAL_SHARE + DRAW_SHARE {
+                SpendKind::LotteryDraw
+            } else {
+                SpendKind::Deposit
+            };
+            // Deposits bring in a fraction of what withdrawals ask for (see open_accounts).
+            let amount = match kind {
+                SpendKind::LotteryDraw => rng.random_range(1..=5),
+                SpendKind::Withdrawal => rng.random_range(1..=200),
+                SpendKind::Deposit => rng.random_range(1..=60),
+            };
+            let duplicate = rng.random::<f64>() < options.duplicate_fraction;
+            let changed = duplicate && rng.random::<f64>() < options.changed_fraction;
+            (account, kind, amount, duplicate, changed)
+        };
+
+        let ticket = match api.ticket(target, &account.id, &account.key).await {
+            Ok(ticket) => {
+                gathered.counts.tickets += 1;
+                ticket
+            }
+            Err(_) => {
+                gathered.counts.ticket_errors += 1;
+                live.errors.fetch_add(1, Ordering::Relaxed);
+                // Do not hammer a target that is down.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let mut record = SpendRecord {
+            ticket: ticket.clone(),
+            account: account.id.clone(),
+            kind,
+            amount,
+            attempts: Vec::new(),
+        };
+        let send = |role: Role, target: usize, amount: i64| {
+            let (api, ticket, account) = (&api, &ticket, account);
+            async move {
+                let sent_at = started.elapsed();
+                let answer = api
+                    .spend(target, &account.id, &account.key, ticket, kind, amount)
+                    .await;
+                attempt(role, target % targets, amount, sent_at, answer)
+            }
+        };
+        if duplicate {
+            let (first, second) = tokio::join!(
+                send(Role::Original, target, amount),
+                send(Role::ConcurrentDuplicate, target + 1, amount)
+            );
+            record.attempts.extend([first, second]);
+            record
+                .attempts
+                .push(send(Role::LateDuplicate, target + 2, amount).await);
+            let settled = record
+                .attempts
+                .iter()
+                .any(|attempt| matches!(attempt.status, 201 | 402));
+            if changed && settled {
+                record
+                    .attempts
+                    .push(send(Role::ChangedDuplicate, target + 2, amount + 1).await);
+            }
+        } else {
+            record
+                .attempts
+                .push(send(Role::Original, target, amount).await);
+        }
+
+        for attempt in &record.attempts {
+            gathered.counts.add(attempt);
+            gathered
+                .latency
+                .saturating_record(attempt.latency_us.max(1));
+            let second = (attempt.sent_at_ms / 1000) as usize;
+            if gathered.timeline.len() <= second {
+                gathered.timeline.resize(second + 1, Second::default());
+            }
+            let slot = &mut gathered.timeline[second];
+            match attempt.status {
+                200..=299 => slot.ok += 1,
+                400..=499 => slot.refused += 1,
+                _ => slot.failed += 1,
+            }
+            live.requests.fetch_add(1, Ordering::Relaxed);
+            match attempt.status {
+                201 => live.created.fetch_add(1, Ordering::Relaxed),
+                400..=499 => live.refused.fetch_add(1, Ordering::Relaxed),
+                _ => live.errors.fetch_add(1, Ordering::Relaxed),
+            };
+            if attempt.replayed {
+                live.replays.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        gathered.spends.push(record);
+    }
+    Ok(gathered)
+}
+
+fn attempt(role: Role, target: usize, amount: i64, sent_at: Duration, answer: Answer) -> Attempt {
+    Attempt {
+        role,
+        target,
+        amount,
+        status: answer.status,
+        replayed: answer.replayed,
+        body: answer.body,
+        sent_at_ms: sent_at.as_millis() as u64,
+        latency_us: answer.latency.as_micros() as u64,
+        error: answer.error,
+    }
+}
+
+/// Reads every account (balance, points, entries) and, for tickets the run never got a
+/// definitive answer for, the ticket itself.
+async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError> {
+    let mut state = FinalState::default();
+    let accounts = futures::stream::iter(history.accounts.iter().enumerate())
+        .map(|(index, account)| async move {
+            let read = api.account_state(index, &account.id, &account.key).await?;
+            Ok::<_, ClientError>((account.id.clone(), read))
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for account in accounts {
+        let (id, read) = account?;
+        state.accounts.insert(id, read);
+    }
+
+    let keys: std::collections::HashMap<&str, &str> = history
+        .accounts
+        .iter()
+        .map(|account| (account.id.as_str(), account.key.as_str()))
+        .collect();
+    let unsettled: Vec<&SpendRecord> = history
+        .spends
+        .iter()
+        .filter(|spend| {
+            !spend.attempts.iter().any(|attempt| {
+                attempt.role != Role::ChangedDuplicate && matches!(attempt.status, 201 | 402 | 422)
+            })
+        })
+        .collect();
+    let tickets = futures::stream::iter(unsettled.into_iter().enumerate())
+        .map(|(index, spend)| {
+            let key = keys
+                .get(spend.account.as_str())
+                .copied()
+                .unwrap_or_default();
+            async move {
+                let read = api.ticket_state(index, &spend.ticket, key).await?;
+                Ok::<_, ClientError>((spend.ticket.clone(), read))
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for ticket in tickets {
+        let (id, read) = ticket?;
+        state.tickets.insert(id, read);
+    }
+    Ok(state)
+}
+
+fn progress_bar(options: &RunOptions) -> ProgressBar {
+    let bar = match options.limit {
+        Limit::Duration(duration) => ProgressBar::new(duration.as_secs().max(1)),
+        Limit::Requests(requests) => ProgressBar::new(requests),
+    };
+    if !options.progress {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let template = match options.limit {
+        Limit::Duration(_) => "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len}s  {msg}",
+        Limit::Requests(_) => "{spinner} [{elapsed_precise}] {bar:30} {pos}/{len} spends  {msg}",
+    };
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+async fn tick(
+    bar: ProgressBar,
+    live: Arc<Live>,
+    issued: Arc<AtomicU64>,
+    done: Arc<AtomicBool>,
+    started: Instant,
+    limit: Limit,
+) {
+    while !done.load(Ordering::Relaxed) {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let requests = live.requests.load(Ordering::Relaxed);
+        let rate = requests as f64 / started.elapsed().as_secs_f64().max(0.001);
+        bar.set_message(format!(
+            "{requests} requests · {rate:.0}/s · {} ok · {} replays · {} refused · {} errors",
+            live.created.load(Ordering::Relaxed),
+            live.replays.load(Ordering::Relaxed),
+            live.refused.load(Ordering::Relaxed),
+            live.errors.load(Ordering::Relaxed),
+        ));
+        match limit {
+            Limit::Duration(_) => bar.set_position(started.elapsed().as_secs()),
+            Limit::Requests(budget) => bar.set_position(issued.load(Ordering::Relaxed).min(budget)),
+        }
+    }
+}

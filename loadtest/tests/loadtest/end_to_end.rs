@@ -1,0 +1,123 @@
+//! A short real run against real servers passes the audit.
+
+use std::time::Duration;
+
+use api::config::{Cli, Config};
+use api::state::AppState;
+use clap::Parser;
+use ledger::testing::TestDatabase;
+use loadtest::run::{Limit, RunOptions, run};
+
+fn config(args: &[&str]) -> Config {
+    let mut argv = vec!["payonce"];
+    argv.extend_from_slice(args);
+    Cli::parse_from(argv).config
+}
+
+/// Starts one payonce server on a port-0 listener; returns its base URL.
+async fn serve(config: Config) -> String {
+    let state = AppState::connect(&config)
+        .await
+        .expect("the service starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(api::serve(
+        listener,
+        state,
+        config.request_timeout,
+        std::future::pending(),
+    ));
+    address
+}
+
+fn options(targets: Vec<String>) -> RunOptions {
+    RunOptions {
+        targets,
+        accounts: 4,
+        clients: 8,
+        limit: Limit::Duration(Duration::from_secs(3)),
+        duplicate_fraction: 0.5,
+        changed_fraction: 0.4,
+        progress: false,
+    }
+}
+
+/// Two instances on PostgreSQL + Redis, duplicates sent to both at once: the audit passes,
+/// and the run really exercised replays, refusals and reuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_against_two_instances_passes_the_audit() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let namespace = format!("loadtest-{}", unique());
+    let flags = [
+        "--database-url",
+        database.url(),
+        "--redis-url",
+        &redis,
+        "--redis-namespace",
+        &namespace,
+    ];
+    let targets = vec![serve(config(&flags)).await, serve(config(&flags)).await];
+    let result = run(options(targets)).await.unwrap();
+    assert!(result.violations.is_empty(), "{:#?}", result.violations);
+    assert!(
+        result.counts.created > 0 && result.counts.replays > 0,
+        "{:?}",
+        result.counts
+    );
+    assert!(
+        result.counts.payment_required > 0,
+        "no refusals: {:?}",
+        result.counts
+    );
+    assert!(
+        result.counts.unprocessable > 0,
+        "no reuse refused: {:?}",
+        result.counts
+    );
+    assert_eq!(
+        result.counts.other + result.counts.transport_errors,
+        0,
+        "{:?}",
+        result.counts
+    );
+    let ledger = ledger::Ledger::open(database.url(), &ledger::LedgerOptions::default())
+        .await
+        .unwrap();
+    assert!(ledger.audit().await.unwrap().is_empty());
+    let executions: f64 = result
+        .metrics
+        .iter()
+        .flat_map(|(_, metrics)| metrics.iter())
+        .filter(|(name, _)| name == "payonce_executions_total")
+        .map(|(_, value)| value)
+        .sum();
+    assert!(
+        executions > 0.0,
+        "the targets' metrics were read: {:?}",
+        result.metrics
+    );
+}
+
+/// The embedded mode passes too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_against_the_embedded_mode_passes_the_audit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut embedded = config(&["--data-dir", &dir.path().display().to_string()]);
+    // The test command exports DATABASE_URL and REDIS_URL; the embedded mode needs neither.
+    embedded.database_url = None;
+    embedded.redis_url = None;
+    let result = run(options(vec![serve(embedded).await])).await.unwrap();
+    assert!(result.violations.is_empty(), "{:#?}", result.violations);
+    assert!(result.counts.replays > 0);
+}
+
+fn unique() -> String {
+    format!(
+        "{:x}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
