@@ -85,10 +85,67 @@ pub struct Config {
     /// listen address).
     #[arg(long, env = "PAYONCE_INSTANCE")]
     pub instance: Option<String>,
-    /// Honour the `Payonce-Fault` request header (a pause inside the critical section).
-    /// For tests and demonstrations only; never in production.
-    #[arg(long, env = "PAYONCE_FAULT_INJECTION", default_value_t = false)]
-    pub fault_injection: bool,
+    /// How spends serialise on an account. `fenced` is the only safe one; the others are
+    /// the classic recipes, kept to show how they spend money twice.
+    #[arg(long, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
+    pub lock_strategy: Strategy,
+    /// The demonstration mode: honour the `Payonce-Strategy` and `Payonce-Fault` request
+    /// headers. Never in production.
+    #[arg(long, env = "PAYONCE_DEMO", default_value_t = false)]
+    pub demo: bool,
+    /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
+    #[arg(long, env = "PAYONCE_REDLOCK_URLS", value_delimiter = ',')]
+    pub redlock_urls: Vec<String>,
+}
+
+/// How spends on one account are kept apart.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The account lock with fencing tokens, and the ledger's conditional update that
+    /// checks them. The default, and the only safe one.
+    Fenced,
+    /// No lock: read the balance, check it, write the new balance.
+    None,
+    /// SETNX, then EXPIRE, released with DEL; read-check-write.
+    SetnxExpire,
+    /// The timestamp lock with GETSET take-over; read-check-write.
+    Getset,
+    /// SET NX PX with compare-and-delete release, no fencing check; read-check-write.
+    Redis,
+    /// Redlock over PAYONCE_REDLOCK_URLS, no fencing check; read-check-write.
+    Redlock,
+}
+
+impl Strategy {
+    /// Every strategy, safest first.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::Fenced,
+        Strategy::None,
+        Strategy::SetnxExpire,
+        Strategy::Getset,
+        Strategy::Redis,
+        Strategy::Redlock,
+    ];
+
+    /// The name in configuration and headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fenced => "fenced",
+            Self::None => "none",
+            Self::SetnxExpire => "setnx-expire",
+            Self::Getset => "getset",
+            Self::Redis => "redis",
+            Self::Redlock => "redlock",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|strategy| strategy.name() == name.trim())
+    }
 }
 
 /// Where the ledger and the locks live.
@@ -165,7 +222,21 @@ impl Config {
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
             ));
         }
-        self.mode().map(drop)
+        let mode = self.mode()?;
+        let needs_redis = !matches!(self.lock_strategy, Strategy::Fenced | Strategy::None);
+        if needs_redis && matches!(mode, Mode::Embedded { .. }) {
+            return Err(ConfigError::Invalid(format!(
+                "PAYONCE_LOCK_STRATEGY={} needs Redis: set DATABASE_URL and REDIS_URL",
+                self.lock_strategy.name()
+            )));
+        }
+        if self.lock_strategy == Strategy::Redlock && self.redlock_urls.len() < 3 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_STRATEGY=redlock needs PAYONCE_REDLOCK_URLS with at least 3 servers"
+                    .into(),
+            ));
+        }
+        Ok(())
     }
 
     /// The name in the `Payonce-Instance` header.
@@ -218,7 +289,23 @@ impl fmt::Display for Config {
             ),
             ("PAYONCE_STARTUP_TIMEOUT", human(self.startup_timeout)),
             ("PAYONCE_INSTANCE", self.instance_name()),
-            ("PAYONCE_FAULT_INJECTION", self.fault_injection.to_string()),
+            (
+                "PAYONCE_LOCK_STRATEGY",
+                self.lock_strategy.name().to_owned(),
+            ),
+            ("PAYONCE_DEMO", self.demo.to_string()),
+            (
+                "PAYONCE_REDLOCK_URLS",
+                if self.redlock_urls.is_empty() {
+                    unset()
+                } else {
+                    self.redlock_urls
+                        .iter()
+                        .map(|url| mask(url))
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ),
         ];
         for (name, value) in rows {
             writeln!(f, "  {name:<28} {value}")?;

@@ -12,8 +12,11 @@
 //! - `extract.rs`: the caller's account, path ids, `Idempotency-Key`, JSON bodies.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
+//! - `demo.rs`: the demonstration — the unsafe lock strategies' read-check-write path and
+//!   the injectable faults, reachable only by configuration or under `PAYONCE_DEMO`.
 
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod extract;
 pub mod metrics;

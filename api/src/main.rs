@@ -41,9 +41,15 @@ async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::E
             Mode::Distributed { .. } => "distributed (PostgreSQL + Redis)",
         }
     );
-    if config.fault_injection {
+    if config.demo {
         tracing::warn!(
-            "FAULT INJECTION IS ENABLED: the Payonce-Fault header is honoured. Never in production."
+            "DEMONSTRATION MODE: the Payonce-Strategy and Payonce-Fault headers are honoured. Never in production."
+        );
+    }
+    if config.lock_strategy != api::config::Strategy::Fenced {
+        tracing::warn!(
+            strategy = config.lock_strategy.name(),
+            "UNSAFE LOCK STRATEGY: spends are not fenced; money can be spent twice. Demonstration only."
         );
     }
     let state = AppState::connect(config).await?;

@@ -7,7 +7,8 @@ use axum::http::HeaderValue;
 use ledger::{AccountId, Ledger, LedgerError, LedgerOptions};
 use lock::{LockService, RedisOptions};
 
-use crate::config::{Config, ConfigError, Mode};
+use crate::config::{Config, ConfigError, Mode, Strategy};
+use crate::demo::Recipes;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -24,8 +25,10 @@ pub struct Settings {
     pub retention: Duration,
     /// How often the reaper runs.
     pub reap_interval: Duration,
-    /// Whether the `Payonce-Fault` header is honoured.
-    pub fault_injection: bool,
+    /// The instance's strategy.
+    pub strategy: Strategy,
+    /// Whether the `Payonce-Strategy` and `Payonce-Fault` headers are honoured.
+    pub demo: bool,
     /// This instance's name, sent as `Payonce-Instance`.
     pub instance: HeaderValue,
 }
@@ -39,7 +42,8 @@ impl Settings {
             ticket_ttl: config.ticket_ttl,
             retention: config.retention,
             reap_interval: config.reap_interval,
-            fault_injection: config.fault_injection,
+            strategy: config.lock_strategy,
+            demo: config.demo,
             instance: HeaderValue::from_str(&config.instance_name())
                 .unwrap_or_else(|_| HeaderValue::from_static("payonce")),
         }
@@ -73,16 +77,28 @@ struct Inner {
     locks: LockService,
     settings: Settings,
     metrics: Metrics,
+    /// The unsafe strategies' locks, for the demonstration (distributed mode only).
+    recipes: Recipes,
 }
 
 impl AppState {
     /// Assembles the state from its parts.
     pub fn new(ledger: Ledger, locks: LockService, settings: Settings) -> Self {
+        Self::with_recipes(ledger, locks, settings, Recipes::default())
+    }
+
+    fn with_recipes(
+        ledger: Ledger,
+        locks: LockService,
+        settings: Settings,
+        recipes: Recipes,
+    ) -> Self {
         Self(Arc::new(Inner {
             ledger,
             locks,
             settings,
             metrics: Metrics::new(),
+            recipes,
         }))
     }
 
@@ -94,13 +110,13 @@ impl AppState {
             max_connections: config.db_max_connections,
             ..LedgerOptions::default()
         };
-        let (ledger, locks) = match config.mode()? {
+        let (ledger, locks, recipes) = match config.mode()? {
             Mode::Embedded { sqlite_path } => {
                 if let Some(dir) = sqlite_path.parent() {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                (ledger, LockService::in_process())
+                (ledger, LockService::in_process(), Recipes::default())
             }
             Mode::Distributed {
                 database_url,
@@ -115,10 +131,17 @@ impl AppState {
                         ..RedisOptions::default()
                     },
                 )?;
-                (ledger, locks)
+                let recipes =
+                    Recipes::open(&redis_url, &config.redlock_urls, &config.redis_namespace)?;
+                (ledger, locks, recipes)
             }
         };
-        Ok(Self::new(ledger, locks, Settings::from_config(config)))
+        Ok(Self::with_recipes(
+            ledger,
+            locks,
+            Settings::from_config(config),
+            recipes,
+        ))
     }
 
     /// The ledger.
@@ -139,6 +162,11 @@ impl AppState {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// The unsafe strategies' locks.
+    pub fn recipes(&self) -> &Recipes {
+        &self.0.recipes
     }
 
     /// The account an API key belongs to.

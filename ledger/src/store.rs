@@ -128,6 +128,25 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> Result<(u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
+    /// Demonstration only: an account's balance, points and token, read without a lock.
+    async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError>;
+    /// Demonstration only: writes an outcome decided from an earlier unlocked read, with
+    /// absolute values. `None`: another request completed the ticket first.
+    async fn write_unguarded(
+        &self,
+        write: &UnguardedWrite<'_>,
+        render: &Renderer,
+        now: Timestamp,
+    ) -> Result<Option<Applied>, ApplyError>;
+}
+
+/// What the read-check-write of the demonstration decided, to be written as is.
+pub(crate) struct UnguardedWrite<'a> {
+    pub request: ApplyRequest<'a>,
+    pub result: OperationResult,
+    pub debit: i64,
+    pub credit: i64,
+    pub spend: i64,
 }
 
 /// The ledger's tables in one database.
@@ -863,6 +882,92 @@ where
 
     async fn close(&self) {
         self.pool.close().await;
+    }
+
+    async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
+        let row: Option<(i64, i64, i64)> =
+            sqlx::query_as("SELECT balance, points, fencing_token FROM accounts WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row)
+    }
+
+    async fn write_unguarded(
+        &self,
+        write: &UnguardedWrite<'_>,
+        render: &Renderer,
+        now: Timestamp,
+    ) -> Result<Option<Applied>, ApplyError> {
+        let request = &write.request;
+        let token = token_to_sql(request.fencing_token)?;
+        let status = write.result.status();
+        let body = render(&Execution {
+            ticket_id: request.ticket_id,
+            account_id: request.account_id,
+            operation: &request.operation,
+            result: &write.result,
+        });
+        let kind = request.operation.kind().as_str();
+        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+        if let OperationResult::Applied {
+            balance, points, ..
+        } = write.result
+        {
+            // The flaw on display: absolute values computed from a read that may be stale.
+            sqlx::query("UPDATE accounts SET balance = $2, points = $3 WHERE id = $1")
+                .bind(request.account_id)
+                .bind(balance)
+                .bind(points)
+                .execute(&mut *tx)
+                .await
+                .or_constraint()?;
+            let inserted = sqlx::query(INSERT_ENTRY)
+                .bind(request.account_id)
+                .bind(request.ticket_id)
+                .bind(kind)
+                .bind(write.credit - write.debit)
+                .bind(-write.spend)
+                .bind(balance)
+                .bind(points)
+                .bind(token)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .or_constraint();
+            match inserted {
+                Err(LedgerError::Constraint {
+                    constraint: crate::error::constraint::ENTRY_PER_TICKET,
+                    ..
+                }) => return Ok(None),
+                other => {
+                    other?;
+                }
+            }
+        }
+        let completed: Option<TicketId> = sqlx::query_scalar(
+            "UPDATE tickets
+             SET operation = $2, fingerprint = $3, response_status = $4, response_body = $5,
+                 completed_at = $6
+             WHERE id = $1 AND completed_at IS NULL
+             RETURNING id",
+        )
+        .bind(request.ticket_id)
+        .bind(kind)
+        .bind(request.fingerprint)
+        .bind(i32::from(status))
+        .bind(Json(&body))
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if completed.is_none() {
+            return Ok(None);
+        }
+        tx.commit().await?;
+        Ok(Some(Applied {
+            response: StoredResponse { status, body },
+            replayed: false,
+        }))
     }
 }
 

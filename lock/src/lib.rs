@@ -13,6 +13,9 @@
 //! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`) and
 //!   [`InProcessBackend`] (`in_process.rs`): the two stores, held to one test suite.
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
+//! - [`Redlock`] (`redlock.rs`): the quorum lock over independent Redis servers, and
+//!   [`recipes`] (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
+//!   strategies × faults demonstration; neither hands out fencing tokens.
 //!
 //! # Why fencing tokens
 //! A lease can run out while its holder is paused (GC, swap, a slow network), and another
@@ -55,7 +58,9 @@
 mod error;
 mod guard;
 mod in_process;
+pub mod recipes;
 mod redis_backend;
+mod redlock;
 mod service;
 mod token;
 
@@ -66,5 +71,6 @@ pub use error::LockError;
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
+pub use redlock::{Redlock, RedlockGuard};
 pub use service::{Lease, LockBackend, LockService, MAX_NOTE, MIN_TTL};
 pub use token::{FencingToken, OwnerToken};

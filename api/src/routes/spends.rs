@@ -15,8 +15,6 @@
 //!    stores nothing and answers 503 `lock-lost`, after raising the lock's token counter
 //!    to what the ledger has seen, so the next holder's token is accepted.
 
-use std::time::Duration;
-
 use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -31,6 +29,8 @@ use sha2::{Digest, Sha256};
 use time::OffsetDateTime;
 use tokio::time::Instant;
 
+use crate::config::Strategy;
+use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
 use crate::extract::{IdempotencyKey, JsonBody, OwnAccount};
 use crate::render::{Drawn, MoneyMoved, render};
@@ -206,12 +206,36 @@ async fn spend(
 ) -> Result<Response, ApiError> {
     let ticket_id = key.0;
     let fingerprint = fingerprint(path, request);
+    let settings = state.settings();
+    let strategy = demo::strategy(state, headers)?;
+    let faults = Faults::requested(settings.demo, headers)?;
 
     if let Some(replay) = replay_without_lock(state, ticket_id, account, &fingerprint).await? {
         return Ok(replay);
     }
+    if strategy != Strategy::Fenced {
+        let written = demo::spend_unguarded(
+            state,
+            strategy,
+            account,
+            ticket_id,
+            operation,
+            &fingerprint,
+            faults,
+        )
+        .await?;
+        return match written {
+            Some(applied) => {
+                state.metrics().executed();
+                Ok(stored_response(applied.response, false))
+            }
+            // Another request completed the ticket first: answer with its outcome.
+            None => replay_without_lock(state, ticket_id, account, &fingerprint)
+                .await?
+                .ok_or(ApiError::RequestInProgress),
+        };
+    }
 
-    let settings = state.settings();
     let lock_key = format!("lock:account:{account}");
     let note = ticket_id.to_string();
     let asked = Instant::now();
@@ -234,11 +258,15 @@ async fn spend(
         Err(error) => return Err(error.into()),
     };
 
-    if let Some(pause) = requested_pause(settings.fault_injection, headers) {
+    if let Some(pause) = faults.pause {
         // What a stop-the-world pause does: nothing runs, renewal included.
         tracing::warn!(%ticket_id, ?pause, "fault injection: pausing inside the critical section");
         guard.stop_renewal().await;
         tokio::time::sleep(pause).await;
+    }
+    if let Some(slow) = faults.slow {
+        // A slow call-out: the watchdog keeps renewing meanwhile.
+        tokio::time::sleep(slow).await;
     }
     if guard.is_lost() {
         state.metrics().lock_lost();
@@ -366,14 +394,4 @@ fn stored_response(response: StoredResponse, replayed: bool) -> Response {
             .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     answer
-}
-
-/// `Payonce-Fault: pause=<duration>`, honoured only when fault injection is enabled.
-fn requested_pause(enabled: bool, headers: &HeaderMap) -> Option<Duration> {
-    if !enabled {
-        return None;
-    }
-    let value = headers.get("payonce-fault")?.to_str().ok()?;
-    let pause = value.trim().strip_prefix("pause=")?;
-    humantime::parse_duration(pause).ok()
 }

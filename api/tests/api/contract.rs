@@ -678,7 +678,7 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
 
 /// Rule 6: a duplicate that arrives while the original executes waits for it, then replays.
 pub async fn duplicate_of_a_running_request_waits_and_replays(backend: Backend) {
-    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "5s"]).await;
+    let app = spawn_app_with(backend, &["--demo", "--lock-wait", "5s"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let slow = {
@@ -709,7 +709,7 @@ pub async fn duplicate_of_a_running_request_waits_and_replays(backend: Backend) 
 
 /// Rule 6, past the bound: 409 request-in-progress with Retry-After; later it replays.
 pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend) {
-    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "200ms"]).await;
+    let app = spawn_app_with(backend, &["--demo", "--lock-wait", "200ms"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let slow = {
@@ -737,7 +737,7 @@ pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend
 /// Rule 9: a spend that waits too long for a busy account is 409 account-busy, executes
 /// nothing, and its ticket stays usable.
 pub async fn busy_account_is_409_account_busy(backend: Backend) {
-    let app = spawn_app_with(backend, &["--fault-injection", "--lock-wait", "200ms"]).await;
+    let app = spawn_app_with(backend, &["--demo", "--lock-wait", "200ms"]).await;
     let ada = app.create_account(1000, 0).await;
     let (first, second) = (app.ticket(&ada).await, app.ticket(&ada).await);
     let slow = {
@@ -823,13 +823,7 @@ pub async fn concurrent_distinct_tickets_spend_exactly_the_balance(backend: Back
 pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
     let app = spawn_app_with(
         backend,
-        &[
-            "--fault-injection",
-            "--lock-ttl",
-            "300ms",
-            "--lock-wait",
-            "5s",
-        ],
+        &["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"],
     )
     .await;
     let ada = app.create_account(1000, 0).await;
@@ -978,7 +972,7 @@ pub async fn unknown_routes_and_methods_are_problems(backend: Backend) {
 
 /// Shutting down lets a request in flight finish.
 pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
-    let app: TestApp = spawn_app_with(backend, &["--fault-injection"]).await;
+    let app: TestApp = spawn_app_with(backend, &["--demo"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let in_flight = {

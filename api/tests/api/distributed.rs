@@ -86,13 +86,7 @@ async fn three_instances_spend_exactly_the_balance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_holder_on_one_instance_cannot_commit_after_another_wrote() {
     let shared = Shared::new(Backend::Distributed).await;
-    let flags = [
-        "--fault-injection",
-        "--lock-ttl",
-        "300ms",
-        "--lock-wait",
-        "5s",
-    ];
+    let flags = ["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"];
     let first = spawn_with(shared.clone(), &flags).await;
     let second = spawn_with(shared, &flags).await;
     let ada = first.create_account(1000, 0).await;

@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod contract;
+mod demo;
 mod distributed;
 mod helpers;
 mod openapi;

@@ -25,7 +25,8 @@ macro_rules! suite_for {
                 entries_page_oldest_first,
                 audit_finds_a_planted_balance_change,
                 audit_finds_a_planted_token_regression,
-                audit_finds_a_planted_outcome_without_entry
+                audit_finds_a_planted_outcome_without_entry,
+                unguarded_read_check_write_loses_an_update
             );
         }
     };

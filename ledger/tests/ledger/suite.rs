@@ -575,3 +575,39 @@ pub async fn audit_finds_a_planted_outcome_without_entry(database: &TestDatabase
         "{violations:#?}"
     );
 }
+
+/// The demonstration's read-check-write: two writes decided from the same read both
+/// succeed, the second erases the first, and the audit sees it; a ticket completed by
+/// another request is not written twice.
+pub async fn unguarded_read_check_write_loses_an_update(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let (first, second) = (
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+    );
+    let read = ledger.read_unguarded(account_id).await.unwrap();
+    assert_eq!((read.balance, read.points), (100, 0));
+    for ticket in [first, second] {
+        let written = ledger
+            .write_unguarded(ticket, account_id, withdrawal(100), "w100", &read, RENDER)
+            .await
+            .unwrap()
+            .expect("written");
+        assert_eq!(written.response.status, 201);
+    }
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        0
+    );
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        has(&violations, Rule::BalanceMatchesEntries, account_id),
+        "{violations:#?}"
+    );
+    let again = ledger
+        .write_unguarded(first, account_id, withdrawal(100), "w100", &read, RENDER)
+        .await
+        .unwrap();
+    assert!(again.is_none(), "a completed ticket was written again");
+}

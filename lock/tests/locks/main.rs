@@ -3,6 +3,7 @@
 //! can show (commands counted, data wiped, the server gone).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod demonstration;
 mod redis_only;
 mod suite;
 

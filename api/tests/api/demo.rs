@@ -1,0 +1,223 @@
+//! The demonstration: unsafe strategies reachable only by configuration or under
+//! `--demo`, each taking its own path, and spending twice where it is known to.
+
+use std::time::Duration;
+
+use lock::testing::RedisServer;
+use reqwest::StatusCode;
+use serde_json::json;
+
+use crate::helpers::{
+    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_config,
+};
+
+async fn withdraw_with(
+    app: &TestApp,
+    account: &TestAccount,
+    ticket: &str,
+    amount: i64,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut request = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/withdrawals", account.id)))
+        .bearer_auth(&account.key)
+        .header("idempotency-key", ticket)
+        .json(&json!({ "amount": amount }));
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.send().await.unwrap()
+}
+
+/// Eight concurrent withdrawals of the whole balance: how many were accepted.
+async fn race(app: &TestApp, headers: &[(&str, &str)]) -> (usize, TestAccount) {
+    let account = app.create_account(100, 0).await;
+    let mut tickets = Vec::new();
+    for _ in 0..8 {
+        tickets.push(app.ticket(&account).await);
+    }
+    let answers = futures::future::join_all(
+        tickets
+            .iter()
+            .map(|ticket| withdraw_with(app, &account, ticket, 100, headers)),
+    )
+    .await;
+    let accepted = answers
+        .iter()
+        .filter(|answer| answer.status() == StatusCode::CREATED)
+        .count();
+    (accepted, account)
+}
+
+/// Without `--demo`, `Payonce-Strategy` and `Payonce-Fault` are ignored: the spend is
+/// fenced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn strategy_header_is_ignored_without_the_demo_flag() {
+    let app = spawn_app_with(Backend::Embedded, &[]).await;
+    let (accepted, account) = race(
+        &app,
+        &[
+            ("payonce-strategy", "none"),
+            ("payonce-fault", "slow=100ms"),
+        ],
+    )
+    .await;
+    assert_eq!(accepted, 1);
+    assert_eq!(app.balance(&account).await, (0, 0));
+    app.assert_audit_clean().await;
+}
+
+/// `none`: read, check, write, with no lock — concurrent withdrawals of the whole balance
+/// all succeed, and the ledger's audit sees the money spent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lock_spends_the_same_money_several_times() {
+    for backend in [Backend::Embedded, Backend::Distributed] {
+        let app = spawn_app_with(backend, &["--demo"]).await;
+        let (accepted, account) = race(
+            &app,
+            &[
+                ("payonce-strategy", "none"),
+                ("payonce-fault", "slow=150ms"),
+            ],
+        )
+        .await;
+        assert!(accepted > 1, "{backend:?}: only {accepted} accepted");
+        assert_eq!(app.balance(&account).await, (0, 0));
+        let violations = app.state.ledger().audit().await.unwrap();
+        assert!(
+            violations
+                .iter()
+                .any(|violation| violation.rule == ledger::Rule::BalanceMatchesEntries),
+            "{violations:#?}"
+        );
+    }
+}
+
+/// `redis` (a TTL lock, no fencing): a holder paused past its lease writes after its
+/// successor, and the money is spent twice. The fenced counterpart is
+/// `paused_lock_holder_cannot_commit`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
+    let app = spawn_app_with(
+        Backend::Distributed,
+        &["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"],
+    )
+    .await;
+    let account = app.create_account(100, 0).await;
+    let (paused, next) = (app.ticket(&account).await, app.ticket(&account).await);
+    let first = {
+        let app_client = app.client.clone();
+        let url = app.url(&format!("/v1/accounts/{}/withdrawals", account.id));
+        let key = account.key.clone();
+        tokio::spawn(async move {
+            app_client
+                .post(url)
+                .bearer_auth(key)
+                .header("idempotency-key", paused)
+                .header("payonce-strategy", "redis")
+                .header("payonce-fault", "pause=1s")
+                .json(&json!({ "amount": 100 }))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let second = withdraw_with(&app, &account, &next, 100, &[("payonce-strategy", "redis")]).await;
+    assert_eq!(second.status(), StatusCode::CREATED);
+    assert_eq!(
+        first.await.unwrap(),
+        StatusCode::CREATED,
+        "the paused holder wrote after its successor"
+    );
+    let violations = app.state.ledger().audit().await.unwrap();
+    assert!(
+        !violations.is_empty(),
+        "100 spent twice, and the audit must see it"
+    );
+}
+
+/// Every strategy serves a plain spend and its replay (Redlock over three private Redis
+/// servers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_strategy_serves_a_spend_and_its_replay() {
+    let nodes: Vec<RedisServer> = (0..3).map(|_| RedisServer::start().unwrap()).collect();
+    let shared = Shared::new(Backend::Distributed).await;
+    let urls = nodes
+        .iter()
+        .map(RedisServer::url)
+        .collect::<Vec<_>>()
+        .join(",");
+    let app = spawn_config(
+        shared.clone(),
+        shared.config(&["--demo", "--redlock-urls", &urls]),
+    )
+    .await;
+    let account = app.create_account(10_000, 0).await;
+    for strategy in api::config::Strategy::ALL {
+        let ticket = app.ticket(&account).await;
+        let headers = [("payonce-strategy", strategy.name())];
+        let (status, replayed, first) =
+            read(withdraw_with(&app, &account, &ticket, 10, &headers).await).await;
+        assert_eq!(
+            (status, replayed),
+            (StatusCode::CREATED, false),
+            "{strategy:?}: {first}"
+        );
+        let (status, replayed, again) =
+            read(withdraw_with(&app, &account, &ticket, 10, &headers).await).await;
+        assert_eq!(
+            (status, replayed, again),
+            (StatusCode::CREATED, true, first),
+            "{strategy:?}"
+        );
+    }
+    assert_eq!(app.balance(&account).await, (9_940, 0));
+    app.assert_audit_clean().await;
+}
+
+/// Unknown strategies and malformed faults are 400; strategies that need Redis are 400 in
+/// the embedded mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_demonstration_headers_are_400() {
+    let app = spawn_app_with(Backend::Embedded, &["--demo"]).await;
+    let account = app.create_account(100, 0).await;
+    let ticket = app.ticket(&account).await;
+    for headers in [
+        [("payonce-strategy", "optimistic")],
+        [("payonce-fault", "pause")],
+        [("payonce-fault", "explode=1s")],
+        [("payonce-strategy", "redlock")],
+        [("payonce-strategy", "setnx-expire")],
+    ] {
+        let response = withdraw_with(&app, &account, &ticket, 1, &headers).await;
+        assert_problem(response, StatusCode::BAD_REQUEST, "bad-request").await;
+    }
+    assert_eq!(
+        withdraw_with(&app, &account, &ticket, 1, &[])
+            .await
+            .status(),
+        StatusCode::CREATED
+    );
+}
+
+/// An unsafe strategy that needs Redis cannot be the instance's strategy in the embedded
+/// mode, and Redlock needs three nodes.
+#[tokio::test]
+async fn unsafe_strategies_refuse_to_start_without_what_they_need() {
+    let shared = Shared::new(Backend::Embedded).await;
+    let error = api::state::AppState::connect(&shared.config(&["--lock-strategy", "redis"]))
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("needs Redis"), "{error}");
+    let shared = Shared::new(Backend::Distributed).await;
+    let error = api::state::AppState::connect(&shared.config(&["--lock-strategy", "redlock"]))
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("PAYONCE_REDLOCK_URLS"),
+        "{error}"
+    );
+}

@@ -1,0 +1,206 @@
+//! Redlock over 3 and 5 private Redis servers (one stopped), and the classic recipes doing
+//! what they are known for.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock::recipes::{GetSetTimestamp, Recipe, SetnxExpire};
+use lock::testing::RedisServer;
+use lock::{LockError, Redlock};
+use tokio::time::{Instant, sleep};
+
+fn servers(count: usize) -> Vec<RedisServer> {
+    (0..count)
+        .map(|_| RedisServer::start().expect("redis-server starts"))
+        .collect()
+}
+
+fn urls(servers: &[RedisServer]) -> Vec<String> {
+    servers.iter().map(RedisServer::url).collect()
+}
+
+fn after(ms: u64) -> Instant {
+    Instant::now() + Duration::from_millis(ms)
+}
+
+/// Tasks doing a non-atomic read-modify-write under Redlock lose no update.
+async fn redlock_excludes(redlock: Arc<Redlock>) {
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (redlock, counter, inside) = (redlock.clone(), counter.clone(), inside.clone());
+            tokio::spawn(async move {
+                for _ in 0..10 {
+                    let guard = redlock
+                        .acquire("k", Duration::from_secs(5), after(20_000))
+                        .await
+                        .unwrap();
+                    assert_eq!(
+                        inside.fetch_add(1, Ordering::SeqCst),
+                        0,
+                        "two holders at once"
+                    );
+                    let seen = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(seen + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    redlock.release(&guard).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), 80);
+}
+
+/// Redlock on 3 servers: mutual exclusion, and the validity reflects TTL minus drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_on_three_servers() {
+    let servers = servers(3);
+    let redlock = Arc::new(Redlock::open(&urls(&servers), "t").unwrap());
+    assert_eq!(redlock.quorum(), 2);
+    let guard = redlock
+        .acquire("v", Duration::from_secs(1), after(1_000))
+        .await
+        .unwrap();
+    assert_eq!(guard.granted, 3);
+    assert!(guard.valid_until <= Instant::now() + Duration::from_millis(1000 - 12));
+    assert!(matches!(
+        redlock
+            .acquire("v", Duration::from_secs(1), after(100))
+            .await,
+        Err(LockError::TimedOut { .. })
+    ));
+    redlock.release(&guard).await;
+    redlock_excludes(redlock).await;
+}
+
+/// Redlock on 5 servers with one stopped still holds a majority (4 of 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_on_five_servers_with_one_stopped() {
+    let mut servers = servers(5);
+    servers[2].stop();
+    let redlock = Arc::new(Redlock::open(&urls(&servers), "t").unwrap());
+    assert_eq!(redlock.quorum(), 3);
+    let guard = redlock
+        .acquire("k", Duration::from_secs(5), after(2_000))
+        .await
+        .unwrap();
+    assert_eq!(guard.granted, 4);
+    redlock.release(&guard).await;
+    redlock_excludes(redlock).await;
+}
+
+/// Redlock on 3 servers with one stopped works; with two stopped it cannot, and says the
+/// store is unavailable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redlock_needs_a_majority() {
+    let mut servers = servers(3);
+    servers[0].stop();
+    let redlock = Redlock::open(&urls(&servers), "t").unwrap();
+    let guard = redlock
+        .acquire("k", Duration::from_secs(5), after(2_000))
+        .await
+        .unwrap();
+    assert_eq!(guard.granted, 2);
+    redlock.release(&guard).await;
+    servers[1].stop();
+    let started = Instant::now();
+    let result = redlock
+        .acquire("k", Duration::from_secs(5), after(500))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert!(
+        Redlock::open(&urls(&servers)[..2], "t").is_err(),
+        "fewer than 3 nodes is refused"
+    );
+}
+
+/// Redlock hands out no fencing token: a holder that paused past its validity still
+/// believes it holds the lock while another client does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_cannot_stop_a_paused_holder() {
+    let servers = servers(3);
+    let redlock = Redlock::open(&urls(&servers), "t").unwrap();
+    let paused = redlock
+        .acquire("k", Duration::from_millis(200), after(1_000))
+        .await
+        .unwrap();
+    sleep(Duration::from_millis(300)).await;
+    let next = redlock
+        .acquire("k", Duration::from_secs(5), after(1_000))
+        .await
+        .unwrap();
+    // Both guards exist; nothing the paused one carries tells a store it is stale.
+    assert!(paused.valid_until < Instant::now());
+    assert!(next.valid_until > Instant::now());
+    redlock.release(&next).await;
+}
+
+/// SETNX + EXPIRE excludes while nothing goes wrong, and its bare DEL releases a
+/// successor's lock after the holder outlived its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setnx_expire_deletes_its_successors_lock() {
+    let server = RedisServer::start().unwrap();
+    let recipe = SetnxExpire::open(&server.url(), "t").unwrap();
+    let first = recipe
+        .acquire("k", Duration::from_secs(1), after(500), 0)
+        .await
+        .unwrap();
+    assert!(matches!(
+        recipe
+            .acquire("k", Duration::from_secs(1), after(50), 0)
+            .await,
+        Err(LockError::TimedOut { .. })
+    ));
+    sleep(Duration::from_millis(1100)).await;
+    let second = recipe
+        .acquire("k", Duration::from_secs(5), after(500), 0)
+        .await
+        .unwrap();
+    recipe.release(&first, 0).await.unwrap();
+    // The successor still thinks it holds the lock, but a third client gets it at once.
+    let third = recipe
+        .acquire("k", Duration::from_secs(5), after(100), 0)
+        .await;
+    assert!(
+        third.is_ok(),
+        "the stale holder's DEL freed the successor's lock"
+    );
+    recipe.release(&second, 0).await.unwrap();
+}
+
+/// The timestamp lock trusts clocks: a client whose clock runs ahead takes over a live
+/// lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn getset_lock_is_stolen_by_a_clock_that_runs_ahead() {
+    let server = RedisServer::start().unwrap();
+    let recipe = GetSetTimestamp::open(&server.url(), "t").unwrap();
+    let holder = recipe
+        .acquire("k", Duration::from_secs(10), after(500), 0)
+        .await
+        .unwrap();
+    assert!(matches!(
+        recipe
+            .acquire("k", Duration::from_secs(10), after(50), 0)
+            .await,
+        Err(LockError::TimedOut { .. })
+    ));
+    let ahead = 60_000;
+    let thief = recipe
+        .acquire("k", Duration::from_secs(10), after(500), ahead)
+        .await;
+    assert!(
+        thief.is_ok(),
+        "a clock a minute ahead stole a lock with 10 s to go"
+    );
+    recipe.release(&holder, 0).await.unwrap();
+}
