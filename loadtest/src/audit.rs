@@ -101,7 +101,32 @@ struct Outcome {
 
 /// Audits a run. Empty means every expectation held.
 pub fn audit(history: &History, state: &FinalState) -> Vec<Violation> {
+    audit_with_accounts(history, state).0
+}
+
+/// What the executed tickets of one account add up to, beside what the ledger holds.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AccountTally {
+    /// The account.
+    pub account: String,
+    /// Opening + deposits − withdrawals + prize credits, over the tickets that executed.
+    /// Below zero: the service accepted more than the account ever had.
+    pub expected_balance: i64,
+    /// Opening points − points spent, likewise.
+    pub expected_points: i64,
+    /// The ledger's balance afterwards.
+    pub final_balance: i64,
+    /// The ledger's points afterwards.
+    pub final_points: i64,
+}
+
+/// [`audit`], plus each account's tally.
+pub fn audit_with_accounts(
+    history: &History,
+    state: &FinalState,
+) -> (Vec<Violation>, Vec<AccountTally>) {
     let mut violations = Vec::new();
+    let mut tallies = Vec::new();
     let mut by_account: HashMap<&str, Vec<&SpendRecord>> = HashMap::new();
     for spend in &history.spends {
         by_account
@@ -111,7 +136,9 @@ pub fn audit(history: &History, state: &FinalState) -> Vec<Violation> {
     }
     for account in &history.accounts {
         let spends = by_account.remove(account.id.as_str()).unwrap_or_default();
-        audit_account(account, &spends, state, &mut violations);
+        if let Some(tally) = audit_account(account, &spends, state, &mut violations) {
+            tallies.push(tally);
+        }
     }
     for (account, spends) in by_account {
         for spend in spends {
@@ -123,7 +150,7 @@ pub fn audit(history: &History, state: &FinalState) -> Vec<Violation> {
             });
         }
     }
-    violations
+    (violations, tallies)
 }
 
 fn audit_account(
@@ -131,7 +158,7 @@ fn audit_account(
     spends: &[&SpendRecord],
     state: &FinalState,
     violations: &mut Vec<Violation>,
-) {
+) -> Option<AccountTally> {
     let mut flag = |kind, ticket: Option<&str>, detail: String| {
         violations.push(Violation {
             kind,
@@ -146,7 +173,7 @@ fn audit_account(
             None,
             "the account's final state was not read".into(),
         );
-        return;
+        return None;
     };
 
     let mut expected_balance = account.opening_balance;
@@ -316,6 +343,13 @@ fn audit_account(
     }
 
     audit_entries(account, spends, &executed, final_account, &mut flag);
+    Some(AccountTally {
+        account: account.id.clone(),
+        expected_balance,
+        expected_points,
+        final_balance: final_account.balance,
+        final_points: final_account.points,
+    })
 }
 
 fn audit_entries(

@@ -130,7 +130,8 @@ impl Api {
             .to_owned())
     }
 
-    /// Sends a spend and records whatever comes back.
+    /// Sends a spend (with any extra headers) and records whatever comes back.
+    #[allow(clippy::too_many_arguments)]
     pub async fn spend(
         &self,
         target: usize,
@@ -139,16 +140,19 @@ impl Api {
         ticket: &str,
         kind: SpendKind,
         amount: i64,
+        headers: &[(&str, &str)],
     ) -> Answer {
         let started = Instant::now();
-        let sent = self
+        let mut request = self
             .client
             .post(self.url(target, &format!("/v1/accounts/{account}/{}", kind.path())))
             .bearer_auth(key)
             .header("idempotency-key", ticket)
-            .json(&kind.body(amount))
-            .send()
-            .await;
+            .json(&kind.body(amount));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => {

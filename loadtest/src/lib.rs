@@ -13,11 +13,14 @@
 //! - [`safety`] (`safety.rs`): loopback targets only, unless `--allow-remote`.
 //! - [`healthz`] (`healthz.rs`): the generator benchmark's load — `GET /healthz` as fast as
 //!   the clients can.
+//! - [`matrix`] (`matrix.rs`): `loadtest matrix` — starts its own instances and runs every
+//!   lock strategy under every fault, one table.
 
 pub mod audit;
 pub mod client;
 pub mod healthz;
 pub mod history;
+pub mod matrix;
 pub mod report;
 pub mod run;
 pub mod safety;

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use loadtest::run::{Limit, RunOptions};
+use loadtest::run::{Limit, Mix, RunOptions};
 use loadtest::{healthz, report, run, safety};
 
 #[derive(Parser, Debug)]
@@ -28,6 +28,50 @@ struct Cli {
 enum Command {
     /// GET /healthz as fast as the clients can: the generator's own speed.
     Healthz(HealthzArgs),
+    /// Every lock strategy under every fault, one table. Starts its own payonce instances
+    /// (in the demonstration mode) against DATABASE_URL and REDIS_URL.
+    Matrix(MatrixArgs),
+}
+
+#[derive(Args, Debug)]
+struct MatrixArgs {
+    /// Two seconds per cell: the whole matrix in under two minutes.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds of load per cell (default 5, or 2 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Clients per cell.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// Accounts per cell (few: contention is the point).
+    #[arg(long, default_value_t = 3)]
+    accounts: usize,
+    /// Only these strategies, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    strategies: Vec<String>,
+    /// Only these faults, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+    /// Write the rows as JSON: {"rows": [...]}.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Where to draw the grid (SVG).
+    #[arg(long, default_value = "matrix-chart.svg")]
+    chart: PathBuf,
+    /// The payonce binary (default: the one beside this loadtest).
+    #[arg(long)]
+    payonce: Option<PathBuf>,
+    /// PostgreSQL for the instances; use a scratch database — the unsafe strategies
+    /// corrupt the accounts they touch, on purpose.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Redis for the instances' locks.
+    #[arg(long, env = "REDIS_URL")]
+    redis_url: String,
+    /// Allow a DATABASE_URL or REDIS_URL that is not on a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
 }
 
 fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
@@ -101,6 +145,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Healthz(args)) => healthz_command(args).await,
+        Some(Command::Matrix(args)) => matrix_command(args).await,
         None => run_command(cli.run).await,
     }
 }
@@ -130,6 +175,10 @@ async fn run_command(args: RunArgs) -> ExitCode {
         duplicate_fraction: args.duplicates,
         changed_fraction: args.changed,
         progress: !args.no_progress,
+        mix: Mix::default(),
+        headers: Vec::new(),
+        fault: None,
+        opening_balance: 1_000,
     };
     let result = match run::run(options).await {
         Ok(result) => result,
@@ -179,5 +228,109 @@ async fn healthz_command(args: HealthzArgs) -> ExitCode {
             eprintln!("loadtest: {error}");
             ExitCode::from(2)
         }
+    }
+}
+
+async fn matrix_command(args: MatrixArgs) -> ExitCode {
+    use loadtest::matrix::{self, Fault, MatrixOptions, STRATEGIES};
+
+    for url in [&args.database_url, &args.redis_url] {
+        let as_http = url
+            .replacen("postgres://", "http://", 1)
+            .replacen("postgresql://", "http://", 1)
+            .replacen("redis://", "http://", 1);
+        if let Err(error) = safety::check_targets(&[as_http], args.allow_remote) {
+            eprintln!("loadtest matrix: {error}");
+            return ExitCode::from(2);
+        }
+    }
+    let strategies: Vec<String> = if args.strategies.is_empty() {
+        STRATEGIES.iter().map(|name| (*name).to_owned()).collect()
+    } else {
+        args.strategies.clone()
+    };
+    if let Some(unknown) = strategies
+        .iter()
+        .find(|name| !STRATEGIES.contains(&name.as_str()))
+    {
+        eprintln!(
+            "loadtest matrix: unknown strategy {unknown}; known: {}",
+            STRATEGIES.join(", ")
+        );
+        return ExitCode::from(2);
+    }
+    let mut faults = Vec::new();
+    for name in &args.faults {
+        match Fault::parse(name) {
+            Some(fault) => faults.push(fault),
+            None => {
+                eprintln!("loadtest matrix: unknown fault {name}");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if faults.is_empty() {
+        faults = Fault::ALL.to_vec();
+    }
+    let payonce = args.payonce.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("payonce")))
+            .unwrap_or_else(|| PathBuf::from("payonce"))
+    });
+    let options = MatrixOptions {
+        payonce,
+        database_url: args.database_url,
+        redis_url: args.redis_url,
+        seconds: args.seconds.unwrap_or(if args.quick { 2.0 } else { 5.0 }),
+        clients: args.clients,
+        accounts: args.accounts,
+        strategies,
+        faults,
+    };
+    eprintln!(
+        "loadtest matrix: {} strategies × {} faults, {} s per cell",
+        options.strategies.len(),
+        options.faults.len(),
+        options.seconds
+    );
+    let rows = match matrix::run_matrix(&options, |row| {
+        eprintln!(
+            "  {:<13} {:<14} {:>6} requests, {} double spends",
+            row.strategy,
+            row.fault.name(),
+            row.requests,
+            row.double_spends
+        );
+    })
+    .await
+    {
+        Ok(rows) => rows,
+        Err(error) => {
+            eprintln!("loadtest matrix: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = matrix::print_table(&rows, &mut stdout);
+    if let Some(path) = &args.json {
+        match matrix::write_json(&rows, path) {
+            Ok(()) => println!("json: {}", path.display()),
+            Err(error) => eprintln!("loadtest matrix: cannot write {}: {error}", path.display()),
+        }
+    }
+    match matrix::draw_chart(&rows, &args.chart) {
+        Ok(()) => println!("chart: {}", args.chart.display()),
+        Err(error) => eprintln!("loadtest matrix: cannot draw the chart: {error}"),
+    }
+    let fenced_failed = rows
+        .iter()
+        .any(|row| row.strategy == "fenced" && (row.double_spends > 0 || row.overdrafts > 0));
+    if fenced_failed {
+        println!("VERDICT: the fenced strategy spent money twice — a bug");
+        ExitCode::from(1)
+    } else {
+        println!("VERDICT: fenced never spent money twice; the table shows where the others do");
+        ExitCode::SUCCESS
     }
 }

@@ -14,7 +14,7 @@ use rand::RngExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::audit::{Violation, audit};
+use crate::audit::{AccountTally, Violation, audit_with_accounts};
 use crate::client::{Answer, Api, ClientError};
 use crate::history::{AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord};
 
@@ -44,6 +44,43 @@ pub struct RunOptions {
     pub changed_fraction: f64,
     /// Show the progress bar (it hides itself when stderr is not a terminal).
     pub progress: bool,
+    /// What share of spends are withdrawals and lottery draws (the rest are deposits).
+    pub mix: Mix,
+    /// Headers sent with every spend (the demonstration's `Payonce-Strategy`).
+    pub headers: Vec<(String, String)>,
+    /// A fault to ask for on some spends (the demonstration's `Payonce-Fault`).
+    pub fault: Option<FaultPlan>,
+    /// Each account's opening balance.
+    pub opening_balance: i64,
+}
+
+/// The share of each kind of spend.
+#[derive(Clone, Copy, Debug)]
+pub struct Mix {
+    /// Withdrawals.
+    pub withdrawal: f64,
+    /// Lottery draws.
+    pub draw: f64,
+}
+
+impl Default for Mix {
+    fn default() -> Self {
+        Self {
+            withdrawal: 0.5,
+            draw: 0.25,
+        }
+    }
+}
+
+/// A `Payonce-Fault` header to send with a share of the spends.
+#[derive(Clone, Debug)]
+pub struct FaultPlan {
+    /// The header's value, e.g. `pause=900ms`.
+    pub header: String,
+    /// The share of spends that carry it.
+    pub share: f64,
+    /// Only spends sent to this target (index), if set.
+    pub target: Option<usize>,
 }
 
 /// Per-second counts, for the throughput chart.
@@ -125,6 +162,8 @@ pub struct RunResult {
     pub final_state: FinalState,
     /// What the audit found.
     pub violations: Vec<Violation>,
+    /// Each account's tally: what the executed tickets add up to, and what the ledger holds.
+    pub tallies: Vec<AccountTally>,
     /// Counts by answer.
     pub counts: Counts,
     /// Spend latency, µs.
@@ -254,11 +293,12 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     for (index, target) in options.targets.iter().enumerate() {
         metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
     }
-    let violations = audit(&history, &final_state);
+    let (violations, tallies) = audit_with_accounts(&history, &final_state);
     Ok(RunResult {
         history,
         final_state,
         violations,
+        tallies,
         counts,
         latency,
         timeline,
@@ -277,8 +317,10 @@ async fn open_accounts(api: &Api, options: &RunOptions) -> Result<Vec<AccountRec
         Limit::Duration(duration) => duration.as_secs_f64() * options.clients as f64 * 40.0,
     };
     let per_account = expected_spends / options.accounts.max(1) as f64;
-    let opening_balance = 1_000;
-    let opening_points = ((per_account * DRAW_SHARE * 3.0) / 2.0).round().max(5.0) as i64;
+    let opening_balance = options.opening_balance;
+    let opening_points = ((per_account * options.mix.draw * 3.0) / 2.0)
+        .round()
+        .max(5.0) as i64;
     let opened = futures::stream::iter(0..options.accounts)
         .map(|index| async move {
             let (id, key) = api
@@ -296,9 +338,6 @@ async fn open_accounts(api: &Api, options: &RunOptions) -> Result<Vec<AccountRec
         .await;
     Ok(opened.into_iter().collect::<Result<_, _>>()?)
 }
-
-const WITHDRAWAL_SHARE: f64 = 0.5;
-const DRAW_SHARE: f64 = 0.25;
 
 #[allow(clippy::too_many_arguments)]
 async fn client_loop(
@@ -333,9 +372,9 @@ async fn client_loop(
             let mut rng = rand::rng();
             let account = &accounts[rng.random_range(0..accounts.len())];
             let roll: f64 = rng.random();
-            let kind = if roll < WITHDRAWAL_SHARE {
+            let kind = if roll < options.mix.withdrawal {
                 SpendKind::Withdrawal
-            } else if roll < WITHDRAWAL_SHARE + DRAW_SHARE {
+            } else if roll < options.mix.withdrawal + options.mix.draw {
                 SpendKind::LotteryDraw
             } else {
                 SpendKind::Deposit
@@ -371,12 +410,34 @@ async fn client_loop(
             amount,
             attempts: Vec::new(),
         };
+        let faulty = options
+            .fault
+            .as_ref()
+            .filter(|plan| rand::random::<f64>() < plan.share);
         let send = |role: Role, target: usize, amount: i64| {
-            let (api, ticket, account) = (&api, &ticket, account);
+            let (api, ticket, account, options) = (&api, &ticket, account, &options);
             async move {
+                let mut headers: Vec<(&str, &str)> = options
+                    .headers
+                    .iter()
+                    .map(|(name, value)| (name.as_str(), value.as_str()))
+                    .collect();
+                if let Some(plan) =
+                    faulty.filter(|plan| plan.target.is_none_or(|only| only == target % targets))
+                {
+                    headers.push(("payonce-fault", plan.header.as_str()));
+                }
                 let sent_at = started.elapsed();
                 let answer = api
-                    .spend(target, &account.id, &account.key, ticket, kind, amount)
+                    .spend(
+                        target,
+                        &account.id,
+                        &account.key,
+                        ticket,
+                        kind,
+                        amount,
+                        &headers,
+                    )
                     .await;
                 attempt(role, target % targets, amount, sent_at, answer)
             }
@@ -455,7 +516,10 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
     let mut state = FinalState::default();
     let accounts = futures::stream::iter(history.accounts.iter().enumerate())
         .map(|(index, account)| async move {
-            let read = api.account_state(index, &account.id, &account.key).await?;
+            let read = on_any_target(api, index, |target| {
+                api.account_state(target, &account.id, &account.key)
+            })
+            .await?;
             Ok::<_, ClientError>((account.id.clone(), read))
         })
         .buffer_unordered(8)
@@ -487,7 +551,10 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
                 .copied()
                 .unwrap_or_default();
             async move {
-                let read = api.ticket_state(index, &spend.ticket, key).await?;
+                let read = on_any_target(api, index, |target| {
+                    api.ticket_state(target, &spend.ticket, key)
+                })
+                .await?;
                 Ok::<_, ClientError>((spend.ticket.clone(), read))
             }
         })
@@ -499,6 +566,29 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         state.tickets.insert(id, read);
     }
     Ok(state)
+}
+
+/// Asks `first`, then the other targets in turn, until one answers: an instance that was
+/// killed during the run must not stop the read-back.
+async fn on_any_target<T, F, Fut>(api: &Api, first: usize, ask: F) -> Result<T, ClientError>
+where
+    F: Fn(usize) -> Fut,
+    Fut: Future<Output = Result<T, ClientError>>,
+{
+    let targets = api.targets().len();
+    let mut last = None;
+    for offset in 0..targets {
+        match ask(first + offset).await {
+            Ok(answer) => return Ok(answer),
+            Err(error @ ClientError::Transport(_)) => last = Some(error),
+            Err(other) => return Err(other),
+        }
+    }
+    Err(last.unwrap_or(ClientError::Unexpected {
+        what: "read back",
+        status: reqwest::StatusCode::SERVICE_UNAVAILABLE,
+        body: "no target".into(),
+    }))
 }
 
 fn progress_bar(options: &RunOptions) -> ProgressBar {

@@ -67,6 +67,8 @@ pub struct DrawRequest {
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body = MoneyRequest,
@@ -105,6 +107,8 @@ pub async fn withdraw(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body = MoneyRequest,
@@ -143,6 +147,8 @@ pub async fn deposit(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body(content = DrawRequest, description = "May be empty: one point"),

@@ -39,6 +39,10 @@ fn options(targets: Vec<String>) -> RunOptions {
         duplicate_fraction: 0.5,
         changed_fraction: 0.4,
         progress: false,
+        mix: loadtest::run::Mix::default(),
+        headers: Vec::new(),
+        fault: None,
+        opening_balance: 1_000,
     }
 }
 

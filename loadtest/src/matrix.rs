@@ -1,0 +1,649 @@
+//! `loadtest matrix`: every lock strategy under every fault, in one table.
+//!
+//! Starts its own payonce instances (three, on free loopback ports, in the demonstration
+//! mode, against `DATABASE_URL` and `REDIS_URL`) and three private `redis-server`s for
+//! Redlock; then, for each strategy × fault, opens fresh accounts and runs the load with
+//! `Payonce-Strategy` naming the strategy and the fault applied, and audits. The faults:
+//!
+//! - `none`: plain concurrency;
+//! - `pause`: a tenth of the spends pause inside the critical section for 1.5 s — five
+//!   lock TTLs, and longer than the second SETNX + EXPIRE rounds the TTL up to — with
+//!   renewal stopped (a stop-the-world pause);
+//! - `slow-callout`: every spend makes a 20 ms call-out inside the critical section;
+//! - `clock-skew`: the first instance's clock runs 5 s ahead (for the timestamp lock);
+//! - `instance-kill`: the third instance is killed (SIGKILL) mid-run and restarted;
+//! - `redis-wipe`: Redis loses its data mid-run: every key of the matrix's namespace (and
+//!   everything on the Redlock nodes) is deleted, as a restart without persistence would.
+//!
+//! A double spend is what the audit finds as money or points moved twice, or more
+//! accepted than was affordable; an overdraft is an account whose accepted withdrawals
+//! exceed what it ever had.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use plotters::prelude::*;
+use serde::Serialize;
+use tokio::time::{Instant, sleep};
+
+use crate::audit::ViolationKind;
+use crate::run::{FaultPlan, Limit, Mix, RunOptions, RunResult, run};
+
+/// A fault the matrix injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Plain concurrency.
+    None,
+    /// A pause longer than the lock TTL inside the critical section.
+    Pause,
+    /// A slow call-out inside the critical section.
+    SlowCallout,
+    /// One instance's clock runs ahead.
+    ClockSkew,
+    /// One instance is killed and restarted mid-run.
+    InstanceKill,
+    /// Redis loses its data mid-run.
+    RedisWipe,
+}
+
+impl Fault {
+    /// Every fault.
+    pub const ALL: [Fault; 6] = [
+        Fault::None,
+        Fault::Pause,
+        Fault::SlowCallout,
+        Fault::ClockSkew,
+        Fault::InstanceKill,
+        Fault::RedisWipe,
+    ];
+
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Pause => "pause",
+            Self::SlowCallout => "slow-callout",
+            Self::ClockSkew => "clock-skew",
+            Self::InstanceKill => "instance-kill",
+            Self::RedisWipe => "redis-wipe",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|fault| fault.name() == name)
+    }
+}
+
+/// The strategies, in the table's order: the broken ones, then the real one.
+pub const STRATEGIES: [&str; 6] = [
+    "none",
+    "setnx-expire",
+    "getset",
+    "redis",
+    "redlock",
+    "fenced",
+];
+
+/// How to run the matrix.
+#[derive(Clone, Debug)]
+pub struct MatrixOptions {
+    /// The `payonce` binary.
+    pub payonce: PathBuf,
+    /// PostgreSQL for the instances.
+    pub database_url: String,
+    /// Redis for the instances' locks.
+    pub redis_url: String,
+    /// Seconds of load per cell.
+    pub seconds: f64,
+    /// Clients per cell.
+    pub clients: usize,
+    /// Accounts per cell (few: contention is the point).
+    pub accounts: usize,
+    /// Which strategies (names from [`STRATEGIES`]).
+    pub strategies: Vec<String>,
+    /// Which faults.
+    pub faults: Vec<Fault>,
+}
+
+/// One cell of the table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// The strategy.
+    pub strategy: String,
+    /// The fault.
+    pub fault: Fault,
+    /// Spend requests sent.
+    pub requests: u64,
+    /// Money or points moved twice, or more accepted than affordable, as found by the
+    /// audit (violations of those kinds).
+    pub double_spends: usize,
+    /// Money the ledger holds beyond what the accepted operations leave (units spent
+    /// without being deducted), summed over the accounts.
+    pub money_spent_twice: i64,
+    /// Accounts whose accepted withdrawals exceed everything they ever had.
+    pub overdrafts: usize,
+    /// 409s, 503s, other statuses and unanswered requests.
+    pub errors: u64,
+    /// Spend requests per second.
+    pub throughput: f64,
+    /// 99th percentile spend latency, ms.
+    pub p99_ms: f64,
+    /// Other audit findings (answers outside the contract, missing state).
+    pub other_violations: usize,
+    /// Why the cell did not run, if it did not.
+    pub skipped: Option<String>,
+}
+
+/// Why the matrix could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum MatrixError {
+    /// A process could not be started, or did not come up.
+    #[error("{0}")]
+    Setup(String),
+    /// A cell's run failed.
+    #[error(transparent)]
+    Run(#[from] crate::run::RunError),
+}
+
+/// A child process, killed on drop.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> Result<u16, MatrixError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .map_err(|error| MatrixError::Setup(format!("no free port: {error}")))
+}
+
+/// The processes the matrix runs, and how to reach them.
+struct Cluster {
+    payonce: PathBuf,
+    environment: Vec<(String, String)>,
+    ports: Vec<u16>,
+    instances: Vec<Process>,
+    redlock_urls: Vec<String>,
+    _redlock_nodes: Vec<Process>,
+    namespace: String,
+    redis_url: String,
+}
+
+impl Cluster {
+    async fn start(options: &MatrixOptions, lock_ttl: Duration) -> Result<Self, MatrixError> {
+        let mut redlock_nodes = Vec::new();
+        let mut redlock_urls = Vec::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            match child {
+                Ok(child) => {
+                    redlock_nodes.push(Process(child));
+                    redlock_urls.push(format!("redis://127.0.0.1:{port}"));
+                }
+                // Without redis-server the redlock rows are skipped, not the matrix.
+                Err(_) => break,
+            }
+        }
+        if redlock_urls.len() < 3 {
+            redlock_nodes.clear();
+            redlock_urls.clear();
+        }
+        let namespace = format!(
+            "matrix-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        );
+        let mut environment = vec![
+            ("DATABASE_URL".to_owned(), options.database_url.clone()),
+            ("REDIS_URL".to_owned(), options.redis_url.clone()),
+            ("PAYONCE_REDIS_NAMESPACE".to_owned(), namespace.clone()),
+            ("PAYONCE_DEMO".to_owned(), "true".to_owned()),
+            (
+                "PAYONCE_LOCK_TTL".to_owned(),
+                format!("{}ms", lock_ttl.as_millis()),
+            ),
+            ("PAYONCE_LOCK_WAIT".to_owned(), "2s".to_owned()),
+            ("RUST_LOG".to_owned(), "error".to_owned()),
+        ];
+        if !redlock_urls.is_empty() {
+            environment.push(("PAYONCE_REDLOCK_URLS".to_owned(), redlock_urls.join(",")));
+        }
+        let mut cluster = Self {
+            payonce: options.payonce.clone(),
+            environment,
+            ports: Vec::new(),
+            instances: Vec::new(),
+            redlock_urls,
+            _redlock_nodes: redlock_nodes,
+            namespace,
+            redis_url: options.redis_url.clone(),
+        };
+        for _ in 0..3 {
+            let port = free_port()?;
+            cluster.ports.push(port);
+            let process = cluster.spawn(port)?;
+            cluster.instances.push(process);
+        }
+        for port in cluster.ports.clone() {
+            cluster.wait_ready(port).await?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn(&self, port: u16) -> Result<Process, MatrixError> {
+        Command::new(&self.payonce)
+            .envs(self.environment.iter().map(|(name, value)| (name.as_str(), value.as_str())))
+            .env("PAYONCE_ADDR", format!("127.0.0.1:{port}"))
+            .env("PAYONCE_INSTANCE", format!("matrix-{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map(Process)
+            .map_err(|error| {
+                MatrixError::Setup(format!(
+                    "cannot start {} ({error}); build it with `cargo build --release -p api` or pass --payonce",
+                    self.payonce.display()
+                ))
+            })
+    }
+
+    async fn wait_ready(&self, port: u16) -> Result<(), MatrixError> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let ready = client
+                .get(format!("http://127.0.0.1:{port}/readyz"))
+                .send()
+                .await;
+            if ready.is_ok_and(|answer| answer.status().is_success()) {
+                return Ok(());
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+        Err(MatrixError::Setup(format!(
+            "the instance on port {port} did not become ready"
+        )))
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|port| format!("http://127.0.0.1:{port}"))
+            .collect()
+    }
+
+    /// SIGKILL the instance, and start it again.
+    async fn kill_and_restart(
+        &mut self,
+        index: usize,
+        down_for: Duration,
+    ) -> Result<(), MatrixError> {
+        let port = self.ports[index];
+        if let Some(process) = self.instances.get_mut(index) {
+            let _ = process.0.kill();
+            let _ = process.0.wait();
+        }
+        sleep(down_for).await;
+        self.instances[index] = self.spawn(port)?;
+        self.wait_ready(port).await
+    }
+
+    /// Loses the lock stores' data: the matrix's keys on REDIS_URL, everything on the
+    /// Redlock nodes.
+    async fn wipe_redis(&self) -> Result<(), MatrixError> {
+        let setup = |error: redis::RedisError| MatrixError::Setup(format!("wiping Redis: {error}"));
+        let mut connection = redis::Client::open(self.redis_url.as_str())
+            .map_err(setup)?
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(setup)?;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg(format!("{}:*", self.namespace))
+            .query_async(&mut connection)
+            .await
+            .map_err(setup)?;
+        if !keys.is_empty() {
+            let _: () = redis::cmd("DEL")
+                .arg(keys)
+                .query_async(&mut connection)
+                .await
+                .map_err(setup)?;
+        }
+        for url in &self.redlock_urls {
+            let mut node = redis::Client::open(url.as_str())
+                .map_err(setup)?
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(setup)?;
+            let _: () = redis::cmd("FLUSHALL")
+                .query_async(&mut node)
+                .await
+                .map_err(setup)?;
+        }
+        Ok(())
+    }
+}
+
+/// The lease the matrix gives the instances: short, so a pause outlives it quickly.
+const LOCK_TTL: Duration = Duration::from_millis(300);
+
+/// The stop-the-world pause: longer than any lease in play — the TTL, and the whole second
+/// the SETNX + EXPIRE recipe rounds it up to (EXPIRE counts in seconds).
+const PAUSE: Duration = Duration::from_millis(1500);
+
+/// Runs the matrix; one row per strategy × fault, in order.
+pub async fn run_matrix(
+    options: &MatrixOptions,
+    mut on_row: impl FnMut(&Row),
+) -> Result<Vec<Row>, MatrixError> {
+    let mut cluster = Cluster::start(options, LOCK_TTL).await?;
+    let mut rows = Vec::new();
+    for strategy in &options.strategies {
+        for &fault in &options.faults {
+            let row = if strategy == "redlock" && cluster.redlock_urls.is_empty() {
+                skipped(
+                    strategy,
+                    fault,
+                    "redis-server not found for the Redlock nodes",
+                )
+            } else {
+                run_cell(&mut cluster, options, strategy, fault).await?
+            };
+            on_row(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+fn skipped(strategy: &str, fault: Fault, why: &str) -> Row {
+    Row {
+        strategy: strategy.to_owned(),
+        fault,
+        requests: 0,
+        double_spends: 0,
+        money_spent_twice: 0,
+        overdrafts: 0,
+        errors: 0,
+        throughput: 0.0,
+        p99_ms: 0.0,
+        other_violations: 0,
+        skipped: Some(why.to_owned()),
+    }
+}
+
+async fn run_cell(
+    cluster: &mut Cluster,
+    options: &MatrixOptions,
+    strategy: &str,
+    fault: Fault,
+) -> Result<Row, MatrixError> {
+    let seconds = Duration::from_secs_f64(options.seconds);
+    let plan = match fault {
+        Fault::Pause => Some(FaultPlan {
+            header: format!("pause={}ms", PAUSE.as_millis()),
+            share: 0.1,
+            target: None,
+        }),
+        Fault::SlowCallout => Some(FaultPlan {
+            header: "slow=20ms".into(),
+            share: 1.0,
+            target: None,
+        }),
+        Fault::ClockSkew => Some(FaultPlan {
+            header: "clock-offset=5s".into(),
+            share: 1.0,
+            target: Some(0),
+        }),
+        Fault::None | Fault::InstanceKill | Fault::RedisWipe => None,
+    };
+    let run_options = RunOptions {
+        targets: cluster.targets(),
+        accounts: options.accounts,
+        clients: options.clients,
+        limit: Limit::Duration(seconds),
+        duplicate_fraction: 0.1,
+        changed_fraction: 0.0,
+        progress: false,
+        mix: Mix {
+            withdrawal: 0.8,
+            draw: 0.0,
+        },
+        headers: vec![("payonce-strategy".to_owned(), strategy.to_owned())],
+        fault: plan,
+        opening_balance: 10_000,
+    };
+    let result = match fault {
+        Fault::InstanceKill => {
+            let load = run(run_options);
+            let kill = async {
+                sleep(seconds.mul_f64(0.3)).await;
+                cluster
+                    .kill_and_restart(2, Duration::from_millis(300))
+                    .await
+            };
+            let (result, killed) = tokio::join!(load, kill);
+            killed?;
+            result?
+        }
+        Fault::RedisWipe => {
+            let load = run(run_options);
+            let wipe = async {
+                sleep(seconds / 2).await;
+                cluster.wipe_redis().await
+            };
+            let (result, wiped) = tokio::join!(load, wipe);
+            wiped?;
+            result?
+        }
+        _ => run(run_options).await?,
+    };
+    Ok(row(strategy, fault, &result))
+}
+
+/// A cell's row, from its run.
+pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
+    let money = [
+        ViolationKind::ExecutedTwice,
+        ViolationKind::BalanceMismatch,
+        ViolationKind::EntryMismatch,
+        ViolationKind::EntriesDoNotAddUp,
+        ViolationKind::UnknownEntry,
+    ];
+    let double_spends = result
+        .violations
+        .iter()
+        .filter(|v| money.contains(&v.kind))
+        .count();
+    let negative = result
+        .violations
+        .iter()
+        .filter(|v| v.kind == ViolationKind::Negative)
+        .count();
+    let counts = &result.counts;
+    Row {
+        strategy: strategy.to_owned(),
+        fault,
+        requests: counts.requests,
+        double_spends,
+        money_spent_twice: result
+            .tallies
+            .iter()
+            .map(|tally| (tally.final_balance - tally.expected_balance).max(0))
+            .sum(),
+        overdrafts: result
+            .tallies
+            .iter()
+            .filter(|tally| tally.expected_balance < 0)
+            .count()
+            + negative,
+        errors: counts.conflict
+            + counts.unavailable
+            + counts.other
+            + counts.transport_errors
+            + counts.ticket_errors,
+        throughput: counts.requests as f64 / result.elapsed.as_secs_f64().max(0.001),
+        p99_ms: result.latency.value_at_quantile(0.99) as f64 / 1000.0,
+        other_violations: result.violations.len() - double_spends - negative,
+        skipped: None,
+    }
+}
+
+/// The table.
+pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<13} {:<14} {:>8} {:>13} {:>12} {:>10} {:>7} {:>8} {:>8}  note",
+        "strategy",
+        "fault",
+        "requests",
+        "double spends",
+        "money twice",
+        "overdrafts",
+        "errors",
+        "req/s",
+        "p99 ms",
+    )?;
+    writeln!(out, "{}", "-".repeat(120))?;
+    for row in rows {
+        let note = match (&row.skipped, row.other_violations) {
+            (Some(why), _) => format!("skipped: {why}"),
+            (None, 0) => String::new(),
+            (None, other) => format!("{other} other audit findings"),
+        };
+        writeln!(
+            out,
+            "{:<13} {:<14} {:>8} {:>13} {:>12} {:>10} {:>7} {:>8.0} {:>8.1}  {}",
+            row.strategy,
+            row.fault.name(),
+            row.requests,
+            row.double_spends,
+            row.money_spent_twice,
+            row.overdrafts,
+            row.errors,
+            row.throughput,
+            row.p99_ms,
+            note
+        )?;
+    }
+    Ok(())
+}
+
+/// `{"rows": [...]}`.
+pub fn write_json(rows: &[Row], path: &Path) -> std::io::Result<()> {
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(
+        path,
+        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows }))?,
+    )
+}
+
+/// The matrix as a grid: one cell per strategy × fault, red with the count where the audit
+/// found double spends, green where it found none, grey where the cell was skipped.
+pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(parent) = path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(parent)?;
+    }
+    let mut strategies: Vec<&str> = Vec::new();
+    let mut faults: Vec<Fault> = Vec::new();
+    for row in rows {
+        if !strategies.contains(&row.strategy.as_str()) {
+            strategies.push(&row.strategy);
+        }
+        if !faults.contains(&row.fault) {
+            faults.push(row.fault);
+        }
+    }
+    let (cell_w, cell_h, left, top) = (130, 48, 130, 70);
+    let width = left + cell_w * faults.len() as u32 + 20;
+    let height = top + cell_h * strategies.len() as u32 + 40;
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let title = ("sans-serif", 20).into_font();
+    root.draw(&Text::new(
+        "Double spends found by the audit, per strategy × fault",
+        (10, 10),
+        title,
+    ))?;
+    let label = ("sans-serif", 15).into_font();
+    for (column, fault) in faults.iter().enumerate() {
+        let x = left + column as u32 * cell_w;
+        root.draw(&Text::new(
+            fault.name(),
+            (x as i32 + 8, top as i32 - 24),
+            label.clone(),
+        ))?;
+    }
+    for (line, strategy) in strategies.iter().enumerate() {
+        let y = top + line as u32 * cell_h;
+        root.draw(&Text::new(*strategy, (10, y as i32 + 16), label.clone()))?;
+        for (column, fault) in faults.iter().enumerate() {
+            let x = left + column as u32 * cell_w;
+            let found = rows
+                .iter()
+                .find(|row| row.strategy == *strategy && row.fault == *fault);
+            let (color, text) = match found {
+                Some(row) if row.skipped.is_some() => {
+                    (RGBColor(200, 200, 200), "skipped".to_owned())
+                }
+                Some(row) if row.double_spends > 0 || row.overdrafts > 0 => (
+                    RGBColor(220, 70, 60),
+                    format!(
+                        "{} findings|{} spent twice",
+                        row.double_spends, row.money_spent_twice
+                    ),
+                ),
+                Some(_) => (RGBColor(70, 160, 90), "none".to_owned()),
+                None => (RGBColor(240, 240, 240), String::new()),
+            };
+            root.draw(&Rectangle::new(
+                [
+                    (x as i32, y as i32),
+                    ((x + cell_w - 4) as i32, (y + cell_h - 4) as i32),
+                ],
+                color.filled(),
+            ))?;
+            for (line, part) in text.split('|').enumerate() {
+                let position = (x as i32 + 8, y as i32 + 8 + 17 * line as i32);
+                root.draw(&Text::new(
+                    part.to_owned(),
+                    position,
+                    label.clone().color(&WHITE),
+                ))?;
+            }
+        }
+    }
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,76 @@
+//! The strategies × faults matrix at small sizes: the broken recipes show their failure
+//! where they are known to, and the fenced strategy never spends twice.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use ledger::testing::TestDatabase;
+use loadtest::matrix::{Fault, MatrixOptions, Row, run_matrix};
+
+/// The payonce binary beside this test's (cargo builds it for the workspace's tests);
+/// built here if a narrower `cargo test` did not.
+fn payonce() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .to_path_buf();
+    let binary = dir.join("payonce");
+    if !binary.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .args(["build", "-p", "api", "--bin", "payonce"])
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    binary
+}
+
+async fn cells(strategy: &str, faults: &[Fault]) -> Vec<Row> {
+    let database = TestDatabase::postgres().await.unwrap();
+    let options = MatrixOptions {
+        payonce: payonce(),
+        database_url: database.url().to_owned(),
+        redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        seconds: 2.0,
+        clients: 12,
+        accounts: 3,
+        strategies: vec![strategy.to_owned()],
+        faults: faults.to_vec(),
+    };
+    run_matrix(&options, |_| {}).await.unwrap()
+}
+
+/// No lock: plain concurrency is enough to spend money twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lock_spends_twice_under_plain_concurrency() {
+    let rows = cells("none", &[Fault::None]).await;
+    assert!(rows[0].double_spends > 0, "{rows:#?}");
+    assert!(rows[0].money_spent_twice > 0, "{rows:#?}");
+}
+
+/// A Redis lock without fencing spends twice when a holder pauses past its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
+    let rows = cells("redis", &[Fault::Pause]).await;
+    assert!(rows[0].double_spends > 0, "{rows:#?}");
+}
+
+/// The fenced strategy spends nothing twice under any fault, and every answer it gives is
+/// one the contract declares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fenced_never_spends_twice() {
+    let rows = cells("fenced", &Fault::ALL).await;
+    assert_eq!(rows.len(), Fault::ALL.len());
+    for row in &rows {
+        assert!(row.requests > 0, "{row:#?}");
+        assert_eq!(
+            (row.double_spends, row.overdrafts, row.money_spent_twice),
+            (0, 0, 0),
+            "{row:#?}"
+        );
+        assert_eq!(row.other_violations, 0, "{row:#?}");
+    }
+}
