@@ -18,10 +18,14 @@ install() {
 }
 
 # --- Tools the tests use ----------------------------------------------------------
-# curl and jq run the README's walkthrough; psql drops old test databases.
+# curl and jq run the README's walkthrough; headless Chromium and chromedriver drive the
+# web page's browser test; redis-server also runs the tests' private Redis instances.
 for tool in curl jq; do
   command -v "$tool" >/dev/null || install "$tool"
 done
+if ! command -v chromedriver >/dev/null || ! [ -x /usr/bin/chromium ]; then
+  install chromium chromium-driver
+fi
 
 # --- Redis -------------------------------------------------------------------
 command -v redis-server >/dev/null || install redis-server

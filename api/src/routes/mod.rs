@@ -79,6 +79,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
         .routes(routes!(service::explain_problem))
+        .routes(routes!(service::index))
         .split_for_parts()
 }
 
@@ -91,7 +92,6 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
     });
     let instance = state.settings().instance.clone();
     routes
-        .route("/", get(service::index))
         .route(
             "/openapi.json",
             get(move || async move { ([(header::CONTENT_TYPE, "application/json")], openapi) }),

@@ -140,7 +140,14 @@ pub async fn explain_problem(Path(name): Path<String>) -> Response {
     }
 }
 
-/// The web page.
+/// The web page: open an account, spend with tickets, replay, burst and race, and watch
+/// the ledger. One self-contained HTML file compiled into the binary.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "service",
+    responses((status = 200, description = "The web page", body = String, content_type = "text/html"))
+)]
 pub async fn index() -> Html<&'static str> {
     Html(include_str!("../../web/index.html"))
 }
