@@ -19,6 +19,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use clap::Parser;
+
+#[path = "../../ledger/bench/pgbench.rs"]
+mod pgbench;
 use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
@@ -135,16 +138,19 @@ async fn run_round(
     let accounts = open_accounts(&address, args.accounts).await?;
     let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;
     let tickets = issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000).await?;
-    pgbench_tables(url, args)?;
+    pgbench::create_tables(url, args.accounts)?;
     sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
     raw.close().await;
 
     let (pgbench_tps, measured) = if round % 2 == 1 {
-        let tps = pgbench(url, args)?;
+        let tps = pgbench::run(url, args.accounts, args.connections, args.seconds)?;
         (tps, wrk(&address, &tickets, args)?)
     } else {
         let measured = wrk(&address, &tickets, args)?;
-        (pgbench(url, args)?, measured)
+        (
+            pgbench::run(url, args.accounts, args.connections, args.seconds)?,
+            measured,
+        )
     };
     let _ = stop.send(());
     server.await??;
@@ -267,55 +273,4 @@ fn wrk(
         p99_ms: value("latency_p99_us")? / 1000.0,
         pgbench_tps: 0.0,
     })
-}
-
-fn pgbench_tables(url: &str, args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let setup = Command::new("psql")
-        .args([
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-v",
-            &format!("accounts={}", args.accounts),
-        ])
-        .args(["-f", &format!("{LEDGER_BENCH}/schema.sql"), url])
-        .output()?;
-    if !setup.status.success() {
-        return Err(format!("psql: {}", String::from_utf8_lossy(&setup.stderr)).into());
-    }
-    Ok(())
-}
-
-const LEDGER_BENCH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../ledger/bench");
-
-fn pgbench(url: &str, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
-    let output = Command::new("pgbench")
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &args.connections.to_string(),
-            "-j",
-            "2",
-        ])
-        .args([
-            "-T",
-            &args.seconds.to_string(),
-            "-D",
-            &format!("accounts={}", args.accounts),
-        ])
-        .args(["-f", &format!("{LEDGER_BENCH}/withdraw.sql"), url])
-        .output()?;
-    let stdout = String::from_utf8(output.stdout)?;
-    stdout
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix("tps = ")?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
-        })
-        .ok_or_else(|| format!("pgbench printed no tps: {stdout}").into())
 }

@@ -184,21 +184,12 @@ async fn take<'a>(
             }
             Held::Lock(locks.acquire(key, ttl, deadline).await?)
         }
-        Strategy::SetnxExpire => {
-            let recipe = recipes
-                .setnx_expire
-                .as_ref()
-                .ok_or_else(|| unavailable(strategy))?;
-            let guard = recipe
-                .acquire(key, ttl, deadline, faults.clock_offset_ms)
-                .await?;
-            Held::Recipe(recipe, guard)
-        }
-        Strategy::Getset => {
-            let recipe = recipes
-                .getset
-                .as_ref()
-                .ok_or_else(|| unavailable(strategy))?;
+        Strategy::SetnxExpire | Strategy::Getset => {
+            let recipe: &dyn Recipe = match strategy {
+                Strategy::SetnxExpire => recipes.setnx_expire.as_ref().map(|r| r as &dyn Recipe),
+                _ => recipes.getset.as_ref().map(|r| r as &dyn Recipe),
+            }
+            .ok_or_else(|| unavailable(strategy))?;
             let guard = recipe
                 .acquire(key, ttl, deadline, faults.clock_offset_ms)
                 .await?;

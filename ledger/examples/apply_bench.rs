@@ -13,13 +13,15 @@
 //! tasks share the hot accounts, and the bench measures the ledger's transaction, not
 //! lock hand-offs.
 
-use std::process::Command;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+
+#[path = "../bench/pgbench.rs"]
+mod pgbench;
 use ledger::{
     AccountId, Amount, ApplyRequest, Execution, Ledger, LedgerOptions, NewAccount, Operation,
     TicketId,
@@ -122,14 +124,17 @@ async fn run_round(
     let ids = create_accounts(&ledger, accounts, args.tasks).await?;
     // More tickets than the fastest run seen could use.
     let tickets = issue_tickets(&raw, &ids, (args.seconds * 12_000.0) as usize).await?;
-    pgbench_tables(url, accounts)?;
+    pgbench::create_tables(url, accounts)?;
     sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
     let result = if round % 2 == 1 {
-        let baseline = pgbench(url, accounts, args)?;
+        let baseline = pgbench::run(url, accounts, args.tasks, args.seconds.ceil() as u64)?;
         (measure(&ledger, tickets, args).await?, baseline)
     } else {
         let rate = measure(&ledger, tickets, args).await?;
-        (rate, pgbench(url, accounts, args)?)
+        (
+            rate,
+            pgbench::run(url, accounts, args.tasks, args.seconds.ceil() as u64)?,
+        )
     };
     raw.close().await;
     ledger.close().await;
@@ -242,55 +247,6 @@ async fn measure(
         worker.await?.map_err(|error| error.to_string())?;
     }
     Ok(done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64())
-}
-
-const BENCH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/bench");
-
-fn pgbench_tables(url: &str, accounts: usize) -> Result<(), Box<dyn std::error::Error>> {
-    let setup = Command::new("psql")
-        .args([
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-v",
-            &format!("accounts={accounts}"),
-        ])
-        .args(["-f", &format!("{BENCH}/schema.sql"), url])
-        .output()?;
-    if !setup.status.success() {
-        return Err(format!("psql: {}", String::from_utf8_lossy(&setup.stderr)).into());
-    }
-    Ok(())
-}
-
-fn pgbench(url: &str, accounts: usize, args: &Args) -> Result<f64, Box<dyn std::error::Error>> {
-    let output = Command::new("pgbench")
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &args.tasks.to_string(),
-            "-j",
-            "2",
-        ])
-        .args(["-T", &format!("{}", args.seconds.ceil() as u64)])
-        .args(["-D", &format!("accounts={accounts}")])
-        .args(["-f", &format!("{BENCH}/withdraw.sql"), url])
-        .output()?;
-    let stdout = String::from_utf8(output.stdout)?;
-    stdout
-        .lines()
-        .find_map(|line| line.strip_prefix("tps = "))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|tps| tps.parse().ok())
-        .ok_or_else(|| {
-            format!(
-                "pgbench printed no tps: {stdout}{}",
-                String::from_utf8_lossy(&output.stderr)
-            )
-            .into()
-        })
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

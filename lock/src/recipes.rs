@@ -82,27 +82,42 @@ fn connect(url: &str) -> Result<ConnectionManager, LockError> {
         .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
 }
 
-/// `SETNX key token` then `EXPIRE key ttl`, two round trips; release is `DEL key`.
-pub struct SetnxExpire {
+/// A Redis connection and the namespace the recipes' keys live under.
+struct Store {
     connection: ConnectionManager,
     namespace: String,
 }
 
-impl fmt::Debug for SetnxExpire {
+impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SetnxExpire")
+        f.debug_struct("Store")
             .field("namespace", &self.namespace)
             .finish_non_exhaustive()
     }
 }
 
-impl SetnxExpire {
-    /// The recipe on the Redis at `url`; keys are `<namespace>:setnx:<key>`.
-    pub fn open(url: &str, namespace: &str) -> Result<Self, LockError> {
+impl Store {
+    fn open(url: &str, namespace: &str) -> Result<Self, LockError> {
         Ok(Self {
             connection: connect(url)?,
             namespace: namespace.to_owned(),
         })
+    }
+
+    /// `<namespace>:<recipe>:<key>`.
+    fn key(&self, recipe: &str, key: &str) -> String {
+        format!("{}:{recipe}:{key}", self.namespace)
+    }
+}
+
+/// `SETNX key token` then `EXPIRE key ttl`, two round trips; release is `DEL key`.
+#[derive(Debug)]
+pub struct SetnxExpire(Store);
+
+impl SetnxExpire {
+    /// The recipe on the Redis at `url`; keys are `<namespace>:setnx:<key>`.
+    pub fn open(url: &str, namespace: &str) -> Result<Self, LockError> {
+        Store::open(url, namespace).map(Self)
     }
 }
 
@@ -116,11 +131,11 @@ impl Recipe for SetnxExpire {
         _clock_offset_ms: i64,
     ) -> Result<RecipeGuard, LockError> {
         let started = Instant::now();
-        let store_key = format!("{}:setnx:{key}", self.namespace);
+        let store_key = self.0.key("setnx", key);
         let token = OwnerToken::random().to_hex();
         loop {
             let set: i64 = query(
-                &self.connection,
+                &self.0.connection,
                 redis::cmd("SETNX").arg(&store_key).arg(&token),
                 deadline,
             )
@@ -129,7 +144,7 @@ impl Recipe for SetnxExpire {
                 // The gap this recipe is known for: crash here and the key never expires.
                 let seconds = ttl.as_secs().max(1);
                 let _: i64 = query(
-                    &self.connection,
+                    &self.0.connection,
                     redis::cmd("EXPIRE").arg(&store_key).arg(seconds),
                     deadline,
                 )
@@ -149,7 +164,7 @@ impl Recipe for SetnxExpire {
     async fn release(&self, guard: &RecipeGuard, _clock_offset_ms: i64) -> Result<(), LockError> {
         // Deletes whatever is there, the successor's lock included.
         let _: i64 = query(
-            &self.connection,
+            &self.0.connection,
             redis::cmd("DEL").arg(&guard.key),
             Instant::now() + Duration::from_secs(1),
         )
@@ -160,26 +175,13 @@ impl Recipe for SetnxExpire {
 
 /// The timestamp lock: the value is the holder's expiry (ms since the epoch, by the
 /// holder's clock); an expired-looking lock is taken over with `GETSET`.
-pub struct GetSetTimestamp {
-    connection: ConnectionManager,
-    namespace: String,
-}
-
-impl fmt::Debug for GetSetTimestamp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GetSetTimestamp")
-            .field("namespace", &self.namespace)
-            .finish_non_exhaustive()
-    }
-}
+#[derive(Debug)]
+pub struct GetSetTimestamp(Store);
 
 impl GetSetTimestamp {
     /// The recipe on the Redis at `url`; keys are `<namespace>:getset:<key>`.
     pub fn open(url: &str, namespace: &str) -> Result<Self, LockError> {
-        Ok(Self {
-            connection: connect(url)?,
-            namespace: namespace.to_owned(),
-        })
+        Store::open(url, namespace).map(Self)
     }
 }
 
@@ -203,13 +205,13 @@ impl Recipe for GetSetTimestamp {
         clock_offset_ms: i64,
     ) -> Result<RecipeGuard, LockError> {
         let started = Instant::now();
-        let store_key = format!("{}:getset:{key}", self.namespace);
+        let store_key = self.0.key("getset", key);
         let ttl_ms = i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX);
         loop {
             let now = wall_clock_ms(clock_offset_ms);
             let expires = (now + ttl_ms + 1).to_string();
             let set: i64 = query(
-                &self.connection,
+                &self.0.connection,
                 redis::cmd("SETNX").arg(&store_key).arg(&expires),
                 deadline,
             )
@@ -221,7 +223,7 @@ impl Recipe for GetSetTimestamp {
                 });
             }
             let current: Option<i64> = query(
-                &self.connection,
+                &self.0.connection,
                 redis::cmd("GET").arg(&store_key),
                 deadline,
             )
@@ -229,7 +231,7 @@ impl Recipe for GetSetTimestamp {
             if current.is_some_and(|current| current < now) {
                 // Looks expired by our clock: take it over, unless someone beat us to it.
                 let previous: Option<i64> = query(
-                    &self.connection,
+                    &self.0.connection,
                     redis::cmd("GETSET").arg(&store_key).arg(&expires),
                     deadline,
                 )
@@ -253,7 +255,7 @@ impl Recipe for GetSetTimestamp {
         let expires: i64 = guard.value.parse().unwrap_or(0);
         if wall_clock_ms(clock_offset_ms) < expires {
             let _: i64 = query(
-                &self.connection,
+                &self.0.connection,
                 redis::cmd("DEL").arg(&guard.key),
                 Instant::now() + Duration::from_secs(1),
             )

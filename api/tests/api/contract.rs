@@ -681,19 +681,10 @@ pub async fn duplicate_of_a_running_request_waits_and_replays(backend: Backend) 
     let app = spawn_app_with(backend, &["--demo", "--lock-wait", "5s"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
-    let slow = {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &ticket)
-            .header("payonce-fault", "pause=700ms")
-            .json(&json!({ "amount": 100 }));
-        tokio::spawn(async move { read(request.send().await.unwrap()).await })
-    };
+    let slow = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=700ms")]);
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (status, replayed, duplicate) = read(app.withdraw(&ada, &ticket, 100).await).await;
-    let (original_status, original_replayed, original) = slow.await.unwrap();
+    let (original_status, original_replayed, original) = read(slow.await.unwrap()).await;
     assert_eq!(
         (original_status, original_replayed),
         (StatusCode::CREATED, false)
@@ -712,20 +703,11 @@ pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend
     let app = spawn_app_with(backend, &["--demo", "--lock-wait", "200ms"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
-    let slow = {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &ticket)
-            .header("payonce-fault", "pause=1200ms")
-            .json(&json!({ "amount": 100 }));
-        tokio::spawn(async move { read(request.send().await.unwrap()).await })
-    };
+    let slow = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=1200ms")]);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let response = app.withdraw(&ada, &ticket, 100).await;
     assert_problem(response, StatusCode::CONFLICT, "request-in-progress").await;
-    let (status, _, original) = slow.await.unwrap();
+    let (status, _, original) = read(slow.await.unwrap()).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 100).await).await;
     assert_eq!(
@@ -740,20 +722,11 @@ pub async fn busy_account_is_409_account_busy(backend: Backend) {
     let app = spawn_app_with(backend, &["--demo", "--lock-wait", "200ms"]).await;
     let ada = app.create_account(1000, 0).await;
     let (first, second) = (app.ticket(&ada).await, app.ticket(&ada).await);
-    let slow = {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &first)
-            .header("payonce-fault", "pause=1s")
-            .json(&json!({ "amount": 100 }));
-        tokio::spawn(async move { request.send().await.unwrap().status() })
-    };
+    let slow = app.spawn_withdrawal(&ada, &first, 100, &[("payonce-fault", "pause=1s")]);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let response = app.withdraw(&ada, &second, 100).await;
     assert_problem(response, StatusCode::CONFLICT, "account-busy").await;
-    assert_eq!(slow.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(slow.await.unwrap().status(), StatusCode::CREATED);
     let (status, replayed, _) = read(app.withdraw(&ada, &second, 100).await).await;
     assert_eq!(
         (status, replayed),
@@ -828,16 +801,12 @@ pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
     .await;
     let ada = app.create_account(1000, 0).await;
     let (paused_ticket, next_ticket) = (app.ticket(&ada).await, app.ticket(&ada).await);
-    let paused = {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &paused_ticket)
-            .header("payonce-fault", "pause=1200ms")
-            .json(&json!({ "amount": 700 }));
-        tokio::spawn(async move { request.send().await.unwrap() })
-    };
+    let paused = app.spawn_withdrawal(
+        &ada,
+        &paused_ticket,
+        700,
+        &[("payonce-fault", "pause=1200ms")],
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, _, body) = read(app.withdraw(&ada, &next_ticket, 700).await).await;
     assert_eq!(
@@ -975,20 +944,11 @@ pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
     let app: TestApp = spawn_app_with(backend, &["--demo"]).await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
-    let in_flight = {
-        let request = app
-            .client
-            .post(app.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &ticket)
-            .header("payonce-fault", "pause=500ms")
-            .json(&json!({ "amount": 100 }));
-        tokio::spawn(async move { request.send().await.unwrap().status() })
-    };
+    let in_flight = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=500ms")]);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let ledger = app.state.ledger().clone();
     app.stop().await;
-    assert_eq!(in_flight.await.unwrap(), StatusCode::CREATED);
+    assert_eq!(in_flight.await.unwrap().status(), StatusCode::CREATED);
     let account = ledger
         .account(ledger::AccountId(ada.id.parse().unwrap()))
         .await

@@ -5,30 +5,10 @@ use std::time::Duration;
 
 use lock::testing::RedisServer;
 use reqwest::StatusCode;
-use serde_json::json;
 
 use crate::helpers::{
     Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_config,
 };
-
-async fn withdraw_with(
-    app: &TestApp,
-    account: &TestAccount,
-    ticket: &str,
-    amount: i64,
-    headers: &[(&str, &str)],
-) -> reqwest::Response {
-    let mut request = app
-        .client
-        .post(app.url(&format!("/v1/accounts/{}/withdrawals", account.id)))
-        .bearer_auth(&account.key)
-        .header("idempotency-key", ticket)
-        .json(&json!({ "amount": amount }));
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    request.send().await.unwrap()
-}
 
 /// Eight concurrent withdrawals of the whole balance: how many were accepted.
 async fn race(app: &TestApp, headers: &[(&str, &str)]) -> (usize, TestAccount) {
@@ -40,12 +20,16 @@ async fn race(app: &TestApp, headers: &[(&str, &str)]) -> (usize, TestAccount) {
     let answers = futures::future::join_all(
         tickets
             .iter()
-            .map(|ticket| withdraw_with(app, &account, ticket, 100, headers)),
+            .map(|ticket| app.withdrawal(&account, ticket, 100, headers).send()),
     )
     .await;
     let accepted = answers
         .iter()
-        .filter(|answer| answer.status() == StatusCode::CREATED)
+        .filter(|answer| {
+            answer
+                .as_ref()
+                .is_ok_and(|answer| answer.status() == StatusCode::CREATED)
+        })
         .count();
     (accepted, account)
 }
@@ -106,29 +90,21 @@ async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
     .await;
     let account = app.create_account(100, 0).await;
     let (paused, next) = (app.ticket(&account).await, app.ticket(&account).await);
-    let first = {
-        let app_client = app.client.clone();
-        let url = app.url(&format!("/v1/accounts/{}/withdrawals", account.id));
-        let key = account.key.clone();
-        tokio::spawn(async move {
-            app_client
-                .post(url)
-                .bearer_auth(key)
-                .header("idempotency-key", paused)
-                .header("payonce-strategy", "redis")
-                .header("payonce-fault", "pause=1s")
-                .json(&json!({ "amount": 100 }))
-                .send()
-                .await
-                .unwrap()
-                .status()
-        })
-    };
+    let first = app.spawn_withdrawal(
+        &account,
+        &paused,
+        100,
+        &[("payonce-strategy", "redis"), ("payonce-fault", "pause=1s")],
+    );
     tokio::time::sleep(Duration::from_millis(150)).await;
-    let second = withdraw_with(&app, &account, &next, 100, &[("payonce-strategy", "redis")]).await;
+    let second = app
+        .withdrawal(&account, &next, 100, &[("payonce-strategy", "redis")])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(second.status(), StatusCode::CREATED);
     assert_eq!(
-        first.await.unwrap(),
+        first.await.unwrap().status(),
         StatusCode::CREATED,
         "the paused holder wrote after its successor"
     );
@@ -159,15 +135,25 @@ async fn every_strategy_serves_a_spend_and_its_replay() {
     for strategy in api::config::Strategy::ALL {
         let ticket = app.ticket(&account).await;
         let headers = [("payonce-strategy", strategy.name())];
-        let (status, replayed, first) =
-            read(withdraw_with(&app, &account, &ticket, 10, &headers).await).await;
+        let (status, replayed, first) = read(
+            app.withdrawal(&account, &ticket, 10, &headers)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(
             (status, replayed),
             (StatusCode::CREATED, false),
             "{strategy:?}: {first}"
         );
-        let (status, replayed, again) =
-            read(withdraw_with(&app, &account, &ticket, 10, &headers).await).await;
+        let (status, replayed, again) = read(
+            app.withdrawal(&account, &ticket, 10, &headers)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
         assert_eq!(
             (status, replayed, again),
             (StatusCode::CREATED, true, first),
@@ -192,15 +178,19 @@ async fn bad_demonstration_headers_are_400() {
         [("payonce-strategy", "redlock")],
         [("payonce-strategy", "setnx-expire")],
     ] {
-        let response = withdraw_with(&app, &account, &ticket, 1, &headers).await;
+        let response = app
+            .withdrawal(&account, &ticket, 1, &headers)
+            .send()
+            .await
+            .unwrap();
         assert_problem(response, StatusCode::BAD_REQUEST, "bad-request").await;
     }
-    assert_eq!(
-        withdraw_with(&app, &account, &ticket, 1, &[])
-            .await
-            .status(),
-        StatusCode::CREATED
-    );
+    let plain = app
+        .withdrawal(&account, &ticket, 1, &[])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(plain.status(), StatusCode::CREATED);
 }
 
 /// An unsafe strategy that needs Redis cannot be the instance's strategy in the embedded

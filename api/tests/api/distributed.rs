@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use lock::testing::{RedisServer, free_port};
 use reqwest::StatusCode;
-use serde_json::json;
 
 use crate::helpers::{
     Backend, Shared, TestApp, assert_problem, read, spawn_app, spawn_config, spawn_with,
@@ -91,16 +90,12 @@ async fn paused_holder_on_one_instance_cannot_commit_after_another_wrote() {
     let second = spawn_with(shared, &flags).await;
     let ada = first.create_account(1000, 0).await;
     let (paused_ticket, next_ticket) = (first.ticket(&ada).await, first.ticket(&ada).await);
-    let paused = {
-        let request = first
-            .client
-            .post(first.url(&format!("/v1/accounts/{}/withdrawals", ada.id)))
-            .bearer_auth(&ada.key)
-            .header("idempotency-key", &paused_ticket)
-            .header("payonce-fault", "pause=1200ms")
-            .json(&json!({ "amount": 700 }));
-        tokio::spawn(async move { request.send().await.unwrap() })
-    };
+    let paused = first.spawn_withdrawal(
+        &ada,
+        &paused_ticket,
+        700,
+        &[("payonce-fault", "pause=1200ms")],
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (status, _, _) = read(second.withdraw(&ada, &next_ticket, 700).await).await;
     assert_eq!(status, StatusCode::CREATED);

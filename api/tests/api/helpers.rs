@@ -224,6 +224,40 @@ impl TestApp {
             .await
     }
 
+    /// A withdrawal with extra headers (the demonstration's `Payonce-Strategy` and
+    /// `Payonce-Fault`), ready to send.
+    pub fn withdrawal(
+        &self,
+        account: &TestAccount,
+        ticket: &str,
+        amount: i64,
+        headers: &[(&str, &str)],
+    ) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(self.url(&format!("/v1/accounts/{}/withdrawals", account.id)))
+            .bearer_auth(&account.key)
+            .header("idempotency-key", ticket)
+            .json(&json!({ "amount": amount }));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request
+    }
+
+    /// Sends a withdrawal with extra headers in the background — for a request that pauses
+    /// while the test sends others.
+    pub fn spawn_withdrawal(
+        &self,
+        account: &TestAccount,
+        ticket: &str,
+        amount: i64,
+        headers: &[(&str, &str)],
+    ) -> tokio::task::JoinHandle<Response> {
+        let request = self.withdrawal(account, ticket, amount, headers);
+        tokio::spawn(async move { request.send().await.expect("request") })
+    }
+
     pub async fn balance(&self, account: &TestAccount) -> (i64, i64) {
         let body: Value = self
             .client
