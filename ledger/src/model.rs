@@ -65,6 +65,9 @@ pub enum InvalidInput {
     /// An account name that is empty or longer than 100 characters.
     #[error("name must be 1 to 100 characters, got {0}")]
     NameLength(usize),
+    /// An account name with a NUL character.
+    #[error("name must not contain a NUL character")]
+    NameNul,
     /// A negative opening balance.
     #[error("opening balance must not be negative, got {0}")]
     OpeningBalance(i64),
@@ -124,12 +127,16 @@ pub struct NewAccount {
 }
 
 impl NewAccount {
-    /// Validates the name (1 to 100 characters) and the opening balance and points (≥ 0).
+    /// Validates the name (1 to 100 characters, no NUL — PostgreSQL cannot store one) and
+    /// the opening balance and points (≥ 0).
     pub fn new(name: impl Into<String>, balance: i64, points: i64) -> Result<Self, InvalidInput> {
         let name = name.into();
         let length = name.chars().count();
         if !(1..=100).contains(&length) {
             return Err(InvalidInput::NameLength(length));
+        }
+        if name.contains('\0') {
+            return Err(InvalidInput::NameNul);
         }
         if balance < 0 {
             return Err(InvalidInput::OpeningBalance(balance));

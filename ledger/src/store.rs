@@ -599,13 +599,40 @@ where
                         recorded: recorded.max(0).unsigned_abs(),
                     });
                 };
-                OperationResult::Refused(if balance < debit {
-                    Refusal::InsufficientFunds { balance }
-                } else if points < spend {
-                    Refusal::InsufficientPoints { points }
+                let affordable =
+                    balance >= debit && points >= spend && balance - debit <= i64::MAX - credit;
+                // The move read a snapshot; RECORD_TOKEN waited for the row and read its
+                // latest version. If that version affords the operation — another writer
+                // committed in between, which only overlapping lock holders allow — move now:
+                // this transaction holds the row, so the conditions cannot change again.
+                let retried: Option<(i64, i64)> = if affordable {
+                    sqlx::query_as(MOVE)
+                        .bind(request.account_id)
+                        .bind(debit)
+                        .bind(credit)
+                        .bind(spend)
+                        .bind(token)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .or_constraint()?
                 } else {
-                    Refusal::BalanceLimit { balance }
-                })
+                    None
+                };
+                match retried {
+                    Some((balance, points)) => OperationResult::Applied {
+                        balance,
+                        points,
+                        credit,
+                        prize,
+                    },
+                    None => OperationResult::Refused(if balance < debit {
+                        Refusal::InsufficientFunds { balance }
+                    } else if points < spend {
+                        Refusal::InsufficientPoints { points }
+                    } else {
+                        Refusal::BalanceLimit { balance }
+                    }),
+                }
             }
         };
 

@@ -145,14 +145,17 @@ async fn renew(backend: Arc<dyn LockBackend>, lease: Lease, lost: CancellationTo
     let ttl = lease.ttl();
     let period = (ttl / 3).max(Duration::from_millis(1));
     let retry = (period / 4).max(Duration::from_millis(1));
-    let mut held_until = lease.acquired_at() + ttl;
+    // A little short of the lease: clocks drift, and `lost` should fire before a successor
+    // can be granted the lock, not at the same instant.
+    let margin = ttl / 100 + Duration::from_millis(1);
+    let mut held_until = lease.acquired_at() + ttl - margin;
     let mut next = lease.acquired_at() + period;
     loop {
         sleep_until(next).await;
         let sent_at = Instant::now();
         match timeout_at(held_until, backend.extend(&lease, ttl)).await {
             Ok(Ok(true)) => {
-                held_until = sent_at + ttl;
+                held_until = sent_at + ttl - margin;
                 next = sent_at + period;
             }
             Ok(Ok(false)) => {

@@ -147,6 +147,12 @@ impl LockBackend for InProcessBackend {
         validate_note(note)?;
         let started = Instant::now();
         let owner = OwnerToken::random();
+        let mut pending = Pending {
+            backend: self,
+            key,
+            owner,
+            settled: false,
+        };
         let (grant, mut granted) = oneshot::channel();
         let mut grant = Some(grant);
         loop {
@@ -158,6 +164,7 @@ impl LockBackend for InProcessBackend {
                 let state = table.entry(key.to_owned()).or_default();
                 state.expire(now);
                 if let Ok((fence, granted_at)) = granted.try_recv() {
+                    pending.settled = true;
                     return Ok(Lease::new(
                         key,
                         owner,
@@ -171,6 +178,7 @@ impl LockBackend for InProcessBackend {
                     && !state.hand_off_pending(now)
                 {
                     let fence = state.grant(owner, ttl, note.to_owned(), now);
+                    pending.settled = true;
                     return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
                 }
                 if let Some(grant) = grant.take() {
@@ -189,11 +197,13 @@ impl LockBackend for InProcessBackend {
                     .map_or(now + ttl, |holder| holder.expires_at)
             };
             if now >= deadline {
+                pending.settled = true;
                 return Err(self.give_up(key, owner, started));
             }
             tokio::select! {
                 biased;
                 grant = &mut granted => {
+                    pending.settled = true;
                     return match grant {
                         Ok((fence, granted_at)) => Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, granted_at)),
                         // Dropped without a grant: only giving up removes our entry, so this is
@@ -250,6 +260,7 @@ impl LockBackend for InProcessBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
+        crate::service::check_floor(floor)?;
         let mut table = self.table();
         let state = table.entry(key.to_owned()).or_default();
         state.fence = state.fence.max(floor.get());
@@ -289,6 +300,23 @@ impl InProcessBackend {
         LockError::TimedOut {
             key: key.to_owned(),
             waited: now - started,
+        }
+    }
+}
+
+/// Cleans up after an acquire call whose future was dropped before it settled: leaves the
+/// queue, and passes on a grant that reached it but was never claimed.
+struct Pending<'a> {
+    backend: &'a InProcessBackend,
+    key: &'a str,
+    owner: OwnerToken,
+    settled: bool,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            let _ = self.backend.give_up(self.key, self.owner, Instant::now());
         }
     }
 }

@@ -72,5 +72,5 @@ pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};
-pub use service::{Lease, LockBackend, LockService, MAX_NOTE, MIN_TTL};
+pub use service::{Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MIN_TTL};
 pub use token::{FencingToken, OwnerToken};

@@ -92,15 +92,57 @@ impl Waiters {
     }
 }
 
-/// Removes a waiter's registration when its acquire call ends, however it ends.
-struct Registration<'a> {
-    waiters: &'a Waiters,
+/// A waiter's registration, removed when its acquire call ends however it ends. If the
+/// call ends without settling — its future dropped (a client that went away, an outer
+/// timeout) — the cancel script runs in the background, so a queue entry or a hand-off
+/// nobody will claim does not hold up the waiters behind for a whole lease.
+struct Pending {
+    waiters: Arc<Waiters>,
     owner: OwnerToken,
+    cleanup: Option<Cleanup>,
 }
 
-impl Drop for Registration<'_> {
+/// What the cancel script needs.
+struct Cleanup {
+    connection: ConnectionManager,
+    cancel: Script,
+    keys: [String; 3],
+    op_timeout: Duration,
+}
+
+impl Pending {
+    /// The call settled (granted, or gave up through the cancel script itself).
+    fn settle(&mut self) {
+        self.cleanup = None;
+    }
+}
+
+impl Drop for Pending {
     fn drop(&mut self) {
         self.waiters.map().remove(&self.owner);
+        let Some(cleanup) = self.cleanup.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let owner = self.owner.to_hex();
+        runtime.spawn(async move {
+            let mut connection = cleanup.connection;
+            let mut invocation = cleanup.cancel.prepare_invoke();
+            for key in &cleanup.keys {
+                invocation.key(key);
+            }
+            invocation.arg(&owner);
+            let cancelled = timeout_at(
+                Instant::now() + cleanup.op_timeout,
+                invocation.invoke_async::<i64>(&mut connection),
+            )
+            .await;
+            if !matches!(cancelled, Ok(Ok(_))) {
+                tracing::debug!("could not cancel an abandoned wait; its entry expires by itself");
+            }
+        });
     }
 }
 
@@ -125,9 +167,9 @@ pub struct RedisBackend {
     /// The channel releases publish to when they hand a lock to one of our waiters.
     channel: String,
     waiters: Arc<Waiters>,
-    /// Set once the wake-up subscription is confirmed; the connection manager renews it
-    /// after reconnecting.
-    subscribed: AtomicBool,
+    /// Set once the wake-up subscription is confirmed; cleared when the connection drops
+    /// (the connection manager resubscribes on reconnect, and the next waiter makes sure).
+    subscribed: Arc<AtomicBool>,
     /// Serialises the first subscription so concurrent waiters send one SUBSCRIBE.
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
@@ -168,12 +210,17 @@ impl RedisBackend {
             .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
 
         let waiters = Arc::new(Waiters::default());
-        let push_waiters = Arc::clone(&waiters);
+        let subscribed = Arc::new(AtomicBool::new(false));
+        let (push_waiters, push_subscribed) = (Arc::clone(&waiters), Arc::clone(&subscribed));
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            if push.kind == PushKind::Message
-                && let [_channel, Value::BulkString(payload)] = push.data.as_slice()
-            {
-                push_waiters.deliver(payload);
+            match push.kind {
+                PushKind::Message => {
+                    if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
+                        push_waiters.deliver(payload);
+                    }
+                }
+                PushKind::Disconnection => push_subscribed.store(false, Ordering::Release),
+                _ => {}
             }
             Ok(())
         };
@@ -195,7 +242,7 @@ impl RedisBackend {
             channel: format!("{}:wake:{client_id}", options.namespace),
             namespace: options.namespace,
             waiters,
-            subscribed: AtomicBool::new(false),
+            subscribed,
             subscribing: tokio::sync::Mutex::new(()),
             op_timeout: options.op_timeout,
             round_trips: AtomicU64::new(0),
@@ -260,7 +307,11 @@ impl RedisBackend {
         if self.subscribed.load(Ordering::Acquire) {
             return Ok(());
         }
-        let _single = self.subscribing.lock().await;
+        let Ok(_single) = timeout_at(deadline, self.subscribing.lock()).await else {
+            return Err(LockError::unavailable(
+                "Redis did not confirm the wake-up subscription in time",
+            ));
+        };
         if self.subscribed.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -307,23 +358,15 @@ impl RedisBackend {
 
     /// Leaves the queue after the deadline. A hand-off that raced with giving up is passed
     /// on by the same script.
-    async fn give_up(
-        &self,
-        keys: &[String; 3],
-        key: &str,
-        owner: &str,
-        entry: &str,
-        started: Instant,
-    ) -> LockError {
+    /// Leaves the queue and passes on a grant that raced with giving up (or that a lost
+    /// reply never told us about). Best effort: an entry left behind expires at its
+    /// deadline.
+    async fn cancel(&self, keys: &[String; 3], key: &str, owner: &str) {
         let result: Result<i64, LockError> = self
-            .script(&self.scripts.cancel, keys, &[owner, entry], None)
+            .script(&self.scripts.cancel, keys, &[owner], None)
             .await;
         if let Err(error) = result {
             tracing::debug!(key, %error, "could not leave the lock queue; our entry expires by itself");
-        }
-        LockError::TimedOut {
-            key: key.to_owned(),
-            waited: started.elapsed(),
         }
     }
 }
@@ -345,13 +388,19 @@ impl LockBackend for RedisBackend {
         validate_note(note)?;
         let keys = self.keys(key);
         let owner = OwnerToken::random();
+        let owner_hex = owner.to_hex();
         let sent_at = Instant::now();
         match self
-            .attempt(&keys, &owner.to_hex(), ttl, Duration::ZERO, "", note, None)
-            .await?
+            .attempt(&keys, &owner_hex, ttl, Duration::ZERO, "", note, None)
+            .await
         {
-            Attempt::Granted(fence) => Ok(Some(Lease::new(key, owner, fence, ttl, sent_at))),
-            Attempt::Held { .. } => Ok(None),
+            Ok(Attempt::Granted(fence)) => Ok(Some(Lease::new(key, owner, fence, ttl, sent_at))),
+            Ok(Attempt::Held { .. }) => Ok(None),
+            Err(error) => {
+                // The script may have run and granted us a lock we will never use.
+                self.cancel(&keys, key, &owner_hex).await;
+                Err(error)
+            }
         }
     }
 
@@ -374,16 +423,28 @@ impl LockBackend for RedisBackend {
         // attempt's own reply.
         let (grant, mut granted) = oneshot::channel();
         self.waiters.map().insert(owner, grant);
-        let _registration = Registration {
-            waiters: &self.waiters,
+        let mut pending = Pending {
+            waiters: Arc::clone(&self.waiters),
             owner,
+            cleanup: Some(Cleanup {
+                connection: self.connection.clone(),
+                cancel: self.scripts.cancel.clone(),
+                keys: keys.clone(),
+                op_timeout: self.op_timeout,
+            }),
+        };
+        let timed_out = || LockError::TimedOut {
+            key: key.to_owned(),
+            waited: started.elapsed(),
         };
 
         let mut entry = String::new();
         loop {
             let sent_at = Instant::now();
             if sent_at >= deadline {
-                return Err(self.give_up(&keys, key, &owner_hex, &entry, started).await);
+                self.cancel(&keys, key, &owner_hex).await;
+                pending.settle();
+                return Err(timed_out());
             }
             let attempt = self
                 .attempt(
@@ -395,9 +456,26 @@ impl LockBackend for RedisBackend {
                     note,
                     Some(deadline),
                 )
-                .await?;
+                .await;
+            let attempt = match attempt {
+                Ok(attempt) => attempt,
+                Err(error) => {
+                    // The script may have run — queued us, or granted us the lock — before
+                    // the answer was lost or cut off at the deadline: undo that.
+                    self.cancel(&keys, key, &owner_hex).await;
+                    pending.settle();
+                    return Err(if Instant::now() >= deadline {
+                        timed_out()
+                    } else {
+                        error
+                    });
+                }
+            };
             let remaining = match attempt {
-                Attempt::Granted(fence) => return Ok(Lease::new(key, owner, fence, ttl, sent_at)),
+                Attempt::Granted(fence) => {
+                    pending.settle();
+                    return Ok(Lease::new(key, owner, fence, ttl, sent_at));
+                }
                 Attempt::Held {
                     remaining,
                     entry: queued,
@@ -416,6 +494,7 @@ impl LockBackend for RedisBackend {
                 fence = &mut granted => {
                     if let Ok(fence) = fence {
                         // The grant came after our last attempt was sent.
+                        pending.settle();
                         return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at));
                     }
                     // Our registration vanished, which only this call removes: look again.
@@ -461,6 +540,7 @@ impl LockBackend for RedisBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
+        crate::service::check_floor(floor)?;
         let [_, fence_key, _] = self.keys(key);
         let counter: i64 = self
             .script(

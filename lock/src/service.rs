@@ -139,6 +139,20 @@ pub(crate) fn validate(key: &str, ttl: Duration) -> Result<(), LockError> {
     Ok(())
 }
 
+/// The largest fencing floor [`LockBackend::raise_fencing`] takes: 2^53, the largest
+/// integer the Redis scripts' numbers hold exactly — far beyond any lock's lifetime.
+pub const MAX_FENCING_FLOOR: u64 = 1 << 53;
+
+/// Refuses floors that could not be kept exactly (rather than rounding them).
+pub(crate) fn check_floor(floor: FencingToken) -> Result<(), LockError> {
+    if floor.get() > MAX_FENCING_FLOOR {
+        return Err(LockError::Invalid(format!(
+            "fencing floor {floor} is above 2^53"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn validate_note(note: &str) -> Result<(), LockError> {
     if note.len() > MAX_NOTE {
         return Err(LockError::Invalid(format!(

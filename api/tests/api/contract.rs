@@ -1,6 +1,7 @@
 //! One function per row of the contract and per idempotency rule; `main.rs` runs each on
 //! both backends.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -947,6 +948,8 @@ pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
     let in_flight = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=500ms")]);
     tokio::time::sleep(Duration::from_millis(150)).await;
     let ledger = app.state.ledger().clone();
+    // Stopping drops the app's hold on its database; the embedded one is a temporary file.
+    let _database = Arc::clone(&app.shared);
     app.stop().await;
     assert_eq!(in_flight.await.unwrap().status(), StatusCode::CREATED);
     let account = ledger

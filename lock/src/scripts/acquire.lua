@@ -5,6 +5,7 @@
 -- ARGV[3]  how long the caller will wait, ms; 0 = try once, never queue
 -- ARGV[4]  the caller's wake-up channel
 -- ARGV[5]  the caller's queue entry from an earlier reply, or '' on a first attempt
+--          (a waiter holds one entry at most: it is found again by this exact string)
 -- ARGV[6]  the caller's note: what it will be doing while it holds the lock (may be '')
 -- Returns {1, fencing token, ''} when the lock is now the caller's, else
 --         {0, ms until the current lease ends, the caller's queue entry or ''}.
@@ -37,7 +38,7 @@ end
 
 if wait_ms > 0 then
   if entry == '' or not redis.call('LPOS', queue_key, entry) then
-    entry = owner .. '|' .. ttl .. '|' .. (now_ms() + wait_ms) .. '|' .. channel .. '|' .. note
+    entry = owner .. '|' .. ttl .. '|' .. digits(now_ms() + wait_ms) .. '|' .. channel .. '|' .. note
     redis.call('RPUSH', queue_key, entry)
   end
 else

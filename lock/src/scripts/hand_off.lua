@@ -15,9 +15,14 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- Numbers as decimal digits: Lua's own conversion writes 1e+14 from 10^14 on.
+local function digits(n)
+  return string.format('%.0f', n)
+end
+
 local function grant(lock_key, fence_key, owner, ttl, note)
   local fence = redis.call('INCR', fence_key)
-  redis.call('SET', lock_key, owner .. ':' .. fence .. ':' .. note, 'PX', ttl)
+  redis.call('SET', lock_key, owner .. ':' .. digits(fence) .. ':' .. note, 'PX', ttl)
   return fence
 end
 
@@ -37,7 +42,7 @@ local function hand_off(lock_key, fence_key, queue_key, quiet_owner)
     if owner and tonumber(deadline) > now then
       local fence = grant(lock_key, fence_key, owner, ttl, note)
       if owner ~= quiet_owner then
-        redis.call('PUBLISH', channel, owner .. ':' .. fence)
+        redis.call('PUBLISH', channel, owner .. ':' .. digits(fence))
       end
       return owner, fence
     end

@@ -51,6 +51,7 @@ macro_rules! shared_suite {
                 acquire_times_out_at_its_deadline,
                 abandoned_wait_does_not_block_the_queue,
                 raise_fencing_never_lowers,
+                large_fencing_tokens_stay_exact,
                 extend_only_by_the_holder,
                 holder_note_follows_the_holder,
                 rejects_empty_key_and_tiny_ttl

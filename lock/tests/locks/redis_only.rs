@@ -278,3 +278,67 @@ async fn reconnects_after_a_restart_and_reports_the_lost_lock() {
     };
     assert!(next.release().await.unwrap());
 }
+
+/// Forwards a loopback port to `upstream`, delaying every reply by `delay`: a slow Redis.
+async fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = tokio::net::TcpStream::connect(("127.0.0.1", upstream))
+                .await
+                .unwrap();
+            let (mut client_read, mut client_write) = client.into_split();
+            let (mut server_read, mut server_write) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+            });
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let mut buffer = vec![0u8; 64 * 1024];
+                while let Ok(read) = server_read.read(&mut buffer).await {
+                    if read == 0 {
+                        break;
+                    }
+                    sleep(delay).await;
+                    if client_write.write_all(&buffer[..read]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+/// An acquire whose answer comes back after its deadline — the script did run and grant
+/// the lock — times out and undoes the grant: no lock is left that nobody holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_after_the_deadline_leaves_no_ghost_holder() {
+    let redis = PrivateRedis::start();
+    let port = slow_proxy(redis.server.port(), Duration::from_millis(100)).await;
+    let locks = LockService::redis(
+        &format!("redis://127.0.0.1:{port}"),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: Duration::from_secs(2),
+        },
+    )
+    .unwrap();
+    // Subscribe (and load the scripts) first, with time to spare.
+    let mut warm = locks
+        .acquire("k", 10 * SECOND, Instant::now() + 5 * SECOND)
+        .await
+        .unwrap();
+    warm.release().await.unwrap();
+
+    let result = locks
+        .acquire("k", 10 * SECOND, Instant::now() + Duration::from_millis(30))
+        .await;
+    assert!(
+        matches!(result, Err(LockError::TimedOut { .. })),
+        "{result:?}"
+    );
+    let held: Option<String> = redis.raw().await.get("t:lock:{k}").await.unwrap();
+    assert_eq!(held, None, "the grant that arrived too late was not undone");
+}
