@@ -217,6 +217,13 @@ impl Config {
                 "PAYONCE_TICKET_TTL and PAYONCE_REQUEST_TIMEOUT must be positive".into(),
             ));
         }
+        if self.lock_wait >= self.request_timeout {
+            // Otherwise the request timeout cuts a spend off while it waits for the lock,
+            // and the caller gets an outcome-unknown 503 instead of a clear 409.
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_WAIT must be shorter than PAYONCE_REQUEST_TIMEOUT".into(),
+            ));
+        }
         if self.db_max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
@@ -247,17 +254,38 @@ impl Config {
     }
 }
 
-/// A URL with its password replaced, for printing.
+/// A URL with its secrets replaced, for printing: the password in the authority, and
+/// query parameters that carry one (`?password=…`, which PostgreSQL URLs accept, and
+/// anything else that looks like a secret).
 pub fn mask(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut parsed) if parsed.password().is_some() => {
-            // Only fails for URLs that cannot have a password, which this one has.
-            let _ = parsed.set_password(Some("****"));
-            parsed.to_string()
-        }
-        Ok(parsed) => parsed.to_string(),
-        Err(_) => "<unparseable URL>".to_owned(),
+    let Ok(mut parsed) = url::Url::parse(url) else {
+        return "<unparseable URL>".to_owned();
+    };
+    if parsed.password().is_some() {
+        // Only fails for URLs that cannot have a password, which this one has.
+        let _ = parsed.set_password(Some("****"));
     }
+    if parsed.query().is_some() {
+        let secret = |name: &str| {
+            let name = name.to_ascii_lowercase();
+            ["password", "passwd", "secret", "token", "key"]
+                .iter()
+                .any(|word| name.contains(word))
+        };
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(name, value)| {
+                let value = if secret(&name) {
+                    "****".to_owned()
+                } else {
+                    value.into_owned()
+                };
+                (name.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 impl fmt::Display for Config {
@@ -359,6 +387,9 @@ mod tests {
             printed.contains("postgres://app:****@db:5432/payonce"),
             "{printed}"
         );
+        let masked = mask("postgres://app@db/payonce?password=hunter2&sslmode=disable");
+        assert!(!masked.contains("hunter2"), "{masked}");
+        assert!(masked.contains("sslmode=disable"), "{masked}");
     }
 
     #[test]

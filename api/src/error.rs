@@ -366,7 +366,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "timeout",
         503,
-        "The request took longer than the server allows. Retry with the same ticket: a spend executes at most once.",
+        "The request took longer than the server allows, and its outcome is unknown: a spend may have completed just before the answer was cut off. Send the same request with the same ticket to learn it — a completed spend replays, an unfinished one executes, at most once either way.",
     ),
     ("internal-error", 500, "A bug. It has been logged."),
     (

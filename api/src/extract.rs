@@ -55,9 +55,10 @@ impl Caller {
     }
 }
 
-/// The account in the path, which must be the caller's: 404 if the path does not hold an
-/// account id, then 401 without a valid key, then 403 if the key is another account's —
-/// in that order, before anything else about the request is looked at.
+/// The account in the path, which must be the caller's: 401 without a valid key, then 404
+/// if the path does not hold an account id, then 403 if the key is another account's — in
+/// that order, before anything else about the request is looked at. (Authentication
+/// first: a caller without a key learns nothing, not even which paths name accounts.)
 #[derive(Debug, Clone, Copy)]
 pub struct OwnAccount(pub AccountId);
 
@@ -69,8 +70,8 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let AccountPath(account) = AccountPath::from_request_parts(parts, state).await?;
         let caller = Caller::from_request_parts(parts, state).await?;
+        let AccountPath(account) = AccountPath::from_request_parts(parts, state).await?;
         caller.must_be(account)?;
         Ok(Self(account))
     }

@@ -93,7 +93,18 @@ async fn shutdown_signal() {
 async fn audit(config: &api::config::Config, json: bool) -> ExitCode {
     let url = match (&config.database_url, config.mode()) {
         (Some(url), _) => url.clone(),
-        (None, Ok(Mode::Embedded { sqlite_path })) => format!("sqlite:{}", sqlite_path.display()),
+        (None, Ok(Mode::Embedded { sqlite_path })) => {
+            // Opening would create an empty ledger, and an empty ledger is clean: say
+            // plainly that there is nothing here instead.
+            if !sqlite_path.exists() {
+                eprintln!(
+                    "payonce audit: no embedded ledger at {} (set PAYONCE_DATA_DIR, or DATABASE_URL)",
+                    sqlite_path.display()
+                );
+                return ExitCode::from(2);
+            }
+            format!("sqlite:{}", sqlite_path.display())
+        }
         (None, _) => {
             eprintln!("payonce audit: set DATABASE_URL (or run where the embedded data lives)");
             return ExitCode::from(2);

@@ -25,7 +25,7 @@
 //! conflicts rare and cheap; the fencing check makes them harmless.
 //!
 //! # How waiting works in Redis, and why this way
-//! A lock is three keys: the lock itself (`<owner>:<token>` with a TTL), a fencing counter,
+//! A lock is three keys: the lock itself (`<owner>:<token>:<note>` with a TTL), a fencing counter,
 //! and a queue of waiters in arrival order. All three change only inside Lua scripts, so
 //! every step is atomic:
 //! - *acquire* takes a free lock with an empty queue in one round trip (INCR the counter,
@@ -72,5 +72,5 @@ pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};
-pub use service::{Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MIN_TTL};
+pub use service::{Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL, MIN_TTL};
 pub use token::{FencingToken, OwnerToken};

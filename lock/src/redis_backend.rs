@@ -93,9 +93,10 @@ impl Waiters {
 }
 
 /// A waiter's registration, removed when its acquire call ends however it ends. If the
-/// call ends without settling — its future dropped (a client that went away, an outer
-/// timeout) — the cancel script runs in the background, so a queue entry or a hand-off
-/// nobody will claim does not hold up the waiters behind for a whole lease.
+/// call ends without a grant — its deadline, an error, or its future dropped (a client
+/// that went away, an outer timeout) — the cancel script runs in the background, so a
+/// queue entry or a hand-off nobody will claim does not hold up the waiters behind for a
+/// whole lease.
 struct Pending {
     waiters: Arc<Waiters>,
     owner: OwnerToken,
@@ -110,8 +111,37 @@ struct Cleanup {
     op_timeout: Duration,
 }
 
+impl Cleanup {
+    /// Runs the cancel script in the background: leaves the queue and passes on a grant
+    /// that raced with giving up (or that a lost reply never told us about). In the
+    /// background because the caller must get its answer by its deadline even when Redis
+    /// has gone silent; best effort, since an entry left behind expires at its deadline
+    /// and a grant nobody claims at its TTL.
+    fn spawn(self, owner: String) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            let mut connection = self.connection;
+            let mut invocation = self.cancel.prepare_invoke();
+            for key in &self.keys {
+                invocation.key(key);
+            }
+            invocation.arg(&owner);
+            let cancelled = timeout_at(
+                Instant::now() + self.op_timeout,
+                invocation.invoke_async::<i64>(&mut connection),
+            )
+            .await;
+            if !matches!(cancelled, Ok(Ok(_))) {
+                tracing::debug!("could not cancel an abandoned wait; its entry expires by itself");
+            }
+        });
+    }
+}
+
 impl Pending {
-    /// The call settled (granted, or gave up through the cancel script itself).
+    /// The call was granted the lock: nothing to undo.
     fn settle(&mut self) {
         self.cleanup = None;
     }
@@ -120,29 +150,9 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         self.waiters.map().remove(&self.owner);
-        let Some(cleanup) = self.cleanup.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let owner = self.owner.to_hex();
-        runtime.spawn(async move {
-            let mut connection = cleanup.connection;
-            let mut invocation = cleanup.cancel.prepare_invoke();
-            for key in &cleanup.keys {
-                invocation.key(key);
-            }
-            invocation.arg(&owner);
-            let cancelled = timeout_at(
-                Instant::now() + cleanup.op_timeout,
-                invocation.invoke_async::<i64>(&mut connection),
-            )
-            .await;
-            if !matches!(cancelled, Ok(Ok(_))) {
-                tracing::debug!("could not cancel an abandoned wait; its entry expires by itself");
-            }
-        });
+        if let Some(cleanup) = self.cleanup.take() {
+            cleanup.spawn(self.owner.to_hex());
+        }
     }
 }
 
@@ -271,10 +281,13 @@ impl RedisBackend {
         call: impl Future<Output = redis::RedisResult<T>>,
     ) -> Result<T, LockError> {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
-        let limit = Instant::now() + self.op_timeout;
-        let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
+        let op_limit = Instant::now() + self.op_timeout;
+        let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
         match timeout_at(limit, call).await {
             Ok(result) => result.map_err(LockError::from),
+            Err(_) if limit < op_limit => Err(LockError::unavailable(
+                "Redis did not answer before the caller's deadline",
+            )),
             Err(_) => Err(LockError::unavailable(format!(
                 "Redis did not answer within {:?}",
                 self.op_timeout
@@ -356,17 +369,43 @@ impl RedisBackend {
         })
     }
 
-    /// Leaves the queue after the deadline. A hand-off that raced with giving up is passed
-    /// on by the same script.
-    /// Leaves the queue and passes on a grant that raced with giving up (or that a lost
-    /// reply never told us about). Best effort: an entry left behind expires at its
-    /// deadline.
-    async fn cancel(&self, keys: &[String; 3], key: &str, owner: &str) {
-        let result: Result<i64, LockError> = self
-            .script(&self.scripts.cancel, keys, &[owner], None)
-            .await;
-        if let Err(error) = result {
-            tracing::debug!(key, %error, "could not leave the lock queue; our entry expires by itself");
+    /// A lease handed to us over pub/sub counts from our last attempt, the latest moment we
+    /// know to precede the grant. After a long wait that would leave the watchdog little
+    /// or none of the lease (a waiter with a shorter TTL than the holder it queued behind
+    /// would be "lost" at once), so renew it first and count from the renewal.
+    async fn fresh_lease(&self, lease: Lease) -> Result<Lease, LockError> {
+        let ttl = lease.ttl();
+        if lease.acquired_at().elapsed() < ttl / 3 {
+            return Ok(lease);
+        }
+        let sent_at = Instant::now();
+        match self.extend(&lease, ttl).await {
+            Ok(true) => Ok(Lease::new(
+                lease.key(),
+                lease.owner(),
+                lease.fencing_token(),
+                ttl,
+                sent_at,
+            )),
+            Ok(false) => Err(LockError::unavailable(
+                "a lock handed to us was gone before we could renew it (Redis lost data?)",
+            )),
+            Err(error) => {
+                // Not confirmed ours: hand it on rather than leave it to expire.
+                let keys = self.keys(lease.key());
+                self.cleanup(&keys).spawn(lease.owner().to_hex());
+                Err(error)
+            }
+        }
+    }
+
+    /// What [`Cleanup::spawn`] needs to undo an attempt whose answer we did not act on.
+    fn cleanup(&self, keys: &[String; 3]) -> Cleanup {
+        Cleanup {
+            connection: self.connection.clone(),
+            cancel: self.scripts.cancel.clone(),
+            keys: keys.clone(),
+            op_timeout: self.op_timeout,
         }
     }
 }
@@ -398,7 +437,7 @@ impl LockBackend for RedisBackend {
             Ok(Attempt::Held { .. }) => Ok(None),
             Err(error) => {
                 // The script may have run and granted us a lock we will never use.
-                self.cancel(&keys, key, &owner_hex).await;
+                self.cleanup(&keys).spawn(owner_hex);
                 Err(error)
             }
         }
@@ -426,12 +465,7 @@ impl LockBackend for RedisBackend {
         let mut pending = Pending {
             waiters: Arc::clone(&self.waiters),
             owner,
-            cleanup: Some(Cleanup {
-                connection: self.connection.clone(),
-                cancel: self.scripts.cancel.clone(),
-                keys: keys.clone(),
-                op_timeout: self.op_timeout,
-            }),
+            cleanup: Some(self.cleanup(&keys)),
         };
         let timed_out = || LockError::TimedOut {
             key: key.to_owned(),
@@ -439,11 +473,13 @@ impl LockBackend for RedisBackend {
         };
 
         let mut entry = String::new();
+        // Whether Redis has told us the lock is held: only then is running out of time a
+        // wait that timed out rather than a lock store that did not answer.
+        let mut seen_held = false;
         loop {
             let sent_at = Instant::now();
             if sent_at >= deadline {
-                self.cancel(&keys, key, &owner_hex).await;
-                pending.settle();
+                // `pending` cancels our queue entry as it drops.
                 return Err(timed_out());
             }
             let attempt = self
@@ -461,10 +497,9 @@ impl LockBackend for RedisBackend {
                 Ok(attempt) => attempt,
                 Err(error) => {
                     // The script may have run — queued us, or granted us the lock — before
-                    // the answer was lost or cut off at the deadline: undo that.
-                    self.cancel(&keys, key, &owner_hex).await;
-                    pending.settle();
-                    return Err(if Instant::now() >= deadline {
+                    // the answer was lost or cut off at the deadline: `pending` undoes that
+                    // as it drops, in the background, so we answer by the deadline.
+                    return Err(if seen_held && Instant::now() >= deadline {
                         timed_out()
                     } else {
                         error
@@ -480,6 +515,7 @@ impl LockBackend for RedisBackend {
                     remaining,
                     entry: queued,
                 } => {
+                    seen_held = true;
                     if !queued.is_empty() {
                         entry = queued;
                     }
@@ -493,9 +529,11 @@ impl LockBackend for RedisBackend {
                 biased;
                 fence = &mut granted => {
                     if let Ok(fence) = fence {
-                        // The grant came after our last attempt was sent.
+                        // The grant came after our last attempt was sent, which is all we
+                        // know of when: the lease may be partly spent by now.
                         pending.settle();
-                        return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at));
+                        let lease = Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at);
+                        return self.fresh_lease(lease).await;
                     }
                     // Our registration vanished, which only this call removes: look again.
                     let (grant, fresh) = oneshot::channel();

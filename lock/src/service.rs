@@ -18,6 +18,10 @@ use crate::token::{FencingToken, OwnerToken};
 /// few milliseconds that is a busy loop, not a lease.
 pub const MIN_TTL: Duration = Duration::from_millis(3);
 
+/// The longest lease a backend accepts: a day. A lock held longer is a bug, and deadlines
+/// computed from an unbounded TTL would overflow.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// One grant of a lock: what release and extend need, and what the holder shows to the
 /// store it writes to (the fencing token).
 #[derive(Clone, Debug)]
@@ -136,18 +140,24 @@ pub(crate) fn validate(key: &str, ttl: Duration) -> Result<(), LockError> {
             "lock TTL {ttl:?} is below the minimum {MIN_TTL:?}"
         )));
     }
+    if ttl > MAX_TTL {
+        return Err(LockError::Invalid(format!(
+            "lock TTL {ttl:?} is above the maximum {MAX_TTL:?}"
+        )));
+    }
     Ok(())
 }
 
-/// The largest fencing floor [`LockBackend::raise_fencing`] takes: 2^53, the largest
-/// integer the Redis scripts' numbers hold exactly — far beyond any lock's lifetime.
-pub const MAX_FENCING_FLOOR: u64 = 1 << 53;
+/// The largest fencing floor [`LockBackend::raise_fencing`] takes: 2^53 − 2^32. The Redis
+/// scripts' numbers hold integers exactly up to 2^53; the gap leaves four billion grants
+/// above the highest floor before tokens could round — far beyond any lock's lifetime.
+pub const MAX_FENCING_FLOOR: u64 = (1 << 53) - (1 << 32);
 
 /// Refuses floors that could not be kept exactly (rather than rounding them).
 pub(crate) fn check_floor(floor: FencingToken) -> Result<(), LockError> {
     if floor.get() > MAX_FENCING_FLOOR {
         return Err(LockError::Invalid(format!(
-            "fencing floor {floor} is above 2^53"
+            "fencing floor {floor} is above {MAX_FENCING_FLOOR} (2^53 - 2^32)"
         )));
     }
     Ok(())
@@ -176,6 +186,12 @@ impl LockService {
         Self {
             backend: Arc::new(backend),
         }
+    }
+
+    /// Wraps a backend the caller keeps a handle on too (to read a backend's own
+    /// counters, say [`RedisBackend::round_trips`]).
+    pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
+        Self { backend }
     }
 
     /// Locks that live in this process only (the embedded mode: one instance).

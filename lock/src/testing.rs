@@ -38,6 +38,28 @@ impl RedisServer {
         self.wait_until_up(Duration::from_secs(10))
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open and nothing answers, as with a
+    /// paused VM or a partition. `resume` thaws it.
+    pub fn pause(&self) -> std::io::Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// Thaws a paused server (SIGCONT).
+    pub fn resume(&self) -> std::io::Result<()> {
+        self.signal("-CONT")
+    }
+
+    fn signal(&self, signal: &str) -> std::io::Result<()> {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("kill {signal} failed")))
+        }
+    }
+
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -65,6 +87,9 @@ impl RedisServer {
 
 impl Drop for RedisServer {
     fn drop(&mut self) {
+        // A paused server must be thawed to die promptly on its own terms; SIGKILL works
+        // either way, but the wait below should not depend on it.
+        let _ = self.resume();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -134,8 +134,8 @@ pub async fn create_account(
 )]
 pub async fn get_account(
     State(state): State<AppState>,
-    AccountPath(account): AccountPath,
     caller: Caller,
+    AccountPath(account): AccountPath,
 ) -> Result<Json<AccountView>, ApiError> {
     caller.must_be(account)?;
     let account = state
@@ -222,8 +222,8 @@ pub struct EntriesPage {
 )]
 pub async fn list_entries(
     State(state): State<AppState>,
-    AccountPath(account): AccountPath,
     caller: Caller,
+    AccountPath(account): AccountPath,
     query: Result<Query<EntriesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EntriesPage>, ApiError> {
     caller.must_be(account)?;

@@ -11,9 +11,11 @@
 //!    executing this very ticket, else 409 `account-busy`;
 //! 4. apply in the ledger with the lock's fencing token; the ledger stores the outcome
 //!    under the ticket in the same transaction as the money moves;
-//! 5. release the lock and answer. A stale fencing token (a newer holder has written)
-//!    stores nothing and answers 503 `lock-lost`, after raising the lock's token counter
-//!    to what the ledger has seen, so the next holder's token is accepted.
+//! 5. release the lock and answer. A stale fencing token stores nothing; the lock's token
+//!    counter is raised to what the ledger has seen (before the release, so the next
+//!    holder's token is accepted). If we still held the lock, the counter had merely
+//!    been lost (a lock store that restarted empty) and the spend runs once more with a
+//!    fresh grant; if not, a newer holder wrote while we were paused: 503 `lock-lost`.
 
 use axum::Json;
 use axum::extract::State;
@@ -244,87 +246,110 @@ async fn spend(
 
     let lock_key = format!("lock:account:{account}");
     let note = ticket_id.to_string();
-    let asked = Instant::now();
-    let acquired = state
-        .locks()
-        .acquire_noted(
-            &lock_key,
-            settings.lock_ttl,
-            asked + settings.lock_wait,
-            &note,
-        )
-        .await;
-    state.metrics().waited_for_lock(asked.elapsed());
-    let mut guard = match acquired {
-        Ok(guard) => guard,
-        Err(LockError::TimedOut { .. }) => {
-            state.metrics().lock_timed_out();
-            return gave_up_waiting(state, &lock_key, ticket_id, account, &fingerprint).await;
-        }
-        Err(error) => return Err(error.into()),
-    };
-
-    if let Some(pause) = faults.pause {
-        // What a stop-the-world pause does: nothing runs, renewal included.
-        tracing::warn!(%ticket_id, ?pause, "fault injection: pausing inside the critical section");
-        guard.stop_renewal().await;
-        tokio::time::sleep(pause).await;
-    }
-    if let Some(slow) = faults.slow {
-        // A slow call-out: the watchdog keeps renewing meanwhile.
-        tokio::time::sleep(slow).await;
-    }
-    if guard.is_lost() {
-        state.metrics().lock_lost();
-        let _ = guard.release().await;
-        return Err(ApiError::LockLost);
-    }
-
-    let applied = state
-        .ledger()
-        .apply(
-            ApplyRequest {
-                ticket_id,
-                account_id: account,
-                operation,
-                fingerprint: &fingerprint,
-                fencing_token: guard.fencing_token().get(),
-            },
-            &render,
-        )
-        .await;
-    if let Err(error) = guard.release().await {
-        tracing::warn!(%error, key = lock_key, "release failed; the lease will expire");
-    }
-
-    match applied {
-        Ok(applied) => {
-            if applied.replayed {
-                state.metrics().replayed();
-            } else {
-                state.metrics().executed();
+    // A second round only when the ledger refused our token although we still held the
+    // lock: the lock store handed out a token below one the ledger accepted earlier (its
+    // counters were lost — a Redis restart without persistence, or the embedded mode's
+    // in-process locks after a restart). Nothing was written; the counter is raised above
+    // the ledger's before we release, so the next grant is accepted.
+    let mut faults = faults;
+    let mut retried = false;
+    loop {
+        let asked = Instant::now();
+        let acquired = state
+            .locks()
+            .acquire_noted(
+                &lock_key,
+                settings.lock_ttl,
+                asked + settings.lock_wait,
+                &note,
+            )
+            .await;
+        state.metrics().waited_for_lock(asked.elapsed());
+        let mut guard = match acquired {
+            Ok(guard) => guard,
+            Err(LockError::TimedOut { .. }) => {
+                state.metrics().lock_timed_out();
+                return gave_up_waiting(state, &lock_key, ticket_id, account, &fingerprint).await;
             }
-            Ok(stored_response(applied.response, applied.replayed))
+            Err(error) => return Err(error.into()),
+        };
+
+        if let Some(pause) = faults.pause.take() {
+            // What a stop-the-world pause does: nothing runs, renewal included.
+            tracing::warn!(%ticket_id, ?pause, "fault injection: pausing inside the critical section");
+            guard.stop_renewal().await;
+            tokio::time::sleep(pause).await;
         }
-        Err(ApplyError::StaleToken {
+        if let Some(slow) = faults.slow {
+            // A slow call-out: the watchdog keeps renewing meanwhile.
+            tokio::time::sleep(slow).await;
+        }
+        if guard.is_lost() {
+            state.metrics().lock_lost();
+            let _ = guard.release().await;
+            return Err(ApiError::LockLost);
+        }
+
+        let applied = state
+            .ledger()
+            .apply(
+                ApplyRequest {
+                    ticket_id,
+                    account_id: account,
+                    operation,
+                    fingerprint: &fingerprint,
+                    fencing_token: guard.fencing_token().get(),
+                },
+                &render,
+            )
+            .await;
+        if let Err(ApplyError::StaleToken {
             presented,
             recorded,
-        }) => {
+        }) = &applied
+        {
             state.metrics().stale_token();
-            state.metrics().lock_lost();
             tracing::warn!(%ticket_id, presented, recorded, "ledger refused a stale fencing token");
-            // The lock store forgot tokens it handed out (a restart without persistence)
-            // or a paused holder woke up: make the next grant exceed what the ledger saw.
+            // Before releasing: the waiter we hand the lock to gets its token from the
+            // raised counter.
             if let Err(error) = state
                 .locks()
-                .raise_fencing(&lock_key, FencingToken::new(recorded))
+                .raise_fencing(&lock_key, FencingToken::new(*recorded))
                 .await
             {
                 tracing::warn!(%error, "could not raise the fencing counter");
             }
-            Err(ApiError::LockLost)
         }
-        Err(error) => Err(error.into()),
+        let still_held = match guard.release().await {
+            Ok(held) => held,
+            Err(error) => {
+                tracing::warn!(%error, key = lock_key, "release failed; the lease will expire");
+                false
+            }
+        };
+
+        return match applied {
+            Ok(applied) => {
+                if applied.replayed {
+                    state.metrics().replayed();
+                } else {
+                    state.metrics().executed();
+                }
+                Ok(stored_response(applied.response, applied.replayed))
+            }
+            Err(ApplyError::StaleToken { .. }) if still_held && !retried => {
+                // We held the lock all along, so no newer holder wrote: the token was low,
+                // not late. Try once more with a fresh grant.
+                retried = true;
+                continue;
+            }
+            Err(ApplyError::StaleToken { .. }) => {
+                // A paused holder woke up after its lease ran out and a newer holder wrote.
+                state.metrics().lock_lost();
+                Err(ApiError::LockLost)
+            }
+            Err(error) => Err(error.into()),
+        };
     }
 }
 
@@ -359,9 +384,10 @@ async fn replay_without_lock(
     }
 }
 
-/// Past the lock wait: the original of this very request is still running (409
-/// request-in-progress), or it just finished (replay), or the account is busy with
-/// others (409 account-busy).
+/// Past the lock wait: the original of this very request finished meanwhile (replay —
+/// looked at first, since duplicates queue behind each other and the one holding the lock
+/// may be a duplicate too), or it is still running (409 request-in-progress), or the
+/// account is busy with others (409 account-busy).
 async fn gave_up_waiting(
     state: &AppState,
     lock_key: &str,
@@ -369,13 +395,14 @@ async fn gave_up_waiting(
     account: AccountId,
     fingerprint: &str,
 ) -> Result<Response, ApiError> {
+    if let Some(replay) = replay_without_lock(state, ticket_id, account, fingerprint).await? {
+        return Ok(replay);
+    }
     let holder = state.locks().holder_note(lock_key).await.ok().flatten();
     if holder.as_deref() == Some(ticket_id.to_string().as_str()) {
-        return Err(ApiError::RequestInProgress);
-    }
-    match replay_without_lock(state, ticket_id, account, fingerprint).await? {
-        Some(replay) => Ok(replay),
-        None => Err(ApiError::AccountBusy),
+        Err(ApiError::RequestInProgress)
+    } else {
+        Err(ApiError::AccountBusy)
     }
 }
 

@@ -37,6 +37,17 @@ pub struct StoredResponseView {
     pub body: Value,
 }
 
+/// What the OpenAPI document says a ticket's `state` is: one of three words. (The ledger's
+/// `TicketState` serialises to exactly these.)
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum TicketStateName {
+    Issued,
+    Completed,
+    Expired,
+}
+
 /// A ticket and, once used, the response stored under it.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct TicketView {
@@ -45,7 +56,7 @@ pub struct TicketView {
     /// The account it belongs to.
     pub account_id: Uuid,
     /// `issued`, `completed` or `expired`.
-    #[schema(value_type = String, example = "completed")]
+    #[schema(value_type = TicketStateName, example = "completed")]
     pub state: TicketState,
     /// The stored response, once used (absent once past retention).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -77,8 +88,8 @@ pub struct TicketView {
 )]
 pub async fn issue_ticket(
     State(state): State<AppState>,
-    AccountPath(account): AccountPath,
     caller: Caller,
+    AccountPath(account): AccountPath,
 ) -> Result<Response, ApiError> {
     caller.must_be(account)?;
     let ticket = state
@@ -116,8 +127,8 @@ pub async fn issue_ticket(
 )]
 pub async fn get_ticket(
     State(state): State<AppState>,
-    TicketPath(ticket): TicketPath,
     caller: Caller,
+    TicketPath(ticket): TicketPath,
 ) -> Result<Json<TicketView>, ApiError> {
     let ticket = state
         .ledger()

@@ -156,6 +156,22 @@ pub async fn account_reads_need_the_accounts_own_key(backend: Backend) {
         .await
         .unwrap();
     assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
+    // Without a key, nothing about the path is looked at.
+    let response = app
+        .client
+        .get(app.url("/v1/accounts/not-a-uuid"))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    let response = app
+        .client
+        .get(app.url("/v1/tickets/not-a-uuid"))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
 
     let (status, _, body) = read(
         app.client
@@ -443,6 +459,10 @@ pub async fn refusals_are_stored_and_a_failed_ticket_stays_failed(backend: Backe
     let ada = app.create_account(50, 0).await;
     let ticket = app.ticket(&ada).await;
     let response = app.withdraw(&ada, &ticket, 100).await;
+    assert!(
+        response.headers().get("idempotent-replayed").is_none(),
+        "an original carries no replay header"
+    );
     let original =
         assert_problem(response, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
     assert_eq!(
@@ -606,9 +626,13 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
         json!(0),
         json!(-5),
         json!(1_000_000_000_001_i64),
+        json!(9_223_372_036_854_775_808_u64),
         json!("10"),
         json!(1.5),
+        json!(1.0),
+        json!(1e30),
         json!(null),
+        json!([1]),
     ] {
         let response = app
             .spend(&ada, "withdrawals", &ticket, json!({ "amount": amount }))
@@ -938,6 +962,44 @@ pub async fn unknown_routes_and_methods_are_problems(backend: Backend) {
         "method-not-allowed",
     )
     .await;
+}
+
+/// After a restart — the same database, a lock store that has forgotten its fencing
+/// counters (the embedded mode's in-process locks always do; for Redis, a fresh namespace
+/// stands for a restart without persistence) — every account is spendable at once: the
+/// first grant's low token is refused by the ledger, the counter is raised, and the spend
+/// runs again with a fresh grant, within the same request.
+pub async fn spends_after_a_restart_succeed_at_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    for _ in 0..3 {
+        let ticket = app.ticket(&ada).await;
+        assert_eq!(
+            app.withdraw(&ada, &ticket, 10).await.status(),
+            StatusCode::CREATED
+        );
+    }
+    let shared = Arc::clone(&app.shared);
+    app.stop().await;
+
+    let mut config = shared.config(&[]);
+    config.redis_namespace = format!("{}-restarted", shared.namespace);
+    let app = crate::helpers::spawn_config(shared, config).await;
+    let ticket = app.ticket(&ada).await;
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 10).await).await;
+    assert_eq!(
+        (status, replayed, body["balance"].as_i64()),
+        (StatusCode::CREATED, false, Some(960)),
+        "{body}"
+    );
+    assert!(app.metric("payonce_stale_fencing_tokens_total").await >= 1.0);
+    assert_eq!(app.metric("payonce_locks_lost_total").await, 0.0);
+    let ticket = app.ticket(&ada).await;
+    assert_eq!(
+        app.withdraw(&ada, &ticket, 10).await.status(),
+        StatusCode::CREATED
+    );
+    app.assert_audit_clean().await;
 }
 
 /// Shutting down lets a request in flight finish.

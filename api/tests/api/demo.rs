@@ -52,6 +52,30 @@ async fn strategy_header_is_ignored_without_the_demo_flag() {
     app.assert_audit_clean().await;
 }
 
+/// Without `--demo`, a requested pause is not injected either: a spend asking for a pause
+/// far longer than its lock's lease answers 201 at once, not 503 lock-lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fault_header_is_ignored_without_the_demo_flag() {
+    for backend in [Backend::Embedded, Backend::Distributed] {
+        let app = spawn_app_with(backend, &["--lock-ttl", "300ms"]).await;
+        let account = app.create_account(100, 0).await;
+        let ticket = app.ticket(&account).await;
+        let started = std::time::Instant::now();
+        let response = app
+            .withdrawal(&account, &ticket, 10, &[("payonce-fault", "pause=2s")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::CREATED, "{backend:?}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{backend:?}: the pause was injected ({:?})",
+            started.elapsed()
+        );
+        assert_eq!(app.balance(&account).await, (90, 0));
+    }
+}
+
 /// `none`: read, check, write, with no lock — concurrent withdrawals of the whole balance
 /// all succeed, and the ledger's audit sees the money spent twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

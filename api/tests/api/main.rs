@@ -53,4 +53,5 @@ both_backends!(
     service_endpoints_answer,
     unknown_routes_and_methods_are_problems,
     graceful_shutdown_finishes_in_flight_requests,
+    spends_after_a_restart_succeed_at_once,
 );

@@ -3,7 +3,7 @@
 -- has accepted: raising the counter to it keeps tokens increasing.
 -- KEYS[1]  the fencing counter
 -- ARGV[1]  the floor
--- Returns the counter afterwards. (Floors are at most 2^53, checked by the caller, so Lua's
+-- Returns the counter afterwards. (Floors are at most 2^53 - 2^32, checked by the caller, so Lua's
 -- numbers hold them exactly.)
 
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')

@@ -41,6 +41,7 @@ macro_rules! shared_suite {
                 release_after_expiry_keeps_the_new_holder,
                 release_twice_is_safe,
                 vanished_holder_is_succeeded_after_its_ttl,
+                hand_off_after_a_long_wait_keeps_a_full_lease,
                 dropped_guard_releases_promptly,
                 watchdog_keeps_the_lock_past_three_ttls,
                 lost_fires_when_the_lock_is_deleted_behind_its_back,

@@ -1,10 +1,12 @@
 //! What only a Redis server can show: commands counted on the server, data wiped, keys
 //! changed behind the holder's back, and the server gone.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock::testing::{RedisServer, free_port};
-use lock::{LockError, LockService, RedisOptions};
+use lock::{LockError, LockService, RedisBackend, RedisOptions};
 use redis::AsyncCommands;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -16,20 +18,20 @@ const SECOND: Duration = Duration::from_secs(1);
 pub struct PrivateRedis {
     pub server: RedisServer,
     pub locks: LockService,
+    /// The same backend as `locks`, for its client-side round-trip counter.
+    pub backend: Arc<RedisBackend>,
 }
 
 impl PrivateRedis {
     pub fn start() -> Self {
         let server = RedisServer::start().expect("redis-server starts");
-        let locks = LockService::redis(
-            &server.url(),
-            RedisOptions {
-                namespace: "t".into(),
-                op_timeout: Duration::from_secs(2),
-            },
-        )
-        .unwrap();
-        Self { server, locks }
+        let backend = Arc::new(instance(&server));
+        let locks = LockService::from_arc(backend.clone());
+        Self {
+            server,
+            locks,
+            backend,
+        }
     }
 
     pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
@@ -69,6 +71,19 @@ impl PrivateRedis {
             .await
             .unwrap();
     }
+}
+
+/// One more client of `server`, as another payonce instance would be: its own connection
+/// and its own wake-up channel.
+fn instance(server: &RedisServer) -> RedisBackend {
+    RedisBackend::open(
+        &server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: Duration::from_secs(2),
+        },
+    )
+    .unwrap()
 }
 
 impl Store for PrivateRedis {
@@ -121,6 +136,7 @@ async fn waiting_does_not_spin() {
     let redis = PrivateRedis::start();
     redis.locks.ping().await.unwrap();
     redis.reset_stats().await;
+    let sent_before = redis.backend.round_trips();
     let mut holder = redis
         .locks
         .try_acquire("k", 10 * SECOND)
@@ -146,6 +162,13 @@ async fn waiting_does_not_spin() {
     assert!(
         during_wait <= 16 + 10,
         "{during_wait} commands while 16 waiters waited 2 s"
+    );
+    // The server's count leaves out commands a script runs; the client's count of what it
+    // sent (GET, PTTL, … included) must be as small.
+    let sent = redis.backend.round_trips() - sent_before;
+    assert!(
+        sent <= 16 + 4,
+        "the client sent {sent} commands while 16 waiters waited 2 s"
     );
 
     holder.release().await.unwrap();
@@ -255,6 +278,111 @@ async fn silent_redis_is_unavailable_within_the_deadline() {
     );
 }
 
+/// A Redis that stops answering once the service is connected and subscribed (frozen
+/// with SIGSTOP, connections open): acquire answers `Unavailable` by its deadline — not
+/// late, and not `TimedOut`, which would read as "the lock is busy".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_redis_is_unavailable_within_the_deadline() {
+    let redis = PrivateRedis::start();
+    let mut warm = redis
+        .locks
+        .acquire("k", SECOND, Instant::now() + 5 * SECOND)
+        .await
+        .unwrap();
+    assert!(warm.release().await.unwrap());
+    redis.server.pause().unwrap();
+
+    let started = Instant::now();
+    let result = redis
+        .locks
+        .acquire("k", SECOND, started + Duration::from_millis(800))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(900), "took {took:?}");
+
+    // try_acquire has no deadline of its own: the op timeout (2 s here) bounds it.
+    let started = Instant::now();
+    let result = redis.locks.try_acquire("k", SECOND).await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(2_500), "took {took:?}");
+    redis.server.resume().unwrap();
+}
+
+/// Three services on one Redis, as three payonce instances are (each its own connection
+/// and wake-up channel): no two hold the lock at once, and waiters spread across them are
+/// served in arrival order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exclusion_and_arrival_order_hold_across_instances() {
+    let redis = PrivateRedis::start();
+    let instances: Vec<LockService> = (0..3)
+        .map(|_| LockService::new(instance(&redis.server)))
+        .collect();
+
+    let mut holder = instances[0]
+        .try_acquire("fifo", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let order = Arc::new(tokio::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..9 {
+        let (locks, order) = (instances[i % 3].clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let mut guard = locks
+                .acquire("fifo", 10 * SECOND, Instant::now() + 20 * SECOND)
+                .await
+                .unwrap();
+            order.lock().await.push(i);
+            sleep(Duration::from_millis(5)).await;
+            assert!(guard.release().await.unwrap());
+        }));
+        // Long enough for waiter i to be queued before i + 1 starts.
+        sleep(Duration::from_millis(40)).await;
+    }
+    assert!(holder.release().await.unwrap());
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(*order.lock().await, (0..9).collect::<Vec<_>>());
+
+    const TASKS: usize = 24;
+    const ROUNDS: u64 = 10;
+    let counter = Arc::new(AtomicU64::new(0));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let locks = instances[task % 3].clone();
+            let (counter, inside) = (counter.clone(), inside.clone());
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let mut guard = locks
+                        .acquire("counter", 5 * SECOND, Instant::now() + 30 * SECOND)
+                        .await
+                        .unwrap();
+                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
+                    let read = counter.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    counter.store(read + 1, Ordering::SeqCst);
+                    inside.fetch_sub(1, Ordering::SeqCst);
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(counter.load(Ordering::SeqCst), TASKS as u64 * ROUNDS);
+}
+
 /// After Redis restarts (empty), the same service reconnects, and the holder of a lock
 /// that was forgotten learns it lost it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -312,7 +440,8 @@ async fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
 }
 
 /// An acquire whose answer comes back after its deadline — the script did run and grant
-/// the lock — times out and undoes the grant: no lock is left that nobody holds.
+/// the lock — answers by its deadline (Redis did not answer in time: unavailable) and
+/// undoes the grant in the background: no lock is left that nobody holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_after_the_deadline_leaves_no_ghost_holder() {
     let redis = PrivateRedis::start();
@@ -336,9 +465,20 @@ async fn an_answer_after_the_deadline_leaves_no_ghost_holder() {
         .acquire("k", 10 * SECOND, Instant::now() + Duration::from_millis(30))
         .await;
     assert!(
-        matches!(result, Err(LockError::TimedOut { .. })),
+        matches!(result, Err(LockError::Unavailable { .. })),
         "{result:?}"
     );
-    let held: Option<String> = redis.raw().await.get("t:lock:{k}").await.unwrap();
-    assert_eq!(held, None, "the grant that arrived too late was not undone");
+    let mut raw = redis.raw().await;
+    let undone_by = Instant::now() + 2 * SECOND;
+    loop {
+        let held: Option<String> = raw.get("t:lock:{k}").await.unwrap();
+        if held.is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < undone_by,
+            "the grant that arrived too late was not undone"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
 }

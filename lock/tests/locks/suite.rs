@@ -107,13 +107,34 @@ pub async fn release_twice_is_safe(locks: LockService) {
     assert!(next.release().await.unwrap());
 }
 
-/// A holder that vanishes without releasing is succeeded once its TTL runs out, not before.
+/// A holder that vanishes — its process gone, the guard never released, its watchdog
+/// dead with it — is succeeded once its TTL runs out.
 pub async fn vanished_holder_is_succeeded_after_its_ttl(locks: LockService) {
     let key = key();
     let ttl = Duration::from_millis(300);
-    let crashed = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
-    let granted_by = crashed.lease().acquired_at() + ttl;
-    crashed.abandon().await;
+    // Connect from this runtime: the connection must outlive the one that dies.
+    locks.ping().await.unwrap();
+    let granted_by = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::task::spawn_blocking(move || {
+            // A runtime of its own stands for the process that crashes: dropping it kills
+            // every task it ran, the guard's watchdog among them.
+            let process = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let granted_by = process.block_on(async {
+                let guard = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
+                let granted_by = guard.lease().acquired_at() + ttl;
+                std::mem::forget(guard);
+                granted_by
+            });
+            drop(process);
+            granted_by
+        })
+        .await
+        .unwrap()
+    };
     let mut successor = locks.acquire(&key, 5 * SECOND, after(3_000)).await.unwrap();
     let now = Instant::now();
     assert!(
@@ -126,6 +147,28 @@ pub async fn vanished_holder_is_succeeded_after_its_ttl(locks: LockService) {
         now - granted_by
     );
     assert!(successor.release().await.unwrap());
+}
+
+/// A waiter handed the lock after waiting longer than its own TTL still gets a whole
+/// lease: its watchdog does not count the wait against it and give the lock up at once.
+pub async fn hand_off_after_a_long_wait_keeps_a_full_lease(locks: LockService) {
+    let key = key();
+    let ttl = Duration::from_millis(300);
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move { locks.acquire(&key, ttl, after(5_000)).await.unwrap() })
+    };
+    sleep(SECOND).await;
+    assert!(holder.release().await.unwrap());
+    let mut guard = waiter.await.unwrap();
+    sleep(ttl + ttl / 2).await;
+    assert!(!guard.is_lost(), "the watchdog gave up a lease it holds");
+    assert!(
+        locks.try_acquire(&key, SECOND).await.unwrap().is_none(),
+        "the lock was not renewed"
+    );
+    assert!(guard.release().await.unwrap());
 }
 
 /// Dropping a guard stops its renewal and frees the lock well before the TTL.
@@ -144,7 +187,7 @@ pub async fn watchdog_keeps_the_lock_past_three_ttls(locks: LockService) {
     let key = key();
     let ttl = Duration::from_millis(150);
     let mut guard = locks.try_acquire(&key, ttl).await.unwrap().unwrap();
-    for _ in 0..6 {
+    for _ in 0..8 {
         sleep(ttl / 2).await;
         assert!(
             locks.try_acquire(&key, ttl).await.unwrap().is_none(),
@@ -334,7 +377,7 @@ pub async fn abandoned_wait_does_not_block_the_queue(locks: LockService) {
 }
 
 /// Fencing tokens past 10^14 keep every digit, through a grant and through a hand-off;
-/// floors above 2^53 are refused rather than rounded.
+/// floors above `MAX_FENCING_FLOOR` (2^53 − 2^32) are refused rather than rounded.
 pub async fn large_fencing_tokens_stay_exact(locks: LockService) {
     let key = key();
     let floor = 100_000_000_000_000_u64;
