@@ -65,23 +65,34 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
                         sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
                     )
                 });
+            if db.try_downcast_ref::<sqlx::sqlite::SqliteError>().is_some() {
+                // sqlx reports SQLite's extended result code.
+                return db
+                    .code()
+                    .and_then(|code| code.parse().ok())
+                    .is_some_and(sqlite_unavailable);
+            }
             fatal
                 || db.code().is_some_and(|code| {
                     // PostgreSQL: connection exceptions (08), insufficient resources (53),
                     // operator intervention such as shutdown (57), serialization failure
-                    // and deadlock (40001, 40P01). SQLite: busy (5), locked (6), I/O
-                    // error (10), disk full (13), cannot open (14).
+                    // and deadlock (40001, 40P01).
                     code.starts_with("08")
                         || code.starts_with("53")
                         || code.starts_with("57")
-                        || matches!(
-                            code.as_ref(),
-                            "40001" | "40P01" | "5" | "6" | "10" | "13" | "14"
-                        )
+                        || matches!(code.as_ref(), "40001" | "40P01")
                 })
         }
         _ => false,
     }
+}
+
+/// Whether a SQLite result code means "the database is not usable right now": busy (5),
+/// locked (6), I/O error (10), disk full (13), cannot open (14). `code` may be an
+/// extended result code (SQLITE_BUSY_SNAPSHOT 517, SQLITE_IOERR_FSYNC 1034, …), whose low
+/// byte is the primary code.
+fn sqlite_unavailable(code: i32) -> bool {
+    matches!(code & 0xff, 5 | 6 | 10 | 13 | 14)
 }
 
 /// Why `apply` did not run the operation.
@@ -172,5 +183,100 @@ impl<T> ResultExt<T> for Result<T, sqlx::Error> {
                 None => error.into(),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[test]
+    fn sqlite_outages_are_classified_by_their_primary_code() {
+        for code in [
+            5,    // SQLITE_BUSY
+            517,  // SQLITE_BUSY_SNAPSHOT
+            261,  // SQLITE_BUSY_RECOVERY
+            773,  // SQLITE_BUSY_TIMEOUT
+            6,    // SQLITE_LOCKED
+            262,  // SQLITE_LOCKED_SHAREDCACHE
+            10,   // SQLITE_IOERR
+            266,  // SQLITE_IOERR_READ
+            778,  // SQLITE_IOERR_WRITE
+            1034, // SQLITE_IOERR_FSYNC
+            3338, // SQLITE_IOERR_ACCESS
+            13,   // SQLITE_FULL
+            14,   // SQLITE_CANTOPEN
+            270,  // SQLITE_CANTOPEN_NOTEMPDIR
+        ] {
+            assert!(sqlite_unavailable(code), "{code} is an outage");
+        }
+        for code in [
+            1,    // SQLITE_ERROR
+            19,   // SQLITE_CONSTRAINT
+            275,  // SQLITE_CONSTRAINT_CHECK
+            1555, // SQLITE_CONSTRAINT_PRIMARYKEY
+            2067, // SQLITE_CONSTRAINT_UNIQUE
+            1811, // SQLITE_CONSTRAINT_TRIGGER
+            11,   // SQLITE_CORRUPT
+            8,    // SQLITE_READONLY
+        ] {
+            assert!(!sqlite_unavailable(code), "{code} is not an outage");
+        }
+    }
+
+    /// A real extended code from SQLite, through sqlx: a write in a WAL read transaction
+    /// whose snapshot another connection has moved past fails with SQLITE_BUSY_SNAPSHOT
+    /// (517) at once, and that is an outage (retry later), not an internal error.
+    #[tokio::test]
+    async fn sqlite_busy_snapshot_is_unavailable() {
+        use sqlx::Connection;
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection, SqliteJournalMode};
+
+        let path = std::env::temp_dir().join(format!(
+            "payonce-busy-snapshot-{}.db",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal);
+        let mut reader = SqliteConnection::connect_with(&options).await.unwrap();
+        let mut writer = SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::raw_sql("CREATE TABLE t (x INTEGER); INSERT INTO t VALUES (1)")
+            .execute(&mut writer)
+            .await
+            .unwrap();
+
+        sqlx::raw_sql("BEGIN").execute(&mut reader).await.unwrap();
+        sqlx::query("SELECT x FROM t")
+            .fetch_all(&mut reader)
+            .await
+            .unwrap();
+        sqlx::query("UPDATE t SET x = 2")
+            .execute(&mut writer)
+            .await
+            .unwrap();
+        let error = sqlx::query("UPDATE t SET x = 3")
+            .execute(&mut reader)
+            .await
+            .unwrap_err();
+
+        let code = match &error {
+            sqlx::Error::Database(db) => db.code().map(|code| code.into_owned()),
+            _ => None,
+        };
+        assert_eq!(code.as_deref(), Some("517"), "{error:?}");
+        assert!(
+            matches!(LedgerError::from(error), LedgerError::Unavailable(_)),
+            "SQLITE_BUSY_SNAPSHOT must be unavailable"
+        );
+        drop((reader, writer));
+        for suffix in ["", "-wal", "-shm"] {
+            let mut file = path.clone().into_os_string();
+            file.push(suffix);
+            let _ = std::fs::remove_file(file);
+        }
     }
 }

@@ -165,6 +165,10 @@ pub struct Ledger {
 /// A pooled PostgreSQL connection idle longer than this is pinged before it is used.
 const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
 
+/// How long a PostgreSQL session may sit idle inside a transaction before the server ends
+/// it (see [`Ledger::open_postgres`]).
+const IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
+
 /// How many API keys each instance remembers.
 const KEY_CACHE_CAPACITY: u64 = 100_000;
 
@@ -192,7 +196,18 @@ impl Ledger {
 
     /// Opens a PostgreSQL ledger and applies the migrations.
     pub async fn open_postgres(url: &str, options: &LedgerOptions) -> Result<Self, LedgerError> {
-        let connect = PgConnectOptions::from_str(url)?;
+        // A holder that pauses inside a transaction (GC, SIGSTOP, a stalled network) keeps
+        // its row locks — the account, the ticket — and blocks every later writer of that
+        // account until TCP notices the peer is gone, which can take many minutes. With
+        // this, the server ends a session left idle inside a transaction for 60 s: the
+        // transaction rolls back (nothing half-done commits), the locks are released, and
+        // the paused holder's next statement fails as unavailable. The ledger's
+        // transactions never wait on anything between their statements, so a healthy
+        // client is nowhere near this. (statement_timeout is deliberately not set.)
+        let connect = PgConnectOptions::from_str(url)?.options([(
+            "idle_in_transaction_session_timeout",
+            IDLE_IN_TRANSACTION_TIMEOUT,
+        )]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)

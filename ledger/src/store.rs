@@ -37,7 +37,57 @@ pub(crate) trait Dialect: Database {
     /// Where the database can, [`INSERT_ENTRY`] and [`COMPLETE_TICKET`] as one statement.
     /// Parameters: $1..$9 as in INSERT_ENTRY, then $10 fingerprint, $11 status, $12 body.
     const RECORD_APPLIED: Option<&'static str>;
+    /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 batch.
+    const DELETE_UNUSED: &'static str;
+    /// The reaper's pruning of old outcomes (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 now, $3 batch.
+    const PRUNE_OUTCOMES: &'static str;
 }
+
+/// The reaper's two statements, the same text for both databases but for the row-locking
+/// clause of the subquery that picks the batch.
+///
+/// The outer WHERE repeats the subquery's conditions on purpose. On PostgreSQL, when the
+/// outer statement finds a picked row changed by a transaction that committed after the
+/// statement's snapshot (an `apply` that completed the ticket, another instance's reaper
+/// that pruned it), it re-checks only the outer WHERE on the row's latest version, not the
+/// subquery's: without the repetition it would delete a ticket that was just used (its
+/// entry orphaned, its outcome lost) or prune an outcome twice. `FOR UPDATE SKIP LOCKED`
+/// makes the subquery lock what it picks and pass over rows a transaction holds, so the
+/// reaper never queues behind an `apply` and concurrent reapers split the work. SQLite
+/// runs each statement under its single write lock, so nothing can change in between.
+macro_rules! reap_statements {
+    ($lock:literal) => {
+        (
+            concat!(
+                "DELETE FROM tickets
+                 WHERE id IN (
+                     SELECT id FROM tickets
+                     WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
+                     LIMIT $2 ",
+                $lock,
+                ")
+                   AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
+                 RETURNING id"
+            ),
+            concat!(
+                "UPDATE tickets SET response_body = NULL, pruned_at = $2
+                 WHERE id IN (
+                     SELECT id FROM tickets
+                     WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                     LIMIT $3 ",
+                $lock,
+                ")
+                   AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                 RETURNING id"
+            ),
+        )
+    };
+}
+
+const POSTGRES_REAP: (&str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
+const SQLITE_REAP: (&str, &str) = reap_statements!("");
 
 impl Dialect for sqlx::Postgres {
     const BEGIN_WRITE: &'static str = "BEGIN";
@@ -73,6 +123,8 @@ impl Dialect for sqlx::Postgres {
              completed_at = $9
          WHERE id = $2",
     );
+    const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
+    const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -84,6 +136,8 @@ impl Dialect for sqlx::Sqlite {
     // SQLite has no data-modifying CTEs; its round trips are function calls anyway.
     const LOCK_TICKET_AND_MOVE: Option<&'static str> = None;
     const RECORD_APPLIED: Option<&'static str> = None;
+    const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
+    const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
 }
 
 /// The storage operations of the ledger, one atomic step each.
@@ -876,29 +930,17 @@ where
         batch: i64,
     ) -> Result<(u64, u64), LedgerError> {
         // RETURNING counts the rows the same way in both databases.
-        let deleted: Vec<TicketId> = sqlx::query_scalar(
-            "DELETE FROM tickets WHERE id IN (
-                 SELECT id FROM tickets
-                 WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
-                 LIMIT $2)
-             RETURNING id",
-        )
-        .bind(cutoff)
-        .bind(batch)
-        .fetch_all(&self.pool)
-        .await?;
-        let pruned: Vec<TicketId> = sqlx::query_scalar(
-            "UPDATE tickets SET response_body = NULL, pruned_at = $2 WHERE id IN (
-                 SELECT id FROM tickets
-                 WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
-                 LIMIT $3)
-             RETURNING id",
-        )
-        .bind(cutoff)
-        .bind(now)
-        .bind(batch)
-        .fetch_all(&self.pool)
-        .await?;
+        let deleted: Vec<TicketId> = sqlx::query_scalar(D::DELETE_UNUSED)
+            .bind(cutoff)
+            .bind(batch)
+            .fetch_all(&self.pool)
+            .await?;
+        let pruned: Vec<TicketId> = sqlx::query_scalar(D::PRUNE_OUTCOMES)
+            .bind(cutoff)
+            .bind(now)
+            .bind(batch)
+            .fetch_all(&self.pool)
+            .await?;
         Ok((deleted.len() as u64, pruned.len() as u64))
     }
 

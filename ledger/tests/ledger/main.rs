@@ -2,6 +2,7 @@
 //! file per test: the same suite for both.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod postgres_races;
 mod suite;
 
 macro_rules! suite_for {
@@ -23,6 +24,7 @@ macro_rules! suite_for {
                 deposit_that_would_overflow_is_refused,
                 reaper_deletes_expired_tickets_and_prunes_old_outcomes,
                 entries_page_oldest_first,
+                fencing_token_cannot_be_lowered,
                 audit_finds_a_planted_balance_change,
                 audit_finds_a_planted_token_regression,
                 audit_finds_a_planted_outcome_without_entry,

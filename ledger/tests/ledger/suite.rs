@@ -5,14 +5,25 @@ use std::time::Duration;
 use ledger::testing::TestDatabase;
 use ledger::{
     AccountId, Amount, Applied, ApplyError, ApplyRequest, Execution, Ledger, NewAccount, Operation,
-    OperationResult, PointsToSpend, Renderer, Rule, TicketId, TicketState,
+    OperationResult, PointsToSpend, Refusal, Renderer, Rule, TicketId, TicketState,
 };
 use serde_json::{Value, json};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-/// A renderer that records everything the ledger decided.
+/// A renderer that records everything the ledger decided; a refusal also gets a problem
+/// `type` named as the API names it.
 fn render(execution: &Execution<'_>) -> Value {
+    let problem = match *execution.result {
+        OperationResult::Applied { .. } => None,
+        OperationResult::Refused(Refusal::InsufficientFunds { .. }) => {
+            Some("/problems/insufficient-funds")
+        }
+        OperationResult::Refused(Refusal::InsufficientPoints { .. }) => {
+            Some("/problems/insufficient-points")
+        }
+        OperationResult::Refused(Refusal::BalanceLimit { .. }) => Some("/problems/balance-limit"),
+    };
     let (kind, balance, points, credit, prize) = match *execution.result {
         OperationResult::Applied {
             balance,
@@ -36,25 +47,26 @@ fn render(execution: &Execution<'_>) -> Value {
         "points": points,
         "credit": credit,
         "prize": prize,
+        "type": problem,
     })
 }
 
 const RENDER: &Renderer = &render;
 
-async fn open(database: &TestDatabase) -> Ledger {
+pub async fn open(database: &TestDatabase) -> Ledger {
     database.open().await.unwrap()
 }
 
-async fn account(ledger: &Ledger, balance: i64, points: i64) -> AccountId {
+pub async fn account(ledger: &Ledger, balance: i64, points: i64) -> AccountId {
     let new = NewAccount::new("test", balance, points).unwrap();
     ledger.create_account(&new).await.unwrap().0.id
 }
 
-fn withdrawal(amount: i64) -> Operation {
+pub fn withdrawal(amount: i64) -> Operation {
     Operation::Withdrawal(Amount::new(amount).unwrap())
 }
 
-async fn apply(
+pub async fn apply(
     ledger: &Ledger,
     account_id: AccountId,
     ticket_id: TicketId,
@@ -76,7 +88,7 @@ async fn apply(
         .await
 }
 
-async fn assert_clean(ledger: &Ledger) {
+pub async fn assert_clean(ledger: &Ledger) {
     let violations = ledger.audit().await.unwrap();
     assert!(violations.is_empty(), "{violations:#?}");
 }
@@ -140,8 +152,8 @@ pub async fn concurrent_distinct_tickets_succeed_exactly_as_far_as_the_money_goe
         tickets.push(ledger.issue_ticket(account_id, HOUR).await.unwrap().id);
     }
     let tasks: Vec<_> = tickets
-        .into_iter()
-        .map(|ticket| {
+        .iter()
+        .map(|&ticket| {
             let ledger = ledger.clone();
             tokio::spawn(async move {
                 apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
@@ -158,6 +170,25 @@ pub async fn concurrent_distinct_tickets_succeed_exactly_as_far_as_the_money_goe
     }
     assert_eq!(statuses.iter().filter(|&&s| s == 201).count(), 10);
     assert_eq!(statuses.iter().filter(|&&s| s == 402).count(), 54);
+    // Each refusal is stored under its ticket as what it is, not only answered.
+    for (&ticket, &status) in tickets.iter().zip(&statuses) {
+        let stored = ledger
+            .ticket(ticket)
+            .await
+            .unwrap()
+            .and_then(|ticket| ticket.outcome)
+            .and_then(|outcome| outcome.response)
+            .unwrap_or_else(|| panic!("ticket {ticket:?} has no stored response"));
+        assert_eq!(stored.status, status, "ticket {ticket:?}");
+        if status == 402 {
+            let problem = stored.body["type"].as_str().unwrap_or_default();
+            assert!(
+                problem.ends_with("insufficient-funds"),
+                "ticket {ticket:?}: {}",
+                stored.body
+            );
+        }
+    }
     assert_eq!(
         ledger.account(account_id).await.unwrap().unwrap().balance,
         0
@@ -216,7 +247,8 @@ pub async fn stale_fencing_token_writes_nothing(database: &TestDatabase) {
         .unwrap();
     assert_eq!(applied.response.status, 201);
 
-    let error = apply(&ledger, account_id, paused, withdrawal(700), "w700", 7)
+    // The balance (300) affords the stale withdrawal: only the fencing check refuses it.
+    let error = apply(&ledger, account_id, paused, withdrawal(200), "w200", 7)
         .await
         .unwrap_err();
     assert!(
@@ -233,11 +265,17 @@ pub async fn stale_fencing_token_writes_nothing(database: &TestDatabase) {
         ledger.account(account_id).await.unwrap().unwrap().balance,
         300
     );
+    let entries = ledger.entries(account_id, None, 100).await.unwrap();
+    assert_eq!(entries.len(), 2, "{entries:#?}");
+    assert!(
+        entries.iter().all(|entry| entry.ticket_id != Some(paused)),
+        "a stale write left an entry: {entries:#?}"
+    );
     let ticket = ledger.ticket(paused).await.unwrap().unwrap();
+    assert!(ticket.outcome.is_none(), "a stale write stored an outcome");
     assert_eq!(
         ticket.state(time::OffsetDateTime::now_utc()),
-        TicketState::Issued,
-        "a stale write stored an outcome"
+        TicketState::Issued
     );
     assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(8));
     // The same ticket, retried under a fresh lock, executes once.
@@ -526,6 +564,35 @@ fn has(violations: &[ledger::Violation], rule: Rule, account_id: AccountId) -> b
         .any(|v| v.rule == rule && v.account_id == Some(account_id))
 }
 
+/// The account's recorded fencing token only grows: the database itself refuses to lower
+/// it, even to a hand-written UPDATE; raising it, or leaving it, is allowed.
+pub async fn fencing_token_cannot_be_lowered(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = used_account(&ledger).await;
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(3));
+    let error = database
+        .execute("UPDATE accounts SET fencing_token = 2")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(error, ledger::LedgerError::Database(_))
+            && error.to_string().contains("only grows"),
+        "{error:?}"
+    );
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(3));
+
+    database
+        .execute("UPDATE accounts SET fencing_token = 3, name = 'renamed'")
+        .await
+        .unwrap();
+    database
+        .execute("UPDATE accounts SET fencing_token = 4")
+        .await
+        .unwrap();
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(4));
+    assert_clean(&ledger).await;
+}
+
 /// Money changed behind the ledger's back is found.
 pub async fn audit_finds_a_planted_balance_change(database: &TestDatabase) {
     let ledger = open(database).await;
@@ -545,6 +612,14 @@ pub async fn audit_finds_a_planted_balance_change(database: &TestDatabase) {
 pub async fn audit_finds_a_planted_token_regression(database: &TestDatabase) {
     let ledger = open(database).await;
     let account_id = used_account(&ledger).await;
+    // The database refuses this (see `fencing_token_cannot_be_lowered`); the audit is for
+    // a database where that protection was taken away.
+    let disable = if database.url().starts_with("sqlite:") {
+        "DROP TRIGGER accounts_fencing_token_only_grows"
+    } else {
+        "ALTER TABLE accounts DISABLE TRIGGER accounts_fencing_token_only_grows"
+    };
+    database.execute(disable).await.unwrap();
     database
         .execute("UPDATE accounts SET fencing_token = 1")
         .await

@@ -1,0 +1,281 @@
+//! Races that only PostgreSQL's row locking allows (SQLite has a single writer): a raw
+//! transaction holds a row, the ledger starts a statement that needs it, the raw
+//! transaction commits a change, and the ledger must act on the row as it is now.
+//!
+//! Deterministic: each test waits until the ledger's statement is actually blocked on the
+//! row (or, where skipping the row is also correct, has finished) before committing.
+
+use std::time::Duration;
+
+use ledger::testing::TestDatabase;
+use ledger::{AccountId, TicketId};
+use sqlx::{Connection, PgConnection};
+use tokio::task::JoinHandle;
+
+use crate::suite::{account, apply, assert_clean, open, withdrawal};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+async fn connect(database: &TestDatabase) -> PgConnection {
+    PgConnection::connect(database.url()).await.unwrap()
+}
+
+/// Waits until a session of this test's database waits for a lock (true) or `task` has
+/// finished (false); panics after 10 s.
+async fn blocked_or_finished<T>(monitor: &mut PgConnection, task: &JoinHandle<T>) -> bool {
+    for _ in 0..1000 {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut *monitor)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return true;
+        }
+        if task.is_finished() {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the ledger neither blocked on the held row nor finished within 10 s");
+}
+
+/// What `apply` writes for a withdrawal, done by hand inside `tx`: the move, the entry and
+/// the stored outcome.
+async fn withdraw_by_hand(
+    tx: &mut PgConnection,
+    account_id: AccountId,
+    ticket: TicketId,
+    amount: i64,
+    balance_after: i64,
+    token: i64,
+) {
+    let moved = sqlx::query(
+        "UPDATE accounts SET balance = balance - $2, fencing_token = $3
+         WHERE id = $1 AND balance = $4 + $2",
+    )
+    .bind(account_id)
+    .bind(amount)
+    .bind(token)
+    .bind(balance_after)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(moved.rows_affected(), 1);
+    sqlx::query(
+        "INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                              points_after, fencing_token, created_at)
+         VALUES ($1, $2, 'withdrawal', -$3, 0, $4, 0, $5, now())",
+    )
+    .bind(account_id)
+    .bind(ticket)
+    .bind(amount)
+    .bind(balance_after)
+    .bind(token)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE tickets
+         SET operation = 'withdrawal', fingerprint = 'by-hand', response_status = 201,
+             response_body = '{\"by\": \"hand\"}', completed_at = now()
+         WHERE id = $1",
+    )
+    .bind(ticket)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+}
+
+/// The reaper picks an expired unused ticket while a transaction that uses it (an `apply`
+/// that began before the expiry, another instance with a skewed clock) holds it; the use
+/// commits. The reaper must not delete the now-used ticket: that would orphan its entry
+/// and lose its outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reaper_spares_a_ticket_used_while_it_was_picked() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger
+        .issue_ticket(account_id, Duration::from_millis(10))
+        .await
+        .unwrap()
+        .id;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT id FROM tickets WHERE id = $1 FOR UPDATE")
+        .bind(ticket)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let reaper = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.reap(Duration::ZERO, 100).await.unwrap() }
+    });
+    // Blocked (it waits for the row, then re-checks it) or finished (it skipped the held
+    // row): both are correct, as long as the ticket survives.
+    blocked_or_finished(&mut monitor, &reaper).await;
+    withdraw_by_hand(&mut tx, account_id, ticket, 100, 900, 1).await;
+    tx.commit().await.unwrap();
+
+    let reaped = reaper.await.unwrap();
+    assert_eq!(reaped.deleted_unused, 0, "{reaped:?}");
+    // The ticket stays, completed. (A reaper that waited for the row then goes on to
+    // prune its response, which is past this retention of zero: allowed, as the ticket
+    // remains a tombstone that never executes again.)
+    let outcome = ledger
+        .ticket(ticket)
+        .await
+        .unwrap()
+        .expect("the reaper deleted a used ticket")
+        .outcome
+        .expect("the used ticket lost its outcome");
+    assert_eq!(
+        (outcome.operation, outcome.fingerprint.as_str()),
+        (ledger::EntryKind::Withdrawal, "by-hand")
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The reaper picks an old outcome to prune while another instance's reaper holds it and
+/// prunes it first. The outcome is pruned once: not counted twice, its pruning time kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reaper_prunes_an_outcome_only_once() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger
+        .issue_ticket(account_id, Duration::from_millis(200))
+        .await
+        .unwrap()
+        .id;
+    let applied = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap();
+    assert_eq!(applied.response.status, 201);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT id FROM tickets WHERE id = $1 FOR UPDATE")
+        .bind(ticket)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let reaper = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.reap(Duration::ZERO, 100).await.unwrap() }
+    });
+    blocked_or_finished(&mut monitor, &reaper).await;
+    sqlx::query(
+        "UPDATE tickets SET response_body = NULL, pruned_at = '2000-01-01T00:00:00Z'
+         WHERE id = $1",
+    )
+    .bind(ticket)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+
+    let reaped = reaper.await.unwrap();
+    assert_eq!(reaped.pruned_outcomes, 0, "{reaped:?}");
+    let kept: bool =
+        sqlx::query_scalar("SELECT pruned_at = '2000-01-01T00:00:00Z' FROM tickets WHERE id = $1")
+            .bind(ticket)
+            .fetch_one(&mut monitor)
+            .await
+            .unwrap();
+    assert!(kept, "the outcome was pruned a second time");
+    assert_clean(&ledger).await;
+}
+
+/// `apply`'s move reads a snapshot in which the balance (0) cannot afford the withdrawal,
+/// while a deposit that will afford it holds the account row. Recording the token waits
+/// for the row and sees the deposit; the move is retried on that latest row and succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn refused_move_is_retried_on_the_latest_row() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 0, 0).await;
+    let deposit = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let spend = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    // A deposit in flight, written the way `apply` writes it, with an older token than
+    // the withdrawal's (1 < 2), so the withdrawal is not stale.
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("UPDATE accounts SET balance = balance + 1000, fencing_token = 1 WHERE id = $1")
+        .bind(account_id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                              points_after, fencing_token, created_at)
+         VALUES ($1, $2, 'deposit', 1000, 0, 1000, 0, 1, now())",
+    )
+    .bind(account_id)
+    .bind(deposit)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE tickets
+         SET operation = 'deposit', fingerprint = 'd1000', response_status = 201,
+             response_body = '{}', completed_at = now()
+         WHERE id = $1",
+    )
+    .bind(deposit)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+
+    let withdrawing = tokio::spawn({
+        let ledger = ledger.clone();
+        async move {
+            apply(&ledger, account_id, spend, withdrawal(500), "w500", 2)
+                .await
+                .unwrap()
+        }
+    });
+    assert!(
+        blocked_or_finished(&mut monitor, &withdrawing).await,
+        "apply finished without waiting for the deposit: {:?}",
+        withdrawing.await
+    );
+    tx.commit().await.unwrap();
+
+    let applied = withdrawing.await.unwrap();
+    assert!(!applied.replayed);
+    assert_eq!(applied.response.status, 201, "{}", applied.response.body);
+    assert_eq!(applied.response.body["result"], "applied");
+    assert_eq!(applied.response.body["balance"], 500);
+
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    assert_eq!(entries.len(), 3, "{entries:#?}");
+    let last = &entries[2];
+    assert_eq!(
+        (
+            last.ticket_id,
+            last.amount,
+            last.balance_after,
+            last.fencing_token
+        ),
+        (Some(spend), -500, 500, 2)
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        500
+    );
+    assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(2));
+    assert_clean(&ledger).await;
+}
