@@ -1,14 +1,18 @@
 //! The service's own endpoints: liveness, readiness, metrics, the OpenAPI document, the
 //! problem explanations and the web page.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
 use serde::Serialize;
 use serde_json::{Map, json};
+use sha2::{Digest, Sha256};
 
 use crate::error::{EXPLANATIONS, PROBLEM_JSON, Problem, problem, problem_with};
 use crate::state::AppState;
@@ -142,12 +146,93 @@ pub async fn explain_problem(Path(name): Path<String>) -> Response {
 
 /// The web page: open an account, spend with tickets, replay, burst and race, and watch
 /// the ledger. One self-contained HTML file compiled into the binary.
+const PAGE: &str = include_str!("../../web/index.html");
+
+/// The page's `Content-Security-Policy`: its own inline stylesheet and script, allowed by
+/// their SHA-256 hashes (computed once, from the embedded HTML, so they cannot drift from
+/// it), requests to this origin only, and nothing else — no outside network, no frames, no
+/// form posts, no `<base>`.
+static PAGE_POLICY: LazyLock<HeaderValue> = LazyLock::new(|| {
+    let policy = format!(
+        "default-src 'none'; script-src {}; style-src {}; connect-src 'self'; img-src data:; \
+         base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+        inline_hashes(PAGE, "script").join(" "),
+        inline_hashes(PAGE, "style").join(" "),
+    );
+    HeaderValue::from_str(&policy).unwrap_or_else(|error| {
+        tracing::error!(%error, "the web page's policy is not a header value");
+        HeaderValue::from_static("default-src 'none'")
+    })
+});
+
+/// The CSP source expressions (`'sha256-…'`) of every inline `<tag>…</tag>` block in `html`.
+fn inline_hashes(html: &str, tag: &str) -> Vec<String> {
+    let (open, close) = (format!("<{tag}"), format!("</{tag}>"));
+    let mut hashes = Vec::new();
+    let mut rest = html;
+    while let Some(start) = rest.find(&open) {
+        let after = &rest[start + open.len()..];
+        let Some(tag_end) = after.find('>') else {
+            break;
+        };
+        let attributes = &after[..tag_end];
+        let content = &after[tag_end + 1..];
+        let Some(end) = content.find(&close) else {
+            break;
+        };
+        // `<tag>` or `<tag attributes>`, not `<tagger>`; a script with `src` is not inline.
+        let whole_tag = attributes.is_empty() || attributes.starts_with(char::is_whitespace);
+        if whole_tag && !attributes.contains("src=") {
+            let digest = Sha256::digest(&content.as_bytes()[..end]);
+            hashes.push(format!("'sha256-{}'", STANDARD.encode(digest)));
+        }
+        rest = &content[end + close.len()..];
+    }
+    hashes
+}
+
+/// The web page, with a content security policy that allows only its own inline style and
+/// script and requests to this origin.
 #[utoipa::path(
     get,
     path = "/",
     tag = "service",
     responses((status = 200, description = "The web page", body = String, content_type = "text/html"))
 )]
-pub async fn index() -> Html<&'static str> {
-    Html(include_str!("../../web/index.html"))
+pub async fn index() -> Response {
+    (
+        [
+            (header::CONTENT_SECURITY_POLICY, PAGE_POLICY.clone()),
+            (
+                header::X_CONTENT_TYPE_OPTIONS,
+                HeaderValue::from_static("nosniff"),
+            ),
+            (
+                header::REFERRER_POLICY,
+                HeaderValue::from_static("no-referrer"),
+            ),
+        ],
+        Html(PAGE),
+    )
+        .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_hashes_each_inline_block() {
+        let html = "<style>a{}</style><script src=\"x.js\"></script><script>go()</script><scripts>";
+        assert_eq!(inline_hashes(html, "style").len(), 1);
+        assert_eq!(
+            inline_hashes(html, "script"),
+            [format!(
+                "'sha256-{}'",
+                STANDARD.encode(Sha256::digest(b"go()"))
+            )]
+        );
+        let policy = PAGE_POLICY.to_str().unwrap();
+        assert_eq!(policy.matches("'sha256-").count(), 2, "{policy}");
+    }
 }

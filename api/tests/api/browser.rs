@@ -1,28 +1,39 @@
 //! The web page in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, which `scripts/services.sh` installs) opens an account, withdraws,
-//! replays, bursts and races through the page, checks what the page shows, and saves
-//! screenshots (wide and narrow) under the target directory.
+//! replays, bursts, races and draws through the page under its content security policy,
+//! checks what a person reads there, and saves screenshots (wide and narrow) under the
+//! target directory.
 
 use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::panic::AssertUnwindSafe;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use futures::FutureExt;
 use hyper_util::client::legacy::connect::HttpConnector;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::time::{Instant, sleep};
 
-use crate::helpers::{Backend, spawn_app};
+use crate::helpers::{Backend, TestApp, spawn_app};
 
-/// chromedriver on a free loopback port, killed on drop.
+/// chromedriver on a free loopback port, in a process group of its own that the Chromium
+/// it starts joins; dropping it kills the whole group, so no browser outlives the test.
 struct ChromeDriver {
     child: Child,
     port: u16,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 impl Drop for ChromeDriver {
     fn drop(&mut self) {
+        // The group's id is chromedriver's pid (`process_group(0)` below).
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.child.id())])
+            .stderr(Stdio::null())
+            .status();
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
@@ -39,12 +50,13 @@ impl ChromeDriver {
             .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".to_owned()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
+            .process_group(0)
             .spawn()
             .expect("chromedriver is installed (scripts/services.sh installs chromium and chromium-driver)");
         let driver = Self {
             child,
             port,
-            _profile: tempfile::tempdir().unwrap(),
+            profile: tempfile::tempdir().unwrap(),
         };
         for _ in 0..100 {
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -56,7 +68,7 @@ impl ChromeDriver {
     }
 
     async fn browser(&self) -> Client {
-        let profile = self._profile.path().display().to_string();
+        let profile = self.profile.path().display().to_string();
         let capabilities = json!({
             "browserName": "chrome",
             "goog:chromeOptions": {
@@ -80,6 +92,14 @@ impl ChromeDriver {
     }
 }
 
+/// The result of a script run in the page.
+async fn js<T: DeserializeOwned>(browser: &Client, script: &str) -> T {
+    let value = browser.execute(script, vec![]).await.unwrap();
+    serde_json::from_value(value.clone())
+        .unwrap_or_else(|error| panic!("{script} returned {value}: {error}"))
+}
+
+/// The text a person sees in an element.
 async fn text(browser: &Client, id: &str) -> String {
     browser
         .find(Locator::Id(id))
@@ -90,17 +110,15 @@ async fn text(browser: &Client, id: &str) -> String {
         .unwrap()
 }
 
-async fn attr(browser: &Client, id: &str, name: &str) -> Option<String> {
-    browser
-        .find(Locator::Id(id))
-        .await
-        .unwrap()
-        .attr(name)
-        .await
-        .unwrap()
+async fn focused(browser: &Client) -> String {
+    js(
+        browser,
+        "return document.activeElement && document.activeElement.id",
+    )
+    .await
 }
 
-/// Waits until `check` holds on what the page shows, or fails saying what it showed.
+/// Waits until `check` holds, or fails saying what it saw.
 async fn until<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
@@ -110,7 +128,7 @@ where
     loop {
         match check().await {
             Ok(()) => return,
-            Err(seen) if Instant::now() > deadline => panic!("{what}: the page shows {seen}"),
+            Err(seen) if Instant::now() > deadline => panic!("{what}: {seen}"),
             Err(_) => sleep(Duration::from_millis(50)).await,
         }
     }
@@ -122,19 +140,70 @@ async fn fill(browser: &Client, id: &str, value: &str) {
     input.send_keys(value).await.unwrap();
 }
 
-async fn balance_is(browser: &Client, expected: &str) {
-    until(&format!("balance {expected}"), || async {
-        let shown = text(browser, "balance").await;
-        if shown == expected {
+async fn click(browser: &Client, id: &str) {
+    browser
+        .find(Locator::Id(id))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+/// How many actions the page has finished: it counts one when an action and the read-back
+/// of balance, points and entries that follows it are both done.
+async fn actions(browser: &Client) -> u64 {
+    js(browser, "return Number(document.body.dataset.actions || 0)").await
+}
+
+/// Presses a button and waits until its action, and the refresh after it, are finished.
+async fn press(browser: &Client, id: &str) {
+    let before = actions(browser).await;
+    click(browser, id).await;
+    until(&format!("pressing {id} finishes"), || async {
+        let done = actions(browser).await;
+        if done > before {
             Ok(())
         } else {
-            Err(format!("balance {shown}"))
+            Err(format!("{done} actions finished, as before"))
         }
     })
     .await;
 }
 
-async fn screenshot(browser: &Client, name: &str) {
+fn contains(shown: &str, expected: &str) {
+    assert!(
+        shown.contains(expected),
+        "expected {expected:?}, the page shows {shown:?}"
+    );
+}
+
+/// Nothing overflows sideways: neither the page nor the ledger's table.
+async fn fits(browser: &Client) {
+    let widths: Vec<u32> = js(
+        browser,
+        "const ledger = document.querySelector('.tablewrap'); \
+         return [document.documentElement.scrollWidth, document.documentElement.clientWidth, \
+         ledger.scrollWidth, ledger.clientWidth]",
+    )
+    .await;
+    assert!(
+        widths[0] <= widths[1] + 1 && widths[2] <= widths[3] + 1,
+        "something is wider than the screen: the page {} in {}, the ledger {} in {}",
+        widths[0],
+        widths[1],
+        widths[2],
+        widths[3]
+    );
+}
+
+/// Saves a screenshot of the whole page at this width: the window is made as tall as the page.
+async fn screenshot(browser: &Client, width: u32, name: &str) {
+    browser.set_window_size(width, 1400).await.unwrap();
+    sleep(Duration::from_millis(200)).await;
+    let height: u32 = js(browser, "return document.documentElement.scrollHeight").await;
+    browser.set_window_size(width, height + 40).await.unwrap();
+    sleep(Duration::from_millis(200)).await;
     browser
         .execute("window.scrollTo(0, 0)", vec![])
         .await
@@ -145,173 +214,285 @@ async fn screenshot(browser: &Client, name: &str) {
     println!("screenshot: {}", path.display());
 }
 
-/// A person opens an account, withdraws, replays, fires a burst and a race through the
-/// page, and sees one execution per ticket and no overdraft.
+/// A person opens an account, withdraws, replays, fires a burst and a race and draws
+/// through the page, and sees one execution per ticket and no overdraft.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_page_shows_replays_bursts_and_races() {
     let app = spawn_app(Backend::Embedded).await;
     let driver = ChromeDriver::start().await;
     let browser = driver.browser().await;
+    // Whatever the walkthrough does, the session (and Chromium with it) is closed before
+    // its outcome is reported; dropping the driver then kills anything left in its group.
+    let outcome = AssertUnwindSafe(walkthrough(&app, &browser))
+        .catch_unwind()
+        .await;
+    let closed = browser.close().await;
+    drop(driver);
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+    closed.unwrap();
+    app.assert_audit_clean().await;
+}
+
+async fn walkthrough(app: &TestApp, browser: &Client) {
+    // The page allows only its own inline style and script, and requests to its origin.
+    let page = app.client.get(app.url("/")).send().await.unwrap();
+    let header = |name: &str| {
+        page.headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let policy = header("content-security-policy");
+    for directive in [
+        "default-src 'none'",
+        "script-src 'sha256-",
+        "style-src 'sha256-",
+        "connect-src 'self'",
+        "base-uri 'none'",
+        "form-action 'none'",
+        "frame-ancestors 'none'",
+    ] {
+        contains(&policy, directive);
+    }
+    assert_eq!(header("x-content-type-options"), "nosniff");
+    assert_eq!(header("referrer-policy"), "no-referrer");
+
     browser.goto(&app.url("/")).await.unwrap();
-
-    // Every form control has a label, and keyboard users can reach every button.
-    let labelled: bool = serde_json::from_value(
-        browser
-            .execute("return [...document.querySelectorAll('input, select')].every(e => e.labels && e.labels.length > 0)", vec![])
-            .await
-            .unwrap(),
+    // Under that policy the stylesheet applied, no element carries an inline style, and the
+    // script ran (it refreshes once at load); later violations are collected.
+    let styled: bool = js(
+        browser,
+        "return getComputedStyle(document.body).backgroundColor === 'rgb(244, 246, 249)' \
+         && document.querySelectorAll('[style]').length === 0",
     )
-    .unwrap();
-    assert!(labelled, "an input without a label");
-
-    fill(&browser, "name", "Ada").await;
-    fill(&browser, "opening-balance", "400").await;
-    fill(&browser, "opening-points", "5").await;
+    .await;
+    assert!(
+        styled,
+        "the stylesheet did not apply, or an inline style is left"
+    );
+    until("the script runs", || async {
+        let refreshes: u64 = js(
+            browser,
+            "return Number(document.body.dataset.refreshes || 0)",
+        )
+        .await;
+        if refreshes > 0 {
+            Ok(())
+        } else {
+            Err("no refresh yet".to_owned())
+        }
+    })
+    .await;
     browser
-        .find(Locator::Id("open"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    balance_is(&browser, "400").await;
-    assert!(!text(&browser, "account-id").await.is_empty());
-    let stored: serde_json::Value = browser
         .execute(
-            "return JSON.parse(sessionStorage.getItem('payonce.account'))",
+            "window.violations = []; document.addEventListener('securitypolicyviolation', \
+             (e) => window.violations.push(e.violatedDirective + ' ' + e.blockedURI))",
             vec![],
         )
         .await
         .unwrap();
+
+    // Every form control has a label.
+    let labelled: bool = js(
+        browser,
+        "return [...document.querySelectorAll('input')].every(e => e.labels && e.labels.length > 0)",
+    )
+    .await;
+    assert!(labelled, "an input without a label");
+
+    // Open an account.
+    fill(browser, "name", "Ada").await;
+    fill(browser, "opening-balance", "500").await;
+    fill(browser, "opening-points", "5").await;
+    press(browser, "open").await;
+    contains(
+        &text(browser, "account-status").await,
+        "Opened Ada's account: balance 500, 5 points.",
+    );
+    assert_eq!(text(browser, "balance").await, "500");
+    assert_eq!(text(browser, "points").await, "5");
+    assert!(!text(browser, "account-id").await.is_empty());
+    let key: Option<String> = js(
+        browser,
+        "return JSON.parse(sessionStorage.getItem('payonce.account')).key",
+    )
+    .await;
     assert!(
-        stored["key"]
-            .as_str()
-            .is_some_and(|key| key.starts_with("po_")),
+        key.is_some_and(|key| key.starts_with("po_")),
         "the key is kept in sessionStorage"
     );
 
-    // Withdraw 100 with a fresh ticket: executed.
-    fill(&browser, "amount", "100").await;
-    browser
-        .find(Locator::Id("send"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    balance_is(&browser, "300").await;
-    until("the first send executed", || async {
-        let (status, replayed) = (
-            text(&browser, "result-status").await,
-            text(&browser, "result-replayed").await,
-        );
-        if status == "201" && replayed.starts_with("no") {
-            Ok(())
-        } else {
-            Err(format!("{status} {replayed}"))
-        }
-    })
-    .await;
-    let ticket = text(&browser, "result-ticket").await;
+    // Withdraw 100 with a fresh ticket: executed; focus stays on the button.
+    fill(browser, "amount", "100").await;
+    press(browser, "send").await;
+    assert_eq!(
+        text(browser, "spend-status").await,
+        "Withdraw 100: 201 executed."
+    );
+    assert_eq!(text(browser, "result-status").await, "201");
+    contains(
+        &text(browser, "result-replayed").await,
+        "no — this request executed",
+    );
+    contains(&text(browser, "result-body").await, "\"balance\": 400");
+    assert_eq!(text(browser, "balance").await, "400");
+    assert_eq!(focused(browser).await, "send");
+    let ticket = text(browser, "result-ticket").await;
+    assert_eq!(ticket.len(), 36, "{ticket}");
 
     // Send again: the stored answer, marked replayed; the balance does not move.
-    browser
-        .find(Locator::Id("send-again"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until("the repeat replayed", || async {
-        let (status, replayed) = (
-            text(&browser, "result-status").await,
-            text(&browser, "result-replayed").await,
-        );
-        if status == "201" && replayed.starts_with("yes") {
-            Ok(())
-        } else {
-            Err(format!("{status} {replayed}"))
-        }
-    })
-    .await;
-    assert_eq!(text(&browser, "result-ticket").await, ticket);
-    assert!(text(&browser, "result-meaning").await.contains("Replayed"));
-    balance_is(&browser, "300").await;
+    press(browser, "send-again").await;
+    contains(
+        &text(browser, "spend-status").await,
+        "201 replayed — the stored answer, nothing moved",
+    );
+    contains(
+        &text(browser, "result-replayed").await,
+        "yes — Idempotent-Replayed: true",
+    );
+    assert_eq!(text(browser, "result-ticket").await, ticket);
+    contains(&text(browser, "result-body").await, "\"balance\": 400");
+    assert_eq!(text(browser, "balance").await, "400");
+    assert_eq!(focused(browser).await, "send-again");
+
+    // An invalid copy count stops "send N at once" (focus goes to the field that says why)
+    // and does not block a plain send.
+    fill(browser, "burst-count", "99").await;
+    let before = actions(browser).await;
+    click(browser, "burst").await;
+    assert_eq!(focused(browser).await, "burst-count");
+    assert_eq!(actions(browser).await, before, "an invalid burst was sent");
+    press(browser, "send").await;
+    assert_eq!(
+        text(browser, "spend-status").await,
+        "Withdraw 100: 201 executed."
+    );
+    assert_ne!(text(browser, "result-ticket").await, ticket);
+    assert_eq!(text(browser, "balance").await, "300");
 
     // Ten copies at once with one ticket: one execution, nine replays.
-    fill(&browser, "burst-count", "10").await;
-    browser
-        .find(Locator::Id("burst"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    until("one execution and nine replays", || async {
-        let executed = attr(&browser, "burst-summary", "data-executed").await;
-        let replays = attr(&browser, "burst-summary", "data-replays").await;
-        if executed.as_deref() == Some("1") && replays.as_deref() == Some("9") {
-            Ok(())
-        } else {
-            Err(format!("{executed:?} {replays:?}"))
-        }
-    })
-    .await;
-    balance_is(&browser, "200").await;
-    assert!(
-        text(&browser, "burst-summary")
-            .await
-            .contains("exactly once")
+    fill(browser, "burst-count", "10").await;
+    press(browser, "burst").await;
+    contains(
+        &text(browser, "spend-status").await,
+        "Withdraw 100, 10 copies with one ticket: 1 executed, 9 replays — exactly once",
     );
+    assert_eq!(text(browser, "balance").await, "200");
+
+    // A race that does not ask for more than the balance is not sent, and says why.
+    fill(browser, "race-count", "2").await;
+    fill(browser, "race-amount", "100").await;
+    contains(
+        &text(browser, "race-plan").await,
+        "Asks for 200 in total against a balance of 200 — not more than it",
+    );
+    press(browser, "race").await;
+    contains(
+        &text(browser, "race-status").await,
+        "Not sent: 2 × 100 asks for 200 in total against a balance of 200",
+    );
+    assert_eq!(text(browser, "balance").await, "200");
 
     // Five withdrawals of 100 with five tickets against 200: two succeed, three are refused.
-    fill(&browser, "race-count", "5").await;
-    fill(&browser, "race-amount", "100").await;
+    fill(browser, "race-count", "5").await;
+    contains(
+        &text(browser, "race-plan").await,
+        "Asks for 500 in total against a balance of 200: at most 2 can succeed.",
+    );
+    press(browser, "race").await;
+    assert_eq!(
+        text(browser, "race-status").await,
+        "5 withdrawals of 100 asked for 500 in total against a balance of 200: 2 succeeded, \
+         3 refused (402). The balance covered 2 — exactly that many went through."
+    );
+    assert_eq!(text(browser, "balance").await, "0");
+
+    // A lottery draw spends points; its line says a replay returns the same prize.
     browser
-        .find(Locator::Id("race"))
+        .find(Locator::Css(
+            "input[name='operation'][value='lottery-draws']",
+        ))
         .await
         .unwrap()
         .click()
         .await
         .unwrap();
-    until("two of five succeeded", || async {
-        let succeeded = attr(&browser, "race-summary", "data-succeeded").await;
-        let refused = attr(&browser, "race-summary", "data-refused").await;
-        if succeeded.as_deref() == Some("2") && refused.as_deref() == Some("3") {
-            Ok(())
-        } else {
-            Err(format!("{succeeded:?} {refused:?}"))
-        }
-    })
-    .await;
-    balance_is(&browser, "0").await;
-    until("five entries", || async {
-        let count = attr(&browser, "entries", "data-count").await;
-        if count.as_deref() == Some("5") {
-            Ok(())
-        } else {
-            Err(format!("{count:?} entries"))
-        }
-    })
-    .await;
-    screenshot(&browser, "web-page.png").await;
+    assert_eq!(text(browser, "amount-label").await, "Points to spend");
+    let points: String = js(browser, "return document.getElementById('amount').value").await;
+    assert_eq!(points, "1");
+    contains(
+        &text(browser, "operation-why").await,
+        "A replay returns the same prize",
+    );
+    press(browser, "send").await;
+    contains(
+        &text(browser, "spend-status").await,
+        "Draw with 1 point: 201 executed — prize",
+    );
+    assert_eq!(text(browser, "points").await, "4");
 
-    // On a phone-sized screen nothing overflows sideways.
-    browser.set_window_size(390, 1400).await.unwrap();
-    sleep(Duration::from_millis(200)).await;
-    let fits: bool = serde_json::from_value(
-        browser
-            .execute(
-                "return document.documentElement.scrollWidth <= window.innerWidth + 1",
-                vec![],
-            )
-            .await
-            .unwrap(),
+    // The ledger: the opening and one entry per ticket, each ticket once, with what was
+    // left after it.
+    assert_eq!(
+        js::<String>(
+            browser,
+            "return document.getElementById('entries').dataset.count"
+        )
+        .await,
+        "7"
+    );
+    contains(
+        &text(browser, "entries-caption").await,
+        "7 entries, oldest first",
+    );
+    let rows: Vec<Vec<String>> = js(
+        browser,
+        "return [...document.querySelectorAll('#entries tr')].map(row => [...row.cells].map(cell => \
+         [...cell.childNodes].filter(node => !node.classList || !node.classList.contains('sr-only')) \
+         .map(node => node.textContent).join('').trim()))",
     )
-    .unwrap();
-    screenshot(&browser, "web-page-narrow.png").await;
-    assert!(fits, "the page is wider than a narrow screen");
+    .await;
+    let columns = |row: &[String]| {
+        row.iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    assert_eq!(columns(&rows[0]), "opening | — | +500 | 500 | +5 | 5");
+    assert_eq!(
+        columns(&rows[1]),
+        format!("withdrawal | {} | -100 | 400 | 0 | 5", &ticket[..8])
+    );
+    assert!(columns(&rows[6]).starts_with("lottery draw | "));
+    assert_eq!(
+        (rows[6][4].as_str(), rows[6][5].as_str()),
+        ("-1", "4"),
+        "{}",
+        columns(&rows[6])
+    );
+    let tickets: Vec<String> = js(
+        browser,
+        "return [...document.querySelectorAll('#entries [data-ticket]')].map(e => e.title)",
+    )
+    .await;
+    assert_eq!(tickets.len(), 6);
+    assert_eq!(tickets[0], ticket, "the whole ticket id is in the title");
+    let distinct: std::collections::HashSet<_> = tickets.iter().collect();
+    assert_eq!(distinct.len(), tickets.len(), "a ticket with two entries");
 
-    app.assert_audit_clean().await;
-    browser.close().await.unwrap();
+    let violations: Vec<String> = js(browser, "return window.violations").await;
+    assert!(violations.is_empty(), "{violations:?}");
+    screenshot(browser, 1280, "web-page.png").await;
+    fits(browser).await;
+
+    // On a phone-sized screen nothing overflows sideways either.
+    screenshot(browser, 390, "web-page-narrow.png").await;
+    fits(browser).await;
+
+    // Forgetting the account moves focus to the name of the next one.
+    click(browser, "forget").await;
+    assert_eq!(focused(browser).await, "name");
+    assert_eq!(text(browser, "balance").await, "—");
 }
