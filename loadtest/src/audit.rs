@@ -3,7 +3,12 @@
 //! faults.
 //!
 //! What it checks, per account and per ticket:
-//! - the answers are declared ones (201, 402, 409, 422, 503 with declared problem types);
+//! - the answers are declared ones: a ticket request answered 201 (with a `ticket_id`) or
+//!   503 with a declared problem type; a spend answered 201, 402, 409, 422 or 503 with
+//!   declared problem types;
+//! - every request got an answer: a transport error (connection refused or reset, a
+//!   timeout) is a violation, unless the run expected some ([`AuditOptions`]: the matrix's
+//!   instance-kill cell kills an instance on purpose);
 //! - at most one attempt of a ticket executed (answered without `Idempotent-Replayed`), and
 //!   every definitive answer to the same request equals it (the replays);
 //! - a request with another amount under a used ticket got 422 `idempotency-key-reuse`;
@@ -12,14 +17,22 @@
 //!   executed twice, or a lost update, breaks this;
 //! - every ticket that executed has exactly one entry, matching it; every other ticket
 //!   none; no entry the run did not cause; the opening entry matches the opening;
+//! - the entries chain: each entry's state before (its balance and points after, minus its
+//!   own change) is the state the previous entry left. One that is not was decided on an
+//!   older state and overwrote what was written since (a lost update);
 //! - no balance or points ever below zero, in any entry or answer.
+//!
+//! It also counts, per account, the double spends ([`AccountTally::double_spends`]).
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::history::{Attempt, FinalState, History, Role, SpendKind, SpendRecord};
+use crate::history::{
+    AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
+    SpendRecord, TicketAttempt,
+};
 
 /// One broken expectation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -41,6 +54,9 @@ pub enum ViolationKind {
     /// A status or problem type the contract does not declare for this request (a 500,
     /// an undeclared 503, a 404 for a valid ticket...).
     UndeclaredAnswer,
+    /// A request that got no answer at all (connection refused or reset, a timeout): a
+    /// crashing or hanging server, in a run that did not kill one on purpose.
+    Unanswered,
     /// More than one attempt of the same request executed.
     ExecutedTwice,
     /// A definitive answer that differs from the ticket's outcome.
@@ -60,6 +76,9 @@ pub enum ViolationKind {
     Negative,
     /// The account's entries do not add up to its balance or points.
     EntriesDoNotAddUp,
+    /// An entry decided on an older balance or points than the previous entry left: it
+    /// overwrote what was written since (a lost update).
+    StaleWrite,
     /// The run has no final state for something it must judge.
     Missing,
 }
@@ -86,11 +105,20 @@ fn is_definitive(attempt: &Attempt) -> bool {
         || (attempt.status == 422 && named(attempt, &["balance-limit"]))
 }
 
-/// An answer that says nothing happened (yet): wait, retry.
+/// An answer that says nothing happened (yet): wait, retry. Not a missing answer: that is
+/// judged apart ([`AuditOptions::unanswered_expected`]).
 fn is_transient(attempt: &Attempt) -> bool {
-    attempt.status == 0
-        || (attempt.status == 409 && named(attempt, &DECLARED_409))
+    (attempt.status == 409 && named(attempt, &DECLARED_409))
         || (attempt.status == 503 && named(attempt, &DECLARED_503))
+}
+
+/// What the run expected, beside the contract.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AuditOptions {
+    /// Requests may go unanswered: an instance was killed on purpose during the run (the
+    /// matrix's instance-kill cell). Otherwise a transport error is a violation — a server
+    /// that crashes or hangs must not pass.
+    pub unanswered_expected: bool,
 }
 
 /// What a ticket did, as far as money goes.
@@ -99,9 +127,19 @@ struct Outcome {
     body: Value,
 }
 
-/// Audits a run. Empty means every expectation held.
+/// Audits a run that expected every request to be answered. Empty means every
+/// expectation held.
 pub fn audit(history: &History, state: &FinalState) -> Vec<Violation> {
-    audit_with_accounts(history, state).0
+    audit_with(history, state, &AuditOptions::default()).violations
+}
+
+/// What the audit found.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Audit {
+    /// Every broken expectation; empty means the run passed.
+    pub violations: Vec<Violation>,
+    /// Each account's tally.
+    pub tallies: Vec<AccountTally>,
 }
 
 /// What the executed tickets of one account add up to, beside what the ledger holds.
@@ -118,15 +156,33 @@ pub struct AccountTally {
     pub final_balance: i64,
     /// The ledger's points afterwards.
     pub final_points: i64,
+    /// Operations that moved money or points twice, or were accepted beyond what was
+    /// affordable. Counted from the ledger's own entries, in the order it wrote them:
+    /// - each withdrawal or lottery draw whose effect a later write overwrote. A write
+    ///   decided on an older state (its balance and points before are not what the
+    ///   previous entry left) puts the account back to that state plus its own change, so
+    ///   every entry written since is undone: a withdrawal's money left the account yet is
+    ///   there again, to be spent a second time; a draw's points likewise. The older state
+    ///   is found as the most recent earlier one equal to it (the count errs low when a
+    ///   state repeats); when none matches, the stale write counts as one. Each spend is
+    ///   counted once, however often it is overwritten. Overwritten deposits lose money
+    ///   rather than spend it twice and are not counted (the audit still flags them);
+    /// - each entry beyond the first for one ticket, when the ticket is a withdrawal or a
+    ///   draw (a ticket executed twice).
+    ///
+    /// A spend accepted beyond what was affordable shows up as the first kind: the entries
+    /// of a correct ledger never go below zero, so an accepted overdraft is a write that
+    /// did not see what the previous one took.
+    pub double_spends: u64,
 }
 
-/// [`audit`], plus each account's tally.
-pub fn audit_with_accounts(
-    history: &History,
-    state: &FinalState,
-) -> (Vec<Violation>, Vec<AccountTally>) {
+/// [`audit`], with options, plus each account's tally.
+pub fn audit_with(history: &History, state: &FinalState, options: &AuditOptions) -> Audit {
     let mut violations = Vec::new();
     let mut tallies = Vec::new();
+    for attempt in &history.tickets {
+        audit_ticket_request(attempt, options, &mut violations);
+    }
     let mut by_account: HashMap<&str, Vec<&SpendRecord>> = HashMap::new();
     for spend in &history.spends {
         by_account
@@ -136,7 +192,7 @@ pub fn audit_with_accounts(
     }
     for account in &history.accounts {
         let spends = by_account.remove(account.id.as_str()).unwrap_or_default();
-        if let Some(tally) = audit_account(account, &spends, state, &mut violations) {
+        if let Some(tally) = audit_account(account, &spends, state, options, &mut violations) {
             tallies.push(tally);
         }
     }
@@ -150,13 +206,52 @@ pub fn audit_with_accounts(
             });
         }
     }
-    (violations, tallies)
+    Audit {
+        violations,
+        tallies,
+    }
+}
+
+/// A ticket request must be answered 201 with a ticket, or 503 with a declared type.
+fn audit_ticket_request(
+    attempt: &TicketAttempt,
+    options: &AuditOptions,
+    violations: &mut Vec<Violation>,
+) {
+    let declared_503 = attempt.status == 503
+        && attempt
+            .problem()
+            .is_some_and(|kind| DECLARED_503.iter().any(|name| kind.ends_with(name)));
+    let kind = match attempt.status {
+        0 if options.unanswered_expected => return,
+        0 => ViolationKind::Unanswered,
+        201 if attempt.ticket.is_some() => return,
+        503 if declared_503 => return,
+        _ => ViolationKind::UndeclaredAnswer,
+    };
+    violations.push(Violation {
+        kind,
+        account: attempt.account.clone(),
+        ticket: attempt.ticket.clone(),
+        detail: format!(
+            "ticket request to target {} answered {} {}{}",
+            attempt.target,
+            attempt.status,
+            attempt.problem().unwrap_or(""),
+            attempt
+                .error
+                .as_deref()
+                .map(|error| format!(" ({error})"))
+                .unwrap_or_default()
+        ),
+    });
 }
 
 fn audit_account(
-    account: &crate::history::AccountRecord,
+    account: &AccountRecord,
     spends: &[&SpendRecord],
     state: &FinalState,
+    options: &AuditOptions,
     violations: &mut Vec<Violation>,
 ) -> Option<AccountTally> {
     let mut flag = |kind, ticket: Option<&str>, detail: String| {
@@ -183,6 +278,21 @@ fn audit_account(
     for spend in spends {
         let ticket = Some(spend.ticket.as_str());
         for attempt in &spend.attempts {
+            if attempt.status == 0 {
+                if !options.unanswered_expected {
+                    flag(
+                        ViolationKind::Unanswered,
+                        ticket,
+                        format!(
+                            "{:?} attempt to target {} got no answer: {}",
+                            attempt.role,
+                            attempt.target,
+                            attempt.error.as_deref().unwrap_or("(no error recorded)")
+                        ),
+                    );
+                }
+                continue;
+            }
             let declared = match attempt.role {
                 Role::ChangedDuplicate => {
                     (attempt.status == 422 && named(attempt, &["idempotency-key-reuse"]))
@@ -343,20 +453,100 @@ fn audit_account(
     }
 
     audit_entries(account, spends, &executed, final_account, &mut flag);
+    let double_spends = double_spends(account, final_account, &mut flag);
     Some(AccountTally {
         account: account.id.clone(),
         expected_balance,
         expected_points,
         final_balance: final_account.balance,
         final_points: final_account.points,
+        double_spends,
     })
 }
 
+/// Whether an entry's kind is a spend (money or points leave the account).
+fn is_spend(entry: &EntryRecord) -> bool {
+    matches!(entry.kind.as_str(), "withdrawal" | "lottery_draw")
+}
+
+/// [`AccountTally::double_spends`]; flags each stale write.
+fn double_spends(
+    account: &AccountRecord,
+    final_account: &AccountState,
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) -> u64 {
+    let mut entries: Vec<&EntryRecord> = final_account.entries.iter().collect();
+    entries.sort_by_key(|entry| entry.id);
+    let (start, rest) = match entries.split_first() {
+        Some((first, rest)) if first.kind == "opening" => {
+            ((first.balance_after, first.points_after), rest)
+        }
+        _ => (
+            (account.opening_balance, account.opening_points),
+            entries.as_slice(),
+        ),
+    };
+    // states[k]: balance and points after the k-th entry (0: the opening);
+    // spend[k], undone[k]: whether that entry is a spend, and was overwritten already.
+    let mut states = vec![start];
+    let mut spend = vec![false];
+    let mut undone = vec![false];
+    let mut count = 0_u64;
+    for entry in rest {
+        let before = (
+            entry.balance_after - entry.amount,
+            entry.points_after - entry.points,
+        );
+        let last = states.len() - 1;
+        if before != states[last] {
+            let overwritten = match states.iter().rposition(|state| *state == before) {
+                Some(found) => {
+                    let mut spends = 0;
+                    for index in found + 1..=last {
+                        if spend[index] && !undone[index] {
+                            spends += 1;
+                        }
+                        undone[index] = true;
+                    }
+                    count += spends;
+                    format!(
+                        "{} entries written since, {spends} of them spends",
+                        last - found
+                    )
+                }
+                None => {
+                    count += 1;
+                    "an unknown number of entries".to_owned()
+                }
+            };
+            flag(
+                ViolationKind::StaleWrite,
+                entry.ticket_id.as_deref(),
+                format!(
+                    "entry {} was decided on balance {} and points {}, but the previous entry \
+                     left {} and {}: it overwrote {overwritten}",
+                    entry.id, before.0, before.1, states[last].0, states[last].1
+                ),
+            );
+        }
+        states.push((entry.balance_after, entry.points_after));
+        spend.push(is_spend(entry));
+        undone.push(false);
+    }
+    let mut per_ticket: HashMap<&str, u64> = HashMap::new();
+    for entry in rest.iter().filter(|entry| is_spend(entry)) {
+        if let Some(ticket) = entry.ticket_id.as_deref() {
+            *per_ticket.entry(ticket).or_default() += 1;
+        }
+    }
+    count + per_ticket.values().map(|n| n - 1).sum::<u64>()
+}
+
 fn audit_entries(
-    account: &crate::history::AccountRecord,
+    account: &AccountRecord,
     spends: &[&SpendRecord],
     executed: &HashMap<&str, (&SpendRecord, Value)>,
-    final_account: &crate::history::AccountState,
+    final_account: &AccountState,
     flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
 ) {
     let entries = &final_account.entries;
@@ -406,7 +596,7 @@ fn audit_entries(
         }
     }
 
-    let mut by_ticket: HashMap<&str, Vec<&crate::history::EntryRecord>> = HashMap::new();
+    let mut by_ticket: HashMap<&str, Vec<&EntryRecord>> = HashMap::new();
     for entry in entries {
         if let Some(ticket) = entry.ticket_id.as_deref() {
             by_ticket.entry(ticket).or_default().push(entry);

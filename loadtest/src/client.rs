@@ -42,6 +42,21 @@ pub struct Answer {
     pub error: Option<String>,
 }
 
+/// The answer to a ticket request, as recorded.
+#[derive(Debug, Clone)]
+pub struct TicketAnswer {
+    /// 0 when no answer came.
+    pub status: u16,
+    /// The ticket, when the answer was 201 with a `ticket_id`.
+    pub ticket: Option<String>,
+    /// The JSON body.
+    pub body: Option<Value>,
+    /// How long it took.
+    pub latency: Duration,
+    /// The transport error, or why the body could not be read.
+    pub error: Option<String>,
+}
+
 /// An HTTP client for one or more targets.
 #[derive(Debug, Clone)]
 pub struct Api {
@@ -51,11 +66,19 @@ pub struct Api {
 
 impl Api {
     /// A client with a connection pool large enough for `connections` concurrent requests.
+    ///
+    /// It goes only where the targets say (see [`safety`](crate::safety)): it follows no
+    /// redirect (a 3xx is recorded as the answer, like any other), uses no proxy (not even
+    /// one from the environment), and connects to `localhost` only on 127.0.0.1 or ::1,
+    /// whatever the system's resolver says.
     pub fn new(targets: Vec<String>, connections: usize) -> Result<Self, ClientError> {
         let client = Client::builder()
             .pool_max_idle_per_host(connections.max(1))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .resolve_to_addrs("localhost", &crate::safety::LOCALHOST)
             .build()?;
         let targets = targets
             .into_iter()
@@ -109,25 +132,43 @@ impl Api {
         Ok((field("id"), field("api_key")))
     }
 
-    /// Takes a ticket.
-    pub async fn ticket(
-        &self,
-        target: usize,
-        account: &str,
-        key: &str,
-    ) -> Result<String, ClientError> {
-        let response = self
+    /// Asks for a ticket, and records whatever comes back.
+    pub async fn ticket(&self, target: usize, account: &str, key: &str) -> TicketAnswer {
+        let started = Instant::now();
+        let sent = self
             .client
             .post(self.url(target, &format!("/v1/accounts/{account}/tickets")))
             .bearer_auth(key)
             .send()
-            .await?;
-        let body = Self::json(response, "take a ticket", StatusCode::CREATED).await?;
-        Ok(body
-            .get("ticket_id")
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => {
+                return TicketAnswer {
+                    status: 0,
+                    ticket: None,
+                    body: None,
+                    latency: started.elapsed(),
+                    error: Some(error.to_string()),
+                };
+            }
+        };
+        let status = response.status().as_u16();
+        let body = response.json::<Value>().await;
+        let ticket = body
+            .as_ref()
+            .ok()
+            .filter(|_| status == 201)
+            .and_then(|body| body.get("ticket_id"))
             .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned())
+            .map(str::to_owned);
+        TicketAnswer {
+            status,
+            ticket,
+            latency: started.elapsed(),
+            error: body.as_ref().err().map(ToString::to_string),
+            body: body.ok(),
+        }
     }
 
     /// Sends a spend (with any extra headers) and records whatever comes back.
@@ -313,5 +354,100 @@ impl Api {
             }
             Err(_) => 0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server on loopback that answers every request with `response`; returns its base
+    /// URL and how many connections it accepted.
+    async fn serve(response: String) -> (String, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let counter = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let response = response.clone();
+                tokio::spawn(async move {
+                    // Read the head and the body the head announces, then answer and close.
+                    let mut request = Vec::new();
+                    let mut buffer = [0_u8; 4096];
+                    loop {
+                        let Ok(read) = socket.read(&mut buffer).await else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        request.extend_from_slice(&buffer[..read]);
+                        let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+                        if let Some(head) = text.find("\r\n\r\n") {
+                            let length = text
+                                .lines()
+                                .find_map(|line| line.strip_prefix("content-length:"))
+                                .and_then(|value| value.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if request.len() >= head + 4 + length {
+                                break;
+                            }
+                        }
+                    }
+                    let _ = socket.write_all(response.as_bytes()).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        (base, accepted)
+    }
+
+    /// A target that redirects elsewhere is not followed: the 307 is the recorded answer,
+    /// and the place it points to never hears from the client.
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let body = r#"{"ticket_id":"t","account_id":"a","amount":1,"balance":0}"#;
+        let (elsewhere, reached) = serve(format!(
+            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        ))
+        .await;
+        let (target, _) = serve(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: {elsewhere}/v1/accounts/a/withdrawals\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        ))
+        .await;
+        let api = Api::new(vec![target.clone()], 1).unwrap();
+        let answer = api
+            .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, &[])
+            .await;
+        assert_eq!(answer.status, 307, "{answer:?}");
+        let ticket = api.ticket(0, "a", "k").await;
+        assert_eq!((ticket.status, ticket.ticket), (307, None));
+        assert_eq!(
+            reached.load(Ordering::SeqCst),
+            0,
+            "the redirect was followed"
+        );
+    }
+
+    /// `localhost` reaches a server on 127.0.0.1 (the pin keeps the URL's port).
+    #[tokio::test]
+    async fn localhost_is_reached_on_loopback() {
+        let (target, reached) = serve(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
+                .to_owned(),
+        )
+        .await;
+        let api = Api::new(vec![target.replace("127.0.0.1", "localhost")], 1).unwrap();
+        assert_eq!(api.ticket(0, "a", "k").await.status, 503);
+        assert_eq!(reached.load(Ordering::SeqCst), 1);
     }
 }

@@ -1,5 +1,6 @@
-//! What the load test saw: every account it opened and every spend attempt it sent, with
-//! the answer. The auditor judges this record against the final state of the ledger.
+//! What the load test saw: every account it opened, every ticket request and every spend
+//! attempt it sent, with the answer. The auditor judges this record against the final
+//! state of the ledger.
 
 use std::collections::HashMap;
 
@@ -104,6 +105,34 @@ impl Attempt {
     }
 }
 
+/// One `POST /v1/accounts/{id}/tickets`, and its answer.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct TicketAttempt {
+    /// The account the ticket was asked for.
+    pub account: String,
+    /// Which target (index into the run's targets).
+    pub target: usize,
+    /// The HTTP status; 0 when no answer came (a transport error).
+    pub status: u16,
+    /// The ticket it issued (a 201 with a `ticket_id`).
+    pub ticket: Option<String>,
+    /// The JSON body of an answer other than 201 (kept for the audit's report).
+    pub body: Option<Value>,
+    /// Milliseconds since the run started, when it was sent.
+    pub sent_at_ms: u64,
+    /// How long the answer took, µs.
+    pub latency_us: u64,
+    /// The transport error (or unreadable body), if any.
+    pub error: Option<String>,
+}
+
+impl TicketAttempt {
+    /// The `type` of a problem+json body, if it is one.
+    pub fn problem(&self) -> Option<&str> {
+        self.body.as_ref()?.get("type")?.as_str()
+    }
+}
+
 /// One ticket and every attempt sent with it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SpendRecord {
@@ -126,6 +155,9 @@ pub struct History {
     pub targets: Vec<String>,
     /// The accounts opened.
     pub accounts: Vec<AccountRecord>,
+    /// Every ticket request, answered or not.
+    #[serde(default)]
+    pub tickets: Vec<TicketAttempt>,
     /// The spends.
     pub spends: Vec<SpendRecord>,
 }

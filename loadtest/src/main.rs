@@ -92,7 +92,8 @@ struct RunArgs {
     /// Base URLs of the instances, comma-separated.
     #[arg(long, value_delimiter = ',', required = false)]
     targets: Vec<String>,
-    /// Accounts to open and spread the spends over.
+    /// Accounts in play at a time. Every 50 spends per account, a fresh set is opened,
+    /// funded so that about half of those spends are refused.
     #[arg(long, default_value_t = 20)]
     accounts: usize,
     /// Concurrent clients.
@@ -178,7 +179,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         mix: Mix::default(),
         headers: Vec::new(),
         fault: None,
-        opening_balance: 1_000,
+        expect_unanswered: false,
     };
     let result = match run::run(options).await {
         Ok(result) => result,
@@ -234,6 +235,7 @@ async fn healthz_command(args: HealthzArgs) -> ExitCode {
 async fn matrix_command(args: MatrixArgs) -> ExitCode {
     use loadtest::matrix::{self, Fault, MatrixOptions, STRATEGIES};
 
+    let started = std::time::Instant::now();
     for url in [&args.database_url, &args.redis_url] {
         let as_http = url
             .replacen("postgres://", "http://", 1)
@@ -296,11 +298,12 @@ async fn matrix_command(args: MatrixArgs) -> ExitCode {
     );
     let rows = match matrix::run_matrix(&options, |row| {
         eprintln!(
-            "  {:<13} {:<14} {:>6} requests, {} double spends",
+            "  {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens",
             row.strategy,
             row.fault.name(),
             row.requests,
-            row.double_spends
+            row.double_spends,
+            row.stale_fencing_tokens
         );
     })
     .await
@@ -326,11 +329,13 @@ async fn matrix_command(args: MatrixArgs) -> ExitCode {
     let fenced_failed = rows
         .iter()
         .any(|row| row.strategy == "fenced" && (row.double_spends > 0 || row.overdrafts > 0));
-    if fenced_failed {
+    let verdict = if fenced_failed {
         println!("VERDICT: the fenced strategy spent money twice — a bug");
         ExitCode::from(1)
     } else {
         println!("VERDICT: fenced never spent money twice; the table shows where the others do");
         ExitCode::SUCCESS
-    }
+    };
+    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
+    verdict
 }

@@ -15,9 +15,15 @@
 //! - `redis-wipe`: Redis loses its data mid-run: every key of the matrix's namespace (and
 //!   everything on the Redlock nodes) is deleted, as a restart without persistence would.
 //!
-//! A double spend is what the audit finds as money or points moved twice, or more
-//! accepted than was affordable; an overdraft is an account whose accepted withdrawals
-//! exceed what it ever had.
+//! The load in every cell: withdrawals (60%), lottery draws (25%, so points are at stake
+//! too) and deposits, a tenth of them duplicated, on accounts funded so that about half the
+//! spends are refused (see [`run`](crate::run)).
+//!
+//! A double spend is an operation that moved money or points twice, or was accepted
+//! beyond what was affordable, counted from the ledger's entries
+//! ([`AccountTally::double_spends`](crate::audit::AccountTally::double_spends)); an
+//! overdraft is an account whose accepted withdrawals (or draws) exceed everything it ever
+//! had.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -29,6 +35,7 @@ use serde::Serialize;
 use tokio::time::{Instant, sleep};
 
 use crate::audit::ViolationKind;
+use crate::client::Api;
 use crate::run::{FaultPlan, Limit, Mix, RunOptions, RunResult, run};
 
 /// A fault the matrix injects.
@@ -118,14 +125,26 @@ pub struct Row {
     pub fault: Fault,
     /// Spend requests sent.
     pub requests: u64,
-    /// Money or points moved twice, or more accepted than affordable, as found by the
-    /// audit (violations of those kinds).
-    pub double_spends: usize,
+    /// Operations that moved money or points twice, or were accepted beyond what was
+    /// affordable: each withdrawal or lottery draw whose effect a write decided on an
+    /// older balance overwrote (its money or points left, yet are there to be spent
+    /// again), plus each extra execution of one ticket. Counted by the audit from the
+    /// ledger's entries and summed over the cell's accounts; see
+    /// [`AccountTally::double_spends`](crate::audit::AccountTally::double_spends).
+    pub double_spends: u64,
     /// Money the ledger holds beyond what the accepted operations leave (units spent
     /// without being deducted), summed over the accounts.
     pub money_spent_twice: i64,
-    /// Accounts whose accepted withdrawals exceed everything they ever had.
+    /// Points likewise: points the ledger holds beyond what the accepted draws leave.
+    pub points_spent_twice: i64,
+    /// Accounts whose accepted withdrawals (or draws) exceed everything they ever had,
+    /// plus balances or points seen below zero.
     pub overdrafts: usize,
+    /// Writes the ledger refused for carrying an old fencing token during the cell
+    /// (`payonce_stale_fencing_tokens_total`, summed over the instances): fencing at work.
+    pub stale_fencing_tokens: u64,
+    /// Spend requests answered 503 `lock-lost`.
+    pub lock_lost: u64,
     /// 409s, 503s, other statuses and unanswered requests.
     pub errors: u64,
     /// Spend requests per second.
@@ -386,7 +405,10 @@ fn skipped(strategy: &str, fault: Fault, why: &str) -> Row {
         requests: 0,
         double_spends: 0,
         money_spent_twice: 0,
+        points_spent_twice: 0,
         overdrafts: 0,
+        stale_fencing_tokens: 0,
+        lock_lost: 0,
         errors: 0,
         throughput: 0.0,
         p99_ms: 0.0,
@@ -429,13 +451,15 @@ async fn run_cell(
         changed_fraction: 0.0,
         progress: false,
         mix: Mix {
-            withdrawal: 0.8,
-            draw: 0.0,
+            withdrawal: 0.6,
+            draw: 0.25,
         },
         headers: vec![("payonce-strategy".to_owned(), strategy.to_owned())],
         fault: plan,
-        opening_balance: 10_000,
+        // The killed instance drops what it was answering: expected, in that cell only.
+        expect_unanswered: fault == Fault::InstanceKill,
     };
+    let stale_before = stale_tokens(&cluster.targets()).await;
     let result = match fault {
         Fault::InstanceKill => {
             let load = run(run_options);
@@ -461,45 +485,106 @@ async fn run_cell(
         }
         _ => run(run_options).await?,
     };
-    Ok(row(strategy, fault, &result))
+    let mut row = row(strategy, fault, &result);
+    row.stale_fencing_tokens = stale_after(&result, &stale_before);
+    Ok(row)
 }
 
-/// A cell's row, from its run.
-pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
-    let money = [
-        ViolationKind::ExecutedTwice,
-        ViolationKind::BalanceMismatch,
-        ViolationKind::EntryMismatch,
-        ViolationKind::EntriesDoNotAddUp,
-        ViolationKind::UnknownEntry,
-    ];
-    let double_spends = result
-        .violations
+const STALE_TOKENS: &str = "payonce_stale_fencing_tokens_total";
+
+/// Each target's stale-token counter now (0 for a target that does not answer).
+async fn stale_tokens(targets: &[String]) -> Vec<f64> {
+    let Ok(api) = Api::new(targets.to_vec(), 1) else {
+        return vec![0.0; targets.len()];
+    };
+    let mut counters = Vec::new();
+    for target in 0..targets.len() {
+        let metrics = api.metrics(target).await.unwrap_or_default();
+        counters.push(counter(&metrics, STALE_TOKENS));
+    }
+    counters
+}
+
+fn counter(metrics: &[(String, f64)], name: &str) -> f64 {
+    metrics
         .iter()
-        .filter(|v| money.contains(&v.kind))
-        .count();
+        .find(|(metric, _)| metric == name)
+        .map_or(0.0, |(_, value)| *value)
+}
+
+/// The stale tokens counted during the run: each target's counter after, less before (an
+/// instance restarted during the run counts from zero again).
+fn stale_after(result: &RunResult, before: &[f64]) -> u64 {
+    result
+        .metrics
+        .iter()
+        .enumerate()
+        .map(|(index, (_, metrics))| {
+            let after = counter(metrics, STALE_TOKENS);
+            let before = before.get(index).copied().unwrap_or(0.0);
+            if after >= before {
+                after - before
+            } else {
+                after
+            }
+        })
+        .sum::<f64>()
+        .round() as u64
+}
+
+/// The audit's findings that are about the ledger's money and points (the rest are about
+/// answers: undeclared, unanswered, mismatched replays, missing state).
+const LEDGER_FINDINGS: [ViolationKind; 7] = [
+    ViolationKind::ExecutedTwice,
+    ViolationKind::BalanceMismatch,
+    ViolationKind::EntryMismatch,
+    ViolationKind::EntriesDoNotAddUp,
+    ViolationKind::UnknownEntry,
+    ViolationKind::StaleWrite,
+    ViolationKind::Negative,
+];
+
+/// A cell's row, from its run (the stale fencing tokens, read from the instances around
+/// the run, are left at 0).
+pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
     let negative = result
         .violations
         .iter()
         .filter(|v| v.kind == ViolationKind::Negative)
         .count();
     let counts = &result.counts;
+    let lock_lost = result
+        .history
+        .spends
+        .iter()
+        .flat_map(|spend| &spend.attempts)
+        .filter(|attempt| {
+            attempt.status == 503 && attempt.problem().is_some_and(|t| t.ends_with("lock-lost"))
+        })
+        .count() as u64;
     Row {
         strategy: strategy.to_owned(),
         fault,
         requests: counts.requests,
-        double_spends,
+        double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
         money_spent_twice: result
             .tallies
             .iter()
             .map(|tally| (tally.final_balance - tally.expected_balance).max(0))
             .sum(),
+        points_spent_twice: result
+            .tallies
+            .iter()
+            .map(|tally| (tally.final_points - tally.expected_points).max(0))
+            .sum(),
         overdrafts: result
             .tallies
             .iter()
-            .filter(|tally| tally.expected_balance < 0)
+            .filter(|tally| tally.expected_balance < 0 || tally.expected_points < 0)
             .count()
             + negative,
+        stale_fencing_tokens: 0,
+        lock_lost,
         errors: counts.conflict
             + counts.unavailable
             + counts.other
@@ -507,7 +592,11 @@ pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
             + counts.ticket_errors,
         throughput: counts.requests as f64 / result.elapsed.as_secs_f64().max(0.001),
         p99_ms: result.latency.value_at_quantile(0.99) as f64 / 1000.0,
-        other_violations: result.violations.len() - double_spends - negative,
+        other_violations: result
+            .violations
+            .iter()
+            .filter(|v| !LEDGER_FINDINGS.contains(&v.kind))
+            .count(),
         skipped: None,
     }
 }
@@ -516,18 +605,20 @@ pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
 pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<13} {:<14} {:>8} {:>13} {:>12} {:>10} {:>7} {:>8} {:>8}  note",
+        "{:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  note",
         "strategy",
         "fault",
         "requests",
         "double spends",
         "money twice",
+        "points twice",
         "overdrafts",
+        "stale tokens",
         "errors",
         "req/s",
         "p99 ms",
     )?;
-    writeln!(out, "{}", "-".repeat(120))?;
+    writeln!(out, "{}", "-".repeat(140))?;
     for row in rows {
         let note = match (&row.skipped, row.other_violations) {
             (Some(why), _) => format!("skipped: {why}"),
@@ -536,13 +627,15 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         };
         writeln!(
             out,
-            "{:<13} {:<14} {:>8} {:>13} {:>12} {:>10} {:>7} {:>8.0} {:>8.1}  {}",
+            "{:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
             row.strategy,
             row.fault.name(),
             row.requests,
             row.double_spends,
             row.money_spent_twice,
+            row.points_spent_twice,
             row.overdrafts,
+            row.stale_fencing_tokens,
             row.errors,
             row.throughput,
             row.p99_ms,
@@ -620,8 +713,8 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
                 Some(row) if row.double_spends > 0 || row.overdrafts > 0 => (
                     RGBColor(220, 70, 60),
                     format!(
-                        "{} findings|{} spent twice",
-                        row.double_spends, row.money_spent_twice
+                        "{} double spends|{} money, {} pts",
+                        row.double_spends, row.money_spent_twice, row.points_spent_twice
                     ),
                 ),
                 Some(_) => (RGBColor(70, 160, 90), "none".to_owned()),

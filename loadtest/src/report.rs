@@ -50,6 +50,15 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
         ("replays (header)", counts.replays.to_string()),
         ("tickets that moved money", executed_tickets.to_string()),
         (
+            "double spends (audit)",
+            result
+                .tallies
+                .iter()
+                .map(|tally| tally.double_spends)
+                .sum::<u64>()
+                .to_string(),
+        ),
+        (
             "latency p50 / p90 / p99 / max",
             format!(
                 "{:.1} / {:.1} / {:.1} / {:.1} ms",
@@ -129,6 +138,7 @@ pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
             "counters": metrics.iter().map(|(name, value)| (name.clone(), json!(value))).collect::<serde_json::Map<_, _>>(),
         })).collect::<Vec<_>>(),
         "violations": result.violations,
+        "accounts": result.tallies,
         "history": result.history,
     });
     if let Some(parent) = path
@@ -192,8 +202,7 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
     for (label, color, pick) in series {
         chart
             .draw_series(LineSeries::new(
-                result
-                    .timeline
+                timeline
                     .iter()
                     .enumerate()
                     .map(|(index, second)| (index as u32, pick(second))),
@@ -254,4 +263,55 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
     )?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::run::{Counts, Second};
+
+    /// The throughput lines stop at the last whole second: the partial one at the end
+    /// would show as a drop that never happened.
+    #[test]
+    fn the_chart_leaves_out_the_partial_last_second() {
+        let second = Second {
+            ok: 100,
+            refused: 50,
+            failed: 1,
+        };
+        let result = RunResult {
+            history: Default::default(),
+            final_state: Default::default(),
+            violations: Vec::new(),
+            tallies: Vec::new(),
+            counts: Counts::default(),
+            latency: Histogram::new_with_bounds(1, 120_000_000, 3).unwrap(),
+            timeline: vec![second; 5],
+            elapsed: Duration::from_millis(3_500),
+            metrics: Vec::new(),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("chart.svg");
+        draw_chart(&result, &path).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        let lengths: Vec<usize> = svg
+            .split("<polyline")
+            .skip(1)
+            .filter_map(|line| {
+                let points = line.split("points=\"").nth(1)?.split('"').next()?;
+                Some(points.split_whitespace().count())
+            })
+            .collect();
+        assert_eq!(
+            lengths.iter().filter(|&&n| n == 3).count(),
+            3,
+            "three series of three whole seconds: {lengths:?}"
+        );
+        assert!(
+            !lengths.contains(&5),
+            "the partial second was drawn: {lengths:?}"
+        );
+    }
 }

@@ -2,6 +2,18 @@
 //! withdrawals, lottery draws and deposits, a fraction sent twice at once (to another
 //! target) and again later, some of those with a changed amount — until the duration or
 //! the request budget runs out. Then it reads the final state back and audits.
+//!
+//! # Funding: rounds of accounts
+//! Roughly half of all withdrawals and draws should be refused for insufficient funds or
+//! points (the interesting case), so an account's opening balance and points must match
+//! the spends it will see. The run cannot know that in advance for `--duration` (the rate
+//! depends on the machine, the strategy, the fault), so it does not guess: it plays
+//! `--accounts` accounts at a time, in **rounds** of [`SPENDS_PER_ACCOUNT`] spends per
+//! account, each round on fresh accounts funded for exactly that many ([`opening`]). When
+//! a round's spends have all been handed out, the next round's accounts are opened. The
+//! rate no longer matters, for `--duration` and `--requests` alike (the last round of a
+//! `--requests` run is funded for what is left of the budget). Only the last round of a
+//! `--duration` run, cut short by the clock, sees fewer refusals.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -14,9 +26,11 @@ use rand::RngExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::audit::{AccountTally, Violation, audit_with_accounts};
+use crate::audit::{AccountTally, AuditOptions, Violation, audit_with};
 use crate::client::{Answer, Api, ClientError};
-use crate::history::{AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord};
+use crate::history::{
+    AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord, TicketAttempt,
+};
 
 /// When the run stops.
 #[derive(Clone, Copy, Debug)]
@@ -32,7 +46,7 @@ pub enum Limit {
 pub struct RunOptions {
     /// Base URLs of the instances.
     pub targets: Vec<String>,
-    /// Accounts to spread the spends over.
+    /// Accounts in play at a time (a fresh set each round: see the module docs).
     pub accounts: usize,
     /// Concurrent clients.
     pub clients: usize,
@@ -50,8 +64,47 @@ pub struct RunOptions {
     pub headers: Vec<(String, String)>,
     /// A fault to ask for on some spends (the demonstration's `Payonce-Fault`).
     pub fault: Option<FaultPlan>,
-    /// Each account's opening balance.
-    pub opening_balance: i64,
+    /// Requests may go unanswered: an instance is killed during the run on purpose (the
+    /// matrix's instance-kill cell). Otherwise every transport error is a violation.
+    pub expect_unanswered: bool,
+}
+
+/// Spends (originals) per account per round: each round's accounts are funded for this
+/// many (see the module docs). Small enough that a short or slow run still spends a
+/// round's funds, large enough that balances run down and refusals set in.
+pub const SPENDS_PER_ACCOUNT: u64 = 50;
+
+/// Withdrawal amounts, uniform.
+const WITHDRAWAL: std::ops::RangeInclusive<i64> = 1..=200;
+/// Deposit amounts, uniform.
+const DEPOSIT: std::ops::RangeInclusive<i64> = 1..=60;
+/// Points per lottery draw, uniform.
+const DRAW_POINTS: std::ops::RangeInclusive<i64> = 1..=5;
+/// What a point is expected to win, in money (payonce's prize table returns 6.9 per
+/// point). Only an estimate for the funding: a service with other prizes shifts the
+/// refusal ratio a little, it breaks nothing.
+const PRIZE_PER_POINT: f64 = 6.9;
+
+fn mean(range: &std::ops::RangeInclusive<i64>) -> f64 {
+    (*range.start() + *range.end()) as f64 / 2.0
+}
+
+/// The opening balance and points for an account that will see `spends` spends of `mix`,
+/// so that roughly half its withdrawals and half its draws are refused.
+///
+/// Points: half of what the draws will ask for. Money: 45% of what the withdrawals will
+/// ask for, less what deposits and prizes will bring in (never below zero). Refusals come
+/// once the balance has run low, and then the small withdrawals still pass, so funding
+/// exactly half would refuse somewhat fewer than half; a simulation of the generator's
+/// amounts puts 45% at about half refused, for 20 to 1,000 spends per account.
+pub fn opening(spends: f64, mix: Mix) -> (i64, i64) {
+    let deposit = (1.0 - mix.withdrawal - mix.draw).max(0.0);
+    let draws = spends * mix.draw;
+    let asked = spends * mix.withdrawal * mean(&WITHDRAWAL);
+    let income = spends * deposit * mean(&DEPOSIT) + draws * mean(&DRAW_POINTS) * PRIZE_PER_POINT;
+    let balance = (0.45 * asked - income).max(0.0).round() as i64;
+    let points = (0.5 * draws * mean(&DRAW_POINTS)).round() as i64;
+    (balance, points)
 }
 
 /// The share of each kind of spend.
@@ -101,7 +154,8 @@ pub struct Counts {
     pub requests: u64,
     /// Tickets taken.
     pub tickets: u64,
-    /// Ticket requests that failed.
+    /// Ticket requests not answered 201 with a ticket (each one recorded in the history
+    /// and judged by the audit).
     pub ticket_errors: u64,
     /// 201 answers (executions and replays).
     pub created: u64,
@@ -192,6 +246,7 @@ pub enum RunError {
 
 /// What one client task gathered.
 struct Gathered {
+    tickets: Vec<TicketAttempt>,
     spends: Vec<SpendRecord>,
     counts: Counts,
     latency: Histogram<u64>,
@@ -216,7 +271,9 @@ struct Live {
 /// Runs the load, reads the ledger back, and audits.
 pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     let api = Api::new(options.targets.clone(), options.clients * 3)?;
-    let accounts = open_accounts(&api, &options).await?;
+    let rounds = Arc::new(Rounds::new(api.clone(), &options));
+    // The first round is opened before the clock starts.
+    rounds.round(0).await?;
 
     let started = Instant::now();
     let stop_at = match options.limit {
@@ -240,12 +297,11 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         options.limit,
     ));
 
-    let accounts = Arc::new(accounts);
     let tasks: Vec<_> = (0..options.clients)
         .map(|client| {
             let (api, accounts, issued, live, options) = (
                 api.clone(),
-                accounts.clone(),
+                rounds.clone(),
                 issued.clone(),
                 live.clone(),
                 options.clone(),
@@ -260,14 +316,14 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         .collect();
     let mut history = History {
         targets: options.targets.clone(),
-        accounts: Vec::new(),
-        spends: Vec::new(),
+        ..History::default()
     };
     let mut counts = Counts::default();
     let mut latency = histogram()?;
     let mut timeline: Vec<Second> = Vec::new();
     for task in tasks {
         let gathered = task.await??;
+        history.tickets.extend(gathered.tickets);
         history.spends.extend(gathered.spends);
         counts.merge(&gathered.counts);
         latency
@@ -286,19 +342,25 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     done.store(true, Ordering::Relaxed);
     let _ = ticker.await;
     progress.finish_and_clear();
-    history.accounts = accounts.as_ref().clone();
+    history.accounts = rounds.all().await;
 
     let final_state = read_back(&api, &history).await?;
     let mut metrics = Vec::new();
     for (index, target) in options.targets.iter().enumerate() {
         metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
     }
-    let (violations, tallies) = audit_with_accounts(&history, &final_state);
+    let audit = audit_with(
+        &history,
+        &final_state,
+        &AuditOptions {
+            unanswered_expected: options.expect_unanswered,
+        },
+    );
     Ok(RunResult {
         history,
         final_state,
-        violations,
-        tallies,
+        violations: audit.violations,
+        tallies: audit.tallies,
         counts,
         latency,
         timeline,
@@ -307,43 +369,92 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     })
 }
 
-/// Funds sized so that roughly half the spends are refused: deposits (half as frequent as
-/// withdrawals, under a third of their size) and prizes bring in about a third of what
-/// withdrawals ask for, and the opening points cover about half of what the draws ask for.
-async fn open_accounts(api: &Api, options: &RunOptions) -> Result<Vec<AccountRecord>, RunError> {
-    let expected_spends = match options.limit {
-        Limit::Requests(requests) => requests as f64,
-        // A rough rate per client, from runs on small machines; only sizes the points.
-        Limit::Duration(duration) => duration.as_secs_f64() * options.clients as f64 * 40.0,
-    };
-    let per_account = expected_spends / options.accounts.max(1) as f64;
-    let opening_balance = options.opening_balance;
-    let opening_points = ((per_account * options.mix.draw * 3.0) / 2.0)
-        .round()
-        .max(5.0) as i64;
-    let opened = futures::stream::iter(0..options.accounts)
-        .map(|index| async move {
-            let (id, key) = api
-                .open_account(index, opening_balance, opening_points)
+/// The accounts of each round (see the module docs), opened when a client first needs them.
+struct Rounds {
+    api: Api,
+    accounts: usize,
+    limit: Limit,
+    mix: Mix,
+    opened: tokio::sync::Mutex<Vec<Arc<Vec<AccountRecord>>>>,
+}
+
+impl Rounds {
+    fn new(api: Api, options: &RunOptions) -> Self {
+        Self {
+            api,
+            accounts: options.accounts.max(1),
+            limit: options.limit,
+            mix: options.mix,
+            opened: tokio::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Spends handed out per round.
+    fn size(&self) -> u64 {
+        SPENDS_PER_ACCOUNT * self.accounts as u64
+    }
+
+    /// The round the `issued`-th spend (counting from 0) belongs to.
+    fn of(&self, issued: u64) -> usize {
+        (issued / self.size()) as usize
+    }
+
+    /// The accounts of a round, opening it (and any before it) if no one has yet.
+    async fn round(&self, round: usize) -> Result<Arc<Vec<AccountRecord>>, RunError> {
+        let mut opened = self.opened.lock().await;
+        while opened.len() <= round {
+            let next = opened.len();
+            let accounts = self.open(next).await?;
+            opened.push(Arc::new(accounts));
+        }
+        Ok(opened[round].clone())
+    }
+
+    /// Every account opened, round after round.
+    async fn all(&self) -> Vec<AccountRecord> {
+        let opened = self.opened.lock().await;
+        opened
+            .iter()
+            .flat_map(|round| round.iter().cloned())
+            .collect()
+    }
+
+    /// Opens a round's accounts, funded for its spends: [`SPENDS_PER_ACCOUNT`] each, or
+    /// for the last round of a request budget, their share of what is left.
+    async fn open(&self, round: usize) -> Result<Vec<AccountRecord>, RunError> {
+        let first = round as u64 * self.size();
+        let spends = match self.limit {
+            Limit::Requests(budget) => budget.saturating_sub(first).min(self.size()),
+            Limit::Duration(_) => self.size(),
+        };
+        let (opening_balance, opening_points) =
+            opening(spends as f64 / self.accounts as f64, self.mix);
+        let api = &self.api;
+        let opened = futures::stream::iter(0..self.accounts)
+            .map(|index| async move {
+                let (id, key) = on_any_target(api, index, |target| {
+                    api.open_account(target, opening_balance, opening_points)
+                })
                 .await?;
-            Ok::<_, ClientError>(AccountRecord {
-                id,
-                key,
-                opening_balance,
-                opening_points,
+                Ok::<_, ClientError>(AccountRecord {
+                    id,
+                    key,
+                    opening_balance,
+                    opening_points,
+                })
             })
-        })
-        .buffer_unordered(16)
-        .collect::<Vec<_>>()
-        .await;
-    Ok(opened.into_iter().collect::<Result<_, _>>()?)
+            .buffer_unordered(16)
+            .collect::<Vec<_>>()
+            .await;
+        Ok(opened.into_iter().collect::<Result<_, _>>()?)
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn client_loop(
     client: usize,
     api: Api,
-    accounts: Arc<Vec<AccountRecord>>,
+    rounds: Arc<Rounds>,
     options: RunOptions,
     started: Instant,
     stop_at: Option<Instant>,
@@ -353,19 +464,31 @@ async fn client_loop(
 ) -> Result<Gathered, RunError> {
     let targets = options.targets.len();
     let mut gathered = Gathered {
+        tickets: Vec::new(),
         spends: Vec::new(),
         counts: Counts::default(),
         latency: histogram()?,
         timeline: Vec::new(),
     };
     let mut turn = client;
+    let mut current: Option<(usize, Arc<Vec<AccountRecord>>)> = None;
     loop {
         if stop_at.is_some_and(|stop| Instant::now() >= stop) {
             break;
         }
-        if budget.is_some_and(|budget| issued.fetch_add(1, Ordering::Relaxed) >= budget) {
+        let number = issued.fetch_add(1, Ordering::Relaxed);
+        if budget.is_some_and(|budget| number >= budget) {
             break;
         }
+        let round = rounds.of(number);
+        let accounts = match &current {
+            Some((known, accounts)) if *known == round => accounts.clone(),
+            _ => {
+                let accounts = rounds.round(round).await?;
+                current = Some((round, accounts.clone()));
+                accounts
+            }
+        };
         turn += 1;
         let target = turn % targets;
         let (account, kind, amount, duplicate, changed) = {
@@ -379,23 +502,37 @@ async fn client_loop(
             } else {
                 SpendKind::Deposit
             };
-            // Deposits bring in a fraction of what withdrawals ask for (see open_accounts).
+            // The funding of each round counts on these ranges (see `opening`).
             let amount = match kind {
-                SpendKind::LotteryDraw => rng.random_range(1..=5),
-                SpendKind::Withdrawal => rng.random_range(1..=200),
-                SpendKind::Deposit => rng.random_range(1..=60),
+                SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
+                SpendKind::Withdrawal => rng.random_range(WITHDRAWAL),
+                SpendKind::Deposit => rng.random_range(DEPOSIT),
             };
             let duplicate = rng.random::<f64>() < options.duplicate_fraction;
             let changed = duplicate && rng.random::<f64>() < options.changed_fraction;
             (account, kind, amount, duplicate, changed)
         };
 
-        let ticket = match api.ticket(target, &account.id, &account.key).await {
-            Ok(ticket) => {
+        let sent_at = started.elapsed();
+        let answer = api.ticket(target, &account.id, &account.key).await;
+        let issued_ticket = answer.ticket.clone();
+        gathered.tickets.push(TicketAttempt {
+            account: account.id.clone(),
+            target: target % targets,
+            status: answer.status,
+            ticket: answer.ticket,
+            // The body of an issued ticket says nothing the record does not.
+            body: answer.body.filter(|_| answer.status != 201),
+            sent_at_ms: sent_at.as_millis() as u64,
+            latency_us: answer.latency.as_micros() as u64,
+            error: answer.error,
+        });
+        let ticket = match issued_ticket {
+            Some(ticket) => {
                 gathered.counts.tickets += 1;
                 ticket
             }
-            Err(_) => {
+            None => {
                 gathered.counts.ticket_errors += 1;
                 live.errors.fetch_add(1, Ordering::Relaxed);
                 // Do not hammer a target that is down.

@@ -1,9 +1,9 @@
 //! Recorded histories, clean and with planted faults, through the auditor.
 
-use loadtest::audit::{ViolationKind, audit};
+use loadtest::audit::{AuditOptions, ViolationKind, audit, audit_with};
 use loadtest::history::{
     AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
-    SpendRecord, TicketState,
+    SpendRecord, TicketAttempt, TicketState,
 };
 use serde_json::{Value, json};
 
@@ -64,6 +64,10 @@ fn clean() -> (History, FinalState) {
             opening_balance: 100,
             opening_points: 3,
         }],
+        tickets: ["t1", "t2", "t3", "t4", "t5"]
+            .into_iter()
+            .map(|ticket| ticket_request(201, Some(ticket), None))
+            .collect(),
         spends: vec![
             SpendRecord {
                 ticket: "t1".into(),
@@ -156,6 +160,33 @@ fn clean() -> (History, FinalState) {
     (history, state)
 }
 
+fn ticket_request(status: u16, ticket: Option<&str>, body: Option<Value>) -> TicketAttempt {
+    TicketAttempt {
+        account: ACCOUNT.into(),
+        target: 0,
+        status,
+        ticket: ticket.map(str::to_owned),
+        body,
+        sent_at_ms: 0,
+        latency_us: 1000,
+        error: (status == 0).then(|| "connection refused".to_owned()),
+    }
+}
+
+fn unanswered(role: Role) -> Attempt {
+    Attempt {
+        role,
+        target: 0,
+        amount: 1,
+        status: 0,
+        replayed: false,
+        body: None,
+        sent_at_ms: 0,
+        latency_us: 1000,
+        error: Some("connection reset by peer".into()),
+    }
+}
+
 fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
     audit(history, state)
         .into_iter()
@@ -163,14 +194,18 @@ fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
         .collect()
 }
 
-/// A consistent history passes.
+/// A consistent history passes, and counts no double spend.
 #[test]
 fn a_clean_history_passes() {
     let (history, state) = clean();
     assert_eq!(audit(&history, &state), vec![]);
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    assert_eq!(audited.tallies.len(), 1);
+    assert_eq!(audited.tallies[0].double_spends, 0);
 }
 
-/// A withdrawal executed twice — a second entry and the money gone — is flagged.
+/// A withdrawal executed twice — a second entry and the money gone — is flagged, and
+/// counted as one double spend.
 #[test]
 fn a_planted_double_spend_is_flagged() {
     let (history, mut state) = clean();
@@ -182,6 +217,173 @@ fn a_planted_double_spend_is_flagged() {
     let found = kinds(&history, &state);
     assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
     assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    assert_eq!(audited.tallies[0].double_spends, 1);
+}
+
+/// Lost updates: three withdrawals read the opening balance of 100 at once; the first two
+/// are written in turn (90, then 70), and the third, decided on the 100 it read, writes 70
+/// over them. Its entry is flagged as a stale write, and the two withdrawals it undid —
+/// whose money left but is back in the balance — count as two double spends, not as
+/// however many violations the audit raises.
+#[test]
+fn lost_updates_count_each_overwritten_spend() {
+    let withdrawal = |ticket: &str, amount: i64, balance: i64| {
+        let body = json!({ "ticket_id": ticket, "account_id": ACCOUNT, "amount": amount, "balance": balance });
+        SpendRecord {
+            ticket: ticket.into(),
+            account: ACCOUNT.into(),
+            kind: SpendKind::Withdrawal,
+            amount,
+            attempts: vec![attempt(Role::Original, 201, false, body)],
+        }
+    };
+    let history = History {
+        targets: vec!["http://127.0.0.1:1".into()],
+        accounts: vec![AccountRecord {
+            id: ACCOUNT.into(),
+            key: "k".into(),
+            opening_balance: 100,
+            opening_points: 0,
+        }],
+        tickets: ["t1", "t2", "t3", "t4"]
+            .into_iter()
+            .map(|ticket| ticket_request(201, Some(ticket), None))
+            .collect(),
+        spends: vec![
+            withdrawal("t1", 10, 90),
+            withdrawal("t2", 20, 70),
+            withdrawal("t3", 30, 70),
+            // Decided on the 70 that t3 left: not a stale write.
+            withdrawal("t4", 5, 65),
+        ],
+    };
+    let mut state = FinalState::default();
+    state.accounts.insert(
+        ACCOUNT.into(),
+        AccountState {
+            balance: 65,
+            points: 0,
+            entries: vec![
+                entry(1, None, "opening", 100, 0, 100, 0),
+                entry(2, Some("t1"), "withdrawal", -10, 0, 90, 0),
+                entry(3, Some("t2"), "withdrawal", -20, 0, 70, 0),
+                entry(4, Some("t3"), "withdrawal", -30, 0, 70, 0),
+                entry(5, Some("t4"), "withdrawal", -5, 0, 65, 0),
+            ],
+        },
+    );
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    let stale: Vec<_> = audited
+        .violations
+        .iter()
+        .filter(|violation| violation.kind == ViolationKind::StaleWrite)
+        .collect();
+    assert_eq!(stale.len(), 1, "{:#?}", audited.violations);
+    assert_eq!(stale[0].ticket.as_deref(), Some("t3"));
+    let tally = &audited.tallies[0];
+    assert_eq!(tally.double_spends, 2, "{tally:?}");
+    // 100 − 65 accepted, the ledger still holds 65: 30 units spent without being deducted.
+    assert_eq!((tally.expected_balance, tally.final_balance), (35, 65));
+}
+
+/// A lost update of points: a draw of 2 that read the account after t1 (balance 70, 3
+/// points) is written last, over t3's draw and t4's deposit. t3's points are back, to be
+/// spent again: one double spend (the overwritten deposit lost money, it spent none).
+#[test]
+fn lost_points_count_too() {
+    let (mut history, mut state) = clean();
+    let drawn = json!({ "ticket_id": "t6", "account_id": ACCOUNT, "prize": "nothing", "credit": 0, "points": 2, "balance": 70 });
+    history.spends.push(SpendRecord {
+        ticket: "t6".into(),
+        account: ACCOUNT.into(),
+        kind: SpendKind::LotteryDraw,
+        amount: 2,
+        attempts: vec![attempt(Role::Original, 201, false, drawn)],
+    });
+    history.tickets.push(ticket_request(201, Some("t6"), None));
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account
+        .entries
+        .push(entry(5, Some("t6"), "lottery_draw", 0, -2, 70, 1));
+    account.balance = 70;
+    account.points = 1;
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    let stale: Vec<_> = audited
+        .violations
+        .iter()
+        .filter(|violation| violation.kind == ViolationKind::StaleWrite)
+        .collect();
+    assert_eq!(stale.len(), 1, "{:#?}", audited.violations);
+    assert_eq!(audited.tallies[0].double_spends, 1);
+}
+
+/// A spend that got no answer at all — a server that crashed or hung — is flagged, unless
+/// the run killed an instance on purpose and said so.
+#[test]
+fn an_unanswered_spend_is_flagged() {
+    let (mut history, state) = clean();
+    history.spends[4]
+        .attempts
+        .push(unanswered(Role::LateDuplicate));
+    assert!(kinds(&history, &state).contains(&ViolationKind::Unanswered));
+    let (mut history, state) = clean();
+    history.spends[1]
+        .attempts
+        .push(unanswered(Role::ChangedDuplicate));
+    assert!(kinds(&history, &state).contains(&ViolationKind::Unanswered));
+
+    let expected = AuditOptions {
+        unanswered_expected: true,
+    };
+    let (mut history, state) = clean();
+    history.spends[4]
+        .attempts
+        .push(unanswered(Role::LateDuplicate));
+    assert_eq!(audit_with(&history, &state, &expected).violations, vec![]);
+}
+
+/// Ticket requests are audited too: a 201 with a ticket and a declared 503 pass; a 500, a
+/// 404, a 201 without a ticket, or no answer at all are flagged.
+#[test]
+fn ticket_requests_are_audited() {
+    let with = |request: TicketAttempt, options: AuditOptions| {
+        let (mut history, state) = clean();
+        history.tickets.push(request);
+        audit_with(&history, &state, &options)
+            .violations
+            .into_iter()
+            .map(|violation| violation.kind)
+            .collect::<Vec<_>>()
+    };
+    let strict = AuditOptions::default();
+    let declared = ticket_request(503, None, Some(problem(503, "database-unavailable")));
+    assert_eq!(with(declared, strict), vec![]);
+    for undeclared in [
+        ticket_request(500, None, Some(problem(500, "internal-error"))),
+        ticket_request(503, None, Some(problem(503, "mystery"))),
+        ticket_request(404, None, Some(problem(404, "not-found"))),
+        ticket_request(201, None, Some(json!({}))),
+    ] {
+        assert_eq!(
+            with(undeclared.clone(), strict),
+            vec![ViolationKind::UndeclaredAnswer],
+            "{undeclared:?}"
+        );
+    }
+    assert_eq!(
+        with(ticket_request(0, None, None), strict),
+        vec![ViolationKind::Unanswered]
+    );
+    assert_eq!(
+        with(
+            ticket_request(0, None, None),
+            AuditOptions {
+                unanswered_expected: true
+            }
+        ),
+        vec![]
+    );
 }
 
 /// Money that left without any entry (a lost write, a double spend the ledger did not

@@ -42,7 +42,7 @@ fn options(targets: Vec<String>) -> RunOptions {
         mix: loadtest::run::Mix::default(),
         headers: Vec::new(),
         fault: None,
-        opening_balance: 1_000,
+        expect_unanswered: false,
     }
 }
 
@@ -85,6 +85,24 @@ async fn a_run_against_two_instances_passes_the_audit() {
         "{:?}",
         result.counts
     );
+    assert_eq!(result.counts.ticket_errors, 0, "{:?}", result.counts);
+    assert_eq!(
+        result.history.tickets.len() as u64,
+        result.counts.tickets,
+        "every ticket request is recorded"
+    );
+    assert!(
+        result.tallies.iter().all(|tally| tally.double_spends == 0),
+        "{:#?}",
+        result.tallies
+    );
+    // The accounts are funded so that about half the spends are refused.
+    let refused = refused_share(&result.history);
+    assert!(
+        (0.3..=0.7).contains(&refused),
+        "{:.2} of the withdrawals and draws refused",
+        refused
+    );
     let ledger = ledger::Ledger::open(database.url(), &ledger::LedgerOptions::default())
         .await
         .unwrap();
@@ -114,6 +132,30 @@ async fn a_run_against_the_embedded_mode_passes_the_audit() {
     let result = run(options(vec![serve(embedded).await])).await.unwrap();
     assert!(result.violations.is_empty(), "{:#?}", result.violations);
     assert!(result.counts.replays > 0);
+    assert_eq!(result.counts.ticket_errors, 0, "{:?}", result.counts);
+}
+
+/// The share of withdrawals and draws whose outcome was a refusal (402), among those with
+/// a definitive outcome.
+fn refused_share(history: &loadtest::history::History) -> f64 {
+    use loadtest::history::{Role, SpendKind};
+    let (mut settled, mut refused) = (0_u32, 0_u32);
+    for spend in history
+        .spends
+        .iter()
+        .filter(|spend| spend.kind != SpendKind::Deposit)
+    {
+        let outcome = spend
+            .attempts
+            .iter()
+            .filter(|attempt| attempt.role != Role::ChangedDuplicate)
+            .find(|attempt| matches!(attempt.status, 201 | 402));
+        if let Some(outcome) = outcome {
+            settled += 1;
+            refused += u32::from(outcome.status == 402);
+        }
+    }
+    f64::from(refused) / f64::from(settled.max(1))
 }
 
 fn unique() -> String {

@@ -59,7 +59,11 @@ async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
 }
 
 /// The fenced strategy spends nothing twice under any fault, and every answer it gives is
-/// one the contract declares.
+/// one the contract declares. Under the pause, that is fencing's doing — not merely the
+/// ledger's conditional update, which alone would also refuse an overdraft: paused holders
+/// woke up and wrote with tokens older than their successors', the ledger refused those
+/// writes (the instances count them as stale fencing tokens) and the clients were answered
+/// 503 `lock-lost`. Without fencing those writes would have landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fenced_never_spends_twice() {
     let rows = cells("fenced", &Fault::ALL).await;
@@ -67,10 +71,21 @@ async fn fenced_never_spends_twice() {
     for row in &rows {
         assert!(row.requests > 0, "{row:#?}");
         assert_eq!(
-            (row.double_spends, row.overdrafts, row.money_spent_twice),
-            (0, 0, 0),
+            (
+                row.double_spends,
+                row.overdrafts,
+                row.money_spent_twice,
+                row.points_spent_twice
+            ),
+            (0, 0, 0, 0),
             "{row:#?}"
         );
         assert_eq!(row.other_violations, 0, "{row:#?}");
     }
+    let pause = rows.iter().find(|row| row.fault == Fault::Pause).unwrap();
+    assert!(
+        pause.stale_fencing_tokens > 0,
+        "fencing never refused a write: {pause:#?}"
+    );
+    assert!(pause.lock_lost > 0, "no lock-lost answer: {pause:#?}");
 }

@@ -24,6 +24,38 @@ fn after(ms: u64) -> Instant {
     Instant::now() + Duration::from_millis(ms)
 }
 
+/// Redlock's drift allowance: 0.01·TTL + 2 ms.
+fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// How many of these nodes hold `key` right now.
+async fn holders(urls: &[String], key: &str) -> usize {
+    let mut holding = 0;
+    for url in urls {
+        let mut node = redis::Client::open(url.as_str())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut node)
+            .await
+            .unwrap();
+        holding += usize::from(exists == 1);
+    }
+    holding
+}
+
+/// A node that accepts connections and never answers: every command to it costs Redlock
+/// its full per-node timeout.
+fn silent_node() -> (std::net::TcpListener, String) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    (listener, url)
+}
+
 /// Tasks doing a non-atomic read-modify-write under Redlock lose no update.
 async fn redlock_excludes(redlock: Arc<Redlock>) {
     let counter = Arc::new(AtomicU64::new(0));
@@ -57,26 +89,76 @@ async fn redlock_excludes(redlock: Arc<Redlock>) {
     assert_eq!(counter.load(Ordering::SeqCst), 80);
 }
 
-/// Redlock on 3 servers: mutual exclusion, and the validity reflects TTL minus drift.
+/// Redlock on 3 servers: mutual exclusion; the validity is TTL minus drift, counted from
+/// the attempt (no later than the call, no earlier); release clears every node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redlock_on_three_servers() {
     let servers = servers(3);
     let redlock = Arc::new(Redlock::open(&urls(&servers), "t").unwrap());
     assert_eq!(redlock.quorum(), 2);
-    let guard = redlock
-        .acquire("v", Duration::from_secs(1), after(1_000))
-        .await
-        .unwrap();
+    let ttl = Duration::from_secs(1);
+    let before = Instant::now();
+    let guard = redlock.acquire("v", ttl, after(1_000)).await.unwrap();
     assert_eq!(guard.granted, 3);
-    assert!(guard.valid_until <= Instant::now() + Duration::from_millis(1000 - 12));
+    assert!(guard.valid_until <= Instant::now() + ttl - drift(ttl));
+    assert!(
+        guard.valid_until >= before + ttl - drift(ttl),
+        "validity shorter than TTL − drift from the moment acquire was called"
+    );
+    assert_eq!(holders(&urls(&servers), &guard.key).await, 3);
     assert!(matches!(
-        redlock
-            .acquire("v", Duration::from_secs(1), after(100))
-            .await,
+        redlock.acquire("v", ttl, after(100)).await,
         Err(LockError::TimedOut { .. })
     ));
     redlock.release(&guard).await;
+    assert_eq!(
+        holders(&urls(&servers), &guard.key).await,
+        0,
+        "release must clear every node, not just a majority"
+    );
     redlock_excludes(redlock).await;
+}
+
+/// A grant is refused when acquiring, plus the drift allowance, used up the TTL: with a
+/// TTL no longer than the drift itself; and with a node that answers only after Redlock's
+/// per-node timeout (50 ms), with a TTL of 50 ms — two nodes granted, a majority, but
+/// nothing of the lease would be left. With a TTL of 1 s the same nodes grant it, and the
+/// validity shows the time the slow node took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_a_grant_that_acquiring_used_up() {
+    let servers = servers(2);
+    let (_silent, silent) = silent_node();
+    let mut nodes = urls(&servers);
+    nodes.push(silent);
+
+    let tiny = Duration::from_millis(2);
+    assert!(drift(tiny) >= tiny);
+    let redlock = Redlock::open(&nodes, "tiny").unwrap();
+    let result = redlock.acquire("k", tiny, after(200)).await;
+    assert!(
+        matches!(result, Err(LockError::TimedOut { .. })),
+        "{result:?}"
+    );
+
+    // One attempt only: it and the release after it each wait 50 ms for the silent node.
+    let redlock = Redlock::open(&nodes, "slow").unwrap();
+    let ttl = Duration::from_millis(50);
+    let result = redlock.acquire("k", ttl, after(60)).await;
+    assert!(
+        matches!(result, Err(LockError::TimedOut { .. })),
+        "a grant with elapsed + drift ≥ TTL was accepted: {result:?}"
+    );
+
+    let redlock = Redlock::open(&nodes, "slower").unwrap();
+    let ttl = Duration::from_secs(1);
+    let guard = redlock.acquire("k", ttl, after(1_000)).await.unwrap();
+    assert_eq!(guard.granted, 2);
+    assert!(
+        guard.valid_until + Duration::from_millis(45) <= Instant::now() + ttl - drift(ttl),
+        "the validity does not count the time acquiring took"
+    );
+    redlock.release(&guard).await;
+    assert_eq!(holders(&urls(&servers), &guard.key).await, 0);
 }
 
 /// Redlock on 5 servers with one stopped still holds a majority (4 of 5).
@@ -86,12 +168,25 @@ async fn redlock_on_five_servers_with_one_stopped() {
     servers[2].stop();
     let redlock = Arc::new(Redlock::open(&urls(&servers), "t").unwrap());
     assert_eq!(redlock.quorum(), 3);
-    let guard = redlock
-        .acquire("k", Duration::from_secs(5), after(2_000))
-        .await
-        .unwrap();
+    let live: Vec<String> = servers
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index != 2)
+        .map(|(_, server)| server.url())
+        .collect();
+    let ttl = Duration::from_secs(5);
+    let before = Instant::now();
+    let guard = redlock.acquire("k", ttl, after(2_000)).await.unwrap();
     assert_eq!(guard.granted, 4);
+    assert!(guard.valid_until >= before + ttl - drift(ttl));
+    assert!(guard.valid_until <= Instant::now() + ttl - drift(ttl));
+    assert_eq!(holders(&live, &guard.key).await, 4);
     redlock.release(&guard).await;
+    assert_eq!(
+        holders(&live, &guard.key).await,
+        0,
+        "release must clear every live node, not just a majority"
+    );
     redlock_excludes(redlock).await;
 }
 
@@ -108,6 +203,7 @@ async fn redlock_needs_a_majority() {
         .unwrap();
     assert_eq!(guard.granted, 2);
     redlock.release(&guard).await;
+    assert_eq!(holders(&urls(&servers)[1..], &guard.key).await, 0);
     servers[1].stop();
     let started = Instant::now();
     let result = redlock
