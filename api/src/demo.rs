@@ -94,6 +94,8 @@ impl Faults {
             };
             let duration = humantime::parse_duration(amount).map_err(|_| bad())?;
             match name.trim() {
+                // Only a clock can run behind; a negative pause is a typo, not zero.
+                "pause" | "slow" if negative => return Err(bad()),
                 "pause" => faults.pause = Some(duration),
                 "slow" => faults.slow = Some(duration),
                 "clock-offset" => {
@@ -245,4 +247,38 @@ pub async fn spend_unguarded(
     };
     held.release(faults.clock_offset_ms).await;
     written
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn faults(value: &str) -> Result<Faults, ApiError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "payonce-fault",
+            axum::http::HeaderValue::from_str(value).expect("a header value"),
+        );
+        Faults::requested(true, &headers)
+    }
+
+    #[test]
+    fn faults_parse_and_only_clocks_run_backwards() {
+        let parsed = faults("pause=1500ms, slow=20ms, clock-offset=-5s").expect("valid");
+        assert_eq!(parsed.pause, Some(Duration::from_millis(1500)));
+        assert_eq!(parsed.slow, Some(Duration::from_millis(20)));
+        assert_eq!(parsed.clock_offset_ms, -5000);
+        assert!(faults("pause=-1s").is_err());
+        assert!(faults("slow=-20ms").is_err());
+        assert!(faults("nap=1s").is_err());
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "payonce-fault",
+            axum::http::HeaderValue::from_static("pause=1s"),
+        );
+        assert_eq!(
+            Faults::requested(false, &headers).ok(),
+            Some(Faults::default())
+        );
+    }
 }
