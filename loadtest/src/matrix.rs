@@ -678,7 +678,7 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
             faults.push(row.fault);
         }
     }
-    let (cell_w, cell_h, left, top) = (130, 48, 130, 70);
+    let (cell_w, cell_h, left, top) = (180, 48, 130, 70);
     let width = left + cell_w * faults.len() as u32 + 20;
     let height = top + cell_h * strategies.len() as u32 + 40;
     let root = SVGBackend::new(path, (width, height)).into_drawing_area();

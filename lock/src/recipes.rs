@@ -119,6 +119,21 @@ impl SetnxExpire {
     pub fn open(url: &str, namespace: &str) -> Result<Self, LockError> {
         Store::open(url, namespace).map(Self)
     }
+
+    /// What a holder that crashes between the recipe's two commands leaves behind: the
+    /// `SETNX` ran, the `EXPIRE` never did. Returns whether the `SETNX` took the key. For
+    /// demonstrations: it shows the lock that never expires.
+    pub async fn setnx_then_crash(&self, key: &str, deadline: Instant) -> Result<bool, LockError> {
+        let set: i64 = query(
+            &self.0.connection,
+            redis::cmd("SETNX")
+                .arg(self.0.key("setnx", key))
+                .arg(OwnerToken::random().to_hex()),
+            deadline,
+        )
+        .await?;
+        Ok(set == 1)
+    }
 }
 
 #[async_trait]

@@ -106,7 +106,7 @@ struct Pending {
 /// What the cancel script needs.
 struct Cleanup {
     connection: ConnectionManager,
-    cancel: Script,
+    scripts: Arc<Scripts>,
     keys: [String; 3],
     op_timeout: Duration,
 }
@@ -123,7 +123,7 @@ impl Cleanup {
         };
         runtime.spawn(async move {
             let mut connection = self.connection;
-            let mut invocation = self.cancel.prepare_invoke();
+            let mut invocation = self.scripts.cancel.prepare_invoke();
             for key in &self.keys {
                 invocation.key(key);
             }
@@ -172,7 +172,8 @@ pub struct RedisBackend {
     /// One multiplexed connection (RESP3), reconnected on failure; carries both commands
     /// and this process's wake-up subscription.
     connection: ConnectionManager,
-    scripts: Scripts,
+    /// Shared with the background clean-ups of abandoned waits.
+    scripts: Arc<Scripts>,
     namespace: String,
     /// The channel releases publish to when they hand a lock to one of our waiters.
     channel: String,
@@ -248,7 +249,7 @@ impl RedisBackend {
         let client_id = OwnerToken::random().to_hex();
         Ok(Self {
             connection,
-            scripts: Scripts::new(),
+            scripts: Arc::new(Scripts::new()),
             channel: format!("{}:wake:{client_id}", options.namespace),
             namespace: options.namespace,
             waiters,
@@ -403,7 +404,7 @@ impl RedisBackend {
     fn cleanup(&self, keys: &[String; 3]) -> Cleanup {
         Cleanup {
             connection: self.connection.clone(),
-            cancel: self.scripts.cancel.clone(),
+            scripts: Arc::clone(&self.scripts),
             keys: keys.clone(),
             op_timeout: self.op_timeout,
         }

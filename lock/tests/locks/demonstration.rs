@@ -274,6 +274,32 @@ async fn setnx_expire_deletes_its_successors_lock() {
     recipe.release(&second, 0).await.unwrap();
 }
 
+/// SETNX + EXPIRE: a holder that crashes between the two commands leaves a lock without an
+/// expiry, and nobody takes it again — not after the TTL, not ever — until it is deleted by
+/// hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn setnx_expire_crash_between_commands_leaves_a_lock_forever() {
+    let server = RedisServer::start().unwrap();
+    let recipe = SetnxExpire::open(&server.url(), "t").unwrap();
+    assert!(recipe.setnx_then_crash("k", after(500)).await.unwrap());
+    let ttl = Duration::from_secs(1);
+    let started = Instant::now();
+    let next = recipe.acquire("k", ttl, after(2_500), 0).await;
+    assert!(matches!(next, Err(LockError::TimedOut { .. })), "{next:?}");
+    assert!(started.elapsed() > 2 * ttl, "gave up before two TTLs");
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let remaining: i64 = redis::cmd("PTTL")
+        .arg("t:setnx:k")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(remaining, -1, "the crashed holder's lock has no expiry");
+}
+
 /// The timestamp lock trusts clocks: a client whose clock runs ahead takes over a live
 /// lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
