@@ -169,8 +169,12 @@ impl Metrics {
     }
 }
 
-/// Middleware: counts every request by its route template (never the raw path, whose ids
-/// would make a metric per account).
+/// Marks a response [`track`] has counted, so [`track_layers`] does not count it again.
+#[derive(Clone, Copy, Debug)]
+struct Counted;
+
+/// Middleware inside the router: counts every request by its route template (never the
+/// raw path, whose ids would make a metric per account).
 pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request
@@ -178,9 +182,28 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
     let method = request.method().as_str().to_owned();
-    let response = next.run(request).await;
+    let mut response = next.run(request).await;
     state
         .metrics()
         .observe(route, method, response.status().as_u16(), started.elapsed());
+    response.extensions_mut().insert(Counted);
+    response
+}
+
+/// Middleware outside the body limit, the timeout and the panic catcher: counts the
+/// requests one of them answered before the router's [`track`] could (a 413 by
+/// `Content-Length`, a 503 timeout, a 500 from a panic), under the route `(layer)`.
+pub async fn track_layers(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let method = request.method().as_str().to_owned();
+    let response = next.run(request).await;
+    if response.extensions().get::<Counted>().is_none() {
+        state.metrics().observe(
+            "(layer)".to_owned(),
+            method,
+            response.status().as_u16(),
+            started.elapsed(),
+        );
+    }
     response
 }

@@ -91,6 +91,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         "{}".to_owned()
     });
     let instance = state.settings().instance.clone();
+    let layer_metrics = middleware::from_fn_with_state(state.clone(), metrics::track_layers);
     routes
         .route(
             "/openapi.json",
@@ -117,6 +118,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
                     instance,
                 ))
                 .layer(middleware::map_response(problems_for_bare_errors))
+                .layer(layer_metrics)
                 .layer(CatchPanicLayer::new())
                 .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
                 .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),

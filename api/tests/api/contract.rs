@@ -683,6 +683,23 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
         "payload-too-large",
     )
     .await;
+    // The body limit answered before the router: counted all the same.
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line.starts_with("payonce_http_requests_total{")
+                && line.contains("status=\"413\"")),
+        "{metrics}"
+    );
 
     let (_, _, body) = read(
         app.client
