@@ -41,60 +41,60 @@ fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
 #[derive(Args, Debug, Clone)]
 pub struct Config {
     /// Address to listen on.
-    #[arg(long, env = "PAYONCE_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(long, global = true, env = "PAYONCE_ADDR", default_value = "127.0.0.1:8080")]
     pub addr: SocketAddr,
     /// PostgreSQL URL. With REDIS_URL: the distributed mode. With neither: embedded.
-    #[arg(long, env = "DATABASE_URL")]
+    #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
     /// Redis URL for the locks. With DATABASE_URL: the distributed mode.
-    #[arg(long, env = "REDIS_URL")]
+    #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
     /// Prefix of every Redis key and channel, so deployments can share a Redis.
-    #[arg(long, env = "PAYONCE_REDIS_NAMESPACE", default_value = "payonce")]
+    #[arg(long, global = true, env = "PAYONCE_REDIS_NAMESPACE", default_value = "payonce")]
     pub redis_namespace: String,
     /// Where the embedded mode keeps its SQLite file.
-    #[arg(long, env = "PAYONCE_DATA_DIR", default_value = "./data")]
+    #[arg(long, global = true, env = "PAYONCE_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
     /// Lease of an account lock; the holder renews it every third of this.
-    #[arg(long, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
     pub lock_ttl: Duration,
     /// How long a spend waits for a busy account (or for its own duplicate to finish)
     /// before answering 409.
-    #[arg(long, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
     pub lock_wait: Duration,
     /// How long a ticket stays usable.
-    #[arg(long, env = "PAYONCE_TICKET_TTL", default_value = "24h", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_TICKET_TTL", default_value = "24h", value_parser = duration)]
     pub ticket_ttl: Duration,
     /// How long after a ticket's expiry its stored outcome is kept (the ticket itself
     /// stays, so it can never run again).
-    #[arg(long, env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
     pub retention: Duration,
     /// How often expired tickets and old outcomes are reaped.
-    #[arg(long, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
     pub reap_interval: Duration,
     /// Longest a request may take before it is answered 503.
-    #[arg(long, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub request_timeout: Duration,
     /// Database connections per instance.
-    #[arg(long, env = "PAYONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    #[arg(long, global = true, env = "PAYONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
     /// How long to keep trying to reach the database at start-up.
-    #[arg(long, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, global = true, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub startup_timeout: Duration,
     /// This instance's name in the `Payonce-Instance` response header (default: the
     /// listen address).
-    #[arg(long, env = "PAYONCE_INSTANCE")]
+    #[arg(long, global = true, env = "PAYONCE_INSTANCE")]
     pub instance: Option<String>,
     /// How spends serialise on an account. `fenced` is the only safe one; the others are
     /// the classic recipes, kept to show how they spend money twice.
-    #[arg(long, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
+    #[arg(long, global = true, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
     pub lock_strategy: Strategy,
     /// The demonstration mode: honour the `Payonce-Strategy` and `Payonce-Fault` request
     /// headers. Never in production.
-    #[arg(long, env = "PAYONCE_DEMO", default_value_t = false)]
+    #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
     /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
-    #[arg(long, env = "PAYONCE_REDLOCK_URLS", value_delimiter = ',')]
+    #[arg(long, global = true, env = "PAYONCE_REDLOCK_URLS", value_delimiter = ',')]
     pub redlock_urls: Vec<String>,
 }
 
