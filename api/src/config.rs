@@ -41,7 +41,12 @@ fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
 #[derive(Args, Debug, Clone)]
 pub struct Config {
     /// Address to listen on.
-    #[arg(long, global = true, env = "PAYONCE_ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
     pub addr: SocketAddr,
     /// PostgreSQL URL. With REDIS_URL: the distributed mode. With neither: embedded.
     #[arg(long, global = true, env = "DATABASE_URL")]
@@ -50,10 +55,20 @@ pub struct Config {
     #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
     /// Prefix of every Redis key and channel, so deployments can share a Redis.
-    #[arg(long, global = true, env = "PAYONCE_REDIS_NAMESPACE", default_value = "payonce")]
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_REDIS_NAMESPACE",
+        default_value = "payonce"
+    )]
     pub redis_namespace: String,
     /// Where the embedded mode keeps its SQLite file.
-    #[arg(long, global = true, env = "PAYONCE_DATA_DIR", default_value = "./data")]
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_DATA_DIR",
+        default_value = "./data"
+    )]
     pub data_dir: PathBuf,
     /// Lease of an account lock; the holder renews it every third of this.
     #[arg(long, global = true, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
@@ -76,7 +91,12 @@ pub struct Config {
     #[arg(long, global = true, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub request_timeout: Duration,
     /// Database connections per instance.
-    #[arg(long, global = true, env = "PAYONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_DB_MAX_CONNECTIONS",
+        default_value_t = 16
+    )]
     pub db_max_connections: u32,
     /// How long to keep trying to reach the database at start-up.
     #[arg(long, global = true, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
@@ -94,7 +114,12 @@ pub struct Config {
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
     /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
-    #[arg(long, global = true, env = "PAYONCE_REDLOCK_URLS", value_delimiter = ',')]
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_REDLOCK_URLS",
+        value_delimiter = ','
+    )]
     pub redlock_urls: Vec<String>,
 }
 
