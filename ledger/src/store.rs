@@ -616,13 +616,16 @@ where
         }
 
         // 3. Move money and points under the fencing check, in one conditional update.
-        if D::LOCK_TICKET_AND_MOVE.is_none() {
-            moved = sqlx::query_as(MOVE)
+        let move_query = || {
+            sqlx::query_as::<_, (i64, i64)>(MOVE)
                 .bind(request.account_id)
                 .bind(debit)
                 .bind(credit)
                 .bind(spend)
                 .bind(token)
+        };
+        if D::LOCK_TICKET_AND_MOVE.is_none() {
+            moved = move_query()
                 .fetch_optional(&mut *tx)
                 .await
                 .or_constraint()?;
@@ -659,13 +662,8 @@ where
                 // latest version. If that version affords the operation — another writer
                 // committed in between, which only overlapping lock holders allow — move now:
                 // this transaction holds the row, so the conditions cannot change again.
-                let retried: Option<(i64, i64)> = if affordable {
-                    sqlx::query_as(MOVE)
-                        .bind(request.account_id)
-                        .bind(debit)
-                        .bind(credit)
-                        .bind(spend)
-                        .bind(token)
+                let retried = if affordable {
+                    move_query()
                         .fetch_optional(&mut *tx)
                         .await
                         .or_constraint()?

@@ -2,7 +2,6 @@
 //! changed behind the holder's back, and the server gone.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock::testing::{RedisServer, free_port};
@@ -353,34 +352,7 @@ async fn exclusion_and_arrival_order_hold_across_instances() {
     }
     assert_eq!(*order.lock().await, (0..9).collect::<Vec<_>>());
 
-    const TASKS: usize = 24;
-    const ROUNDS: u64 = 10;
-    let counter = Arc::new(AtomicU64::new(0));
-    let inside = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|task| {
-            let locks = instances[task % 3].clone();
-            let (counter, inside) = (counter.clone(), inside.clone());
-            tokio::spawn(async move {
-                for _ in 0..ROUNDS {
-                    let mut guard = locks
-                        .acquire("counter", 5 * SECOND, Instant::now() + 30 * SECOND)
-                        .await
-                        .unwrap();
-                    assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders");
-                    let read = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(read + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
-                    assert!(guard.release().await.unwrap());
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(counter.load(Ordering::SeqCst), TASKS as u64 * ROUNDS);
+    crate::suite::read_modify_write_under(&instances, 24, 10).await;
 }
 
 /// After Redis restarts (empty), the same service reconnects, and the holder of a lock

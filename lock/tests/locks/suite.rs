@@ -24,17 +24,21 @@ const SECOND: Duration = Duration::from_secs(1);
 /// 32 tasks doing a read-modify-write that is not atomic on its own lose no update and
 /// never overlap.
 pub async fn mutual_exclusion_under_contention(locks: LockService) {
-    const TASKS: u64 = 32;
-    const ROUNDS: u64 = 20;
+    read_modify_write_under(&[locks], 32, 20).await;
+}
+
+/// `tasks` tasks, spread over `instances`, each doing `rounds` read-modify-writes of one
+/// counter under one lock: asserts no two hold it at once and no update is lost.
+pub async fn read_modify_write_under(instances: &[LockService], tasks: usize, rounds: u64) {
     let key = key();
     let counter = Arc::new(AtomicU64::new(0));
     let inside = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..TASKS)
-        .map(|_| {
-            let (locks, key, counter, inside) =
-                (locks.clone(), key.clone(), counter.clone(), inside.clone());
+    let tasks: Vec<_> = (0..tasks)
+        .map(|task| {
+            let locks = instances[task % instances.len()].clone();
+            let (key, counter, inside) = (key.clone(), counter.clone(), inside.clone());
             tokio::spawn(async move {
-                for _ in 0..ROUNDS {
+                for _ in 0..rounds {
                     let mut guard = locks
                         .acquire(&key, 5 * SECOND, after(30_000))
                         .await
@@ -53,10 +57,11 @@ pub async fn mutual_exclusion_under_contention(locks: LockService) {
             })
         })
         .collect();
+    let spawned = tasks.len() as u64;
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(counter.load(Ordering::SeqCst), TASKS * ROUNDS);
+    assert_eq!(counter.load(Ordering::SeqCst), spawned * rounds);
 }
 
 /// A release with someone else's owner token returns false and the holder keeps the lock.
