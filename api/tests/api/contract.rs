@@ -990,9 +990,8 @@ pub async fn spends_after_a_restart_succeed_at_once(backend: Backend) {
     let app = spawn_app(backend).await;
     let ada = app.create_account(1000, 0).await;
     for _ in 0..3 {
-        let ticket = app.ticket(&ada).await;
         assert_eq!(
-            app.withdraw(&ada, &ticket, 10).await.status(),
+            app.withdraw_with_a_new_ticket(&ada, 10).await,
             StatusCode::CREATED
         );
     }
@@ -1011,9 +1010,8 @@ pub async fn spends_after_a_restart_succeed_at_once(backend: Backend) {
     );
     assert!(app.metric("payonce_stale_fencing_tokens_total").await >= 1.0);
     assert_eq!(app.metric("payonce_locks_lost_total").await, 0.0);
-    let ticket = app.ticket(&ada).await;
     assert_eq!(
-        app.withdraw(&ada, &ticket, 10).await.status(),
+        app.withdraw_with_a_new_ticket(&ada, 10).await,
         StatusCode::CREATED
     );
     app.assert_audit_clean().await;

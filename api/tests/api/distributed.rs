@@ -227,9 +227,8 @@ async fn fencing_recovers_after_redis_loses_its_data() {
     let app = spawn_config(shared, config).await;
     let ada = app.create_account(1000, 0).await;
     for _ in 0..3 {
-        let ticket = app.ticket(&ada).await;
         assert_eq!(
-            app.withdraw(&ada, &ticket, 10).await.status(),
+            app.withdraw_with_a_new_ticket(&ada, 10).await,
             StatusCode::CREATED
         );
     }

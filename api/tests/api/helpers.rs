@@ -224,6 +224,16 @@ impl TestApp {
             .await
     }
 
+    /// Takes a ticket and withdraws `amount` with it; the answer's status.
+    pub async fn withdraw_with_a_new_ticket(
+        &self,
+        account: &TestAccount,
+        amount: i64,
+    ) -> StatusCode {
+        let ticket = self.ticket(account).await;
+        self.withdraw(account, &ticket, amount).await.status()
+    }
+
     /// A withdrawal with extra headers (the demonstration's `Payonce-Strategy` and
     /// `Payonce-Fault`), ready to send.
     pub fn withdrawal(

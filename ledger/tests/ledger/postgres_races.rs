@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ledger::testing::TestDatabase;
-use ledger::{AccountId, TicketId};
+use ledger::{AccountId, Ledger, Reaped, TicketId};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
 
@@ -89,6 +89,36 @@ async fn withdraw_by_hand(
     .unwrap();
 }
 
+/// Holds `ticket`'s row in a transaction of its own, starts a reap (retention zero) and
+/// waits until it is blocked on the row or has finished; then runs `meanwhile` in that
+/// transaction, commits, and returns what the reap did.
+async fn reap_while_holding(
+    database: &TestDatabase,
+    ledger: &Ledger,
+    ticket: TicketId,
+    meanwhile: impl AsyncFnOnce(&mut PgConnection),
+) -> Reaped {
+    let mut holder = connect(database).await;
+    let mut monitor = connect(database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT id FROM tickets WHERE id = $1 FOR UPDATE")
+        .bind(ticket)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let reaper = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.reap(Duration::ZERO, 100).await.unwrap() }
+    });
+    // Blocked (it waits for the row, then re-checks it) or finished (it skipped the held
+    // row): both are correct, as long as the reap leaves the row as `meanwhile` made it.
+    blocked_or_finished(&mut monitor, &reaper).await;
+    meanwhile(&mut tx).await;
+    tx.commit().await.unwrap();
+    reaper.await.unwrap()
+}
+
 /// The reaper picks an expired unused ticket while a transaction that uses it (an `apply`
 /// that began before the expiry, another instance with a skewed clock) holds it; the use
 /// commits. The reaper must not delete the now-used ticket: that would orphan its entry
@@ -105,26 +135,10 @@ async fn reaper_spares_a_ticket_used_while_it_was_picked() {
         .id;
     tokio::time::sleep(Duration::from_millis(50)).await;
 
-    let mut holder = connect(&database).await;
-    let mut monitor = connect(&database).await;
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT id FROM tickets WHERE id = $1 FOR UPDATE")
-        .bind(ticket)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-
-    let reaper = tokio::spawn({
-        let ledger = ledger.clone();
-        async move { ledger.reap(Duration::ZERO, 100).await.unwrap() }
-    });
-    // Blocked (it waits for the row, then re-checks it) or finished (it skipped the held
-    // row): both are correct, as long as the ticket survives.
-    blocked_or_finished(&mut monitor, &reaper).await;
-    withdraw_by_hand(&mut tx, account_id, ticket, 100, 900, 1).await;
-    tx.commit().await.unwrap();
-
-    let reaped = reaper.await.unwrap();
+    let reaped = reap_while_holding(&database, &ledger, ticket, async |tx| {
+        withdraw_by_hand(tx, account_id, ticket, 100, 900, 1).await;
+    })
+    .await;
     assert_eq!(reaped.deleted_unused, 0, "{reaped:?}");
     // The ticket stays, completed. (A reaper that waited for the row then goes on to
     // prune its response, which is past this retention of zero: allowed, as the ticket
@@ -161,36 +175,22 @@ async fn reaper_prunes_an_outcome_only_once() {
     assert_eq!(applied.response.status, 201);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    let mut holder = connect(&database).await;
-    let mut monitor = connect(&database).await;
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT id FROM tickets WHERE id = $1 FOR UPDATE")
+    let reaped = reap_while_holding(&database, &ledger, ticket, async |tx| {
+        sqlx::query(
+            "UPDATE tickets SET response_body = NULL, pruned_at = '2000-01-01T00:00:00Z'
+             WHERE id = $1",
+        )
         .bind(ticket)
-        .execute(&mut *tx)
+        .execute(tx)
         .await
         .unwrap();
-
-    let reaper = tokio::spawn({
-        let ledger = ledger.clone();
-        async move { ledger.reap(Duration::ZERO, 100).await.unwrap() }
-    });
-    blocked_or_finished(&mut monitor, &reaper).await;
-    sqlx::query(
-        "UPDATE tickets SET response_body = NULL, pruned_at = '2000-01-01T00:00:00Z'
-         WHERE id = $1",
-    )
-    .bind(ticket)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
-    tx.commit().await.unwrap();
-
-    let reaped = reaper.await.unwrap();
+    })
+    .await;
     assert_eq!(reaped.pruned_outcomes, 0, "{reaped:?}");
     let kept: bool =
         sqlx::query_scalar("SELECT pruned_at = '2000-01-01T00:00:00Z' FROM tickets WHERE id = $1")
             .bind(ticket)
-            .fetch_one(&mut monitor)
+            .fetch_one(&mut connect(&database).await)
             .await
             .unwrap();
     assert!(kept, "the outcome was pruned a second time");

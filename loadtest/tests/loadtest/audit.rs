@@ -1,6 +1,6 @@
 //! Recorded histories, clean and with planted faults, through the auditor.
 
-use loadtest::audit::{AuditOptions, ViolationKind, audit, audit_with};
+use loadtest::audit::{AuditOptions, Violation, ViolationKind, audit, audit_with};
 use loadtest::history::{
     AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
     SpendRecord, TicketAttempt, TicketState,
@@ -194,6 +194,14 @@ fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
         .collect()
 }
 
+/// The stale-write violations among `violations`.
+fn stale_writes(violations: &[Violation]) -> Vec<&Violation> {
+    violations
+        .iter()
+        .filter(|violation| violation.kind == ViolationKind::StaleWrite)
+        .collect()
+}
+
 /// A consistent history passes, and counts no double spend.
 #[test]
 fn a_clean_history_passes() {
@@ -274,11 +282,7 @@ fn lost_updates_count_each_overwritten_spend() {
         },
     );
     let audited = audit_with(&history, &state, &AuditOptions::default());
-    let stale: Vec<_> = audited
-        .violations
-        .iter()
-        .filter(|violation| violation.kind == ViolationKind::StaleWrite)
-        .collect();
+    let stale = stale_writes(&audited.violations);
     assert_eq!(stale.len(), 1, "{:#?}", audited.violations);
     assert_eq!(stale[0].ticket.as_deref(), Some("t3"));
     let tally = &audited.tallies[0];
@@ -309,11 +313,7 @@ fn lost_points_count_too() {
     account.balance = 70;
     account.points = 1;
     let audited = audit_with(&history, &state, &AuditOptions::default());
-    let stale: Vec<_> = audited
-        .violations
-        .iter()
-        .filter(|violation| violation.kind == ViolationKind::StaleWrite)
-        .collect();
+    let stale = stale_writes(&audited.violations);
     assert_eq!(stale.len(), 1, "{:#?}", audited.violations);
     assert_eq!(audited.tallies[0].double_spends, 1);
 }

@@ -325,33 +325,7 @@ async fn exclusion_and_arrival_order_hold_across_instances() {
         .map(|_| LockService::new(instance(&redis.server)))
         .collect();
 
-    let mut holder = instances[0]
-        .try_acquire("fifo", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    let order = Arc::new(tokio::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..9 {
-        let (locks, order) = (instances[i % 3].clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let mut guard = locks
-                .acquire("fifo", 10 * SECOND, Instant::now() + 20 * SECOND)
-                .await
-                .unwrap();
-            order.lock().await.push(i);
-            sleep(Duration::from_millis(5)).await;
-            assert!(guard.release().await.unwrap());
-        }));
-        // Long enough for waiter i to be queued before i + 1 starts.
-        sleep(Duration::from_millis(40)).await;
-    }
-    assert!(holder.release().await.unwrap());
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    assert_eq!(*order.lock().await, (0..9).collect::<Vec<_>>());
-
+    crate::suite::served_in_arrival_order(&instances, 9).await;
     crate::suite::read_modify_write_under(&instances, 24, 10).await;
 }
 

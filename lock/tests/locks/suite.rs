@@ -272,13 +272,24 @@ pub async fn fencing_tokens_increase_over_1000_handoffs(locks: LockService) {
 
 /// Waiters that start waiting in a known order acquire in that order.
 pub async fn waiters_acquire_in_arrival_order(locks: LockService) {
+    served_in_arrival_order(&[locks], 8).await;
+}
+
+/// `waiters` waiters, spread over `instances`, queue one after another behind a holder:
+/// asserts they acquire in the order they started waiting.
+pub async fn served_in_arrival_order(instances: &[LockService], waiters: usize) {
     let key = key();
-    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let mut holder = instances[0]
+        .try_acquire(&key, 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..8 {
-        let (locks, key, order) = (locks.clone(), key.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
+    let mut tasks = Vec::new();
+    for i in 0..waiters {
+        let locks = instances[i % instances.len()].clone();
+        let (key, order) = (key.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
             let mut guard = locks
                 .acquire(&key, 10 * SECOND, after(20_000))
                 .await
@@ -291,10 +302,10 @@ pub async fn waiters_acquire_in_arrival_order(locks: LockService) {
         sleep(Duration::from_millis(40)).await;
     }
     assert!(holder.release().await.unwrap());
-    for waiter in waiters {
-        waiter.await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
     }
-    assert_eq!(*order.lock().await, (0..8).collect::<Vec<_>>());
+    assert_eq!(*order.lock().await, (0..waiters).collect::<Vec<_>>());
 }
 
 /// `try_acquire` answers at once, and does not jump the queue when the lock comes free.
