@@ -373,30 +373,26 @@ impl RedisBackend {
     /// A lease handed to us over pub/sub counts from our last attempt, the latest moment we
     /// know to precede the grant. After a long wait that would leave the watchdog little
     /// or none of the lease (a waiter with a shorter TTL than the holder it queued behind
-    /// would be "lost" at once), so renew it first and count from the renewal.
+    /// would be "lost" at once), so renew it first and count from the renewal. On an error
+    /// the caller's [`Pending`] hands the lock on as it drops.
     async fn fresh_lease(&self, lease: Lease) -> Result<Lease, LockError> {
         let ttl = lease.ttl();
         if lease.acquired_at().elapsed() < ttl / 3 {
             return Ok(lease);
         }
         let sent_at = Instant::now();
-        match self.extend(&lease, ttl).await {
-            Ok(true) => Ok(Lease::new(
+        if self.extend(&lease, ttl).await? {
+            Ok(Lease::new(
                 lease.key(),
                 lease.owner(),
                 lease.fencing_token(),
                 ttl,
                 sent_at,
-            )),
-            Ok(false) => Err(LockError::unavailable(
+            ))
+        } else {
+            Err(LockError::unavailable(
                 "a lock handed to us was gone before we could renew it (Redis lost data?)",
-            )),
-            Err(error) => {
-                // Not confirmed ours: hand it on rather than leave it to expire.
-                let keys = self.keys(lease.key());
-                self.cleanup(&keys).spawn(lease.owner().to_hex());
-                Err(error)
-            }
+            ))
         }
     }
 
@@ -532,9 +528,10 @@ impl LockBackend for RedisBackend {
                     if let Ok(fence) = fence {
                         // The grant came after our last attempt was sent, which is all we
                         // know of when: the lease may be partly spent by now.
-                        pending.settle();
                         let lease = Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at);
-                        return self.fresh_lease(lease).await;
+                        let lease = self.fresh_lease(lease).await?;
+                        pending.settle();
+                        return Ok(lease);
                     }
                     // Our registration vanished, which only this call removes: look again.
                     let (grant, fresh) = oneshot::channel();
