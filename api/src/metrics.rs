@@ -169,41 +169,36 @@ impl Metrics {
     }
 }
 
-/// Marks a response [`track`] has counted, so [`track_layers`] does not count it again.
-#[derive(Clone, Copy, Debug)]
-struct Counted;
+/// The route template a response answered, left on it by [`label_route`] for [`track`].
+#[derive(Clone, Debug)]
+struct Route(String);
 
-/// Middleware inside the router: counts every request by its route template (never the
-/// raw path, whose ids would make a metric per account).
-pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
+/// Middleware inside the router, where the matched route is known: labels the response
+/// with its route template (never the raw path, whose ids would make a metric per
+/// account).
+pub async fn label_route(request: Request, next: Next) -> Response {
     let route = request
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
-    let method = request.method().as_str().to_owned();
     let mut response = next.run(request).await;
-    state
-        .metrics()
-        .observe(route, method, response.status().as_u16(), started.elapsed());
-    response.extensions_mut().insert(Counted);
+    response.extensions_mut().insert(Route(route));
     response
 }
 
-/// Middleware outside the body limit, the timeout and the panic catcher: counts the
-/// requests one of them answered before the router's [`track`] could (a 413 by
-/// `Content-Length`, a 503 timeout, a 500 from a panic), under the route `(layer)`.
-pub async fn track_layers(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// Middleware outside the body limit, the timeout and the panic catcher: counts every
+/// request by its route, and those one of them answered before the router could (a 413
+/// by `Content-Length`, a 503 timeout, a 500 from a panic) under the route `(layer)`.
+pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let response = next.run(request).await;
-    if response.extensions().get::<Counted>().is_none() {
-        state.metrics().observe(
-            "(layer)".to_owned(),
-            method,
-            response.status().as_u16(),
-            started.elapsed(),
-        );
-    }
+    let route = response
+        .extensions()
+        .get::<Route>()
+        .map_or_else(|| "(layer)".to_owned(), |route| route.0.clone());
+    state
+        .metrics()
+        .observe(route, method, response.status().as_u16(), started.elapsed());
     response
 }

@@ -91,7 +91,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         "{}".to_owned()
     });
     let instance = state.settings().instance.clone();
-    let layer_metrics = middleware::from_fn_with_state(state.clone(), metrics::track_layers);
+    let track = middleware::from_fn_with_state(state.clone(), metrics::track);
     routes
         .route(
             "/openapi.json",
@@ -99,7 +99,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         )
         .fallback(|| async { ApiError::NotFound("no such resource".into()) })
         .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
-        .layer(middleware::from_fn_with_state(state.clone(), metrics::track))
+        .layer(middleware::from_fn(metrics::label_route))
         .with_state(state)
         .layer(
             ServiceBuilder::new()
@@ -118,7 +118,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
                     instance,
                 ))
                 .layer(middleware::map_response(problems_for_bare_errors))
-                .layer(layer_metrics)
+                .layer(track)
                 .layer(CatchPanicLayer::new())
                 .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
                 .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),
