@@ -656,19 +656,25 @@ where
                         recorded: recorded.max(0).unsigned_abs(),
                     });
                 };
-                let affordable =
-                    balance >= debit && points >= spend && balance - debit <= i64::MAX - credit;
+                let refusal = if balance < debit {
+                    Some(Refusal::InsufficientFunds { balance })
+                } else if points < spend {
+                    Some(Refusal::InsufficientPoints { points })
+                } else if balance - debit > i64::MAX - credit {
+                    Some(Refusal::BalanceLimit { balance })
+                } else {
+                    None
+                };
                 // The move read a snapshot; RECORD_TOKEN waited for the row and read its
                 // latest version. If that version affords the operation — another writer
                 // committed in between, which only overlapping lock holders allow — move now:
                 // this transaction holds the row, so the conditions cannot change again.
-                let retried = if affordable {
-                    move_query()
+                let retried = match refusal {
+                    None => move_query()
                         .fetch_optional(&mut *tx)
                         .await
-                        .or_constraint()?
-                } else {
-                    None
+                        .or_constraint()?,
+                    Some(_) => None,
                 };
                 match retried {
                     Some((balance, points)) => OperationResult::Applied {
@@ -677,13 +683,9 @@ where
                         credit,
                         prize,
                     },
-                    None => OperationResult::Refused(if balance < debit {
-                        Refusal::InsufficientFunds { balance }
-                    } else if points < spend {
-                        Refusal::InsufficientPoints { points }
-                    } else {
-                        Refusal::BalanceLimit { balance }
-                    }),
+                    None => OperationResult::Refused(
+                        refusal.unwrap_or(Refusal::BalanceLimit { balance }),
+                    ),
                 }
             }
         };
