@@ -72,6 +72,8 @@ pub enum ApiError {
         "the account lock was lost before the write; nothing was stored, retry with the same ticket"
     )]
     LockLost,
+    #[error("outcome unknown: {0}")]
+    OutcomeUnknown(String),
     #[error("lock store unavailable: {0}")]
     LockStoreUnavailable(String),
     #[error("database unavailable: {0}")]
@@ -100,6 +102,7 @@ impl ApiError {
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InvalidRequest(_) | Self::IdempotencyKeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
             Self::LockLost
+            | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
             | Self::DatabaseUnavailable(_)
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
@@ -128,6 +131,7 @@ impl ApiError {
             Self::InvalidRequest(_) => "invalid-request",
             Self::IdempotencyKeyReuse => "idempotency-key-reuse",
             Self::LockLost => "lock-lost",
+            Self::OutcomeUnknown(_) => "outcome-unknown",
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
             Self::DatabaseUnavailable(_) => "database-unavailable",
             Self::Timeout => "timeout",
@@ -149,6 +153,10 @@ impl ApiError {
         match self {
             Self::LockStoreUnavailable(_) => {
                 "the lock store is unavailable; nothing was executed, retry with the same ticket"
+                    .into()
+            }
+            Self::OutcomeUnknown(_) => {
+                "the connection to the database failed after this spend was sent to it, so the money may have moved; resend the same request with the same ticket to learn the outcome (it executes at most once)"
                     .into()
             }
             Self::DatabaseUnavailable(_) => {
@@ -223,6 +231,7 @@ impl From<LedgerError> for ApiError {
     fn from(error: LedgerError) -> Self {
         match error {
             LedgerError::Unavailable(cause) => Self::DatabaseUnavailable(cause.to_string()),
+            LedgerError::OutcomeUnknown(cause) => Self::OutcomeUnknown(cause.to_string()),
             LedgerError::Invalid(invalid) => Self::InvalidRequest(invalid.to_string()),
             other => Self::Internal(other.to_string()),
         }
@@ -352,6 +361,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "lock-lost",
         503,
         "The account lock was lost (or a newer lock holder had written) before this request could commit. Nothing was stored; retry with the same ticket.",
+    ),
+    (
+        "outcome-unknown",
+        503,
+        "The connection to the database failed after the spend was sent to it, so it may have completed: money may have moved. Do not take a new ticket: resend the same request with the same ticket. A completed spend replays its stored outcome; an unfinished one executes — at most once either way. `GET /v1/tickets/{id}` shows it too.",
     ),
     (
         "lock-store-unavailable",

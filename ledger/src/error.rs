@@ -24,6 +24,12 @@ pub enum LedgerError {
     /// Any other database error.
     #[error("database error: {0}")]
     Database(#[source] sqlx::Error),
+    /// The database may or may not have committed: the commit was sent and the connection
+    /// failed before its answer came back. Money may have moved. Asking again — the same
+    /// ticket replays a committed outcome, and executes at most once otherwise — is the
+    /// only way to learn which.
+    #[error("outcome unknown: the commit was sent but its answer was lost: {0}")]
+    OutcomeUnknown(#[source] sqlx::Error),
     /// Applying the migrations failed.
     #[error("migrations failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -85,6 +91,59 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
         }
         _ => false,
     }
+}
+
+/// Whether `error` means the connection itself is dead — it was cut (a database restart,
+/// a proxy, a network failure) or the server ended the session (a FATAL error) — rather
+/// than that the server refused the statement or could not be reached at all. A statement
+/// that failed this way on a connection taken from the pool may be tried again on another
+/// connection if repeating it is harmless.
+pub(crate) fn is_dead_connection(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+            .is_some_and(|pg| {
+                matches!(
+                    pg.severity(),
+                    sqlx::postgres::PgSeverity::Fatal | sqlx::postgres::PgSeverity::Panic
+                ) || pg.code().starts_with("08")
+            }),
+        _ => false,
+    }
+}
+
+/// Commits, telling a refused commit (nothing was written) from one whose answer was lost
+/// (it may have been written: [`LedgerError::OutcomeUnknown`]). Only a plain error from
+/// the database — the server answered, and rolled back — is a definite refusal; a cut
+/// connection, a session the server ended, or a SQLite I/O error leaves it open.
+pub(crate) async fn commit_or_unknown<D: sqlx::Database>(
+    tx: sqlx::Transaction<'static, D>,
+) -> Result<(), LedgerError> {
+    tx.commit().await.map_err(|error| {
+        let refused = match &error {
+            sqlx::Error::Database(db) => {
+                if let Some(pg) = db.try_downcast_ref::<sqlx::postgres::PgDatabaseError>() {
+                    pg.severity() == sqlx::postgres::PgSeverity::Error
+                } else {
+                    // SQLite: an I/O error (10) while committing leaves the file's state
+                    // to recovery; anything else (busy, full, constraint) rolled back.
+                    db.code()
+                        .and_then(|code| code.parse::<i32>().ok())
+                        .is_none_or(|code| code & 0xff != 10)
+                }
+            }
+            _ => false,
+        };
+        if refused {
+            LedgerError::from(error)
+        } else {
+            LedgerError::OutcomeUnknown(error)
+        }
+    })
 }
 
 /// Whether a SQLite result code means "the database is not usable right now": busy (5),

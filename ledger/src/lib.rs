@@ -47,8 +47,8 @@ pub use audit::{Rule, Violation};
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
-    MAX_AMOUNT, NewAccount, Operation, OperationResult, Outcome, PointsToSpend, Refusal, Renderer,
-    StoredResponse, Ticket, TicketId, TicketState,
+    Judgement, MAX_AMOUNT, NewAccount, Operation, OperationResult, Outcome, PointsToSpend, Refusal,
+    Renderer, StoredResponse, Ticket, TicketId, TicketState,
 };
 
 use db_types::Timestamp;
@@ -60,11 +60,15 @@ static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migration
 /// How to open the ledger.
 #[derive(Clone, Debug)]
 pub struct LedgerOptions {
-    /// Pool size (PostgreSQL); SQLite uses what its single writer can use.
+    /// Pool size (PostgreSQL); SQLite reads with up to 8 connections and writes with one.
     pub max_connections: u32,
     /// How long a request waits for a pooled connection before the database counts as
     /// unavailable.
     pub acquire_timeout: Duration,
+    /// SQLite: how long a write may queue for the one writer connection. Writes queue in
+    /// arrival order, so a burst is worked off rather than refused; this bounds the queue
+    /// by time.
+    pub write_queue_timeout: Duration,
 }
 
 impl Default for LedgerOptions {
@@ -72,6 +76,7 @@ impl Default for LedgerOptions {
         Self {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(3),
+            write_queue_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -169,6 +174,10 @@ const IDLE_BEFORE_PING: Duration = Duration::from_secs(10);
 /// it (see [`Ledger::open_postgres`]).
 const IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
 
+/// The longest a ticket may stay usable: ten years (expiry arithmetic stays far from any
+/// timestamp limit).
+pub const MAX_TICKET_TTL: Duration = Duration::from_secs(10 * 366 * 24 * 60 * 60);
+
 /// How many API keys each instance remembers.
 const KEY_CACHE_CAPACITY: u64 = 100_000;
 
@@ -227,7 +236,8 @@ impl Ledger {
             .connect_with(connect)
             .await?;
         POSTGRES_MIGRATIONS.run(&pool).await?;
-        Ok(Self::with_store(Arc::new(SqlStore { pool }), "postgres"))
+        let store = SqlStore::new(pool.clone(), pool);
+        Ok(Self::with_store(Arc::new(store), "postgres"))
     }
 
     /// Opens (creating if needed) a SQLite ledger file and applies the migrations.
@@ -247,13 +257,21 @@ impl Ledger {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
-        let pool = SqlitePoolOptions::new()
+        // One writer (see `SqlStore::writer`); it runs the migrations before any reader
+        // connects.
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(options.write_queue_timeout)
+            .connect_with(connect.clone())
+            .await?;
+        SQLITE_MIGRATIONS.run(&writer).await?;
+        let readers = SqlitePoolOptions::new()
             .max_connections(options.max_connections.clamp(1, 8))
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect)
             .await?;
-        SQLITE_MIGRATIONS.run(&pool).await?;
-        Ok(Self::with_store(Arc::new(SqlStore { pool }), "sqlite"))
+        let store = SqlStore::new(readers, writer);
+        Ok(Self::with_store(Arc::new(store), "sqlite"))
     }
 
     /// `"postgres"` or `"sqlite"`.
@@ -298,20 +316,16 @@ impl Ledger {
         self.store.fencing_token(id).await
     }
 
-    /// Issues a ticket to an account, usable until `ttl` from now.
+    /// Issues a ticket to an account, usable for `ttl` from now by the database's clock
+    /// (at most [`MAX_TICKET_TTL`]).
     pub async fn issue_ticket(
         &self,
         account_id: AccountId,
         ttl: Duration,
     ) -> Result<Ticket, LedgerError> {
-        let now = Timestamp::now();
-        let ttl = time::Duration::try_from(ttl).unwrap_or(time::Duration::MAX);
-        let expires_at = Timestamp::truncated(
-            now.0
-                .checked_add(ttl)
-                .unwrap_or(time::OffsetDateTime::now_utc()),
-        );
-        self.store.issue_ticket(account_id, now, expires_at).await
+        self.store
+            .issue_ticket(account_id, ttl.min(MAX_TICKET_TTL))
+            .await
     }
 
     /// A ticket and, once used, its outcome.
@@ -338,7 +352,7 @@ impl Ledger {
         request: ApplyRequest<'_>,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
-        self.store.apply(&request, render, Timestamp::now()).await
+        self.store.apply(&request, render).await
     }
 
     /// Checks every invariant over the whole database; empty means clean.

@@ -276,6 +276,10 @@ pub struct Ticket {
     pub expires_at: OffsetDateTime,
     /// Set once it was used.
     pub outcome: Option<Outcome>,
+    /// The database's clock when this copy was read. Expiry is judged by it — never by
+    /// an instance's own clock, which may disagree with another instance's, so that every
+    /// instance reaches the same verdict and a 410 is final.
+    pub read_at: OffsetDateTime,
 }
 
 /// Where a ticket is in its life.
@@ -291,16 +295,46 @@ pub enum TicketState {
 }
 
 impl Ticket {
-    /// The ticket's state at `now`.
-    pub fn state(&self, now: OffsetDateTime) -> TicketState {
+    /// The ticket's state when it was read.
+    pub fn state(&self) -> TicketState {
         if self.outcome.is_some() {
             TicketState::Completed
-        } else if now >= self.expires_at {
+        } else if self.read_at >= self.expires_at {
             TicketState::Expired
         } else {
             TicketState::Issued
         }
     }
+
+    /// What a request with `fingerprint` may do with this ticket: the one decision both
+    /// the API (before taking any lock) and the ledger (inside the transaction, with the
+    /// ticket locked) make, so the two can never disagree.
+    pub fn judge(&self, fingerprint: &str) -> Judgement<'_> {
+        match &self.outcome {
+            Some(outcome) if outcome.fingerprint != fingerprint => Judgement::Reused,
+            Some(outcome) => match &outcome.response {
+                Some(response) => Judgement::Replay(response),
+                None => Judgement::Pruned,
+            },
+            None if self.read_at >= self.expires_at => Judgement::Expired,
+            None => Judgement::Usable,
+        }
+    }
+}
+
+/// The verdict of [`Ticket::judge`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Judgement<'a> {
+    /// Unused and unexpired: the request may execute.
+    Usable,
+    /// Used by this same request: answer with its stored response.
+    Replay(&'a StoredResponse),
+    /// Used by a different request (another amount, another endpoint): refuse.
+    Reused,
+    /// Used, and its stored response is past retention: it never runs again.
+    Pruned,
+    /// Expired unused.
+    Expired,
 }
 
 /// One line of an account's history.

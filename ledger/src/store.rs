@@ -14,11 +14,11 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArgumen
 
 use crate::audit::{self, Rule, Violation};
 use crate::db_types::Timestamp;
-use crate::error::{ApplyError, LedgerError, ResultExt};
+use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown, is_dead_connection};
 use crate::lottery;
 use crate::model::{
-    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Execution, NewAccount, Operation,
-    OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Execution, Judgement, NewAccount,
+    Operation, OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
 };
 
 /// What differs between the two databases.
@@ -26,17 +26,27 @@ pub(crate) trait Dialect: Database {
     /// Opens a transaction that will write. SQLite takes the write lock up front, so two
     /// writers never deadlock upgrading from a read.
     const BEGIN_WRITE: &'static str;
+    /// Reads a ticket, with the database's clock as `read_at`. Parameter: $1 ticket.
+    const TICKET: &'static str;
+    /// Issues a ticket, timed by the database's clock; a retry with the same id is a
+    /// no-op (the ticket is then read back). Parameters: $1 ticket, $2 account, $3 TTL in
+    /// microseconds. Returns the ticket's row as [`TICKET`](Self::TICKET) does.
+    const ISSUE_TICKET: &'static str;
     /// Reads a ticket and locks it until the transaction ends (SQLite's write lock already
-    /// covers the whole database). Parameter: $1 ticket.
+    /// covers the whole database), with the database's clock read after the lock was
+    /// granted as `read_at`. Parameter: $1 ticket.
     const LOCK_TICKET: &'static str;
     /// Where the database can, [`LOCK_TICKET`](Self::LOCK_TICKET) and [`MOVE`] as one
     /// statement: the move happens only if the locked ticket is this account's, unused and
     /// unexpired. One round trip fewer on every spend. Parameters: $1 ticket, $2 account,
-    /// $3 debit, $4 credit, $5 points spent, $6 fencing token, $7 now.
+    /// $3 debit, $4 credit, $5 points spent, $6 fencing token.
     const LOCK_TICKET_AND_MOVE: Option<&'static str>;
     /// Where the database can, [`INSERT_ENTRY`] and [`COMPLETE_TICKET`] as one statement.
     /// Parameters: $1..$9 as in INSERT_ENTRY, then $10 fingerprint, $11 status, $12 body.
     const RECORD_APPLIED: Option<&'static str>;
+    /// An account's balance, points and recorded fencing token, from its latest version,
+    /// locked until the transaction ends. Parameter: $1 account.
+    const LOCK_ACCOUNT: &'static str;
     /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_UNUSED: &'static str;
@@ -89,29 +99,85 @@ macro_rules! reap_statements {
 const POSTGRES_REAP: (&str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
 const SQLITE_REAP: (&str, &str) = reap_statements!("");
 
+/// The columns of a ticket row, as [`TicketRow`] reads them (but `read_at`).
+macro_rules! ticket_columns {
+    () => {
+        "id, account_id, created_at, expires_at, operation, fingerprint, response_status,
+         response_body, completed_at"
+    };
+}
+
+/// PostgreSQL's clock. `clock_timestamp()`, not `now()`: `now()` is the transaction's
+/// start, which may precede a wait for a row lock by seconds.
+macro_rules! pg_clock {
+    () => {
+        "clock_timestamp()"
+    };
+}
+
+/// SQLite's clock, in the microseconds since the epoch that [`Timestamp`] stores there.
+/// (The embedded mode is one process, so this is that process's clock; what matters is
+/// that it is read inside the transaction, after the write lock was granted.)
+macro_rules! sqlite_clock {
+    () => {
+        "CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER)"
+    };
+}
+
 impl Dialect for sqlx::Postgres {
     const BEGIN_WRITE: &'static str = "BEGIN";
-    const LOCK_TICKET: &'static str = "
-        SELECT id, account_id, created_at, expires_at, operation, fingerprint,
-               response_status, response_body, completed_at
-        FROM tickets WHERE id = $1 FOR UPDATE";
-    const LOCK_TICKET_AND_MOVE: Option<&'static str> = Some(
+    const TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        pg_clock!(),
+        " AS read_at FROM tickets WHERE id = $1"
+    );
+    const ISSUE_TICKET: &'static str = concat!(
+        "WITH clock AS (SELECT ",
+        pg_clock!(),
+        " AS at)
+         INSERT INTO tickets (id, account_id, created_at, expires_at)
+         SELECT $1, $2, at, at + $3::bigint * interval '1 microsecond' FROM clock
+         ON CONFLICT (id) DO NOTHING
+         RETURNING ",
+        ticket_columns!(),
+        ", created_at AS read_at"
+    );
+    const LOCK_TICKET: &'static str = concat!(
+        "WITH ticket AS (SELECT ",
+        ticket_columns!(),
+        " FROM tickets WHERE id = $1 FOR UPDATE)
+         SELECT ticket.*, ",
+        pg_clock!(),
+        " AS read_at FROM ticket"
+    );
+    // `judged` reads the clock once, from the locked ticket's row — so after any wait for
+    // that lock — and both the move's condition and the caller's verdict use that reading.
+    // A volatile CTE is evaluated once, however often it is referenced.
+    const LOCK_TICKET_AND_MOVE: Option<&'static str> = Some(concat!(
         "WITH ticket AS (
-             SELECT id, account_id, created_at, expires_at, operation, fingerprint,
-                    response_status, response_body, completed_at
-             FROM tickets WHERE id = $1 FOR UPDATE
+             SELECT ",
+        ticket_columns!(),
+        " FROM tickets WHERE id = $1 FOR UPDATE
+         ), judged AS (
+             SELECT ",
+        pg_clock!(),
+        " AS read_at FROM ticket
          ), moved AS (
              UPDATE accounts
              SET balance = balance - $3 + $4, points = points - $5, fencing_token = $6
-             WHERE id = $2 AND fencing_token <= $6 AND balance >= $3 AND points >= $5
+             WHERE id = $2 AND fencing_token < $6 AND balance >= $3 AND points >= $5
                AND balance - $3 <= 9223372036854775807 - $4
-               AND EXISTS (SELECT 1 FROM ticket
-                           WHERE account_id = $2 AND completed_at IS NULL AND expires_at > $7)
+               AND EXISTS (SELECT 1 FROM ticket, judged
+                           WHERE ticket.account_id = $2 AND ticket.completed_at IS NULL
+                             AND ticket.expires_at > judged.read_at)
              RETURNING balance, points
          )
-         SELECT ticket.*, moved.balance AS moved_balance, moved.points AS moved_points
-         FROM ticket LEFT JOIN moved ON true",
-    );
+         SELECT ticket.*, judged.read_at,
+                moved.balance AS moved_balance, moved.points AS moved_points
+         FROM ticket CROSS JOIN judged LEFT JOIN moved ON true"
+    ));
     const RECORD_APPLIED: Option<&'static str> = Some(
         "WITH entry AS (
              INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
@@ -123,19 +189,45 @@ impl Dialect for sqlx::Postgres {
              completed_at = $9
          WHERE id = $2",
     );
+    const LOCK_ACCOUNT: &'static str =
+        "SELECT balance, points, fencing_token FROM accounts WHERE id = $1 FOR UPDATE";
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
 }
 
 impl Dialect for sqlx::Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
-    const LOCK_TICKET: &'static str = "
-        SELECT id, account_id, created_at, expires_at, operation, fingerprint,
-               response_status, response_body, completed_at
-        FROM tickets WHERE id = $1";
+    const TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        sqlite_clock!(),
+        " AS read_at FROM tickets WHERE id = $1"
+    );
+    // `WHERE true` tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+    const ISSUE_TICKET: &'static str = concat!(
+        "INSERT INTO tickets (id, account_id, created_at, expires_at)
+         SELECT $1, $2, at, at + $3 FROM (SELECT ",
+        sqlite_clock!(),
+        " AS at) WHERE true
+         ON CONFLICT (id) DO NOTHING
+         RETURNING ",
+        ticket_columns!(),
+        ", created_at AS read_at"
+    );
+    const LOCK_TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        sqlite_clock!(),
+        " AS read_at FROM tickets WHERE id = $1"
+    );
     // SQLite has no data-modifying CTEs; its round trips are function calls anyway.
     const LOCK_TICKET_AND_MOVE: Option<&'static str> = None;
     const RECORD_APPLIED: Option<&'static str> = None;
+    // The transaction's write lock covers the whole database.
+    const LOCK_ACCOUNT: &'static str =
+        "SELECT balance, points, fencing_token FROM accounts WHERE id = $1";
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
 }
@@ -152,11 +244,11 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError>;
     async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError>;
     async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError>;
+    /// Issues a ticket usable for `ttl`, timed by the database's clock.
     async fn issue_ticket(
         &self,
         account_id: AccountId,
-        now: Timestamp,
-        expires_at: Timestamp,
+        ttl: Duration,
     ) -> Result<Ticket, LedgerError>;
     async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError>;
     async fn entries(
@@ -169,7 +261,6 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         request: &ApplyRequest<'_>,
         render: &Renderer,
-        now: Timestamp,
     ) -> Result<Applied, ApplyError>;
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
     /// Deletes unused tickets and prunes the outcomes of used ones, both expired before
@@ -205,7 +296,65 @@ pub(crate) struct UnguardedWrite<'a> {
 
 /// The ledger's tables in one database.
 pub(crate) struct SqlStore<D: Database> {
-    pub(crate) pool: Pool<D>,
+    /// Reads, and on PostgreSQL writes too.
+    pool: Pool<D>,
+    /// Write transactions. On SQLite a pool of one connection: writes queue here, in the
+    /// process, in arrival order, instead of contending for SQLite's file lock and
+    /// polling on SQLITE_BUSY — under a burst that polling starves some writers until
+    /// they fail. On PostgreSQL the same pool as reads: row locks serialise its writers.
+    writer: Pool<D>,
+    /// How often an operation is tried on a fresh connection when the pooled one turns
+    /// out to be dead. A database restart kills every pooled connection at once, so this
+    /// is one more than the pool holds: the last try always opens a new connection.
+    connection_tries: u32,
+}
+
+impl<D: Database> SqlStore<D> {
+    /// A store on `pool`, writing through `writer` (see the field).
+    pub(crate) fn new(pool: Pool<D>, writer: Pool<D>) -> Self {
+        let connection_tries = pool
+            .options()
+            .get_max_connections()
+            .max(writer.options().get_max_connections())
+            + 1;
+        Self {
+            pool,
+            writer,
+            connection_tries,
+        }
+    }
+
+    /// Runs `operation`, again on another connection each time it fails because its
+    /// connection was dead — never because the database refused it, and never when the
+    /// pool could not produce a connection at all (the database is down: the caller
+    /// answers 503). Only for operations that are safe to repeat: reads, idempotent
+    /// writes, and BEGIN. (A dead connection is dropped by the pool when it is returned:
+    /// the pool pings every connection it takes back.)
+    async fn on_live_connection<T, F, Fut>(&self, mut operation: F) -> Result<T, sqlx::Error>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, sqlx::Error>>,
+    {
+        let mut tries = self.connection_tries;
+        loop {
+            match operation().await {
+                Err(error) if tries > 1 && is_dead_connection(&error) => {
+                    tries -= 1;
+                    tracing::debug!(%error, "a pooled connection was dead; trying another");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Opens a write transaction on a live connection.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, D>, sqlx::Error>
+    where
+        D: Dialect,
+    {
+        self.on_live_connection(|| self.writer.begin_with(D::BEGIN_WRITE))
+            .await
+    }
 }
 
 impl<D: Database> fmt::Debug for SqlStore<D> {
@@ -239,7 +388,7 @@ impl From<AccountRow> for Account {
 }
 
 #[derive(FromRow)]
-struct TicketRow {
+pub(crate) struct TicketRow {
     id: TicketId,
     account_id: AccountId,
     created_at: Timestamp,
@@ -249,6 +398,8 @@ struct TicketRow {
     response_status: Option<i32>,
     response_body: Option<Json<Value>>,
     completed_at: Option<Timestamp>,
+    /// The database's clock when the row was read.
+    read_at: Timestamp,
 }
 
 impl TryFrom<TicketRow> for Ticket {
@@ -291,13 +442,14 @@ impl TryFrom<TicketRow> for Ticket {
             created_at: row.created_at.0,
             expires_at: row.expires_at.0,
             outcome,
+            read_at: row.read_at.0,
         })
     }
 }
 
 /// A locked ticket and, where the move rode along, what the account holds after it.
 #[derive(FromRow)]
-struct LockedTicket {
+pub(crate) struct LockedTicket {
     #[sqlx(flatten)]
     ticket: TicketRow,
     moved_balance: Option<i64>,
@@ -347,24 +499,27 @@ const INSERT_ENTRY: &str = "
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 
 /// The operation as one conditional update: it moves the money and points and records the
-/// fencing token only if the token is not stale, the balance covers the debit, the points
-/// cover the spend, and the credit cannot overflow. Concurrent updates of one account
-/// serialise on its row and each re-checks the condition, so there is no read-then-write
-/// race even without the lock. Written so that no sub-expression can overflow: amounts are
-/// at most 10^12 and credits 10^14.
+/// fencing token only if the token is newer than any the account accepted, the balance
+/// covers the debit, the points cover the spend, and the credit cannot overflow.
+/// Concurrent updates of one account serialise on its row and each re-checks the
+/// condition, so there is no read-then-write race even without the lock. Written so that
+/// no sub-expression can overflow: amounts are at most 10^12 and credits 10^14.
+///
+/// Newer, not "at least as new": a grant's token is used for one write, so an equal token
+/// is a second holder carrying the same number — after the lock store lost its counters
+/// and handed a number out again — and the later of the two must not write.
 const MOVE: &str = "
     UPDATE accounts
     SET balance = balance - $2 + $3, points = points - $4, fencing_token = $5
-    WHERE id = $1 AND fencing_token <= $5 AND balance >= $2 AND points >= $4
+    WHERE id = $1 AND fencing_token < $5 AND balance >= $2 AND points >= $4
       AND balance - $2 <= 9223372036854775807 - $3
     RETURNING balance, points";
 
-/// After a refused MOVE: records the token if it is not stale, and returns what the
-/// account holds, which says why the move was refused.
+/// A business refusal records the token like any write: a later grant's write must still
+/// be newer. Parameters: $1 account, $2 token (checked newer by the caller, on the locked
+/// row).
 const RECORD_TOKEN: &str = "
-    UPDATE accounts SET fencing_token = $2
-    WHERE id = $1 AND fencing_token <= $2
-    RETURNING balance, points";
+    UPDATE accounts SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
 
 const COMPLETE_TICKET: &str = "
     UPDATE tickets
@@ -414,7 +569,7 @@ where
         now: Timestamp,
     ) -> Result<Account, LedgerError> {
         let id = AccountId::random();
-        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO accounts (id, name, balance, points, api_key_hash, fencing_token, created_at)
              VALUES ($1, $2, $3, $4, $5, 0, $6)",
@@ -441,7 +596,7 @@ where
             .execute(&mut *tx)
             .await
             .or_constraint()?;
-        tx.commit().await?;
+        commit_or_unknown(tx).await?;
         Ok(Account {
             id,
             name: new.name().to_owned(),
@@ -452,69 +607,62 @@ where
     }
 
     async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError> {
-        Ok(
+        let query = || {
             sqlx::query_scalar("SELECT id FROM accounts WHERE api_key_hash = $1")
-                .bind(key_hash)
+                .bind(key_hash.clone())
                 .fetch_optional(&self.pool)
-                .await?,
-        )
+        };
+        Ok(self.on_live_connection(query).await?)
     }
 
     async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError> {
-        let row: Option<AccountRow> = sqlx::query_as(
-            "SELECT id, name, balance, points, created_at FROM accounts WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(row.map(Account::from))
+        let query = || {
+            sqlx::query_as::<_, AccountRow>(
+                "SELECT id, name, balance, points, created_at FROM accounts WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_optional(&self.pool)
+        };
+        Ok(self.on_live_connection(query).await?.map(Account::from))
     }
 
     async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError> {
-        let token: Option<i64> =
-            sqlx::query_scalar("SELECT fencing_token FROM accounts WHERE id = $1")
+        let query = || {
+            sqlx::query_scalar::<_, i64>("SELECT fencing_token FROM accounts WHERE id = $1")
                 .bind(id)
                 .fetch_optional(&self.pool)
-                .await?;
+        };
+        let token = self.on_live_connection(query).await?;
         Ok(token.map(|token| token.max(0).unsigned_abs()))
     }
 
     async fn issue_ticket(
         &self,
         account_id: AccountId,
-        now: Timestamp,
-        expires_at: Timestamp,
+        ttl: Duration,
     ) -> Result<Ticket, LedgerError> {
         let id = TicketId::random();
-        sqlx::query(
-            "INSERT INTO tickets (id, account_id, created_at, expires_at) VALUES ($1, $2, $3, $4)",
-        )
-        .bind(id)
-        .bind(account_id)
-        .bind(now)
-        .bind(expires_at)
-        .execute(&self.pool)
-        .await
-        .or_constraint()?;
-        Ok(Ticket {
-            id,
-            account_id,
-            created_at: now.0,
-            expires_at: expires_at.0,
-            outcome: None,
-        })
+        let ttl_micros = i64::try_from(ttl.as_micros()).unwrap_or(i64::MAX);
+        // Safe to repeat on a dead connection: the id is ours, so a repeat of an insert
+        // that did land inserts nothing, and the ticket is read back.
+        let insert = || {
+            sqlx::query_as::<_, TicketRow>(D::ISSUE_TICKET)
+                .bind(id)
+                .bind(account_id)
+                .bind(ttl_micros)
+                .fetch_optional(&self.writer)
+        };
+        let row = match self.on_live_connection(insert).await.or_constraint()? {
+            Some(row) => row,
+            None => self.ticket_row(id).await?.ok_or_else(|| {
+                LedgerError::Corrupt(format!("ticket {id} was issued but cannot be read"))
+            })?,
+        };
+        Ticket::try_from(row)
     }
 
     async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError> {
-        let row: Option<TicketRow> = sqlx::query_as(
-            "SELECT id, account_id, created_at, expires_at, operation, fingerprint,
-                    response_status, response_body, completed_at
-             FROM tickets WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.map(Ticket::try_from).transpose()
+        self.ticket_row(id).await?.map(Ticket::try_from).transpose()
     }
 
     async fn entries(
@@ -523,17 +671,19 @@ where
         after: i64,
         limit: i64,
     ) -> Result<Vec<Entry>, LedgerError> {
-        let rows: Vec<EntryRow> = sqlx::query_as(
-            "SELECT id, account_id, ticket_id, kind, amount, points, balance_after, points_after,
-                    fencing_token, created_at
-             FROM entries WHERE account_id = $1 AND id > $2
-             ORDER BY id LIMIT $3",
-        )
-        .bind(account_id)
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+        let query = || {
+            sqlx::query_as::<_, EntryRow>(
+                "SELECT id, account_id, ticket_id, kind, amount, points, balance_after, points_after,
+                        fencing_token, created_at
+                 FROM entries WHERE account_id = $1 AND id > $2
+                 ORDER BY id LIMIT $3",
+            )
+            .bind(account_id)
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+        };
+        let rows = self.on_live_connection(query).await?;
         rows.into_iter().map(Entry::try_from).collect()
     }
 
@@ -541,206 +691,55 @@ where
         &self,
         request: &ApplyRequest<'_>,
         render: &Renderer,
-        now: Timestamp,
     ) -> Result<Applied, ApplyError> {
         // Every early return below drops the transaction, which rolls it back: nothing
         // is written unless the whole operation and its outcome are.
         let token = token_to_sql(request.fencing_token)?;
-        let (debit, credit, spend, prize) = match request.operation {
-            Operation::Withdrawal(amount) => (amount.get(), 0, 0, None),
-            Operation::Deposit(amount) => (0, amount.get(), 0, None),
-            // Drawn before we know the ticket is usable; a replay simply discards it.
-            Operation::LotteryDraw(points) => {
-                let prize = lottery::draw();
-                (
-                    0,
-                    prize_credit(prize, points.get()),
-                    points.get(),
-                    Some(prize),
-                )
-            }
-        };
-        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+        let planned = Planned::of(request.operation);
+        let mut tx = self.begin_write().await?;
 
-        // 1. Lock the ticket, so concurrent uses of it queue here until we commit. Where
-        //    the database allows, the conditional move of step 3 rides in the same
-        //    statement (it only happens if the ticket is usable, as checked in step 2).
-        let (ticket, mut moved) = match D::LOCK_TICKET_AND_MOVE {
-            Some(statement) => {
-                let locked: Option<LockedTicket> = sqlx::query_as(statement)
-                    .bind(request.ticket_id)
-                    .bind(request.account_id)
-                    .bind(debit)
-                    .bind(credit)
-                    .bind(spend)
-                    .bind(token)
-                    .bind(now)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .or_constraint()?;
-                match locked {
-                    Some(locked) => {
-                        let moved = locked.moved_balance.zip(locked.moved_points);
-                        (Some(locked.ticket), moved)
-                    }
-                    None => (None, None),
-                }
-            }
-            None => {
-                let ticket: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
-                    .bind(request.ticket_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                (ticket, None)
-            }
-        };
+        // 1. Lock the ticket, so concurrent uses of it queue here until we commit, and
+        //    read the database's clock once the lock is ours. Where the database allows,
+        //    the conditional move of step 3 rides in the same statement (it happens only
+        //    if the ticket is usable, as judged in step 2).
+        let (ticket, moved) = Self::lock_ticket(&mut tx, request, &planned, token).await?;
+        let now = Timestamp(ticket.read_at);
 
-        // 2. The ticket is this account's (else it is unknown to it); a used one replays
-        //    its stored outcome or refuses a different request; an expired one is refused.
-        let ticket = match ticket {
-            Some(row) if row.account_id == request.account_id => Ticket::try_from(row)?,
-            _ => return Err(ApplyError::UnknownTicket),
-        };
-        if let Some(outcome) = ticket.outcome {
-            if outcome.fingerprint != request.fingerprint {
-                return Err(ApplyError::FingerprintMismatch);
+        // 2. Judge the ticket: a used one replays its stored outcome or refuses a
+        //    different request; an expired one is refused.
+        match ticket.judge(request.fingerprint) {
+            Judgement::Usable => {}
+            Judgement::Replay(response) => {
+                return Ok(Applied {
+                    response: response.clone(),
+                    replayed: true,
+                });
             }
-            let response = outcome.response.ok_or(ApplyError::OutcomePruned)?;
-            return Ok(Applied {
-                response,
-                replayed: true,
-            });
-        }
-        if now.0 >= ticket.expires_at {
-            return Err(ApplyError::TicketExpired);
+            Judgement::Reused => return Err(ApplyError::FingerprintMismatch),
+            Judgement::Pruned => return Err(ApplyError::OutcomePruned),
+            Judgement::Expired => return Err(ApplyError::TicketExpired),
         }
 
-        // 3. Move money and points under the fencing check, in one conditional update.
-        let move_query = || {
-            sqlx::query_as::<_, (i64, i64)>(MOVE)
-                .bind(request.account_id)
-                .bind(debit)
-                .bind(credit)
-                .bind(spend)
-                .bind(token)
+        // 3. Move money and points under the fencing check, in one conditional update;
+        //    if it was refused, find out why on the account's latest version.
+        let moved = match moved {
+            Some(moved) => Some(moved),
+            None if D::LOCK_TICKET_AND_MOVE.is_none() => {
+                Self::try_move(&mut tx, request, &planned, token).await?
+            }
+            None => None,
         };
-        if D::LOCK_TICKET_AND_MOVE.is_none() {
-            moved = move_query()
-                .fetch_optional(&mut *tx)
-                .await
-                .or_constraint()?;
-        }
         let result = match moved {
-            Some((balance, points)) => OperationResult::Applied {
-                balance,
-                points,
-                credit,
-                prize,
-            },
-            None => {
-                // Refused: stale token (nothing may be written), or a business refusal,
-                // which is recorded with the token like any other outcome.
-                let held: Option<(i64, i64)> = sqlx::query_as(RECORD_TOKEN)
-                    .bind(request.account_id)
-                    .bind(token)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                let Some((balance, points)) = held else {
-                    let recorded: i64 =
-                        sqlx::query_scalar("SELECT fencing_token FROM accounts WHERE id = $1")
-                            .bind(request.account_id)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                    return Err(ApplyError::StaleToken {
-                        presented: request.fencing_token,
-                        recorded: recorded.max(0).unsigned_abs(),
-                    });
-                };
-                let refusal = if balance < debit {
-                    Some(Refusal::InsufficientFunds { balance })
-                } else if points < spend {
-                    Some(Refusal::InsufficientPoints { points })
-                } else if balance - debit > i64::MAX - credit {
-                    Some(Refusal::BalanceLimit { balance })
-                } else {
-                    None
-                };
-                // The move read a snapshot; RECORD_TOKEN waited for the row and read its
-                // latest version. If that version affords the operation — another writer
-                // committed in between, which only overlapping lock holders allow — move now:
-                // this transaction holds the row, so the conditions cannot change again.
-                let retried = match refusal {
-                    None => move_query()
-                        .fetch_optional(&mut *tx)
-                        .await
-                        .or_constraint()?,
-                    Some(_) => None,
-                };
-                match retried {
-                    Some((balance, points)) => OperationResult::Applied {
-                        balance,
-                        points,
-                        credit,
-                        prize,
-                    },
-                    None => OperationResult::Refused(
-                        refusal.unwrap_or(Refusal::BalanceLimit { balance }),
-                    ),
-                }
-            }
+            Some((balance, points)) => planned.applied(balance, points),
+            None => Self::settle_refused(&mut tx, request, &planned, token).await?,
         };
 
         // 4. The entry (only when something moved) and the outcome, in this transaction.
-        let status = result.status();
-        let body = render(&Execution {
-            ticket_id: request.ticket_id,
-            account_id: request.account_id,
-            operation: &request.operation,
-            result: &result,
-        });
-        let kind = request.operation.kind().as_str();
-        match result {
-            OperationResult::Applied {
-                balance, points, ..
-            } => {
-                let entry = |statement| {
-                    sqlx::query(statement)
-                        .bind(request.account_id)
-                        .bind(request.ticket_id)
-                        .bind(kind)
-                        .bind(credit - debit)
-                        .bind(-spend)
-                        .bind(balance)
-                        .bind(points)
-                        .bind(token)
-                        .bind(now)
-                };
-                match D::RECORD_APPLIED {
-                    Some(statement) => {
-                        entry(statement)
-                            .bind(request.fingerprint)
-                            .bind(i32::from(status))
-                            .bind(Json(&body))
-                            .execute(&mut *tx)
-                            .await
-                            .or_constraint()?;
-                    }
-                    None => {
-                        entry(INSERT_ENTRY)
-                            .execute(&mut *tx)
-                            .await
-                            .or_constraint()?;
-                        complete_ticket::<D>(&mut tx, request, kind, status, &body, now).await?;
-                    }
-                }
-            }
-            OperationResult::Refused(_) => {
-                complete_ticket::<D>(&mut tx, request, kind, status, &body, now).await?;
-            }
-        }
-        tx.commit().await?;
+        let response =
+            Self::record(&mut tx, request, &planned, &result, token, now, render).await?;
+        commit_or_unknown(tx).await?;
         Ok(Applied {
-            response: StoredResponse { status, body },
+            response,
             replayed: false,
         })
     }
@@ -933,24 +932,26 @@ where
         let deleted: Vec<TicketId> = sqlx::query_scalar(D::DELETE_UNUSED)
             .bind(cutoff)
             .bind(batch)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writer)
             .await?;
         let pruned: Vec<TicketId> = sqlx::query_scalar(D::PRUNE_OUTCOMES)
             .bind(cutoff)
             .bind(now)
             .bind(batch)
-            .fetch_all(&self.pool)
+            .fetch_all(&self.writer)
             .await?;
         Ok((deleted.len() as u64, pruned.len() as u64))
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        let ping = || sqlx::query("SELECT 1").execute(&self.pool);
+        self.on_live_connection(ping).await?;
         Ok(())
     }
 
     async fn close(&self) {
         self.pool.close().await;
+        self.writer.close().await;
     }
 
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
@@ -978,7 +979,7 @@ where
             result: &write.result,
         });
         let kind = request.operation.kind().as_str();
-        let mut tx = self.pool.begin_with(D::BEGIN_WRITE).await?;
+        let mut tx = self.begin_write().await?;
         if let OperationResult::Applied {
             balance, points, ..
         } = write.result
@@ -1032,11 +1033,285 @@ where
         if completed.is_none() {
             return Ok(None);
         }
-        tx.commit().await?;
+        commit_or_unknown(tx).await?;
         Ok(Some(Applied {
             response: StoredResponse { status, body },
             replayed: false,
         }))
+    }
+}
+
+/// What an operation would move, worked out before the transaction.
+struct Planned {
+    debit: i64,
+    credit: i64,
+    spend: i64,
+    prize: Option<&'static lottery::Prize>,
+}
+
+impl Planned {
+    fn of(operation: Operation) -> Self {
+        match operation {
+            Operation::Withdrawal(amount) => Self {
+                debit: amount.get(),
+                credit: 0,
+                spend: 0,
+                prize: None,
+            },
+            Operation::Deposit(amount) => Self {
+                debit: 0,
+                credit: amount.get(),
+                spend: 0,
+                prize: None,
+            },
+            // Drawn before we know the ticket is usable; a replay simply discards it.
+            Operation::LotteryDraw(points) => {
+                let prize = lottery::draw();
+                Self {
+                    debit: 0,
+                    credit: prize_credit(prize, points.get()),
+                    spend: points.get(),
+                    prize: Some(prize),
+                }
+            }
+        }
+    }
+
+    /// The outcome once the move happened, leaving `balance` and `points`.
+    fn applied(&self, balance: i64, points: i64) -> OperationResult {
+        OperationResult::Applied {
+            balance,
+            points,
+            credit: self.credit,
+            prize: self.prize,
+        }
+    }
+
+    /// Why an account holding `balance` and `points` cannot take this operation, if it
+    /// cannot.
+    fn refusal(&self, balance: i64, points: i64) -> Option<Refusal> {
+        if balance < self.debit {
+            Some(Refusal::InsufficientFunds { balance })
+        } else if points < self.spend {
+            Some(Refusal::InsufficientPoints { points })
+        } else if balance - self.debit > i64::MAX - self.credit {
+            Some(Refusal::BalanceLimit { balance })
+        } else {
+            None
+        }
+    }
+}
+
+/// The steps of [`Store::apply`], each one round trip or two.
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> LockedTicket: FromRow<'r, D::Row>,
+    for<'r> (i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+{
+    /// A ticket's row, read on a live connection.
+    async fn ticket_row(&self, id: TicketId) -> Result<Option<TicketRow>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, TicketRow>(D::TICKET)
+                .bind(id)
+                .fetch_optional(&self.pool)
+        };
+        Ok(self.on_live_connection(query).await?)
+    }
+
+    /// Step 1: the locked ticket, if it is this account's, and — where the move rode
+    /// along — what the account holds after it.
+    async fn lock_ticket(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        token: i64,
+    ) -> Result<(Ticket, Option<(i64, i64)>), ApplyError> {
+        let (row, moved) = match D::LOCK_TICKET_AND_MOVE {
+            Some(statement) => {
+                let locked: Option<LockedTicket> = sqlx::query_as(statement)
+                    .bind(request.ticket_id)
+                    .bind(request.account_id)
+                    .bind(planned.debit)
+                    .bind(planned.credit)
+                    .bind(planned.spend)
+                    .bind(token)
+                    .fetch_optional(&mut **tx)
+                    .await
+                    .or_constraint()?;
+                match locked {
+                    Some(locked) => {
+                        let moved = locked.moved_balance.zip(locked.moved_points);
+                        (Some(locked.ticket), moved)
+                    }
+                    None => (None, None),
+                }
+            }
+            None => {
+                let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
+                    .bind(request.ticket_id)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                (row, None)
+            }
+        };
+        // Another account's ticket is, to this account, no ticket at all.
+        match row {
+            Some(row) if row.account_id == request.account_id => {
+                Ok((Ticket::try_from(row)?, moved))
+            }
+            _ => Err(ApplyError::UnknownTicket),
+        }
+    }
+
+    /// Step 3, where it did not ride along with step 1: the conditional move.
+    async fn try_move(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        token: i64,
+    ) -> Result<Option<(i64, i64)>, ApplyError> {
+        Ok(sqlx::query_as::<_, (i64, i64)>(MOVE)
+            .bind(request.account_id)
+            .bind(planned.debit)
+            .bind(planned.credit)
+            .bind(planned.spend)
+            .bind(token)
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?)
+    }
+
+    /// Step 3 after a refused move: a stale token (nothing may be written), or a business
+    /// refusal, which is recorded with the token like any other outcome. Judged on the
+    /// account's latest version, locked: if that version affords the operation after all
+    /// — another writer committed in between, which only overlapping lock holders allow —
+    /// the move is made now, since this transaction holds the row and the conditions
+    /// cannot change again.
+    async fn settle_refused(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        token: i64,
+    ) -> Result<OperationResult, ApplyError> {
+        let (balance, points, recorded): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+            .bind(request.account_id)
+            .fetch_one(&mut **tx)
+            .await?;
+        if recorded >= token {
+            return Err(ApplyError::StaleToken {
+                presented: request.fencing_token,
+                recorded: recorded.max(0).unsigned_abs(),
+            });
+        }
+        match planned.refusal(balance, points) {
+            Some(refusal) => {
+                sqlx::query(RECORD_TOKEN)
+                    .bind(request.account_id)
+                    .bind(token)
+                    .execute(&mut **tx)
+                    .await
+                    .or_constraint()?;
+                Ok(OperationResult::Refused(refusal))
+            }
+            None => match Self::try_move(tx, request, planned, token).await? {
+                Some((balance, points)) => Ok(planned.applied(balance, points)),
+                None => Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
+                    "account {}: a move its locked row affords was refused",
+                    request.account_id
+                )))),
+            },
+        }
+    }
+
+    /// Step 4: the entry (only when something moved) and the outcome under the ticket.
+    async fn record(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        result: &OperationResult,
+        token: i64,
+        now: Timestamp,
+        render: &Renderer,
+    ) -> Result<StoredResponse, ApplyError> {
+        let status = result.status();
+        let body = render(&Execution {
+            ticket_id: request.ticket_id,
+            account_id: request.account_id,
+            operation: &request.operation,
+            result,
+        });
+        let kind = request.operation.kind().as_str();
+        let OperationResult::Applied {
+            balance, points, ..
+        } = *result
+        else {
+            Self::complete_ticket(tx, request, kind, status, &body, now).await?;
+            return Ok(StoredResponse { status, body });
+        };
+        let entry = |statement| {
+            sqlx::query(statement)
+                .bind(request.account_id)
+                .bind(request.ticket_id)
+                .bind(kind)
+                .bind(planned.credit - planned.debit)
+                .bind(-planned.spend)
+                .bind(balance)
+                .bind(points)
+                .bind(token)
+                .bind(now)
+        };
+        match D::RECORD_APPLIED {
+            Some(statement) => {
+                entry(statement)
+                    .bind(request.fingerprint)
+                    .bind(i32::from(status))
+                    .bind(Json(&body))
+                    .execute(&mut **tx)
+                    .await
+                    .or_constraint()?;
+            }
+            None => {
+                entry(INSERT_ENTRY)
+                    .execute(&mut **tx)
+                    .await
+                    .or_constraint()?;
+                Self::complete_ticket(tx, request, kind, status, &body, now).await?;
+            }
+        }
+        Ok(StoredResponse { status, body })
+    }
+
+    /// Stores the outcome under the ticket. Parameters as in [`COMPLETE_TICKET`].
+    async fn complete_ticket(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        kind: &str,
+        status: u16,
+        body: &Value,
+        now: Timestamp,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(COMPLETE_TICKET)
+            .bind(request.ticket_id)
+            .bind(kind)
+            .bind(request.fingerprint)
+            .bind(i32::from(status))
+            .bind(Json(body))
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 }
 
@@ -1048,35 +1323,4 @@ pub(crate) fn before(now: Timestamp, age: Duration) -> Timestamp {
             .checked_sub(age)
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
     )
-}
-
-/// Stores the outcome under the ticket. Parameters as in [`COMPLETE_TICKET`].
-async fn complete_ticket<D>(
-    tx: &mut sqlx::Transaction<'static, D>,
-    request: &ApplyRequest<'_>,
-    kind: &str,
-    status: u16,
-    body: &Value,
-    now: Timestamp,
-) -> Result<(), LedgerError>
-where
-    D: Dialect,
-    D::Arguments: IntoArguments<D>,
-    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
-    for<'q> i32: Encode<'q, D> + Type<D>,
-    for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> TicketId: Encode<'q, D> + Type<D>,
-    for<'q> Timestamp: Encode<'q, D> + Type<D>,
-    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
-{
-    sqlx::query(COMPLETE_TICKET)
-        .bind(request.ticket_id)
-        .bind(kind)
-        .bind(request.fingerprint)
-        .bind(i32::from(status))
-        .bind(Json(body))
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
 }

@@ -1,10 +1,16 @@
-//! Test support: a fresh, empty database per test, PostgreSQL or SQLite.
+//! Test support: a fresh, empty database per test, PostgreSQL or SQLite; a lock held
+//! from outside the ledger; a proxy that loses the answer to a COMMIT.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use sqlx::Connection;
 use sqlx::postgres::PgConnection;
 use sqlx::sqlite::SqliteConnection;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
-use crate::{Ledger, LedgerError, LedgerOptions};
+use crate::{Ledger, LedgerError, LedgerOptions, TicketId};
 
 /// Where the tests' PostgreSQL is: `DATABASE_URL`, else the local server with trust auth.
 pub fn postgres_admin_url() -> String {
@@ -76,5 +82,190 @@ impl TestDatabase {
             sqlx::query(statement).execute(&mut connection).await?;
         }
         Ok(())
+    }
+}
+
+/// A transaction of its own that holds a ticket's row lock (PostgreSQL) or the database's
+/// write lock (SQLite) until released: what a slow concurrent writer looks like to
+/// `apply`.
+#[derive(Debug)]
+pub struct HeldLock(Held);
+
+#[derive(Debug)]
+enum Held {
+    Postgres(PgConnection),
+    Sqlite(SqliteConnection),
+}
+
+impl TestDatabase {
+    /// Locks `ticket` in a transaction on a connection outside the ledger's pool.
+    pub async fn lock_ticket_elsewhere(&self, ticket: TicketId) -> Result<HeldLock, LedgerError> {
+        if self.url.starts_with("sqlite:") {
+            let mut connection = SqliteConnection::connect(&self.url).await?;
+            sqlx::raw_sql("BEGIN IMMEDIATE")
+                .execute(&mut connection)
+                .await?;
+            Ok(HeldLock(Held::Sqlite(connection)))
+        } else {
+            let mut connection = PgConnection::connect(&self.url).await?;
+            sqlx::raw_sql("BEGIN").execute(&mut connection).await?;
+            sqlx::query("SELECT 1 FROM tickets WHERE id = $1 FOR UPDATE")
+                .bind(ticket)
+                .execute(&mut connection)
+                .await?;
+            Ok(HeldLock(Held::Postgres(connection)))
+        }
+    }
+}
+
+impl HeldLock {
+    /// Commits the holding transaction, letting the waiters in.
+    pub async fn release(self) -> Result<(), LedgerError> {
+        match self.0 {
+            Held::Postgres(mut connection) => {
+                sqlx::raw_sql("COMMIT").execute(&mut connection).await?;
+            }
+            Held::Sqlite(mut connection) => {
+                sqlx::raw_sql("COMMIT").execute(&mut connection).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A TCP proxy on loopback in front of PostgreSQL that, once armed, cuts the connection
+/// carrying the next `COMMIT`: it forwards the COMMIT, and when the server's answer
+/// arrives it closes both sides instead of relaying it. The transaction did commit; its
+/// client cannot know. Everything else passes through untouched.
+#[derive(Debug)]
+pub struct CommitCutter {
+    url: String,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+/// A simple-protocol query message carrying `COMMIT` (how sqlx commits): 'Q', its
+/// length (4 + 7), the text and its NUL.
+const COMMIT_MESSAGE: &[u8] = b"Q\x00\x00\x00\x0bCOMMIT\x00";
+
+impl CommitCutter {
+    /// A proxy for the server `database_url` names; [`url`](Self::url) is the same URL
+    /// through the proxy.
+    pub async fn start(database_url: &str) -> std::io::Result<Self> {
+        let mut url = url::Url::parse(database_url).map_err(std::io::Error::other)?;
+        let upstream = format!(
+            "{}:{}",
+            url.host_str().unwrap_or("127.0.0.1"),
+            url.port().unwrap_or(5432)
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        url.set_host(Some("127.0.0.1"))
+            .map_err(std::io::Error::other)?;
+        url.set_port(Some(port))
+            .map_err(|()| std::io::Error::other("cannot set the port"))?;
+        let armed = Arc::new(AtomicBool::new(false));
+        let cuts = Arc::new(AtomicUsize::new(0));
+        let (accept_armed, accept_cuts) = (armed.clone(), cuts.clone());
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(&upstream).await else {
+                    continue;
+                };
+                tokio::spawn(relay(
+                    client,
+                    server,
+                    accept_armed.clone(),
+                    accept_cuts.clone(),
+                ));
+            }
+        });
+        Ok(Self {
+            url: url.to_string(),
+            armed,
+            cuts,
+            accept,
+        })
+    }
+
+    /// The database URL through the proxy.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Cuts the next connection that sends a COMMIT.
+    pub fn arm(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// How many COMMITs were cut so far.
+    pub fn cuts(&self) -> usize {
+        self.cuts.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for CommitCutter {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+/// Relays one connection both ways until either side closes or a COMMIT is cut.
+async fn relay(
+    client: TcpStream,
+    server: TcpStream,
+    armed: Arc<AtomicBool>,
+    cuts: Arc<AtomicUsize>,
+) {
+    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_server, mut to_server) = server.into_split();
+    // Set before the COMMIT goes out, so whatever the server sends next is its answer.
+    let cutting = Arc::new(AtomicBool::new(false));
+    let upstream_cutting = cutting.clone();
+    let upstream = async move {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = match from_client.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            let chunk = &buffer[..read];
+            let commit = chunk
+                .windows(COMMIT_MESSAGE.len())
+                .any(|window| window == COMMIT_MESSAGE);
+            if commit && armed.swap(false, Ordering::SeqCst) {
+                upstream_cutting.store(true, Ordering::SeqCst);
+                let _ = to_server.write_all(chunk).await;
+                // Keep the server side open until the answer was read (below).
+                std::future::pending::<()>().await;
+            }
+            if to_server.write_all(chunk).await.is_err() {
+                return;
+            }
+        }
+    };
+    let downstream = async move {
+        let mut buffer = vec![0_u8; 64 * 1024];
+        loop {
+            let read = match from_server.read(&mut buffer).await {
+                Ok(0) | Err(_) => return,
+                Ok(read) => read,
+            };
+            if cutting.load(Ordering::SeqCst) {
+                // The COMMIT's answer: swallow it and hang up on both.
+                cuts.fetch_add(1, Ordering::SeqCst);
+                let _ = to_client.shutdown().await;
+                return;
+            }
+            if to_client.write_all(&buffer[..read]).await.is_err() {
+                return;
+            }
+        }
+    };
+    // Either direction ending ends the connection: dropping the halves closes both sockets.
+    tokio::select! {
+        () = upstream => {}
+        () = downstream => {}
     }
 }

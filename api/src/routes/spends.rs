@@ -22,13 +22,12 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ledger::{
-    AccountId, Amount, ApplyError, ApplyRequest, Operation, PointsToSpend, StoredResponse,
-    TicketId, TicketState,
+    AccountId, Amount, ApplyError, ApplyRequest, Judgement, Operation, PointsToSpend,
+    StoredResponse, TicketId,
 };
 use lock::{FencingToken, LockError};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
-use time::OffsetDateTime;
 use tokio::time::Instant;
 
 use crate::config::Strategy;
@@ -367,20 +366,17 @@ async fn replay_without_lock(
         .await?
         .filter(|ticket| ticket.account_id == account)
         .ok_or(ApiError::TicketNotFound)?;
-    match ticket.state(OffsetDateTime::now_utc()) {
-        TicketState::Issued => Ok(None),
-        TicketState::Expired => Err(ApiError::TicketExpired),
-        TicketState::Completed => {
-            let Some(outcome) = ticket.outcome else {
-                return Ok(None);
-            };
-            if outcome.fingerprint != fingerprint {
-                return Err(ApiError::IdempotencyKeyReuse);
-            }
-            let response = outcome.response.ok_or(ApiError::OutcomePruned)?;
+    // The ledger judges the same way again inside its transaction, with the ticket
+    // locked; judged here, a used ticket is answered without any lock.
+    match ticket.judge(fingerprint) {
+        Judgement::Usable => Ok(None),
+        Judgement::Replay(response) => {
             state.metrics().replayed();
-            Ok(Some(stored_response(response, true)))
+            Ok(Some(stored_response(response.clone(), true)))
         }
+        Judgement::Reused => Err(ApiError::IdempotencyKeyReuse),
+        Judgement::Pruned => Err(ApiError::OutcomePruned),
+        Judgement::Expired => Err(ApiError::TicketExpired),
     }
 }
 

@@ -324,7 +324,8 @@ pub async fn tickets_show_their_state_and_stored_response(backend: Backend) {
         .send()
         .await
         .unwrap();
-    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+    // Another account's ticket is not found, as a spend with it is.
+    assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
     let response = app.client.get(&url).send().await.unwrap();
     assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
     let unknown = app.url(&format!("/v1/tickets/{}", uuid::Uuid::new_v4()));

@@ -6,6 +6,7 @@ mod browser;
 mod contract;
 mod demo;
 mod distributed;
+mod hardening;
 mod helpers;
 mod openapi;
 mod readme;

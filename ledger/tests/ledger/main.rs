@@ -28,7 +28,9 @@ macro_rules! suite_for {
                 audit_finds_a_planted_balance_change,
                 audit_finds_a_planted_token_regression,
                 audit_finds_a_planted_outcome_without_entry,
-                unguarded_read_check_write_loses_an_update
+                unguarded_read_check_write_loses_an_update,
+                an_equal_fencing_token_is_refused,
+                expiry_is_judged_after_waiting_for_the_ticket
             );
         }
     };

@@ -279,3 +279,45 @@ async fn refused_move_is_retried_on_the_latest_row() {
     assert_eq!(ledger.fencing_token(account_id).await.unwrap(), Some(2));
     assert_clean(&ledger).await;
 }
+
+/// The connection dies after COMMIT was sent and before its answer came back: `apply`
+/// cannot know whether it committed, and says so (outcome unknown) instead of calling it
+/// unavailable — it did commit, and the same ticket then replays the stored outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_commit_answer_is_outcome_unknown() {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    let cutter = ledger::testing::CommitCutter::start(database.url())
+        .await
+        .unwrap();
+    let ledger = Ledger::open(cutter.url(), &ledger::LedgerOptions::default())
+        .await
+        .unwrap();
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    cutter.arm();
+    let error = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
+        .await
+        .unwrap_err();
+    assert_eq!(cutter.cuts(), 1);
+    assert!(
+        matches!(
+            error,
+            ledger::ApplyError::Ledger(ledger::LedgerError::OutcomeUnknown(_))
+        ),
+        "{error:?}"
+    );
+    let stored = ledger.ticket(ticket).await.unwrap().unwrap();
+    assert_eq!(stored.state(), ledger::TicketState::Completed);
+    let replayed = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 2)
+        .await
+        .unwrap();
+    assert!(replayed.replayed);
+    assert_eq!(replayed.response.status, 201);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    assert_clean(&ledger).await;
+}
