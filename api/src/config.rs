@@ -113,6 +113,68 @@ pub struct Config {
     /// headers. Never in production.
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
+    /// The most spends one account may have waiting for its lock in this instance (and,
+    /// on Redis, across all instances); past it, a spend is answered 409 account-busy at
+    /// once.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_LOCK_MAX_WAITERS",
+        default_value_t = lock::DEFAULT_MAX_WAITERS
+    )]
+    pub lock_max_waiters: usize,
+    /// The most requests this instance works on at once; past it, 503 overloaded.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_MAX_IN_FLIGHT",
+        default_value_t = 1024
+    )]
+    pub max_in_flight: usize,
+    /// The most client connections this instance keeps open; past it, new ones wait to
+    /// be accepted. Keep it below the process's file-descriptor limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_MAX_CONNECTIONS",
+        default_value_t = 4096
+    )]
+    pub max_connections: usize,
+    /// How long a client may take to send a request's head — and how long an idle
+    /// keep-alive connection waits for its next request — before it is closed.
+    #[arg(long, global = true, env = "PAYONCE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub header_read_timeout: Duration,
+    /// Accounts one client address may open per minute (in a burst, or spread out); 0:
+    /// no limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_ACCOUNTS_PER_MINUTE",
+        default_value_t = 1200
+    )]
+    pub accounts_per_minute: u32,
+    /// Tickets one account may take per second; 0: no limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_TICKETS_PER_SECOND",
+        default_value_t = 200
+    )]
+    pub tickets_per_second: u32,
+    /// Spends (withdrawals, deposits, draws, replays included) one account may send per
+    /// second; 0: no limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_SPENDS_PER_SECOND",
+        default_value_t = 200
+    )]
+    pub spends_per_second: u32,
+    /// A header carrying the client's address, set by a proxy in front (e.g.
+    /// `x-real-ip`); account creation is then limited per that address instead of the
+    /// proxy's. Only set it behind a proxy that overwrites the header.
+    #[arg(long, global = true, env = "PAYONCE_CLIENT_IP_HEADER")]
+    pub client_ip_header: Option<String>,
     /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
     #[arg(
         long,
@@ -249,6 +311,24 @@ impl Config {
                 "PAYONCE_LOCK_WAIT must be shorter than PAYONCE_REQUEST_TIMEOUT".into(),
             ));
         }
+        if self.lock_max_waiters == 0 || self.max_in_flight == 0 || self.max_connections == 0 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_MAX_WAITERS, PAYONCE_MAX_IN_FLIGHT and PAYONCE_MAX_CONNECTIONS must be at least 1"
+                    .into(),
+            ));
+        }
+        if self.header_read_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_HEADER_READ_TIMEOUT must be positive".into(),
+            ));
+        }
+        if let Some(header) = &self.client_ip_header
+            && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
+        {
+            return Err(ConfigError::Invalid(format!(
+                "PAYONCE_CLIENT_IP_HEADER {header:?} is not a header name"
+            )));
+        }
         if self.db_max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
@@ -347,6 +427,32 @@ impl fmt::Display for Config {
                 self.lock_strategy.name().to_owned(),
             ),
             ("PAYONCE_DEMO", self.demo.to_string()),
+            (
+                "PAYONCE_LOCK_MAX_WAITERS",
+                self.lock_max_waiters.to_string(),
+            ),
+            ("PAYONCE_MAX_IN_FLIGHT", self.max_in_flight.to_string()),
+            ("PAYONCE_MAX_CONNECTIONS", self.max_connections.to_string()),
+            (
+                "PAYONCE_HEADER_READ_TIMEOUT",
+                human(self.header_read_timeout),
+            ),
+            (
+                "PAYONCE_ACCOUNTS_PER_MINUTE",
+                self.accounts_per_minute.to_string(),
+            ),
+            (
+                "PAYONCE_TICKETS_PER_SECOND",
+                self.tickets_per_second.to_string(),
+            ),
+            (
+                "PAYONCE_SPENDS_PER_SECOND",
+                self.spends_per_second.to_string(),
+            ),
+            (
+                "PAYONCE_CLIENT_IP_HEADER",
+                self.client_ip_header.clone().unwrap_or_else(unset),
+            ),
             (
                 "PAYONCE_REDLOCK_URLS",
                 if self.redlock_urls.is_empty() {

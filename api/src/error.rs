@@ -38,6 +38,8 @@ pub enum ApiError {
     IdempotencyKeyMissing,
     #[error("the Idempotency-Key is not a ticket id (a UUID, bare or as a quoted string)")]
     IdempotencyKeyInvalid,
+    #[error("send exactly one Idempotency-Key header")]
+    IdempotencyKeyRepeated,
     #[error("{0}")]
     MalformedJson(String),
     #[error("{0}")]
@@ -56,6 +58,11 @@ pub enum ApiError {
     RequestInProgress,
     #[error("the account is busy with other requests; retry shortly")]
     AccountBusy,
+    #[error("too many requests; retry after {retry_after} s")]
+    RateLimited {
+        /// Seconds until a retry will be let through.
+        retry_after: u64,
+    },
     #[error("the ticket expired unused; take a new one")]
     TicketExpired,
     #[error("the ticket was used, and its stored outcome is past retention")]
@@ -78,6 +85,8 @@ pub enum ApiError {
     LockStoreUnavailable(String),
     #[error("database unavailable: {0}")]
     DatabaseUnavailable(String),
+    #[error("this instance is working on as many requests as it takes; retry shortly")]
+    Overloaded,
     #[error("the request took longer than the server allows")]
     Timeout,
     #[error("internal error: {0}")]
@@ -90,6 +99,7 @@ impl ApiError {
         match self {
             Self::IdempotencyKeyMissing
             | Self::IdempotencyKeyInvalid
+            | Self::IdempotencyKeyRepeated
             | Self::MalformedJson(_)
             | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
@@ -97,6 +107,7 @@ impl ApiError {
             Self::NotFound(_) | Self::TicketNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::TicketExpired | Self::OutcomePruned => StatusCode::GONE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -105,6 +116,7 @@ impl ApiError {
             | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
             | Self::DatabaseUnavailable(_)
+            | Self::Overloaded
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -114,7 +126,7 @@ impl ApiError {
     pub fn name(&self) -> &'static str {
         match self {
             Self::IdempotencyKeyMissing => "idempotency-key-missing",
-            Self::IdempotencyKeyInvalid => "idempotency-key-invalid",
+            Self::IdempotencyKeyInvalid | Self::IdempotencyKeyRepeated => "idempotency-key-invalid",
             Self::MalformedJson(_) => "malformed-json",
             Self::BadRequest(_) => "bad-request",
             Self::Unauthenticated => "unauthenticated",
@@ -124,6 +136,7 @@ impl ApiError {
             Self::MethodNotAllowed => "method-not-allowed",
             Self::RequestInProgress => "request-in-progress",
             Self::AccountBusy => "account-busy",
+            Self::RateLimited { .. } => "rate-limited",
             Self::TicketExpired => "ticket-expired",
             Self::OutcomePruned => "outcome-expired",
             Self::PayloadTooLarge => "payload-too-large",
@@ -134,6 +147,7 @@ impl ApiError {
             Self::OutcomeUnknown(_) => "outcome-unknown",
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
             Self::DatabaseUnavailable(_) => "database-unavailable",
+            Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
         }
@@ -141,6 +155,9 @@ impl ApiError {
 
     /// Seconds after which a retry may succeed, for the `Retry-After` header.
     pub fn retry_after(&self) -> Option<u64> {
+        if let Self::RateLimited { retry_after } = self {
+            return Some(*retry_after);
+        }
         match self.status() {
             StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => Some(1),
             _ => None,
@@ -241,7 +258,7 @@ impl From<LedgerError> for ApiError {
 impl From<LockError> for ApiError {
     fn from(error: LockError) -> Self {
         match error {
-            LockError::TimedOut { .. } => Self::AccountBusy,
+            LockError::TimedOut { .. } | LockError::QueueFull { .. } => Self::AccountBusy,
             LockError::Unavailable { reason } => Self::LockStoreUnavailable(reason),
             LockError::Lost { .. } => Self::LockLost,
             LockError::Invalid(reason) => Self::Internal(reason),
@@ -273,7 +290,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "idempotency-key-invalid",
         400,
-        "The `Idempotency-Key` is not a UUID (bare, or as a quoted structured-field string).",
+        "The `Idempotency-Key` is not a UUID (bare, or as a quoted structured-field string), or the header was sent more than once.",
     ),
     (
         "malformed-json",
@@ -310,7 +327,12 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "account-busy",
         409,
-        "Other requests held the account's lock longer than this request may wait. Nothing was executed; retry with the same ticket.",
+        "Other requests held the account's lock longer than this request may wait, or as many requests as an account may queue were already waiting (PAYONCE_LOCK_MAX_WAITERS). Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "rate-limited",
+        429,
+        "Too many requests: account creation per client address, or tickets or spends per account, over the configured rate. Nothing was stored; retry after `Retry-After` seconds (with the same ticket, for a spend).",
     ),
     (
         "insufficient-funds",
@@ -376,6 +398,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "database-unavailable",
         503,
         "The database cannot be reached. Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "overloaded",
+        503,
+        "The instance is working on as many requests as it takes (PAYONCE_MAX_IN_FLIGHT). Nothing was executed; retry after `Retry-After` seconds, with the same ticket for a spend.",
     ),
     (
         "timeout",

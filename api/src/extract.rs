@@ -3,7 +3,9 @@
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{FromRef, FromRequest, FromRequestParts, Path, Request};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use axum::extract::{ConnectInfo, FromRef, FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use ledger::{AccountId, TicketId};
@@ -52,6 +54,39 @@ impl Caller {
         } else {
             Err(ApiError::Forbidden)
         }
+    }
+}
+
+/// The client's address: the connection's peer, or — behind a proxy, when
+/// `PAYONCE_CLIENT_IP_HEADER` names the header the proxy sets — that header's address.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientAddress(pub IpAddr);
+
+impl<S> FromRequestParts<S> for ClientAddress
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let state = AppState::from_ref(state);
+        let forwarded = state
+            .settings()
+            .client_ip_header
+            .as_ref()
+            .and_then(|name| parts.headers.get(name))
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<IpAddr>().ok());
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|ConnectInfo(peer)| peer.ip());
+        Ok(Self(
+            forwarded
+                .or(peer)
+                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
+        ))
     }
 }
 
@@ -134,10 +169,12 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
-        let value = parts
-            .headers
-            .get("idempotency-key")
-            .ok_or(ApiError::IdempotencyKeyMissing)?;
+        let mut values = parts.headers.get_all("idempotency-key").iter();
+        let value = values.next().ok_or(ApiError::IdempotencyKeyMissing)?;
+        if values.next().is_some() {
+            // Which one would be meant? Neither is guessed.
+            return Err(ApiError::IdempotencyKeyRepeated);
+        }
         Self::parse(
             value
                 .to_str()
@@ -148,8 +185,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
 
 /// A JSON body, with the API's errors: 415 without a JSON content type, 400 for
 /// malformed JSON, 422 for JSON that is not a valid request, 413 over the size limit. An
-/// empty body without a content type counts as `{}`, so fields with defaults may be
-/// left out entirely (a lottery draw of one point needs no body).
+/// empty body — without a content type, or with a JSON one — counts as `{}`, so fields
+/// with defaults may be left out entirely (a lottery draw of one point needs no body).
 #[derive(Debug)]
 pub struct JsonBody<T>(pub T);
 
@@ -181,7 +218,7 @@ where
                     ApiError::MalformedJson(rejection.body_text())
                 }
             })?;
-        if bytes.is_empty() && !has_content_type {
+        if bytes.is_empty() && (json_content_type || !has_content_type) {
             return axum::Json::<T>::from_bytes(b"{}")
                 .map(|axum::Json(value)| Self(value))
                 .map_err(rejection);

@@ -9,7 +9,10 @@
 //! - `state.rs`: [`state::AppState`] — ledger, locks, settings, metrics.
 //! - `routes/`: the router and its OpenAPI document (`mod.rs`); accounts, tickets, the
 //!   spends and their idempotency protocol (`spends.rs`), and the service endpoints.
-//! - `extract.rs`: the caller's account, path ids, `Idempotency-Key`, JSON bodies.
+//! - `extract.rs`: the caller's account and address, path ids, `Idempotency-Key`, JSON
+//!   bodies.
+//! - `limits.rs`: rate limits per client address and per account; `flights.rs`: the
+//!   tickets this instance is executing, so duplicates wait for the original locally.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
 //! - `demo.rs`: the demonstration — the unsafe lock strategies' read-check-write path and
@@ -19,42 +22,130 @@ pub mod config;
 pub mod demo;
 pub mod error;
 pub mod extract;
+pub mod flights;
+pub mod limits;
 pub mod metrics;
 pub mod render;
 pub mod routes;
 pub mod state;
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::serve::ListenerExt;
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
-use crate::state::AppState;
+use crate::state::{AppState, Settings};
 
 /// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
-/// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile.
+/// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile, and
+/// forgets the rate limits of clients gone quiet.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
-    request_timeout: std::time::Duration,
+    request_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let stopping = CancellationToken::new();
     let reaper = tokio::spawn(reap(state.clone(), stopping.clone()));
+    let forgetter = tokio::spawn(forget_idle_clients(state.clone(), stopping.clone()));
+    let settings = state.settings().clone();
     let app = routes::app(state, request_timeout);
-    // Answers are small and latency matters: no Nagle delay on client sockets.
-    let listener = listener.tap_io(|socket| {
+    let served = accept(listener, app, &settings, shutdown).await;
+    stopping.cancel();
+    let _ = tokio::join!(reaper, forgetter);
+    served
+}
+
+/// Accepts connections — at most `max_connections` open at once: past it, the next one
+/// waits in the listen backlog — and serves each with HTTP/1.1 (or HTTP/2) under a timer:
+/// a client that sends its request head too slowly, or leaves a keep-alive connection
+/// idle too long, is disconnected after `header_read_timeout`, so slow clients cannot hold
+/// connections forever.
+async fn accept(
+    listener: TcpListener,
+    app: Router,
+    settings: &Settings,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(settings.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(settings.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(settings.header_read_timeout);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            permit = Arc::clone(&connections).acquire_owned() => permit.map_err(std::io::Error::other)?,
+        };
+        let (socket, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, say: wait a moment rather than spin.
+                    tracing::warn!(%error, "cannot accept a connection");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        // Answers are small and latency matters: no Nagle delay on client sockets.
         if let Err(error) = socket.set_nodelay(true) {
             tracing::debug!(%error, "cannot set TCP_NODELAY");
         }
-    });
-    let served = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await;
-    stopping.cancel();
-    let _ = reaper.await;
-    served
+        let service = app.clone().map_request(move |mut request: Request<_>| {
+            request
+                .extensions_mut()
+                .insert(ConnectInfo::<SocketAddr>(peer));
+            request
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(socket), TowerToHyperService::new(service))
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, %peer, "connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Finishes in-flight requests and closes idle connections.
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// Rate limits of clients that went quiet are forgotten, so the limiters stay small.
+async fn forget_idle_clients(state: AppState, stopping: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        state.limits().forget_idle();
+    }
 }
 
 async fn reap(state: AppState, stopping: CancellationToken) {

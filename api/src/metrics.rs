@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -45,6 +46,8 @@ pub struct Metrics {
     locks_lost: Counter,
     stale_tokens: Counter,
     lock_timeouts: Counter,
+    lock_queue_full: Counter,
+    rate_limited: Counter,
 }
 
 impl Default for Metrics {
@@ -67,6 +70,8 @@ impl Metrics {
         let locks_lost = Counter::default();
         let stale_tokens = Counter::default();
         let lock_timeouts = Counter::default();
+        let lock_queue_full = Counter::default();
+        let rate_limited = Counter::default();
         registry.register(
             "http_requests",
             "HTTP requests by route, method and status",
@@ -107,6 +112,16 @@ impl Metrics {
             "Spends that gave up waiting for their account's lock (409)",
             lock_timeouts.clone(),
         );
+        registry.register(
+            "lock_queue_full",
+            "Spends turned away because their account already had as many waiters as it takes (409)",
+            lock_queue_full.clone(),
+        );
+        registry.register(
+            "rate_limited",
+            "Requests refused by a rate limit (429)",
+            rate_limited.clone(),
+        );
         Self {
             registry,
             requests,
@@ -117,6 +132,8 @@ impl Metrics {
             locks_lost,
             stale_tokens,
             lock_timeouts,
+            lock_queue_full,
+            rate_limited,
         }
     }
 
@@ -126,6 +143,20 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
         text
+    }
+
+    /// The classic Prometheus text exposition (version 0.0.4), for scrapers and tools
+    /// that do not ask for OpenMetrics.
+    pub fn render_prometheus(&self) -> String {
+        prometheus_text(&self.render())
+    }
+
+    pub fn lock_queue_full(&self) {
+        self.lock_queue_full.inc();
+    }
+
+    pub fn rate_limited(&self) {
+        self.rate_limited.inc();
     }
 
     pub fn replayed(&self) {
@@ -169,6 +200,23 @@ impl Metrics {
     }
 }
 
+/// The method as a label: the standard ones by name, anything else as `other` — a label
+/// per method a client invents would be a new series forever.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::HEAD => "HEAD",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "other",
+    }
+}
+
 /// The route template a response answered, left on it by [`label_route`] for [`track`].
 #[derive(Clone, Debug)]
 struct Route(String);
@@ -191,7 +239,7 @@ pub async fn label_route(request: Request, next: Next) -> Response {
 /// by `Content-Length`, a 503 timeout, a 500 from a panic) under the route `(layer)`.
 pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = request.method().as_str().to_owned();
+    let method = method_label(request.method()).to_owned();
     let response = next.run(request).await;
     let route = response
         .extensions()
@@ -201,4 +249,75 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
         .metrics()
         .observe(route, method, response.status().as_u16(), started.elapsed());
     response
+}
+
+/// OpenMetrics text turned into the classic Prometheus text format: a counter's metadata
+/// names its `_total` series (OpenMetrics names the family without the suffix, which
+/// classic parsers read as metadata of a series that does not exist), and there is no
+/// `# EOF` or `# UNIT`. Every other line is the same in both.
+fn prometheus_text(openmetrics: &str) -> String {
+    let counters: Vec<&str> = openmetrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|rest| rest.strip_suffix(" counter"))
+        .collect();
+    let mut text = String::with_capacity(openmetrics.len());
+    for line in openmetrics.lines() {
+        if line == "# EOF" || line.starts_with("# UNIT ") {
+            continue;
+        }
+        let metadata = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|kind| Some((kind, line.strip_prefix(kind)?)));
+        match metadata {
+            Some((kind, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                let suffix = if counters.contains(&name) {
+                    "_total"
+                } else {
+                    ""
+                };
+                text.push_str(&format!("{kind}{name}{suffix} {tail}"));
+            }
+            None => text.push_str(line),
+        }
+        text.push('\n');
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_described_by_their_total_series_in_the_classic_format() {
+        let metrics = Metrics::new();
+        metrics.executed();
+        metrics.waited_for_lock(Duration::from_millis(3));
+        let text = metrics.render_prometheus();
+        assert!(
+            text.contains("# HELP payonce_executions_total Spends executed"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE payonce_executions_total counter"),
+            "{text}"
+        );
+        assert!(text.contains("\npayonce_executions_total 1\n"), "{text}");
+        assert!(
+            text.contains("# TYPE payonce_lock_wait_seconds histogram"),
+            "{text}"
+        );
+        assert!(!text.contains("# EOF"), "{text}");
+        assert!(metrics.render().ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn invented_methods_share_one_label() {
+        for (method, label) in [("GET", "GET"), ("M0", "other"), ("M9999", "other")] {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            assert_eq!(method_label(&method), label);
+        }
+    }
 }

@@ -10,6 +10,8 @@ use lock::{LockService, RedisOptions};
 use crate::config::{Config, ConfigError, Mode, Strategy};
 use crate::demo::Recipes;
 use crate::error::ApiError;
+use crate::flights::Flights;
+use crate::limits::RateLimits;
 use crate::metrics::Metrics;
 
 /// The settings handlers read.
@@ -31,6 +33,14 @@ pub struct Settings {
     pub demo: bool,
     /// This instance's name, sent as `Payonce-Instance`.
     pub instance: HeaderValue,
+    /// The most requests worked on at once.
+    pub max_in_flight: usize,
+    /// The most client connections kept open.
+    pub max_connections: usize,
+    /// How long a request's head (or an idle connection's next one) may take.
+    pub header_read_timeout: Duration,
+    /// Where the client's address comes from, behind a proxy.
+    pub client_ip_header: Option<axum::http::HeaderName>,
 }
 
 impl Settings {
@@ -46,6 +56,14 @@ impl Settings {
             demo: config.demo,
             instance: HeaderValue::from_str(&config.instance_name())
                 .unwrap_or_else(|_| HeaderValue::from_static("payonce")),
+            max_in_flight: config.max_in_flight,
+            max_connections: config.max_connections,
+            header_read_timeout: config.header_read_timeout,
+            // Validated with the rest of the configuration.
+            client_ip_header: config
+                .client_ip_header
+                .as_deref()
+                .and_then(|name| axum::http::HeaderName::from_bytes(name.as_bytes()).ok()),
         }
     }
 }
@@ -77,20 +95,31 @@ struct Inner {
     locks: LockService,
     settings: Settings,
     metrics: Metrics,
+    /// How fast clients may open accounts, take tickets and spend.
+    limits: RateLimits,
+    /// Tickets this instance is executing: duplicates wait here, not on the lock.
+    flights: Flights,
     /// The unsafe strategies' locks, for the demonstration (distributed mode only).
     recipes: Recipes,
 }
 
 impl AppState {
-    /// Assembles the state from its parts.
+    /// Assembles the state from its parts (no rate limits).
     pub fn new(ledger: Ledger, locks: LockService, settings: Settings) -> Self {
-        Self::with_recipes(ledger, locks, settings, Recipes::default())
+        Self::with_parts(
+            ledger,
+            locks,
+            settings,
+            RateLimits::none(),
+            Recipes::default(),
+        )
     }
 
-    fn with_recipes(
+    fn with_parts(
         ledger: Ledger,
         locks: LockService,
         settings: Settings,
+        limits: RateLimits,
         recipes: Recipes,
     ) -> Self {
         Self(Arc::new(Inner {
@@ -98,6 +127,8 @@ impl AppState {
             locks,
             settings,
             metrics: Metrics::new(),
+            limits,
+            flights: Flights::default(),
             recipes,
         }))
     }
@@ -116,7 +147,8 @@ impl AppState {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                (ledger, LockService::in_process(), Recipes::default())
+                let locks = LockService::in_process().with_max_waiters(config.lock_max_waiters);
+                (ledger, locks, Recipes::default())
             }
             Mode::Distributed {
                 database_url,
@@ -128,6 +160,7 @@ impl AppState {
                     &redis_url,
                     RedisOptions {
                         namespace: config.redis_namespace.clone(),
+                        max_waiters: config.lock_max_waiters,
                         ..RedisOptions::default()
                     },
                 )?;
@@ -136,10 +169,16 @@ impl AppState {
                 (ledger, locks, recipes)
             }
         };
-        Ok(Self::with_recipes(
+        let limits = RateLimits::new(
+            config.accounts_per_minute,
+            config.tickets_per_second,
+            config.spends_per_second,
+        );
+        Ok(Self::with_parts(
             ledger,
             locks,
             Settings::from_config(config),
+            limits,
             recipes,
         ))
     }
@@ -162,6 +201,16 @@ impl AppState {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// The rate limits.
+    pub fn limits(&self) -> &RateLimits {
+        &self.0.limits
+    }
+
+    /// The tickets being executed.
+    pub fn flights(&self) -> &Flights {
+        &self.0.flights
     }
 
     /// The unsafe strategies' locks.

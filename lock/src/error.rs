@@ -13,6 +13,16 @@ pub enum LockError {
         /// How long the caller waited.
         waited: Duration,
     },
+    /// The key already has as many waiters as it takes: the caller was not queued. A
+    /// crowd on one key is turned away at once instead of slowing the store for every
+    /// other key.
+    #[error("lock `{key}` already has {max_waiters} waiters")]
+    QueueFull {
+        /// The crowded key.
+        key: String,
+        /// The cap it reached.
+        max_waiters: usize,
+    },
     /// The lock store could not be reached or did not answer in time. Nothing is known
     /// to have changed; the caller may retry.
     #[error("lock store unavailable: {reason}")]

@@ -25,8 +25,22 @@ pub struct InProcessBackend {
 #[derive(Debug, Default)]
 struct KeyState {
     holder: Option<Holder>,
-    fence: u64,
+    /// The last token handed out; `None` until the first grant or raise, when it starts
+    /// from the clock (see [`clock_us`]).
+    fence: Option<u64>,
     queue: VecDeque<Waiter>,
+}
+
+/// The wall clock in microseconds: where a key's fencing counter starts. The table lives
+/// only as long as the process, so after a restart the counters start again — from the
+/// clock, above every token handed out before (a key is granted at most once per
+/// microsecond), unless the clock stepped back across the restart.
+fn clock_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
 }
 
 #[derive(Debug)]
@@ -55,13 +69,14 @@ impl KeyState {
     }
 
     fn grant(&mut self, owner: OwnerToken, ttl: Duration, note: String, now: Instant) -> u64 {
-        self.fence += 1;
+        let fence = self.fence.map_or_else(clock_us, |fence| fence + 1);
+        self.fence = Some(fence);
         self.holder = Some(Holder {
             owner,
             expires_at: now + ttl,
             note,
         });
-        self.fence
+        fence
     }
 
     /// Gives a free lock to the first waiter still listening. Returns whether anyone got it.
@@ -263,8 +278,9 @@ impl LockBackend for InProcessBackend {
         crate::service::check_floor(floor)?;
         let mut table = self.table();
         let state = table.entry(key.to_owned()).or_default();
-        state.fence = state.fence.max(floor.get());
-        Ok(FencingToken::new(state.fence))
+        let fence = state.fence.unwrap_or_else(clock_us).max(floor.get());
+        state.fence = Some(fence);
+        Ok(FencingToken::new(fence))
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

@@ -25,20 +25,27 @@
 //! conflicts rare and cheap; the fencing check makes them harmless.
 //!
 //! # How waiting works in Redis, and why this way
-//! A lock is three keys: the lock itself (`<owner>:<token>:<note>` with a TTL), a fencing counter,
-//! and a queue of waiters in arrival order. All three change only inside Lua scripts, so
-//! every step is atomic:
+//! A lock is four keys: the lock itself (`<owner>:<token>:<note>` with a TTL), a fencing
+//! counter, a queue of waiters scored by arrival (a sorted set) and each waiter's details
+//! (a hash). All four change only inside Lua scripts, so every step is atomic:
 //! - *acquire* takes a free lock with an empty queue in one round trip (INCR the counter,
-//!   SET the lock). Otherwise a waiting caller appends itself to the queue in the same
-//!   script that found the lock held — there is no gap between "saw it held" and "started
-//!   waiting" for a release to fall into.
+//!   SET the lock). Otherwise a waiting caller joins the queue in the same script that
+//!   found the lock held — there is no gap between "saw it held" and "started waiting"
+//!   for a release to fall into — unless the queue already holds the most waiters a key
+//!   takes ([`LockError::QueueFull`]: a crowd on one key is turned away at once).
 //! - *release* deletes the lock only if it holds the caller's owner token, then **hands it
 //!   directly** to the first live waiter: grants it (new fencing token) and PUBLISHes one
 //!   message to that waiter's process. One release wakes exactly one waiter, and it wakes
 //!   holding the lock, so a hand-off costs one round trip and nobody can barge past the
-//!   queue.
+//!   queue. PUBLISH says how many processes heard it: none means the waiter's process is
+//!   gone, and the lock goes to the next waiter at once instead of sitting out a lease.
+//! - *cancel* (a waiter gives up) removes one entry in O(log n), so a thousand waiters
+//!   giving up at once cost the server little.
 //! - Each process subscribes once to its own channel, on the same RESP3 connection as its
 //!   commands, before any of its waiters queue; the message names the waiter by owner token.
+//!
+//! [`LockService`] also counts each key's waiters in this process and turns away those
+//! past the cap before any round trip.
 //!
 //! We chose pub/sub with direct hand-off over per-key wake lists (BLPOP): a blocking pop
 //! occupies a connection per waiter, while pub/sub costs one subscription per process and
@@ -48,11 +55,19 @@
 //! releasing — its lease expires and the queue is served from the next attempt. A waiter's
 //! queue entry carries its deadline, so the entries of waiters that died are skipped.
 //!
+//! # Fencing tokens that never repeat
+//! A key's counter starts from the store's clock in microseconds, then counts up by one
+//! per grant. A counter the store lost (Redis restarted without persistence; the embedded
+//! mode's process restarted) starts again from the clock — above every token it handed
+//! out before, since a key is granted at most once a microsecond — so no two grants carry
+//! the same token unless the store's clock steps back across the loss. The protected
+//! store refuses any token not newer than the last it accepted, whatever happens to the
+//! clock; [`LockService::raise_fencing`] then lifts the counter above it.
+//!
 //! # Limits
 //! One Redis server: if it restarts without persistence, locks held at that moment are
-//! forgotten (two holders may overlap) and counters restart — the fencing check in the
-//! protected store is what keeps that safe, and [`LockService::raise_fencing`] restores the
-//! order. Key names carry a hash tag, so all of a lock's keys share a cluster slot, but
+//! forgotten (two holders may overlap) and counters restart from the clock — the fencing
+//! check in the protected store is what keeps that safe. Key names carry a hash tag, so all of a lock's keys share a cluster slot, but
 //! cluster mode is not tested.
 
 mod error;
@@ -72,5 +87,8 @@ pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};
-pub use service::{Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL, MIN_TTL};
+pub use service::{
+    DEFAULT_MAX_WAITERS, Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL,
+    MIN_TTL,
+};
 pub use token::{FencingToken, OwnerToken};

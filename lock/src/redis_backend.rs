@@ -29,6 +29,9 @@ pub struct RedisOptions {
     /// Upper bound on connecting and on any one round trip: an unreachable Redis becomes
     /// [`LockError::Unavailable`] within this time instead of a hang.
     pub op_timeout: Duration,
+    /// The most waiters one key's queue takes, across every process sharing the server;
+    /// past it an acquire fails at once with [`LockError::QueueFull`].
+    pub max_waiters: usize,
 }
 
 impl Default for RedisOptions {
@@ -36,6 +39,7 @@ impl Default for RedisOptions {
         Self {
             namespace: "payonce".to_owned(),
             op_timeout: Duration::from_secs(1),
+            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
         }
     }
 }
@@ -58,7 +62,7 @@ impl Scripts {
             release: with_hand_off(include_str!("scripts/release.lua")),
             cancel: with_hand_off(include_str!("scripts/cancel.lua")),
             extend: Script::new(include_str!("scripts/extend.lua")),
-            raise_fencing: Script::new(include_str!("scripts/raise_fencing.lua")),
+            raise_fencing: with_hand_off(include_str!("scripts/raise_fencing.lua")),
         }
     }
 }
@@ -107,7 +111,7 @@ struct Pending {
 struct Cleanup {
     connection: ConnectionManager,
     scripts: Arc<Scripts>,
-    keys: [String; 3],
+    keys: [String; 4],
     op_timeout: Duration,
 }
 
@@ -159,12 +163,11 @@ impl Drop for Pending {
 /// What one acquire attempt answered.
 enum Attempt {
     Granted(FencingToken),
-    Held {
-        /// How long the current lease has left.
-        remaining: Duration,
-        /// Our place in the queue ('' when we did not queue).
-        entry: String,
-    },
+    /// Held by another; we are queued if we wait. Carries how long the current lease has
+    /// left.
+    Held(Duration),
+    /// Held, and the queue is full: not queued.
+    QueueFull,
 }
 
 /// Locks in one Redis server. See the crate docs for the protocol.
@@ -184,6 +187,7 @@ pub struct RedisBackend {
     /// Serialises the first subscription so concurrent waiters send one SUBSCRIBE.
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
+    max_waiters: usize,
     /// Round trips sent, for benchmarks and tests.
     round_trips: AtomicU64,
 }
@@ -256,6 +260,7 @@ impl RedisBackend {
             subscribed,
             subscribing: tokio::sync::Mutex::new(()),
             op_timeout: options.op_timeout,
+            max_waiters: options.max_waiters.max(1),
             round_trips: AtomicU64::new(0),
         })
     }
@@ -265,13 +270,14 @@ impl RedisBackend {
         self.round_trips.load(Ordering::Relaxed)
     }
 
-    /// The lock key, fencing counter and queue of `key`.
-    fn keys(&self, key: &str) -> [String; 3] {
+    /// The lock key, fencing counter, queue and waiters of `key`.
+    fn keys(&self, key: &str) -> [String; 4] {
         let ns = &self.namespace;
         [
             format!("{ns}:lock:{{{key}}}"),
             format!("{ns}:fence:{{{key}}}"),
-            format!("{ns}:queue:{{{key}}}"),
+            format!("{ns}:waiting:{{{key}}}"),
+            format!("{ns}:waiter:{{{key}}}"),
         ]
     }
 
@@ -336,37 +342,36 @@ impl RedisBackend {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
-        keys: &[String; 3],
+        keys: &[String; 4],
         owner: &str,
-        ttl: Duration,
-        wait: Duration,
-        entry: &str,
+        (ttl, wait): (Duration, Duration),
         note: &str,
         deadline: Option<Instant>,
     ) -> Result<Attempt, LockError> {
         let ttl_ms = millis(ttl).to_string();
         let wait_ms = millis(wait).to_string();
-        let (granted, value, entry): (i64, i64, String) = self
+        let max_waiters = self.max_waiters.to_string();
+        let (status, value): (i64, i64) = self
             .script(
                 &self.scripts.acquire,
                 keys,
-                &[owner, &ttl_ms, &wait_ms, &self.channel, entry, note],
+                &[owner, &ttl_ms, &wait_ms, &self.channel, note, &max_waiters],
                 deadline,
             )
             .await?;
-        Ok(if granted == 1 {
-            Attempt::Granted(FencingToken::new(value.max(0).unsigned_abs()))
-        } else {
+        Ok(match status {
+            1 => Attempt::Granted(FencingToken::new(value.max(0).unsigned_abs())),
+            -1 => Attempt::QueueFull,
             // PTTL answers -1 for a key without expiry (someone set it by hand): wait a
             // lease length before looking again rather than spin.
-            let remaining = u64::try_from(value)
-                .ok()
-                .filter(|&ms| ms > 0)
-                .map_or(ttl, Duration::from_millis);
-            Attempt::Held { remaining, entry }
+            _ => Attempt::Held(
+                u64::try_from(value)
+                    .ok()
+                    .filter(|&ms| ms > 0)
+                    .map_or(ttl, Duration::from_millis),
+            ),
         })
     }
 
@@ -397,7 +402,7 @@ impl RedisBackend {
     }
 
     /// What [`Cleanup::spawn`] needs to undo an attempt whose answer we did not act on.
-    fn cleanup(&self, keys: &[String; 3]) -> Cleanup {
+    fn cleanup(&self, keys: &[String; 4]) -> Cleanup {
         Cleanup {
             connection: self.connection.clone(),
             scripts: Arc::clone(&self.scripts),
@@ -427,11 +432,11 @@ impl LockBackend for RedisBackend {
         let owner_hex = owner.to_hex();
         let sent_at = Instant::now();
         match self
-            .attempt(&keys, &owner_hex, ttl, Duration::ZERO, "", note, None)
+            .attempt(&keys, &owner_hex, (ttl, Duration::ZERO), note, None)
             .await
         {
             Ok(Attempt::Granted(fence)) => Ok(Some(Lease::new(key, owner, fence, ttl, sent_at))),
-            Ok(Attempt::Held { .. }) => Ok(None),
+            Ok(Attempt::Held(_) | Attempt::QueueFull) => Ok(None),
             Err(error) => {
                 // The script may have run and granted us a lock we will never use.
                 self.cleanup(&keys).spawn(owner_hex);
@@ -469,7 +474,6 @@ impl LockBackend for RedisBackend {
             waited: started.elapsed(),
         };
 
-        let mut entry = String::new();
         // Whether Redis has told us the lock is held: only then is running out of time a
         // wait that timed out rather than a lock store that did not answer.
         let mut seen_held = false;
@@ -483,9 +487,7 @@ impl LockBackend for RedisBackend {
                 .attempt(
                     &keys,
                     &owner_hex,
-                    ttl,
-                    deadline - sent_at,
-                    &entry,
+                    (ttl, deadline - sent_at),
                     note,
                     Some(deadline),
                 )
@@ -508,15 +510,17 @@ impl LockBackend for RedisBackend {
                     pending.settle();
                     return Ok(Lease::new(key, owner, fence, ttl, sent_at));
                 }
-                Attempt::Held {
-                    remaining,
-                    entry: queued,
-                } => {
+                Attempt::Held(remaining) => {
                     seen_held = true;
-                    if !queued.is_empty() {
-                        entry = queued;
-                    }
                     remaining
+                }
+                Attempt::QueueFull => {
+                    // Not queued: nothing to undo.
+                    pending.settle();
+                    return Err(LockError::QueueFull {
+                        key: key.to_owned(),
+                        max_waiters: self.max_waiters,
+                    });
                 }
             };
             // Woken by the hand-off, or when the lease we saw runs out (a holder that
@@ -558,7 +562,7 @@ impl LockBackend for RedisBackend {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
         validate(lease.key(), ttl)?;
-        let [lock_key, _, _] = self.keys(lease.key());
+        let [lock_key, ..] = self.keys(lease.key());
         let ttl_ms = millis(ttl).to_string();
         let extended: i64 = self
             .script(
@@ -577,7 +581,7 @@ impl LockBackend for RedisBackend {
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
         crate::service::check_floor(floor)?;
-        let [_, fence_key, _] = self.keys(key);
+        let [_, fence_key, _, _] = self.keys(key);
         let counter: i64 = self
             .script(
                 &self.scripts.raise_fencing,
@@ -590,7 +594,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
-        let [lock_key, _, _] = self.keys(key);
+        let [lock_key, ..] = self.keys(key);
         let mut connection = self.connection.clone();
         let value: Option<String> = self
             .round_trip(

@@ -1,8 +1,9 @@
 //! The seam between callers and lock stores: [`LockBackend`] is what a store implements,
 //! [`LockService`] is what callers hold.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -173,25 +174,103 @@ pub(crate) fn validate_note(note: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// How many waiters one key takes unless configured otherwise: far more than a lock
+/// wait of a few seconds can serve at a few milliseconds per holder, far fewer than would
+/// let one caller crowd the store.
+pub const DEFAULT_MAX_WAITERS: usize = 64;
+
+/// This process's acquires that are still waiting, per key.
+#[derive(Debug)]
+struct Waiting {
+    max: usize,
+    /// Never held across an await.
+    per_key: Mutex<HashMap<String, usize>>,
+}
+
+impl Waiting {
+    fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            per_key: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A place among `key`'s waiters, or [`LockError::QueueFull`] when they are all taken.
+    fn enter(self: &Arc<Self>, key: &str) -> Result<WaitingPlace, LockError> {
+        let mut per_key = self.lock();
+        let count = per_key.entry(key.to_owned()).or_default();
+        if *count >= self.max {
+            return Err(LockError::QueueFull {
+                key: key.to_owned(),
+                max_waiters: self.max,
+            });
+        }
+        *count += 1;
+        Ok(WaitingPlace {
+            waiting: Arc::clone(self),
+            key: key.to_owned(),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, usize>> {
+        // Increments and decrements cannot leave the map inconsistent.
+        self.per_key
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Gives its place back however the acquire call ends.
+struct WaitingPlace {
+    waiting: Arc<Waiting>,
+    key: String,
+}
+
+impl Drop for WaitingPlace {
+    fn drop(&mut self) {
+        let mut per_key = self.waiting.lock();
+        if let Some(count) = per_key.get_mut(&self.key) {
+            *count -= 1;
+            if *count == 0 {
+                per_key.remove(&self.key);
+            }
+        }
+    }
+}
+
 /// A handle on a lock store; clones share it. Hands out [`LockGuard`]s, which renew their
 /// lease while they live.
 #[derive(Clone, Debug)]
 pub struct LockService {
     backend: Arc<dyn LockBackend>,
+    /// Caps this process's waiters per key before any round trip: a crowd on one key
+    /// (thousands of concurrent requests on one account) is turned away here at no cost
+    /// to the store, while the store's own cap (Redis) holds across processes.
+    waiting: Arc<Waiting>,
 }
 
 impl LockService {
-    /// Wraps any backend.
+    /// Wraps any backend, with at most [`DEFAULT_MAX_WAITERS`] waiters per key.
     pub fn new(backend: impl LockBackend) -> Self {
-        Self {
-            backend: Arc::new(backend),
-        }
+        Self::from_arc(Arc::new(backend))
     }
 
     /// Wraps a backend the caller keeps a handle on too (to read a backend's own
     /// counters, say [`RedisBackend::round_trips`]).
     pub fn from_arc(backend: Arc<dyn LockBackend>) -> Self {
-        Self { backend }
+        Self {
+            backend,
+            waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITERS)),
+        }
+    }
+
+    /// Caps this process's waiters per key at `max` (at least 1); past it, acquires fail
+    /// at once with [`LockError::QueueFull`].
+    pub fn with_max_waiters(self, max: usize) -> Self {
+        Self {
+            backend: self.backend,
+            waiting: Arc::new(Waiting::new(max)),
+        }
     }
 
     /// Locks that live in this process only (the embedded mode: one instance).
@@ -199,11 +278,13 @@ impl LockService {
         Self::new(InProcessBackend::new())
     }
 
-    /// Locks in the Redis at `url`. Connects lazily, so a Redis that is down at start-up
-    /// shows up as [`LockError::Unavailable`] on use rather than as a failure to start.
-    /// Must be called inside a Tokio runtime.
+    /// Locks in the Redis at `url`, with its cap on waiters per key in this process too.
+    /// Connects lazily, so a Redis that is down at start-up shows up as
+    /// [`LockError::Unavailable`] on use rather than as a failure to start. Must be called
+    /// inside a Tokio runtime.
     pub fn redis(url: &str, options: RedisOptions) -> Result<Self, LockError> {
-        Ok(Self::new(RedisBackend::open(url, options)?))
+        let max_waiters = options.max_waiters;
+        Ok(Self::new(RedisBackend::open(url, options)?).with_max_waiters(max_waiters))
     }
 
     /// The backend, for callers that manage leases themselves.
@@ -231,7 +312,9 @@ impl LockService {
         deadline: Instant,
         note: &str,
     ) -> Result<LockGuard, LockError> {
+        let place = self.waiting.enter(key)?;
         let lease = self.backend.acquire(key, ttl, deadline, note).await?;
+        drop(place);
         Ok(LockGuard::start(lease, Arc::clone(&self.backend)))
     }
 

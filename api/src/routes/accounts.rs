@@ -10,7 +10,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, JsonBody};
+use crate::extract::{AccountPath, Caller, ClientAddress, JsonBody};
 use crate::state::AppState;
 
 /// A request to open an account.
@@ -90,13 +90,19 @@ pub struct CreatedAccount {
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid name, balance or points", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many accounts opened from this address; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_account(
     State(state): State<AppState>,
+    ClientAddress(client): ClientAddress,
     JsonBody(request): JsonBody<NewAccountRequest>,
 ) -> Result<Response, ApiError> {
+    if let Err(limited) = state.limits().open_account(client) {
+        state.metrics().rate_limited();
+        return Err(limited);
+    }
     let new = NewAccount::new(request.name, request.balance, request.points)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
     let (account, api_key) = state.ledger().create_account(&new).await?;

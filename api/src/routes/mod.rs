@@ -8,13 +8,17 @@ pub mod tickets;
 
 use std::time::Duration;
 
+use axum::BoxError;
 use axum::Router;
 use axum::body::Body;
+use axum::error_handling::HandleErrorLayer;
 use axum::http::{HeaderName, Request, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::load_shed::LoadShedLayer;
 use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
@@ -91,6 +95,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         "{}".to_owned()
     });
     let instance = state.settings().instance.clone();
+    let max_in_flight = state.settings().max_in_flight;
     let track = middleware::from_fn_with_state(state.clone(), metrics::track);
     routes
         .route(
@@ -119,6 +124,11 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
                 ))
                 .layer(middleware::map_response(problems_for_bare_errors))
                 .layer(track)
+                // Past the in-flight cap a request is refused at once (503 overloaded)
+                // rather than queued: a queue would only add latency to a backlog.
+                .layer(HandleErrorLayer::new(|_: BoxError| async { ApiError::Overloaded }))
+                .layer(LoadShedLayer::new())
+                .layer(GlobalConcurrencyLimitLayer::new(max_in_flight))
                 .layer(CatchPanicLayer::new())
                 .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
                 .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),

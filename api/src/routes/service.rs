@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
@@ -102,22 +102,42 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// Prometheus metrics, in the OpenMetrics text format.
+/// Prometheus metrics: OpenMetrics text for a scraper that asks for it, the classic
+/// Prometheus text format otherwise.
 #[utoipa::path(
     get,
     path = "/metrics",
     tag = "service",
-    responses((status = 200, description = "OpenMetrics text", body = String, content_type = "application/openmetrics-text"))
+    responses((status = 200, description = "The classic Prometheus text format, or OpenMetrics text when the Accept header asks for application/openmetrics-text", content(
+        (String = "text/plain"),
+        (String = "application/openmetrics-text"),
+    )))
 )]
-pub async fn metrics(State(state): State<AppState>) -> Response {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        state.metrics().render(),
-    )
-        .into_response()
+pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let openmetrics = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/openmetrics-text"));
+    if openmetrics {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            state.metrics().render(),
+        )
+            .into_response()
+    } else {
+        (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            state.metrics().render_prometheus(),
+        )
+            .into_response()
+    }
 }
 
 /// What a problem type means: the `type` URI of every error body points here.

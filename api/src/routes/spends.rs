@@ -1,21 +1,23 @@
 //! The spends — withdrawals, deposits, lottery draws — and the idempotency protocol they
 //! share:
 //!
-//! 1. authenticate, read the `Idempotency-Key`, validate the body (errors here store
-//!    nothing: the ticket stays usable);
+//! 1. authenticate, apply the account's spend rate limit, read the `Idempotency-Key`,
+//!    validate the body (errors here store nothing: the ticket stays usable);
 //! 2. look the ticket up: a used one replays its stored outcome (or 422 for a different
 //!    request) without taking any lock; an unknown one is 404, an expired one 410;
-//! 3. take the account's lock, leaving the ticket id as the lock's note, waiting at most
-//!    `PAYONCE_LOCK_WAIT`: a duplicate of a request still executing queues behind it and
-//!    then replays; past the wait, 409 `request-in-progress` if the lock holder is
-//!    executing this very ticket, else 409 `account-busy`;
+//! 3. wait — at most `PAYONCE_LOCK_WAIT` in all — first for a duplicate of this request
+//!    already executing in this instance (then replay its outcome), then for the
+//!    account's lock, leaving the ticket id as the lock's note: a duplicate running in
+//!    another instance is queued behind too and then replays. Past the wait, 409
+//!    `request-in-progress` if the holder is executing this very ticket, else 409
+//!    `account-busy`; past the cap on an account's waiters, 409 `account-busy` at once;
 //! 4. apply in the ledger with the lock's fencing token; the ledger stores the outcome
 //!    under the ticket in the same transaction as the money moves;
 //! 5. release the lock and answer. A stale fencing token stores nothing; the lock's token
 //!    counter is raised to what the ledger has seen (before the release, so the next
 //!    holder's token is accepted). If we still held the lock, the counter had merely
-//!    been lost (a lock store that restarted empty) and the spend runs once more with a
-//!    fresh grant; if not, a newer holder wrote while we were paused: 503 `lock-lost`.
+//!    been behind (a lock store that lost its counters) and the spend runs once more with
+//!    a fresh grant; if not, a newer holder wrote while we were paused: 503 `lock-lost`.
 
 use axum::Json;
 use axum::extract::State;
@@ -25,7 +27,7 @@ use ledger::{
     AccountId, Amount, ApplyError, ApplyRequest, Judgement, Operation, PointsToSpend,
     StoredResponse, TicketId,
 };
-use lock::{FencingToken, LockError};
+use lock::{FencingToken, LockError, LockGuard};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
@@ -201,6 +203,15 @@ fn fingerprint(path: &str, request: &impl Serialize) -> String {
     hex::encode(Sha256::digest(format!("POST {path}\n{body}")))
 }
 
+/// One spend, as the protocol (see the module docs) handles it.
+struct Spend<'a> {
+    state: &'a AppState,
+    account: AccountId,
+    ticket_id: TicketId,
+    operation: Operation,
+    fingerprint: String,
+}
+
 /// The idempotency protocol (see the module docs).
 async fn spend(
     state: &AppState,
@@ -211,92 +222,190 @@ async fn spend(
     request: &impl Serialize,
     headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
-    let ticket_id = key.0;
-    let fingerprint = fingerprint(path, request);
+    if let Err(limited) = state.limits().spend(account) {
+        state.metrics().rate_limited();
+        return Err(limited);
+    }
+    let spend = Spend {
+        state,
+        account,
+        ticket_id: key.0,
+        operation,
+        fingerprint: fingerprint(path, request),
+    };
     let settings = state.settings();
     let strategy = demo::strategy(state, headers)?;
     let faults = Faults::requested(settings.demo, headers)?;
 
-    if let Some(replay) = replay_without_lock(state, ticket_id, account, &fingerprint).await? {
+    if let Some(replay) = spend.replay_without_lock().await? {
         return Ok(replay);
     }
     if strategy != Strategy::Fenced {
+        return spend.unguarded(strategy, faults).await;
+    }
+    // Everything from here waits at most the lock wait: for a duplicate running in this
+    // instance, then for the account's lock.
+    let deadline = Instant::now() + settings.lock_wait;
+    let Some(boarded) = state.flights().board(spend.ticket_id, deadline).await else {
+        // A duplicate of this request is still executing in this instance.
+        return spend
+            .replay_without_lock()
+            .await?
+            .ok_or(ApiError::RequestInProgress);
+    };
+    if boarded.waited()
+        && let Some(replay) = spend.replay_without_lock().await?
+    {
+        return Ok(replay);
+    }
+    spend.fenced(faults, deadline).await
+}
+
+/// What waiting for the account's lock came to.
+enum Locked {
+    /// The lock is ours.
+    Held(LockGuard),
+    /// Waiting gave up (past the deadline, or past the cap on waiters): the answer.
+    GaveUp(Result<Response, ApiError>),
+}
+
+impl Spend<'_> {
+    /// The demonstration's unsafe strategies: their own read-check-write.
+    async fn unguarded(&self, strategy: Strategy, faults: Faults) -> Result<Response, ApiError> {
         let written = demo::spend_unguarded(
-            state,
+            self.state,
             strategy,
-            account,
-            ticket_id,
-            operation,
-            &fingerprint,
+            self.account,
+            self.ticket_id,
+            self.operation,
+            &self.fingerprint,
             faults,
         )
         .await?;
-        return match written {
+        match written {
             Some(applied) => {
-                state.metrics().executed();
+                self.state.metrics().executed();
                 Ok(stored_response(applied.response, false))
             }
             // Another request completed the ticket first: answer with its outcome.
-            None => replay_without_lock(state, ticket_id, account, &fingerprint)
+            None => self
+                .replay_without_lock()
                 .await?
                 .ok_or(ApiError::RequestInProgress),
-        };
+        }
     }
 
-    let lock_key = format!("lock:account:{account}");
-    let note = ticket_id.to_string();
-    // A second round only when the ledger refused our token although we still held the
-    // lock: the lock store handed out a token below one the ledger accepted earlier (its
-    // counters were lost — a Redis restart without persistence, or the embedded mode's
-    // in-process locks after a restart). Nothing was written; the counter is raised above
-    // the ledger's before we release, so the next grant is accepted.
-    let mut faults = faults;
-    let mut retried = false;
-    loop {
+    /// Steps 3 to 5: under the account's lock, apply with its fencing token.
+    ///
+    /// A second round only when the ledger refused our token although we still held the
+    /// lock: the lock store handed out a token below one the ledger accepted earlier (its
+    /// counters were lost and the clock it restarts them from stepped back). Nothing was
+    /// written; the counter is raised above the ledger's before we release, so the next
+    /// grant is accepted.
+    async fn fenced(&self, mut faults: Faults, deadline: Instant) -> Result<Response, ApiError> {
+        let lock_key = format!("lock:account:{}", self.account);
+        let mut retried = false;
+        loop {
+            let mut guard = match self.lock(&lock_key, deadline).await? {
+                Locked::Held(guard) => guard,
+                Locked::GaveUp(answer) => return answer,
+            };
+            if let Some(pause) = faults.pause.take() {
+                // What a stop-the-world pause does: nothing runs, renewal included.
+                tracing::warn!(ticket_id = %self.ticket_id, ?pause, "fault injection: pausing inside the critical section");
+                guard.stop_renewal().await;
+                tokio::time::sleep(pause).await;
+            }
+            if let Some(slow) = faults.slow {
+                // A slow call-out: the watchdog keeps renewing meanwhile.
+                tokio::time::sleep(slow).await;
+            }
+            if guard.is_lost() {
+                self.state.metrics().lock_lost();
+                let _ = guard.release().await;
+                return Err(ApiError::LockLost);
+            }
+            let applied = self.apply(&lock_key, &guard).await;
+            let still_held = match guard.release().await {
+                Ok(held) => held,
+                Err(error) => {
+                    tracing::warn!(%error, key = lock_key, "release failed; the lease will expire");
+                    false
+                }
+            };
+            return match applied {
+                Ok(applied) => {
+                    if applied.replayed {
+                        self.state.metrics().replayed();
+                    } else {
+                        self.state.metrics().executed();
+                    }
+                    Ok(stored_response(applied.response, applied.replayed))
+                }
+                Err(ApplyError::StaleToken { .. }) if still_held && !retried => {
+                    // We held the lock all along, so no newer holder wrote: the token was
+                    // low, not late. Try once more with a fresh grant.
+                    retried = true;
+                    continue;
+                }
+                Err(ApplyError::StaleToken { .. }) => {
+                    // A paused holder woke up after its lease ran out and a newer holder
+                    // wrote.
+                    self.state.metrics().lock_lost();
+                    Err(ApiError::LockLost)
+                }
+                Err(error) => Err(error.into()),
+            };
+        }
+    }
+
+    /// Step 3: the account's lock, leaving the ticket id as the lock's note.
+    async fn lock(&self, lock_key: &str, deadline: Instant) -> Result<Locked, ApiError> {
+        let settings = self.state.settings();
         let asked = Instant::now();
-        let acquired = state
+        let acquired = self
+            .state
             .locks()
             .acquire_noted(
-                &lock_key,
+                lock_key,
                 settings.lock_ttl,
-                asked + settings.lock_wait,
-                &note,
+                deadline,
+                &self.ticket_id.to_string(),
             )
             .await;
-        state.metrics().waited_for_lock(asked.elapsed());
-        let mut guard = match acquired {
-            Ok(guard) => guard,
+        self.state.metrics().waited_for_lock(asked.elapsed());
+        match acquired {
+            Ok(guard) => Ok(Locked::Held(guard)),
             Err(LockError::TimedOut { .. }) => {
-                state.metrics().lock_timed_out();
-                return gave_up_waiting(state, &lock_key, ticket_id, account, &fingerprint).await;
+                self.state.metrics().lock_timed_out();
+                Ok(Locked::GaveUp(self.gave_up_waiting(lock_key).await))
             }
-            Err(error) => return Err(error.into()),
-        };
+            Err(LockError::QueueFull { .. }) => {
+                // Turned away at once: no lookups, so a crowd costs as little as it can.
+                self.state.metrics().lock_queue_full();
+                Ok(Locked::GaveUp(Err(ApiError::AccountBusy)))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
 
-        if let Some(pause) = faults.pause.take() {
-            // What a stop-the-world pause does: nothing runs, renewal included.
-            tracing::warn!(%ticket_id, ?pause, "fault injection: pausing inside the critical section");
-            guard.stop_renewal().await;
-            tokio::time::sleep(pause).await;
-        }
-        if let Some(slow) = faults.slow {
-            // A slow call-out: the watchdog keeps renewing meanwhile.
-            tokio::time::sleep(slow).await;
-        }
-        if guard.is_lost() {
-            state.metrics().lock_lost();
-            let _ = guard.release().await;
-            return Err(ApiError::LockLost);
-        }
-
-        let applied = state
+    /// Step 4: the ledger's transaction, with the lock's fencing token. A stale token
+    /// stores nothing; the lock's counter is then raised to what the ledger has seen —
+    /// before the release, so the waiter we hand the lock to gets a token above it.
+    async fn apply(
+        &self,
+        lock_key: &str,
+        guard: &LockGuard,
+    ) -> Result<ledger::Applied, ApplyError> {
+        let applied = self
+            .state
             .ledger()
             .apply(
                 ApplyRequest {
-                    ticket_id,
-                    account_id: account,
-                    operation,
-                    fingerprint: &fingerprint,
+                    ticket_id: self.ticket_id,
+                    account_id: self.account,
+                    operation: self.operation,
+                    fingerprint: &self.fingerprint,
                     fencing_token: guard.fencing_token().get(),
                 },
                 &render,
@@ -307,48 +416,46 @@ async fn spend(
             recorded,
         }) = &applied
         {
-            state.metrics().stale_token();
-            tracing::warn!(%ticket_id, presented, recorded, "ledger refused a stale fencing token");
-            // Before releasing: the waiter we hand the lock to gets its token from the
-            // raised counter.
-            if let Err(error) = state
+            self.state.metrics().stale_token();
+            tracing::warn!(ticket_id = %self.ticket_id, presented, recorded, "ledger refused a stale fencing token");
+            if let Err(error) = self
+                .state
                 .locks()
-                .raise_fencing(&lock_key, FencingToken::new(*recorded))
+                .raise_fencing(lock_key, FencingToken::new(*recorded))
                 .await
             {
                 tracing::warn!(%error, "could not raise the fencing counter");
             }
         }
-        let still_held = match guard.release().await {
-            Ok(held) => held,
-            Err(error) => {
-                tracing::warn!(%error, key = lock_key, "release failed; the lease will expire");
-                false
-            }
-        };
+        applied
+    }
 
-        return match applied {
-            Ok(applied) => {
-                if applied.replayed {
-                    state.metrics().replayed();
-                } else {
-                    state.metrics().executed();
-                }
-                Ok(stored_response(applied.response, applied.replayed))
-            }
-            Err(ApplyError::StaleToken { .. }) if still_held && !retried => {
-                // We held the lock all along, so no newer holder wrote: the token was low,
-                // not late. Try once more with a fresh grant.
-                retried = true;
-                continue;
-            }
-            Err(ApplyError::StaleToken { .. }) => {
-                // A paused holder woke up after its lease ran out and a newer holder wrote.
-                state.metrics().lock_lost();
-                Err(ApiError::LockLost)
-            }
-            Err(error) => Err(error.into()),
-        };
+    /// Step 2: a used ticket answers from its stored outcome, no lock needed. `None`
+    /// means the ticket is usable and the request must execute.
+    async fn replay_without_lock(&self) -> Result<Option<Response>, ApiError> {
+        replay_without_lock(self.state, self.ticket_id, self.account, &self.fingerprint).await
+    }
+
+    /// Past the lock wait: the original of this very request finished meanwhile (replay —
+    /// looked at first, since it may have run in another instance), or it is still
+    /// running (409 request-in-progress), or the account is busy with others (409
+    /// account-busy).
+    async fn gave_up_waiting(&self, lock_key: &str) -> Result<Response, ApiError> {
+        if let Some(replay) = self.replay_without_lock().await? {
+            return Ok(replay);
+        }
+        let holder = self
+            .state
+            .locks()
+            .holder_note(lock_key)
+            .await
+            .ok()
+            .flatten();
+        if holder.as_deref() == Some(self.ticket_id.to_string().as_str()) {
+            Err(ApiError::RequestInProgress)
+        } else {
+            Err(ApiError::AccountBusy)
+        }
     }
 }
 
@@ -377,28 +484,6 @@ async fn replay_without_lock(
         Judgement::Reused => Err(ApiError::IdempotencyKeyReuse),
         Judgement::Pruned => Err(ApiError::OutcomePruned),
         Judgement::Expired => Err(ApiError::TicketExpired),
-    }
-}
-
-/// Past the lock wait: the original of this very request finished meanwhile (replay —
-/// looked at first, since duplicates queue behind each other and the one holding the lock
-/// may be a duplicate too), or it is still running (409 request-in-progress), or the
-/// account is busy with others (409 account-busy).
-async fn gave_up_waiting(
-    state: &AppState,
-    lock_key: &str,
-    ticket_id: TicketId,
-    account: AccountId,
-    fingerprint: &str,
-) -> Result<Response, ApiError> {
-    if let Some(replay) = replay_without_lock(state, ticket_id, account, fingerprint).await? {
-        return Ok(replay);
-    }
-    let holder = state.locks().holder_note(lock_key).await.ok().flatten();
-    if holder.as_deref() == Some(ticket_id.to_string().as_str()) {
-        Err(ApiError::RequestInProgress)
-    } else {
-        Err(ApiError::AccountBusy)
     }
 }
 

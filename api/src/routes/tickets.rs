@@ -83,7 +83,8 @@ pub struct TicketView {
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many tickets for this account; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn issue_ticket(
@@ -92,6 +93,10 @@ pub async fn issue_ticket(
     AccountPath(account): AccountPath,
 ) -> Result<Response, ApiError> {
     caller.must_be(account)?;
+    if let Err(limited) = state.limits().take_ticket(account) {
+        state.metrics().rate_limited();
+        return Err(limited);
+    }
     let ticket = state
         .ledger()
         .issue_ticket(account, state.settings().ticket_ttl)

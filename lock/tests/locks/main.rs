@@ -24,6 +24,7 @@ pub fn redis_at(url: &str) -> LockService {
         RedisOptions {
             namespace: format!("test-{:016x}", rand::random::<u64>()),
             op_timeout: Duration::from_secs(2),
+            ..RedisOptions::default()
         },
     )
     .expect("a valid Redis URL")
@@ -55,12 +56,19 @@ macro_rules! shared_suite {
                 large_fencing_tokens_stay_exact,
                 extend_only_by_the_holder,
                 holder_note_follows_the_holder,
-                rejects_empty_key_and_tiny_ttl
+                rejects_empty_key_and_tiny_ttl,
+                a_crowd_beyond_the_cap_is_turned_away_at_once,
+                a_flood_on_one_key_leaves_other_keys_fast
             );
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn fencing_survives_data_loss_with_catch_up() {
                 suite::fencing_survives_data_loss_with_catch_up(($make_after_data_loss)()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn tokens_never_repeat_after_data_loss() {
+                suite::tokens_never_repeat_after_data_loss(($make_after_data_loss)()).await;
             }
         }
     };

@@ -392,11 +392,15 @@ pub async fn abandoned_wait_does_not_block_the_queue(locks: LockService) {
     assert!(patient.release().await.unwrap());
 }
 
-/// Fencing tokens past 10^14 keep every digit, through a grant and through a hand-off;
+/// A floor far above any clock reading in microseconds (until the 2090s): counters start
+/// from the clock, so only a floor above it shows what raising does.
+const ABOVE_THE_CLOCK: u64 = 4_000_000_000_000_000;
+
+/// Fencing tokens past 4·10^15 keep every digit, through a grant and through a hand-off;
 /// floors above `MAX_FENCING_FLOOR` (2^53 − 2^32) are refused rather than rounded.
 pub async fn large_fencing_tokens_stay_exact(locks: LockService) {
     let key = key();
-    let floor = 100_000_000_000_000_u64;
+    let floor = ABOVE_THE_CLOCK + 123_456_789;
     locks
         .raise_fencing(&key, FencingToken::new(floor))
         .await
@@ -420,16 +424,26 @@ pub async fn large_fencing_tokens_stay_exact(locks: LockService) {
     ));
 }
 
-/// `raise_fencing` lifts the counter and never lowers it.
+/// `raise_fencing` lifts the counter and never lowers it; a counter that never granted
+/// starts from the clock, so a low floor leaves it there.
 pub async fn raise_fencing_never_lowers(locks: LockService) {
     let key = key();
+    let fresh = locks
+        .raise_fencing(&key, FencingToken::new(7))
+        .await
+        .unwrap()
+        .get();
+    assert!(
+        fresh > 1_700_000_000_000_000,
+        "{fresh} is not a clock reading"
+    );
     assert_eq!(
         locks
-            .raise_fencing(&key, FencingToken::new(500))
+            .raise_fencing(&key, FencingToken::new(ABOVE_THE_CLOCK))
             .await
             .unwrap()
             .get(),
-        500
+        ABOVE_THE_CLOCK
     );
     assert_eq!(
         locks
@@ -437,10 +451,10 @@ pub async fn raise_fencing_never_lowers(locks: LockService) {
             .await
             .unwrap()
             .get(),
-        500
+        ABOVE_THE_CLOCK
     );
     let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
-    assert_eq!(guard.fencing_token().get(), 501);
+    assert_eq!(guard.fencing_token().get(), ABOVE_THE_CLOCK + 1);
     guard.release().await.unwrap();
 }
 
@@ -535,4 +549,126 @@ pub async fn holder_note_follows_the_holder(locks: LockService) {
             .await,
         Err(LockError::Invalid(_))
     ));
+}
+
+/// After the store loses its counters, no grant repeats a token handed out before — with
+/// no help from the protected store, and also after a raise to a floor below what was
+/// handed out (the protected store only knows what was written, not what was granted).
+pub async fn tokens_never_repeat_after_data_loss(mut store: impl Store) {
+    let key = key();
+    let locks = store.service();
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+        before.push(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    // A holder that was granted a token before the loss and never wrote with it.
+    let unwritten = *before.last().unwrap();
+    let locks = store.lose_data().await;
+    let mut after_loss = Vec::new();
+    for round in 0..5 {
+        if round == 2 {
+            // What the protected store accepted: an older token than the unwritten one.
+            locks.raise_fencing(&key, before[2]).await.unwrap();
+        }
+        let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+        after_loss.push(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    assert!(
+        after_loss.iter().all(|token| *token > unwritten),
+        "tokens after the loss {after_loss:?} repeat or undercut those before {before:?}"
+    );
+    assert!(after_loss.windows(2).all(|pair| pair[0] < pair[1]));
+}
+
+/// Past the cap on waiters, an acquire is turned away at once ([`LockError::QueueFull`])
+/// and queues nothing; those within it are served in turn.
+pub async fn a_crowd_beyond_the_cap_is_turned_away_at_once(locks: LockService) {
+    let locks = locks.with_max_waiters(8);
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let started = Instant::now();
+    let crowd: Vec<_> = (0..20)
+        .map(|_| {
+            let (locks, key) = (locks.clone(), key.clone());
+            tokio::spawn(async move {
+                let acquired = locks.acquire(&key, 10 * SECOND, after(5_000)).await;
+                let answered_in = started.elapsed();
+                match acquired {
+                    Ok(mut guard) => {
+                        guard.release().await.unwrap();
+                        Ok(())
+                    }
+                    Err(LockError::QueueFull { max_waiters, .. }) => {
+                        assert_eq!(max_waiters, 8);
+                        Err(answered_in)
+                    }
+                    Err(error) => panic!("{error:?}"),
+                }
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(300)).await;
+    assert!(holder.release().await.unwrap());
+    let mut turned_away = Vec::new();
+    let mut served = 0;
+    for waiter in crowd {
+        match waiter.await.unwrap() {
+            Ok(()) => served += 1,
+            Err(answered_in) => turned_away.push(answered_in),
+        }
+    }
+    assert_eq!((served, turned_away.len()), (8, 12));
+    assert!(
+        turned_away
+            .iter()
+            .all(|answered_in| *answered_in < Duration::from_millis(250)),
+        "turned away only after {turned_away:?}"
+    );
+}
+
+/// 5,000 concurrent acquires on one key do not slow the others: another key, locked and
+/// released over and over meanwhile, keeps its acquire p99 under 50 ms.
+pub async fn a_flood_on_one_key_leaves_other_keys_fast(locks: LockService) {
+    let (hot, cold) = (key(), key());
+    let mut holder = locks.try_acquire(&hot, 10 * SECOND).await.unwrap().unwrap();
+    let flood: Vec<_> = (0..5_000)
+        .map(|_| {
+            let (locks, hot) = (locks.clone(), hot.clone());
+            tokio::spawn(async move {
+                match locks.acquire(&hot, SECOND, after(1_000)).await {
+                    Ok(mut guard) => {
+                        let _ = guard.release().await;
+                    }
+                    Err(LockError::QueueFull { .. } | LockError::TimedOut { .. }) => {}
+                    Err(error) => panic!("{error:?}"),
+                }
+            })
+        })
+        .collect();
+    let p99 = acquire_p99(&locks, &cold, 200).await;
+    assert!(holder.release().await.unwrap());
+    for waiter in flood {
+        waiter.await.unwrap();
+    }
+    assert!(
+        p99 < Duration::from_millis(50),
+        "another key's acquire p99 was {p99:?} during the flood"
+    );
+}
+
+/// The 99th percentile of `rounds` uncontended acquires (each released at once) of `key`.
+pub async fn acquire_p99(locks: &LockService, key: &str, rounds: usize) -> Duration {
+    let mut took = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let asked = Instant::now();
+        let mut guard = locks.acquire(key, SECOND, after(5_000)).await.unwrap();
+        took.push(asked.elapsed());
+        guard.release().await.unwrap();
+        sleep(Duration::from_millis(2)).await;
+    }
+    took.sort();
+    took[(took.len() * 99).div_ceil(100) - 1]
 }
