@@ -26,6 +26,9 @@ done
 if ! command -v chromedriver >/dev/null || ! [ -x /usr/bin/chromium ]; then
   install chromium chromium-driver
 fi
+# promtool checks /metrics as Prometheus reads it. It comes with Debian's prometheus
+# package, whose server is installed but not started (nothing here needs it running).
+command -v promtool >/dev/null || install --no-install-recommends prometheus
 
 # --- Redis -------------------------------------------------------------------
 command -v redis-server >/dev/null || install redis-server

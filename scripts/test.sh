@@ -13,4 +13,6 @@ psql -h 127.0.0.1 -U postgres -d postgres -Atqc \
   while read -r database; do
     psql -h 127.0.0.1 -U postgres -d postgres -qc "drop database if exists \"$database\"" >/dev/null
   done
+# The flood tests open a few thousand loopback connections in one process.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cargo test --workspace --locked "$@"

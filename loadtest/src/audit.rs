@@ -3,14 +3,21 @@
 //! faults.
 //!
 //! What it checks, per account and per ticket:
-//! - the answers are declared ones: a ticket request answered 201 (with a `ticket_id`) or
-//!   503 with a declared problem type; a spend answered 201, 402, 409, 422 or 503 with
-//!   declared problem types;
-//! - every request got an answer: a transport error (connection refused or reset, a
-//!   timeout) is a violation, unless the run expected some ([`AuditOptions`]: the matrix's
-//!   instance-kill cell kills an instance on purpose);
-//! - at most one attempt of a ticket executed (answered without `Idempotent-Replayed`), and
-//!   every definitive answer to the same request equals it (the replays);
+//! - the answers are declared ones: a ticket request answered 201 (with a `ticket_id`), or
+//!   429 or 503 with a declared problem type; a spend answered 201, 402, 409, 422, 429 or
+//!   503 with declared problem types;
+//! - every request got an answer: without retries, a transport error (connection refused
+//!   or reset, a timeout) is a violation, unless the run expected some ([`AuditOptions`]:
+//!   the matrix's instance-kill cell kills an instance on purpose). With retries the client
+//!   resent it, with the same ticket, and what is judged is the answer the request ended
+//!   with — or, for a request left unresolved (every attempt transient or lost), what its
+//!   ticket shows: counted in [`Unresolved`], not a violation;
+//! - at most one attempt of a ticket executed (answered without `Idempotent-Replayed`),
+//!   whichever logical request and whichever resend it was, and every definitive answer to
+//!   the same request equals it (the replays, and the final answers of resent requests);
+//! - a ticket read back (one without a definitive answer, or one whose requests were
+//!   resent) stores the outcome the requests were answered with; one still issued was
+//!   never answered definitively;
 //! - a request with another amount under a used ticket got 422 `idempotency-key-reuse`;
 //! - money: opening + deposits − withdrawals + prize credits, over the tickets that
 //!   executed as the run saw them, equals the final balance; likewise points. A ticket
@@ -61,6 +68,9 @@ pub enum ViolationKind {
     ExecutedTwice,
     /// A definitive answer that differs from the ticket's outcome.
     ReplayMismatch,
+    /// The ticket, read back after the run, stores another outcome than the one its
+    /// requests were answered with — or none at all, though one was answered.
+    StoredOutcomeMismatch,
     /// A different request under a used ticket was not refused with 422.
     ReuseNotRefused,
     /// The final balance or points differ from what the executed tickets add up to.
@@ -83,13 +93,15 @@ pub enum ViolationKind {
     Missing,
 }
 
-const DECLARED_503: [&str; 4] = [
+const DECLARED_503: [&str; 5] = [
     "lock-lost",
     "lock-store-unavailable",
     "database-unavailable",
     "timeout",
+    "outcome-unknown",
 ];
 const DECLARED_409: [&str; 2] = ["request-in-progress", "account-busy"];
+const DECLARED_429: [&str; 1] = ["rate-limited"];
 const STORED_REFUSALS: [&str; 3] = ["insufficient-funds", "insufficient-points", "balance-limit"];
 
 fn named(attempt: &Attempt, names: &[&str]) -> bool {
@@ -100,25 +112,42 @@ fn named(attempt: &Attempt, names: &[&str]) -> bool {
 
 /// An answer that settles the ticket's outcome: success, or a stored refusal.
 fn is_definitive(attempt: &Attempt) -> bool {
-    attempt.status == 201
-        || (attempt.status == 402 && named(attempt, &STORED_REFUSALS))
-        || (attempt.status == 422 && named(attempt, &["balance-limit"]))
+    match attempt.status {
+        Some(201) => true,
+        Some(402) => named(attempt, &STORED_REFUSALS),
+        Some(422) => named(attempt, &["balance-limit"]),
+        _ => false,
+    }
 }
 
-/// An answer that says nothing happened (yet): wait, retry. Not a missing answer: that is
-/// judged apart ([`AuditOptions::unanswered_expected`]).
+/// An answer that says nothing is stored (yet): wait, resend with the same ticket. Not a
+/// missing answer: that is judged apart ([`AuditOptions`]).
 fn is_transient(attempt: &Attempt) -> bool {
-    (attempt.status == 409 && named(attempt, &DECLARED_409))
-        || (attempt.status == 503 && named(attempt, &DECLARED_503))
+    match attempt.status {
+        Some(409) => named(attempt, &DECLARED_409),
+        Some(429) => named(attempt, &DECLARED_429),
+        Some(503) => named(attempt, &DECLARED_503),
+        _ => false,
+    }
 }
 
 /// What the run expected, beside the contract.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AuditOptions {
     /// Requests may go unanswered: an instance was killed on purpose during the run (the
-    /// matrix's instance-kill cell). Otherwise a transport error is a violation — a server
-    /// that crashes or hangs must not pass.
+    /// matrix's instance-kill cell). Otherwise, without retries, a transport error is a
+    /// violation — a server that crashes or hangs must not pass.
     pub unanswered_expected: bool,
+    /// The clients resent what got no answer or a transient one, with the same ticket
+    /// ([`RetryPolicy`](crate::retry::RetryPolicy)). An unanswered attempt is then not a
+    /// violation by itself: the request's final answer is judged, or, if it never got a
+    /// definitive one, its ticket as read back.
+    pub retries: bool,
+}
+
+/// The HTTP status for a message; "no answer" for none.
+fn status_text(status: Option<u16>) -> String {
+    status.map_or_else(|| "no answer".to_owned(), |status| status.to_string())
 }
 
 /// What a ticket did, as far as money goes.
@@ -140,6 +169,47 @@ pub struct Audit {
     pub violations: Vec<Violation>,
     /// Each account's tally.
     pub tallies: Vec<AccountTally>,
+    /// The requests that ended without a definitive answer, and what their tickets show.
+    pub unresolved: Unresolved,
+}
+
+/// Requests that ended without a definitive answer: every attempt got no answer or a
+/// transient one (409, 429, 503) — after all the resends the policy allowed. Not
+/// violations: their tickets were read back, and what those show was audited like any
+/// other outcome (an issued ticket has no entry; a completed one, its entry if 201).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Unresolved {
+    /// Logical spend requests (an original, a duplicate...) whose final attempt got no
+    /// answer or a transient one.
+    pub requests: u64,
+    /// Tickets none of whose requests got a definitive answer.
+    pub tickets: u64,
+    /// Of those tickets, the ones the read-back shows completed: an answer was lost, not
+    /// the outcome (the rest show nothing executed).
+    pub completed: u64,
+}
+
+/// [`Unresolved`], counted from the history and the tickets read back.
+fn unresolved(history: &History, state: &FinalState) -> Unresolved {
+    let mut unresolved = Unresolved::default();
+    for spend in &history.spends {
+        unresolved.requests += spend
+            .final_attempts()
+            .filter(|last| last.status.is_none() || is_transient(last))
+            .count() as u64;
+        let settled = spend
+            .attempts
+            .iter()
+            .any(|attempt| attempt.role != Role::ChangedDuplicate && is_definitive(attempt));
+        if !settled {
+            unresolved.tickets += 1;
+            let stored = state.tickets.get(&spend.ticket);
+            if stored.is_some_and(|stored| stored.state == "completed") {
+                unresolved.completed += 1;
+            }
+        }
+    }
+    unresolved
 }
 
 /// What the executed tickets of one account add up to, beside what the ledger holds.
@@ -209,24 +279,28 @@ pub fn audit_with(history: &History, state: &FinalState, options: &AuditOptions)
     Audit {
         violations,
         tallies,
+        unresolved: unresolved(history, state),
     }
 }
 
-/// A ticket request must be answered 201 with a ticket, or 503 with a declared type.
+/// A ticket request must be answered 201 with a ticket, or 429 or 503 with a declared
+/// type; without an answer, it must have been expected or resent.
 fn audit_ticket_request(
     attempt: &TicketAttempt,
     options: &AuditOptions,
     violations: &mut Vec<Violation>,
 ) {
-    let declared_503 = attempt.status == 503
-        && attempt
+    let declared = |names: &[&str]| {
+        attempt
             .problem()
-            .is_some_and(|kind| DECLARED_503.iter().any(|name| kind.ends_with(name)));
+            .is_some_and(|kind| names.iter().any(|name| kind.ends_with(name)))
+    };
     let kind = match attempt.status {
-        0 if options.unanswered_expected => return,
-        0 => ViolationKind::Unanswered,
-        201 if attempt.ticket.is_some() => return,
-        503 if declared_503 => return,
+        None if options.unanswered_expected || options.retries => return,
+        None => ViolationKind::Unanswered,
+        Some(201) if attempt.ticket.is_some() => return,
+        Some(429) if declared(&DECLARED_429) => return,
+        Some(503) if declared(&DECLARED_503) => return,
         _ => ViolationKind::UndeclaredAnswer,
     };
     violations.push(Violation {
@@ -234,10 +308,13 @@ fn audit_ticket_request(
         account: attempt.account.clone(),
         ticket: attempt.ticket.clone(),
         detail: format!(
-            "ticket request to target {} answered {} {}{}",
+            "ticket request (attempt {}) to target {} {}{}",
+            attempt.attempt,
             attempt.target,
-            attempt.status,
-            attempt.problem().unwrap_or(""),
+            match attempt.status {
+                Some(status) => format!("answered {status} {}", attempt.problem().unwrap_or("")),
+                None => "got no answer".to_owned(),
+            },
             attempt
                 .error
                 .as_deref()
@@ -246,6 +323,9 @@ fn audit_ticket_request(
         ),
     });
 }
+
+/// The auditor's way of recording a finding: kind, ticket, particulars.
+type Flag<'a> = dyn FnMut(ViolationKind, Option<&str>, String) + 'a;
 
 fn audit_account(
     account: &AccountRecord,
@@ -271,167 +351,17 @@ fn audit_account(
         return None;
     };
 
-    let mut expected_balance = account.opening_balance;
-    let mut expected_points = account.opening_points;
+    let mut expected = (account.opening_balance, account.opening_points);
     let mut executed: HashMap<&str, (&SpendRecord, Value)> = HashMap::new();
-
     for spend in spends {
-        let ticket = Some(spend.ticket.as_str());
-        for attempt in &spend.attempts {
-            if attempt.status == 0 {
-                if !options.unanswered_expected {
-                    flag(
-                        ViolationKind::Unanswered,
-                        ticket,
-                        format!(
-                            "{:?} attempt to target {} got no answer: {}",
-                            attempt.role,
-                            attempt.target,
-                            attempt.error.as_deref().unwrap_or("(no error recorded)")
-                        ),
-                    );
-                }
-                continue;
-            }
-            let declared = match attempt.role {
-                Role::ChangedDuplicate => {
-                    (attempt.status == 422 && named(attempt, &["idempotency-key-reuse"]))
-                        || is_transient(attempt)
-                }
-                _ => is_definitive(attempt) || is_transient(attempt),
-            };
-            if !declared {
-                let what = if attempt.role == Role::ChangedDuplicate {
-                    ViolationKind::ReuseNotRefused
-                } else {
-                    ViolationKind::UndeclaredAnswer
-                };
-                flag(
-                    what,
-                    ticket,
-                    format!(
-                        "{:?} attempt to target {} answered {} {}",
-                        attempt.role,
-                        attempt.target,
-                        attempt.status,
-                        attempt.problem().unwrap_or("")
-                    ),
-                );
-            }
-        }
-
-        let same_request: Vec<&Attempt> = spend
-            .attempts
-            .iter()
-            .filter(|attempt| attempt.role != Role::ChangedDuplicate && is_definitive(attempt))
-            .collect();
-        let originals = same_request
-            .iter()
-            .filter(|attempt| !attempt.replayed)
-            .count();
-        if originals > 1 {
-            flag(
-                ViolationKind::ExecutedTwice,
-                ticket,
-                format!("{originals} attempts executed (answered without Idempotent-Replayed)"),
-            );
-        }
-        let outcome = match same_request
-            .iter()
-            .find(|attempt| !attempt.replayed)
-            .or(same_request.first())
-        {
-            Some(reference) => {
-                for other in &same_request {
-                    if other.status != reference.status || other.body != reference.body {
-                        flag(
-                            ViolationKind::ReplayMismatch,
-                            ticket,
-                            format!(
-                                "{} {} differs from {} {}",
-                                other.status,
-                                compact(other.body.as_ref()),
-                                reference.status,
-                                compact(reference.body.as_ref())
-                            ),
-                        );
-                    }
-                }
-                reference.body.clone().map(|body| Outcome {
-                    status: reference.status,
-                    body,
-                })
-            }
-            // No definitive answer reached the run: the ledger's stored state decides.
-            None => match state.tickets.get(&spend.ticket) {
-                Some(stored) => match (stored.status, &stored.body) {
-                    (Some(status), Some(body)) => Some(Outcome {
-                        status,
-                        body: body.clone(),
-                    }),
-                    _ => None,
-                },
-                None => {
-                    flag(
-                        ViolationKind::Missing,
-                        ticket,
-                        "no definitive answer and the ticket's state was not read".into(),
-                    );
-                    None
-                }
-            },
-        };
-
+        audit_answers(spend, options, &mut flag);
+        let outcome = outcome(spend, state, &mut flag);
         if let Some(outcome) = outcome.filter(|outcome| outcome.status == 201) {
-            let body = &outcome.body;
-            let number = |name: &str| body.get(name).and_then(Value::as_i64);
-            match spend.kind {
-                SpendKind::Withdrawal | SpendKind::Deposit => {
-                    if number("amount") != Some(spend.amount) {
-                        flag(
-                            ViolationKind::ReplayMismatch,
-                            ticket,
-                            format!(
-                                "201 for {} but the body says {}",
-                                spend.amount,
-                                compact(Some(body))
-                            ),
-                        );
-                    }
-                    if spend.kind == SpendKind::Withdrawal {
-                        expected_balance -= spend.amount;
-                    } else {
-                        expected_balance += spend.amount;
-                    }
-                }
-                SpendKind::LotteryDraw => {
-                    if number("points") != Some(spend.amount) {
-                        flag(
-                            ViolationKind::ReplayMismatch,
-                            ticket,
-                            format!(
-                                "draw of {} but the body says {}",
-                                spend.amount,
-                                compact(Some(body))
-                            ),
-                        );
-                    }
-                    expected_points -= spend.amount;
-                    expected_balance += number("credit").unwrap_or(0);
-                }
-            }
-            for field in ["balance", "points_after"] {
-                if number(field).is_some_and(|value| value < 0) {
-                    flag(
-                        ViolationKind::Negative,
-                        ticket,
-                        format!("{field} below zero in {}", compact(Some(body))),
-                    );
-                }
-            }
+            apply(spend, &outcome.body, &mut expected, &mut flag);
             executed.insert(spend.ticket.as_str(), (spend, outcome.body));
         }
     }
+    let (expected_balance, expected_points) = expected;
 
     if expected_balance != final_account.balance || expected_points != final_account.points {
         flag(
@@ -462,6 +392,177 @@ fn audit_account(
         final_points: final_account.points,
         double_spends,
     })
+}
+
+/// Every attempt of a spend got an answer the contract declares for it (a changed
+/// duplicate: 422 `idempotency-key-reuse`, or a transient one). An attempt without an
+/// answer is a violation only when nothing resent it and the run did not expect it.
+fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_>) {
+    let ticket = Some(spend.ticket.as_str());
+    for attempt in &spend.attempts {
+        let Some(status) = attempt.status else {
+            if !options.unanswered_expected && !options.retries {
+                flag(
+                    ViolationKind::Unanswered,
+                    ticket,
+                    format!(
+                        "{:?} attempt {} to target {} got no answer: {}",
+                        attempt.role,
+                        attempt.attempt,
+                        attempt.target,
+                        attempt.error.as_deref().unwrap_or("(no error recorded)")
+                    ),
+                );
+            }
+            continue;
+        };
+        let declared = match attempt.role {
+            Role::ChangedDuplicate => {
+                (status == 422 && named(attempt, &["idempotency-key-reuse"]))
+                    || is_transient(attempt)
+            }
+            _ => is_definitive(attempt) || is_transient(attempt),
+        };
+        if !declared {
+            let what = if attempt.role == Role::ChangedDuplicate {
+                ViolationKind::ReuseNotRefused
+            } else {
+                ViolationKind::UndeclaredAnswer
+            };
+            flag(
+                what,
+                ticket,
+                format!(
+                    "{:?} attempt {} to target {} answered {status} {}",
+                    attempt.role,
+                    attempt.attempt,
+                    attempt.target,
+                    attempt.problem().unwrap_or("")
+                ),
+            );
+        }
+    }
+}
+
+/// The ticket's outcome. From the definitive answers to the same request, whichever
+/// attempt of whichever logical request got them: at most one of them executed (no
+/// `Idempotent-Replayed`), all are equal, and, when the ticket was read back, its stored
+/// outcome equals them. Without a definitive answer (every attempt transient or lost), the
+/// stored outcome read back decides; a ticket still issued has none.
+fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Option<Outcome> {
+    let ticket = Some(spend.ticket.as_str());
+    let same_request: Vec<&Attempt> = spend
+        .attempts
+        .iter()
+        .filter(|attempt| attempt.role != Role::ChangedDuplicate && is_definitive(attempt))
+        .collect();
+    let originals = same_request
+        .iter()
+        .filter(|attempt| !attempt.replayed)
+        .count();
+    if originals > 1 {
+        flag(
+            ViolationKind::ExecutedTwice,
+            ticket,
+            format!("{originals} attempts executed (answered without Idempotent-Replayed)"),
+        );
+    }
+    let stored = state.tickets.get(&spend.ticket);
+    let Some(reference) = same_request
+        .iter()
+        .find(|attempt| !attempt.replayed)
+        .or(same_request.first())
+    else {
+        return match stored {
+            Some(stored) => match (stored.status, &stored.body) {
+                (Some(status), Some(body)) => Some(Outcome {
+                    status,
+                    body: body.clone(),
+                }),
+                _ => None,
+            },
+            None => {
+                flag(
+                    ViolationKind::Missing,
+                    ticket,
+                    "no definitive answer and the ticket's state was not read".into(),
+                );
+                None
+            }
+        };
+    };
+    for other in &same_request {
+        if other.status != reference.status || other.body != reference.body {
+            flag(
+                ViolationKind::ReplayMismatch,
+                ticket,
+                format!(
+                    "{} {} differs from {} {}",
+                    status_text(other.status),
+                    compact(other.body.as_ref()),
+                    status_text(reference.status),
+                    compact(reference.body.as_ref())
+                ),
+            );
+        }
+    }
+    if let Some(stored) =
+        stored.filter(|stored| (stored.status, &stored.body) != (reference.status, &reference.body))
+    {
+        flag(
+            ViolationKind::StoredOutcomeMismatch,
+            ticket,
+            format!(
+                "the ticket is {} and stores {} {}, the requests were answered {} {}",
+                stored.state,
+                status_text(stored.status),
+                compact(stored.body.as_ref()),
+                status_text(reference.status),
+                compact(reference.body.as_ref())
+            ),
+        );
+    }
+    let status = reference.status?;
+    reference.body.clone().map(|body| Outcome { status, body })
+}
+
+/// Adds an executed spend to the expected balance and points, checking that its answer
+/// is for this spend and leaves nothing below zero.
+fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mut Flag<'_>) {
+    let ticket = Some(spend.ticket.as_str());
+    let number = |name: &str| body.get(name).and_then(Value::as_i64);
+    let (field, what) = match spend.kind {
+        SpendKind::Withdrawal | SpendKind::Deposit => ("amount", "201 for"),
+        SpendKind::LotteryDraw => ("points", "draw of"),
+    };
+    if number(field) != Some(spend.amount) {
+        flag(
+            ViolationKind::ReplayMismatch,
+            ticket,
+            format!(
+                "{what} {} but the body says {}",
+                spend.amount,
+                compact(Some(body))
+            ),
+        );
+    }
+    match spend.kind {
+        SpendKind::Withdrawal => expected.0 -= spend.amount,
+        SpendKind::Deposit => expected.0 += spend.amount,
+        SpendKind::LotteryDraw => {
+            expected.1 -= spend.amount;
+            expected.0 += number("credit").unwrap_or(0);
+        }
+    }
+    for field in ["balance", "points_after"] {
+        if number(field).is_some_and(|value| value < 0) {
+            flag(
+                ViolationKind::Negative,
+                ticket,
+                format!("{field} below zero in {}", compact(Some(body))),
+            );
+        }
+    }
 }
 
 /// Whether an entry's kind is a spend (money or points leave the account).

@@ -30,8 +30,8 @@ pub enum ClientError {
 /// The answer to a spend, as recorded.
 #[derive(Debug, Clone)]
 pub struct Answer {
-    /// 0 when no answer came.
-    pub status: u16,
+    /// `None` when no answer came.
+    pub status: Option<u16>,
     /// `Idempotent-Replayed: true`.
     pub replayed: bool,
     /// The JSON body.
@@ -40,13 +40,29 @@ pub struct Answer {
     pub latency: Duration,
     /// The transport error.
     pub error: Option<String>,
+    /// `Retry-After`, in seconds.
+    pub retry_after: Option<u64>,
+}
+
+impl Answer {
+    /// No answer came: the request failed with `error`.
+    fn none(started: Instant, error: &reqwest::Error) -> Self {
+        Self {
+            status: None,
+            replayed: false,
+            body: None,
+            latency: started.elapsed(),
+            error: Some(error.to_string()),
+            retry_after: None,
+        }
+    }
 }
 
 /// The answer to a ticket request, as recorded.
 #[derive(Debug, Clone)]
 pub struct TicketAnswer {
-    /// 0 when no answer came.
-    pub status: u16,
+    /// `None` when no answer came.
+    pub status: Option<u16>,
     /// The ticket, when the answer was 201 with a `ticket_id`.
     pub ticket: Option<String>,
     /// The JSON body.
@@ -55,6 +71,21 @@ pub struct TicketAnswer {
     pub latency: Duration,
     /// The transport error, or why the body could not be read.
     pub error: Option<String>,
+    /// `Retry-After`, in seconds.
+    pub retry_after: Option<u64>,
+}
+
+/// A response's `Retry-After` in seconds. Its other form, an HTTP date, is not read: the
+/// contract sends seconds, and without it the client falls back to its own backoff.
+fn retry_after(response: &reqwest::Response) -> Option<u64> {
+    response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// An HTTP client for one or more targets.
@@ -145,15 +176,17 @@ impl Api {
             Ok(response) => response,
             Err(error) => {
                 return TicketAnswer {
-                    status: 0,
+                    status: None,
                     ticket: None,
                     body: None,
                     latency: started.elapsed(),
                     error: Some(error.to_string()),
+                    retry_after: None,
                 };
             }
         };
         let status = response.status().as_u16();
+        let retry_after = retry_after(&response);
         let body = response.json::<Value>().await;
         let ticket = body
             .as_ref()
@@ -163,11 +196,12 @@ impl Api {
             .and_then(Value::as_str)
             .map(str::to_owned);
         TicketAnswer {
-            status,
+            status: Some(status),
             ticket,
             latency: started.elapsed(),
             error: body.as_ref().err().map(ToString::to_string),
             body: body.ok(),
+            retry_after,
         }
     }
 
@@ -196,28 +230,22 @@ impl Api {
         let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
-            Err(error) => {
-                return Answer {
-                    status: 0,
-                    replayed: false,
-                    body: None,
-                    latency: started.elapsed(),
-                    error: Some(error.to_string()),
-                };
-            }
+            Err(error) => return Answer::none(started, &error),
         };
         let status = response.status().as_u16();
         let replayed = response
             .headers()
             .get("idempotent-replayed")
             .is_some_and(|value| value == "true");
+        let retry_after = retry_after(&response);
         let body = response.json::<Value>().await;
         Answer {
-            status,
+            status: Some(status),
             replayed,
             latency: started.elapsed(),
             error: body.as_ref().err().map(ToString::to_string),
             body: body.ok(),
+            retry_after,
         }
     }
 
@@ -344,16 +372,13 @@ impl Api {
         })
     }
 
-    /// GET /healthz, for the generator benchmark: the status, or 0 on a transport error.
-    pub async fn healthz(&self, url: reqwest::Url) -> u16 {
-        match self.client.get(url).send().await {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                let _ = response.bytes().await;
-                status
-            }
-            Err(_) => 0,
-        }
+    /// GET /healthz, for the generator benchmark: the status, or `None` on a transport
+    /// error.
+    pub async fn healthz(&self, url: reqwest::Url) -> Option<u16> {
+        let response = self.client.get(url).send().await.ok()?;
+        let status = response.status().as_u16();
+        let _ = response.bytes().await;
+        Some(status)
     }
 }
 
@@ -428,9 +453,9 @@ mod tests {
         let answer = api
             .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, &[])
             .await;
-        assert_eq!(answer.status, 307, "{answer:?}");
+        assert_eq!(answer.status, Some(307), "{answer:?}");
         let ticket = api.ticket(0, "a", "k").await;
-        assert_eq!((ticket.status, ticket.ticket), (307, None));
+        assert_eq!((ticket.status, ticket.ticket), (Some(307), None));
         assert_eq!(
             reached.load(Ordering::SeqCst),
             0,
@@ -447,7 +472,31 @@ mod tests {
         )
         .await;
         let api = Api::new(vec![target.replace("127.0.0.1", "localhost")], 1).unwrap();
-        assert_eq!(api.ticket(0, "a", "k").await.status, 503);
+        assert_eq!(api.ticket(0, "a", "k").await.status, Some(503));
         assert_eq!(reached.load(Ordering::SeqCst), 1);
+    }
+
+    /// `Retry-After` in seconds is read from a spend's answer and a ticket request's; an
+    /// answer without one, or with a date, has none.
+    #[tokio::test]
+    async fn retry_after_is_read_in_seconds() {
+        let busy = |retry_after: &str| {
+            format!(
+                "HTTP/1.1 409 Conflict\r\n{retry_after}content-type: application/problem+json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
+            )
+        };
+        for (header, expected) in [
+            ("retry-after: 3\r\n", Some(3)),
+            ("retry-after: Wed, 21 Oct 2015 07:28:00 GMT\r\n", None),
+            ("", None),
+        ] {
+            let (target, _) = serve(busy(header)).await;
+            let api = Api::new(vec![target], 1).unwrap();
+            let answer = api
+                .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, &[])
+                .await;
+            assert_eq!((answer.status, answer.retry_after), (Some(409), expected));
+            assert_eq!(api.ticket(0, "a", "k").await.retry_after, expected);
+        }
     }
 }

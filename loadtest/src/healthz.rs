@@ -45,7 +45,7 @@ pub async fn hammer(
             tokio::spawn(async move {
                 let Ok(url) = url else { return };
                 while Instant::now() < stop {
-                    if api.healthz(url.clone()).await == 200 {
+                    if api.healthz(url.clone()).await == Some(200) {
                         ok.fetch_add(1, Ordering::Relaxed);
                     } else {
                         failed.fetch_add(1, Ordering::Relaxed);

@@ -75,17 +75,22 @@ pub enum Role {
     ChangedDuplicate,
 }
 
-/// One HTTP request of a spend, and its answer.
+/// One HTTP request of a spend, and its answer. A logical request — one [`Role`] of one
+/// ticket — is sent once, or again after a transient answer when the run retries
+/// ([`RetryPolicy`](crate::retry::RetryPolicy)); every send is an `Attempt`, numbered.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Attempt {
-    /// Why it was sent.
+    /// Why it was sent: which logical request of the ticket this is.
     pub role: Role,
+    /// Which send of that request: 1 for the first, 2 for the first retry, and so on.
+    #[serde(default = "first")]
+    pub attempt: u32,
     /// Which target (index into the run's targets).
     pub target: usize,
     /// The amount (or points) in its body.
     pub amount: i64,
-    /// The HTTP status; 0 when no answer came (a transport error).
-    pub status: u16,
+    /// The HTTP status; `None` when no answer came (a transport error).
+    pub status: Option<u16>,
     /// Whether it carried `Idempotent-Replayed: true`.
     pub replayed: bool,
     /// The JSON body of the answer.
@@ -96,6 +101,14 @@ pub struct Attempt {
     pub latency_us: u64,
     /// The transport error, if any.
     pub error: Option<String>,
+    /// The answer's `Retry-After`, in seconds: how long the client waited before resending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
+}
+
+/// The first attempt's number, for histories recorded before attempts were numbered.
+fn first() -> u32 {
+    1
 }
 
 impl Attempt {
@@ -110,10 +123,13 @@ impl Attempt {
 pub struct TicketAttempt {
     /// The account the ticket was asked for.
     pub account: String,
+    /// Which send of this ticket request: 1 for the first, 2 for the first retry, and so on.
+    #[serde(default = "first")]
+    pub attempt: u32,
     /// Which target (index into the run's targets).
     pub target: usize,
-    /// The HTTP status; 0 when no answer came (a transport error).
-    pub status: u16,
+    /// The HTTP status; `None` when no answer came (a transport error).
+    pub status: Option<u16>,
     /// The ticket it issued (a 201 with a `ticket_id`).
     pub ticket: Option<String>,
     /// The JSON body of an answer other than 201 (kept for the audit's report).
@@ -124,6 +140,9 @@ pub struct TicketAttempt {
     pub latency_us: u64,
     /// The transport error (or unreadable body), if any.
     pub error: Option<String>,
+    /// The answer's `Retry-After`, in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<u64>,
 }
 
 impl TicketAttempt {
@@ -144,8 +163,25 @@ pub struct SpendRecord {
     pub kind: SpendKind,
     /// The amount of the original request.
     pub amount: i64,
-    /// Every request sent with this ticket.
+    /// Every request sent with this ticket: each logical request's attempts in the order
+    /// they were sent (those of concurrent requests are not interleaved).
     pub attempts: Vec<Attempt>,
+}
+
+impl SpendRecord {
+    /// The last attempt of each logical request (each role), in the order they appear:
+    /// the answer each request ended with.
+    pub fn final_attempts(&self) -> impl Iterator<Item = &Attempt> {
+        self.attempts
+            .iter()
+            .enumerate()
+            .filter_map(|(index, attempt)| {
+                let later = self.attempts[index + 1..]
+                    .iter()
+                    .any(|other| other.role == attempt.role);
+                (!later).then_some(attempt)
+            })
+    }
 }
 
 /// Everything the run sent and received.
@@ -193,7 +229,8 @@ pub struct AccountState {
 }
 
 /// A ticket as `GET /v1/tickets/{id}` shows it: read for tickets the run never got a
-/// definitive answer for (every attempt was 409, 503 or lost).
+/// definitive answer for (every attempt was 409, 429, 503 or lost), and for tickets whose
+/// requests were resent (to check the stored outcome against the answer they ended with).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TicketState {
     /// `issued`, `completed` or `expired`.
@@ -209,6 +246,6 @@ pub struct TicketState {
 pub struct FinalState {
     /// By account id.
     pub accounts: HashMap<String, AccountState>,
-    /// By ticket id, for the tickets without a definitive answer.
+    /// By ticket id, for the tickets without a definitive answer and those resent.
     pub tickets: HashMap<String, TicketState>,
 }

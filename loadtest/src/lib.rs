@@ -9,6 +9,8 @@
 //!   state, so tests can plant faults in recorded histories.
 //! - [`history`] (`history.rs`): what was sent and answered, and the final state.
 //! - [`client`] (`client.rs`): the HTTP calls, nothing more.
+//! - [`retry`] (`retry.rs`): clients that resend, with the same ticket, what got no answer
+//!   or a transient one — bounded attempts, backoff, another target.
 //! - [`report`] (`report.rs`): the summary table, the JSON report, the SVG chart.
 //! - [`safety`] (`safety.rs`): loopback targets only, unless `--allow-remote`.
 //! - [`healthz`] (`healthz.rs`): the generator benchmark's load — `GET /healthz` as fast as
@@ -22,5 +24,6 @@ pub mod healthz;
 pub mod history;
 pub mod matrix;
 pub mod report;
+pub mod retry;
 pub mod run;
 pub mod safety;

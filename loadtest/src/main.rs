@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions};
 use loadtest::{healthz, report, run, safety};
 
@@ -117,12 +118,37 @@ struct RunArgs {
     /// Fraction of duplicated spends also sent later with a changed amount (must be 422).
     #[arg(long, default_value = "0.2", value_parser = fraction)]
     changed: f64,
+    /// Sends per request, the first included: a request that got no answer, 409, 429 or
+    /// 503 is resent with the same ticket, to the next target, up to this many times in all.
+    #[arg(long, default_value_t = RetryPolicy::default().max_attempts,
+          value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "no_retry")]
+    max_attempts: u32,
+    /// The longest wait before a resend: Retry-After is honoured up to it; without one, the
+    /// wait starts at 50ms and doubles, with jitter.
+    #[arg(long, default_value = "2s", value_parser = duration)]
+    max_backoff: Duration,
+    /// Send each request once: an unanswered one is then a violation (as before retries).
+    #[arg(long)]
+    no_retry: bool,
     /// Allow targets that are not loopback addresses.
     #[arg(long)]
     allow_remote: bool,
     /// No progress bar.
     #[arg(long)]
     no_progress: bool,
+}
+
+impl RunArgs {
+    fn retry(&self) -> RetryPolicy {
+        if self.no_retry {
+            RetryPolicy::none()
+        } else {
+            RetryPolicy {
+                max_attempts: self.max_attempts,
+                max_backoff: self.max_backoff,
+            }
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -169,6 +195,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let options = RunOptions {
+        retry: args.retry(),
         targets: args.targets,
         accounts: args.accounts,
         clients: args.clients,

@@ -36,6 +36,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::audit::ViolationKind;
 use crate::client::Api;
+use crate::retry::RetryPolicy;
 use crate::run::{FaultPlan, Limit, Mix, RunOptions, RunResult, run};
 
 /// A fault the matrix injects.
@@ -169,6 +170,7 @@ pub enum MatrixError {
 }
 
 /// A child process, killed on drop.
+#[derive(Debug)]
 struct Process(Child);
 
 impl Drop for Process {
@@ -185,8 +187,12 @@ fn free_port() -> Result<u16, MatrixError> {
         .map_err(|error| MatrixError::Setup(format!("no free port: {error}")))
 }
 
-/// The processes the matrix runs, and how to reach them.
-struct Cluster {
+/// The processes the matrix runs, and how to reach them: three payonce instances on free
+/// loopback ports (and three `redis-server`s for Redlock, when there is one to start).
+/// Everything it started is killed when it is dropped. Public so that tests can kill an
+/// instance under load too.
+#[derive(Debug)]
+pub struct Cluster {
     payonce: PathBuf,
     environment: Vec<(String, String)>,
     ports: Vec<u16>,
@@ -198,7 +204,10 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(options: &MatrixOptions, lock_ttl: Duration) -> Result<Self, MatrixError> {
+    /// Starts the processes (the instances with `lock_ttl` as their lock lease) and waits
+    /// until every instance is ready. Only `payonce`, `database_url` and `redis_url` of
+    /// the options are used.
+    pub async fn start(options: &MatrixOptions, lock_ttl: Duration) -> Result<Self, MatrixError> {
         let mut redlock_nodes = Vec::new();
         let mut redlock_urls = Vec::new();
         for _ in 0..3 {
@@ -307,15 +316,17 @@ impl Cluster {
         )))
     }
 
-    fn targets(&self) -> Vec<String> {
+    /// The instances' base URLs.
+    pub fn targets(&self) -> Vec<String> {
         self.ports
             .iter()
             .map(|port| format!("http://127.0.0.1:{port}"))
             .collect()
     }
 
-    /// SIGKILL the instance, and start it again.
-    async fn kill_and_restart(
+    /// SIGKILL the instance (an index into [`targets`](Self::targets)), wait `down_for`,
+    /// start it again on the same port, and wait until it is ready.
+    pub async fn kill_and_restart(
         &mut self,
         index: usize,
         down_for: Duration,
@@ -458,6 +469,9 @@ async fn run_cell(
         fault: plan,
         // The killed instance drops what it was answering: expected, in that cell only.
         expect_unanswered: fault == Fault::InstanceKill,
+        // Each request is sent once: the table counts the errors each strategy and fault
+        // cause (resends would hide them and stretch the cells past their time).
+        retry: RetryPolicy::none(),
     };
     let stale_before = stale_tokens(&cluster.targets()).await;
     let result = match fault {
@@ -559,7 +573,8 @@ pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
         .iter()
         .flat_map(|spend| &spend.attempts)
         .filter(|attempt| {
-            attempt.status == 503 && attempt.problem().is_some_and(|t| t.ends_with("lock-lost"))
+            attempt.status == Some(503)
+                && attempt.problem().is_some_and(|t| t.ends_with("lock-lost"))
         })
         .count() as u64;
     Row {

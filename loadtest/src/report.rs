@@ -22,20 +22,23 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
         .history
         .spends
         .iter()
-        .filter(|spend| spend.attempts.iter().any(|a| a.status == 201))
+        .filter(|spend| spend.attempts.iter().any(|a| a.status == Some(201)))
         .count();
+    let unresolved = &result.unresolved;
     let rows: Vec<(&str, String)> = vec![
         ("targets", result.history.targets.join(", ")),
         ("accounts", result.history.accounts.len().to_string()),
         ("duration", format!("{seconds:.1} s")),
+        ("retries", retry_policy(result)),
         (
             "tickets",
             format!(
-                "{} ({} ticket requests failed)",
-                counts.tickets, counts.ticket_errors
+                "{} ({} ticket requests failed, {} resends)",
+                counts.tickets, counts.ticket_errors, counts.ticket_retries
             ),
         ),
-        ("spend requests", counts.requests.to_string()),
+        ("spend requests (attempts)", counts.requests.to_string()),
+        ("resends (attempt > 1)", counts.retries.to_string()),
         (
             "rate",
             format!("{:.0} spend requests/s", counts.requests as f64 / seconds),
@@ -44,10 +47,21 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
         ("402 refused (stored)", counts.payment_required.to_string()),
         ("409 busy / in progress", counts.conflict.to_string()),
         ("422 reuse / limit", counts.unprocessable.to_string()),
+        ("429 rate-limited", counts.rate_limited.to_string()),
         ("503 unavailable", counts.unavailable.to_string()),
         ("other status", counts.other.to_string()),
         ("no answer", counts.transport_errors.to_string()),
         ("replays (header)", counts.replays.to_string()),
+        (
+            "unresolved requests",
+            format!(
+                "{} ({} tickets without a definitive answer: {} completed, {} nothing executed)",
+                unresolved.requests,
+                unresolved.tickets,
+                unresolved.completed,
+                unresolved.tickets - unresolved.completed
+            ),
+        ),
         ("tickets that moved money", executed_tickets.to_string()),
         (
             "double spends (audit)",
@@ -118,14 +132,34 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
     Ok(())
 }
 
-/// The JSON report: the counts, latency, throughput per second, each target's metrics, the
-/// violations, and the whole history (API keys left out).
+/// How the clients resent, in words.
+fn retry_policy(result: &RunResult) -> String {
+    let retry = &result.retry;
+    if retry.retries() {
+        format!(
+            "up to {} attempts per request, waits up to {}",
+            retry.max_attempts,
+            humantime::format_duration(retry.max_backoff)
+        )
+    } else {
+        "off: each request sent once".to_owned()
+    }
+}
+
+/// The JSON report: the retry policy, the counts (attempts, resends), the unresolved
+/// requests, latency, throughput per second, each target's metrics, the violations, and
+/// the whole history with every attempt (API keys left out).
 pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
     let latency = &result.latency;
     let report = json!({
         "verdict": if result.violations.is_empty() { "passed" } else { "failed" },
         "elapsed_seconds": result.elapsed.as_secs_f64(),
+        "retry": {
+            "max_attempts": result.retry.max_attempts,
+            "max_backoff_ms": result.retry.max_backoff.as_millis() as u64,
+        },
         "counts": result.counts,
+        "unresolved": result.unresolved,
         "latency_ms": {
             "p50": ms(latency, 0.5),
             "p90": ms(latency, 0.9),
@@ -286,6 +320,8 @@ mod tests {
             final_state: Default::default(),
             violations: Vec::new(),
             tallies: Vec::new(),
+            unresolved: Default::default(),
+            retry: Default::default(),
             counts: Counts::default(),
             latency: Histogram::new_with_bounds(1, 120_000_000, 3).unwrap(),
             timeline: vec![second; 5],

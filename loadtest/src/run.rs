@@ -14,6 +14,12 @@
 //! rate no longer matters, for `--duration` and `--requests` alike (the last round of a
 //! `--requests` run is funded for what is left of the budget). Only the last round of a
 //! `--duration` run, cut short by the clock, sees fewer refusals.
+//!
+//! # Retries
+//! Clients resend every request that got no answer or a transient one — a spend with the
+//! same ticket, a ticket request as it was — as [`RetryPolicy`] says; each resend goes to
+//! the next target. Every attempt is recorded, numbered, and audited; a request that ran out of
+//! attempts is unresolved and its ticket, read back, decides (see [`audit`](crate::audit)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,11 +32,12 @@ use rand::RngExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::audit::{AccountTally, AuditOptions, Violation, audit_with};
+use crate::audit::{AccountTally, AuditOptions, Unresolved, Violation, audit_with};
 use crate::client::{Answer, Api, ClientError};
 use crate::history::{
     AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord, TicketAttempt,
 };
+use crate::retry::RetryPolicy;
 
 /// When the run stops.
 #[derive(Clone, Copy, Debug)]
@@ -65,8 +72,13 @@ pub struct RunOptions {
     /// A fault to ask for on some spends (the demonstration's `Payonce-Fault`).
     pub fault: Option<FaultPlan>,
     /// Requests may go unanswered: an instance is killed during the run on purpose (the
-    /// matrix's instance-kill cell). Otherwise every transport error is a violation.
+    /// matrix's instance-kill cell). Otherwise, without retries, every transport error is
+    /// a violation.
     pub expect_unanswered: bool,
+    /// How clients resend what got no answer or a transient one (with the same ticket).
+    /// With retries, an unanswered attempt is not a violation: the request's final answer
+    /// is judged, or, if it never got one, what its ticket shows.
+    pub retry: RetryPolicy,
 }
 
 /// Spends (originals) per account per round: each round's accounts are funded for this
@@ -150,13 +162,17 @@ pub struct Second {
 /// Counts by answer.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counts {
-    /// Every spend request sent.
+    /// Every spend request sent: every attempt, resends included.
     pub requests: u64,
+    /// Spend attempts after the first of their logical request: the resends.
+    pub retries: u64,
     /// Tickets taken.
     pub tickets: u64,
-    /// Ticket requests not answered 201 with a ticket (each one recorded in the history
-    /// and judged by the audit).
+    /// Ticket requests that ended without a ticket, after any resends (each attempt is
+    /// recorded in the history and judged by the audit).
     pub ticket_errors: u64,
+    /// Ticket request attempts after the first: the resends.
+    pub ticket_retries: u64,
     /// 201 answers (executions and replays).
     pub created: u64,
     /// 402.
@@ -165,6 +181,8 @@ pub struct Counts {
     pub conflict: u64,
     /// 422.
     pub unprocessable: u64,
+    /// 429.
+    pub rate_limited: u64,
     /// 503.
     pub unavailable: u64,
     /// Any other status.
@@ -178,14 +196,18 @@ pub struct Counts {
 impl Counts {
     fn add(&mut self, attempt: &Attempt) {
         self.requests += 1;
+        if attempt.attempt > 1 {
+            self.retries += 1;
+        }
         match attempt.status {
-            201 => self.created += 1,
-            402 => self.payment_required += 1,
-            409 => self.conflict += 1,
-            422 => self.unprocessable += 1,
-            503 => self.unavailable += 1,
-            0 => self.transport_errors += 1,
-            _ => self.other += 1,
+            Some(201) => self.created += 1,
+            Some(402) => self.payment_required += 1,
+            Some(409) => self.conflict += 1,
+            Some(422) => self.unprocessable += 1,
+            Some(429) => self.rate_limited += 1,
+            Some(503) => self.unavailable += 1,
+            None => self.transport_errors += 1,
+            Some(_) => self.other += 1,
         }
         if attempt.replayed {
             self.replays += 1;
@@ -194,12 +216,15 @@ impl Counts {
 
     fn merge(&mut self, other: &Self) {
         self.requests += other.requests;
+        self.retries += other.retries;
         self.tickets += other.tickets;
         self.ticket_errors += other.ticket_errors;
+        self.ticket_retries += other.ticket_retries;
         self.created += other.created;
         self.payment_required += other.payment_required;
         self.conflict += other.conflict;
         self.unprocessable += other.unprocessable;
+        self.rate_limited += other.rate_limited;
         self.unavailable += other.unavailable;
         self.other += other.other;
         self.transport_errors += other.transport_errors;
@@ -218,6 +243,10 @@ pub struct RunResult {
     pub violations: Vec<Violation>,
     /// Each account's tally: what the executed tickets add up to, and what the ledger holds.
     pub tallies: Vec<AccountTally>,
+    /// The requests that ended without a definitive answer, and what their tickets show.
+    pub unresolved: Unresolved,
+    /// How the clients resent.
+    pub retry: RetryPolicy,
     /// Counts by answer.
     pub counts: Counts,
     /// Spend latency, µs.
@@ -262,6 +291,7 @@ fn histogram() -> Result<Histogram<u64>, RunError> {
 #[derive(Default)]
 struct Live {
     requests: AtomicU64,
+    retries: AtomicU64,
     created: AtomicU64,
     replays: AtomicU64,
     refused: AtomicU64,
@@ -297,22 +327,18 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         options.limit,
     ));
 
+    let shared = Arc::new(Shared {
+        api: api.clone(),
+        rounds: rounds.clone(),
+        options: options.clone(),
+        started,
+        stop_at,
+        budget,
+        issued: issued.clone(),
+        live: live.clone(),
+    });
     let tasks: Vec<_> = (0..options.clients)
-        .map(|client| {
-            let (api, accounts, issued, live, options) = (
-                api.clone(),
-                rounds.clone(),
-                issued.clone(),
-                live.clone(),
-                options.clone(),
-            );
-            tokio::spawn(async move {
-                client_loop(
-                    client, api, accounts, options, started, stop_at, budget, issued, live,
-                )
-                .await
-            })
-        })
+        .map(|client| tokio::spawn(client_loop(client, shared.clone())))
         .collect();
     let mut history = History {
         targets: options.targets.clone(),
@@ -354,6 +380,7 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         &final_state,
         &AuditOptions {
             unanswered_expected: options.expect_unanswered,
+            retries: options.retry.retries(),
         },
     );
     Ok(RunResult {
@@ -361,6 +388,8 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         final_state,
         violations: audit.violations,
         tallies: audit.tallies,
+        unresolved: audit.unresolved,
+        retry: options.retry,
         counts,
         latency,
         timeline,
@@ -450,9 +479,8 @@ impl Rounds {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn client_loop(
-    client: usize,
+/// What every client task shares: the run's settings, clock, budget and live counters.
+struct Shared {
     api: Api,
     rounds: Arc<Rounds>,
     options: RunOptions,
@@ -461,181 +489,311 @@ async fn client_loop(
     budget: Option<u64>,
     issued: Arc<AtomicU64>,
     live: Arc<Live>,
-) -> Result<Gathered, RunError> {
-    let targets = options.targets.len();
-    let mut gathered = Gathered {
-        tickets: Vec::new(),
-        spends: Vec::new(),
-        counts: Counts::default(),
-        latency: histogram()?,
-        timeline: Vec::new(),
+}
+
+/// One spend a client is about to make.
+struct Plan {
+    account: AccountRecord,
+    kind: SpendKind,
+    amount: i64,
+    /// Its first send goes here; duplicates and resends to the next targets.
+    target: usize,
+    /// Also sent at once to another target, and again later.
+    duplicate: bool,
+    /// Also sent later with a changed amount.
+    changed: bool,
+}
+
+/// Which round's accounts a client last used, and whose turn (target) is next.
+struct Cursor {
+    turn: usize,
+    round: Option<(usize, Arc<Vec<AccountRecord>>)>,
+}
+
+/// One client: takes a ticket, spends it (with its duplicates), records what came back,
+/// until the clock or the budget says stop.
+async fn client_loop(client: usize, shared: Arc<Shared>) -> Result<Gathered, RunError> {
+    let mut gathered = Gathered::new()?;
+    let mut cursor = Cursor {
+        turn: client,
+        round: None,
     };
-    let mut turn = client;
-    let mut current: Option<(usize, Arc<Vec<AccountRecord>>)> = None;
-    loop {
-        if stop_at.is_some_and(|stop| Instant::now() >= stop) {
-            break;
+    while let Some(plan) = shared.next_plan(&mut cursor).await? {
+        let Some(ticket) = shared.take_ticket(&plan, &mut gathered).await else {
+            // Do not hammer a target that is down.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        };
+        let record = shared.spend(&plan, ticket).await;
+        gathered.record(&record, &shared.live);
+        gathered.spends.push(record);
+    }
+    Ok(gathered)
+}
+
+impl Shared {
+    /// The next spend to make, or `None` when the run is over.
+    async fn next_plan(&self, cursor: &mut Cursor) -> Result<Option<Plan>, RunError> {
+        if self.stop_at.is_some_and(|stop| Instant::now() >= stop) {
+            return Ok(None);
         }
-        let number = issued.fetch_add(1, Ordering::Relaxed);
-        if budget.is_some_and(|budget| number >= budget) {
-            break;
+        let number = self.issued.fetch_add(1, Ordering::Relaxed);
+        if self.budget.is_some_and(|budget| number >= budget) {
+            return Ok(None);
         }
-        let round = rounds.of(number);
-        let accounts = match &current {
+        let round = self.rounds.of(number);
+        let accounts = match &cursor.round {
             Some((known, accounts)) if *known == round => accounts.clone(),
             _ => {
-                let accounts = rounds.round(round).await?;
-                current = Some((round, accounts.clone()));
+                let accounts = self.rounds.round(round).await?;
+                cursor.round = Some((round, accounts.clone()));
                 accounts
             }
         };
-        turn += 1;
-        let target = turn % targets;
-        let (account, kind, amount, duplicate, changed) = {
-            let mut rng = rand::rng();
-            let account = &accounts[rng.random_range(0..accounts.len())];
-            let roll: f64 = rng.random();
-            let kind = if roll < options.mix.withdrawal {
-                SpendKind::Withdrawal
-            } else if roll < options.mix.withdrawal + options.mix.draw {
-                SpendKind::LotteryDraw
-            } else {
-                SpendKind::Deposit
-            };
-            // The funding of each round counts on these ranges (see `opening`).
-            let amount = match kind {
-                SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
-                SpendKind::Withdrawal => rng.random_range(WITHDRAWAL),
-                SpendKind::Deposit => rng.random_range(DEPOSIT),
-            };
-            let duplicate = rng.random::<f64>() < options.duplicate_fraction;
-            let changed = duplicate && rng.random::<f64>() < options.changed_fraction;
-            (account, kind, amount, duplicate, changed)
-        };
+        cursor.turn += 1;
+        Ok(Some(
+            self.draw(&accounts, cursor.turn % self.options.targets.len()),
+        ))
+    }
 
-        let sent_at = started.elapsed();
-        let answer = api.ticket(target, &account.id, &account.key).await;
-        let issued_ticket = answer.ticket.clone();
-        gathered.tickets.push(TicketAttempt {
-            account: account.id.clone(),
-            target: target % targets,
-            status: answer.status,
-            ticket: answer.ticket,
-            // The body of an issued ticket says nothing the record does not.
-            body: answer.body.filter(|_| answer.status != 201),
-            sent_at_ms: sent_at.as_millis() as u64,
-            latency_us: answer.latency.as_micros() as u64,
-            error: answer.error,
-        });
-        let ticket = match issued_ticket {
-            Some(ticket) => {
-                gathered.counts.tickets += 1;
-                ticket
-            }
-            None => {
-                gathered.counts.ticket_errors += 1;
-                live.errors.fetch_add(1, Ordering::Relaxed);
-                // Do not hammer a target that is down.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
+    /// Draws a spend at random: the account, the kind by the mix, the amount, whether it
+    /// is duplicated.
+    fn draw(&self, accounts: &[AccountRecord], target: usize) -> Plan {
+        let options = &self.options;
+        let mut rng = rand::rng();
+        let account = accounts[rng.random_range(0..accounts.len())].clone();
+        let roll: f64 = rng.random();
+        let kind = if roll < options.mix.withdrawal {
+            SpendKind::Withdrawal
+        } else if roll < options.mix.withdrawal + options.mix.draw {
+            SpendKind::LotteryDraw
+        } else {
+            SpendKind::Deposit
         };
-        let mut record = SpendRecord {
-            ticket: ticket.clone(),
-            account: account.id.clone(),
+        // The funding of each round counts on these ranges (see `opening`).
+        let amount = match kind {
+            SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
+            SpendKind::Withdrawal => rng.random_range(WITHDRAWAL),
+            SpendKind::Deposit => rng.random_range(DEPOSIT),
+        };
+        let duplicate = rng.random::<f64>() < options.duplicate_fraction;
+        let changed = duplicate && rng.random::<f64>() < options.changed_fraction;
+        Plan {
+            account,
             kind,
             amount,
-            attempts: Vec::new(),
-        };
-        let faulty = options
-            .fault
-            .as_ref()
-            .filter(|plan| rand::random::<f64>() < plan.share);
-        let send = |role: Role, target: usize, amount: i64| {
-            let (api, ticket, account, options) = (&api, &ticket, account, &options);
-            async move {
-                let mut headers: Vec<(&str, &str)> = options
-                    .headers
-                    .iter()
-                    .map(|(name, value)| (name.as_str(), value.as_str()))
-                    .collect();
-                if let Some(plan) =
-                    faulty.filter(|plan| plan.target.is_none_or(|only| only == target % targets))
-                {
-                    headers.push(("payonce-fault", plan.header.as_str()));
-                }
-                let sent_at = started.elapsed();
-                let answer = api
-                    .spend(
+            target,
+            duplicate,
+            changed,
+        }
+    }
+
+    /// Asks for a ticket — resending by the retry policy, each resend to the next target —
+    /// and records every attempt. The ticket, if one was issued. (A resend after a lost
+    /// answer may leave that answer's ticket behind, unknown to the run: harmless, a ticket
+    /// moves nothing until it is spent.)
+    async fn take_ticket(&self, plan: &Plan, gathered: &mut Gathered) -> Option<String> {
+        let targets = self.options.targets.len();
+        let attempts = self
+            .options
+            .retry
+            .send(|number| {
+                let target = (plan.target + number as usize - 1) % targets;
+                let sent_at = self.started.elapsed();
+                async move {
+                    let answer = self
+                        .api
+                        .ticket(target, &plan.account.id, &plan.account.key)
+                        .await;
+                    TicketAttempt {
+                        account: plan.account.id.clone(),
+                        attempt: number,
                         target,
-                        &account.id,
-                        &account.key,
-                        ticket,
-                        kind,
-                        amount,
-                        &headers,
-                    )
-                    .await;
-                attempt(role, target % targets, amount, sent_at, answer)
+                        status: answer.status,
+                        ticket: answer.ticket,
+                        // The body of an issued ticket says nothing the record does not.
+                        body: answer.body.filter(|_| answer.status != Some(201)),
+                        sent_at_ms: sent_at.as_millis() as u64,
+                        latency_us: answer.latency.as_micros() as u64,
+                        error: answer.error,
+                        retry_after: answer.retry_after,
+                    }
+                }
+            })
+            .await;
+        gathered.counts.ticket_retries += attempts.len().saturating_sub(1) as u64;
+        let ticket = attempts.last().and_then(|last| last.ticket.clone());
+        gathered.tickets.extend(attempts);
+        match &ticket {
+            Some(_) => gathered.counts.tickets += 1,
+            None => {
+                gathered.counts.ticket_errors += 1;
+                self.live.errors.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        ticket
+    }
+
+    /// Spends the ticket: the original, and for a duplicated spend a concurrent copy to the
+    /// next target, a late copy, and perhaps a changed one. Each of those is one logical
+    /// request, resent by the retry policy.
+    async fn spend(&self, plan: &Plan, ticket: String) -> SpendRecord {
+        let spending = Spending {
+            shared: self,
+            plan,
+            ticket: &ticket,
+            fault: self
+                .options
+                .fault
+                .as_ref()
+                .filter(|fault| rand::random::<f64>() < fault.share),
         };
-        if duplicate {
+        let (target, amount) = (plan.target, plan.amount);
+        let mut attempts = Vec::new();
+        if plan.duplicate {
             let (first, second) = tokio::join!(
-                send(Role::Original, target, amount),
-                send(Role::ConcurrentDuplicate, target + 1, amount)
+                spending.request(Role::Original, target, amount),
+                spending.request(Role::ConcurrentDuplicate, target + 1, amount)
             );
-            record.attempts.extend([first, second]);
-            record
-                .attempts
-                .push(send(Role::LateDuplicate, target + 2, amount).await);
-            let settled = record
-                .attempts
+            attempts.extend(first.into_iter().chain(second));
+            attempts.extend(
+                spending
+                    .request(Role::LateDuplicate, target + 2, amount)
+                    .await,
+            );
+            let settled = attempts
                 .iter()
-                .any(|attempt| matches!(attempt.status, 201 | 402));
-            if changed && settled {
-                record
-                    .attempts
-                    .push(send(Role::ChangedDuplicate, target + 2, amount + 1).await);
+                .any(|attempt| matches!(attempt.status, Some(201 | 402)));
+            if plan.changed && settled {
+                attempts.extend(
+                    spending
+                        .request(Role::ChangedDuplicate, target + 2, amount + 1)
+                        .await,
+                );
             }
         } else {
-            record
-                .attempts
-                .push(send(Role::Original, target, amount).await);
+            attempts.extend(spending.request(Role::Original, target, amount).await);
         }
+        SpendRecord {
+            ticket,
+            account: plan.account.id.clone(),
+            kind: plan.kind,
+            amount: plan.amount,
+            attempts,
+        }
+    }
+}
 
+/// One ticket being spent: what each of its logical requests needs.
+struct Spending<'a> {
+    shared: &'a Shared,
+    plan: &'a Plan,
+    ticket: &'a str,
+    /// The `Payonce-Fault` this spend asks for, if it is one of the faulty share.
+    fault: Option<&'a FaultPlan>,
+}
+
+impl Spending<'_> {
+    /// One logical request: sent to `target`, resent to the next targets while the answers
+    /// are transient and the policy allows. Every attempt, in order.
+    async fn request(&self, role: Role, target: usize, amount: i64) -> Vec<Attempt> {
+        let targets = self.shared.options.targets.len();
+        self.shared
+            .options
+            .retry
+            .send(|number| {
+                let target = (target + number as usize - 1) % targets;
+                self.send(role, number, target, amount)
+            })
+            .await
+    }
+
+    /// Attempt `number` of a logical request, to `target`.
+    async fn send(&self, role: Role, number: u32, target: usize, amount: i64) -> Attempt {
+        let shared = self.shared;
+        let mut headers: Vec<(&str, &str)> = shared
+            .options
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        if let Some(fault) = self
+            .fault
+            .filter(|fault| fault.target.is_none_or(|only| only == target))
+        {
+            headers.push(("payonce-fault", fault.header.as_str()));
+        }
+        let account = &self.plan.account;
+        let sent_at = shared.started.elapsed();
+        let answer = shared
+            .api
+            .spend(
+                target,
+                &account.id,
+                &account.key,
+                self.ticket,
+                self.plan.kind,
+                amount,
+                &headers,
+            )
+            .await;
+        attempt(role, number, target, amount, sent_at, answer)
+    }
+}
+
+impl Gathered {
+    fn new() -> Result<Self, RunError> {
+        Ok(Self {
+            tickets: Vec::new(),
+            spends: Vec::new(),
+            counts: Counts::default(),
+            latency: histogram()?,
+            timeline: Vec::new(),
+        })
+    }
+
+    /// Counts a spend's attempts: by answer, latency, second of the run, and live.
+    fn record(&mut self, record: &SpendRecord, live: &Live) {
         for attempt in &record.attempts {
-            gathered.counts.add(attempt);
-            gathered
-                .latency
-                .saturating_record(attempt.latency_us.max(1));
+            self.counts.add(attempt);
+            self.latency.saturating_record(attempt.latency_us.max(1));
             let second = (attempt.sent_at_ms / 1000) as usize;
-            if gathered.timeline.len() <= second {
-                gathered.timeline.resize(second + 1, Second::default());
+            if self.timeline.len() <= second {
+                self.timeline.resize(second + 1, Second::default());
             }
-            let slot = &mut gathered.timeline[second];
+            let slot = &mut self.timeline[second];
             match attempt.status {
-                200..=299 => slot.ok += 1,
-                400..=499 => slot.refused += 1,
+                Some(200..=299) => slot.ok += 1,
+                Some(400..=499) => slot.refused += 1,
                 _ => slot.failed += 1,
             }
             live.requests.fetch_add(1, Ordering::Relaxed);
+            if attempt.attempt > 1 {
+                live.retries.fetch_add(1, Ordering::Relaxed);
+            }
             match attempt.status {
-                201 => live.created.fetch_add(1, Ordering::Relaxed),
-                400..=499 => live.refused.fetch_add(1, Ordering::Relaxed),
+                Some(201) => live.created.fetch_add(1, Ordering::Relaxed),
+                Some(400..=499) => live.refused.fetch_add(1, Ordering::Relaxed),
                 _ => live.errors.fetch_add(1, Ordering::Relaxed),
             };
             if attempt.replayed {
                 live.replays.fetch_add(1, Ordering::Relaxed);
             }
         }
-        gathered.spends.push(record);
     }
-    Ok(gathered)
 }
 
-fn attempt(role: Role, target: usize, amount: i64, sent_at: Duration, answer: Answer) -> Attempt {
+fn attempt(
+    role: Role,
+    number: u32,
+    target: usize,
+    amount: i64,
+    sent_at: Duration,
+    answer: Answer,
+) -> Attempt {
     Attempt {
         role,
+        attempt: number,
         target,
         amount,
         status: answer.status,
@@ -644,11 +802,13 @@ fn attempt(role: Role, target: usize, amount: i64, sent_at: Duration, answer: An
         sent_at_ms: sent_at.as_millis() as u64,
         latency_us: answer.latency.as_micros() as u64,
         error: answer.error,
+        retry_after: answer.retry_after,
     }
 }
 
 /// Reads every account (balance, points, entries) and, for tickets the run never got a
-/// definitive answer for, the ticket itself.
+/// definitive answer for or resent a request of, the ticket itself: the stored outcome
+/// decides the first, and must equal the answer the second ended with.
 async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError> {
     let mut state = FinalState::default();
     let accounts = futures::stream::iter(history.accounts.iter().enumerate())
@@ -676,9 +836,12 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         .spends
         .iter()
         .filter(|spend| {
-            !spend.attempts.iter().any(|attempt| {
-                attempt.role != Role::ChangedDuplicate && matches!(attempt.status, 201 | 402 | 422)
-            })
+            let settled = spend.attempts.iter().any(|attempt| {
+                attempt.role != Role::ChangedDuplicate
+                    && matches!(attempt.status, Some(201 | 402 | 422))
+            });
+            let resent = spend.attempts.iter().any(|attempt| attempt.attempt > 1);
+            !settled || resent
         })
         .collect();
     let tickets = futures::stream::iter(unsettled.into_iter().enumerate())
@@ -759,11 +922,12 @@ async fn tick(
         let requests = live.requests.load(Ordering::Relaxed);
         let rate = requests as f64 / started.elapsed().as_secs_f64().max(0.001);
         bar.set_message(format!(
-            "{requests} requests · {rate:.0}/s · {} ok · {} replays · {} refused · {} errors",
+            "{requests} requests · {rate:.0}/s · {} ok · {} replays · {} refused · {} errors · {} resends",
             live.created.load(Ordering::Relaxed),
             live.replays.load(Ordering::Relaxed),
             live.refused.load(Ordering::Relaxed),
             live.errors.load(Ordering::Relaxed),
+            live.retries.load(Ordering::Relaxed),
         ));
         match limit {
             Limit::Duration(_) => bar.set_position(started.elapsed().as_secs()),

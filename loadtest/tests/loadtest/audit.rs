@@ -1,6 +1,6 @@
 //! Recorded histories, clean and with planted faults, through the auditor.
 
-use loadtest::audit::{AuditOptions, Violation, ViolationKind, audit, audit_with};
+use loadtest::audit::{AuditOptions, Unresolved, Violation, ViolationKind, audit, audit_with};
 use loadtest::history::{
     AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
     SpendRecord, TicketAttempt, TicketState,
@@ -12,14 +12,16 @@ const ACCOUNT: &str = "a1";
 fn attempt(role: Role, status: u16, replayed: bool, body: Value) -> Attempt {
     Attempt {
         role,
+        attempt: 1,
         target: 0,
         amount: 0,
-        status,
+        status: Some(status),
         replayed,
         body: Some(body),
         sent_at_ms: 0,
         latency_us: 1000,
         error: None,
+        retry_after: None,
     }
 }
 
@@ -66,7 +68,7 @@ fn clean() -> (History, FinalState) {
         }],
         tickets: ["t1", "t2", "t3", "t4", "t5"]
             .into_iter()
-            .map(|ticket| ticket_request(201, Some(ticket), None))
+            .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
         spends: vec![
             SpendRecord {
@@ -160,30 +162,34 @@ fn clean() -> (History, FinalState) {
     (history, state)
 }
 
-fn ticket_request(status: u16, ticket: Option<&str>, body: Option<Value>) -> TicketAttempt {
+fn ticket_request(status: Option<u16>, ticket: Option<&str>, body: Option<Value>) -> TicketAttempt {
     TicketAttempt {
         account: ACCOUNT.into(),
+        attempt: 1,
         target: 0,
         status,
         ticket: ticket.map(str::to_owned),
         body,
         sent_at_ms: 0,
         latency_us: 1000,
-        error: (status == 0).then(|| "connection refused".to_owned()),
+        error: status.is_none().then(|| "connection refused".to_owned()),
+        retry_after: None,
     }
 }
 
 fn unanswered(role: Role) -> Attempt {
     Attempt {
         role,
+        attempt: 1,
         target: 0,
         amount: 1,
-        status: 0,
+        status: None,
         replayed: false,
         body: None,
         sent_at_ms: 0,
         latency_us: 1000,
         error: Some("connection reset by peer".into()),
+        retry_after: None,
     }
 }
 
@@ -202,7 +208,9 @@ fn stale_writes(violations: &[Violation]) -> Vec<&Violation> {
         .collect()
 }
 
-/// A consistent history passes, and counts no double spend.
+/// A consistent history passes, and counts no double spend. Its requests that ended on a
+/// transient answer (t4's 503, t5's 409 and 503) are counted unresolved, with their two
+/// tickets: t4's completed, t5's still issued.
 #[test]
 fn a_clean_history_passes() {
     let (history, state) = clean();
@@ -210,6 +218,14 @@ fn a_clean_history_passes() {
     let audited = audit_with(&history, &state, &AuditOptions::default());
     assert_eq!(audited.tallies.len(), 1);
     assert_eq!(audited.tallies[0].double_spends, 0);
+    assert_eq!(
+        audited.unresolved,
+        Unresolved {
+            requests: 3,
+            tickets: 2,
+            completed: 1
+        }
+    );
 }
 
 /// A withdrawal executed twice — a second entry and the money gone — is flagged, and
@@ -256,7 +272,7 @@ fn lost_updates_count_each_overwritten_spend() {
         }],
         tickets: ["t1", "t2", "t3", "t4"]
             .into_iter()
-            .map(|ticket| ticket_request(201, Some(ticket), None))
+            .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
         spends: vec![
             withdrawal("t1", 10, 90),
@@ -305,7 +321,9 @@ fn lost_points_count_too() {
         amount: 2,
         attempts: vec![attempt(Role::Original, 201, false, drawn)],
     });
-    history.tickets.push(ticket_request(201, Some("t6"), None));
+    history
+        .tickets
+        .push(ticket_request(Some(201), Some("t6"), None));
     let account = state.accounts.get_mut(ACCOUNT).unwrap();
     account
         .entries
@@ -335,6 +353,7 @@ fn an_unanswered_spend_is_flagged() {
 
     let expected = AuditOptions {
         unanswered_expected: true,
+        ..AuditOptions::default()
     };
     let (mut history, state) = clean();
     history.spends[4]
@@ -357,13 +376,13 @@ fn ticket_requests_are_audited() {
             .collect::<Vec<_>>()
     };
     let strict = AuditOptions::default();
-    let declared = ticket_request(503, None, Some(problem(503, "database-unavailable")));
+    let declared = ticket_request(Some(503), None, Some(problem(503, "database-unavailable")));
     assert_eq!(with(declared, strict), vec![]);
     for undeclared in [
-        ticket_request(500, None, Some(problem(500, "internal-error"))),
-        ticket_request(503, None, Some(problem(503, "mystery"))),
-        ticket_request(404, None, Some(problem(404, "not-found"))),
-        ticket_request(201, None, Some(json!({}))),
+        ticket_request(Some(500), None, Some(problem(500, "internal-error"))),
+        ticket_request(Some(503), None, Some(problem(503, "mystery"))),
+        ticket_request(Some(404), None, Some(problem(404, "not-found"))),
+        ticket_request(Some(201), None, Some(json!({}))),
     ] {
         assert_eq!(
             with(undeclared.clone(), strict),
@@ -372,14 +391,15 @@ fn ticket_requests_are_audited() {
         );
     }
     assert_eq!(
-        with(ticket_request(0, None, None), strict),
+        with(ticket_request(None, None, None), strict),
         vec![ViolationKind::Unanswered]
     );
     assert_eq!(
         with(
-            ticket_request(0, None, None),
+            ticket_request(None, None, None),
             AuditOptions {
-                unanswered_expected: true
+                unanswered_expected: true,
+                ..AuditOptions::default()
             }
         ),
         vec![]
@@ -461,4 +481,215 @@ fn negative_balances_are_flagged() {
     let (history, mut state) = clean();
     state.accounts.get_mut(ACCOUNT).unwrap().entries[1].balance_after = -1;
     assert!(kinds(&history, &state).contains(&ViolationKind::Negative));
+}
+
+/// The audit of a run whose clients resend.
+const RETRIES: AuditOptions = AuditOptions {
+    unanswered_expected: false,
+    retries: true,
+};
+
+/// `attempt` as the `number`-th send of its request.
+fn nth(number: u32, mut attempt: Attempt) -> Attempt {
+    attempt.attempt = number;
+    attempt
+}
+
+fn ticket_state(state: &str, status: Option<u16>, body: Option<Value>) -> TicketState {
+    TicketState {
+        state: state.into(),
+        status,
+        body,
+    }
+}
+
+/// The clean history, with t2's original resent after it got no answer: its second send
+/// was answered 402, which the ticket, read back, stores.
+fn resent_after_no_answer() -> (History, FinalState) {
+    let (mut history, mut state) = clean();
+    let broke = problem(402, "insufficient-funds");
+    history.spends[1].attempts = vec![
+        unanswered(Role::Original),
+        nth(2, attempt(Role::Original, 402, false, broke.clone())),
+        attempt(Role::LateDuplicate, 402, true, broke.clone()),
+    ];
+    state.tickets.insert(
+        "t2".into(),
+        ticket_state("completed", Some(402), Some(broke)),
+    );
+    (history, state)
+}
+
+/// A request resent after it got no answer passes when the clients retry — the answer it
+/// ended with is judged — and is flagged as unanswered when they do not.
+#[test]
+fn a_request_resent_after_no_answer_passes_with_retries() {
+    let (history, state) = resent_after_no_answer();
+    assert_eq!(audit_with(&history, &state, &RETRIES).violations, vec![]);
+    assert_eq!(
+        kinds(&history, &state),
+        vec![ViolationKind::Unanswered],
+        "without retries"
+    );
+}
+
+/// A resend that executed again — answered 201 without `Idempotent-Replayed` beside the
+/// original's 201 — is flagged, whichever attempt it was.
+#[test]
+fn a_resend_that_executed_again_is_flagged() {
+    let (mut history, state) = clean();
+    let moved = history.spends[0].attempts[0].body.clone().unwrap();
+    history.spends[0].attempts[1] = attempt(
+        Role::ConcurrentDuplicate,
+        409,
+        false,
+        problem(409, "request-in-progress"),
+    );
+    history.spends[0].attempts.insert(
+        2,
+        nth(2, attempt(Role::ConcurrentDuplicate, 201, false, moved)),
+    );
+    let found = audit_with(&history, &state, &RETRIES).violations;
+    assert!(
+        found
+            .iter()
+            .any(|violation| violation.kind == ViolationKind::ExecutedTwice),
+        "{found:#?}"
+    );
+}
+
+/// A ticket that executed on a send whose answer was lost and again on the resend has two
+/// entries and the money gone twice: flagged, and counted as a double spend.
+#[test]
+fn a_ticket_executed_by_a_lost_send_and_its_resend_is_flagged() {
+    let (mut history, mut state) = clean();
+    let moved = history.spends[0].attempts[0].body.clone().unwrap();
+    history.spends[0].attempts[0] = unanswered(Role::Original);
+    history.spends[0].attempts.insert(
+        1,
+        nth(2, attempt(Role::Original, 201, false, moved.clone())),
+    );
+    state.tickets.insert(
+        "t1".into(),
+        ticket_state("completed", Some(201), Some(moved)),
+    );
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account
+        .entries
+        .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
+    account.balance = 55;
+    let audited = audit_with(&history, &state, &RETRIES);
+    let found: Vec<ViolationKind> = audited.violations.iter().map(|v| v.kind).collect();
+    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    assert_eq!(audited.tallies[0].double_spends, 1);
+}
+
+/// A request whose every send was transient or lost is unresolved: counted, not a
+/// violation, while its ticket shows nothing executed; an entry for it is flagged.
+#[test]
+fn an_unresolved_request_is_counted_and_its_ticket_judged() {
+    let (mut history, mut state) = clean();
+    history.spends[4].attempts = vec![
+        attempt(Role::Original, 409, false, problem(409, "account-busy")),
+        nth(2, unanswered(Role::Original)),
+        nth(
+            3,
+            attempt(Role::Original, 503, false, problem(503, "lock-lost")),
+        ),
+        nth(
+            4,
+            attempt(Role::Original, 429, false, problem(429, "rate-limited")),
+        ),
+        nth(
+            5,
+            attempt(Role::Original, 503, false, problem(503, "outcome-unknown")),
+        ),
+    ];
+    let audited = audit_with(&history, &state, &RETRIES);
+    assert_eq!(audited.violations, vec![]);
+    assert_eq!(
+        audited.unresolved,
+        Unresolved {
+            requests: 2,
+            tickets: 2,
+            completed: 1
+        }
+    );
+
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account
+        .entries
+        .push(entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1));
+    account.balance = 84;
+    let found: Vec<ViolationKind> = audit_with(&history, &state, &RETRIES)
+        .violations
+        .iter()
+        .map(|violation| violation.kind)
+        .collect();
+    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+}
+
+/// A ticket read back must store the outcome its requests were answered with: another
+/// outcome, or none at all (still issued), is flagged.
+#[test]
+fn a_stored_outcome_unlike_the_answer_is_flagged() {
+    let moved = json!({ "ticket_id": "t2", "account_id": ACCOUNT, "amount": 500, "balance": 0 });
+    for stored in [
+        ticket_state("completed", Some(201), Some(moved)),
+        ticket_state("issued", None, None),
+    ] {
+        let (history, mut state) = resent_after_no_answer();
+        state.tickets.insert("t2".into(), stored.clone());
+        let found: Vec<ViolationKind> = audit_with(&history, &state, &RETRIES)
+            .violations
+            .iter()
+            .map(|violation| violation.kind)
+            .collect();
+        assert_eq!(
+            found,
+            vec![ViolationKind::StoredOutcomeMismatch],
+            "{stored:?}"
+        );
+    }
+}
+
+/// 429 `rate-limited` and 503 `outcome-unknown` are declared transient answers, for spends
+/// and ticket requests alike; a 429 of another type is not.
+#[test]
+fn rate_limits_and_unknown_outcomes_are_declared() {
+    let (mut history, state) = clean();
+    history.spends[4].attempts[0] =
+        attempt(Role::Original, 429, false, problem(429, "rate-limited"));
+    history.spends[4].attempts[1] = attempt(
+        Role::ConcurrentDuplicate,
+        503,
+        false,
+        problem(503, "outcome-unknown"),
+    );
+    history.tickets.push(ticket_request(
+        Some(429),
+        None,
+        Some(problem(429, "rate-limited")),
+    ));
+    history.tickets.push(ticket_request(
+        Some(503),
+        None,
+        Some(problem(503, "outcome-unknown")),
+    ));
+    assert_eq!(kinds(&history, &state), vec![]);
+    history.spends[4].attempts[0] = attempt(Role::Original, 429, false, problem(429, "slow-down"));
+    assert_eq!(
+        kinds(&history, &state),
+        vec![ViolationKind::UndeclaredAnswer]
+    );
+}
+
+/// A ticket request that got no answer is not a violation when the clients resend it.
+#[test]
+fn an_unanswered_ticket_request_passes_with_retries() {
+    let (mut history, state) = clean();
+    history.tickets.push(ticket_request(None, None, None));
+    assert_eq!(audit_with(&history, &state, &RETRIES).violations, vec![]);
+    assert_eq!(kinds(&history, &state), vec![ViolationKind::Unanswered]);
 }

@@ -6,6 +6,7 @@ use api::config::{Cli, Config};
 use api::state::AppState;
 use clap::Parser;
 use ledger::testing::TestDatabase;
+use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, RunOptions, run};
 
 fn config(args: &[&str]) -> Config {
@@ -43,6 +44,7 @@ fn options(targets: Vec<String>) -> RunOptions {
         headers: Vec::new(),
         fault: None,
         expect_unanswered: false,
+        retry: RetryPolicy::default(),
     }
 }
 
@@ -149,10 +151,10 @@ fn refused_share(history: &loadtest::history::History) -> f64 {
             .attempts
             .iter()
             .filter(|attempt| attempt.role != Role::ChangedDuplicate)
-            .find(|attempt| matches!(attempt.status, 201 | 402));
+            .find(|attempt| matches!(attempt.status, Some(201 | 402)));
         if let Some(outcome) = outcome {
             settled += 1;
-            refused += u32::from(outcome.status == 402);
+            refused += u32::from(outcome.status == Some(402));
         }
     }
     f64::from(refused) / f64::from(settled.max(1))

@@ -9,7 +9,7 @@ use loadtest::matrix::{Fault, MatrixOptions, Row, run_matrix};
 
 /// The payonce binary beside this test's (cargo builds it for the workspace's tests);
 /// built here if a narrower `cargo test` did not.
-fn payonce() -> PathBuf {
+pub(crate) fn payonce() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe
         .parent()

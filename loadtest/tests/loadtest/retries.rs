@@ -1,0 +1,132 @@
+//! Clients that retry: an instance killed (SIGKILL) mid-run and restarted costs no
+//! violation when the clients resend, with the same ticket, what got no answer; without
+//! resends, every request the dead instance left unanswered is one.
+
+use std::time::Duration;
+
+use ledger::testing::TestDatabase;
+use loadtest::audit::ViolationKind;
+use loadtest::matrix::{Cluster, MatrixOptions};
+use loadtest::retry::RetryPolicy;
+use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
+
+/// How long the load lasts; the kill comes a third of the way in.
+const LOAD: Duration = Duration::from_secs(3);
+
+/// Three payonce instances (fenced, 1 s lock lease: a lock the killed instance held is
+/// free again before another instance's wait for it, 2 s, runs out), a short load with
+/// `retry`, and the third instance killed with SIGKILL a second in and restarted 300 ms
+/// later.
+async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
+    let database = TestDatabase::postgres().await.unwrap();
+    let cluster_options = MatrixOptions {
+        payonce: crate::matrix::payonce(),
+        database_url: database.url().to_owned(),
+        redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+        seconds: LOAD.as_secs_f64(),
+        clients: 0,
+        accounts: 0,
+        strategies: Vec::new(),
+        faults: Vec::new(),
+    };
+    let mut cluster = Cluster::start(&cluster_options, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let options = RunOptions {
+        targets: cluster.targets(),
+        accounts: 4,
+        clients: 8,
+        limit: Limit::Duration(LOAD),
+        duplicate_fraction: 0.3,
+        changed_fraction: 0.2,
+        progress: false,
+        mix: Mix::default(),
+        headers: Vec::new(),
+        fault: None,
+        expect_unanswered: false,
+        retry,
+    };
+    let kill = async {
+        tokio::time::sleep(LOAD / 3).await;
+        cluster
+            .kill_and_restart(2, Duration::from_millis(300))
+            .await
+    };
+    let (result, killed) = tokio::join!(run(options), kill);
+    killed.unwrap();
+    result.unwrap()
+}
+
+/// The killed instance's unanswered requests — spends and ticket requests — all found
+/// their answer on a resend: zero violations, resends happened (each to the next target),
+/// and nothing was spent twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_retries_an_instance_kill_leaves_no_violation() {
+    let result = killed_mid_run(RetryPolicy::default()).await;
+    assert!(result.violations.is_empty(), "{:#?}", result.violations);
+    let unanswered = result.counts.transport_errors
+        + result
+            .history
+            .tickets
+            .iter()
+            .filter(|ticket| ticket.status.is_none())
+            .count() as u64;
+    assert!(
+        unanswered > 0,
+        "the kill went unnoticed: {:?}",
+        result.counts
+    );
+    assert!(
+        result.counts.retries + result.counts.ticket_retries > 0,
+        "{:?}",
+        result.counts
+    );
+    let mut resends = 0;
+    for spend in &result.history.spends {
+        for pair in spend.attempts.windows(2) {
+            if pair[1].role == pair[0].role && pair[1].attempt == pair[0].attempt + 1 {
+                resends += 1;
+                assert_ne!(pair[0].target, pair[1].target, "resent to the same target");
+            }
+        }
+    }
+    assert!(
+        resends > 0,
+        "no spend attempt beyond the first was recorded"
+    );
+    assert!(
+        result.tallies.iter().all(|tally| tally.double_spends == 0),
+        "{:#?}",
+        result.tallies
+    );
+    assert!(result.counts.created > 0, "{:?}", result.counts);
+}
+
+/// The same kill with retries off: the requests the dead instance left unanswered are
+/// violations — the test above can fail — and they are the only ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_retries_an_instance_kill_leaves_unanswered_requests() {
+    let result = killed_mid_run(RetryPolicy::none()).await;
+    assert!(
+        result
+            .violations
+            .iter()
+            .any(|violation| violation.kind == ViolationKind::Unanswered),
+        "{:#?}",
+        result.violations
+    );
+    assert!(
+        result
+            .violations
+            .iter()
+            .all(|violation| violation.kind == ViolationKind::Unanswered),
+        "{:#?}",
+        result.violations
+    );
+    assert_eq!(
+        result.counts.retries + result.counts.ticket_retries,
+        0,
+        "{:?}",
+        result.counts
+    );
+}
