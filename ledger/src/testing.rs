@@ -269,3 +269,130 @@ async fn relay(
         () = downstream => {}
     }
 }
+
+/// A PostgreSQL server of the test's own — `initdb` into a temporary directory, listening
+/// on a free loopback port — for tests that restart or stop the database, which the shared
+/// one must never be. Stopped at once on drop. Uses the newest server installed under
+/// `/usr/lib/postgresql`; as root, runs it as the `postgres` user (PostgreSQL refuses to
+/// run as root).
+#[derive(Debug)]
+pub struct PrivatePostgres {
+    dir: tempfile::TempDir,
+    bin: std::path::PathBuf,
+    port: u16,
+    as_postgres: bool,
+}
+
+impl PrivatePostgres {
+    /// Creates the cluster and starts it, waiting until it accepts connections.
+    pub fn start() -> std::io::Result<Self> {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")?
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let version: u32 = entry.file_name().to_str()?.parse().ok()?;
+                Some((version, entry.path().join("bin")))
+            })
+            .max()
+            .map(|(_, bin)| bin)
+            .ok_or_else(|| std::io::Error::other("no PostgreSQL under /usr/lib/postgresql"))?;
+        let dir = tempfile::Builder::new().prefix("payonce-pg-").tempdir()?;
+        let as_postgres = std::process::Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|output| output.stdout.starts_with(b"0\n"));
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let server = Self {
+            dir,
+            bin,
+            port,
+            as_postgres,
+        };
+        if as_postgres {
+            server.run("chown", &["-R", "postgres:", &server.dir()])?;
+        }
+        let data = server.data();
+        let initdb = server.bin.join("initdb").display().to_string();
+        server.run(
+            &initdb,
+            &[
+                "-D",
+                &data,
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ],
+        )?;
+        server.pg_ctl(&["start"])?;
+        Ok(server)
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Stops the server the way an operator would (`pg_ctl stop -m fast`: sessions are
+    /// ended, in-flight transactions roll back).
+    pub fn stop(&self) -> std::io::Result<()> {
+        self.pg_ctl(&["stop", "-m", "fast"])
+    }
+
+    /// Starts it again, returning once it accepts connections.
+    pub fn start_again(&self) -> std::io::Result<()> {
+        self.pg_ctl(&["start"])
+    }
+
+    fn dir(&self) -> String {
+        self.dir.path().display().to_string()
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    fn pg_ctl(&self, action: &[&str]) -> std::io::Result<()> {
+        let options = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off -c full_page_writes=off",
+            self.port,
+            self.dir()
+        );
+        let log = self.dir.path().join("server.log").display().to_string();
+        let pg_ctl = self.bin.join("pg_ctl").display().to_string();
+        let data = self.data();
+        let mut args = vec!["-D", &data, "-l", &log, "-o", &options, "-w", "-t", "60"];
+        args.extend_from_slice(action);
+        self.run(&pg_ctl, &args)
+    }
+
+    fn run(&self, program: &str, args: &[&str]) -> std::io::Result<()> {
+        let mut command = if self.as_postgres && program != "chown" {
+            let mut command = std::process::Command::new("runuser");
+            command.args(["-u", "postgres", "--", program]);
+            command
+        } else {
+            std::process::Command::new(program)
+        };
+        let output = command.args(args).output()?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "{program} {args:?} failed: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            )))
+        }
+    }
+}
+
+impl Drop for PrivatePostgres {
+    fn drop(&mut self) {
+        let _ = self.pg_ctl(&["stop", "-m", "immediate"]);
+    }
+}

@@ -10,22 +10,27 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, ClientAddress, JsonBody};
+use crate::extract::{AccountPath, Caller, ClientAddress, JsonBody, integral};
 use crate::state::AppState;
 
 /// A request to open an account.
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NewAccountRequest {
-    /// 1 to 100 characters.
-    #[schema(min_length = 1, max_length = 100, example = "Ada")]
+    /// 1 to 100 characters, none of them NUL.
+    #[schema(
+        min_length = 1,
+        max_length = 100,
+        pattern = "^[^\\u0000]*$",
+        example = "Ada"
+    )]
     pub name: String,
     /// Opening balance in minor units.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
     #[schema(minimum = 0, default = 0)]
     pub balance: i64,
     /// Opening points.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
     #[schema(minimum = 0, default = 0)]
     pub points: i64,
 }
@@ -85,7 +90,10 @@ pub struct CreatedAccount {
     tag = "accounts",
     request_body = NewAccountRequest,
     responses(
-        (status = 201, description = "Opened", body = CreatedAccount),
+        (status = 201, description = "Opened", body = CreatedAccount, links(
+            ("TakeTicket" = (operation_id = "issue_ticket", parameters(("id" = "$response.body#/id")), description = "Take a ticket for the new account (authenticated with its api_key)")),
+            ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the new account back (authenticated with its api_key)")),
+        )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
@@ -159,6 +167,7 @@ pub struct EntriesQuery {
     /// Return entries with ids above this (the `next_after` of the previous page).
     pub after: Option<i64>,
     /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
 }
 

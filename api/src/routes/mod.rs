@@ -25,12 +25,14 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::{ApiError, PROBLEM_JSON, Problem};
+use crate::error::{ApiError, EXPLANATIONS, PROBLEM_JSON, Problem};
 use crate::metrics;
 use crate::state::AppState;
 
@@ -68,9 +70,49 @@ impl Modify for BearerKey {
     }
 }
 
+/// What the server enforces on parameters that the handlers' annotations cannot say:
+/// `Idempotency-Key` is a hyphenated UUID, bare or quoted; a problem's name is one of
+/// those the server explains (taken from the same table the server answers from).
+struct Enforced;
+
+impl Modify for Enforced {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let key = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(crate::extract::IDEMPOTENCY_KEY_PATTERN))
+            .build();
+        let names = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(EXPLANATIONS.iter().map(|(name, _, _)| *name)))
+            .build();
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for operation in operations.into_iter().flatten() {
+                let parameters = operation.parameters.iter_mut().flatten();
+                for parameter in parameters.filter_map(|parameter| match parameter {
+                    RefOr::T(parameter) => Some(parameter),
+                    RefOr::Ref(_) => None,
+                }) {
+                    if parameter.name == "Idempotency-Key" {
+                        parameter.schema = Some(Schema::Object(key.clone()).into());
+                    } else if path == "/problems/{name}" && parameter.name == "name" {
+                        parameter.schema = Some(Schema::Object(names.clone()).into());
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The routes and their OpenAPI document.
 pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    OpenApiRouter::with_openapi(ApiDoc::openapi())
+    let routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(accounts::create_account))
         .routes(routes!(accounts::get_account))
         .routes(routes!(accounts::list_entries))
@@ -83,8 +125,11 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
         .routes(routes!(service::explain_problem))
-        .routes(routes!(service::index))
-        .split_for_parts()
+        .routes(routes!(service::index));
+    let (router, mut openapi) = routes.split_for_parts();
+    // After the routes are in: the document's modifiers run before there are any paths.
+    Enforced.modify(&mut openapi);
+    (router, openapi)
 }
 
 /// The whole application: routes, `/openapi.json`, `/`, and the layers.

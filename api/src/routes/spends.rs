@@ -35,7 +35,7 @@ use tokio::time::Instant;
 use crate::config::Strategy;
 use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
-use crate::extract::{IdempotencyKey, JsonBody, OwnAccount};
+use crate::extract::{IdempotencyKey, JsonBody, OwnAccount, integral};
 use crate::render::{Drawn, MoneyMoved, render};
 use crate::state::AppState;
 
@@ -43,7 +43,8 @@ use crate::state::AppState;
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MoneyRequest {
-    /// Minor units, 1 to 10^12.
+    /// Minor units, 1 to 10^12 (an integral number such as `250.0` counts).
+    #[serde(deserialize_with = "integral")]
     #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 250)]
     pub amount: i64,
 }
@@ -57,7 +58,7 @@ fn one() -> i64 {
 #[serde(deny_unknown_fields)]
 pub struct DrawRequest {
     /// Points to spend, 1 to 10^12.
-    #[serde(default = "one")]
+    #[serde(default = "one", deserialize_with = "integral")]
     #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, default = 1)]
     pub points: i64,
 }
@@ -76,7 +77,7 @@ pub struct DrawRequest {
     security(("api_key" = [])),
     request_body = MoneyRequest,
     responses(
-        (status = 201, description = "Withdrawn (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved),
+        (status = 201, description = "Withdrawn (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
         (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 402, description = "Insufficient funds (stored; replayed)", body = Problem, content_type = "application/problem+json"),
@@ -87,7 +88,8 @@ pub struct DrawRequest {
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid amount, or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or lock store unavailable, or lock lost; nothing stored", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn withdraw(
@@ -116,7 +118,7 @@ pub async fn withdraw(
     security(("api_key" = [])),
     request_body = MoneyRequest,
     responses(
-        (status = 201, description = "Deposited (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved),
+        (status = 201, description = "Deposited (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
         (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
@@ -126,7 +128,8 @@ pub async fn withdraw(
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid amount, a balance that would overflow (stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or lock store unavailable, or lock lost; nothing stored", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn deposit(
@@ -156,7 +159,7 @@ pub async fn deposit(
     security(("api_key" = [])),
     request_body(content = DrawRequest, description = "May be empty: one point"),
     responses(
-        (status = 201, description = "Drawn (a replay carries `Idempotent-Replayed: true`)", body = Drawn),
+        (status = 201, description = "Drawn (a replay carries `Idempotent-Replayed: true`)", body = Drawn, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
         (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 402, description = "Insufficient points (stored; replayed)", body = Problem, content_type = "application/problem+json"),
@@ -167,7 +170,8 @@ pub async fn deposit(
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid points, a balance that would overflow (stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or lock store unavailable, or lock lost; nothing stored", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the points may have been spent. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn draw(

@@ -79,7 +79,12 @@ pub struct TicketView {
     params(("id" = Uuid, Path, description = "The account")),
     security(("api_key" = [])),
     responses(
-        (status = 201, description = "Issued", body = TicketIssued),
+        (status = 201, description = "Issued", body = TicketIssued, links(
+            ("Withdraw" = (operation_id = "withdraw", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a withdrawal")),
+            ("Deposit" = (operation_id = "deposit", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a deposit")),
+            ("Draw" = (operation_id = "draw", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a lottery draw")),
+            ("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "Read the ticket back")),
+        )),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),

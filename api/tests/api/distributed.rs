@@ -314,3 +314,83 @@ async fn audit_command_exits_nonzero_on_a_violation() {
     assert_eq!(broken.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&broken.stdout).contains("BalanceMatchesEntries"));
 }
+
+/// Fencing across a lock store that lost its data, lock and ledger together: a holder
+/// granted before Redis lost everything, paused past its lease, writes after a holder
+/// granted since — and is refused, whether the lost counter came back above its token
+/// (it starts from the clock) or, with a clock that stepped back, on exactly its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_from_before_a_wipe_cannot_write_after_a_later_grant() {
+    let redis = RedisServer::start().unwrap();
+    let shared = Shared::new(Backend::Distributed).await;
+    let mut config = shared.config(&[]);
+    config.redis_url = Some(redis.url());
+    let app = spawn_config(shared, config).await;
+    let mut raw = redis::Client::open(redis.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (locks, ledger) = (app.state.locks(), app.state.ledger());
+    let ttl = Duration::from_millis(300);
+
+    for clock_stepped_back in [false, true] {
+        let ada = app.create_account(1000, 0).await;
+        let account = ledger::AccountId(ada.id.parse().unwrap());
+        let key = format!("lock:account:{}", ada.id);
+        let paused_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
+        let later_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
+
+        let mut paused = locks.try_acquire(&key, ttl).await.unwrap().expect("free");
+        paused.stop_renewal().await;
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+        if clock_stepped_back {
+            // The counter comes back one below the paused holder's token: the next grant
+            // carries exactly its number.
+            let fence = format!("{}:fence:{{{key}}}", app.shared.namespace);
+            let _: () = redis::cmd("SET")
+                .arg(&fence)
+                .arg(paused.fencing_token().get() - 1)
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(ttl * 2).await;
+        let mut later = locks
+            .try_acquire(&key, Duration::from_secs(5))
+            .await
+            .unwrap()
+            .expect("the paused holder's lease ran out");
+        if clock_stepped_back {
+            assert_eq!(later.fencing_token(), paused.fencing_token());
+        } else {
+            assert!(later.fencing_token() > paused.fencing_token());
+        }
+        let apply = |ticket, token| {
+            ledger.apply(
+                ledger::ApplyRequest {
+                    ticket_id: ticket,
+                    account_id: account,
+                    operation: ledger::Operation::Withdrawal(ledger::Amount::new(600).unwrap()),
+                    fingerprint: "withdraw 600",
+                    fencing_token: token,
+                },
+                &api::render::render,
+            )
+        };
+        let written = apply(later_ticket, later.fencing_token().get())
+            .await
+            .unwrap();
+        assert_eq!(written.response.status, 201);
+        let refused = apply(paused_ticket, paused.fencing_token().get())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(refused, ledger::ApplyError::StaleToken { .. }),
+            "clock stepped back: {clock_stepped_back}: {refused:?}"
+        );
+        later.release().await.unwrap();
+        assert_eq!(app.balance(&ada).await, (400, 0));
+    }
+    app.assert_audit_clean().await;
+}

@@ -4,6 +4,7 @@
 
 mod browser;
 mod contract;
+mod database_restart;
 mod demo;
 mod distributed;
 mod hardening;

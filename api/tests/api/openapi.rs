@@ -108,7 +108,7 @@ async fn the_document_matches_the_routes_and_the_bodies() {
 
     for spend in ["withdrawals", "deposits", "lottery-draws"] {
         let responses = &spec["paths"][format!("/v1/accounts/{{id}}/{spend}")]["post"]["responses"];
-        for status in [201, 400, 401, 403, 404, 409, 410, 413, 415, 422, 503] {
+        for status in [201, 400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 503] {
             assert!(
                 responses[status.to_string()].is_object(),
                 "{spend} does not document {status}"
@@ -241,4 +241,110 @@ async fn the_document_matches_the_routes_and_the_bodies() {
         &refused,
         "402",
     );
+}
+
+/// What the server enforces is in the document: the `Idempotency-Key` pattern (exactly
+/// the forms the server accepts), `limit` 1–1000, every problem name, a name without NUL —
+/// and links lead from an account to a ticket, from a ticket to each spend and to its own
+/// lookup, and from a spend to the ticket that remembers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_document_says_what_the_server_enforces() {
+    let app = spawn_app(Backend::Embedded).await;
+    let spec: Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let parameter = |path: &str, method: &str, name: &str| -> Value {
+        spec["paths"][path][method]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|parameter| parameter["name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{method} {path} has no parameter {name}"))
+    };
+    for spend in ["withdrawals", "deposits", "lottery-draws"] {
+        let key = parameter(
+            &format!("/v1/accounts/{{id}}/{spend}"),
+            "post",
+            "Idempotency-Key",
+        );
+        assert_eq!(
+            key["schema"]["pattern"],
+            api::extract::IDEMPOTENCY_KEY_PATTERN,
+            "{spend}"
+        );
+    }
+    let limit = parameter("/v1/accounts/{id}/entries", "get", "limit");
+    assert_eq!(
+        (
+            limit["schema"]["minimum"].as_i64(),
+            limit["schema"]["maximum"].as_i64()
+        ),
+        (Some(1), Some(1000))
+    );
+    let name = parameter("/problems/{name}", "get", "name");
+    let names: Vec<&str> = name["schema"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|name| name.as_str().unwrap())
+        .collect();
+    let explained: Vec<&str> = api::error::EXPLANATIONS
+        .iter()
+        .map(|(name, _, _)| *name)
+        .collect();
+    assert_eq!(names, explained);
+    for name in &names {
+        let response = app
+            .client
+            .get(app.url(&format!("/problems/{name}")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{name}");
+    }
+    assert!(
+        spec["components"]["schemas"]["NewAccountRequest"]["properties"]["name"]["pattern"]
+            .as_str()
+            .is_some_and(|pattern| pattern.contains("u0000"))
+    );
+
+    let links = |path: &str, method: &str| -> Vec<String> {
+        spec["paths"][path][method]["responses"]["201"]["links"]
+            .as_object()
+            .map(|links| {
+                links
+                    .values()
+                    .map(|link| link["operationId"].as_str().unwrap().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut from_ticket = links("/v1/accounts/{id}/tickets", "post");
+    from_ticket.sort();
+    assert_eq!(from_ticket, ["deposit", "draw", "get_ticket", "withdraw"]);
+    assert!(links("/v1/accounts", "post").contains(&"issue_ticket".to_owned()));
+    for spend in ["withdrawals", "deposits", "lottery-draws"] {
+        assert_eq!(
+            links(&format!("/v1/accounts/{{id}}/{spend}"), "post"),
+            ["get_ticket"]
+        );
+    }
+    // Every link names an operation the document has.
+    let operations: Vec<&str> = spec["paths"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|item| item.as_object().unwrap().values())
+        .filter_map(|operation| operation["operationId"].as_str())
+        .collect();
+    for target in from_ticket {
+        assert!(operations.contains(&target.as_str()), "{target}");
+    }
 }

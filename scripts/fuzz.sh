@@ -1,0 +1,192 @@
+#!/usr/bin/env bash
+# Fuzzes payonce's HTTP API with Schemathesis, every check enabled, against the OpenAPI
+# document the server itself serves: once in the embedded mode (a fresh SQLite file) and
+# once in the distributed mode (a fresh PostgreSQL database and a fresh Redis namespace,
+# both dropped afterwards). Fails if Schemathesis reports any failure in any mode.
+#
+#   scripts/fuzz.sh                                  # both modes, 50 examples per operation
+#   MODES=embedded MAX_EXAMPLES=200 SEED=1 scripts/fuzz.sh
+#
+# Everything runs on loopback. Reports (JUnit, NDJSON, HAR) and server logs land in
+# target/fuzz/<mode>/; `target/fuzz-venv/bin/st replay <id>` replays a reported failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SCHEMATHESIS_VERSION=4.32.5
+MODES=${MODES:-"embedded distributed"}
+MAX_EXAMPLES=${MAX_EXAMPLES:-50} # per operation and phase
+TIME_LIMIT=${TIME_LIMIT:-600}    # seconds per mode: a hard wall-clock cap (see below)
+SEED=${SEED:-}                   # empty: a random seed, printed in the summary
+OUT=$PWD/target/fuzz
+VENV=$PWD/target/fuzz-venv
+
+# --- Tools ------------------------------------------------------------------------
+# A pinned Schemathesis in a private venv: its checks and generators change between
+# releases, so an unpinned one would make the verdict drift on its own.
+if [ "$("$VENV/bin/schemathesis" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
+  # Debian's python3 makes virtual environments only with python3-venv installed.
+  if ! python3 -c 'import ensurepip' 2>/dev/null; then
+    if [ "$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
+  fi
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
+fi
+case " $MODES " in *" distributed "*) scripts/services.sh ;; esac
+cargo build -p api --bin payonce --locked
+mkdir -p "$OUT"
+
+# --- Schemathesis configuration ----------------------------------------------------
+# Secrets and ids come from the environment (`${VAR}` is expanded by Schemathesis), so
+# the key never shows up in a process list.
+cat >"$OUT/schemathesis.toml" <<EOF
+# Written by scripts/fuzz.sh; edit it there.
+# Warnings that mean the run itself is misconfigured (auth not applied, a pattern it
+# cannot generate from, a filter that matches nothing) fail it like a failure would.
+warnings.fail-on = ["missing_auth", "unused_openapi_auth", "unsupported_regex", "unmatched_filter"]
+hooks = "$OUT/hooks.py"
+
+# The document's bearer scheme (components.securitySchemes.api_key): Schemathesis sends
+# the key only where the document asks for it, and ignored_auth probes without it.
+[auth.openapi.api_key]
+bearer = "\${PAYONCE_API_KEY}"
+
+# Every {id} is the account this run opened: any other id is another account's (403) or
+# nobody's (404), and nothing past authentication would ever be reached.
+[parameters]
+"path.id" = "\${PAYONCE_ACCOUNT_ID}"
+
+# Mask the Authorization header and the api_key field, but show Idempotency-Key: the
+# default markers hide every header with "key" in its name.
+[output.sanitization]
+sensitive-markers = ["token", "secret", "password", "auth", "session", "passwd", "credential"]
+EOF
+
+# A refusal that depends on the account's state or on the ticket's history — 402
+# insufficient funds or points, 422 balance-limit, 422 idempotency-key-reuse for a second
+# request with a used ticket — is part of the contract and no schema can declare it away,
+# so positive_data_acceptance (ST202) must not count it. Only those: a 422
+# invalid-request for a schema-valid body still fails the run. Schemathesis prints how
+# many failures this hook dropped.
+cat >"$OUT/hooks.py" <<'EOF'
+# Written by scripts/fuzz.sh; edit it there.
+import schemathesis
+
+SPENDS = ("/withdrawals", "/deposits", "/lottery-draws")
+STATE_REFUSALS = {
+    402: {"/problems/insufficient-funds", "/problems/insufficient-points"},
+    422: {"/problems/balance-limit", "/problems/idempotency-key-reuse"},
+}
+
+
+@schemathesis.hook
+def filter_failure(context, failure, case, response):
+    if failure.code != "ST202" or case.method != "POST" or not case.path.endswith(SPENDS):
+        return True
+    try:
+        problem_type = response.json().get("type")
+    except Exception:
+        return True
+    return problem_type not in STATE_REFUSALS.get(response.status_code, set())
+EOF
+
+# --- One mode -----------------------------------------------------------------------
+server=""
+database=""
+namespace=""
+cleanup() {
+  if [ -n "$server" ]; then
+    kill "$server" 2>/dev/null || true
+    wait "$server" 2>/dev/null || true
+    server=""
+  fi
+  if [ -n "$database" ]; then
+    dropdb -h 127.0.0.1 -U postgres --if-exists --force "$database" || true
+    database=""
+  fi
+  if [ -n "$namespace" ]; then
+    redis-cli -h 127.0.0.1 -p 6379 --scan --pattern "$namespace:*" |
+      xargs -r redis-cli -h 127.0.0.1 -p 6379 del >/dev/null || true
+    namespace=""
+  fi
+}
+trap cleanup EXIT
+
+fuzz() {
+  local mode=$1 dir=$OUT/$1 base address account status=0
+  rm -rf "$dir"
+  mkdir -p "$dir"
+
+  # A fresh store each time, so earlier runs cannot change what this one sees.
+  local -a with_store=(env -u DATABASE_URL -u REDIS_URL)
+  if [ "$mode" = distributed ]; then
+    database="payonce_fuzz_$(date +%s)_$$"
+    namespace="fuzz-$database"
+    createdb -h 127.0.0.1 -U postgres "$database"
+    with_store+=(DATABASE_URL="postgres://postgres@127.0.0.1:5432/$database"
+      REDIS_URL="redis://127.0.0.1:6379" PAYONCE_REDIS_NAMESPACE="$namespace")
+  else
+    with_store+=(PAYONCE_DATA_DIR="$dir/data")
+  fi
+
+  # Port 0: the kernel picks a free loopback port, and the server logs which one.
+  "${with_store[@]}" PAYONCE_ADDR=127.0.0.1:0 PAYONCE_INSTANCE="fuzz-$mode" RUST_LOG=info,sqlx=warn \
+    NO_COLOR=1 target/debug/payonce >"$dir/payonce.log" 2>&1 &
+  server=$!
+  address=""
+  for _ in $(seq 150); do
+    address=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/payonce.log" |
+      grep -o 'listening addr=127\.0\.0\.1:[0-9]*' | head -n 1 | cut -d= -f2 || true)
+    [ -n "$address" ] && curl -fsS "http://$address/healthz" >/dev/null 2>&1 && break
+    kill -0 "$server" 2>/dev/null || break
+    sleep 0.2
+  done
+  base="http://$address"
+  if [ -z "$address" ] || ! curl -fsS "$base/readyz" >/dev/null; then
+    echo "payonce ($mode) did not become ready; see $dir/payonce.log" >&2
+    exit 2
+  fi
+
+  # One account with room for many spends and draws (its key comes only in this answer).
+  account=$(curl -fsS -X POST "$base/v1/accounts" -H 'content-type: application/json' \
+    -d '{"name": "fuzz", "balance": 1000000, "points": 1000}')
+  export PAYONCE_ACCOUNT_ID PAYONCE_API_KEY
+  PAYONCE_ACCOUNT_ID=$(jq -r .id <<<"$account")
+  PAYONCE_API_KEY=$(jq -r .api_key <<<"$account")
+
+  echo "=== $mode: $base, account $PAYONCE_ACCOUNT_ID"
+  # -n bounds the examples per operation and phase. --max-time is not used: in this
+  # Schemathesis it is a budget that fuzzing and stateful testing repeat until spent, not
+  # a cap; `timeout` is the cap. Run from $OUT so Schemathesis keeps its example database
+  # and cache (.hypothesis/, .schemathesis/) there, not in the repository.
+  (
+    cd "$OUT"
+    timeout -k 30 --signal=INT "$TIME_LIMIT" \
+      "$VENV/bin/schemathesis" --config-file "$OUT/schemathesis.toml" run "$base/openapi.json" \
+      --checks all --max-examples "$MAX_EXAMPLES" ${SEED:+--seed "$SEED"} \
+      --report junit,ndjson,har --report-dir "$dir"
+  ) || status=$?
+  if [ "$status" = 124 ]; then
+    echo "$mode: Schemathesis ran past TIME_LIMIT=${TIME_LIMIT}s" >&2
+  fi
+
+  # The ledger's own audit: whatever the fuzzer did, every invariant must still hold.
+  "${with_store[@]}" target/debug/payonce audit || status=$?
+  cleanup
+  # Recorded, not returned: a function called as `fuzz || ...` would run without set -e.
+  if [ "$status" != 0 ]; then failed+=("$mode"); fi
+}
+
+failed=()
+for mode in $MODES; do
+  case $mode in
+    embedded | distributed) fuzz "$mode" ;;
+    *) echo "unknown mode: $mode (embedded, distributed)" >&2; exit 2 ;;
+  esac
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzzing failed in: ${failed[*]} (reports in $OUT/)" >&2
+  exit 1
+fi
+echo "fuzzing passed in: $MODES"
