@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL and Redis run on 127.0.0.1 (5432, 6379), installing them from
-# Debian's packages on a machine that lacks them. Idempotent: what already runs is left
-# alone. Used by scripts/test.sh, scripts/demo.sh and .ci/run.
+# Makes sure PostgreSQL, Redis, ZooKeeper and etcd run on 127.0.0.1 (5432, 6379, 2181,
+# 2379), installing them from Debian's packages on a machine that lacks them. Idempotent:
+# what already runs is left alone. Used by scripts/test.sh, scripts/fuzz.sh and .ci/run.
 set -euo pipefail
 
 as_root() {
@@ -65,3 +65,62 @@ if ! psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null 2>&1;
   sleep 1
 fi
 psql -h 127.0.0.1 -U postgres -d postgres -Atqc 'select 1' >/dev/null
+
+# --- ZooKeeper ---------------------------------------------------------------
+# Debian's zookeeper package (3.8, with a Java runtime), run with a configuration of our
+# own: loopback only, no admin server (it would take port 8080, payonce's default), short
+# ticks so sessions may be as short as 1 s, and the four-letter words readiness needs.
+zk_ok() {
+  local answer
+  answer=$(timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/2181 && printf ruok >&3 && cat <&3' 2>/dev/null || true)
+  [ "$answer" = imok ]
+}
+[ -x /usr/share/zookeeper/bin/zkServer.sh ] || install zookeeper
+if ! zk_ok; then
+  zk_home=/var/lib/payonce/zookeeper
+  as_root mkdir -p "$zk_home/data" /var/log/payonce
+  printf '%s\n' \
+    "tickTime=500" \
+    "dataDir=$zk_home/data" \
+    "clientPort=2181" \
+    "clientPortAddress=127.0.0.1" \
+    "admin.enableServer=false" \
+    "minSessionTimeout=1000" \
+    "maxSessionTimeout=60000" \
+    "4lw.commands.whitelist=ruok,srvr,mntr" | as_root tee "$zk_home/zoo.cfg" >/dev/null
+  as_root env ZOO_LOG_DIR=/var/log/payonce \
+    /usr/share/zookeeper/bin/zkServer.sh start "$zk_home/zoo.cfg" >/dev/null 2>&1
+  for _ in $(seq 150); do
+    zk_ok && break
+    sleep 0.2
+  done
+fi
+zk_ok || { echo "ZooKeeper did not start on 127.0.0.1:2181 (see /var/log/payonce)" >&2; exit 1; }
+
+# --- etcd --------------------------------------------------------------------
+# Debian's etcd-server (3.4): one member, on loopback.
+etcd_ok() {
+  curl -fsS --max-time 2 http://127.0.0.1:2379/health 2>/dev/null | grep -q '"health":"true"'
+}
+command -v etcd >/dev/null || install etcd-server
+if ! etcd_ok; then
+  as_root mkdir -p /var/lib/payonce/etcd /var/log/payonce
+  as_root start-stop-daemon --start --oknodo --background --make-pidfile \
+    --pidfile /var/lib/payonce/etcd.pid --output /var/log/payonce/etcd.log \
+    --exec /usr/bin/etcd -- \
+    --name payonce --data-dir /var/lib/payonce/etcd \
+    --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster payonce=http://127.0.0.1:2380
+  for _ in $(seq 100); do
+    etcd_ok && break
+    sleep 0.2
+  done
+fi
+etcd_ok || { echo "etcd did not start on 127.0.0.1:2379 (see /var/log/payonce/etcd.log)" >&2; exit 1; }
+
+# --- protoc ------------------------------------------------------------------
+# The etcd client's gRPC code is generated when it is built (the `etcd` cargo feature).
+if ! command -v protoc >/dev/null || ! [ -f /usr/include/google/protobuf/descriptor.proto ]; then
+  install protobuf-compiler libprotobuf-dev
+fi

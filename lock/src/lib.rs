@@ -71,6 +71,8 @@
 //! cluster mode is not tested.
 
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod guard;
 mod in_process;
 pub mod recipes;
@@ -78,17 +80,21 @@ mod redis_backend;
 mod redlock;
 mod service;
 mod token;
+mod zookeeper;
 
 #[cfg(feature = "test-support")]
 pub mod testing;
 
 pub use error::LockError;
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdBackend, EtcdOptions};
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};
 pub use service::{
     DEFAULT_MAX_WAITERS, Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL,
-    MIN_TTL,
+    MIN_TTL, Sessions,
 };
 pub use token::{FencingToken, OwnerToken};
+pub use zookeeper::{ZooKeeperBackend, ZooKeeperOptions};

@@ -14,6 +14,7 @@ use crate::guard::LockGuard;
 use crate::in_process::InProcessBackend;
 use crate::redis_backend::{RedisBackend, RedisOptions};
 use crate::token::{FencingToken, OwnerToken};
+use crate::zookeeper::{ZooKeeperBackend, ZooKeeperOptions};
 
 /// The shortest lease a backend accepts. The watchdog renews at a third of the TTL; below a
 /// few milliseconds that is a busy loop, not a lease.
@@ -81,6 +82,22 @@ impl Lease {
     }
 }
 
+/// What a lease is bound to in a store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sessions {
+    /// Each grant has a TTL of its own, renewed by the guard's watchdog (Redis, in
+    /// process): a holder that stops renewing loses the lock when its TTL runs out.
+    PerGrant,
+    /// Every grant of the process rides on one session (ZooKeeper) or lease (etcd) that
+    /// the client keeps alive for the whole process: a lock is released when the session
+    /// ends — closed, or `timeout` after the process stopped heartbeating — not when a
+    /// grant's TTL runs out while the process lives.
+    PerProcess {
+        /// How long after the last heartbeat the store ends the session.
+        timeout: Duration,
+    },
+}
+
 /// A lock store. Every method is one atomic step on the store; waiting, when a method
 /// waits, sleeps until woken (never polls faster than the holder's lease runs out).
 #[async_trait]
@@ -126,6 +143,11 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
 
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), LockError>;
+
+    /// What a lease is bound to here.
+    fn sessions(&self) -> Sessions {
+        Sessions::PerGrant
+    }
 }
 
 /// The longest note a holder may attach.
@@ -285,6 +307,21 @@ impl LockService {
     pub fn redis(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         let max_waiters = options.max_waiters;
         Ok(Self::new(RedisBackend::open(url, options)?).with_max_waiters(max_waiters))
+    }
+
+    /// Locks in the ZooKeeper ensemble at `url` (`zk://host:port[,host:port…][/root]`),
+    /// with its cap on waiters per key in this process too. Connects lazily.
+    pub fn zookeeper(url: &str, options: ZooKeeperOptions) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(Self::new(ZooKeeperBackend::open(url, options)?).with_max_waiters(max_waiters))
+    }
+
+    /// Locks in the etcd cluster at `url` (`etcd://host:port[,host:port…][/root]`), with
+    /// its cap on waiters per key in this process too. Connects lazily.
+    #[cfg(feature = "etcd")]
+    pub fn etcd(url: &str, options: crate::etcd::EtcdOptions) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(Self::new(crate::etcd::EtcdBackend::open(url, options)?).with_max_waiters(max_waiters))
     }
 
     /// The backend, for callers that manage leases themselves.

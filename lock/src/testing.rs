@@ -108,3 +108,223 @@ fn spawn(port: u16) -> std::io::Result<Child> {
 pub fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
+
+/// A ZooKeeper server of the test's own (Debian's `zookeeper` package), on a free loopback
+/// port with its data in a temporary directory: for tests that restart it or end its
+/// sessions, which the shared one must never be. Short ticks, so sessions may be as
+/// short as 400 ms. Killed on drop.
+#[derive(Debug)]
+pub struct ZooKeeperServer {
+    child: Child,
+    port: u16,
+    config: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl ZooKeeperServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("payonce-zk-").tempdir()?;
+        let port = free_port()?;
+        let config = dir.path().join("zoo.cfg");
+        std::fs::write(
+            &config,
+            format!(
+                "tickTime=200\ndataDir={}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
+                 admin.enableServer=false\nminSessionTimeout=400\nmaxSessionTimeout=60000\n\
+                 4lw.commands.whitelist=ruok\n",
+                dir.path().join("data").display()
+            ),
+        )?;
+        let child = spawn_zookeeper(&config, dir.path())?;
+        let server = Self {
+            child,
+            port,
+            config,
+            _dir: dir,
+        };
+        server.wait_until_up(Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// Kills the server; its data stays, as on a real restart.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops the server if it runs and starts it again on the same port and data.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        let dir = self
+            .config
+            .parent()
+            .ok_or_else(|| std::io::Error::other("no data directory"))?;
+        self.child = spawn_zookeeper(&self.config, dir)?;
+        self.wait_until_up(Duration::from_secs(30))
+    }
+
+    /// `zk://127.0.0.1:<port><root>`.
+    pub fn url(&self, root: &str) -> String {
+        format!("zk://127.0.0.1:{}{root}", self.port)
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if zookeeper_answers(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(std::io::Error::other(format!(
+            "ZooKeeper on port {} did not start",
+            self.port
+        )))
+    }
+}
+
+impl Drop for ZooKeeperServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_zookeeper(config: &std::path::Path, logs: &std::path::Path) -> std::io::Result<Child> {
+    // start-foreground execs the JVM, so the child is the server itself.
+    Command::new("/usr/share/zookeeper/bin/zkServer.sh")
+        .arg("start-foreground")
+        .arg(config)
+        .env("ZOO_LOG_DIR", logs)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// Whether a ZooKeeper server on `port` says it is fine (`ruok` → `imok`).
+fn zookeeper_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut socket) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = socket.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut answer = String::new();
+    socket.write_all(b"ruok").is_ok()
+        && socket.read_to_string(&mut answer).is_ok()
+        && answer == "imok"
+}
+
+/// An etcd member of the test's own (Debian's `etcd-server` package), on free loopback
+/// ports with its data in a temporary directory: for tests that restart it, which the
+/// shared one must never be. Killed on drop.
+#[derive(Debug)]
+pub struct EtcdServer {
+    child: Child,
+    client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("payonce-etcd-").tempdir()?;
+        let (client_port, peer_port) = (free_port()?, free_port()?);
+        let child = spawn_etcd(dir.path(), client_port, peer_port)?;
+        let server = Self {
+            child,
+            client_port,
+            peer_port,
+            dir,
+        };
+        server.wait_until_up(Duration::from_secs(30))?;
+        Ok(server)
+    }
+
+    /// Kills the member; its data stays, as on a real restart.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Stops the member if it runs and starts it again on the same ports and data.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        self.child = spawn_etcd(self.dir.path(), self.client_port, self.peer_port)?;
+        self.wait_until_up(Duration::from_secs(30))
+    }
+
+    /// `etcd://127.0.0.1:<port><root>`.
+    pub fn url(&self, root: &str) -> String {
+        format!("etcd://127.0.0.1:{}{root}", self.client_port)
+    }
+
+    /// `http://127.0.0.1:<port>`, as etcd clients take it.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if etcd_is_healthy(self.client_port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Err(std::io::Error::other(format!(
+            "etcd on port {} did not start",
+            self.client_port
+        )))
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn_etcd(dir: &std::path::Path, client_port: u16, peer_port: u16) -> std::io::Result<Child> {
+    let client = format!("http://127.0.0.1:{client_port}");
+    let peer = format!("http://127.0.0.1:{peer_port}");
+    Command::new("etcd")
+        .args(["--name", "test", "--data-dir"])
+        .arg(dir.join("data"))
+        .args([
+            "--listen-client-urls",
+            &client,
+            "--advertise-client-urls",
+            &client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            &peer,
+            "--initial-advertise-peer-urls",
+            &peer,
+        ])
+        .args(["--initial-cluster", &format!("test={peer}")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// Whether the etcd member on `port` reports itself healthy (`GET /health`).
+fn etcd_is_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut socket) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = socket.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut answer = String::new();
+    socket
+        .write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_ok()
+        && socket.read_to_string(&mut answer).is_ok()
+        && answer.contains("\"health\":\"true\"")
+}

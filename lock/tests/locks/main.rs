@@ -1,11 +1,15 @@
-//! The lock contract, checked against a real Redis and against the in-process backend.
-//! The shared suite (`suite.rs`) runs on both; `redis_only.rs` covers what only a server
-//! can show (commands counted, data wiped, the server gone).
+//! The lock contract, checked against real Redis and ZooKeeper servers and against the
+//! in-process backend. The shared suite (`suite.rs`) runs on each; `redis_only.rs` and
+//! `zookeeper_only.rs` cover what only that server can show (requests counted, data wiped
+//! or kept across a restart, sessions ended, the server gone).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod demonstration;
+#[cfg(feature = "etcd")]
+mod etcd_only;
 mod redis_only;
 mod suite;
+mod zookeeper_only;
 
 use std::time::Duration;
 
@@ -84,6 +88,13 @@ macro_rules! shared_suite {
 
 shared_suite!(redis, shared_redis, redis_only::PrivateRedis::start);
 shared_suite!(in_process, LockService::in_process, InProcessStore::default);
+shared_suite!(
+    zookeeper,
+    zookeeper_only::shared_zookeeper,
+    zookeeper_only::PrivateZooKeeper::start
+);
+#[cfg(feature = "etcd")]
+shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
 
 /// A lock store whose data can be lost, as a restart without persistence loses it.
 #[allow(async_fn_in_trait)]

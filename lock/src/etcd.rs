@@ -1,0 +1,730 @@
+//! Locks in etcd, by the recipe of etcd's own concurrency package and the seeds: every
+//! waiter puts a key of its own under the lock's prefix, attached to the process's lease;
+//! the key with the lowest create revision holds the lock; each waiter watches only the
+//! key created just before its own (a release wakes one waiter, never the herd); release
+//! deletes the key.
+//!
+//! - **The lease is the lease.** One etcd lease per process, kept alive by a keep-alive
+//!   stream every third of its TTL. When the process stops keeping it alive (it crashed,
+//!   paused, or lost the network for a TTL) etcd revokes it and deletes every key on it:
+//!   the process's locks pass to their next waiters. `extend` asks no server: it reports
+//!   what the process knows — its key is undeleted (a watch on it says so) and the lease's
+//!   last keep-alive was answered. While the keep-alive goes unanswered the lease may still
+//!   live, so `extend` fails (the guard retries until its lease would run out, then
+//!   declares the lock lost); once the lease ended or the key was deleted, `extend`
+//!   answers false and `lost` fires.
+//! - **Fencing token**: the holder key's create revision. etcd's revision counts every
+//!   change to the whole store and survives restarts, so tokens only grow, with no counter
+//!   to lose. Plus the key's *base*, kept in etcd under the lock's prefix:
+//!   `raise_fencing` lifts it, for a protected store that has seen higher tokens (from
+//!   another lock service, before a switch). It is 0 unless raised.
+//! - Per hand-off: the release (one delete), the successor's look at the holder (with the
+//!   base, one request) and its watch on its own key — three requests however long the
+//!   queue. A waiter that gives up deletes its key, so it never holds up the line.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+};
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::LockError;
+use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::token::{FencingToken, OwnerToken};
+
+/// Settings for [`EtcdBackend`].
+#[derive(Clone, Debug)]
+pub struct EtcdOptions {
+    /// The lease's TTL (whole seconds, at least etcd's minimum of about 2 s): how long after
+    /// this process stops keeping the lease alive its locks are released.
+    pub lease_ttl: Duration,
+    /// Upper bound on connecting and on any one request.
+    pub op_timeout: Duration,
+    /// The most waiters one key's queue takes; past it an acquire fails at once.
+    pub max_waiters: usize,
+}
+
+impl Default for EtcdOptions {
+    fn default() -> Self {
+        Self {
+            lease_ttl: Duration::from_secs(10),
+            op_timeout: Duration::from_secs(2),
+            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+        }
+    }
+}
+
+/// What this process knows of its lease.
+#[derive(Debug)]
+struct LeaseHealth {
+    id: i64,
+    /// The last keep-alive was answered: the lease lives.
+    answered: AtomicBool,
+    /// Revoked or expired: its keys are gone, for good.
+    ended: AtomicBool,
+}
+
+/// A lock this process holds.
+struct Held {
+    key: String,
+    lease: Arc<LeaseHealth>,
+    /// Set by the watch on the key when it is deleted (by its lease's end, or by hand).
+    deleted: Arc<AtomicBool>,
+}
+
+/// Locks in an etcd cluster. See the module docs for the recipe.
+pub struct EtcdBackend {
+    /// `http://host:port` of every member given.
+    endpoints: Vec<String>,
+    /// Where this deployment's locks live: `<root>/locks/<key>/…`.
+    root: String,
+    options: EtcdOptions,
+    /// Connected lazily, once.
+    client: tokio::sync::OnceCell<Client>,
+    /// The lease every lock of this process rides on; replaced once it ends.
+    lease: tokio::sync::Mutex<Option<Arc<LeaseHealth>>>,
+    /// Locks held now, by owner token: release and extend find their key here.
+    held: Arc<Mutex<HashMap<OwnerToken, Held>>>,
+    /// Ends the keep-alive and key watches when the backend goes.
+    closing: CancellationToken,
+    /// Requests sent, for benchmarks and tests.
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.endpoints)
+            .field("root", &self.root)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        self.closing.cancel();
+    }
+}
+
+/// Why a request failed: etcd's answer, or none in time.
+fn failed(error: impl fmt::Display) -> LockError {
+    LockError::unavailable(format!("etcd: {error}"))
+}
+
+/// A key's name as one path segment: `/` would nest it, `%` escapes.
+fn segment(key: &str) -> String {
+    key.replace('%', "%25").replace('/', "%2F")
+}
+
+/// A key's fencing base as stored (decimal digits; absent or anything else: 0 — the
+/// revision alone still grows).
+fn parse_base(value: Option<&[u8]>) -> u64 {
+    value
+        .and_then(|value| std::str::from_utf8(value).ok())
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The keys of one lock.
+struct Keys {
+    /// Every waiter's key starts so; the holder's is the oldest.
+    waiters: String,
+    /// The fencing base.
+    base: String,
+}
+
+impl EtcdBackend {
+    /// A backend for `url`: `etcd://host:port[,host:port…][/root]` (the root defaults to
+    /// `/payonce`). Connects lazily; must be used inside a Tokio runtime.
+    pub fn open(url: &str, options: EtcdOptions) -> Result<Self, LockError> {
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| LockError::Invalid(format!("not an etcd:// URL: {url}")))?;
+        let (hosts, root) = match rest.find('/') {
+            Some(slash) => (&rest[..slash], &rest[slash..]),
+            None => (rest, ""),
+        };
+        let root = root.trim_end_matches('/');
+        let root = if root.is_empty() { "/payonce" } else { root };
+        let endpoints: Vec<String> = hosts
+            .split(',')
+            .filter(|host| !host.is_empty())
+            .map(|host| format!("http://{host}"))
+            .collect();
+        if endpoints.is_empty() {
+            return Err(LockError::Invalid(format!("bad etcd URL: {url}")));
+        }
+        if options.lease_ttl < Duration::from_secs(2) {
+            return Err(LockError::Invalid(
+                "an etcd lease lasts at least 2 s".to_owned(),
+            ));
+        }
+        Ok(Self {
+            endpoints,
+            root: root.to_owned(),
+            options: EtcdOptions {
+                max_waiters: options.max_waiters.max(1),
+                ..options
+            },
+            client: tokio::sync::OnceCell::new(),
+            lease: tokio::sync::Mutex::new(None),
+            held: Arc::new(Mutex::new(HashMap::new())),
+            closing: CancellationToken::new(),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    /// The current lease's id, for tests and tools that revoke it from outside; `None`
+    /// before the first use.
+    pub async fn lease_id(&self) -> Option<i64> {
+        self.lease.lock().await.as_ref().map(|lease| lease.id)
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
+        // Inserts and removes cannot leave the map inconsistent.
+        self.held
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn keys(&self, key: &str) -> Keys {
+        let prefix = format!("{}/locks/{}/", self.root, segment(key));
+        Keys {
+            waiters: format!("{prefix}w/"),
+            base: format!("{prefix}base"),
+        }
+    }
+
+    /// Bounds one request by the op timeout and by `deadline`, and counts it.
+    async fn request<T>(
+        &self,
+        deadline: Option<Instant>,
+        call: impl Future<Output = Result<T, etcd_client::Error>>,
+    ) -> Result<T, LockError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let op_limit = Instant::now() + self.options.op_timeout;
+        let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
+        match timeout_at(limit, call).await {
+            Ok(result) => result.map_err(failed),
+            Err(_) => Err(LockError::unavailable("etcd did not answer in time")),
+        }
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let client = self
+            .client
+            .get_or_try_init(|| async {
+                let options = ConnectOptions::new()
+                    .with_connect_timeout(self.options.op_timeout)
+                    .with_timeout(self.options.op_timeout);
+                // The channel connects lazily: a cluster that is down shows on first use.
+                self.request(None, Client::connect(&self.endpoints, Some(options)))
+                    .await
+            })
+            .await?;
+        Ok(client.clone())
+    }
+
+    /// The live lease, granting a new one (and keeping it alive) if there is none or it
+    /// ended.
+    async fn lease(&self, client: &Client) -> Result<Arc<LeaseHealth>, LockError> {
+        let mut current = self.lease.lock().await;
+        if let Some(lease) = current.as_ref()
+            && !lease.ended.load(Ordering::Acquire)
+        {
+            return Ok(lease.clone());
+        }
+        let ttl = i64::try_from(self.options.lease_ttl.as_secs()).unwrap_or(i64::MAX);
+        let mut granting = client.clone();
+        let granted = self.request(None, granting.lease_grant(ttl, None)).await?;
+        let lease = Arc::new(LeaseHealth {
+            id: granted.id(),
+            answered: AtomicBool::new(true),
+            ended: AtomicBool::new(false),
+        });
+        tokio::spawn(keep_alive(
+            client.clone(),
+            lease.clone(),
+            self.options.lease_ttl,
+            self.closing.clone(),
+        ));
+        *current = Some(lease.clone());
+        Ok(lease)
+    }
+
+    /// The holder's create revision and the fencing base, in one request.
+    async fn holder(
+        &self,
+        client: &Client,
+        keys: &Keys,
+        deadline: Option<Instant>,
+    ) -> Result<(Option<i64>, u64), LockError> {
+        let txn = Txn::new().and_then([oldest(&keys.waiters), TxnOp::get(keys.base.clone(), None)]);
+        let mut client = client.clone();
+        let response = self.request(deadline, client.txn(txn)).await?;
+        Ok(holder_and_base(&response.op_responses()))
+    }
+
+    /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
+    /// (then `Ok(None)` when it is held).
+    async fn take(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        let started = Instant::now();
+        let client = self.client().await?;
+        let lease = self.lease(&client).await?;
+        let keys = self.keys(key);
+        let owner = OwnerToken::random();
+        let mine = format!("{}{}", keys.waiters, owner.to_hex());
+        // Our key, on the lease, and a look at the holder and the base: one request.
+        let txn = Txn::new()
+            .when([Compare::create_revision(mine.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    mine.clone(),
+                    note,
+                    Some(PutOptions::new().with_lease(lease.id)),
+                ),
+                oldest(&keys.waiters),
+                TxnOp::get(keys.base.clone(), None),
+            ]);
+        let looked_at = Instant::now();
+        let mut writer = client.clone();
+        let created = self.request(deadline, writer.txn(txn)).await?;
+        let revision = created
+            .header()
+            .map(|header| header.revision())
+            .ok_or_else(|| LockError::unavailable("etcd answered without a revision"))?;
+        let mut queued = Queued {
+            client: client.clone(),
+            key: Some(mine.clone()),
+        };
+        let (mut holder, mut base) = holder_and_base(&created.op_responses());
+        let mut looked_at = looked_at;
+        loop {
+            if holder == Some(revision) {
+                let deleted = self.watch_own(&client, &mine, revision).await?;
+                queued.settle();
+                self.held().insert(
+                    owner,
+                    Held {
+                        key: mine,
+                        lease: lease.clone(),
+                        deleted,
+                    },
+                );
+                let token = base.saturating_add(revision.max(0).unsigned_abs());
+                // The lease is the real one: the guard must not count on more.
+                let lease_ttl = ttl.min(self.options.lease_ttl / 2);
+                return Ok(Some(Lease::new(
+                    key,
+                    owner,
+                    FencingToken::new(token),
+                    lease_ttl,
+                    looked_at,
+                )));
+            }
+            let Some(deadline) = deadline else {
+                // Trying, not waiting: `queued` leaves the queue as it drops.
+                return Ok(None);
+            };
+            // The key created just before ours, and how many were.
+            let before = GetOptions::new()
+                .with_prefix()
+                .with_max_create_revision(revision - 1)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(1);
+            // From here the lock is known to be held: running out of time is a wait that
+            // timed out, not a store that did not answer.
+            let timed_out = |error: LockError| {
+                if Instant::now() >= deadline {
+                    LockError::TimedOut {
+                        key: key.to_owned(),
+                        waited: started.elapsed(),
+                    }
+                } else {
+                    error
+                }
+            };
+            let mut reader = client.clone();
+            let ahead = self
+                .request(
+                    Some(deadline),
+                    reader.get(keys.waiters.clone(), Some(before)),
+                )
+                .await
+                .map_err(timed_out)?;
+            // The holder is one of those ahead; the others are waiters.
+            if usize::try_from(ahead.count()).unwrap_or(usize::MAX) > self.options.max_waiters {
+                return Err(LockError::QueueFull {
+                    key: key.to_owned(),
+                    max_waiters: self.options.max_waiters,
+                });
+            }
+            if let Some(predecessor) = ahead.kvs().first() {
+                let after = ahead.header().map_or(0, |header| header.revision()) + 1;
+                let gone = self.deleted(&client, predecessor.key().to_vec(), after);
+                tokio::select! {
+                    gone = gone => gone.map_err(timed_out)?,
+                    () = sleep_until(deadline) => {
+                        return Err(LockError::TimedOut {
+                            key: key.to_owned(),
+                            waited: started.elapsed(),
+                        });
+                    }
+                }
+            }
+            looked_at = Instant::now();
+            (holder, base) = self
+                .holder(&client, &keys, Some(deadline))
+                .await
+                .map_err(timed_out)?;
+        }
+    }
+
+    /// Completes once `key` is deleted at or after revision `from` (one request: the
+    /// watch's creation).
+    async fn deleted(&self, client: &Client, key: Vec<u8>, from: i64) -> Result<(), LockError> {
+        let options = WatchOptions::new()
+            .with_start_revision(from)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut watcher = client.clone();
+        let mut stream = self
+            .request(None, watcher.watch(key, Some(options)))
+            .await?;
+        loop {
+            match stream.message().await.map_err(failed)? {
+                Some(response)
+                    if response
+                        .events()
+                        .iter()
+                        .any(|event| event.event_type() == EventType::Delete) =>
+                {
+                    return Ok(());
+                }
+                Some(_) => {}
+                None => return Err(LockError::unavailable("etcd ended a watch")),
+            }
+        }
+    }
+
+    /// Watches our lock key: the flag is set the moment it is deleted (or the watch
+    /// breaks, when nobody can tell: a lock that might be gone counts as gone).
+    async fn watch_own(
+        &self,
+        client: &Client,
+        key: &str,
+        created: i64,
+    ) -> Result<Arc<AtomicBool>, LockError> {
+        let options = WatchOptions::new()
+            .with_start_revision(created + 1)
+            .with_filters([WatchFilterType::NoPut]);
+        let mut watcher = client.clone();
+        let mut stream = self
+            .request(None, watcher.watch(key, Some(options)))
+            .await?;
+        let deleted = Arc::new(AtomicBool::new(false));
+        let flag = deleted.clone();
+        let closing = self.closing.clone();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    message = stream.message() => message,
+                    () = closing.cancelled() => return,
+                };
+                match message {
+                    Ok(Some(response))
+                        if !response
+                            .events()
+                            .iter()
+                            .any(|event| event.event_type() == EventType::Delete) => {}
+                    _ => {
+                        flag.store(true, Ordering::Release);
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(deleted)
+    }
+}
+
+/// A range over `prefix` that returns the oldest key (the holder).
+fn oldest(prefix: &str) -> TxnOp {
+    TxnOp::get(
+        prefix,
+        Some(
+            GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                .with_limit(1),
+        ),
+    )
+}
+
+/// The holder's create revision and the base, from the answers to `oldest` and the get of
+/// the base (the last two operations of a transaction).
+fn holder_and_base(responses: &[TxnOpResponse]) -> (Option<i64>, u64) {
+    let gets: Vec<_> = responses
+        .iter()
+        .filter_map(|response| match response {
+            TxnOpResponse::Get(get) => Some(get),
+            _ => None,
+        })
+        .collect();
+    let holder = gets
+        .first()
+        .and_then(|get| get.kvs().first())
+        .map(|kv| kv.create_revision());
+    let base = parse_base(
+        gets.get(1)
+            .and_then(|get| get.kvs().first())
+            .map(|kv| kv.value()),
+    );
+    (holder, base)
+}
+
+/// Keeps the lease alive: a keep-alive every third of its TTL. An answer with no TTL left
+/// means etcd revoked it (expired, or revoked by hand): it ended. Unanswered keep-alives
+/// (etcd unreachable) leave it alive but unconfirmed, and are retried on a new stream.
+async fn keep_alive(
+    client: Client,
+    lease: Arc<LeaseHealth>,
+    ttl: Duration,
+    closing: CancellationToken,
+) {
+    let period = ttl / 3;
+    loop {
+        let mut opening = client.clone();
+        let opened = tokio::select! {
+            opened = timeout_at(Instant::now() + period, opening.lease_keep_alive(lease.id)) => opened,
+            () = closing.cancelled() => return,
+        };
+        let (mut keeper, mut answers) = match opened {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(etcd_client::Error::LeaseKeepAliveError(reason))) => {
+                tracing::warn!(%reason, "etcd lease ended: its locks are released");
+                lease.answered.store(false, Ordering::Release);
+                lease.ended.store(true, Ordering::Release);
+                return;
+            }
+            _ => {
+                lease.answered.store(false, Ordering::Release);
+                tokio::select! {
+                    () = sleep(period / 4) => continue,
+                    () = closing.cancelled() => return,
+                }
+            }
+        };
+        lease.answered.store(true, Ordering::Release);
+        loop {
+            tokio::select! {
+                () = sleep(period) => {}
+                () = closing.cancelled() => return,
+            }
+            let answered = async {
+                keeper.keep_alive().await?;
+                answers.message().await
+            };
+            match timeout_at(Instant::now() + period, answered).await {
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
+                    lease.answered.store(true, Ordering::Release);
+                }
+                Ok(Ok(Some(_))) => {
+                    tracing::warn!("etcd lease ended: its locks are released");
+                    lease.answered.store(false, Ordering::Release);
+                    lease.ended.store(true, Ordering::Release);
+                    return;
+                }
+                // The stream broke or went quiet: open a new one.
+                _ => {
+                    lease.answered.store(false, Ordering::Release);
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// A key of ours that is not (yet) a held lock: deleted in the background when the acquire
+/// call ends without a grant — the deadline, an error, a try that found the lock held, or
+/// the call dropped — so it never holds up the line.
+struct Queued {
+    client: Client,
+    key: Option<String>,
+}
+
+impl Queued {
+    fn settle(&mut self) {
+        self.key = None;
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut client = self.client.clone();
+        runtime.spawn(async move {
+            // Best effort: if the lease is gone, so is the key.
+            let _ = tokio::time::timeout(Duration::from_secs(5), client.delete(key, None)).await;
+        });
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(key, ttl, None, note).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+        note: &str,
+    ) -> Result<Lease, LockError> {
+        match self.take(key, ttl, Some(deadline), note).await? {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        let mut client = self.client().await?;
+        let keys = self.keys(key);
+        let options = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let found = self
+            .request(None, client.get(keys.waiters, Some(options)))
+            .await?;
+        Ok(found
+            .kvs()
+            .first()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.held().remove(&lease.owner()) else {
+            return Ok(false);
+        };
+        if held.deleted.load(Ordering::Acquire) || held.lease.ended.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        let mut client = self.client().await?;
+        match self
+            .request(None, client.delete(held.key.clone(), None))
+            .await
+        {
+            Ok(deleted) => Ok(deleted.deleted() > 0),
+            Err(error) => {
+                // Keep it, so a retry can still release it.
+                self.held().insert(lease.owner(), held);
+                Err(error)
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let held = self.held();
+        let Some(held) = held.get(&lease.owner()) else {
+            return Ok(false);
+        };
+        if held.deleted.load(Ordering::Acquire) || held.lease.ended.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        if !held.lease.answered.load(Ordering::Acquire) {
+            return Err(LockError::unavailable(
+                "etcd did not answer the lease's keep-alive: it may still be alive",
+            ));
+        }
+        Ok(true)
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        check_floor(floor)?;
+        let mut client = self.client().await?;
+        let keys = self.keys(key);
+        loop {
+            let found = self
+                .request(None, client.get(keys.base.clone(), None))
+                .await?;
+            let revision = found.header().map_or(0, |header| header.revision());
+            let stored = found.kvs().first();
+            let base = parse_base(stored.map(|kv| kv.value()));
+            // The next key's create revision is above every revision so far.
+            let latest = revision.max(0).unsigned_abs();
+            if base >= floor.get() {
+                return Ok(FencingToken::new(base.saturating_add(latest)));
+            }
+            let seen = stored.map_or(0, |kv| kv.mod_revision());
+            let txn = Txn::new()
+                .when([Compare::mod_revision(
+                    keys.base.clone(),
+                    CompareOp::Equal,
+                    seen,
+                )])
+                .and_then([TxnOp::put(keys.base.clone(), floor.get().to_string(), None)]);
+            let written = self.request(None, client.txn(txn)).await?;
+            if written.succeeded() {
+                let revision = written.header().map_or(0, |header| header.revision());
+                return Ok(FencingToken::new(
+                    floor.get().saturating_add(revision.max(0).unsigned_abs()),
+                ));
+            }
+            // Raised by someone else meanwhile: look again.
+        }
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let mut client = self.client().await?;
+        self.request(None, client.status()).await?;
+        Ok(())
+    }
+
+    fn sessions(&self) -> Sessions {
+        Sessions::PerProcess {
+            timeout: self.options.lease_ttl,
+        }
+    }
+}

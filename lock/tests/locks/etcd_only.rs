@@ -1,0 +1,220 @@
+//! What only an etcd server can show: tokens across a server restart, a lease revoked
+//! from outside, a vanished process's lease running out, and the requests a hand-off
+//! costs. Private members on other ports; the shared one (127.0.0.1:2379) is never
+//! stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock::testing::EtcdServer;
+use lock::{EtcdBackend, EtcdOptions, FencingToken, LockService};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The shared etcd (`ETCD_URL`, else 127.0.0.1:2379), under a root of the test's own so
+/// tests running in parallel never meet.
+pub fn shared_etcd() -> LockService {
+    let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
+    let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
+    LockService::etcd(&url, EtcdOptions::default()).expect("a valid etcd URL")
+}
+
+fn backend(server: &EtcdServer, lease_ttl: Duration) -> Arc<EtcdBackend> {
+    Arc::new(
+        EtcdBackend::open(
+            &server.url("/t"),
+            EtcdOptions {
+                lease_ttl,
+                ..EtcdOptions::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// An etcd member of the test's own. Its "data loss" is a restart: etcd keeps its data
+/// (and its revision) across one, which is the point — tokens need no catching up.
+pub struct PrivateEtcd {
+    pub server: EtcdServer,
+    pub locks: LockService,
+}
+
+impl PrivateEtcd {
+    pub fn start() -> Self {
+        let server = EtcdServer::start().expect("an etcd member starts");
+        let locks = LockService::from_arc(backend(&server, 4 * SECOND));
+        Self { server, locks }
+    }
+}
+
+impl Store for PrivateEtcd {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.server.restart().expect("etcd restarts");
+        self.locks = LockService::from_arc(backend(&self.server, 4 * SECOND));
+        self.locks.clone()
+    }
+}
+
+/// Fencing tokens (revisions) strictly increase across a restart of the member, with no
+/// `raise_fencing`: etcd keeps its revision with its data. (`raise_fencing` here lifts a
+/// per-key base added to the revision, kept in etcd too — for a protected store that has
+/// seen higher tokens, from another lock service.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_increase_across_a_server_restart() {
+    let mut etcd = PrivateEtcd::start();
+    let mut before = FencingToken::new(0);
+    for _ in 0..3 {
+        let mut guard = etcd.locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+        assert!(guard.fencing_token() > before);
+        before = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+    let locks = etcd.lose_data().await;
+    let mut guard = locks
+        .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+        .await
+        .unwrap();
+    assert!(
+        guard.fencing_token() > before,
+        "{:?} after {before:?}",
+        guard.fencing_token()
+    );
+    guard.release().await.unwrap();
+}
+
+/// Revoking the lease from outside (as an operator, or its expiry, would) deletes the lock
+/// key: the holder's `lost()` fires, its release touches nothing, and a waiter of another
+/// process gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fires_when_the_lease_is_revoked_from_outside() {
+    let server = EtcdServer::start().unwrap();
+    let holder_backend = backend(&server, 4 * SECOND);
+    let holder_locks = LockService::from_arc(holder_backend.clone());
+    let other = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut holder = holder_locks
+        .try_acquire("k", SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+
+    let lease = holder_backend.lease_id().await.unwrap();
+    let mut operator = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    operator.lease_revoke(lease).await.unwrap();
+    let revoked_at = Instant::now();
+
+    timeout(2 * SECOND, holder.lost())
+        .await
+        .expect("lost() did not fire after the lease was revoked");
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(revoked_at.elapsed() < 2 * SECOND);
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// A holder whose process vanishes — its keep-alives stop — keeps the lock until its lease
+/// runs out, then its successor gets it: the lease TTL is the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_vanished_process_is_succeeded_after_its_lease_runs_out() {
+    let server = EtcdServer::start().unwrap();
+    let lease_ttl = 2 * SECOND;
+    let url = server.url("/t");
+    let granted_at = tokio::task::spawn_blocking(move || {
+        // A runtime of its own stands for the process: dropping it stops its keep-alives.
+        let process = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let granted_at = process.block_on(async {
+            let locks = LockService::etcd(
+                &url,
+                EtcdOptions {
+                    lease_ttl,
+                    ..EtcdOptions::default()
+                },
+            )
+            .unwrap();
+            let guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+            std::mem::forget(guard);
+            Instant::now()
+        });
+        process.shutdown_background();
+        granted_at
+    })
+    .await
+    .unwrap();
+    let successor_locks = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut successor = successor_locks
+        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
+        .await
+        .unwrap();
+    let waited = granted_at.elapsed();
+    assert!(
+        waited >= lease_ttl - Duration::from_millis(300),
+        "taken after {waited:?}, before the lease could run out"
+    );
+    assert!(waited < lease_ttl * 3, "took {waited:?}");
+    successor.release().await.unwrap();
+}
+
+/// A hot key with 32 waiters: each hand-off costs a constant number of requests (the
+/// release, the next waiter's look at the holder, its watch on its own key) and wakes
+/// exactly one waiter — had a release woken the whole queue, each waiter would have looked
+/// again, some 30 requests per hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
+    let server = EtcdServer::start().unwrap();
+    let counted = backend(&server, 4 * SECOND);
+    let locks = LockService::from_arc(counted.clone());
+    let mut holder = locks
+        .try_acquire("hot", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..32)
+        .map(|_| {
+            let (locks, served) = (locks.clone(), served.clone());
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                    .await
+                    .unwrap();
+                served.fetch_add(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Everyone queued: 32 × (create and look, find the predecessor, watch it).
+    sleep(SECOND).await;
+    let before = counted.requests();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 32);
+    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    assert!(
+        per_hand_off <= 3.5,
+        "{per_hand_off:.2} requests per hand-off"
+    );
+}

@@ -1,0 +1,230 @@
+//! What only a ZooKeeper server can show: tokens across a server restart, a session ended
+//! from outside, a vanished process's session timing out, and the requests a hand-off
+//! costs. Private servers on other ports; the shared one (127.0.0.1:2181) is never
+//! stopped.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lock::testing::ZooKeeperServer;
+use lock::{FencingToken, LockService, ZooKeeperBackend, ZooKeeperOptions};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The shared ZooKeeper (`ZOOKEEPER_URL`, else 127.0.0.1:2181), under a root of the test's
+/// own so tests running in parallel never meet.
+pub fn shared_zookeeper() -> LockService {
+    let base = std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
+    LockService::zookeeper(&url, ZooKeeperOptions::default()).expect("a valid ZooKeeper URL")
+}
+
+fn backend(server: &ZooKeeperServer, session_timeout: Duration) -> Arc<ZooKeeperBackend> {
+    Arc::new(
+        ZooKeeperBackend::open(
+            &server.url("/t"),
+            ZooKeeperOptions {
+                session_timeout,
+                ..ZooKeeperOptions::default()
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// A ZooKeeper of the test's own. Its "data loss" is a restart: ZooKeeper keeps its data
+/// (and its zxids) across one, which is the point — tokens need no catching up.
+pub struct PrivateZooKeeper {
+    pub server: ZooKeeperServer,
+    pub locks: LockService,
+}
+
+impl PrivateZooKeeper {
+    pub fn start() -> Self {
+        let server = ZooKeeperServer::start().expect("a ZooKeeper server starts");
+        let locks = LockService::from_arc(backend(&server, 4 * SECOND));
+        Self { server, locks }
+    }
+}
+
+impl Store for PrivateZooKeeper {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.server.restart().expect("ZooKeeper restarts");
+        // A new client: the old session ended with the server's restart, or will.
+        self.locks = LockService::from_arc(backend(&self.server, 4 * SECOND));
+        self.locks.clone()
+    }
+}
+
+/// Fencing tokens (zxids) strictly increase across a restart of the server, with no
+/// `raise_fencing`: ZooKeeper keeps them with its data. (`raise_fencing` here lifts a
+/// per-key base added to the zxid, kept in ZooKeeper too — for a protected store that has
+/// seen higher tokens, from another lock service.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tokens_increase_across_a_server_restart() {
+    let mut zookeeper = PrivateZooKeeper::start();
+    let mut before = FencingToken::new(0);
+    for _ in 0..3 {
+        let mut guard = zookeeper
+            .locks
+            .try_acquire("k", SECOND)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(guard.fencing_token() > before);
+        before = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+    let locks = zookeeper.lose_data().await;
+    let mut guard = locks
+        .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+        .await
+        .unwrap();
+    assert!(
+        guard.fencing_token() > before,
+        "{:?} after {before:?}",
+        guard.fencing_token()
+    );
+    guard.release().await.unwrap();
+}
+
+/// Ending the session from outside (another client takes it over and closes it, as an
+/// operator or an expiry would) deletes the lock node: the holder's `lost()` fires, its
+/// release touches nothing, and a waiter of another process gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fires_when_the_session_is_ended_from_outside() {
+    let server = ZooKeeperServer::start().unwrap();
+    let holder_backend = backend(&server, 4 * SECOND);
+    let holder_locks = LockService::from_arc(holder_backend.clone());
+    let other = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut holder = holder_locks
+        .try_acquire("k", SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let other = other.clone();
+        tokio::spawn(async move {
+            other
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+
+    let session = holder_backend.session_info().await.unwrap();
+    let intruder = zookeeper_client::Client::connector()
+        .with_session(session)
+        .connect(&format!("127.0.0.1:{}", server.port()))
+        .await
+        .unwrap();
+    drop(intruder); // Closing the last client of the session closes it.
+    let ended_at = Instant::now();
+
+    timeout(2 * SECOND, holder.lost())
+        .await
+        .expect("lost() did not fire after the session ended");
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(ended_at.elapsed() < 2 * SECOND);
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// A holder whose process vanishes — its connection gone without a goodbye — keeps the
+/// lock until its session times out, then its successor gets it: the session timeout is
+/// the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_vanished_process_is_succeeded_after_its_session_timeout() {
+    let server = ZooKeeperServer::start().unwrap();
+    let session_timeout = 2 * SECOND;
+    let url = server.url("/t");
+    let granted_at = tokio::task::spawn_blocking(move || {
+        // A runtime of its own stands for the process: dropping it closes its connection
+        // without closing its session.
+        let process = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let granted_at = process.block_on(async {
+            let locks = LockService::zookeeper(
+                &url,
+                ZooKeeperOptions {
+                    session_timeout,
+                    ..ZooKeeperOptions::default()
+                },
+            )
+            .unwrap();
+            let guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+            std::mem::forget(guard);
+            Instant::now()
+        });
+        process.shutdown_background();
+        granted_at
+    })
+    .await
+    .unwrap();
+    let successor_locks = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut successor = successor_locks
+        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
+        .await
+        .unwrap();
+    let waited = granted_at.elapsed();
+    assert!(
+        waited >= session_timeout - Duration::from_millis(300),
+        "taken after {waited:?}, before the session could time out"
+    );
+    assert!(waited < session_timeout * 3, "took {waited:?}");
+    successor.release().await.unwrap();
+}
+
+/// A hot key with 32 waiters: each hand-off costs a constant number of requests (the
+/// release, the next waiter's look at the queue, its watch on its own node) and wakes
+/// exactly one waiter — had a release woken the whole queue, each waiter would have
+/// looked at the queue again, some 30 requests per hand-off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
+    let server = ZooKeeperServer::start().unwrap();
+    let counted = backend(&server, 4 * SECOND);
+    let locks = LockService::from_arc(counted.clone());
+    let mut holder = locks
+        .try_acquire("hot", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let waiters: Vec<_> = (0..32)
+        .map(|_| {
+            let (locks, served) = (locks.clone(), served.clone());
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                    .await
+                    .unwrap();
+                served.fetch_add(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Everyone queued: 32 × (create, look, watch the predecessor).
+    sleep(SECOND).await;
+    let before = counted.requests();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 32);
+    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    assert!(
+        per_hand_off <= 3.5,
+        "{per_hand_off:.2} requests per hand-off"
+    );
+}
