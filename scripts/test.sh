@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The test command: starts (or installs) PostgreSQL and Redis, then runs every test of the
-# workspace against them. Tests only ever talk to loopback addresses.
+# The test command: starts (or installs) PostgreSQL, Redis, ZooKeeper and etcd, then runs
+# every test of the workspace, with every cargo feature, against them. Tests only ever
+# talk to loopback addresses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/services.sh
@@ -13,6 +14,13 @@ psql -h 127.0.0.1 -U postgres -d postgres -Atqc \
   while read -r database; do
     psql -h 127.0.0.1 -U postgres -d postgres -qc "drop database if exists \"$database\"" >/dev/null
   done
+# Locks earlier runs left under the tests' roots in the shared ZooKeeper and etcd (each
+# test uses a root of its own below these).
+/usr/share/zookeeper/bin/zkCli.sh -server 127.0.0.1:2181 deleteall /payonce-tests \
+  >/dev/null 2>&1 || true
+curl -fsS -X POST http://127.0.0.1:2379/v3/kv/deleterange \
+  -d "{\"key\": \"$(printf /payonce-tests/ | base64)\", \"range_end\": \"$(printf /payonce-tests0 | base64)\"}" \
+  >/dev/null 2>&1 || true
 # The flood tests open a few thousand loopback connections in one process.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
-cargo test --workspace --locked "$@"
+cargo test --workspace --all-features --locked "$@"

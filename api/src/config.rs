@@ -51,9 +51,15 @@ pub struct Config {
     /// PostgreSQL URL. With REDIS_URL: the distributed mode. With neither: embedded.
     #[arg(long, global = true, env = "DATABASE_URL")]
     pub database_url: Option<String>,
-    /// Redis URL for the locks. With DATABASE_URL: the distributed mode.
+    /// Redis URL for the locks. With DATABASE_URL: the distributed mode. (The same as
+    /// PAYONCE_LOCK_URL=redis://….)
     #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
+    /// The lock service, for the distributed mode: `redis://host:port[/db]`,
+    /// `zk://host:port[,host:port…][/root]` (ZooKeeper) or
+    /// `etcd://host:port[,host:port…][/root]`.
+    #[arg(long, global = true, env = "PAYONCE_LOCK_URL")]
+    pub lock_url: Option<String>,
     /// Prefix of every Redis key and channel, so deployments can share a Redis.
     #[arg(
         long,
@@ -243,19 +249,62 @@ pub enum Mode {
         /// The ledger's file.
         sqlite_path: PathBuf,
     },
-    /// Any number of instances sharing PostgreSQL and Redis.
+    /// Any number of instances sharing PostgreSQL and a lock service.
     Distributed {
         /// The ledger's database.
         database_url: String,
-        /// The locks' Redis.
-        redis_url: String,
+        /// The locks' service.
+        locks: LockUrl,
     },
+}
+
+/// A lock service, by its URL's scheme.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockUrl {
+    /// `redis://` or `rediss://`.
+    Redis(String),
+    /// `zk://`: a ZooKeeper ensemble.
+    ZooKeeper(String),
+    /// `etcd://`: an etcd cluster.
+    Etcd(String),
+}
+
+impl LockUrl {
+    /// Reads a URL by its scheme.
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
+            Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
+            Some("etcd") => Ok(Self::Etcd(url.to_owned())),
+            _ => Err(ConfigError::Invalid(format!(
+                "PAYONCE_LOCK_URL must start with redis://, zk:// or etcd://, got {}",
+                mask(url)
+            ))),
+        }
+    }
+
+    /// The service's name, as printed.
+    pub fn service(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "Redis",
+            Self::ZooKeeper(_) => "ZooKeeper",
+            Self::Etcd(_) => "etcd",
+        }
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Redis(url) | Self::ZooKeeper(url) | Self::Etcd(url) => url,
+        }
+    }
 }
 
 /// Settings that cannot work together.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    /// Exactly one of the two URLs.
+    /// A database without a lock service, or the reverse.
     #[error(
         "{set} is set but {unset} is not: the distributed mode needs both, the embedded mode neither"
     )]
@@ -273,22 +322,41 @@ pub enum ConfigError {
 impl Config {
     /// The mode the URLs select.
     pub fn mode(&self) -> Result<Mode, ConfigError> {
-        match (&self.database_url, &self.redis_url) {
+        let locks = self.lock_service()?;
+        match (&self.database_url, locks) {
             (None, None) => Ok(Mode::Embedded {
                 sqlite_path: self.data_dir.join("payonce.sqlite3"),
             }),
-            (Some(database_url), Some(redis_url)) => Ok(Mode::Distributed {
+            (Some(database_url), Some(locks)) => Ok(Mode::Distributed {
                 database_url: database_url.clone(),
-                redis_url: redis_url.clone(),
+                locks,
             }),
             (Some(_), None) => Err(ConfigError::HalfDistributed {
                 set: "DATABASE_URL",
-                unset: "REDIS_URL",
+                unset: "PAYONCE_LOCK_URL (or REDIS_URL)",
             }),
             (None, Some(_)) => Err(ConfigError::HalfDistributed {
-                set: "REDIS_URL",
+                set: if self.lock_url.is_some() {
+                    "PAYONCE_LOCK_URL"
+                } else {
+                    "REDIS_URL"
+                },
                 unset: "DATABASE_URL",
             }),
+        }
+    }
+
+    /// The lock service the URLs name: `PAYONCE_LOCK_URL`, or `REDIS_URL` for Redis.
+    fn lock_service(&self) -> Result<Option<LockUrl>, ConfigError> {
+        match (&self.lock_url, &self.redis_url) {
+            (Some(lock_url), Some(redis_url)) if lock_url != redis_url => {
+                Err(ConfigError::Invalid(
+                    "REDIS_URL and PAYONCE_LOCK_URL name different lock services: set one".into(),
+                ))
+            }
+            (Some(url), _) => LockUrl::parse(url).map(Some),
+            (None, Some(url)) => Ok(Some(LockUrl::Redis(url.clone()))),
+            (None, None) => Ok(None),
         }
     }
 
@@ -336,7 +404,14 @@ impl Config {
         }
         let mode = self.mode()?;
         let needs_redis = !matches!(self.lock_strategy, Strategy::Fenced | Strategy::None);
-        if needs_redis && matches!(mode, Mode::Embedded { .. }) {
+        let on_redis = matches!(
+            mode,
+            Mode::Distributed {
+                locks: LockUrl::Redis(_),
+                ..
+            }
+        );
+        if needs_redis && !on_redis {
             return Err(ConfigError::Invalid(format!(
                 "PAYONCE_LOCK_STRATEGY={} needs Redis: set DATABASE_URL and REDIS_URL",
                 self.lock_strategy.name()
@@ -364,6 +439,11 @@ impl Config {
 /// anything else that looks like a secret).
 pub fn mask(url: &str) -> String {
     let Ok(mut parsed) = url::Url::parse(url) else {
+        // A URL naming several hosts (`zk://a:2181,b:2181/root`) is not one `url` can
+        // parse; shown as it is unless it could carry a password.
+        if !url.contains('@') && !url.contains('?') {
+            return url.to_owned();
+        }
         return "<unparseable URL>".to_owned();
     };
     if parsed.password().is_some() {
@@ -407,6 +487,10 @@ impl fmt::Display for Config {
             (
                 "REDIS_URL",
                 self.redis_url.as_deref().map_or_else(unset, mask),
+            ),
+            (
+                "PAYONCE_LOCK_URL",
+                self.lock_url.as_deref().map_or_else(unset, mask),
             ),
             ("PAYONCE_REDIS_NAMESPACE", self.redis_namespace.clone()),
             ("PAYONCE_DATA_DIR", self.data_dir.display().to_string()),
@@ -490,15 +574,50 @@ mod tests {
             let mut config = config(&[]);
             config.database_url = database.map(str::to_owned);
             config.redis_url = redis.map(str::to_owned);
+            config.lock_url = None;
             config.mode()
         };
         assert!(matches!(with(None, None), Ok(Mode::Embedded { .. })));
         let both = with(Some("postgres://db"), Some("redis://r"));
         assert!(matches!(both, Ok(Mode::Distributed { .. })));
         let error = with(Some("postgres://db"), None).unwrap_err();
-        assert!(error.to_string().contains("REDIS_URL is not"), "{error}");
+        assert!(error.to_string().contains("REDIS_URL) is not"), "{error}");
         let error = with(None, Some("redis://r")).unwrap_err();
         assert!(error.to_string().contains("DATABASE_URL is not"), "{error}");
+    }
+
+    #[test]
+    fn the_lock_url_names_the_service_by_its_scheme() {
+        let with = |lock_url: &str| {
+            let mut config = config(&[]);
+            config.database_url = Some("postgres://db".into());
+            config.redis_url = None;
+            config.lock_url = Some(lock_url.into());
+            config.mode()
+        };
+        for (url, service) in [
+            ("redis://127.0.0.1:6379", "Redis"),
+            ("zk://127.0.0.1:2181,127.0.0.2:2181/payonce", "ZooKeeper"),
+            ("etcd://127.0.0.1:2379", "etcd"),
+        ] {
+            match with(url) {
+                Ok(Mode::Distributed { locks, .. }) => {
+                    assert_eq!((locks.service(), locks.url()), (service, url));
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+        let error = with("consul://127.0.0.1:8500").unwrap_err();
+        assert!(
+            error.to_string().contains("PAYONCE_LOCK_URL must"),
+            "{error}"
+        );
+        // Both variables, naming different services, are refused.
+        let mut both = config(&[]);
+        both.database_url = Some("postgres://db".into());
+        both.redis_url = Some("redis://r".into());
+        both.lock_url = Some("zk://z:2181".into());
+        assert!(both.mode().is_err());
     }
 
     #[test]
@@ -521,6 +640,9 @@ mod tests {
         let masked = mask("postgres://app@db/payonce?password=hunter2&sslmode=disable");
         assert!(!masked.contains("hunter2"), "{masked}");
         assert!(masked.contains("sslmode=disable"), "{masked}");
+        let ensemble = "zk://10.0.0.1:2181,10.0.0.2:2181/payonce";
+        assert_eq!(mask(ensemble), ensemble);
+        assert_eq!(mask("zk://user:hunter2@a:1,b:2/x"), "<unparseable URL>");
     }
 
     #[test]

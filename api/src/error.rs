@@ -392,7 +392,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "lock-store-unavailable",
         503,
-        "Redis cannot be reached. Nothing was executed; retry with the same ticket.",
+        "The lock service (Redis, ZooKeeper or etcd) cannot be reached. Nothing was executed; retry with the same ticket.",
     ),
     (
         "database-unavailable",

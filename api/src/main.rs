@@ -37,8 +37,9 @@ async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::E
         "payonce {} starting in the {} mode with:\n{config}",
         env!("CARGO_PKG_VERSION"),
         match mode {
-            Mode::Embedded { .. } => "embedded (SQLite + in-process locks)",
-            Mode::Distributed { .. } => "distributed (PostgreSQL + Redis)",
+            Mode::Embedded { .. } => "embedded (SQLite + in-process locks)".to_owned(),
+            Mode::Distributed { locks, .. } =>
+                format!("distributed (PostgreSQL + {})", locks.service()),
         }
     );
     if config.demo {

@@ -7,7 +7,7 @@ use axum::http::HeaderValue;
 use ledger::{AccountId, Ledger, LedgerError, LedgerOptions};
 use lock::{LockService, RedisOptions};
 
-use crate::config::{Config, ConfigError, Mode, Strategy};
+use crate::config::{Config, ConfigError, LockUrl, Mode, Strategy};
 use crate::demo::Recipes;
 use crate::error::ApiError;
 use crate::flights::Flights;
@@ -152,20 +152,11 @@ impl AppState {
             }
             Mode::Distributed {
                 database_url,
-                redis_url,
+                locks,
             } => {
                 let ledger =
                     open_with_retries(&database_url, &options, config.startup_timeout).await?;
-                let locks = LockService::redis(
-                    &redis_url,
-                    RedisOptions {
-                        namespace: config.redis_namespace.clone(),
-                        max_waiters: config.lock_max_waiters,
-                        ..RedisOptions::default()
-                    },
-                )?;
-                let recipes =
-                    Recipes::open(&redis_url, &config.redlock_urls, &config.redis_namespace)?;
+                let (locks, recipes) = lock_service(&locks, config)?;
                 (ledger, locks, recipes)
             }
         };
@@ -222,6 +213,57 @@ impl AppState {
     pub async fn authenticate(&self, key: &str) -> Result<Option<AccountId>, ApiError> {
         Ok(self.0.ledger.authenticate(key).await?)
     }
+}
+
+/// The lock service `url` names, and the demonstration's recipes where they can run (they
+/// are Redis recipes). ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
+/// time after which a process that stopped heartbeating loses its locks, as a Redis lock
+/// without renewal does.
+fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes), StartError> {
+    Ok(match url {
+        LockUrl::Redis(url) => {
+            let locks = LockService::redis(
+                url,
+                RedisOptions {
+                    namespace: config.redis_namespace.clone(),
+                    max_waiters: config.lock_max_waiters,
+                    ..RedisOptions::default()
+                },
+            )?;
+            let recipes = Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?;
+            (locks, recipes)
+        }
+        LockUrl::ZooKeeper(url) => {
+            let options = lock::ZooKeeperOptions {
+                session_timeout: config.lock_ttl,
+                max_waiters: config.lock_max_waiters,
+                ..lock::ZooKeeperOptions::default()
+            };
+            (LockService::zookeeper(url, options)?, Recipes::default())
+        }
+        LockUrl::Etcd(url) => (etcd(url, config)?, Recipes::default()),
+    })
+}
+
+#[cfg(feature = "etcd")]
+fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
+    // etcd leases are whole seconds, two at least.
+    let lease_ttl = Duration::from_secs(config.lock_ttl.as_secs_f64().ceil() as u64)
+        .max(Duration::from_secs(2));
+    let options = lock::EtcdOptions {
+        lease_ttl,
+        max_waiters: config.lock_max_waiters,
+        ..lock::EtcdOptions::default()
+    };
+    Ok(LockService::etcd(url, options)?)
+}
+
+#[cfg(not(feature = "etcd"))]
+fn etcd(_url: &str, _config: &Config) -> Result<LockService, StartError> {
+    Err(StartError::Config(ConfigError::Invalid(
+        "this payonce was built without etcd: build it with `--features etcd` (needs protoc)"
+            .into(),
+    )))
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

@@ -13,6 +13,11 @@
 //! - one key: the serial limit 1 / (hold + one round trip), the round trip being the median
 //!   of sequential PINGs.
 //!
+//! With `--backend zookeeper` or `--backend etcd` (`--features etcd`), the backend runs
+//! beside payonce's Redis lock in alternating order, with the same clients and keys, and
+//! the summary prints both, their ratio, and the requests each sends per acquire+release
+//! (counted by the client).
+//!
 //! The last line is `pairs/s: <median over rounds>`.
 
 use std::process::Command;
@@ -42,11 +47,16 @@ struct Args {
     /// Measurement rounds; figures are medians over rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// `redis` or `in-process` (no baselines).
+    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`) or `in-process` (no
+    /// baselines).
     #[arg(long, default_value = "redis")]
     backend: String,
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    #[arg(long, env = "ZOOKEEPER_URL", default_value = "zk://127.0.0.1:2181")]
+    zookeeper_url: String,
+    #[arg(long, env = "ETCD_URL", default_value = "etcd://127.0.0.1:2379")]
+    etcd_url: String,
     /// Skip the baselines.
     #[arg(long)]
     no_baselines: bool,
@@ -73,6 +83,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "lock bench: backend={} clients={} keys={} hold={}ms seconds={} rounds={}",
         args.backend, args.clients, args.keys, args.hold_ms, args.seconds, args.rounds
     );
+    if matches!(args.backend.as_str(), "zookeeper" | "etcd") {
+        return side_by_side(&args).await;
+    }
     let redis = args.backend == "redis";
     let locks = if redis {
         LockService::redis(&args.redis_url, RedisOptions::default())?
@@ -166,6 +179,120 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
     println!("pairs/s: {rate:.0}");
+    Ok(())
+}
+
+/// A lock service and what counts its requests.
+struct Counted {
+    name: &'static str,
+    locks: LockService,
+    requests: Box<dyn Fn() -> u64>,
+}
+
+/// Opens the service `name` names, with a root or namespace of the run's own.
+fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::error::Error>> {
+    let run = format!("bench-{:08x}", rand::random::<u32>());
+    Ok(match name {
+        "redis" => {
+            let backend = Arc::new(lock::RedisBackend::open(
+                &args.redis_url,
+                RedisOptions {
+                    namespace: run,
+                    ..RedisOptions::default()
+                },
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.round_trips()),
+            }
+        }
+        "zookeeper" => {
+            let backend = Arc::new(lock::ZooKeeperBackend::open(
+                &format!("{}/payonce-bench/{run}", args.zookeeper_url),
+                lock::ZooKeeperOptions::default(),
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
+        #[cfg(feature = "etcd")]
+        "etcd" => {
+            let backend = Arc::new(lock::EtcdBackend::open(
+                &format!("{}/payonce-bench/{run}", args.etcd_url),
+                lock::EtcdOptions::default(),
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
+        other => return Err(format!("no backend {other:?} in this build").into()),
+    })
+}
+
+/// `--backend zookeeper|etcd`: that service and payonce's Redis lock, measured in
+/// alternating order each round, printed side by side.
+async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+    let name = if args.backend == "zookeeper" {
+        "zookeeper"
+    } else {
+        "etcd"
+    };
+    let services = [counted(name, args)?, counted("redis", args)?];
+    for service in &services {
+        service.locks.ping().await?;
+    }
+    let mut runs: Vec<Vec<(Run, f64)>> = vec![Vec::new(), Vec::new()];
+    for round in 1..=args.rounds {
+        // Alternate which goes first: the machine's speed drifts within a minute.
+        let order: [usize; 2] = if round % 2 == 1 { [0, 1] } else { [1, 0] };
+        for index in order {
+            let service = &services[index];
+            let before = (service.requests)();
+            let run = measure(&service.locks, args).await?;
+            let pairs = run.pairs_per_sec * args.seconds;
+            let requests = ((service.requests)() - before) as f64 / pairs.max(1.0);
+            println!(
+                "round {round}: {:<9} {:>9.0} pairs/s, acquire p50 {:.3} ms p99 {:.3} ms, {requests:.2} requests per pair",
+                service.name,
+                run.pairs_per_sec,
+                run.p50_us as f64 / 1000.0,
+                run.p99_us as f64 / 1000.0,
+            );
+            runs[index].push((run, requests));
+        }
+    }
+    println!("summary (medians over {} rounds):", args.rounds);
+    let mut rates = Vec::new();
+    for (service, runs) in services.iter().zip(&runs) {
+        let rate = median(runs.iter().map(|(run, _)| run.pairs_per_sec).collect());
+        println!(
+            "  {:<9} {rate:>9.0} pairs/s   acquire p50 {:.3} ms   p99 {:.3} ms   {:.2} requests per pair",
+            service.name,
+            median(runs.iter().map(|(run, _)| run.p50_us as f64).collect()) / 1000.0,
+            median(runs.iter().map(|(run, _)| run.p99_us as f64).collect()) / 1000.0,
+            median(runs.iter().map(|(_, requests)| *requests).collect()),
+        );
+        rates.push(rate);
+    }
+    // The ratio of medians of each round's ratio: robust to a drifting machine.
+    let ratios: Vec<f64> = runs[0]
+        .iter()
+        .zip(&runs[1])
+        .map(|((ours, _), (redis, _))| ours.pairs_per_sec / redis.pairs_per_sec)
+        .collect();
+    println!(
+        "  {name} / redis: {:.2} (median of the rounds' ratios)",
+        median(ratios)
+    );
+    println!("pairs/s: {:.0}", rates[0]);
     Ok(())
 }
 
@@ -290,10 +417,11 @@ fn raw_limit(
     let rel = run(&[
         "EVAL",
         &release,
-        "3",
+        "4",
         "rawbench:lock:{__rand_int__}",
         "rawbench:fence:{__rand_int__}",
-        "rawbench:queue:{__rand_int__}",
+        "rawbench:waiting:{__rand_int__}",
+        "rawbench:waiter:{__rand_int__}",
         "00000000000000000000000000000000",
     ])?;
     Ok(1.0 / (1.0 / set + 1.0 / rel))

@@ -10,8 +10,12 @@
 //!   method, in terms of [`Lease`]s.
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
-//! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`) and
-//!   [`InProcessBackend`] (`in_process.rs`): the two stores, held to one test suite.
+//! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`),
+//!   [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`] (`zookeeper.rs`) and
+//!   `EtcdBackend` (`etcd.rs`, cargo feature `etcd`): the stores, held to one test suite.
+//!   Redis and in-process leases are per grant (a TTL the guard renews); ZooKeeper's and
+//!   etcd's are the process's session or lease ([`Sessions`]), with the store's own zxid or
+//!   revision as the fencing token.
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
 //! - [`Redlock`] (`redlock.rs`): the quorum lock over independent Redis servers, and
 //!   [`recipes`] (`recipes.rs`): the classic recipes that fail. Both exist for payonce's

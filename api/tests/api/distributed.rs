@@ -116,7 +116,29 @@ async fn unreachable_redis_is_503_and_nothing_is_lost() {
     let shared = Shared::new(Backend::Distributed).await;
     let mut config = shared.config(&[]);
     config.redis_url = Some(format!("redis://127.0.0.1:{}", free_port().unwrap()));
-    let app = spawn_config(shared, config).await;
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
+/// The same with ZooKeeper unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_zookeeper_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::ZooKeeper).await;
+    let mut config = shared.config(&[]);
+    config.lock_url = Some(format!("zk://127.0.0.1:{}/t", free_port().unwrap()));
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
+/// The same with etcd unreachable.
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_etcd_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::Etcd).await;
+    let mut config = shared.config(&[]);
+    config.lock_url = Some(format!("etcd://127.0.0.1:{}/t", free_port().unwrap()));
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
+async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let response = app.withdraw(&ada, &ticket, 100).await;
@@ -271,14 +293,20 @@ async fn fencing_recovers_after_redis_loses_its_data() {
     app.assert_audit_clean().await;
 }
 
-/// Exactly one of DATABASE_URL and REDIS_URL refuses to start, saying why.
+/// A database without a lock service refuses to start, saying why.
 #[tokio::test]
 async fn half_distributed_configuration_refuses_to_start() {
     let shared = Shared::new(Backend::Distributed).await;
     let mut config = shared.config(&[]);
     config.redis_url = None;
+    config.lock_url = None;
     let error = api::state::AppState::connect(&config).await.unwrap_err();
-    assert!(error.to_string().contains("REDIS_URL is not"), "{error}");
+    assert!(
+        error
+            .to_string()
+            .contains("PAYONCE_LOCK_URL (or REDIS_URL) is not"),
+        "{error}"
+    );
 }
 
 /// `payonce audit` exits 0 on a clean ledger and 1 (naming the rule) on a broken one.

@@ -19,6 +19,11 @@ pub enum Backend {
     Distributed,
     /// SQLite + in-process locks.
     Embedded,
+    /// PostgreSQL + ZooKeeper (`ZOOKEEPER_URL`, else 127.0.0.1:2181).
+    ZooKeeper,
+    /// PostgreSQL + etcd (`ETCD_URL`, else 127.0.0.1:2379).
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 /// The database and lock store a group of instances share.
@@ -32,8 +37,8 @@ pub struct Shared {
 impl Shared {
     pub async fn new(backend: Backend) -> Arc<Self> {
         let database = match backend {
-            Backend::Distributed => TestDatabase::postgres().await.expect("a test database"),
             Backend::Embedded => TestDatabase::sqlite().expect("a SQLite file"),
+            _ => TestDatabase::postgres().await.expect("a test database"),
         };
         Arc::new(Self {
             backend,
@@ -58,6 +63,27 @@ impl Shared {
                     self.namespace.clone(),
                 ]);
             }
+            Backend::ZooKeeper => {
+                let zookeeper =
+                    std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    format!("{zookeeper}/payonce-tests/{}", self.namespace),
+                ]);
+            }
+            #[cfg(feature = "etcd")]
+            Backend::Etcd => {
+                let etcd =
+                    std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    format!("{etcd}/payonce-tests/{}", self.namespace),
+                ]);
+            }
             Backend::Embedded => {
                 // The embedded mode keeps its own file in the test's temporary directory.
                 let path = self.database.url().trim_start_matches("sqlite:");
@@ -71,11 +97,15 @@ impl Shared {
         }
         args.extend(extra.iter().map(|arg| (*arg).to_owned()));
         let mut config = Cli::parse_from(args).config;
-        if self.backend == Backend::Embedded {
-            // The test command exports DATABASE_URL and REDIS_URL; the embedded mode is
-            // the one where neither is set.
-            config.database_url = None;
-            config.redis_url = None;
+        // The test command exports DATABASE_URL and REDIS_URL: the embedded mode is the one
+        // where neither is set, and the other lock services are not Redis.
+        match self.backend {
+            Backend::Embedded => {
+                config.database_url = None;
+                config.redis_url = None;
+            }
+            Backend::Distributed => {}
+            _ => config.redis_url = None,
         }
         config
     }

@@ -57,3 +57,42 @@ both_backends!(
     graceful_shutdown_finishes_in_flight_requests,
     spends_after_a_restart_succeed_at_once,
 );
+
+/// Runs each listed contract case on the other lock services: the service runs on them
+/// as it does on Redis. (Cases that pause a holder past its lease are not among them: a
+/// ZooKeeper session or an etcd lease lives on while its process does — the fault that
+/// takes them is a real process pause, `SIGSTOP`, in the strategies × faults matrix.)
+macro_rules! other_lock_services {
+    ($($case:ident),* $(,)?) => {
+        mod on_zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::ZooKeeper).await;
+                }
+            )*
+        }
+        #[cfg(feature = "etcd")]
+        mod on_etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::Etcd).await;
+                }
+            )*
+        }
+    };
+}
+
+other_lock_services!(
+    first_request_executes_and_repeats_replay_it,
+    refusals_are_stored_and_a_failed_ticket_stays_failed,
+    lottery_draws_spend_points_and_replay_the_same_prize,
+    duplicate_of_a_running_request_waits_and_replays,
+    duplicate_past_the_wait_is_409_request_in_progress,
+    busy_account_is_409_account_busy,
+    hundred_concurrent_copies_execute_once,
+    concurrent_distinct_tickets_spend_exactly_the_balance,
+    service_endpoints_answer,
+    spends_after_a_restart_succeed_at_once,
+);

@@ -29,6 +29,8 @@ fn backend(server: &EtcdServer, lease_ttl: Duration) -> Arc<EtcdBackend> {
             &server.url("/t"),
             EtcdOptions {
                 lease_ttl,
+                // Patient: a server of the test's own starts cold, beside the whole suite.
+                op_timeout: 5 * SECOND,
                 ..EtcdOptions::default()
             },
         )

@@ -29,6 +29,8 @@ fn backend(server: &ZooKeeperServer, session_timeout: Duration) -> Arc<ZooKeeper
             &server.url("/t"),
             ZooKeeperOptions {
                 session_timeout,
+                // Patient: a server of the test's own starts cold, beside the whole suite.
+                op_timeout: 5 * SECOND,
                 ..ZooKeeperOptions::default()
             },
         )
@@ -121,8 +123,10 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
     sleep(Duration::from_millis(200)).await;
 
     let session = holder_backend.session_info().await.unwrap();
+    // A patient connector: the whole suite shares two cores with a JVM or two.
     let intruder = zookeeper_client::Client::connector()
         .with_session(session)
+        .with_connection_timeout(10 * SECOND)
         .connect(&format!("127.0.0.1:{}", server.port()))
         .await
         .unwrap();
