@@ -62,7 +62,8 @@ macro_rules! shared_suite {
                 holder_note_follows_the_holder,
                 rejects_empty_key_and_tiny_ttl,
                 a_crowd_beyond_the_cap_is_turned_away_at_once,
-                a_flood_on_one_key_leaves_other_keys_fast
+                a_flood_on_one_key_leaves_other_keys_fast,
+                a_holder_reenters_without_waiting
             );
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -700,3 +700,38 @@ pub async fn acquire_p99(locks: &LockService, key: &str, rounds: usize) -> Durat
     took.sort();
     took[(took.len() * 99).div_ceil(100) - 1]
 }
+
+/// A holder re-enters its lock at once — the same fencing token, one more hold — though
+/// another waiter is queued; the lock is freed only when every hold was given back
+/// (released or dropped), and the waiter then gets it. A released guard cannot re-enter.
+pub async fn a_holder_reenters_without_waiting(locks: LockService) {
+    let key = key();
+    let mut outer = locks.try_acquire(&key, 5 * SECOND).await.unwrap().unwrap();
+    let waiter = {
+        let (locks, key) = (locks.clone(), key.clone());
+        tokio::spawn(async move { locks.acquire(&key, 5 * SECOND, after(10_000)).await })
+    };
+    sleep(Duration::from_millis(50)).await;
+    let mut inner = outer.reenter().expect("a held guard re-enters");
+    assert_eq!(inner.fencing_token(), outer.fencing_token());
+    assert_eq!((outer.holds(), inner.holds()), (2, 2));
+    assert!(inner.release().await.unwrap(), "the grant is still ours");
+    assert_eq!(outer.holds(), 1);
+    sleep(Duration::from_millis(100)).await;
+    assert!(!waiter.is_finished(), "freed while a hold was left");
+    assert!(outer.release().await.unwrap());
+    assert!(outer.reenter().is_none());
+    let mut next = waiter.await.unwrap().unwrap();
+    assert!(next.fencing_token() > outer.fencing_token());
+    assert!(next.release().await.unwrap());
+
+    // Holds dropped in any order: the last one frees the lock.
+    let outer = locks.try_acquire(&key, 5 * SECOND).await.unwrap().unwrap();
+    let inner = outer.reenter().unwrap();
+    drop(outer);
+    sleep(Duration::from_millis(100)).await;
+    assert!(locks.try_acquire(&key, SECOND).await.unwrap().is_none());
+    drop(inner);
+    let mut free = locks.acquire(&key, SECOND, after(2_000)).await.unwrap();
+    assert!(free.release().await.unwrap());
+}
