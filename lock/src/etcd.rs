@@ -21,6 +21,11 @@
 //! - Per hand-off: the release (one delete), the successor's look at the holder (with the
 //!   base, one request) and its watch on its own key — three requests however long the
 //!   queue. A waiter that gives up deletes its key, so it never holds up the line.
+//! - **Lock-delay** (when set): a holder leaves a marker key `<key>/held` (on no lease),
+//!   deleted in the same transaction as its key on release. A successor that finds the
+//!   marker still there knows its predecessor's lease ended without a release, and waits
+//!   the delay before using the lock (it holds it meanwhile, so nobody else can); a
+//!   `try_acquire` then answers that the lock is taken. One request more per grant.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -50,6 +55,10 @@ pub struct EtcdOptions {
     pub op_timeout: Duration,
     /// The most waiters one key's queue takes; past it an acquire fails at once.
     pub max_waiters: usize,
+    /// Chubby's lock-delay: after a holder's lease ended without a release, its successor
+    /// holds the lock but waits this long before using it (see the module docs). Zero by
+    /// default: no marker is kept.
+    pub lock_delay: Duration,
 }
 
 impl Default for EtcdOptions {
@@ -58,8 +67,19 @@ impl Default for EtcdOptions {
             lease_ttl: Duration::from_secs(10),
             op_timeout: Duration::from_secs(2),
             max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+            lock_delay: Duration::ZERO,
         }
     }
+}
+
+/// What one look at a lock saw.
+struct Look {
+    /// The holder's create revision.
+    holder: Option<i64>,
+    /// The fencing base.
+    base: u64,
+    /// The marker left by a holder that never released (lock-delay only).
+    unreleased: bool,
 }
 
 /// What this process knows of its lease.
@@ -140,6 +160,8 @@ struct Keys {
     waiters: String,
     /// The fencing base.
     base: String,
+    /// The lock-delay marker.
+    marker: String,
 }
 
 impl EtcdBackend {
@@ -206,6 +228,7 @@ impl EtcdBackend {
         Keys {
             waiters: format!("{prefix}w/"),
             base: format!("{prefix}base"),
+            marker: format!("{prefix}held"),
         }
     }
 
@@ -266,17 +289,63 @@ impl EtcdBackend {
         Ok(lease)
     }
 
-    /// The holder's create revision and the fencing base, in one request.
-    async fn holder(
+    /// The reads of one look at the lock: the holder, the base and (with a lock-delay)
+    /// the marker.
+    fn look_ops(&self, keys: &Keys) -> Vec<TxnOp> {
+        let mut ops = vec![oldest(&keys.waiters), TxnOp::get(keys.base.clone(), None)];
+        if !self.options.lock_delay.is_zero() {
+            ops.push(TxnOp::get(keys.marker.clone(), None));
+        }
+        ops
+    }
+
+    /// One look at the lock, in one request.
+    async fn look(
         &self,
         client: &Client,
         keys: &Keys,
         deadline: Option<Instant>,
-    ) -> Result<(Option<i64>, u64), LockError> {
-        let txn = Txn::new().and_then([oldest(&keys.waiters), TxnOp::get(keys.base.clone(), None)]);
+    ) -> Result<Look, LockError> {
+        let txn = Txn::new().and_then(self.look_ops(keys));
         let mut client = client.clone();
         let response = self.request(deadline, client.txn(txn)).await?;
-        Ok(holder_and_base(&response.op_responses()))
+        Ok(look(&response.op_responses()))
+    }
+
+    /// Lock-delay at a grant: waits out the delay if the marker says the last holder
+    /// never released (not past `deadline`: then the lock is not ours to use, and `false`),
+    /// and leaves our own marker.
+    async fn honour_lock_delay(
+        &self,
+        client: &Client,
+        keys: &Keys,
+        unreleased: bool,
+        deadline: Option<Instant>,
+    ) -> Result<bool, LockError> {
+        let delay = self.options.lock_delay;
+        if delay.is_zero() {
+            return Ok(true);
+        }
+        if unreleased {
+            let Some(deadline) = deadline else {
+                return Ok(false);
+            };
+            let until = Instant::now() + delay;
+            if until > deadline {
+                sleep_until(deadline).await;
+                return Ok(false);
+            }
+            tracing::info!(
+                key = keys.marker,
+                ?delay,
+                "the last holder never released: waiting out the lock-delay"
+            );
+            sleep_until(until).await;
+        }
+        let mut client = client.clone();
+        self.request(None, client.put(keys.marker.clone(), "held", None))
+            .await?;
+        Ok(true)
     }
 
     /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
@@ -299,15 +368,16 @@ impl EtcdBackend {
         // Our key, on the lease, and a look at the holder and the base: one request.
         let txn = Txn::new()
             .when([Compare::create_revision(mine.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
+            .and_then(
+                [TxnOp::put(
                     mine.clone(),
                     note,
                     Some(PutOptions::new().with_lease(lease.id)),
-                ),
-                oldest(&keys.waiters),
-                TxnOp::get(keys.base.clone(), None),
-            ]);
+                )]
+                .into_iter()
+                .chain(self.look_ops(&keys))
+                .collect::<Vec<_>>(),
+            );
         let looked_at = Instant::now();
         let mut writer = client.clone();
         let created = self.request(deadline, writer.txn(txn)).await?;
@@ -319,10 +389,24 @@ impl EtcdBackend {
             client: client.clone(),
             key: Some(mine.clone()),
         };
-        let (mut holder, mut base) = holder_and_base(&created.op_responses());
+        let mut seen = look(&created.op_responses());
         let mut looked_at = looked_at;
         loop {
-            if holder == Some(revision) {
+            if seen.holder == Some(revision) {
+                if !self
+                    .honour_lock_delay(&client, &keys, seen.unreleased, deadline)
+                    .await?
+                {
+                    // Held by us, but not usable before the caller gives up: `queued`
+                    // hands it on as it drops.
+                    return match deadline {
+                        None => Ok(None),
+                        Some(_) => Err(LockError::TimedOut {
+                            key: key.to_owned(),
+                            waited: started.elapsed(),
+                        }),
+                    };
+                }
                 let deleted = self.watch_own(&client, &mine, revision).await?;
                 queued.settle();
                 self.held().insert(
@@ -333,7 +417,7 @@ impl EtcdBackend {
                         deleted,
                     },
                 );
-                let token = base.saturating_add(revision.max(0).unsigned_abs());
+                let token = seen.base.saturating_add(revision.max(0).unsigned_abs());
                 // The lease is the real one: the guard must not count on more.
                 let lease_ttl = ttl.min(self.options.lease_ttl / 2);
                 return Ok(Some(Lease::new(
@@ -395,8 +479,8 @@ impl EtcdBackend {
                 }
             }
             looked_at = Instant::now();
-            (holder, base) = self
-                .holder(&client, &keys, Some(deadline))
+            seen = self
+                .look(&client, &keys, Some(deadline))
                 .await
                 .map_err(timed_out)?;
         }
@@ -482,9 +566,9 @@ fn oldest(prefix: &str) -> TxnOp {
     )
 }
 
-/// The holder's create revision and the base, from the answers to `oldest` and the get of
-/// the base (the last two operations of a transaction).
-fn holder_and_base(responses: &[TxnOpResponse]) -> (Option<i64>, u64) {
+/// What the answers to [`EtcdBackend::look_ops`] say (they are the last reads of a
+/// transaction).
+fn look(responses: &[TxnOpResponse]) -> Look {
     let gets: Vec<_> = responses
         .iter()
         .filter_map(|response| match response {
@@ -492,16 +576,12 @@ fn holder_and_base(responses: &[TxnOpResponse]) -> (Option<i64>, u64) {
             _ => None,
         })
         .collect();
-    let holder = gets
-        .first()
-        .and_then(|get| get.kvs().first())
-        .map(|kv| kv.create_revision());
-    let base = parse_base(
-        gets.get(1)
-            .and_then(|get| get.kvs().first())
-            .map(|kv| kv.value()),
-    );
-    (holder, base)
+    let first = |index: usize| gets.get(index).and_then(|get| get.kvs().first());
+    Look {
+        holder: first(0).map(|kv| kv.create_revision()),
+        base: parse_base(first(1).map(|kv| kv.value())),
+        unreleased: first(2).is_some(),
+    }
 }
 
 /// Keeps the lease alive: a keep-alive every third of its TTL. An answer with no TTL left
@@ -647,11 +727,31 @@ impl LockBackend for EtcdBackend {
             return Ok(false);
         }
         let mut client = self.client().await?;
-        match self
-            .request(None, client.delete(held.key.clone(), None))
-            .await
-        {
-            Ok(deleted) => Ok(deleted.deleted() > 0),
+        // With a lock-delay, the key and the marker go together — and only while the key
+        // is still there: a holder whose lease was revoked under it did not release, and
+        // must not erase the marker that tells its successor so.
+        let mut deletes = vec![TxnOp::delete(held.key.clone(), None)];
+        if let (false, Some(marker)) = (
+            self.options.lock_delay.is_zero(),
+            held.key
+                .rsplit_once("/w/")
+                .map(|(prefix, _)| format!("{prefix}/held")),
+        ) {
+            deletes.push(TxnOp::delete(marker, None));
+        }
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                held.key.clone(),
+                CompareOp::Greater,
+                0,
+            )])
+            .and_then(deletes);
+        match self.request(None, client.txn(txn)).await {
+            // Whether our key (the first delete) was still there.
+            Ok(done) => Ok(matches!(
+                done.op_responses().first(),
+                Some(TxnOpResponse::Delete(deleted)) if deleted.deleted() > 0
+            )),
             Err(error) => {
                 // Keep it, so a retry can still release it.
                 self.held().insert(lease.owner(), held);

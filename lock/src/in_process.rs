@@ -20,6 +20,9 @@ pub struct InProcessBackend {
     /// One entry per key ever locked: the fencing counter must outlive the lock itself.
     /// Never held across an await.
     keys: Mutex<HashMap<String, KeyState>>,
+    /// Chubby's lock-delay: a lock is kept this long past its lease (never past a
+    /// release), so a holder that vanished keeps its key for the delay too.
+    lock_delay: Duration,
 }
 
 #[derive(Debug, Default)]
@@ -114,6 +117,11 @@ impl InProcessBackend {
         Self::default()
     }
 
+    /// With Chubby's lock-delay (see the field).
+    pub fn with_lock_delay(self, lock_delay: Duration) -> Self {
+        Self { lock_delay, ..self }
+    }
+
     fn table(&self) -> MutexGuard<'_, HashMap<String, KeyState>> {
         // A panic while holding this mutex cannot leave a key half-updated (every update is
         // a few field assignments), so a poisoned table is still consistent.
@@ -141,7 +149,7 @@ impl LockBackend for InProcessBackend {
         if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
             return Ok(None);
         }
-        let fence = state.grant(owner, ttl, note.to_owned(), now);
+        let fence = state.grant(owner, ttl + self.lock_delay, note.to_owned(), now);
         Ok(Some(Lease::new(
             key,
             owner,
@@ -192,14 +200,15 @@ impl LockBackend for InProcessBackend {
                     && grant.is_some()
                     && !state.hand_off_pending(now)
                 {
-                    let fence = state.grant(owner, ttl, note.to_owned(), now);
+                    let fence = state.grant(owner, ttl + self.lock_delay, note.to_owned(), now);
                     pending.settled = true;
                     return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
                 }
                 if let Some(grant) = grant.take() {
                     state.queue.push_back(Waiter {
                         owner,
-                        ttl,
+                        // The lease the store keeps, not the one the holder is told of.
+                        ttl: ttl + self.lock_delay,
                         note: note.to_owned(),
                         grant,
                     });
@@ -263,7 +272,7 @@ impl LockBackend for InProcessBackend {
             .filter(|holder| holder.owner == lease.owner() && holder.expires_at > now);
         Ok(match holder {
             Some(holder) => {
-                holder.expires_at = now + ttl;
+                holder.expires_at = now + ttl + self.lock_delay;
                 true
             }
             None => false,

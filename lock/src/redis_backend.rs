@@ -32,6 +32,10 @@ pub struct RedisOptions {
     /// The most waiters one key's queue takes, across every process sharing the server;
     /// past it an acquire fails at once with [`LockError::QueueFull`].
     pub max_waiters: usize,
+    /// Chubby's lock-delay: the server keeps a lock this long past its lease, so when a
+    /// holder vanishes without releasing, nobody takes the key until the delay has passed
+    /// too; a released lock is free at once. Zero by default.
+    pub lock_delay: Duration,
 }
 
 impl Default for RedisOptions {
@@ -40,6 +44,7 @@ impl Default for RedisOptions {
             namespace: "payonce".to_owned(),
             op_timeout: Duration::from_secs(1),
             max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -188,6 +193,9 @@ pub struct RedisBackend {
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
     max_waiters: usize,
+    /// Added to every lease on the server (see [`RedisOptions::lock_delay`]), never to
+    /// the lease the holder is told of.
+    lock_delay: Duration,
     /// Round trips sent, for benchmarks and tests.
     round_trips: AtomicU64,
 }
@@ -261,6 +269,7 @@ impl RedisBackend {
             subscribing: tokio::sync::Mutex::new(()),
             op_timeout: options.op_timeout,
             max_waiters: options.max_waiters.max(1),
+            lock_delay: options.lock_delay,
             round_trips: AtomicU64::new(0),
         })
     }
@@ -350,7 +359,7 @@ impl RedisBackend {
         note: &str,
         deadline: Option<Instant>,
     ) -> Result<Attempt, LockError> {
-        let ttl_ms = millis(ttl).to_string();
+        let ttl_ms = millis(ttl + self.lock_delay).to_string();
         let wait_ms = millis(wait).to_string();
         let max_waiters = self.max_waiters.to_string();
         let (status, value): (i64, i64) = self
@@ -563,7 +572,7 @@ impl LockBackend for RedisBackend {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
         validate(lease.key(), ttl)?;
         let [lock_key, ..] = self.keys(lease.key());
-        let ttl_ms = millis(ttl).to_string();
+        let ttl_ms = millis(ttl + self.lock_delay).to_string();
         let extended: i64 = self
             .script(
                 &self.scripts.extend,

@@ -20,6 +20,11 @@
 //! - Per hand-off: the release (one delete), the successor's look at the queue (children
 //!   and base in one multi-read) and its watch on its own node — three requests however
 //!   long the queue. A waiter that gives up deletes its node, so it never holds up the line.
+//! - **Lock-delay** (when set): a holder leaves a persistent marker `<key>/held`, removed in
+//!   the same multi-write as its node on release. A successor that finds the marker still
+//!   there knows its predecessor's session ended without a release, and waits the delay
+//!   before using the lock (it holds it meanwhile, so nobody else can); a `try_acquire`
+//!   then answers that the lock is taken. One request more per grant.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -48,6 +53,10 @@ pub struct ZooKeeperOptions {
     pub op_timeout: Duration,
     /// The most waiters one key's queue takes; past it an acquire fails at once.
     pub max_waiters: usize,
+    /// Chubby's lock-delay: after a holder's session ended without a release, its
+    /// successor holds the lock but waits this long before using it (see the module
+    /// docs). Zero by default: no marker is kept.
+    pub lock_delay: Duration,
 }
 
 impl Default for ZooKeeperOptions {
@@ -56,8 +65,19 @@ impl Default for ZooKeeperOptions {
             session_timeout: Duration::from_secs(10),
             op_timeout: Duration::from_secs(2),
             max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+            lock_delay: Duration::ZERO,
         }
     }
+}
+
+/// A key's queue as one multi-read saw it.
+struct Queue {
+    /// Lock node names, the holder first.
+    names: Vec<String>,
+    /// The fencing base.
+    base: u64,
+    /// The holder marker left by a holder that never released (lock-delay only).
+    unreleased: bool,
 }
 
 /// What this process knows of one ZooKeeper session.
@@ -162,6 +182,11 @@ impl From<Failure> for LockError {
 }
 
 use zookeeper_client::Error::{BadVersion, NoNode};
+
+/// The lock-delay marker of the key under `parent`.
+fn marker(parent: &str) -> String {
+    format!("{parent}/held")
+}
 
 /// A key as one znode name: `/` would make it a path, `%` escapes.
 fn node_name(key: &str) -> String {
@@ -295,28 +320,84 @@ impl ZooKeeperBackend {
         client: &Client,
         parent: &str,
         deadline: Option<Instant>,
-    ) -> Result<(Vec<String>, u64), Failure> {
+    ) -> Result<Queue, Failure> {
         let mut reader = client.new_multi_reader();
         reader.add_get_children(parent).map_err(Failure::from)?;
         reader.add_get_data(parent).map_err(Failure::from)?;
-        let results = self.request(deadline, reader.commit()).await?;
-        let mut children = Vec::new();
-        let mut base = 0;
-        for result in results {
-            match result {
-                MultiReadResult::Children { children: names } => children = names,
-                MultiReadResult::Data { data, .. } => base = parse_base(&data),
-                MultiReadResult::Error { err } => return Err(err.into()),
-                // The enum may grow; nothing else was asked for.
-                _ => {}
-            }
+        let delayed = !self.options.lock_delay.is_zero();
+        if delayed {
+            reader
+                .add_get_data(&marker(parent))
+                .map_err(Failure::from)?;
         }
-        let mut queue: Vec<(i64, String)> = children
+        let mut results = self.request(deadline, reader.commit()).await?.into_iter();
+        let children = match results.next() {
+            Some(MultiReadResult::Children { children }) => children,
+            Some(MultiReadResult::Error { err }) => return Err(err.into()),
+            _ => Vec::new(),
+        };
+        let base = match results.next() {
+            Some(MultiReadResult::Data { data, .. }) => parse_base(&data),
+            Some(MultiReadResult::Error { err }) => return Err(err.into()),
+            _ => 0,
+        };
+        // The marker is there (data) or not (NoNode).
+        let unreleased = delayed && matches!(results.next(), Some(MultiReadResult::Data { .. }));
+        let mut names: Vec<(i64, String)> = children
             .into_iter()
             .filter_map(|name| Some((sequence(&name)?, name)))
             .collect();
-        queue.sort();
-        Ok((queue.into_iter().map(|(_, name)| name).collect(), base))
+        names.sort();
+        Ok(Queue {
+            names: names.into_iter().map(|(_, name)| name).collect(),
+            base,
+            unreleased,
+        })
+    }
+
+    /// Lock-delay at a grant: waits out the delay if the marker says the last holder
+    /// never released (not past `deadline`: then the lock is not ours to use, and `false`),
+    /// and leaves our own marker.
+    async fn honour_lock_delay(
+        &self,
+        client: &Client,
+        parent: &str,
+        unreleased: bool,
+        deadline: Option<Instant>,
+    ) -> Result<bool, LockError> {
+        let delay = self.options.lock_delay;
+        if delay.is_zero() {
+            return Ok(true);
+        }
+        if unreleased {
+            let Some(deadline) = deadline else {
+                return Ok(false);
+            };
+            let until = Instant::now() + delay;
+            if until > deadline {
+                sleep_until(deadline).await;
+                return Ok(false);
+            }
+            tracing::info!(
+                parent,
+                ?delay,
+                "the last holder never released: waiting out the lock-delay"
+            );
+            sleep_until(until).await;
+        }
+        let marker = marker(parent);
+        match self
+            .request(None, client.set_data(&marker, b"held", None))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(failure) if failure.is(&NoNode) => {
+                self.request(None, client.create(&marker, b"held", &PERSISTENT))
+                    .await?;
+                Ok(true)
+            }
+            Err(failure) => Err(failure.into()),
+        }
     }
 
     /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
@@ -357,7 +438,11 @@ impl ZooKeeperBackend {
         };
         loop {
             let looked_at = Instant::now();
-            let (queue, base) = self
+            let Queue {
+                names: queue,
+                base,
+                unreleased,
+            } = self
                 .queue(&session.client, &parent, deadline)
                 .await
                 .map_err(|failure| timed_out(failure, seen_held))?;
@@ -367,6 +452,20 @@ impl ZooKeeperBackend {
                 ));
             };
             if position == 0 {
+                if !self
+                    .honour_lock_delay(&session.client, &parent, unreleased, deadline)
+                    .await?
+                {
+                    // Held by us, but not usable before the caller gives up: `node` hands
+                    // it on as it drops.
+                    return match deadline {
+                        None => Ok(None),
+                        Some(_) => Err(LockError::TimedOut {
+                            key: key.to_owned(),
+                            waited: started.elapsed(),
+                        }),
+                    };
+                }
                 let token = base.saturating_add(stat.czxid.max(0).unsigned_abs());
                 let deleted = self.watch_own(&session, &path).await?;
                 node.settle();
@@ -545,7 +644,7 @@ impl LockBackend for ZooKeeperBackend {
         let session = self.session().await?;
         let parent = self.parent(key);
         let queue = match self.queue(&session.client, &parent, None).await {
-            Ok((queue, _)) => queue,
+            Ok(queue) => queue.names,
             // Never locked here.
             Err(failure) if failure.is(&NoNode) => return Ok(None),
             Err(failure) => return Err(failure.into()),
@@ -571,10 +670,25 @@ impl LockBackend for ZooKeeperBackend {
         if held.deleted.load(Ordering::Acquire) || held.health.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
-        match self
-            .request(None, held.client.delete(&held.path, None))
-            .await
-        {
+        let deleted = if self.options.lock_delay.is_zero() {
+            self.request(None, held.client.delete(&held.path, None))
+                .await
+        } else {
+            // The node and the lock-delay marker go together: a release, not a vanishing.
+            let parent = held.path.rsplit_once('/').map_or("", |(parent, _)| parent);
+            let mut writer = held.client.new_multi_writer();
+            let queued = writer
+                .add_delete(&marker(parent), None)
+                .and_then(|()| writer.add_delete(&held.path, None));
+            match queued {
+                Ok(()) => {
+                    let committed = async { Ok(writer.commit().await?) };
+                    self.request(None, committed).await.map(|_: Vec<_>| ())
+                }
+                Err(error) => Err(error.into()),
+            }
+        };
+        match deleted {
             Ok(()) => Ok(true),
             Err(failure) if failure.is(&NoNode) => Ok(false),
             Err(failure) => {

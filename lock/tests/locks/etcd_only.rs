@@ -220,3 +220,48 @@ async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
         "{per_hand_off:.2} requests per hand-off"
     );
 }
+
+/// Chubby's lock-delay on etcd: a holder whose lease ended without a release (revoked from
+/// outside, as an expiry would) leaves a marker, and its successor holds the lock but waits
+/// the delay before using it; a released lock goes on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_delay_holds_a_vanished_holders_key() {
+    let server = EtcdServer::start().unwrap();
+    let delay = Duration::from_millis(700);
+    let delayed = |server: &EtcdServer| {
+        Arc::new(
+            EtcdBackend::open(
+                &server.url("/t"),
+                EtcdOptions {
+                    lease_ttl: 4 * SECOND,
+                    op_timeout: 5 * SECOND,
+                    lock_delay: delay,
+                    ..EtcdOptions::default()
+                },
+            )
+            .unwrap(),
+        )
+    };
+    let holder_backend = delayed(&server);
+    let holders = LockService::from_arc(holder_backend.clone());
+    let others = LockService::from_arc(delayed(&server));
+    let endpoint = server.endpoint();
+    let holder = holders.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &holders,
+        &others,
+        delay,
+        |key| async move {
+            let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
+            let lease = holder_backend.lease_id().await.unwrap();
+            let mut operator = etcd_client::Client::connect([endpoint], None)
+                .await
+                .unwrap();
+            operator.lease_revoke(lease).await.unwrap();
+            // Alive, and releasing after its lease was revoked: that is not a release.
+            drop(guard);
+            Duration::ZERO
+        },
+    )
+    .await;
+}

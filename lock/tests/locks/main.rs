@@ -125,3 +125,27 @@ impl Store for InProcessStore {
         self.0.clone()
     }
 }
+
+/// Chubby's lock-delay in process: a holder that vanished keeps its key for its lease and
+/// the delay; a released lock is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_lock_delay_keeps_a_vanished_holders_key() {
+    let locks =
+        LockService::new(lock::InProcessBackend::new().with_lock_delay(Duration::from_millis(700)));
+    let holder = locks.clone();
+    suite::lock_delay_keeps_a_vanished_holders_key(
+        &locks,
+        &locks,
+        Duration::from_millis(700),
+        |key| async move {
+            let guard = holder
+                .try_acquire(&key, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .unwrap();
+            guard.abandon().await;
+            Duration::from_millis(300)
+        },
+    )
+    .await;
+}

@@ -440,6 +440,7 @@ fn crowd_instance(server: &RedisServer, max_waiters: usize) -> LockService {
                 namespace: "t".into(),
                 op_timeout: Duration::from_secs(2),
                 max_waiters,
+                ..RedisOptions::default()
             },
         )
         .unwrap(),
@@ -647,4 +648,37 @@ async fn a_waiter_whose_process_died_is_skipped() {
         released_at.elapsed()
     );
     guard.release().await.unwrap();
+}
+
+/// Chubby's lock-delay on Redis: a holder that vanished keeps its key for its lease and
+/// the delay; a released lock is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_delay_keeps_a_vanished_holders_key() {
+    let redis = PrivateRedis::start();
+    let locks = LockService::redis(
+        &redis.server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            lock_delay: Duration::from_millis(700),
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    let holder = locks.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &locks,
+        &locks,
+        Duration::from_millis(700),
+        |key| async move {
+            let guard = holder
+                .try_acquire(&key, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .unwrap();
+            guard.abandon().await;
+            // Its lease runs out 300 ms after the grant.
+            Duration::from_millis(300)
+        },
+    )
+    .await;
 }

@@ -735,3 +735,48 @@ pub async fn a_holder_reenters_without_waiting(locks: LockService) {
     let mut free = locks.acquire(&key, SECOND, after(2_000)).await.unwrap();
     assert!(free.release().await.unwrap());
 }
+
+/// Chubby's lock-delay, given `holders` and `others` (the same service for stores whose
+/// leases are per grant; two sessions where the lease is the session): a released lock goes
+/// to the next waiter at once; a holder that vanishes — `vanish` takes the key and
+/// vanishes, and says how long the store still counts its lease from then — keeps its key
+/// for that long and then the delay.
+pub async fn lock_delay_keeps_a_vanished_holders_key<F, Fut>(
+    holders: &LockService,
+    others: &LockService,
+    delay: Duration,
+    vanish: F,
+) where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Duration>,
+{
+    let key = key();
+    let ttl = Duration::from_millis(300);
+    let mut first = holders.try_acquire(&key, ttl).await.unwrap().unwrap();
+    assert!(first.release().await.unwrap());
+    let released_at = Instant::now();
+    let mut next = others.acquire(&key, ttl, after(5_000)).await.unwrap();
+    assert!(
+        released_at.elapsed() < delay / 2,
+        "a released lock waited {:?}",
+        released_at.elapsed()
+    );
+    assert!(next.release().await.unwrap());
+
+    let lease_left = vanish(key.clone()).await;
+    let vanished_at = Instant::now();
+    let mut successor = others
+        .acquire(&key, 5 * SECOND, after(20_000))
+        .await
+        .unwrap();
+    let waited = vanished_at.elapsed();
+    assert!(
+        waited + Duration::from_millis(50) >= lease_left + delay,
+        "taken {waited:?} after a holder vanished, before its lease ({lease_left:?}) and the delay ({delay:?})"
+    );
+    assert!(
+        waited < lease_left + delay + 3 * SECOND,
+        "taken only after {waited:?}"
+    );
+    assert!(successor.release().await.unwrap());
+}

@@ -232,3 +232,52 @@ async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
         "{per_hand_off:.2} requests per hand-off"
     );
 }
+
+/// Chubby's lock-delay on ZooKeeper: a holder whose process vanished (its connection gone,
+/// its session left to time out) leaves a marker, and its successor holds the lock but
+/// waits the delay before using it; a released lock goes on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_delay_holds_a_vanished_holders_key() {
+    let server = ZooKeeperServer::start().unwrap();
+    let delay = Duration::from_millis(700);
+    let session_timeout = SECOND;
+    let delayed = move |url: &str, session_timeout: Duration| {
+        LockService::from_arc(Arc::new(
+            ZooKeeperBackend::open(
+                url,
+                ZooKeeperOptions {
+                    session_timeout,
+                    op_timeout: 5 * SECOND,
+                    lock_delay: delay,
+                    ..ZooKeeperOptions::default()
+                },
+            )
+            .unwrap(),
+        ))
+    };
+    let url = server.url("/t");
+    let others = delayed(&url, 4 * SECOND);
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(&others, &others, delay, |key| {
+        let url = url.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                // A process of its own: dropping its runtime closes its connection
+                // without closing its session, which times out on the server.
+                let process = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                process.block_on(async {
+                    let locks = delayed(&url, session_timeout);
+                    let guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
+                    std::mem::forget(guard);
+                });
+                process.shutdown_background();
+            })
+            .await
+            .unwrap();
+            session_timeout
+        }
+    })
+    .await;
+}
