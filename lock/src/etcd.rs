@@ -21,6 +21,12 @@
 //! - Per hand-off: the release (one delete), the successor's look at the holder (with the
 //!   base, one request) and its watch on its own key — three requests however long the
 //!   queue. A waiter that gives up deletes its key, so it never holds up the line.
+//! - **Nothing left behind.** Deletes that fail — a release or a give-up while etcd is
+//!   unreachable — go to a per-lease cleaner that retries them until they succeed or the
+//!   lease ends (which deletes the keys anyway). A create whose answer never came might
+//!   still be applied after the cleaner's delete (requests are not ordered), so the
+//!   cleaner also leaves a tombstone on the lease that the create's transaction checks
+//!   for: whichever comes second, no key is left. Tombstones are deleted after a minute.
 //! - **Lock-delay** (when set): a holder leaves a marker key `<key>/held` (on no lease),
 //!   deleted in the same transaction as its key on release. A successor that finds the
 //!   marker still there knows its predecessor's lease ended without a release, and waits
@@ -30,7 +36,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -38,6 +44,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
     SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
+use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +83,10 @@ impl Default for EtcdOptions {
 struct Look {
     /// The holder's create revision.
     holder: Option<i64>,
+    /// How many keys are in line, the holder's included.
+    in_line: i64,
+    /// Our own key is still there (when the look asked).
+    ours_kept: bool,
     /// The fencing base.
     base: u64,
     /// The marker left by a holder that never released (lock-delay only).
@@ -86,10 +97,57 @@ struct Look {
 #[derive(Debug)]
 struct LeaseHealth {
     id: i64,
-    /// The last keep-alive was answered: the lease lives.
-    answered: AtomicBool,
+    /// Until when the lease surely lives: the time the last answered keep-alive (or the
+    /// grant) was sent, plus the TTL etcd answered with.
+    lives_until: Mutex<Instant>,
     /// Revoked or expired: its keys are gone, for good.
     ended: AtomicBool,
+    /// Deletes to retry, for this lease's cleaner.
+    leftovers: mpsc::UnboundedSender<Leftover>,
+}
+
+impl LeaseHealth {
+    fn lives_until(&self) -> Instant {
+        *self
+            .lives_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An answer sent at `sent` said the lease has `ttl_secs` seconds left.
+    fn confirmed(&self, sent: Instant, ttl_secs: i64) {
+        let until = sent + Duration::from_secs(ttl_secs.max(0).unsigned_abs());
+        let mut lives_until = self
+            .lives_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *lives_until = (*lives_until).max(until);
+    }
+}
+
+/// The lease slot: the current lease, and when granting one last failed (callers then fail
+/// fast for a moment instead of queueing behind grants that cannot succeed).
+#[derive(Default)]
+struct LeaseSlot {
+    current: Option<Arc<LeaseHealth>>,
+    failed_at: Option<Instant>,
+}
+
+/// How long after a failed grant callers are answered at once, without a new attempt.
+const RETRY_PAUSE: Duration = Duration::from_secs(1);
+
+/// How long a tombstone outlives the cleaner's delete: far past any request's own
+/// deadline, after which a create it guards against can no longer be applied.
+const TOMBSTONE_KEPT: Duration = Duration::from_secs(60);
+
+/// A key that should be deleted and may not have been.
+#[derive(Debug)]
+enum Leftover {
+    /// A waiter's key whose create was never answered: delete it and leave a tombstone.
+    Unanswered { key: String, tombstone: String },
+    /// A waiter's key, or a holder's whose release failed (then with its lock-delay
+    /// marker, deleted only while the key is there — as a release does).
+    Created { key: String, marker: Option<String> },
 }
 
 /// A lock this process holds.
@@ -110,7 +168,7 @@ pub struct EtcdBackend {
     /// Connected lazily, once.
     client: tokio::sync::OnceCell<Client>,
     /// The lease every lock of this process rides on; replaced once it ends.
-    lease: tokio::sync::Mutex<Option<Arc<LeaseHealth>>>,
+    lease: tokio::sync::Mutex<LeaseSlot>,
     /// Locks held now, by owner token: release and extend find their key here.
     held: Arc<Mutex<HashMap<OwnerToken, Held>>>,
     /// Ends the keep-alive and key watches when the backend goes.
@@ -158,6 +216,8 @@ fn parse_base(value: Option<&[u8]>) -> u64 {
 struct Keys {
     /// Every waiter's key starts so; the holder's is the oldest.
     waiters: String,
+    /// Tombstones of creates never answered start so.
+    tombstones: String,
     /// The fencing base.
     base: String,
     /// The lock-delay marker.
@@ -198,7 +258,7 @@ impl EtcdBackend {
                 ..options
             },
             client: tokio::sync::OnceCell::new(),
-            lease: tokio::sync::Mutex::new(None),
+            lease: tokio::sync::Mutex::new(LeaseSlot::default()),
             held: Arc::new(Mutex::new(HashMap::new())),
             closing: CancellationToken::new(),
             requests: AtomicU64::new(0),
@@ -213,7 +273,12 @@ impl EtcdBackend {
     /// The current lease's id, for tests and tools that revoke it from outside; `None`
     /// before the first use.
     pub async fn lease_id(&self) -> Option<i64> {
-        self.lease.lock().await.as_ref().map(|lease| lease.id)
+        self.lease
+            .lock()
+            .await
+            .current
+            .as_ref()
+            .map(|lease| lease.id)
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
@@ -227,6 +292,7 @@ impl EtcdBackend {
         let prefix = format!("{}/locks/{}/", self.root, segment(key));
         Keys {
             waiters: format!("{prefix}w/"),
+            tombstones: format!("{prefix}gone/"),
             base: format!("{prefix}base"),
             marker: format!("{prefix}held"),
         }
@@ -263,53 +329,124 @@ impl EtcdBackend {
     }
 
     /// The live lease, granting a new one (and keeping it alive) if there is none or it
-    /// ended.
-    async fn lease(&self, client: &Client) -> Result<Arc<LeaseHealth>, LockError> {
-        let mut current = self.lease.lock().await;
-        if let Some(lease) = current.as_ref()
+    /// ended. Waits for a grant under way at most the op timeout, and not past `deadline`.
+    async fn lease(
+        &self,
+        client: &Client,
+        deadline: Option<Instant>,
+    ) -> Result<Arc<LeaseHealth>, LockError> {
+        let op_limit = Instant::now() + self.options.op_timeout;
+        let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
+        let mut slot = timeout_at(limit, self.lease.lock())
+            .await
+            .map_err(|_| LockError::unavailable("etcd: still granting a lease"))?;
+        if let Some(lease) = slot.current.as_ref()
             && !lease.ended.load(Ordering::Acquire)
         {
             return Ok(lease.clone());
         }
+        if slot
+            .failed_at
+            .is_some_and(|failed_at| failed_at.elapsed() < RETRY_PAUSE)
+        {
+            return Err(LockError::unavailable(
+                "etcd could not be reached a moment ago",
+            ));
+        }
         let ttl = i64::try_from(self.options.lease_ttl.as_secs()).unwrap_or(i64::MAX);
         let mut granting = client.clone();
-        let granted = self.request(None, granting.lease_grant(ttl, None)).await?;
+        let sent = Instant::now();
+        // Bounded by the op timeout alone, so a failure is etcd's, not a caller's short
+        // deadline; the caller gives up at its deadline all the same.
+        let grant = self.request(None, granting.lease_grant(ttl, None));
+        let granted = match deadline {
+            Some(deadline) => timeout_at(deadline, grant)
+                .await
+                .map_err(|_| LockError::unavailable("etcd: still granting a lease"))?,
+            None => grant.await,
+        };
+        let granted = match granted {
+            Ok(granted) => granted,
+            Err(error) => {
+                slot.failed_at = Some(Instant::now());
+                return Err(error);
+            }
+        };
+        let (leftovers, to_clean) = mpsc::unbounded_channel();
         let lease = Arc::new(LeaseHealth {
             id: granted.id(),
-            answered: AtomicBool::new(true),
+            lives_until: Mutex::new(sent),
             ended: AtomicBool::new(false),
+            leftovers,
         });
+        lease.confirmed(sent, granted.ttl());
         tokio::spawn(keep_alive(
             client.clone(),
             lease.clone(),
             self.options.lease_ttl,
             self.closing.clone(),
         ));
-        *current = Some(lease.clone());
+        tokio::spawn(clean_up(
+            client.clone(),
+            lease.clone(),
+            to_clean,
+            self.options.op_timeout,
+            self.closing.clone(),
+        ));
+        *slot = LeaseSlot {
+            current: Some(lease.clone()),
+            failed_at: None,
+        };
         Ok(lease)
     }
 
-    /// The reads of one look at the lock: the holder, the base and (with a lock-delay)
-    /// the marker.
-    fn look_ops(&self, keys: &Keys) -> Vec<TxnOp> {
+    /// The reads of one look at the lock: the holder (and how many are in line), the
+    /// base, with a lock-delay the marker, and (when given) our own key.
+    fn look_ops(&self, keys: &Keys, ours: Option<&str>) -> Vec<TxnOp> {
         let mut ops = vec![oldest(&keys.waiters), TxnOp::get(keys.base.clone(), None)];
         if !self.options.lock_delay.is_zero() {
             ops.push(TxnOp::get(keys.marker.clone(), None));
         }
+        if let Some(ours) = ours {
+            ops.push(TxnOp::get(ours, Some(GetOptions::new().with_keys_only())));
+        }
         ops
     }
 
-    /// One look at the lock, in one request.
+    /// What the answers to [`Self::look_ops`] say (they are the last reads of a
+    /// transaction).
+    fn read_look(&self, responses: &[TxnOpResponse], asked_ours: bool) -> Look {
+        let gets: Vec<_> = responses
+            .iter()
+            .filter_map(|response| match response {
+                TxnOpResponse::Get(get) => Some(get),
+                _ => None,
+            })
+            .collect();
+        let first = |index: usize| gets.get(index).and_then(|get| get.kvs().first());
+        let delayed = !self.options.lock_delay.is_zero();
+        let ours_at = if delayed { 3 } else { 2 };
+        Look {
+            holder: first(0).map(|kv| kv.create_revision()),
+            in_line: gets.first().map_or(0, |get| get.count()),
+            base: parse_base(first(1).map(|kv| kv.value())),
+            unreleased: delayed && first(2).is_some(),
+            ours_kept: !asked_ours || first(ours_at).is_some(),
+        }
+    }
+
+    /// One look at the lock, ours still in line, in one request.
     async fn look(
         &self,
         client: &Client,
         keys: &Keys,
+        ours: &str,
         deadline: Option<Instant>,
     ) -> Result<Look, LockError> {
-        let txn = Txn::new().and_then(self.look_ops(keys));
+        let txn = Txn::new().and_then(self.look_ops(keys, Some(ours)));
         let mut client = client.clone();
         let response = self.request(deadline, client.txn(txn)).await?;
-        Ok(look(&response.op_responses()))
+        Ok(self.read_look(&response.op_responses(), true))
     }
 
     /// Lock-delay at a grant: waits out the delay if the marker says the last holder
@@ -360,14 +497,26 @@ impl EtcdBackend {
         validate(key, ttl)?;
         validate_note(note)?;
         let started = Instant::now();
+        if deadline.is_some_and(|deadline| started >= deadline) {
+            // Nothing sent, so nothing to clean up.
+            return Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            });
+        }
         let client = self.client().await?;
-        let lease = self.lease(&client).await?;
+        let lease = self.lease(&client, deadline).await?;
         let keys = self.keys(key);
         let owner = OwnerToken::random();
         let mine = format!("{}{}", keys.waiters, owner.to_hex());
-        // Our key, on the lease, and a look at the holder and the base: one request.
+        let tombstone = format!("{}{}", keys.tombstones, owner.to_hex());
+        // Our key, on the lease — unless a cleaner already buried it — and a look at the
+        // holder and the base: one request.
         let txn = Txn::new()
-            .when([Compare::create_revision(mine.clone(), CompareOp::Equal, 0)])
+            .when([
+                Compare::create_revision(mine.clone(), CompareOp::Equal, 0),
+                Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
+            ])
             .and_then(
                 [TxnOp::put(
                     mine.clone(),
@@ -375,23 +524,58 @@ impl EtcdBackend {
                     Some(PutOptions::new().with_lease(lease.id)),
                 )]
                 .into_iter()
-                .chain(self.look_ops(&keys))
+                .chain(self.look_ops(&keys, None))
                 .collect::<Vec<_>>(),
             );
-        let looked_at = Instant::now();
+        // Before the create is sent: if its answer never comes, the cleaner deletes it.
+        let mut queued = Queued {
+            leftovers: lease.leftovers.clone(),
+            leftover: Some(Leftover::Unanswered {
+                key: mine.clone(),
+                tombstone,
+            }),
+        };
+        let mut looked_at = Instant::now();
         let mut writer = client.clone();
-        let created = self.request(deadline, writer.txn(txn)).await?;
+        let created = match self.request(deadline, writer.txn(txn)).await {
+            Ok(created) => created,
+            Err(error) => {
+                // etcd lost the lease (a cluster rebuilt from nothing): a new one for the
+                // next call, without waiting for the keep-alive to find out.
+                if matches!(&error, LockError::Unavailable { reason } if reason.contains("lease not found"))
+                {
+                    lease.ended.store(true, Ordering::Release);
+                }
+                return Err(error);
+            }
+        };
+        queued.created();
+        if !created.succeeded() {
+            return Err(LockError::unavailable(
+                "etcd: our key was cleaned up before it was created",
+            ));
+        }
         let revision = created
             .header()
             .map(|header| header.revision())
             .ok_or_else(|| LockError::unavailable("etcd answered without a revision"))?;
-        let mut queued = Queued {
-            client: client.clone(),
-            key: Some(mine.clone()),
-        };
-        let mut seen = look(&created.op_responses());
-        let mut looked_at = looked_at;
+        let mut seen = self.read_look(&created.op_responses(), false);
+        // Checked once, as we join: the line ahead of us only ever shrinks.
+        if deadline.is_some()
+            && seen.holder != Some(revision)
+            && usize::try_from(seen.in_line - 1).unwrap_or(usize::MAX) > self.options.max_waiters
+        {
+            return Err(LockError::QueueFull {
+                key: key.to_owned(),
+                max_waiters: self.options.max_waiters,
+            });
+        }
         loop {
+            if !seen.ours_kept {
+                return Err(LockError::unavailable(
+                    "our etcd key vanished while queued (the lease ended)",
+                ));
+            }
             if seen.holder == Some(revision) {
                 if !self
                     .honour_lock_delay(&client, &keys, seen.unreleased, deadline)
@@ -407,7 +591,9 @@ impl EtcdBackend {
                         }),
                     };
                 }
-                let deleted = self.watch_own(&client, &mine, revision).await?;
+                let deleted = self
+                    .watch_own(&client, &mine, revision, lease.clone())
+                    .await?;
                 queued.settle();
                 self.held().insert(
                     owner,
@@ -432,9 +618,10 @@ impl EtcdBackend {
                 // Trying, not waiting: `queued` leaves the queue as it drops.
                 return Ok(None);
             };
-            // The key created just before ours, and how many were.
+            // The key created just before ours.
             let before = GetOptions::new()
                 .with_prefix()
+                .with_keys_only()
                 .with_max_create_revision(revision - 1)
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(1);
@@ -458,13 +645,6 @@ impl EtcdBackend {
                 )
                 .await
                 .map_err(timed_out)?;
-            // The holder is one of those ahead; the others are waiters.
-            if usize::try_from(ahead.count()).unwrap_or(usize::MAX) > self.options.max_waiters {
-                return Err(LockError::QueueFull {
-                    key: key.to_owned(),
-                    max_waiters: self.options.max_waiters,
-                });
-            }
             if let Some(predecessor) = ahead.kvs().first() {
                 let after = ahead.header().map_or(0, |header| header.revision()) + 1;
                 let gone = self.deleted(&client, predecessor.key().to_vec(), after);
@@ -480,7 +660,7 @@ impl EtcdBackend {
             }
             looked_at = Instant::now();
             seen = self
-                .look(&client, &keys, Some(deadline))
+                .look(&client, &keys, &mine, Some(deadline))
                 .await
                 .map_err(timed_out)?;
         }
@@ -489,20 +669,20 @@ impl EtcdBackend {
     /// Completes once `key` is deleted at or after revision `from` (one request: the
     /// watch's creation).
     async fn deleted(&self, client: &Client, key: Vec<u8>, from: i64) -> Result<(), LockError> {
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
         let mut watcher = client.clone();
         let mut stream = self
-            .request(None, watcher.watch(key, Some(options)))
+            .request(None, watcher.watch(key, Some(deletes_from(from))))
             .await?;
         loop {
             match stream.message().await.map_err(failed)? {
+                // Deleted; or the watch was cancelled (its start compacted away): the
+                // caller looks at the queue again either way.
                 Some(response)
-                    if response
-                        .events()
-                        .iter()
-                        .any(|event| event.event_type() == EventType::Delete) =>
+                    if response.canceled()
+                        || response
+                            .events()
+                            .iter()
+                            .any(|event| event.event_type() == EventType::Delete) =>
                 {
                     return Ok(());
                 }
@@ -512,24 +692,26 @@ impl EtcdBackend {
         }
     }
 
-    /// Watches our lock key: the flag is set the moment it is deleted (or the watch
-    /// breaks, when nobody can tell: a lock that might be gone counts as gone).
+    /// Watches our lock key: the flag is set the moment it is deleted. A watch that breaks
+    /// (etcd restarting, the connection lost) is opened again from the last revision it
+    /// reported, so a delete meanwhile is still seen; one that etcd cancels because that
+    /// revision was compacted away can no longer tell, and counts as deleted.
     async fn watch_own(
         &self,
         client: &Client,
         key: &str,
         created: i64,
+        lease: Arc<LeaseHealth>,
     ) -> Result<Arc<AtomicBool>, LockError> {
-        let options = WatchOptions::new()
-            .with_start_revision(created + 1)
-            .with_filters([WatchFilterType::NoPut]);
         let mut watcher = client.clone();
+        let mut from = created + 1;
         let mut stream = self
-            .request(None, watcher.watch(key, Some(options)))
+            .request(None, watcher.watch(key, Some(deletes_from(from))))
             .await?;
         let deleted = Arc::new(AtomicBool::new(false));
         let flag = deleted.clone();
         let closing = self.closing.clone();
+        let (key, op_timeout) = (key.to_owned(), self.options.op_timeout);
         tokio::spawn(async move {
             loop {
                 let message = tokio::select! {
@@ -537,20 +719,48 @@ impl EtcdBackend {
                     () = closing.cancelled() => return,
                 };
                 match message {
-                    Ok(Some(response))
-                        if !response
-                            .events()
-                            .iter()
-                            .any(|event| event.event_type() == EventType::Delete) => {}
-                    _ => {
-                        flag.store(true, Ordering::Release);
-                        return;
+                    Ok(Some(response)) => {
+                        let gone = response.canceled()
+                            || response
+                                .events()
+                                .iter()
+                                .any(|event| event.event_type() == EventType::Delete);
+                        if gone {
+                            flag.store(true, Ordering::Release);
+                            return;
+                        }
+                        if let Some(header) = response.header() {
+                            from = from.max(header.revision() + 1);
+                        }
                     }
+                    // Broken: open it again, until the lease (and the key with it) ends.
+                    _ => loop {
+                        if lease.ended.load(Ordering::Acquire) {
+                            flag.store(true, Ordering::Release);
+                            return;
+                        }
+                        tokio::select! {
+                            () = sleep(Duration::from_millis(200)) => {}
+                            () = closing.cancelled() => return,
+                        }
+                        let reopened = watcher.watch(key.clone(), Some(deletes_from(from)));
+                        if let Ok(Ok(reopened)) = tokio::time::timeout(op_timeout, reopened).await {
+                            stream = reopened;
+                            break;
+                        }
+                    },
                 }
             }
         });
         Ok(deleted)
     }
+}
+
+/// Watch options for the deletes of one key from revision `from` on.
+fn deletes_from(from: i64) -> WatchOptions {
+    WatchOptions::new()
+        .with_start_revision(from)
+        .with_filters([WatchFilterType::NoPut])
 }
 
 /// A range over `prefix` that returns the oldest key (the holder).
@@ -566,27 +776,10 @@ fn oldest(prefix: &str) -> TxnOp {
     )
 }
 
-/// What the answers to [`EtcdBackend::look_ops`] say (they are the last reads of a
-/// transaction).
-fn look(responses: &[TxnOpResponse]) -> Look {
-    let gets: Vec<_> = responses
-        .iter()
-        .filter_map(|response| match response {
-            TxnOpResponse::Get(get) => Some(get),
-            _ => None,
-        })
-        .collect();
-    let first = |index: usize| gets.get(index).and_then(|get| get.kvs().first());
-    Look {
-        holder: first(0).map(|kv| kv.create_revision()),
-        base: parse_base(first(1).map(|kv| kv.value())),
-        unreleased: first(2).is_some(),
-    }
-}
-
 /// Keeps the lease alive: a keep-alive every third of its TTL. An answer with no TTL left
-/// means etcd revoked it (expired, or revoked by hand): it ended. Unanswered keep-alives
-/// (etcd unreachable) leave it alive but unconfirmed, and are retried on a new stream.
+/// means etcd revoked it (expired, or revoked by hand): it ended. An answered one moves
+/// `lives_until` on; unanswered ones (etcd unreachable) do not, and are retried on a new
+/// stream.
 async fn keep_alive(
     client: Client,
     lease: Arc<LeaseHealth>,
@@ -604,75 +797,147 @@ async fn keep_alive(
             Ok(Ok(stream)) => stream,
             Ok(Err(etcd_client::Error::LeaseKeepAliveError(reason))) => {
                 tracing::warn!(%reason, "etcd lease ended: its locks are released");
-                lease.answered.store(false, Ordering::Release);
                 lease.ended.store(true, Ordering::Release);
                 return;
             }
             _ => {
-                lease.answered.store(false, Ordering::Release);
                 tokio::select! {
                     () = sleep(period / 4) => continue,
                     () = closing.cancelled() => return,
                 }
             }
         };
-        lease.answered.store(true, Ordering::Release);
         loop {
             tokio::select! {
                 () = sleep(period) => {}
                 () = closing.cancelled() => return,
             }
+            let sent = Instant::now();
             let answered = async {
                 keeper.keep_alive().await?;
                 answers.message().await
             };
             match timeout_at(Instant::now() + period, answered).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => {
-                    lease.answered.store(true, Ordering::Release);
-                }
+                Ok(Ok(Some(answer))) if answer.ttl() > 0 => lease.confirmed(sent, answer.ttl()),
                 Ok(Ok(Some(_))) => {
                     tracing::warn!("etcd lease ended: its locks are released");
-                    lease.answered.store(false, Ordering::Release);
                     lease.ended.store(true, Ordering::Release);
                     return;
                 }
                 // The stream broke or went quiet: open a new one.
-                _ => {
-                    lease.answered.store(false, Ordering::Release);
-                    break;
-                }
+                _ => break,
             }
         }
     }
 }
 
-/// A key of ours that is not (yet) a held lock: deleted in the background when the acquire
-/// call ends without a grant — the deadline, an error, a try that found the lock held, or
-/// the call dropped — so it never holds up the line.
+/// A key of ours that is not (yet) a held lock: handed to the lease's cleaner when the
+/// acquire call ends without a grant — the deadline, an error, a try that found the lock
+/// held, or the call dropped — so it never holds up the line.
 struct Queued {
-    client: Client,
-    key: Option<String>,
+    leftovers: mpsc::UnboundedSender<Leftover>,
+    leftover: Option<Leftover>,
 }
 
 impl Queued {
+    /// The create was answered: no tombstone needed.
+    fn created(&mut self) {
+        if let Some(Leftover::Unanswered { key, .. }) = self.leftover.take() {
+            self.leftover = Some(Leftover::Created { key, marker: None });
+        }
+    }
+
+    /// Granted: the key is a held lock now, not a leftover.
     fn settle(&mut self) {
-        self.key = None;
+        self.leftover = None;
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
-        let Some(key) = self.key.take() else {
-            return;
+        if let Some(leftover) = self.leftover.take() {
+            // The cleaner is gone only with its lease, and the key with it.
+            let _ = self.leftovers.send(leftover);
+        }
+    }
+}
+
+impl Leftover {
+    /// One attempt at the delete; a key already gone counts as deleted.
+    async fn remove(&self, client: &mut Client, lease: i64) -> Result<(), etcd_client::Error> {
+        let txn = match self {
+            Self::Unanswered { key, tombstone } => Txn::new().and_then([
+                TxnOp::delete(key.clone(), None),
+                TxnOp::put(
+                    tombstone.clone(),
+                    "",
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+            ]),
+            Self::Created { key, marker } => Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
+                .and_then(
+                    std::iter::once(key)
+                        .chain(marker)
+                        .map(|key| TxnOp::delete(key.clone(), None))
+                        .collect::<Vec<_>>(),
+                ),
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+        client.txn(txn).await?;
+        Ok(())
+    }
+}
+
+/// A lease's cleaner: retries each leftover delete, backing off, until it succeeds or the
+/// lease ends (its keys are deleted then anyway); deletes tombstones once they are no
+/// longer needed.
+async fn clean_up(
+    mut client: Client,
+    lease: Arc<LeaseHealth>,
+    mut leftovers: mpsc::UnboundedReceiver<Leftover>,
+    op_timeout: Duration,
+    closing: CancellationToken,
+) {
+    loop {
+        let leftover = tokio::select! {
+            leftover = leftovers.recv() => leftover,
+            () = closing.cancelled() => return,
         };
-        let mut client = self.client.clone();
-        runtime.spawn(async move {
-            // Best effort: if the lease is gone, so is the key.
-            let _ = tokio::time::timeout(Duration::from_secs(5), client.delete(key, None)).await;
-        });
+        let Some(leftover) = leftover else { return };
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if lease.ended.load(Ordering::Acquire) {
+                return;
+            }
+            match tokio::time::timeout(op_timeout, leftover.remove(&mut client, lease.id)).await {
+                Ok(Ok(())) => break,
+                failed => {
+                    tracing::warn!(
+                        ?leftover,
+                        ?failed,
+                        "could not delete an etcd lock key; retrying"
+                    );
+                }
+            }
+            tokio::select! {
+                () = sleep(pause) => {}
+                () = closing.cancelled() => return,
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
+        if let Leftover::Unanswered { tombstone, .. } = leftover {
+            let mut client = client.clone();
+            let closing = closing.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = sleep(TOMBSTONE_KEPT) => {
+                        // Best effort: it goes with the lease otherwise.
+                        let _ = tokio::time::timeout(op_timeout, client.delete(tombstone, None)).await;
+                    }
+                    () = closing.cancelled() => {}
+                }
+            });
+        }
     }
 }
 
@@ -723,29 +988,34 @@ impl LockBackend for EtcdBackend {
         let Some(held) = self.held().remove(&lease.owner()) else {
             return Ok(false);
         };
-        if held.deleted.load(Ordering::Acquire) || held.lease.ended.load(Ordering::Acquire) {
+        // A key whose watch fired is deleted (the delete below finds nothing, and says
+        // so); only a lease that ended means nothing is left to ask about.
+        if held.lease.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
         let mut client = self.client().await?;
         // With a lock-delay, the key and the marker go together — and only while the key
         // is still there: a holder whose lease was revoked under it did not release, and
         // must not erase the marker that tells its successor so.
-        let mut deletes = vec![TxnOp::delete(held.key.clone(), None)];
-        if let (false, Some(marker)) = (
-            self.options.lock_delay.is_zero(),
+        let marker = if self.options.lock_delay.is_zero() {
+            None
+        } else {
             held.key
                 .rsplit_once("/w/")
-                .map(|(prefix, _)| format!("{prefix}/held")),
-        ) {
-            deletes.push(TxnOp::delete(marker, None));
-        }
+                .map(|(prefix, _)| format!("{prefix}/held"))
+        };
         let txn = Txn::new()
             .when([Compare::create_revision(
                 held.key.clone(),
                 CompareOp::Greater,
                 0,
             )])
-            .and_then(deletes);
+            .and_then(
+                std::iter::once(&held.key)
+                    .chain(&marker)
+                    .map(|key| TxnOp::delete(key.clone(), None))
+                    .collect::<Vec<_>>(),
+            );
         match self.request(None, client.txn(txn)).await {
             // Whether our key (the first delete) was still there.
             Ok(done) => Ok(matches!(
@@ -753,8 +1023,12 @@ impl LockBackend for EtcdBackend {
                 Some(TxnOpResponse::Delete(deleted)) if deleted.deleted() > 0
             )),
             Err(error) => {
-                // Keep it, so a retry can still release it.
-                self.held().insert(lease.owner(), held);
+                // Not known released: the cleaner deletes it once etcd answers, so it does
+                // not hold the key for as long as this process lives.
+                let _ = held.lease.leftovers.send(Leftover::Created {
+                    key: held.key,
+                    marker,
+                });
                 Err(error)
             }
         }
@@ -769,7 +1043,8 @@ impl LockBackend for EtcdBackend {
         if held.deleted.load(Ordering::Acquire) || held.lease.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
-        if !held.lease.answered.load(Ordering::Acquire) {
+        // Sure only while the lease surely outlives the guard's next lease period.
+        if Instant::now() + lease.ttl() > held.lease.lives_until() {
             return Err(LockError::unavailable(
                 "etcd did not answer the lease's keep-alive: it may still be alive",
             ));

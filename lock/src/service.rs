@@ -330,7 +330,8 @@ impl LockService {
     }
 
     /// Takes the lock on `key`, waiting in line until `deadline`. The guard renews the
-    /// lease every `ttl / 3` until released or dropped.
+    /// lease every `ttl / 3` until released or dropped. A deadline already past is a
+    /// caller that gave up: [`LockError::TimedOut`] at once, nothing asked of the store.
     pub async fn acquire(
         &self,
         key: &str,
@@ -349,6 +350,14 @@ impl LockService {
         deadline: Instant,
         note: &str,
     ) -> Result<LockGuard, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        if Instant::now() >= deadline {
+            return Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            });
+        }
         let place = self.waiting.enter(key)?;
         let lease = self.backend.acquire(key, ttl, deadline, note).await?;
         drop(place);

@@ -164,6 +164,19 @@ impl ZooKeeperServer {
         self.wait_until_up(Duration::from_secs(30))
     }
 
+    /// Kills the server, deletes its data — every node, every session, the zxid — and
+    /// starts it again empty on the same port: an ensemble rebuilt from nothing.
+    pub fn wipe(&mut self) -> std::io::Result<()> {
+        self.stop();
+        let dir = self
+            .config
+            .parent()
+            .ok_or_else(|| std::io::Error::other("no data directory"))?;
+        std::fs::remove_dir_all(dir.join("data"))?;
+        self.child = spawn_zookeeper(&self.config, dir)?;
+        self.wait_until_up(Duration::from_secs(30))
+    }
+
     /// `zk://127.0.0.1:<port><root>`.
     pub fn url(&self, root: &str) -> String {
         format!("zk://127.0.0.1:{}{root}", self.port)
@@ -255,6 +268,15 @@ impl EtcdServer {
     /// Stops the member if it runs and starts it again on the same ports and data.
     pub fn restart(&mut self) -> std::io::Result<()> {
         self.stop();
+        self.child = spawn_etcd(self.dir.path(), self.client_port, self.peer_port)?;
+        self.wait_until_up(Duration::from_secs(30))
+    }
+
+    /// Kills the member, deletes its data — every key, every lease, the revision — and
+    /// starts it again empty on the same ports: a cluster rebuilt from nothing.
+    pub fn wipe(&mut self) -> std::io::Result<()> {
+        self.stop();
+        std::fs::remove_dir_all(self.dir.path().join("data"))?;
         self.child = spawn_etcd(self.dir.path(), self.client_port, self.peer_port)?;
         self.wait_until_up(Duration::from_secs(30))
     }

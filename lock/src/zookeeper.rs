@@ -20,6 +20,13 @@
 //! - Per hand-off: the release (one delete), the successor's look at the queue (children
 //!   and base in one multi-read) and its watch on its own node — three requests however
 //!   long the queue. A waiter that gives up deletes its node, so it never holds up the line.
+//! - **Nothing left behind.** A node's name carries a random tag of its waiter
+//!   (`lock-<tag>-<sequence>`), so a create whose answer never came (timed out, or the call
+//!   was dropped) can still be found and deleted. Deletes that fail — a release or a
+//!   give-up while the ensemble is unreachable — go to a per-session cleaner that retries
+//!   them until they succeed or the session ends (which deletes the nodes anyway). The
+//!   client sends a session's requests in order, so the cleaner's look always follows the
+//!   create it is cleaning up after.
 //! - **Lock-delay** (when set): a holder leaves a persistent marker `<key>/held`, removed in
 //!   the same multi-write as its node on release. A successor that finds the marker still
 //!   there knows its predecessor's session ended without a release, and waits the delay
@@ -33,7 +40,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::sync::mpsc;
+use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{
     Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, SessionState,
@@ -94,15 +102,54 @@ struct SessionHealth {
 struct Session {
     client: Client,
     health: Arc<SessionHealth>,
+    /// The session timeout the server granted (it may clamp what was asked).
+    timeout: Duration,
+    /// Deletes to retry, for this session's cleaner.
+    leftovers: mpsc::UnboundedSender<Leftover>,
 }
+
+/// The session slot: the current session, and when connecting last failed (callers then
+/// fail fast for a moment instead of queueing behind connects that cannot succeed).
+#[derive(Default)]
+struct SessionSlot {
+    current: Option<Session>,
+    failed_at: Option<Instant>,
+}
+
+/// How long after a failed connect callers are answered at once, without a new attempt.
+const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
+
+/// Parents remembered at most; past it the memory starts over (costing one `mkdir` per
+/// key again), so a stream of distinct keys cannot grow it without bound.
+const MAX_KNOWN_PARENTS: usize = 10_000;
 
 /// A lock this process holds.
 struct Held {
-    client: Client,
+    session: Session,
     path: String,
-    health: Arc<SessionHealth>,
     /// Set by the watch on the node when it is deleted (by its session's end, or by hand).
     deleted: Arc<AtomicBool>,
+}
+
+/// Which node a leftover is.
+#[derive(Debug)]
+enum Node {
+    /// Its create was never answered: the one under the parent whose name carries this
+    /// tag, if any.
+    Tagged(String),
+    /// This path.
+    At(String),
+}
+
+/// A node that should be deleted and may not have been: a waiter's that gave up, or a
+/// holder's whose release failed.
+#[derive(Debug)]
+struct Leftover {
+    /// The key's parent node.
+    parent: String,
+    node: Node,
+    /// Delete the lock-delay marker with it: a release, not a give-up.
+    with_marker: bool,
 }
 
 /// Locks in a ZooKeeper ensemble. See the module docs for the recipe.
@@ -113,7 +160,9 @@ pub struct ZooKeeperBackend {
     root: String,
     options: ZooKeeperOptions,
     /// The session every lock of this process rides on; replaced once it ends.
-    session: tokio::sync::Mutex<Option<Session>>,
+    session: tokio::sync::Mutex<SessionSlot>,
+    /// The granted session timeout in milliseconds (the one asked, before a session).
+    granted_timeout_ms: AtomicU64,
     /// Locks held now, by owner token: release and extend find their node here.
     held: Arc<Mutex<HashMap<OwnerToken, Held>>>,
     /// Parents known to exist, so creating them costs requests once per key.
@@ -144,7 +193,8 @@ const EPHEMERAL_SEQUENTIAL: CreateOptions<'static> =
     CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
 const PERSISTENT: CreateOptions<'static> = CreateMode::Persistent.with_acls(Acls::anyone_all());
 
-/// The prefix of every lock node's name; the server appends the sequence.
+/// The prefix of every lock node's name; the waiter's tag and `-` follow, and the server
+/// appends the sequence.
 const NODE_PREFIX: &str = "lock-";
 
 /// Why a request failed: ZooKeeper's answer (kept typed, so callers can tell a node that is
@@ -193,10 +243,19 @@ fn node_name(key: &str) -> String {
     key.replace('%', "%25").replace('/', "%2F")
 }
 
-/// The sequence number of a lock node's name, for ordering (names are zero-padded, but to
-/// 10 digits or 19, so text order is not enough).
+/// The sequence number of a lock node's name (`lock-<tag>-<sequence>`), for ordering
+/// (names are zero-padded, but to 10 digits or 19, and tags differ, so text order is not
+/// enough).
 fn sequence(name: &str) -> Option<i64> {
-    name.strip_prefix(NODE_PREFIX)?.parse().ok()
+    let (_tag, sequence) = name.strip_prefix(NODE_PREFIX)?.rsplit_once('-')?;
+    sequence.parse().ok()
+}
+
+/// Whether a lock node's name carries `tag`.
+fn tagged(name: &str, tag: &str) -> bool {
+    name.strip_prefix(NODE_PREFIX)
+        .and_then(|rest| rest.rsplit_once('-'))
+        .is_some_and(|(named, _)| named == tag)
 }
 
 impl ZooKeeperBackend {
@@ -222,7 +281,10 @@ impl ZooKeeperBackend {
                 max_waiters: options.max_waiters.max(1),
                 ..options
             },
-            session: tokio::sync::Mutex::new(None),
+            session: tokio::sync::Mutex::new(SessionSlot::default()),
+            granted_timeout_ms: AtomicU64::new(
+                u64::try_from(options.session_timeout.as_millis()).unwrap_or(u64::MAX),
+            ),
             held: Arc::new(Mutex::new(HashMap::new())),
             parents: Mutex::new(HashSet::new()),
             closing: CancellationToken::new(),
@@ -238,8 +300,8 @@ impl ZooKeeperBackend {
     /// The current session, for tests and tools that end it from outside (a client that
     /// connects with it and closes it); `None` before the first use.
     pub async fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
-        let session = self.session.lock().await;
-        Some(session.as_ref()?.client.session().clone())
+        let slot = self.session.lock().await;
+        Some(slot.current.as_ref()?.client.session().clone())
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
@@ -268,19 +330,46 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// The live session, connecting a new one if there is none or it ended.
-    async fn session(&self) -> Result<Session, LockError> {
-        let mut current = self.session.lock().await;
-        if let Some(session) = current.as_ref()
+    /// The live session, connecting a new one if there is none or it ended. Waits for a
+    /// connect under way at most the op timeout, and not past `deadline`.
+    async fn session(&self, deadline: Option<Instant>) -> Result<Session, LockError> {
+        let op_limit = Instant::now() + self.options.op_timeout;
+        let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
+        let mut slot = timeout_at(limit, self.session.lock())
+            .await
+            .map_err(|_| LockError::unavailable("ZooKeeper: still connecting"))?;
+        if let Some(session) = slot.current.as_ref()
             && !session.health.ended.load(Ordering::Acquire)
         {
             return Ok(session.clone());
+        }
+        if slot
+            .failed_at
+            .is_some_and(|failed_at| failed_at.elapsed() < RECONNECT_PAUSE)
+        {
+            return Err(LockError::unavailable(
+                "ZooKeeper could not be reached a moment ago",
+            ));
         }
         let connecting = Client::connector()
             .with_session_timeout(self.options.session_timeout)
             .with_connection_timeout(self.options.op_timeout)
             .connect(&self.cluster);
-        let client = self.request(None, connecting).await?;
+        // Bounded by the op timeout alone, so a failure is the ensemble's, not a caller's
+        // short deadline; the caller gives up at its deadline all the same.
+        let connected = match deadline {
+            Some(deadline) => timeout_at(deadline, self.request(None, connecting))
+                .await
+                .map_err(|_| LockError::unavailable("ZooKeeper: still connecting"))?,
+            None => self.request(None, connecting).await,
+        };
+        let client = match connected {
+            Ok(client) => client,
+            Err(failure) => {
+                slot.failed_at = Some(Instant::now());
+                return Err(failure.into());
+            }
+        };
         let health = Arc::new(SessionHealth {
             connected: AtomicBool::new(true),
             ended: AtomicBool::new(false),
@@ -290,28 +379,85 @@ impl ZooKeeperBackend {
             health.clone(),
             self.closing.clone(),
         ));
-        let session = Session { client, health };
-        *current = Some(session.clone());
+        let (leftovers, to_clean) = mpsc::unbounded_channel();
+        tokio::spawn(clean_up(
+            client.clone(),
+            health.clone(),
+            to_clean,
+            self.options.op_timeout,
+            self.closing.clone(),
+        ));
+        let timeout = client.session_timeout();
+        self.granted_timeout_ms.store(
+            u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let session = Session {
+            client,
+            health,
+            timeout,
+            leftovers,
+        };
+        *slot = SessionSlot {
+            current: Some(session.clone()),
+            failed_at: None,
+        };
         Ok(session)
     }
 
-    /// Creates the key's parent (and the root above it) once.
-    async fn ensure_parent(&self, client: &Client, parent: &str) -> Result<(), LockError> {
-        let known = self
-            .parents
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .contains(parent);
-        if known {
-            return Ok(());
-        }
-        self.request(None, client.mkdir(parent, &PERSISTENT))
-            .await?;
+    fn known_parents(&self) -> MutexGuard<'_, HashSet<String>> {
+        // Inserts and removes cannot leave the set inconsistent.
         self.parents
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(parent.to_owned());
+    }
+
+    /// Creates the key's parent (and the root above it) once.
+    async fn ensure_parent(
+        &self,
+        client: &Client,
+        parent: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(), LockError> {
+        if self.known_parents().contains(parent) {
+            return Ok(());
+        }
+        self.request(deadline, client.mkdir(parent, &PERSISTENT))
+            .await?;
+        let mut known = self.known_parents();
+        if known.len() >= MAX_KNOWN_PARENTS {
+            known.clear();
+        }
+        known.insert(parent.to_owned());
         Ok(())
+    }
+
+    /// Creates our lock node under `parent`; if the parent was deleted since it was
+    /// remembered (by hand, or a wipe), creates it again and retries once.
+    async fn create_node(
+        &self,
+        client: &Client,
+        parent: &str,
+        tag: &str,
+        note: &str,
+        deadline: Option<Instant>,
+    ) -> Result<(String, zookeeper_client::Stat), LockError> {
+        let prefix = format!("{parent}/{NODE_PREFIX}{tag}-");
+        let mut retried = false;
+        loop {
+            let created = client.create(&prefix, note.as_bytes(), &EPHEMERAL_SEQUENTIAL);
+            match self.request(deadline, created).await {
+                Ok((stat, sequence)) => {
+                    return Ok((format!("{NODE_PREFIX}{tag}-{sequence}"), stat));
+                }
+                Err(failure) if failure.is(&NoNode) && !retried => {
+                    retried = true;
+                    self.known_parents().remove(parent);
+                    self.ensure_parent(client, parent, deadline).await?;
+                }
+                Err(failure) => return Err(failure.into()),
+            }
+        }
     }
 
     /// The key's queue in order (node names) and its fencing base, in one request.
@@ -412,20 +558,33 @@ impl ZooKeeperBackend {
         validate(key, ttl)?;
         validate_note(note)?;
         let started = Instant::now();
-        let session = self.session().await?;
+        if deadline.is_some_and(|deadline| started >= deadline) {
+            // Nothing sent, so nothing to clean up.
+            return Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            });
+        }
+        let session = self.session(deadline).await?;
         let parent = self.parent(key);
-        self.ensure_parent(&session.client, &parent).await?;
-        let prefix = format!("{parent}/{NODE_PREFIX}");
-        let created = session
-            .client
-            .create(&prefix, note.as_bytes(), &EPHEMERAL_SEQUENTIAL);
-        let (stat, sequence) = self.request(deadline, created).await?;
-        let name = format!("{NODE_PREFIX}{sequence}");
-        let path = format!("{parent}/{name}");
+        self.ensure_parent(&session.client, &parent, deadline)
+            .await?;
+        let owner = OwnerToken::random();
+        let tag = owner.to_hex();
+        // Before the create is sent: if its answer never comes, the node is found by tag.
         let mut node = Queued {
-            client: session.client.clone(),
-            path: Some(path.clone()),
+            leftovers: session.leftovers.clone(),
+            leftover: Some(Leftover {
+                parent: parent.clone(),
+                node: Node::Tagged(tag.clone()),
+                with_marker: false,
+            }),
         };
+        let (name, stat) = self
+            .create_node(&session.client, &parent, &tag, note, deadline)
+            .await?;
+        let path = format!("{parent}/{name}");
+        node.created(&path);
         // Once the lock was seen held, running out of time is a wait that timed out, not
         // a store that did not answer.
         let mut seen_held = false;
@@ -469,18 +628,16 @@ impl ZooKeeperBackend {
                 let token = base.saturating_add(stat.czxid.max(0).unsigned_abs());
                 let deleted = self.watch_own(&session, &path).await?;
                 node.settle();
-                let owner = OwnerToken::random();
+                // The session is the real lease: the guard must not count on more.
+                let lease_ttl = ttl.min(session.timeout / 2);
                 self.held().insert(
                     owner,
                     Held {
-                        client: session.client.clone(),
+                        session,
                         path,
-                        health: session.health.clone(),
                         deleted,
                     },
                 );
-                // The session is the real lease: the guard must not count on more.
-                let lease_ttl = ttl.min(self.options.session_timeout / 2);
                 return Ok(Some(Lease::new(
                     key,
                     owner,
@@ -530,7 +687,12 @@ impl ZooKeeperBackend {
         let (exists, watcher) = self
             .request(None, session.client.check_and_watch_stat(path))
             .await?;
-        let deleted = Arc::new(AtomicBool::new(exists.is_none()));
+        if exists.is_none() {
+            return Err(LockError::unavailable(
+                "our ZooKeeper node vanished as the lock was granted (the session ended)",
+            ));
+        }
+        let deleted = Arc::new(AtomicBool::new(false));
         let flag = deleted.clone();
         let closing = self.closing.clone();
         tokio::spawn(async move {
@@ -548,33 +710,113 @@ impl ZooKeeperBackend {
     }
 }
 
-/// A lock node of ours that is not (yet) a held lock: deleted in the background when the
-/// acquire call ends without a grant — the deadline, an error, a try that found the lock
-/// held, or the call dropped — so it never holds up the line.
+/// A lock node of ours that is not (yet) a held lock: handed to the session's cleaner when
+/// the acquire call ends without a grant — the deadline, an error, a try that found the
+/// lock held, or the call dropped — so it never holds up the line.
 struct Queued {
-    client: Client,
-    path: Option<String>,
+    leftovers: mpsc::UnboundedSender<Leftover>,
+    leftover: Option<Leftover>,
 }
 
 impl Queued {
+    /// The create was answered: the node's path is known.
+    fn created(&mut self, path: &str) {
+        if let Some(leftover) = self.leftover.as_mut() {
+            leftover.node = Node::At(path.to_owned());
+        }
+    }
+
+    /// Granted: the node is a held lock now, not a leftover.
     fn settle(&mut self) {
-        self.path = None;
+        self.leftover = None;
     }
 }
 
 impl Drop for Queued {
     fn drop(&mut self) {
-        let Some(path) = self.path.take() else {
-            return;
+        if let Some(leftover) = self.leftover.take() {
+            // The cleaner is gone only with its session, and the node with it.
+            let _ = self.leftovers.send(leftover);
+        }
+    }
+}
+
+impl Leftover {
+    /// Deletes the node (found by tag if its path is unknown), and the marker with it for
+    /// a release. A node already gone counts as deleted.
+    async fn remove(&self, client: &Client) -> Result<(), zookeeper_client::Error> {
+        let paths = match &self.node {
+            Node::At(path) => vec![path.clone()],
+            Node::Tagged(tag) => match client.get_children(&self.parent).await {
+                Ok((children, _)) => children
+                    .into_iter()
+                    .filter(|name| tagged(name, tag))
+                    .map(|name| format!("{}/{name}", self.parent))
+                    .collect(),
+                Err(NoNode) => return Ok(()),
+                Err(error) => return Err(error),
+            },
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
+        for path in paths {
+            if self.with_marker {
+                let mut writer = client.new_multi_writer();
+                writer.add_delete(&marker(&self.parent), None)?;
+                writer.add_delete(&path, None)?;
+                match writer.commit().await {
+                    Ok(_) => continue,
+                    // The marker or the node is gone: delete what is left of the node.
+                    Err(zookeeper_client::MultiWriteError::OperationFailed {
+                        source: NoNode,
+                        ..
+                    }) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+            match client.delete(&path, None).await {
+                Ok(()) | Err(NoNode) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A session's cleaner: retries each leftover delete, backing off, until it succeeds or
+/// the session ends (its ephemeral nodes are deleted then anyway).
+async fn clean_up(
+    client: Client,
+    health: Arc<SessionHealth>,
+    mut leftovers: mpsc::UnboundedReceiver<Leftover>,
+    op_timeout: Duration,
+    closing: CancellationToken,
+) {
+    loop {
+        let leftover = tokio::select! {
+            leftover = leftovers.recv() => leftover,
+            () = closing.cancelled() => return,
         };
-        let client = self.client.clone();
-        runtime.spawn(async move {
-            // Best effort: if the session is gone, so is the node.
-            let _ = tokio::time::timeout(Duration::from_secs(5), client.delete(&path, None)).await;
-        });
+        let Some(leftover) = leftover else { return };
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if health.ended.load(Ordering::Acquire) {
+                return;
+            }
+            match tokio::time::timeout(op_timeout, leftover.remove(&client)).await {
+                Ok(Ok(())) => break,
+                failed => {
+                    tracing::warn!(
+                        ?leftover,
+                        ?failed,
+                        "could not delete a ZooKeeper lock node; retrying"
+                    );
+                }
+            }
+            tokio::select! {
+                () = sleep(pause) => {}
+                () = closing.cancelled() => return,
+            }
+            pause = (pause * 2).min(Duration::from_secs(2));
+        }
     }
 }
 
@@ -641,7 +883,7 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
-        let session = self.session().await?;
+        let session = self.session(None).await?;
         let parent = self.parent(key);
         let queue = match self.queue(&session.client, &parent, None).await {
             Ok(queue) => queue.names,
@@ -667,18 +909,22 @@ impl LockBackend for ZooKeeperBackend {
         let Some(held) = self.held().remove(&lease.owner()) else {
             return Ok(false);
         };
-        if held.deleted.load(Ordering::Acquire) || held.health.ended.load(Ordering::Acquire) {
+        // A node whose watch fired is deleted (the delete below finds nothing, and says
+        // so); only a session that ended means nothing is left to ask about.
+        if held.session.health.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let deleted = if self.options.lock_delay.is_zero() {
-            self.request(None, held.client.delete(&held.path, None))
-                .await
-        } else {
+        let client = &held.session.client;
+        let delayed = !self.options.lock_delay.is_zero();
+        let parent = held
+            .path
+            .rsplit_once('/')
+            .map_or_else(String::new, |(parent, _)| parent.to_owned());
+        let deleted = if delayed {
             // The node and the lock-delay marker go together: a release, not a vanishing.
-            let parent = held.path.rsplit_once('/').map_or("", |(parent, _)| parent);
-            let mut writer = held.client.new_multi_writer();
+            let mut writer = client.new_multi_writer();
             let queued = writer
-                .add_delete(&marker(parent), None)
+                .add_delete(&marker(&parent), None)
                 .and_then(|()| writer.add_delete(&held.path, None));
             match queued {
                 Ok(()) => {
@@ -687,13 +933,20 @@ impl LockBackend for ZooKeeperBackend {
                 }
                 Err(error) => Err(error.into()),
             }
+        } else {
+            self.request(None, client.delete(&held.path, None)).await
         };
         match deleted {
             Ok(()) => Ok(true),
             Err(failure) if failure.is(&NoNode) => Ok(false),
             Err(failure) => {
-                // Keep it, so a retry can still release it.
-                self.held().insert(lease.owner(), held);
+                // Not known released: the cleaner deletes it once the ensemble answers, so
+                // it does not hold the key for as long as this process lives.
+                let _ = held.session.leftovers.send(Leftover {
+                    parent,
+                    node: Node::At(held.path.clone()),
+                    with_marker: delayed,
+                });
                 Err(failure.into())
             }
         }
@@ -705,10 +958,11 @@ impl LockBackend for ZooKeeperBackend {
         let Some(held) = held.get(&lease.owner()) else {
             return Ok(false);
         };
-        if held.deleted.load(Ordering::Acquire) || held.health.ended.load(Ordering::Acquire) {
+        let health = &held.session.health;
+        if held.deleted.load(Ordering::Acquire) || health.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
-        if !held.health.connected.load(Ordering::Acquire) {
+        if !health.connected.load(Ordering::Acquire) {
             return Err(LockError::unavailable(
                 "disconnected from ZooKeeper: the session may still be alive",
             ));
@@ -722,11 +976,22 @@ impl LockBackend for ZooKeeperBackend {
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
         check_floor(floor)?;
-        let session = self.session().await?;
+        let session = self.session(None).await?;
         let parent = self.parent(key);
-        self.ensure_parent(&session.client, &parent).await?;
+        self.ensure_parent(&session.client, &parent, None).await?;
+        let mut recreated = false;
         loop {
-            let (data, stat) = self.request(None, session.client.get_data(&parent)).await?;
+            let (data, stat) = match self.request(None, session.client.get_data(&parent)).await {
+                Ok(found) => found,
+                // Deleted since it was remembered (by hand, or a wipe): create it again.
+                Err(failure) if failure.is(&NoNode) && !recreated => {
+                    recreated = true;
+                    self.known_parents().remove(&parent);
+                    self.ensure_parent(&session.client, &parent, None).await?;
+                    continue;
+                }
+                Err(failure) => return Err(failure.into()),
+            };
             let base = parse_base(&data);
             // The next lock node's czxid is above every zxid so far, pzxid included.
             let latest = stat.pzxid.max(stat.mzxid).max(0).unsigned_abs();
@@ -752,14 +1017,14 @@ impl LockBackend for ZooKeeperBackend {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let session = self.session().await?;
+        let session = self.session(None).await?;
         self.request(None, session.client.check_stat("/")).await?;
         Ok(())
     }
 
     fn sessions(&self) -> Sessions {
         Sessions::PerProcess {
-            timeout: self.options.session_timeout,
+            timeout: Duration::from_millis(self.granted_timeout_ms.load(Ordering::Relaxed)),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! What only an etcd server can show: tokens across a server restart, a lease revoked
-//! from outside, a vanished process's lease running out, and the requests a hand-off
-//! costs. Private members on other ports; the shared one (127.0.0.1:2379) is never
-//! stopped.
+//! What only an etcd server can show: tokens across a server restart and a wipe, a lease
+//! revoked from outside, a vanished process's lease running out, a waiter whose key
+//! vanished, a release the server never answered, the cap on waiters across processes,
+//! and the requests a hand-off costs. Private members on other ports; the shared one
+//! (127.0.0.1:2379) is never stopped.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,18 +25,19 @@ pub fn shared_etcd() -> LockService {
 }
 
 fn backend(server: &EtcdServer, lease_ttl: Duration) -> Arc<EtcdBackend> {
-    Arc::new(
-        EtcdBackend::open(
-            &server.url("/t"),
-            EtcdOptions {
-                lease_ttl,
-                // Patient: a server of the test's own starts cold, beside the whole suite.
-                op_timeout: 5 * SECOND,
-                ..EtcdOptions::default()
-            },
-        )
-        .unwrap(),
+    with_options(
+        server,
+        EtcdOptions {
+            lease_ttl,
+            // Patient: a server of the test's own starts cold, beside the whole suite.
+            op_timeout: 5 * SECOND,
+            ..EtcdOptions::default()
+        },
     )
+}
+
+fn with_options(server: &EtcdServer, options: EtcdOptions) -> Arc<EtcdBackend> {
+    Arc::new(EtcdBackend::open(&server.url("/t"), options).unwrap())
 }
 
 /// An etcd member of the test's own. Its "data loss" is a restart: etcd keeps its data
@@ -264,4 +266,127 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         },
     )
     .await;
+}
+
+/// An etcd member of the test's own whose data loss is real: its data directory deleted,
+/// every key, lease and revision with it. The same service goes on across the wipe, as a
+/// running process would (its lease is gone).
+pub struct WipedEtcd(PrivateEtcd);
+
+impl Store for WipedEtcd {
+    fn service(&self) -> LockService {
+        self.0.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.0.server.wipe().expect("etcd restarts empty");
+        crate::zookeeper_only::wait_until_granting(&self.0.locks).await;
+        self.0.locks.clone()
+    }
+}
+
+/// After a wipe the revisions start over, below tokens already handed out — a protected
+/// store refuses those grants until `raise_fencing` lifts the key's base above the highest
+/// token it accepted; then the next grant is above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_catches_up_after_a_wipe() {
+    crate::suite::fencing_survives_data_loss_with_catch_up(WipedEtcd(PrivateEtcd::start())).await;
+}
+
+/// A release the server never answered (it was down) is not forgotten: the lease's cleaner
+/// deletes the key once the server is back, so another process gets the lock then — not
+/// when the holder's lease ends, which for a live process is never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_the_server_missed_is_retried() {
+    let mut server = EtcdServer::start().unwrap();
+    let holders = LockService::from_arc(with_options(
+        &server,
+        EtcdOptions {
+            lease_ttl: 30 * SECOND,
+            op_timeout: SECOND,
+            ..EtcdOptions::default()
+        },
+    ));
+    let others = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut holder = holders
+        .try_acquire("k", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop();
+    let released = holder.release().await;
+    assert!(released.is_err(), "{released:?}");
+    server.restart().unwrap();
+    let back_at = Instant::now();
+    let mut next = others
+        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
+        .await
+        .expect("the missed release was never retried");
+    assert!(back_at.elapsed() < 15 * SECOND);
+    assert!(next.fencing_token() > holder.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// The cap on waiters is checked against etcd's queue, so it holds across processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_waiter_cap_holds_across_processes() {
+    let server = EtcdServer::start().unwrap();
+    let capped = || {
+        LockService::from_arc(with_options(
+            &server,
+            EtcdOptions {
+                op_timeout: 5 * SECOND,
+                max_waiters: 8,
+                ..EtcdOptions::default()
+            },
+        ))
+    };
+    crate::suite::the_waiter_cap_holds_across([capped(), capped()]).await;
+}
+
+/// A waiter whose own key is deleted from outside (as an operator might) gives up as
+/// soon as it next looks at the line — it neither waits on nor spins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_waiter_whose_key_vanished_gives_up() {
+    let server = EtcdServer::start().unwrap();
+    let locks = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let mut operator = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .unwrap();
+    let line = operator
+        .get(
+            "/t/locks/k/w/",
+            Some(etcd_client::GetOptions::new().with_prefix().with_sort(
+                etcd_client::SortTarget::Create,
+                etcd_client::SortOrder::Ascend,
+            )),
+        )
+        .await
+        .unwrap();
+    assert_eq!(line.kvs().len(), 2);
+    operator
+        .delete(line.kvs()[1].key().to_vec(), None)
+        .await
+        .unwrap();
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let result = timeout(2 * SECOND, waiter)
+        .await
+        .expect("the waiter went on waiting")
+        .unwrap();
+    assert!(
+        matches!(result, Err(lock::LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(released_at.elapsed() < SECOND);
 }

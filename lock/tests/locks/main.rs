@@ -55,6 +55,7 @@ macro_rules! shared_suite {
                 waiters_acquire_in_arrival_order,
                 try_acquire_never_waits_and_never_barges,
                 acquire_times_out_at_its_deadline,
+                cut_short_acquires_leave_nothing_behind,
                 abandoned_wait_does_not_block_the_queue,
                 raise_fencing_never_lowers,
                 large_fencing_tokens_stay_exact,

@@ -409,6 +409,50 @@ pub async fn abandoned_wait_does_not_block_the_queue(locks: LockService) {
     assert!(patient.release().await.unwrap());
 }
 
+/// Acquires cut short — a deadline already past, deadlines that end mid-request, calls
+/// dropped mid-request — leave nothing in line: whatever a store did for them is undone,
+/// and the lock is free for the next caller within moments.
+pub async fn cut_short_acquires_leave_nothing_behind(locks: LockService) {
+    let key = key();
+    let past = Instant::now()
+        .checked_sub(Duration::from_millis(1))
+        .unwrap();
+    let result = locks.acquire(&key, SECOND, past).await;
+    assert!(
+        matches!(result, Err(LockError::TimedOut { .. })),
+        "{result:?}"
+    );
+    for round in 0..40_u64 {
+        let cut = Duration::from_micros(round * 75);
+        let acquired = if round % 2 == 0 {
+            locks.acquire(&key, SECOND, Instant::now() + cut).await
+        } else {
+            match timeout(cut, locks.acquire(&key, SECOND, after(5_000))).await {
+                Ok(acquired) => acquired,
+                Err(_) => continue,
+            }
+        };
+        match acquired {
+            Ok(mut guard) => {
+                guard.release().await.unwrap();
+            }
+            Err(LockError::TimedOut { .. } | LockError::Unavailable { .. }) => {}
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    let started = Instant::now();
+    let mut next = locks
+        .acquire(&key, SECOND, after(3_000))
+        .await
+        .expect("an acquire cut short left the lock taken");
+    assert!(
+        started.elapsed() < 2 * SECOND,
+        "the lock was free only after {:?}",
+        started.elapsed()
+    );
+    assert!(next.release().await.unwrap());
+}
+
 /// A floor far above any clock reading in microseconds (until the 2090s): counters start
 /// from the clock, so only a floor above it shows what raising does.
 const ABOVE_THE_CLOCK: u64 = 4_000_000_000_000_000;
@@ -779,4 +823,53 @@ pub async fn lock_delay_keeps_a_vanished_holders_key<F, Fut>(
         "taken only after {waited:?}"
     );
     assert!(successor.release().await.unwrap());
+}
+
+/// Two services on one store whose backends cap a key's queue at 8 in the store (their
+/// caps in process are looser): 20 waiters from both get 8 queued between them, served in
+/// turn, and 12 turned away at once.
+pub async fn the_waiter_cap_holds_across(instances: [LockService; 2]) {
+    let instances = instances.map(|locks| locks.with_max_waiters(64));
+    let key = key();
+    let mut holder = instances[0]
+        .try_acquire(&key, 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let started = Instant::now();
+    let crowd: Vec<_> = (0..20)
+        .map(|i| {
+            let (locks, key) = (instances[i % 2].clone(), key.clone());
+            tokio::spawn(async move {
+                let acquired = locks.acquire(&key, 10 * SECOND, after(10_000)).await;
+                let answered_in = started.elapsed();
+                match acquired {
+                    Ok(mut guard) => {
+                        assert!(guard.release().await.unwrap());
+                        Ok(())
+                    }
+                    Err(LockError::QueueFull { max_waiters, .. }) => {
+                        assert_eq!(max_waiters, 8);
+                        Err(answered_in)
+                    }
+                    Err(error) => panic!("{error:?}"),
+                }
+            })
+        })
+        .collect();
+    sleep(SECOND).await;
+    assert!(holder.release().await.unwrap());
+    let mut turned_away = Vec::new();
+    let mut served = 0;
+    for waiter in crowd {
+        match waiter.await.unwrap() {
+            Ok(()) => served += 1,
+            Err(answered_in) => turned_away.push(answered_in),
+        }
+    }
+    assert_eq!((served, turned_away.len()), (8, 12));
+    assert!(
+        turned_away.iter().all(|answered_in| *answered_in < SECOND),
+        "turned away only after {turned_away:?}"
+    );
 }

@@ -1,5 +1,6 @@
-//! What only a ZooKeeper server can show: tokens across a server restart, a session ended
-//! from outside, a vanished process's session timing out, and the requests a hand-off
+//! What only a ZooKeeper server can show: tokens across a server restart and a wipe, a
+//! session ended from outside, a vanished process's session timing out, a release the
+//! server never answered, the cap on waiters across processes, and the requests a hand-off
 //! costs. Private servers on other ports; the shared one (127.0.0.1:2181) is never
 //! stopped.
 
@@ -24,18 +25,19 @@ pub fn shared_zookeeper() -> LockService {
 }
 
 fn backend(server: &ZooKeeperServer, session_timeout: Duration) -> Arc<ZooKeeperBackend> {
-    Arc::new(
-        ZooKeeperBackend::open(
-            &server.url("/t"),
-            ZooKeeperOptions {
-                session_timeout,
-                // Patient: a server of the test's own starts cold, beside the whole suite.
-                op_timeout: 5 * SECOND,
-                ..ZooKeeperOptions::default()
-            },
-        )
-        .unwrap(),
+    with_options(
+        server,
+        ZooKeeperOptions {
+            session_timeout,
+            // Patient: a server of the test's own starts cold, beside the whole suite.
+            op_timeout: 5 * SECOND,
+            ..ZooKeeperOptions::default()
+        },
     )
+}
+
+fn with_options(server: &ZooKeeperServer, options: ZooKeeperOptions) -> Arc<ZooKeeperBackend> {
+    Arc::new(ZooKeeperBackend::open(&server.url("/t"), options).unwrap())
 }
 
 /// A ZooKeeper of the test's own. Its "data loss" is a restart: ZooKeeper keeps its data
@@ -280,4 +282,105 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         }
     })
     .await;
+}
+
+/// A ZooKeeper of the test's own whose data loss is real: its data directory deleted, every
+/// node and zxid with it. The same service goes on across the wipe, as a running process
+/// would (its session is gone; the parents it remembers are too).
+pub struct WipedZooKeeper(PrivateZooKeeper);
+
+impl Store for WipedZooKeeper {
+    fn service(&self) -> LockService {
+        self.0.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.0.server.wipe().expect("ZooKeeper restarts empty");
+        wait_until_granting(&self.0.locks).await;
+        self.0.locks.clone()
+    }
+}
+
+/// Retries a lock on a key of its own until the service grants it: the first calls after
+/// a store came back may meet a session or lease that ended with it.
+pub async fn wait_until_granting(locks: &LockService) {
+    let started = Instant::now();
+    loop {
+        match locks.try_acquire("warm-up", SECOND).await {
+            Ok(Some(mut guard)) => {
+                guard.release().await.unwrap();
+                return;
+            }
+            Ok(None) => panic!("nobody else holds the warm-up lock"),
+            Err(error) => {
+                assert!(
+                    started.elapsed() < 30 * SECOND,
+                    "not granting after 30 s: {error}"
+                );
+                sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// After a wipe the zxids start over, below tokens already handed out — a protected store
+/// refuses those grants until `raise_fencing` lifts the key's base above the highest token
+/// it accepted; then the next grant is above it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fencing_catches_up_after_a_wipe() {
+    crate::suite::fencing_survives_data_loss_with_catch_up(WipedZooKeeper(
+        PrivateZooKeeper::start(),
+    ))
+    .await;
+}
+
+/// A release the server never answered (it was down) is not forgotten: the session's
+/// cleaner deletes the node once the server is back, so another process gets the lock
+/// then — not when the holder's session ends, which for a live process is never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_the_server_missed_is_retried() {
+    let mut server = ZooKeeperServer::start().unwrap();
+    let holders = LockService::from_arc(with_options(
+        &server,
+        ZooKeeperOptions {
+            session_timeout: 30 * SECOND,
+            op_timeout: SECOND,
+            ..ZooKeeperOptions::default()
+        },
+    ));
+    let others = LockService::from_arc(backend(&server, 4 * SECOND));
+    let mut holder = holders
+        .try_acquire("k", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop();
+    let released = holder.release().await;
+    assert!(released.is_err(), "{released:?}");
+    server.restart().unwrap();
+    let back_at = Instant::now();
+    let mut next = others
+        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
+        .await
+        .expect("the missed release was never retried");
+    assert!(back_at.elapsed() < 15 * SECOND);
+    assert!(next.fencing_token() > holder.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// The cap on waiters is kept in ZooKeeper's queue, so it holds across processes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_waiter_cap_holds_across_processes() {
+    let server = ZooKeeperServer::start().unwrap();
+    let capped = || {
+        LockService::from_arc(with_options(
+            &server,
+            ZooKeeperOptions {
+                op_timeout: 5 * SECOND,
+                max_waiters: 8,
+                ..ZooKeeperOptions::default()
+            },
+        ))
+    };
+    crate::suite::the_waiter_cap_holds_across([capped(), capped()]).await;
 }
