@@ -69,10 +69,11 @@ pub async fn serve(
 }
 
 /// Accepts connections — at most `max_connections` open at once: past it, the next one
-/// waits in the listen backlog — and serves each with HTTP/1.1 (or HTTP/2) under a timer:
-/// a client that sends its request head too slowly, or leaves a keep-alive connection
-/// idle too long, is disconnected after `header_read_timeout`, so slow clients cannot hold
-/// connections forever.
+/// waits in the listen backlog — and serves each with HTTP/1.1 under a timer: a client
+/// that sends its request head too slowly, or leaves a keep-alive connection idle too
+/// long, is disconnected after `header_read_timeout`, so slow clients cannot hold
+/// connections forever. (HTTP/2 is not offered: an idle HTTP/2 connection answers pings
+/// and stays open, which would break that promise; a proxy in front may speak it.)
 async fn accept(
     listener: TcpListener,
     app: Router,
@@ -81,15 +82,11 @@ async fn accept(
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(settings.max_connections));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(settings.header_read_timeout);
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {

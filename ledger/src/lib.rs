@@ -52,7 +52,7 @@ pub use model::{
 };
 
 use db_types::Timestamp;
-use store::{SqlStore, Store, UnguardedWrite, before};
+use store::{SqlStore, Store, UnguardedWrite};
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -368,9 +368,7 @@ impl Ledger {
         let batch = i64::from(batch.max(1));
         let mut total = Reaped::default();
         loop {
-            let now = Timestamp::now();
-            let cutoff = before(now, retention);
-            let (deleted, pruned) = self.store.reap(cutoff, now, batch).await?;
+            let (deleted, pruned) = self.store.reap(retention, batch).await?;
             total.deleted_unused += deleted;
             total.pruned_outcomes += pruned;
             if deleted < batch.unsigned_abs() && pruned < batch.unsigned_abs() {

@@ -26,6 +26,8 @@ pub(crate) trait Dialect: Database {
     /// Opens a transaction that will write. SQLite takes the write lock up front, so two
     /// writers never deadlock upgrading from a read.
     const BEGIN_WRITE: &'static str;
+    /// The database's clock, as the ticket statements read it.
+    const CLOCK: &'static str;
     /// Reads a ticket, with the database's clock as `read_at`. Parameter: $1 ticket.
     const TICKET: &'static str;
     /// Issues a ticket, timed by the database's clock; a retry with the same id is a
@@ -126,6 +128,7 @@ macro_rules! sqlite_clock {
 
 impl Dialect for sqlx::Postgres {
     const BEGIN_WRITE: &'static str = "BEGIN";
+    const CLOCK: &'static str = concat!("SELECT ", pg_clock!());
     const TICKET: &'static str = concat!(
         "SELECT ",
         ticket_columns!(),
@@ -197,6 +200,7 @@ impl Dialect for sqlx::Postgres {
 
 impl Dialect for sqlx::Sqlite {
     const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const CLOCK: &'static str = concat!("SELECT ", sqlite_clock!());
     const TICKET: &'static str = concat!(
         "SELECT ",
         ticket_columns!(),
@@ -263,14 +267,11 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         render: &Renderer,
     ) -> Result<Applied, ApplyError>;
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
-    /// Deletes unused tickets and prunes the outcomes of used ones, both expired before
-    /// `cutoff`; at most `batch` of each. Returns how many of each.
-    async fn reap(
-        &self,
-        cutoff: Timestamp,
-        now: Timestamp,
-        batch: i64,
-    ) -> Result<(u64, u64), LedgerError>;
+    /// Deletes unused tickets and prunes the outcomes of used ones, both expired more
+    /// than `retention` ago by the database's clock (the clock that judges expiry, so a
+    /// ticket is never reaped while a spend could still find it unexpired); at most
+    /// `batch` of each. Returns how many of each.
+    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
     /// Demonstration only: an account's balance, points and token, read without a lock.
@@ -922,12 +923,9 @@ where
         Ok(found)
     }
 
-    async fn reap(
-        &self,
-        cutoff: Timestamp,
-        now: Timestamp,
-        batch: i64,
-    ) -> Result<(u64, u64), LedgerError> {
+    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError> {
+        let now: Timestamp = sqlx::query_scalar(D::CLOCK).fetch_one(&self.pool).await?;
+        let cutoff = before(now, retention);
         // RETURNING counts the rows the same way in both databases.
         let deleted: Vec<TicketId> = sqlx::query_scalar(D::DELETE_UNUSED)
             .bind(cutoff)

@@ -26,6 +26,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use utoipa::openapi::RefOr;
+use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -72,7 +73,9 @@ impl Modify for BearerKey {
 
 /// What the server enforces on parameters that the handlers' annotations cannot say:
 /// `Idempotency-Key` is a hyphenated UUID, bare or quoted; a problem's name is one of
-/// those the server explains (taken from the same table the server answers from).
+/// those the server explains (taken from the same table the server answers from). And
+/// what every answer of a kind carries: 409, 429 and 503 say when to retry
+/// (`Retry-After`, as [`crate::error::ApiError::retry_after`] sets it).
 struct Enforced;
 
 impl Modify for Enforced {
@@ -85,6 +88,15 @@ impl Modify for Enforced {
             .schema_type(Type::String)
             .enum_values(Some(EXPLANATIONS.iter().map(|(name, _, _)| *name)))
             .build();
+        let retry_after = HeaderBuilder::new()
+            .schema(Some(
+                ObjectBuilder::new()
+                    .schema_type(Type::Integer)
+                    .minimum(Some(1))
+                    .build(),
+            ))
+            .description(Some("Seconds to wait before retrying."))
+            .build();
         for (path, item) in openapi.paths.paths.iter_mut() {
             let operations = [
                 &mut item.get,
@@ -94,6 +106,14 @@ impl Modify for Enforced {
                 &mut item.patch,
             ];
             for operation in operations.into_iter().flatten() {
+                for (status, response) in &mut operation.responses.responses {
+                    if let ("409" | "429" | "503", RefOr::T(response)) = (status.as_str(), response)
+                    {
+                        response
+                            .headers
+                            .insert("Retry-After".to_owned(), retry_after.clone().into());
+                    }
+                }
                 let parameters = operation.parameters.iter_mut().flatten();
                 for parameter in parameters.filter_map(|parameter| match parameter {
                     RefOr::T(parameter) => Some(parameter),

@@ -347,4 +347,23 @@ async fn the_document_says_what_the_server_enforces() {
     for target in from_ticket {
         assert!(operations.contains(&target.as_str()), "{target}");
     }
+
+    // Every 409, 429 and 503 says when to retry, as the server's answers do.
+    let mut declared = 0;
+    for (path, item) in spec["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            for status in ["409", "429", "503"] {
+                let response = &operation["responses"][status];
+                if response.is_null() {
+                    continue;
+                }
+                assert_eq!(
+                    response["headers"]["Retry-After"]["schema"]["type"], "integer",
+                    "{method} {path} {status}"
+                );
+                declared += 1;
+            }
+        }
+    }
+    assert!(declared > 10, "{declared}");
 }
