@@ -79,6 +79,11 @@ pub struct Config {
     /// Lease of an account lock; the holder renews it every third of this.
     #[arg(long, global = true, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
     pub lock_ttl: Duration,
+    /// Chubby's lock-delay: after an account's lock holder vanished without releasing
+    /// (crashed, cut off), nobody takes the account for this long past its lease — more
+    /// time for a holder that only paused to notice. A released lock is free at once.
+    #[arg(long, global = true, env = "PAYONCE_LOCK_DELAY", default_value = "0s", value_parser = duration)]
+    pub lock_delay: Duration,
     /// How long a spend waits for a busy account (or for its own duplicate to finish)
     /// before answering 409.
     #[arg(long, global = true, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
@@ -119,9 +124,9 @@ pub struct Config {
     /// headers. Never in production.
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
-    /// The most spends one account may have waiting for its lock in this instance (and,
-    /// on Redis, across all instances); past it, a spend is answered 409 account-busy at
-    /// once.
+    /// The most spends one account may have waiting for its lock (or asking the lock
+    /// store for it) in this instance, and in the lock store's queue across all
+    /// instances; past it, a spend is answered 409 account-busy at once.
     #[arg(
         long,
         global = true,
@@ -495,6 +500,7 @@ impl fmt::Display for Config {
             ("PAYONCE_REDIS_NAMESPACE", self.redis_namespace.clone()),
             ("PAYONCE_DATA_DIR", self.data_dir.display().to_string()),
             ("PAYONCE_LOCK_TTL", human(self.lock_ttl)),
+            ("PAYONCE_LOCK_DELAY", human(self.lock_delay)),
             ("PAYONCE_LOCK_WAIT", human(self.lock_wait)),
             ("PAYONCE_TICKET_TTL", human(self.ticket_ttl)),
             ("PAYONCE_RETENTION", human(self.retention)),

@@ -147,7 +147,10 @@ impl AppState {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                let locks = LockService::in_process().with_max_waiters(config.lock_max_waiters);
+                let locks = LockService::new(
+                    lock::InProcessBackend::new().with_lock_delay(config.lock_delay),
+                )
+                .with_max_waiters(config.lock_max_waiters);
                 (ledger, locks, Recipes::default())
             }
             Mode::Distributed {
@@ -227,6 +230,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 RedisOptions {
                     namespace: config.redis_namespace.clone(),
                     max_waiters: config.lock_max_waiters,
+                    lock_delay: config.lock_delay,
                     ..RedisOptions::default()
                 },
             )?;
@@ -237,6 +241,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
             let options = lock::ZooKeeperOptions {
                 session_timeout: config.lock_ttl,
                 max_waiters: config.lock_max_waiters,
+                lock_delay: config.lock_delay,
                 ..lock::ZooKeeperOptions::default()
             };
             (LockService::zookeeper(url, options)?, Recipes::default())
@@ -253,6 +258,7 @@ fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
     let options = lock::EtcdOptions {
         lease_ttl,
         max_waiters: config.lock_max_waiters,
+        lock_delay: config.lock_delay,
         ..lock::EtcdOptions::default()
     };
     Ok(LockService::etcd(url, options)?)
