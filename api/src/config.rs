@@ -272,6 +272,8 @@ pub enum LockUrl {
     ZooKeeper(String),
     /// `etcd://`: an etcd cluster.
     Etcd(String),
+    /// `postgres://` or `postgresql://`: PostgreSQL advisory locks.
+    Postgres(String),
 }
 
 impl LockUrl {
@@ -282,8 +284,9 @@ impl LockUrl {
             Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
             Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
             Some("etcd") => Ok(Self::Etcd(url.to_owned())),
+            Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, zk:// or etcd://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd:// or postgres://, got {}",
                 mask(url)
             ))),
         }
@@ -295,13 +298,14 @@ impl LockUrl {
             Self::Redis(_) => "Redis",
             Self::ZooKeeper(_) => "ZooKeeper",
             Self::Etcd(_) => "etcd",
+            Self::Postgres(_) => "PostgreSQL",
         }
     }
 
     /// The URL.
     pub fn url(&self) -> &str {
         match self {
-            Self::Redis(url) | Self::ZooKeeper(url) | Self::Etcd(url) => url,
+            Self::Redis(url) | Self::ZooKeeper(url) | Self::Etcd(url) | Self::Postgres(url) => url,
         }
     }
 }

@@ -221,7 +221,8 @@ impl AppState {
 /// The lock service `url` names, and the demonstration's recipes where they can run (they
 /// are Redis recipes). ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
 /// time after which a process that stopped heartbeating loses its locks, as a Redis lock
-/// without renewal does.
+/// without renewal does. PostgreSQL's advisory locks last as long as their connections,
+/// and are namespaced like Redis keys (`PAYONCE_REDIS_NAMESPACE`).
 fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes), StartError> {
     Ok(match url {
         LockUrl::Redis(url) => {
@@ -247,6 +248,15 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
             (LockService::zookeeper(url, options)?, Recipes::default())
         }
         LockUrl::Etcd(url) => (etcd(url, config)?, Recipes::default()),
+        LockUrl::Postgres(url) => {
+            let options = lock::PostgresOptions {
+                namespace: config.redis_namespace.clone(),
+                max_waiters: config.lock_max_waiters,
+                lock_delay: config.lock_delay,
+                ..lock::PostgresOptions::default()
+            };
+            (LockService::postgres(url, options)?, Recipes::default())
+        }
     })
 }
 

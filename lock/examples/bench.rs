@@ -13,8 +13,9 @@
 //! - one key: the serial limit 1 / (hold + one round trip), the round trip being the median
 //!   of sequential PINGs.
 //!
-//! With `--backend zookeeper` or `--backend etcd` (`--features etcd`), the backend runs
-//! beside payonce's Redis lock in alternating order, with the same clients and keys, and
+//! With `--backend zookeeper`, `--backend etcd` (`--features etcd`) or `--backend
+//! postgres` (advisory locks), the backend runs beside payonce's Redis lock in alternating
+//! order, with the same clients and keys, and
 //! the summary prints both, their ratio, and the requests each sends per acquire+release
 //! (counted by the client).
 //!
@@ -47,8 +48,8 @@ struct Args {
     /// Measurement rounds; figures are medians over rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`) or `in-process` (no
-    /// baselines).
+    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`), `postgres` or `in-process`
+    /// (no baselines).
     #[arg(long, default_value = "redis")]
     backend: String,
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
@@ -57,6 +58,12 @@ struct Args {
     zookeeper_url: String,
     #[arg(long, env = "ETCD_URL", default_value = "etcd://127.0.0.1:2379")]
     etcd_url: String,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
     /// Skip the baselines.
     #[arg(long)]
     no_baselines: bool,
@@ -83,7 +90,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "lock bench: backend={} clients={} keys={} hold={}ms seconds={} rounds={}",
         args.backend, args.clients, args.keys, args.hold_ms, args.seconds, args.rounds
     );
-    if matches!(args.backend.as_str(), "zookeeper" | "etcd") {
+    if matches!(args.backend.as_str(), "zookeeper" | "etcd" | "postgres") {
         return side_by_side(&args).await;
     }
     let redis = args.backend == "redis";
@@ -233,17 +240,32 @@ fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::erro
                 requests: Box::new(move || counter.requests()),
             }
         }
+        "postgres" => {
+            let backend = Arc::new(lock::PostgresBackend::open(
+                &args.database_url,
+                lock::PostgresOptions {
+                    namespace: run,
+                    ..lock::PostgresOptions::default()
+                },
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
         other => return Err(format!("no backend {other:?} in this build").into()),
     })
 }
 
-/// `--backend zookeeper|etcd`: that service and payonce's Redis lock, measured in
-/// alternating order each round, printed side by side.
+/// `--backend zookeeper|etcd|postgres`: that service and payonce's Redis lock, measured
+/// in alternating order each round, printed side by side.
 async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
-    let name = if args.backend == "zookeeper" {
-        "zookeeper"
-    } else {
-        "etcd"
+    let name = match args.backend.as_str() {
+        "zookeeper" => "zookeeper",
+        "etcd" => "etcd",
+        _ => "postgres",
     };
     let services = [counted(name, args)?, counted("redis", args)?];
     for service in &services {

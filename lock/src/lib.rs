@@ -12,10 +12,11 @@
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
 //! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`),
 //!   [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`] (`zookeeper.rs`) and
-//!   `EtcdBackend` (`etcd.rs`, cargo feature `etcd`): the stores, held to one test suite.
-//!   Redis and in-process leases are per grant (a TTL the guard renews); ZooKeeper's and
-//!   etcd's are the process's session or lease ([`Sessions`]), with the store's own zxid or
-//!   revision as the fencing token.
+//!   `EtcdBackend` (`etcd.rs`, cargo feature `etcd`) and [`PostgresBackend`]
+//!   (`postgres.rs`, advisory locks): the stores, held to one test suite. Redis and
+//!   in-process leases are per grant (a TTL the guard renews); ZooKeeper's and etcd's are
+//!   the process's session or lease, with the store's own zxid or revision as the fencing
+//!   token; PostgreSQL's is the holder's connection ([`Sessions`]).
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
 //! - [`Redlock`] (`redlock.rs`): the quorum lock over independent Redis servers, and
 //!   [`recipes`] (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
@@ -79,6 +80,7 @@ mod error;
 mod etcd;
 mod guard;
 mod in_process;
+mod postgres;
 pub mod recipes;
 mod redis_backend;
 mod redlock;
@@ -94,6 +96,7 @@ pub use error::LockError;
 pub use etcd::{EtcdBackend, EtcdOptions};
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
+pub use postgres::{PostgresBackend, PostgresOptions};
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};
 pub use service::{

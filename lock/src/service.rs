@@ -96,6 +96,10 @@ pub enum Sessions {
         /// How long after the last heartbeat the store ends the session.
         timeout: Duration,
     },
+    /// Every grant holds a connection of its own (PostgreSQL advisory locks): the lock is
+    /// released when that connection ends — the holder's process ended, or the server or
+    /// the network dropped it — never by a TTL while it lives.
+    PerConnection,
 }
 
 /// A lock store. Every method is one atomic step on the store; waiting, when a method
@@ -307,6 +311,19 @@ impl LockService {
     pub fn redis(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         let max_waiters = options.max_waiters;
         Ok(Self::new(RedisBackend::open(url, options)?).with_max_waiters(max_waiters))
+    }
+
+    /// Locks as advisory locks in the PostgreSQL at `url` (`postgres://…`), with its cap
+    /// on waiters per key in this process. Connects lazily.
+    pub fn postgres(
+        url: &str,
+        options: crate::postgres::PostgresOptions,
+    ) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(
+            Self::new(crate::postgres::PostgresBackend::open(url, options)?)
+                .with_max_waiters(max_waiters),
+        )
     }
 
     /// Locks in the ZooKeeper ensemble at `url` (`zk://host:port[,host:port…][/root]`),

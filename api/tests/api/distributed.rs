@@ -138,6 +138,18 @@ async fn unreachable_etcd_is_503_and_nothing_is_lost() {
     unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
 }
 
+/// The same with the PostgreSQL of the locks unreachable (the ledger's is up).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_lock_database_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::PostgresLocks).await;
+    let mut config = shared.config(&[]);
+    config.lock_url = Some(format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        free_port().unwrap()
+    ));
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
 async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;

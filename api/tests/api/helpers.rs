@@ -24,6 +24,8 @@ pub enum Backend {
     /// PostgreSQL + etcd (`ETCD_URL`, else 127.0.0.1:2379).
     #[cfg(feature = "etcd")]
     Etcd,
+    /// PostgreSQL for the ledger and, as advisory locks, for the locks too.
+    PostgresLocks,
 }
 
 /// The database and lock store a group of instances share.
@@ -82,6 +84,16 @@ impl Shared {
                     self.database.url().to_owned(),
                     "--lock-url".into(),
                     format!("{etcd}/payonce-tests/{}", self.namespace),
+                ]);
+            }
+            Backend::PostgresLocks => {
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    self.database.url().to_owned(),
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
                 ]);
             }
             Backend::Embedded => {

@@ -60,8 +60,9 @@ both_backends!(
 
 /// Runs each listed contract case on the other lock services: the service runs on them
 /// as it does on Redis. (Cases that pause a holder past its lease are not among them: a
-/// ZooKeeper session or an etcd lease lives on while its process does — the fault that
-/// takes them is a real process pause, `SIGSTOP`, in the strategies × faults matrix.)
+/// ZooKeeper session, an etcd lease or a PostgreSQL connection lives on while its process
+/// does — the fault that takes them is a real process pause, `SIGSTOP`, in the strategies
+/// × faults matrix.)
 macro_rules! other_lock_services {
     ($($case:ident),* $(,)?) => {
         mod on_zookeeper {
@@ -78,6 +79,14 @@ macro_rules! other_lock_services {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $case() {
                     crate::contract::$case(crate::helpers::Backend::Etcd).await;
+                }
+            )*
+        }
+        mod on_postgres_advisory_locks {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::PostgresLocks).await;
                 }
             )*
         }

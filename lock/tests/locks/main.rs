@@ -1,12 +1,13 @@
-//! The lock contract, checked against real Redis and ZooKeeper servers and against the
-//! in-process backend. The shared suite (`suite.rs`) runs on each; `redis_only.rs` and
-//! `zookeeper_only.rs` cover what only that server can show (requests counted, data wiped
-//! or kept across a restart, sessions ended, the server gone).
+//! The lock contract, checked against real Redis, ZooKeeper, etcd and PostgreSQL servers
+//! and against the in-process backend. The shared suite (`suite.rs`) runs on each;
+//! `<store>_only.rs` cover what only that server can show (requests counted, data wiped or
+//! kept across a restart, sessions ended, the server gone).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod demonstration;
 #[cfg(feature = "etcd")]
 mod etcd_only;
+mod postgres_only;
 mod redis_only;
 mod suite;
 mod zookeeper_only;
@@ -97,6 +98,11 @@ shared_suite!(
 );
 #[cfg(feature = "etcd")]
 shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
+shared_suite!(
+    postgres,
+    postgres_only::shared_postgres,
+    postgres_only::CountersLost::default
+);
 
 /// A lock store whose data can be lost, as a restart without persistence loses it.
 #[allow(async_fn_in_trait)]

@@ -80,12 +80,20 @@ pub async fn release_by_non_owner_keeps_the_holder(locks: LockService) {
     assert!(holder.release().await.unwrap());
 }
 
-/// Whether leases here are the process's session (ZooKeeper, etcd): then a grant does not
-/// expire by its TTL while the process lives, and the cases about a TTL running out in a
-/// live process cannot happen — they are shown per backend instead, with the session
-/// ended from outside (`zookeeper_only.rs`, `etcd_only.rs`).
+/// Whether leases here are a session — the process's (ZooKeeper, etcd) or the grant's
+/// connection (PostgreSQL): then a grant does not expire by its TTL while the process
+/// lives, and the cases about a TTL running out in a live process cannot happen — they
+/// are shown per backend instead, with the session ended from outside
+/// (`zookeeper_only.rs`, `etcd_only.rs`, `postgres_only.rs`).
 fn leases_are_sessions(locks: &LockService) -> bool {
-    matches!(locks.backend().sessions(), Sessions::PerProcess { .. })
+    !matches!(locks.backend().sessions(), Sessions::PerGrant)
+}
+
+/// Whether tokens come from a counter the store keeps per key (counting by one from the
+/// clock), rather than from the store's own change numbers (ZooKeeper's zxids, etcd's
+/// revisions).
+fn tokens_are_counted(locks: &LockService) -> bool {
+    !matches!(locks.backend().sessions(), Sessions::PerProcess { .. })
 }
 
 /// A holder whose lease expired cannot release its successor's lock.
@@ -478,7 +486,7 @@ pub async fn large_fencing_tokens_stay_exact(locks: LockService) {
     assert!(first.release().await.unwrap());
     let mut second = waiter.await.unwrap();
     assert!(second.fencing_token() > first.fencing_token());
-    if !leases_are_sessions(&locks) {
+    if tokens_are_counted(&locks) {
         assert_eq!(first.fencing_token().get(), floor + 1);
         assert_eq!(second.fencing_token().get(), floor + 2);
     }
@@ -504,7 +512,7 @@ pub async fn raise_fencing_never_lowers(locks: LockService) {
         .unwrap()
         .get();
     assert!(fresh >= 7);
-    if !leases_are_sessions(&locks) {
+    if tokens_are_counted(&locks) {
         assert!(
             fresh > 1_700_000_000_000_000,
             "{fresh} is not a clock reading"
@@ -524,7 +532,7 @@ pub async fn raise_fencing_never_lowers(locks: LockService) {
     assert!(again >= raised, "lowered from {raised} to {again}");
     let mut guard = locks.try_acquire(&key, SECOND).await.unwrap().unwrap();
     assert!(guard.fencing_token().get() > again);
-    if !leases_are_sessions(&locks) {
+    if tokens_are_counted(&locks) {
         assert_eq!(guard.fencing_token().get(), ABOVE_THE_CLOCK + 1);
     }
     guard.release().await.unwrap();

@@ -1,0 +1,617 @@
+//! Locks as PostgreSQL advisory locks: a session-level `pg_advisory_lock` held on a
+//! connection of its own for as long as the lock is held.
+//!
+//! - **The connection is the lease.** The server releases a session's advisory locks when
+//!   the session ends — the holder's process died, or the server or the network dropped
+//!   the connection — and never while it lives. So there is no TTL in the server: `extend`
+//!   asks, on the holder's own connection, whether it still holds the lock (one round
+//!   trip, the guard's heartbeat); a connection that broke answers false and `lost` fires.
+//! - **Waiting is the server's own queue.** `acquire` blocks in `pg_advisory_lock`, with
+//!   `lock_timeout` set (for that statement only) to what is left of the deadline; the
+//!   server grants waiters in arrival order and wakes exactly the next one on release. A
+//!   process sends at most one waiter per key to the server (the others wait their turn in
+//!   the process, first come first served), so a key costs at most two connections per
+//!   process: its holder's and its next waiter's.
+//! - **Fencing token**: a counter per key in `payonce_lock_fences`, bumped in the same
+//!   statement that takes the lock (the row is only written under the lock). Like Redis's,
+//!   it starts from the server's clock in microseconds, so a counter lost with the table
+//!   starts again above every token it handed out; `raise_fencing` lifts it.
+//! - A connection whose lock state is unknown — an error after the lock may have been
+//!   taken (session-level advisory locks ignore rollbacks), a call dropped mid-wait — is
+//!   closed, never returned to the pool: the server then frees whatever it held.
+//! - **Lock-delay** (when set): the row records whether its last holder released; a
+//!   successor that finds it did not waits the delay before using the lock (holding it).
+//! - The advisory lock's key is `hashtextextended(<namespace>:<key>, 0)`: two keys whose
+//!   64-bit hashes collide share a lock (more exclusion, never less); their counters stay
+//!   apart.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres, Row};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::error::LockError;
+use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::token::{FencingToken, OwnerToken};
+
+/// Settings for [`PostgresBackend`].
+#[derive(Clone, Debug)]
+pub struct PostgresOptions {
+    /// Prefixes every key, so deployments sharing a database never meet.
+    pub namespace: String,
+    /// Upper bound on connecting and on any one statement that does not wait for a lock.
+    pub op_timeout: Duration,
+    /// The most connections this process opens for locks: one per held lock, one per key
+    /// being waited for, a few for reads.
+    pub max_connections: u32,
+    /// Chubby's lock-delay: after a holder's connection ended without a release, its
+    /// successor holds the lock but waits this long before using it. Zero by default.
+    pub lock_delay: Duration,
+    /// The most waiters one key takes in this process; past it an acquire fails at once.
+    /// (The server's queue holds one per process, so there is no cap across processes.)
+    pub max_waiters: usize,
+}
+
+impl Default for PostgresOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "payonce".to_owned(),
+            op_timeout: Duration::from_secs(2),
+            max_connections: 64,
+            lock_delay: Duration::ZERO,
+            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+        }
+    }
+}
+
+/// The table of fencing counters (and the holder's note, and whether it released).
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS payonce_lock_fences (
+    lock_key text PRIMARY KEY,
+    fence bigint NOT NULL,
+    note text NOT NULL DEFAULT '',
+    holder_pid integer,
+    released boolean NOT NULL DEFAULT true,
+    last_released boolean NOT NULL DEFAULT true
+)";
+
+/// The server's clock in microseconds, where a counter starts.
+macro_rules! clock_micros {
+    () => {
+        "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+    };
+}
+
+/// The grant's bookkeeping, once the lock (in `locked`) is ours: bump the counter (from
+/// the row's latest version, which `ON CONFLICT` reads even when it committed after this
+/// statement began — as it does when we waited), note the holder, and say whether the
+/// last holder released. Parameters: $1 key, $2 note.
+macro_rules! record_grant {
+    () => {
+        concat!(
+            "INSERT INTO payonce_lock_fences AS f (lock_key, fence, note, holder_pid, released)
+             SELECT $1, ",
+            clock_micros!(),
+            ", $2, pg_backend_pid(), false FROM locked WHERE locked.ours
+             ON CONFLICT (lock_key) DO UPDATE
+               SET fence = f.fence + 1, note = EXCLUDED.note, holder_pid = EXCLUDED.holder_pid,
+                   last_released = f.released, released = false
+             RETURNING fence, last_released"
+        )
+    };
+}
+
+/// Waits for the lock (`lock_timeout` for this statement only: $3, e.g. `250ms`), then
+/// records the grant. One round trip.
+const ACQUIRE: &str = concat!(
+    "WITH timeout AS (SELECT set_config('lock_timeout', $3, true)),
+          locked AS (SELECT pg_advisory_lock(hashtextextended($1, 0)) IS NOT NULL AS ours
+                     FROM timeout)",
+    record_grant!()
+);
+
+/// Takes the lock if it is free, and records the grant; no row when it is not. One round
+/// trip.
+const TRY_ACQUIRE: &str = concat!(
+    "WITH locked AS (SELECT pg_try_advisory_lock(hashtextextended($1, 0)) AS ours)",
+    record_grant!()
+);
+
+/// Whether this session holds the lock. Parameter: $1 key.
+const HOLDS: &str = "SELECT EXISTS (
+    SELECT 1 FROM pg_locks
+    WHERE locktype = 'advisory' AND granted AND pid = pg_backend_pid() AND objsubid = 1
+      AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+      AND objid = (hashtextextended($1, 0) & 4294967295)::oid)";
+
+const UNLOCK: &str = "SELECT pg_advisory_unlock(hashtextextended($1, 0))";
+
+/// With a lock-delay: mark the row released (its row lock held until the statement
+/// commits, so a successor granted in between waits to read it), then unlock.
+const UNLOCK_RELEASED: &str = "WITH marked AS (
+    UPDATE payonce_lock_fences SET released = true WHERE lock_key = $1 RETURNING 1)
+  SELECT pg_advisory_unlock(hashtextextended($1, 0)) FROM marked";
+
+/// The holder's note, if a live session holds the lock. Parameter: $1 key.
+const HOLDER_NOTE: &str = "SELECT f.note FROM payonce_lock_fences f
+    JOIN pg_locks l ON l.locktype = 'advisory' AND l.granted AND l.pid = f.holder_pid
+      AND l.objsubid = 1
+      AND l.classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+      AND l.objid = (hashtextextended($1, 0) & 4294967295)::oid
+    WHERE f.lock_key = $1";
+
+/// Lifts the counter to at least $2. Parameters: $1 key, $2 floor.
+const RAISE: &str = concat!(
+    "INSERT INTO payonce_lock_fences AS f (lock_key, fence)
+     VALUES ($1, GREATEST($2, ",
+    clock_micros!(),
+    "))
+     ON CONFLICT (lock_key) DO UPDATE SET fence = GREATEST(f.fence, $2)
+     RETURNING fence"
+);
+
+/// SQLSTATE 55P03: `lock_timeout` ran out before the lock was granted.
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// SQLSTATE 42P01: the table is gone (dropped by hand, a database restored without it).
+const UNDEFINED_TABLE: &str = "42P01";
+
+/// A lock this process holds: its connection, kept out of the pool.
+struct Held {
+    key: String,
+    connection: Arc<tokio::sync::Mutex<Option<PoolConnection<Postgres>>>>,
+}
+
+/// Locks as PostgreSQL advisory locks. See the module docs.
+pub struct PostgresBackend {
+    pool: PgPool,
+    options: PostgresOptions,
+    /// The table was made (once per process, and again if it disappears).
+    schema_made: AtomicBool,
+    /// Held while making it, so a crowd of first calls makes it once.
+    making_schema: tokio::sync::Mutex<()>,
+    /// Per key, the turn to send a waiter to the server: one at a time, in arrival order.
+    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    held: Mutex<HashMap<OwnerToken, Held>>,
+    /// Statements sent, for benchmarks and tests.
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a statement failed, in the terms of the lock.
+fn failed(error: &sqlx::Error) -> LockError {
+    LockError::unavailable(format!("PostgreSQL: {error}"))
+}
+
+fn sqlstate(error: &sqlx::Error) -> Option<String> {
+    error
+        .as_database_error()
+        .and_then(|error| error.code())
+        .map(|code| code.into_owned())
+}
+
+/// A connection taken for an acquire: closed when dropped unless handed on, because an
+/// acquire that ends early — its call dropped mid-wait, an error after the lock may have
+/// been taken — leaves its lock state unknown.
+struct Taken(Option<PoolConnection<Postgres>>);
+
+impl Taken {
+    fn connection(&mut self) -> &mut PoolConnection<Postgres> {
+        self.0
+            .as_mut()
+            .expect("a taken connection is there until handed on")
+    }
+
+    /// The lock state is known: the connection may go back to the pool (or be held).
+    fn hand_on(mut self) -> PoolConnection<Postgres> {
+        self.0.take().expect("a taken connection is handed on once")
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            // Closing the socket ends the session, and the server frees its locks.
+            drop(connection.detach());
+        }
+    }
+}
+
+impl PostgresBackend {
+    /// A backend for `url` (`postgres://…`). Connects lazily; must be used inside a Tokio
+    /// runtime.
+    pub fn open(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
+        let connect: PgConnectOptions = url
+            .parse()
+            .map_err(|error| LockError::Invalid(format!("bad PostgreSQL URL: {error}")))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(2))
+            .min_connections(0)
+            .acquire_timeout(options.op_timeout)
+            .connect_lazy_with(connect.application_name("payonce-lock"));
+        Ok(Self {
+            pool,
+            options,
+            schema_made: AtomicBool::new(false),
+            making_schema: tokio::sync::Mutex::new(()),
+            turns: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Statements sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
+        // Inserts and removes cannot leave the map inconsistent.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The key as the table and the hash see it.
+    fn name(&self, key: &str) -> String {
+        format!("{}:{key}", self.options.namespace)
+    }
+
+    fn counted(&self) {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A connection from the pool, not past `deadline` nor the op timeout.
+    async fn connection(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<PoolConnection<Postgres>, LockError> {
+        let limit = Instant::now() + self.options.op_timeout;
+        let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
+        match timeout_at(limit, self.pool.acquire()).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(LockError::unavailable("PostgreSQL: no connection in time")),
+        }
+    }
+
+    /// Creates the table once.
+    async fn ensure_schema(&self) -> Result<(), LockError> {
+        if self.schema_made.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let _making = timeout_at(
+            Instant::now() + self.options.op_timeout,
+            self.making_schema.lock(),
+        )
+        .await
+        .map_err(|_| LockError::unavailable("PostgreSQL: still creating the lock table"))?;
+        if self.schema_made.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.counted();
+        let created = sqlx::query(SCHEMA).execute(&self.pool);
+        match timeout_at(Instant::now() + self.options.op_timeout, created).await {
+            Ok(Ok(_)) => {}
+            // Two processes creating it at once: one of them loses a race on the catalog,
+            // and the table is there all the same.
+            Ok(Err(error)) if sqlstate(&error).as_deref() == Some("23505") => {}
+            Ok(Err(error)) => return Err(failed(&error)),
+            Err(_) => return Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+        self.schema_made.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Why a statement failed; one that says the table is gone makes the next call
+    /// create it again.
+    fn failed(&self, error: &sqlx::Error) -> LockError {
+        if sqlstate(error).as_deref() == Some(UNDEFINED_TABLE) {
+            self.schema_made.store(false, Ordering::Release);
+        }
+        failed(error)
+    }
+
+    /// The turn of `key` in this process: one waiter at a time goes to the server.
+    fn turn(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        // Forget the turns nobody is using, so the map stays as small as the keys in use.
+        if turns.len() > 1024 {
+            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
+        }
+        turns.entry(key.to_owned()).or_default().clone()
+    }
+
+    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
+    /// `deadline` is `None` (then `Ok(None)` when it is held).
+    async fn take(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        if key.contains('\0') || note.contains('\0') {
+            return Err(LockError::Invalid(
+                "PostgreSQL text cannot hold a NUL character".to_owned(),
+            ));
+        }
+        let started = Instant::now();
+        let timed_out = || LockError::TimedOut {
+            key: key.to_owned(),
+            waited: started.elapsed(),
+        };
+        self.ensure_schema().await?;
+        let name = self.name(key);
+        // Our turn to wait in the server (in arrival order, in this process).
+        let turn = self.turn(&name);
+        let _turn = match deadline {
+            Some(deadline) => timeout_at(deadline, turn.lock_owned())
+                .await
+                .map_err(|_| timed_out())?,
+            None => match turn.try_lock_owned() {
+                Ok(turn) => turn,
+                // Someone of ours is waiting for it: it is held.
+                Err(_) => return Ok(None),
+            },
+        };
+        let connection = match self.connection(deadline).await {
+            Ok(connection) => connection,
+            // Our turn came too late to get a connection: the wait timed out.
+            Err(_) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                return Err(timed_out());
+            }
+            Err(error) => return Err(error),
+        };
+        let mut taken = Taken(Some(connection));
+        self.counted();
+        let granted = match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(timed_out());
+                }
+                // At least 1 ms: a lock_timeout of 0 would mean no limit at all.
+                let lock_timeout = format!("{}ms", left.as_millis().max(1));
+                let statement = sqlx::query(ACQUIRE)
+                    .bind(&name)
+                    .bind(note)
+                    .bind(lock_timeout)
+                    .fetch_optional(&mut **taken.connection());
+                // The server gives up at the deadline; this bounds a server gone silent.
+                match timeout_at(deadline + self.options.op_timeout, statement).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        return Err(LockError::unavailable("PostgreSQL did not answer in time"));
+                    }
+                }
+            }
+            None => {
+                let statement = sqlx::query(TRY_ACQUIRE)
+                    .bind(&name)
+                    .bind(note)
+                    .fetch_optional(&mut **taken.connection());
+                match timeout_at(Instant::now() + self.options.op_timeout, statement).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        return Err(LockError::unavailable("PostgreSQL did not answer in time"));
+                    }
+                }
+            }
+        };
+        let row = match granted {
+            Ok(Some(row)) => row,
+            // Not taken: the connection holds nothing, back to the pool.
+            Ok(None) => {
+                drop(taken.hand_on());
+                return Ok(None);
+            }
+            Err(error) if sqlstate(&error).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
+                drop(taken.hand_on());
+                return Err(timed_out());
+            }
+            // `taken` closes the connection: the lock may have been granted.
+            Err(error) => return Err(self.failed(&error)),
+        };
+        let fence: i64 = row.try_get("fence").map_err(|error| failed(&error))?;
+        let last_released: bool = row
+            .try_get("last_released")
+            .map_err(|error| failed(&error))?;
+        // The lock has no expiry in the server: the lease the guard keeps starts now, with
+        // the grant known, however long the wait was.
+        let granted_at = Instant::now();
+        let connection = taken.hand_on();
+        let owner = OwnerToken::random();
+        let held = Held {
+            key: name,
+            connection: Arc::new(tokio::sync::Mutex::new(Some(connection))),
+        };
+        if !last_released && !self.options.lock_delay.is_zero() {
+            let until = Instant::now() + self.options.lock_delay;
+            let usable = deadline.is_some_and(|deadline| until <= deadline);
+            if !usable {
+                // Held, but not usable before the caller gives up: hand it on.
+                let _ = self.unlock(&held).await;
+                return match deadline {
+                    None => Ok(None),
+                    Some(deadline) => {
+                        sleep_until(deadline).await;
+                        Err(timed_out())
+                    }
+                };
+            }
+            tracing::info!(
+                key,
+                delay = ?self.options.lock_delay,
+                "the last holder never released: waiting out the lock-delay"
+            );
+            sleep_until(until).await;
+        }
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            key,
+            owner,
+            FencingToken::new(fence.max(0).unsigned_abs()),
+            ttl,
+            granted_at,
+        )))
+    }
+
+    /// Gives the lock back on its own connection; the connection returns to the pool only
+    /// if the server answered (else it is closed, which frees the lock all the same).
+    /// Whether the lock was still held.
+    async fn unlock(&self, held: &Held) -> Result<bool, LockError> {
+        let mut slot = held.connection.lock().await;
+        let Some(mut connection) = slot.take() else {
+            return Ok(false);
+        };
+        let statement = if self.options.lock_delay.is_zero() {
+            UNLOCK
+        } else {
+            UNLOCK_RELEASED
+        };
+        self.counted();
+        let unlocked = sqlx::query_scalar::<_, bool>(statement)
+            .bind(&held.key)
+            .fetch_optional(&mut *connection);
+        match timeout_at(Instant::now() + self.options.op_timeout, unlocked).await {
+            Ok(Ok(unlocked)) => Ok(unlocked.unwrap_or(false)),
+            Ok(Err(error)) => {
+                drop(connection.detach());
+                Err(failed(&error))
+            }
+            Err(_) => {
+                drop(connection.detach());
+                Err(LockError::unavailable(
+                    "PostgreSQL did not answer in time; the lock's connection is closed",
+                ))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(key, ttl, None, note).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+        note: &str,
+    ) -> Result<Lease, LockError> {
+        match self.take(key, ttl, Some(deadline), note).await? {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        self.ensure_schema().await?;
+        self.counted();
+        let read = sqlx::query_scalar::<_, String>(HOLDER_NOTE)
+            .bind(self.name(key))
+            .fetch_optional(&self.pool);
+        match timeout_at(Instant::now() + self.options.op_timeout, read).await {
+            Ok(Ok(note)) => Ok(note),
+            Ok(Err(error)) => Err(self.failed(&error)),
+            Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.held().remove(&lease.owner()) else {
+            return Ok(false);
+        };
+        self.unlock(&held).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let (key, connection) = {
+            let held = self.held();
+            let Some(held) = held.get(&lease.owner()) else {
+                return Ok(false);
+            };
+            (held.key.clone(), held.connection.clone())
+        };
+        let mut slot = connection.lock().await;
+        let Some(open) = slot.as_mut() else {
+            return Ok(false);
+        };
+        self.counted();
+        let asked = sqlx::query_scalar::<_, bool>(HOLDS)
+            .bind(&key)
+            .fetch_one(&mut **open);
+        match timeout_at(Instant::now() + self.options.op_timeout, asked).await {
+            Ok(Ok(holds)) => Ok(holds),
+            // The connection broke: whatever it held, the server frees with it, and we can
+            // never use it again. Lost, for sure.
+            Ok(Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_))) => {
+                if let Some(connection) = slot.take() {
+                    drop(connection.detach());
+                }
+                Ok(false)
+            }
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        check_floor(floor)?;
+        self.ensure_schema().await?;
+        self.counted();
+        let floor = i64::try_from(floor.get()).unwrap_or(i64::MAX);
+        let raised = sqlx::query_scalar::<_, i64>(RAISE)
+            .bind(self.name(key))
+            .bind(floor)
+            .fetch_one(&self.pool);
+        match timeout_at(Instant::now() + self.options.op_timeout, raised).await {
+            Ok(Ok(fence)) => Ok(FencingToken::new(fence.max(0).unsigned_abs())),
+            Ok(Err(error)) => Err(self.failed(&error)),
+            Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.counted();
+        let pinged = sqlx::query("SELECT 1").execute(&self.pool);
+        match timeout_at(Instant::now() + self.options.op_timeout, pinged).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+    }
+
+    fn sessions(&self) -> Sessions {
+        Sessions::PerConnection
+    }
+}

@@ -1,0 +1,229 @@
+//! What only a PostgreSQL server can show: a holder's connection ended from outside, the
+//! server's own queue (one waiter per key per process in it), the statements a hand-off
+//! costs, exclusion and order across processes, and the lock-delay after a holder's
+//! connection ended. On the shared server (`DATABASE_URL`), each test under a namespace of
+//! its own; nothing here stops it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock::{LockService, PostgresBackend, PostgresOptions};
+use sqlx::PgPool;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn options(namespace: &str) -> PostgresOptions {
+    PostgresOptions {
+        namespace: namespace.to_owned(),
+        op_timeout: 5 * SECOND,
+        ..PostgresOptions::default()
+    }
+}
+
+fn namespace() -> String {
+    format!("test-{:016x}", rand::random::<u64>())
+}
+
+fn backend(namespace: &str, options: PostgresOptions) -> Arc<PostgresBackend> {
+    Arc::new(
+        PostgresBackend::open(
+            &database_url(),
+            PostgresOptions {
+                namespace: namespace.to_owned(),
+                ..options
+            },
+        )
+        .unwrap(),
+    )
+}
+
+/// The shared PostgreSQL, under a namespace of the test's own.
+pub fn shared_postgres() -> LockService {
+    LockService::postgres(&database_url(), options(&namespace())).unwrap()
+}
+
+/// A connection of the test's own, to look and to act from outside.
+async fn operator() -> PgPool {
+    PgPool::connect(&database_url()).await.unwrap()
+}
+
+/// Ends the session holding `key` under `namespace`, as an operator (or a dead network)
+/// would.
+async fn terminate_holder(operator: &PgPool, namespace: &str, key: &str) {
+    let terminated: bool = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(holder_pid) FROM payonce_lock_fences WHERE lock_key = $1",
+    )
+    .bind(format!("{namespace}:{key}"))
+    .fetch_one(operator)
+    .await
+    .unwrap();
+    assert!(terminated);
+}
+
+/// The counters of one namespace lost — as a database restored from a backup taken
+/// before they were written would lose them.
+pub struct CountersLost {
+    namespace: String,
+    locks: LockService,
+}
+
+impl Default for CountersLost {
+    fn default() -> Self {
+        let namespace = namespace();
+        let locks = LockService::postgres(&database_url(), options(&namespace)).unwrap();
+        Self { namespace, locks }
+    }
+}
+
+impl Store for CountersLost {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        sqlx::query("DELETE FROM payonce_lock_fences WHERE lock_key LIKE $1 || ':%'")
+            .bind(&self.namespace)
+            .execute(&operator().await)
+            .await
+            .unwrap();
+        self.locks.clone()
+    }
+}
+
+/// Ending the holder's connection from outside releases its lock at once: the waiter of
+/// another process gets it, the holder's `lost()` fires at its next heartbeat, and its
+/// release touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fires_when_the_connection_is_terminated() {
+    let namespace = namespace();
+    let holders = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let others = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let mut holder = holders
+        .try_acquire("k", 600 * Duration::from_millis(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let others = others.clone();
+        tokio::spawn(async move {
+            others
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+    let operator = operator().await;
+    terminate_holder(&operator, &namespace, "k").await;
+    let ended_at = Instant::now();
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(
+        ended_at.elapsed() < Duration::from_millis(500),
+        "granted {:?} after the holder's connection ended",
+        ended_at.elapsed()
+    );
+    timeout(2 * SECOND, holder.lost())
+        .await
+        .expect("lost() did not fire after the connection ended");
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// 32 waiters on one key from one process: the server's queue holds one of them at a time
+/// (the others wait their turn in the process), and each hand-off costs two statements —
+/// the release and the next waiter's wait — however long the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_waiter_per_process_in_the_servers_queue() {
+    let namespace = namespace();
+    let counted = backend(&namespace, options(&namespace));
+    let locks = LockService::from_arc(counted.clone());
+    let mut holder = locks
+        .try_acquire("hot", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiters: Vec<_> = (0..32)
+        .map(|_| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                    .await
+                    .unwrap();
+                assert!(guard.release().await.unwrap());
+            })
+        })
+        .collect();
+    sleep(SECOND).await;
+    let operator = operator().await;
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks
+         WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+           AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+           AND objid = (hashtextextended($1, 0) & 4294967295)::oid",
+    )
+    .bind(format!("{namespace}:hot"))
+    .fetch_one(&operator)
+    .await
+    .unwrap();
+    assert_eq!(waiting, 1);
+    let before = counted.requests();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    assert!(
+        per_hand_off <= 2.5,
+        "{per_hand_off:.2} statements per hand-off"
+    );
+}
+
+/// Two processes on one key: no two holders at once, no update lost, and waiters served
+/// in the order they started waiting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exclusion_and_arrival_order_hold_across_processes() {
+    let namespace = namespace();
+    let instances = [
+        LockService::from_arc(backend(&namespace, options(&namespace))),
+        LockService::from_arc(backend(&namespace, options(&namespace))),
+    ];
+    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::suite::served_in_arrival_order(&instances, 8).await;
+}
+
+/// Chubby's lock-delay on PostgreSQL: a holder whose connection ended without a release
+/// (terminated from outside) leaves its row marked unreleased, and its successor holds
+/// the lock but waits the delay before using it; a released lock goes on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_delay_holds_a_vanished_holders_key() {
+    let namespace = namespace();
+    let delay = Duration::from_millis(700);
+    let delayed = PostgresOptions {
+        lock_delay: delay,
+        ..options(&namespace)
+    };
+    let holders = LockService::from_arc(backend(&namespace, delayed.clone()));
+    let others = LockService::from_arc(backend(&namespace, delayed));
+    let holder = holders.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &holders,
+        &others,
+        delay,
+        |key| async move {
+            let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
+            terminate_holder(&operator().await, &namespace, &key).await;
+            drop(guard);
+            Duration::ZERO
+        },
+    )
+    .await;
+}
