@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL, Redis, ZooKeeper and etcd run on 127.0.0.1 (5432, 6379, 2181,
-# 2379), installing them from Debian's packages on a machine that lacks them. Idempotent:
-# what already runs is left alone. Used by scripts/test.sh, scripts/fuzz.sh and .ci/run.
+# Makes sure PostgreSQL, Redis, ZooKeeper, etcd, MariaDB and memcached run on 127.0.0.1
+# (5432, 6379, 2181, 2379, 3306, 11211), installing them from Debian's packages on a
+# machine that lacks them. Idempotent: what already runs is left alone. Used by
+# scripts/test.sh, scripts/fuzz.sh and .ci/run.
 set -euo pipefail
 
 as_root() {
@@ -118,6 +119,48 @@ if ! etcd_ok; then
   done
 fi
 etcd_ok || { echo "etcd did not start on 127.0.0.1:2379 (see /var/log/payonce/etcd.log)" >&2; exit 1; }
+
+# --- MariaDB -----------------------------------------------------------------
+# Debian's mariadb-server, on loopback; root may connect over TCP from 127.0.0.1 without a
+# password (this is a test machine), as the lock tests do.
+mariadb_ok() {
+  mysql -h 127.0.0.1 -P 3306 -u root -e 'select 1' >/dev/null 2>&1
+}
+command -v mariadbd >/dev/null || [ -x /usr/sbin/mariadbd ] || install mariadb-server
+if ! mariadb_ok; then
+  if ! mysqladmin ping >/dev/null 2>&1; then
+    as_root mkdir -p /run/mysqld
+    as_root chown mysql:mysql /run/mysqld 2>/dev/null || true
+    if [ -x /etc/init.d/mariadb ]; then
+      as_root /etc/init.d/mariadb start >/dev/null
+    else
+      as_root start-stop-daemon --start --oknodo --background --exec /usr/bin/mysqld_safe -- \
+        --bind-address=127.0.0.1
+    fi
+    for _ in $(seq 100); do
+      as_root mysqladmin ping >/dev/null 2>&1 && break
+      sleep 0.2
+    done
+  fi
+  mariadb_ok || as_root mysql -u root -e \
+    "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
+     GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
+fi
+mariadb_ok || { echo "MariaDB does not answer on 127.0.0.1:3306 as root" >&2; exit 1; }
+
+# --- memcached ---------------------------------------------------------------
+memcached_ok() {
+  [ "$(timeout 2 bash -c 'exec 3<>/dev/tcp/127.0.0.1/11211 && printf "version\r\n" >&3 && head -c 7 <&3' 2>/dev/null || true)" = VERSION ]
+}
+command -v memcached >/dev/null || install memcached
+if ! memcached_ok; then
+  as_root memcached -d -l 127.0.0.1 -p 11211 -U 0 -m 64 -u memcache
+  for _ in $(seq 50); do
+    memcached_ok && break
+    sleep 0.1
+  done
+fi
+memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1; }
 
 # --- protoc ------------------------------------------------------------------
 # The etcd client's gRPC code is generated when it is built (the `etcd` cargo feature).

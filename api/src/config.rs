@@ -274,6 +274,10 @@ pub enum LockUrl {
     Etcd(String),
     /// `postgres://` or `postgresql://`: PostgreSQL advisory locks.
     Postgres(String),
+    /// `mysql://`: a lock table in MySQL / MariaDB.
+    MySqlTable(String),
+    /// `mysql-row://`: InnoDB row locks in MySQL / MariaDB.
+    MySqlRow(String),
 }
 
 impl LockUrl {
@@ -285,8 +289,10 @@ impl LockUrl {
             Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
             Some("etcd") => Ok(Self::Etcd(url.to_owned())),
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
+            Some("mysql") => Ok(Self::MySqlTable(url.to_owned())),
+            Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd:// or postgres://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd://, postgres://, mysql:// or mysql-row://, got {}",
                 mask(url)
             ))),
         }
@@ -299,13 +305,20 @@ impl LockUrl {
             Self::ZooKeeper(_) => "ZooKeeper",
             Self::Etcd(_) => "etcd",
             Self::Postgres(_) => "PostgreSQL",
+            Self::MySqlTable(_) => "MySQL (lock table)",
+            Self::MySqlRow(_) => "MySQL (row locks)",
         }
     }
 
     /// The URL.
     pub fn url(&self) -> &str {
         match self {
-            Self::Redis(url) | Self::ZooKeeper(url) | Self::Etcd(url) | Self::Postgres(url) => url,
+            Self::Redis(url)
+            | Self::ZooKeeper(url)
+            | Self::Etcd(url)
+            | Self::Postgres(url)
+            | Self::MySqlTable(url)
+            | Self::MySqlRow(url) => url,
         }
     }
 }

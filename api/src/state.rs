@@ -257,6 +257,24 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
             };
             (LockService::postgres(url, options)?, Recipes::default())
         }
+        LockUrl::MySqlTable(url) => {
+            let options = lock::MySqlTableOptions {
+                namespace: config.redis_namespace.clone(),
+                max_waiters: config.lock_max_waiters,
+                lock_delay: config.lock_delay,
+                ..lock::MySqlTableOptions::default()
+            };
+            (LockService::mysql_table(url, options)?, Recipes::default())
+        }
+        LockUrl::MySqlRow(url) => {
+            let options = lock::MySqlRowOptions {
+                namespace: config.redis_namespace.clone(),
+                max_waiters: config.lock_max_waiters,
+                lock_delay: config.lock_delay,
+                ..lock::MySqlRowOptions::default()
+            };
+            (LockService::mysql_row(url, options)?, Recipes::default())
+        }
     })
 }
 

@@ -13,9 +13,9 @@
 //! - one key: the serial limit 1 / (hold + one round trip), the round trip being the median
 //!   of sequential PINGs.
 //!
-//! With `--backend zookeeper`, `--backend etcd` (`--features etcd`) or `--backend
-//! postgres` (advisory locks), the backend runs beside payonce's Redis lock in alternating
-//! order, with the same clients and keys, and
+//! With `--backend zookeeper`, `etcd` (`--features etcd`), `postgres` (advisory locks),
+//! `mysql` (a lock table), `mysql-row` (InnoDB row locks) or `memcached`, the backend runs
+//! beside payonce's Redis lock in alternating order, with the same clients and keys, and
 //! the summary prints both, their ratio, and the requests each sends per acquire+release
 //! (counted by the client).
 //!
@@ -48,8 +48,8 @@ struct Args {
     /// Measurement rounds; figures are medians over rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`), `postgres` or `in-process`
-    /// (no baselines).
+    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`), `postgres`, `mysql`,
+    /// `mysql-row`, `memcached` or `in-process` (no baselines).
     #[arg(long, default_value = "redis")]
     backend: String,
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
@@ -64,6 +64,12 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
+    #[arg(
+        long,
+        env = "MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
+    )]
+    mysql_url: String,
     /// Skip the baselines.
     #[arg(long)]
     no_baselines: bool,
@@ -90,7 +96,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "lock bench: backend={} clients={} keys={} hold={}ms seconds={} rounds={}",
         args.backend, args.clients, args.keys, args.hold_ms, args.seconds, args.rounds
     );
-    if matches!(args.backend.as_str(), "zookeeper" | "etcd" | "postgres") {
+    if args.backend != "redis" && args.backend != "in-process" {
         return side_by_side(&args).await;
     }
     let redis = args.backend == "redis";
@@ -255,6 +261,37 @@ fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::erro
                 requests: Box::new(move || counter.requests()),
             }
         }
+        "mysql" => {
+            let backend = Arc::new(lock::MySqlTableBackend::open(
+                &args.mysql_url,
+                lock::MySqlTableOptions {
+                    namespace: run,
+                    max_connections: 32,
+                    ..lock::MySqlTableOptions::default()
+                },
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
+        "mysql-row" => {
+            let backend = Arc::new(lock::MySqlRowBackend::open(
+                &args.mysql_url,
+                lock::MySqlRowOptions {
+                    namespace: run,
+                    ..lock::MySqlRowOptions::default()
+                },
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
         other => return Err(format!("no backend {other:?} in this build").into()),
     })
 }
@@ -265,7 +302,11 @@ async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let name = match args.backend.as_str() {
         "zookeeper" => "zookeeper",
         "etcd" => "etcd",
-        _ => "postgres",
+        "postgres" => "postgres",
+        "mysql" => "mysql",
+        "mysql-row" => "mysql-row",
+        "memcached" => "memcached",
+        other => return Err(format!("no backend {other:?}").into()),
     };
     let services = [counted(name, args)?, counted("redis", args)?];
     for service in &services {

@@ -80,12 +80,15 @@ mod error;
 mod etcd;
 mod guard;
 mod in_process;
+mod mysql_row;
+mod mysql_table;
 mod postgres;
 pub mod recipes;
 mod redis_backend;
 mod redlock;
 mod service;
 mod token;
+mod turns;
 mod zookeeper;
 
 #[cfg(feature = "test-support")]
@@ -96,6 +99,8 @@ pub use error::LockError;
 pub use etcd::{EtcdBackend, EtcdOptions};
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
+pub use mysql_row::{MySqlRowBackend, MySqlRowOptions};
+pub use mysql_table::{MySqlTableBackend, MySqlTableOptions};
 pub use postgres::{PostgresBackend, PostgresOptions};
 pub use redis_backend::{RedisBackend, RedisOptions};
 pub use redlock::{Redlock, RedlockGuard};

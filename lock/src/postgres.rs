@@ -40,6 +40,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use crate::error::LockError;
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
+use crate::turns::Turns;
 
 /// Settings for [`PostgresBackend`].
 #[derive(Clone, Debug)]
@@ -176,7 +177,7 @@ pub struct PostgresBackend {
     /// Held while making it, so a crowd of first calls makes it once.
     making_schema: tokio::sync::Mutex<()>,
     /// Per key, the turn to send a waiter to the server: one at a time, in arrival order.
-    turns: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    turns: Turns,
     held: Mutex<HashMap<OwnerToken, Held>>,
     /// Statements sent, for benchmarks and tests.
     requests: AtomicU64,
@@ -246,7 +247,7 @@ impl PostgresBackend {
             options,
             schema_made: AtomicBool::new(false),
             making_schema: tokio::sync::Mutex::new(()),
-            turns: Mutex::new(HashMap::new()),
+            turns: Turns::default(),
             held: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
         })
@@ -322,16 +323,6 @@ impl PostgresBackend {
         failed(error)
     }
 
-    /// The turn of `key` in this process: one waiter at a time goes to the server.
-    fn turn(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        // Forget the turns nobody is using, so the map stays as small as the keys in use.
-        if turns.len() > 1024 {
-            turns.retain(|_, turn| Arc::strong_count(turn) > 1);
-        }
-        turns.entry(key.to_owned()).or_default().clone()
-    }
-
     /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
     /// `deadline` is `None` (then `Ok(None)` when it is held).
     async fn take(
@@ -356,16 +347,14 @@ impl PostgresBackend {
         self.ensure_schema().await?;
         let name = self.name(key);
         // Our turn to wait in the server (in arrival order, in this process).
-        let turn = self.turn(&name);
-        let _turn = match deadline {
-            Some(deadline) => timeout_at(deadline, turn.lock_owned())
-                .await
-                .map_err(|_| timed_out())?,
-            None => match turn.try_lock_owned() {
-                Ok(turn) => turn,
-                // Someone of ours is waiting for it: it is held.
-                Err(_) => return Ok(None),
-            },
+        let Some(_turn) = self
+            .turns
+            .wait(&name, deadline)
+            .await
+            .map_err(|()| timed_out())?
+        else {
+            // Someone of ours is waiting for it: it is held.
+            return Ok(None);
         };
         let connection = match self.connection(deadline).await {
             Ok(connection) => connection,

@@ -313,6 +313,34 @@ impl LockService {
         Ok(Self::new(RedisBackend::open(url, options)?).with_max_waiters(max_waiters))
     }
 
+    /// Locks as rows of a table in the MySQL / MariaDB database at `url`
+    /// (`mysql://…/<database>`), with its cap on waiters per key in this process.
+    /// Connects lazily.
+    pub fn mysql_table(
+        url: &str,
+        options: crate::mysql_table::MySqlTableOptions,
+    ) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(
+            Self::new(crate::mysql_table::MySqlTableBackend::open(url, options)?)
+                .with_max_waiters(max_waiters),
+        )
+    }
+
+    /// Locks as InnoDB row locks in the MySQL / MariaDB database at `url`
+    /// (`mysql-row://…/<database>`), with its cap on waiters per key in this process.
+    /// Connects lazily.
+    pub fn mysql_row(
+        url: &str,
+        options: crate::mysql_row::MySqlRowOptions,
+    ) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(
+            Self::new(crate::mysql_row::MySqlRowBackend::open(url, options)?)
+                .with_max_waiters(max_waiters),
+        )
+    }
+
     /// Locks as advisory locks in the PostgreSQL at `url` (`postgres://…`), with its cap
     /// on waiters per key in this process. Connects lazily.
     pub fn postgres(

@@ -150,6 +150,23 @@ async fn unreachable_lock_database_is_503_and_nothing_is_lost() {
     unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
 }
 
+/// The same with MariaDB unreachable, for the lock table and for row locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_mysql_is_503_and_nothing_is_lost() {
+    for (backend, scheme) in [
+        (Backend::MySqlTable, "mysql"),
+        (Backend::MySqlRow, "mysql-row"),
+    ] {
+        let shared = Shared::new(backend).await;
+        let mut config = shared.config(&[]);
+        config.lock_url = Some(format!(
+            "{scheme}://root@127.0.0.1:{}/payonce_locks",
+            free_port().unwrap()
+        ));
+        unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+    }
+}
+
 async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;

@@ -26,6 +26,10 @@ pub enum Backend {
     Etcd,
     /// PostgreSQL for the ledger and, as advisory locks, for the locks too.
     PostgresLocks,
+    /// PostgreSQL + a lock table in MariaDB (`MYSQL_URL`, else root@127.0.0.1:3306).
+    MySqlTable,
+    /// PostgreSQL + InnoDB row locks in MariaDB.
+    MySqlRow,
 }
 
 /// The database and lock store a group of instances share.
@@ -92,6 +96,23 @@ impl Shared {
                     self.database.url().to_owned(),
                     "--lock-url".into(),
                     self.database.url().to_owned(),
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
+                ]);
+            }
+            Backend::MySqlTable | Backend::MySqlRow => {
+                let mysql = std::env::var("MYSQL_URL")
+                    .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/payonce_locks".into());
+                let mysql = if self.backend == Backend::MySqlRow {
+                    mysql.replacen("mysql://", "mysql-row://", 1)
+                } else {
+                    mysql
+                };
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    mysql,
                     "--redis-namespace".into(),
                     self.namespace.clone(),
                 ]);

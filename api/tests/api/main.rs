@@ -82,6 +82,22 @@ macro_rules! other_lock_services {
                 }
             )*
         }
+        mod on_mysql_lock_table {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::MySqlTable).await;
+                }
+            )*
+        }
+        mod on_mysql_row_locks {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::MySqlRow).await;
+                }
+            )*
+        }
         mod on_postgres_advisory_locks {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

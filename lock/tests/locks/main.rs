@@ -7,6 +7,7 @@
 mod demonstration;
 #[cfg(feature = "etcd")]
 mod etcd_only;
+mod mysql_only;
 mod postgres_only;
 mod redis_only;
 mod suite;
@@ -98,6 +99,16 @@ shared_suite!(
 );
 #[cfg(feature = "etcd")]
 shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
+shared_suite!(
+    mysql_table,
+    mysql_only::shared_mysql_table,
+    mysql_only::TableRowsLost::default
+);
+shared_suite!(
+    mysql_row,
+    mysql_only::shared_mysql_row,
+    mysql_only::RowCountersLost::default
+);
 shared_suite!(
     postgres,
     postgres_only::shared_postgres,

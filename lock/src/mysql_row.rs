@@ -1,0 +1,655 @@
+//! Locks as InnoDB row locks — the seeds' second database scheme: a row per key, locked
+//! with `SELECT … FOR UPDATE` inside a transaction held open on a connection of its own
+//! for as long as the lock is held.
+//!
+//! - **The transaction is the lease.** COMMIT releases the lock; a connection that dies
+//!   (the holder's process, the network, the server) rolls its transaction back and frees
+//!   it. MariaDB's `idle_transaction_timeout` is set to the lease (whole seconds, at least
+//!   one) on the holder's session: a holder that stops heartbeating — paused, cut off —
+//!   has its transaction killed by the server then, so a paused holder does not keep the
+//!   lock forever. `extend` is the heartbeat: one statement on the holder's connection.
+//! - **Waiting is the server's own queue**: `FOR UPDATE WAIT <seconds>` (whole seconds,
+//!   rounded up from what is left of the deadline), the caller giving up at the deadline
+//!   itself by closing the connection. One waiter per key per process is in the server's
+//!   queue; the others wait their turn in the process.
+//! - **Fencing token**: a counter per key in `payonce_lock_fences`, bumped by an
+//!   autocommitted statement on another connection once the row lock is granted. Not in
+//!   the locked row itself: a bump inside the holder's transaction would be rolled back
+//!   with it when the holder dies, and its successor would be handed the same token. Grants
+//!   are serialised by the row lock, so the bumps are too; the counter starts from the
+//!   server's clock in microseconds and `raise_fencing` lifts it.
+//! - The lock's statements carry the key as a hexadecimal literal (never as text), so the
+//!   transaction's opening and its wait go in one round trip.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::pool::PoolConnection;
+use sqlx::{AssertSqlSafe, MySql, MySqlPool};
+use tokio::time::{Instant, timeout_at};
+
+use crate::error::LockError;
+use crate::mysql_table::{MAX_KEY, create_database, failed, split_database, too_slow};
+use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::token::{FencingToken, OwnerToken};
+use crate::turns::Turns;
+
+/// Settings for [`MySqlRowBackend`].
+#[derive(Clone, Debug)]
+pub struct MySqlRowOptions {
+    /// Prefixes every key, so deployments sharing the tables never meet.
+    pub namespace: String,
+    /// Upper bound on connecting and on any one statement that does not wait for a lock.
+    pub op_timeout: Duration,
+    /// The most connections this process opens for locks: one per held lock, one per key
+    /// being waited for, a few for the counters.
+    pub max_connections: u32,
+    /// The most waiters one key takes in this process; past it an acquire fails at once.
+    pub max_waiters: usize,
+    /// Chubby's lock-delay: after a holder's transaction ended without a release, its
+    /// successor holds the lock but waits this long before using it. Zero by default.
+    pub lock_delay: Duration,
+}
+
+impl Default for MySqlRowOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "payonce".to_owned(),
+            op_timeout: Duration::from_secs(2),
+            max_connections: 64,
+            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+            lock_delay: Duration::ZERO,
+        }
+    }
+}
+
+const SCHEMA: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS payonce_lock_rows (
+        lock_key VARBINARY(255) NOT NULL PRIMARY KEY
+    ) ENGINE=InnoDB",
+    "CREATE TABLE IF NOT EXISTS payonce_lock_fences (
+        lock_key VARBINARY(255) NOT NULL PRIMARY KEY,
+        fence BIGINT NOT NULL,
+        note VARBINARY(256) NOT NULL DEFAULT '',
+        released BOOLEAN NOT NULL DEFAULT TRUE,
+        last_released BOOLEAN NOT NULL DEFAULT TRUE
+    ) ENGINE=InnoDB",
+];
+
+/// Makes a key's row (once: a row that is there already is left alone). Parameter: key.
+const MAKE_ROW: &str = "INSERT IGNORE INTO payonce_lock_rows (lock_key) VALUES (?)";
+
+/// Bumps the counter once the row lock is ours, notes the holder, and (for the lock-delay)
+/// keeps whether the last holder released, marking this one unreleased; the new token is
+/// the reported insert id. Parameters: key, note, note.
+const BUMP: &str = "INSERT INTO payonce_lock_fences (lock_key, fence, note, released)
+    VALUES (?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)), ?, FALSE)
+    ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), note = ?,
+        last_released = released, released = FALSE";
+
+/// Whether the holder before this one released (lock-delay only). Parameter: key.
+const LAST_RELEASED: &str = "SELECT last_released FROM payonce_lock_fences WHERE lock_key = ?";
+
+/// Lifts the counter to at least the floor; reports it. Parameters: key, floor, floor.
+const RAISE: &str = "INSERT INTO payonce_lock_fences (lock_key, fence)
+    VALUES (?, LAST_INSERT_ID(GREATEST(?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))))
+    ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, ?))";
+
+/// MariaDB's "lock wait timeout exceeded" (also what `NOWAIT` answers).
+const LOCK_WAIT_TIMEOUT: u16 = 1205;
+
+/// A lock this process holds: its connection, inside the open transaction.
+struct Held {
+    key: String,
+    connection: Arc<tokio::sync::Mutex<Option<PoolConnection<MySql>>>>,
+}
+
+/// Locks as InnoDB row locks. See the module docs.
+pub struct MySqlRowBackend {
+    pool: MySqlPool,
+    server: MySqlConnectOptions,
+    database: String,
+    options: MySqlRowOptions,
+    schema_made: AtomicBool,
+    making_schema: tokio::sync::Mutex<()>,
+    turns: Turns,
+    held: Mutex<HashMap<OwnerToken, Held>>,
+    /// Statements (round trips) sent, for benchmarks and tests.
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for MySqlRowBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MySqlRowBackend")
+            .field("database", &self.database)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A connection taken for an acquire: closed when dropped unless handed on, because an
+/// acquire that ends early — its call dropped mid-wait, an error after the row may have
+/// been locked — leaves its transaction's state unknown. (A closed connection's
+/// transaction is rolled back by the server, and its lock freed.)
+struct Taken(Option<PoolConnection<MySql>>);
+
+impl Taken {
+    fn connection(&mut self) -> &mut PoolConnection<MySql> {
+        self.0
+            .as_mut()
+            .expect("a taken connection is there until handed on")
+    }
+
+    fn hand_on(mut self) -> PoolConnection<MySql> {
+        self.0.take().expect("a taken connection is handed on once")
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            drop(connection.detach());
+        }
+    }
+}
+
+/// A key's bytes as a MySQL hexadecimal literal: safe to write into a statement.
+fn hex_literal(name: &str) -> String {
+    let mut literal = String::with_capacity(3 + 2 * name.len());
+    literal.push_str("X'");
+    for byte in name.bytes() {
+        literal.push_str(&format!("{byte:02x}"));
+    }
+    literal.push('\'');
+    literal
+}
+
+fn is_lock_wait_timeout(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+        .is_some_and(|error| error.number() == LOCK_WAIT_TIMEOUT)
+}
+
+impl MySqlRowBackend {
+    /// A backend for `url` (`mysql-row://user[:password]@host[:port]/<database>`, or
+    /// `mysql://…`; the database and its tables are created on first use). Connects
+    /// lazily; must be used inside a Tokio runtime.
+    pub fn open(url: &str, options: MySqlRowOptions) -> Result<Self, LockError> {
+        let url = match url.strip_prefix("mysql-row://") {
+            Some(rest) => format!("mysql://{rest}"),
+            None => url.to_owned(),
+        };
+        let (connect, server, database) = split_database(&url)?;
+        let pool = MySqlPoolOptions::new()
+            .max_connections(options.max_connections.max(2))
+            .min_connections(0)
+            .acquire_timeout(options.op_timeout)
+            .connect_lazy_with(connect);
+        Ok(Self {
+            pool,
+            server,
+            database,
+            options,
+            schema_made: AtomicBool::new(false),
+            making_schema: tokio::sync::Mutex::new(()),
+            turns: Turns::default(),
+            held: Mutex::new(HashMap::new()),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Statements (round trips) sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
+        // Inserts and removes cannot leave the map inconsistent.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn name(&self, key: &str) -> Result<String, LockError> {
+        let name = format!("{}:{key}", self.options.namespace);
+        if name.len() > MAX_KEY {
+            return Err(LockError::Invalid(format!(
+                "a MySQL lock key is at most {MAX_KEY} bytes with its namespace"
+            )));
+        }
+        Ok(name)
+    }
+
+    /// Runs one statement, bounded by `limit` (or the op timeout), counted.
+    async fn run<T>(
+        &self,
+        limit: Option<Instant>,
+        statement: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, sqlx::Error> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let limit = limit.unwrap_or_else(|| Instant::now() + self.options.op_timeout);
+        match timeout_at(limit, statement).await {
+            Ok(answer) => answer,
+            Err(_) => Err(sqlx::Error::PoolTimedOut),
+        }
+    }
+
+    fn failed(&self, error: &sqlx::Error) -> LockError {
+        if matches!(error, sqlx::Error::PoolTimedOut) {
+            return too_slow();
+        }
+        // The tables are gone (dropped by hand, a restore without them): made again next.
+        if error
+            .as_database_error()
+            .and_then(|error| error.code())
+            .is_some_and(|code| code == "42S02")
+        {
+            self.schema_made.store(false, Ordering::Release);
+        }
+        failed(error)
+    }
+
+    async fn ensure_schema(&self) -> Result<(), LockError> {
+        if self.schema_made.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let limit = Instant::now() + self.options.op_timeout;
+        let _making = timeout_at(limit, self.making_schema.lock())
+            .await
+            .map_err(|_| too_slow())?;
+        if self.schema_made.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        create_database(&self.server, &self.database, limit).await?;
+        for table in SCHEMA {
+            self.run(None, sqlx::query(table).execute(&self.pool))
+                .await
+                .map_err(|error| self.failed(&error))?;
+        }
+        self.schema_made.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// A connection from the pool, not past `deadline` nor the op timeout.
+    async fn connection(
+        &self,
+        deadline: Option<Instant>,
+    ) -> Result<PoolConnection<MySql>, LockError> {
+        let limit = Instant::now() + self.options.op_timeout;
+        let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
+        match timeout_at(limit, self.pool.acquire()).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(LockError::unavailable("MySQL: no connection in time")),
+        }
+    }
+
+    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
+    /// `deadline` is `None` (then `Ok(None)` when it is held).
+    async fn take(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        let name = self.name(key)?;
+        let started = Instant::now();
+        let timed_out = || LockError::TimedOut {
+            key: key.to_owned(),
+            waited: started.elapsed(),
+        };
+        self.ensure_schema().await?;
+        let Some(_turn) = self
+            .turns
+            .wait(&name, deadline)
+            .await
+            .map_err(|()| timed_out())?
+        else {
+            return Ok(None);
+        };
+        let connection = match self.connection(deadline).await {
+            Ok(connection) => connection,
+            Err(_) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
+                return Err(timed_out());
+            }
+            Err(error) => return Err(error),
+        };
+        let mut taken = Taken(Some(connection));
+        // The server's own lease on the holder: a transaction idle this long is killed.
+        let idle = ttl.as_secs_f64().ceil().max(1.0);
+        let (wait, limit) = match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return Err(timed_out());
+                }
+                (
+                    format!("WAIT {}", left.as_secs_f64().ceil().max(1.0)),
+                    Some(deadline),
+                )
+            }
+            None => ("NOWAIT".to_owned(), None),
+        };
+        let lock = format!(
+            "SET SESSION idle_transaction_timeout = {idle};
+             START TRANSACTION;
+             SELECT 1 FROM payonce_lock_rows WHERE lock_key = {} FOR UPDATE {wait}",
+            hex_literal(&name)
+        );
+        let mut made_row = false;
+        loop {
+            let locked = self
+                .run(
+                    limit,
+                    sqlx::raw_sql(AssertSqlSafe(lock.clone()))
+                        .fetch_optional(&mut **taken.connection()),
+                )
+                .await;
+            match locked {
+                Ok(Some(_)) => break,
+                // No row for the key yet: make it, and lock it.
+                Ok(None) if !made_row => {
+                    made_row = true;
+                    let rolled_back = self
+                        .run(
+                            None,
+                            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
+                        )
+                        .await;
+                    if let Err(error) = rolled_back {
+                        return Err(self.failed(&error));
+                    }
+                    self.run(None, sqlx::query(MAKE_ROW).bind(&name).execute(&self.pool))
+                        .await
+                        .map_err(|error| self.failed(&error))?;
+                }
+                Ok(None) => {
+                    return Err(LockError::unavailable(
+                        "MySQL: the lock's row vanished as it was made",
+                    ));
+                }
+                Err(error) if is_lock_wait_timeout(&error) => {
+                    // Nothing locked; the transaction is still open: roll it back, and
+                    // the connection can go back to the pool.
+                    let rolled_back = self
+                        .run(
+                            None,
+                            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
+                        )
+                        .await;
+                    if rolled_back.is_ok() {
+                        drop(taken.hand_on());
+                    }
+                    return match deadline {
+                        None => Ok(None),
+                        Some(_) => Err(timed_out()),
+                    };
+                }
+                // Our own deadline, hit mid-wait: `taken` closes the connection.
+                Err(sqlx::Error::PoolTimedOut) if deadline.is_some() => {
+                    return Err(timed_out());
+                }
+                Err(error) => return Err(self.failed(&error)),
+            }
+        }
+        // The row is ours: bump the counter on another connection, committed at once.
+        let bumped = self
+            .run(
+                None,
+                sqlx::query(BUMP)
+                    .bind(&name)
+                    .bind(note)
+                    .bind(note)
+                    .execute(&self.pool),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        let held = Held {
+            key: name,
+            connection: Arc::new(tokio::sync::Mutex::new(Some(taken.hand_on()))),
+        };
+        if !self.options.lock_delay.is_zero() && !self.usable(&held, deadline).await? {
+            return match deadline {
+                None => Ok(None),
+                Some(_) => Err(timed_out()),
+            };
+        }
+        let granted_at = Instant::now();
+        let owner = OwnerToken::random();
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            key,
+            owner,
+            FencingToken::new(bumped.last_insert_id()),
+            ttl,
+            granted_at,
+        )))
+    }
+
+    /// Lock-delay at a grant: if the last holder never released, waits the delay holding
+    /// the lock — unless that would pass `deadline`, when the lock is handed on and the
+    /// answer is `false`.
+    async fn usable(&self, held: &Held, deadline: Option<Instant>) -> Result<bool, LockError> {
+        let released: Option<bool> = self
+            .run(
+                None,
+                sqlx::query_scalar(LAST_RELEASED)
+                    .bind(&held.key)
+                    .fetch_optional(&self.pool),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        if released.unwrap_or(true) {
+            return Ok(true);
+        }
+        let until = Instant::now() + self.options.lock_delay;
+        match deadline {
+            Some(deadline) if until <= deadline => {
+                tracing::info!(
+                    key = held.key,
+                    delay = ?self.options.lock_delay,
+                    "the last holder never released: waiting out the lock-delay"
+                );
+                tokio::time::sleep_until(until).await;
+                Ok(true)
+            }
+            _ => {
+                self.commit(held, false).await?;
+                if let Some(deadline) = deadline {
+                    tokio::time::sleep_until(deadline).await;
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Ends the holder's transaction, freeing the row; with a lock-delay and `released`,
+    /// marks the release inside that same transaction — so a holder whose transaction
+    /// died marks nothing. Whether the lock was still ours.
+    async fn commit(&self, held: &Held, released: bool) -> Result<bool, LockError> {
+        let mut slot = held.connection.lock().await;
+        let Some(mut connection) = slot.take() else {
+            return Ok(false);
+        };
+        let commit = if released && !self.options.lock_delay.is_zero() {
+            format!(
+                "UPDATE payonce_lock_fences SET released = TRUE WHERE lock_key = {}; COMMIT",
+                hex_literal(&held.key)
+            )
+        } else {
+            "COMMIT".to_owned()
+        };
+        match self
+            .run(
+                None,
+                sqlx::raw_sql(AssertSqlSafe(commit)).execute(&mut *connection),
+            )
+            .await
+        {
+            Ok(_) => Ok(true),
+            // The connection is gone (killed idle, the network, the server): so is its
+            // transaction, and the lock with it. Not ours to release any more.
+            Err(sqlx::Error::Io(_) | sqlx::Error::Protocol(_)) => {
+                drop(connection.detach());
+                Ok(false)
+            }
+            Err(error) => {
+                drop(connection.detach());
+                Err(self.failed(&error))
+            }
+        }
+    }
+
+    /// Whether a row lock on `name` is held by anyone: a shared-lock probe that does not
+    /// wait, rolled back at once.
+    async fn is_locked(&self, name: &str) -> Result<bool, LockError> {
+        let mut taken = Taken(Some(self.connection(None).await?));
+        let probe = format!(
+            "START TRANSACTION;
+             SELECT 1 FROM payonce_lock_rows WHERE lock_key = {} LOCK IN SHARE MODE NOWAIT",
+            hex_literal(name)
+        );
+        let probed = self
+            .run(
+                None,
+                sqlx::raw_sql(AssertSqlSafe(probe)).fetch_optional(&mut **taken.connection()),
+            )
+            .await;
+        let locked = match probed {
+            Ok(_) => false,
+            Err(error) if is_lock_wait_timeout(&error) => true,
+            Err(error) => return Err(self.failed(&error)),
+        };
+        self.run(
+            None,
+            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
+        )
+        .await
+        .map_err(|error| self.failed(&error))?;
+        drop(taken.hand_on());
+        Ok(locked)
+    }
+}
+
+#[async_trait]
+impl LockBackend for MySqlRowBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(key, ttl, None, note).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+        note: &str,
+    ) -> Result<Lease, LockError> {
+        match self.take(key, ttl, Some(deadline), note).await? {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        let name = self.name(key)?;
+        self.ensure_schema().await?;
+        if !self.is_locked(&name).await? {
+            return Ok(None);
+        }
+        let note: Option<Vec<u8>> = self
+            .run(
+                None,
+                sqlx::query_scalar("SELECT note FROM payonce_lock_fences WHERE lock_key = ?")
+                    .bind(&name)
+                    .fetch_optional(&self.pool),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        Ok(note.map(|note| String::from_utf8_lossy(&note).into_owned()))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.held().remove(&lease.owner()) else {
+            return Ok(false);
+        };
+        self.commit(&held, true).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let connection = {
+            let held = self.held();
+            let Some(held) = held.get(&lease.owner()) else {
+                return Ok(false);
+            };
+            held.connection.clone()
+        };
+        let mut slot = connection.lock().await;
+        let Some(open) = slot.as_mut() else {
+            return Ok(false);
+        };
+        // Alive, inside its transaction: the row is still locked by it.
+        match self
+            .run(None, sqlx::raw_sql("SELECT 1").execute(&mut **open))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::PoolTimedOut) => Err(too_slow()),
+            Err(_) => {
+                if let Some(connection) = slot.take() {
+                    drop(connection.detach());
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        check_floor(floor)?;
+        let name = self.name(key)?;
+        self.ensure_schema().await?;
+        let floor = i64::try_from(floor.get()).unwrap_or(i64::MAX);
+        let raised = self
+            .run(
+                None,
+                sqlx::query(RAISE)
+                    .bind(name)
+                    .bind(floor)
+                    .bind(floor)
+                    .execute(&self.pool),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        Ok(FencingToken::new(raised.last_insert_id()))
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.run(None, sqlx::query("SELECT 1").execute(&self.pool))
+            .await
+            .map_err(|error| self.failed(&error))?;
+        Ok(())
+    }
+
+    fn sessions(&self) -> Sessions {
+        Sessions::PerConnection
+    }
+}

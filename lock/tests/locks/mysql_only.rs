@@ -1,0 +1,374 @@
+//! What only MySQL / MariaDB can show: exclusion across processes through the lock table,
+//! its expiry judged by the server's clock, the statements a hand-off costs; and for row
+//! locks, the server's queue across processes, a holder's connection killed, and a paused
+//! holder's transaction ended by the server. On the
+//! shared server (`MYSQL_URL`, else root@127.0.0.1:3306, database `payonce_locks`), each
+//! test under a namespace of its own; nothing here stops it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock::{LockService, MySqlRowOptions, MySqlTableBackend, MySqlTableOptions};
+use sqlx::MySqlPool;
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+pub fn mysql_url() -> String {
+    std::env::var("MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/payonce_locks".into())
+}
+
+pub fn namespace() -> String {
+    format!("test-{:016x}", rand::random::<u64>())
+}
+
+fn table_options(namespace: &str) -> MySqlTableOptions {
+    MySqlTableOptions {
+        namespace: namespace.to_owned(),
+        op_timeout: 5 * SECOND,
+        ..MySqlTableOptions::default()
+    }
+}
+
+/// The shared server's lock table, under a namespace of the test's own.
+pub fn shared_mysql_table() -> LockService {
+    LockService::mysql_table(&mysql_url(), table_options(&namespace())).unwrap()
+}
+
+/// A connection of the test's own, to look and to act from outside.
+pub async fn operator() -> MySqlPool {
+    MySqlPool::connect(&mysql_url()).await.unwrap()
+}
+
+/// The rows of one namespace lost — as a database restored from a backup taken before
+/// they were written would lose them.
+pub struct TableRowsLost {
+    namespace: String,
+    locks: LockService,
+}
+
+impl Default for TableRowsLost {
+    fn default() -> Self {
+        let namespace = namespace();
+        let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+        Self { namespace, locks }
+    }
+}
+
+impl Store for TableRowsLost {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        sqlx::query("DELETE FROM payonce_locks WHERE lock_key LIKE CONCAT(?, ':%')")
+            .bind(&self.namespace)
+            .execute(&operator().await)
+            .await
+            .unwrap();
+        self.locks.clone()
+    }
+}
+
+/// Two processes on one key through the lock table: no two holders at once, no update
+/// lost (the table has no queue across processes: who polls first after a release wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_exclusion_holds_across_processes() {
+    let namespace = namespace();
+    let instances = [
+        LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap(),
+        LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap(),
+    ];
+    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+}
+
+/// A lease the server's clock says ran out is taken over by the next grant, in one
+/// statement: the row is edited to expire now, as a holder that paused past its lease
+/// would find it, and a waiter of another process gets it at its next poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_row_is_taken_over_by_the_next_grant() {
+    let namespace = namespace();
+    let holders = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let others = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let mut holder = holders
+        .try_acquire("k", 30 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    holder.stop_renewal().await;
+    let waiter = {
+        let others = others.clone();
+        tokio::spawn(async move {
+            others
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    sqlx::query("UPDATE payonce_locks SET expires_at = NOW(6) WHERE lock_key = ?")
+        .bind(format!("{namespace}:k"))
+        .execute(&operator().await)
+        .await
+        .unwrap();
+    let expired_at = Instant::now();
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(
+        expired_at.elapsed() < Duration::from_millis(300),
+        "taken over {:?} after the lease ran out",
+        expired_at.elapsed()
+    );
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// 32 waiters on one key in one process: one polls at a time, and a release in the
+/// process wakes it at once, so a hand-off costs about two statements (the release and
+/// the next grant) however long the line, plus the polls of a waiter behind a holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_in_one_process_costs_about_two_statements() {
+    let namespace = namespace();
+    let counted =
+        Arc::new(MySqlTableBackend::open(&mysql_url(), table_options(&namespace)).unwrap());
+    let locks = LockService::from_arc(counted.clone());
+    let mut holder = locks
+        .try_acquire("hot", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiters: Vec<_> = (0..32)
+        .map(|_| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                    .await
+                    .unwrap();
+                assert!(guard.release().await.unwrap());
+            })
+        })
+        .collect();
+    sleep(SECOND).await;
+    let before = counted.requests();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    assert!(
+        per_hand_off <= 3.0,
+        "{per_hand_off:.2} statements per hand-off"
+    );
+}
+
+/// Chubby's lock-delay on the lock table: a holder that vanished keeps its row for its
+/// lease and the delay; a released lock is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_lock_delay_keeps_a_vanished_holders_row() {
+    let delay = Duration::from_millis(700);
+    let locks = LockService::mysql_table(
+        &mysql_url(),
+        MySqlTableOptions {
+            lock_delay: delay,
+            ..table_options(&namespace())
+        },
+    )
+    .unwrap();
+    let holder = locks.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &locks,
+        &locks,
+        delay,
+        |key| async move {
+            let guard = holder
+                .try_acquire(&key, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .unwrap();
+            guard.abandon().await;
+            Duration::from_millis(300)
+        },
+    )
+    .await;
+}
+
+fn row_options(namespace: &str) -> MySqlRowOptions {
+    MySqlRowOptions {
+        namespace: namespace.to_owned(),
+        op_timeout: 5 * SECOND,
+        ..MySqlRowOptions::default()
+    }
+}
+
+fn row_url() -> String {
+    mysql_url().replacen("mysql://", "mysql-row://", 1)
+}
+
+/// The shared server's row locks, under a namespace of the test's own.
+pub fn shared_mysql_row() -> LockService {
+    LockService::mysql_row(&row_url(), row_options(&namespace())).unwrap()
+}
+
+/// The counters of one namespace lost, as [`TableRowsLost`] loses the table's rows.
+pub struct RowCountersLost {
+    namespace: String,
+    locks: LockService,
+}
+
+impl Default for RowCountersLost {
+    fn default() -> Self {
+        let namespace = namespace();
+        let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+        Self { namespace, locks }
+    }
+}
+
+impl Store for RowCountersLost {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        let operator = operator().await;
+        for table in ["payonce_lock_fences", "payonce_lock_rows"] {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DELETE FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
+            )))
+            .bind(&self.namespace)
+            .execute(&operator)
+            .await
+            .unwrap();
+        }
+        self.locks.clone()
+    }
+}
+
+/// Two processes on one key through row locks: no two holders at once, no update lost,
+/// and waiters served in the order they started waiting (the server's lock queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_exclusion_and_arrival_order_hold_across_processes() {
+    let namespace = namespace();
+    let instances = [
+        LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap(),
+        LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap(),
+    ];
+    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::suite::served_in_arrival_order(&instances, 8).await;
+}
+
+/// Killing the holder's connection (as an operator, or a dead network, would) rolls its
+/// transaction back: a waiter of another process gets the lock at once, the holder's
+/// `lost()` fires at its next heartbeat, and its release touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fires_when_the_holders_connection_is_killed() {
+    let namespace = namespace();
+    let holders = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let mut holder = holders
+        .try_acquire("k", Duration::from_millis(600))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let others = others.clone();
+        tokio::spawn(async move {
+            others
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let operator = operator().await;
+    // The holder's session: the one blocking the waiter whose statement names our key.
+    let key_hex: String = format!("{namespace}:k")
+        .bytes()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    let holder_id: u64 = sqlx::query_scalar(
+        "SELECT blocking.trx_mysql_thread_id
+         FROM information_schema.INNODB_LOCK_WAITS waits
+         JOIN information_schema.INNODB_TRX blocking ON blocking.trx_id = waits.blocking_trx_id
+         JOIN information_schema.INNODB_TRX waiting ON waiting.trx_id = waits.requesting_trx_id
+         WHERE waiting.trx_query LIKE CONCAT('%', ?, '%')",
+    )
+    .bind(key_hex)
+    .fetch_one(&operator)
+    .await
+    .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("KILL {holder_id}")))
+        .execute(&operator)
+        .await
+        .unwrap();
+    let killed_at = Instant::now();
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(
+        killed_at.elapsed() < Duration::from_millis(500),
+        "granted {:?} after the holder's connection was killed",
+        killed_at.elapsed()
+    );
+    timeout(2 * SECOND, holder.lost())
+        .await
+        .expect("lost() did not fire after the connection was killed");
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// A holder that stops heartbeating (paused, its renewal stopped) has its transaction
+/// killed by the server once it was idle for the lease (`idle_transaction_timeout`, whole
+/// seconds): the lock passes on then, with a larger token, and the holder's late release
+/// frees nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_paused_holder_loses_the_row_after_its_lease() {
+    let namespace = namespace();
+    let holders = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let mut holder = holders.try_acquire("k", SECOND).await.unwrap().unwrap();
+    holder.stop_renewal().await;
+    let paused_at = Instant::now();
+    let mut successor = others
+        .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+        .await
+        .unwrap();
+    let waited = paused_at.elapsed();
+    assert!(
+        waited >= Duration::from_millis(900),
+        "taken after {waited:?}"
+    );
+    assert!(waited < 4 * SECOND, "taken only after {waited:?}");
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// Chubby's lock-delay on row locks: a holder whose transaction the server ended (it
+/// stopped heartbeating: killed when idle for its lease) leaves its row marked unreleased,
+/// and its successor holds the lock but waits the delay before using it; a released lock
+/// goes on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_lock_delay_holds_a_vanished_holders_row() {
+    let delay = Duration::from_millis(700);
+    let delayed = MySqlRowOptions {
+        lock_delay: delay,
+        ..row_options(&namespace())
+    };
+    let locks = LockService::mysql_row(&row_url(), delayed).unwrap();
+    let holder = locks.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &locks,
+        &locks,
+        delay,
+        |key| async move {
+            let mut guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
+            // Paused: no heartbeat, so the server ends its transaction after a second idle.
+            guard.stop_renewal().await;
+            std::mem::forget(guard);
+            SECOND
+        },
+    )
+    .await;
+}
