@@ -8,10 +8,10 @@
 //!   one) on the holder's session: a holder that stops heartbeating — paused, cut off —
 //!   has its transaction killed by the server then, so a paused holder does not keep the
 //!   lock forever. `extend` is the heartbeat: one statement on the holder's connection.
-//! - **Waiting is the server's own queue**: `FOR UPDATE WAIT <seconds>` (whole seconds,
-//!   rounded up from what is left of the deadline), the caller giving up at the deadline
-//!   itself by closing the connection. One waiter per key per process is in the server's
-//!   queue; the others wait their turn in the process.
+//! - **Waiting is the server's own queue**: `FOR UPDATE WAIT`, ended by the server at
+//!   the deadline (`max_statement_time`, to the millisecond), the caller closing the
+//!   connection should no answer come just after. One waiter per key per process is in
+//!   the server's queue; the others wait their turn in the process.
 //! - **Fencing token**: a counter per key in `payonce_lock_fences`, bumped by an
 //!   autocommitted statement on another connection once the row lock is granted. Not in
 //!   the locked row itself: a bump inside the holder's transaction would be rolled back
@@ -28,9 +28,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::TryStreamExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
-use sqlx::{AssertSqlSafe, MySql, MySqlPool};
+use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::LockError;
@@ -102,6 +103,11 @@ const RAISE: &str = "INSERT INTO payonce_lock_fences (lock_key, fence)
 
 /// MariaDB's "lock wait timeout exceeded" (also what `NOWAIT` answers).
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
+/// MariaDB's "query execution was interrupted (max_statement_time exceeded)".
+const STATEMENT_TIMEOUT: u16 = 1969;
+/// How long past a waiter's deadline the caller still listens for the server to answer
+/// that the wait ended (then it closes the connection instead).
+const DEADLINE_GRACE: Duration = Duration::from_millis(100);
 
 /// A lock this process holds: its connection, inside the open transaction.
 struct Held {
@@ -136,25 +142,62 @@ impl fmt::Debug for MySqlRowBackend {
 /// acquire that ends early — its call dropped mid-wait, an error after the row may have
 /// been locked — leaves its transaction's state unknown. (A closed connection's
 /// transaction is rolled back by the server, and its lock freed.)
-struct Taken(Option<PoolConnection<MySql>>);
+///
+/// A server blocked in a lock wait does not read the socket, so closing it alone would
+/// leave the wait in the row's queue until its own timeout — and let it take the lock for
+/// a moment when its turn came. So the connection's thread, once known, is also killed
+/// from another connection.
+struct Taken {
+    connection: Option<PoolConnection<MySql>>,
+    /// The server's id of the connection's thread (`CONNECTION_ID()`); 0 until known.
+    thread: Arc<AtomicU64>,
+    pool: MySqlPool,
+    op_timeout: Duration,
+}
 
 impl Taken {
+    fn new(connection: PoolConnection<MySql>, pool: &MySqlPool, op_timeout: Duration) -> Self {
+        Self {
+            connection: Some(connection),
+            thread: Arc::new(AtomicU64::new(0)),
+            pool: pool.clone(),
+            op_timeout,
+        }
+    }
+
     fn connection(&mut self) -> &mut PoolConnection<MySql> {
-        self.0
+        self.connection
             .as_mut()
             .expect("a taken connection is there until handed on")
     }
 
     fn hand_on(mut self) -> PoolConnection<MySql> {
-        self.0.take().expect("a taken connection is handed on once")
+        self.connection
+            .take()
+            .expect("a taken connection is handed on once")
     }
 }
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        if let Some(connection) = self.0.take() {
-            drop(connection.detach());
+        let Some(connection) = self.connection.take() else {
+            return;
+        };
+        drop(connection.detach());
+        let thread = self.thread.load(Ordering::Relaxed);
+        if thread == 0 {
+            return;
         }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, op_timeout) = (self.pool.clone(), self.op_timeout);
+        runtime.spawn(async move {
+            // Best effort: should the kill fail, the wait still ends at its own timeout,
+            // and a grant to a closed connection is rolled back as its answer fails.
+            let kill = sqlx::raw_sql(AssertSqlSafe(format!("KILL CONNECTION {thread}")));
+            let _ = tokio::time::timeout(op_timeout, kill.execute(&pool)).await;
+        });
     }
 }
 
@@ -169,11 +212,12 @@ fn hex_literal(name: &str) -> String {
     literal
 }
 
-fn is_lock_wait_timeout(error: &sqlx::Error) -> bool {
+/// The server ended a lock wait: `NOWAIT`/`WAIT` ran out, or `max_statement_time` did.
+fn is_wait_ended(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
-        .is_some_and(|error| error.number() == LOCK_WAIT_TIMEOUT)
+        .is_some_and(|error| matches!(error.number(), LOCK_WAIT_TIMEOUT | STATEMENT_TIMEOUT))
 }
 
 impl MySqlRowBackend {
@@ -321,36 +365,56 @@ impl MySqlRowBackend {
             }
             Err(error) => return Err(error),
         };
-        let mut taken = Taken(Some(connection));
+        let mut taken = Taken::new(connection, &self.pool, self.options.op_timeout);
         // The server's own lease on the holder: a transaction idle this long is killed.
         let idle = ttl.as_secs_f64().ceil().max(1.0);
-        let (wait, limit) = match deadline {
+        let key_literal = hex_literal(&name);
+        // The statement that opens the transaction and waits for the row. With a
+        // deadline, the server ends the wait itself when it comes (`max_statement_time`,
+        // to the millisecond; `WAIT` counts only whole seconds), so an expired waiter
+        // leaves the server's queue at once and its connection goes back to the pool; the
+        // caller stops listening a moment later, should the server not answer.
+        let lock_statement = || match deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(timed_out());
-                }
-                (
-                    format!("WAIT {}", left.as_secs_f64().ceil().max(1.0)),
-                    Some(deadline),
-                )
+                (!left.is_zero()).then(|| {
+                    format!(
+                        "SELECT CONNECTION_ID();
+                         SET SESSION idle_transaction_timeout = {idle};
+                         START TRANSACTION;
+                         SET STATEMENT max_statement_time = {:.3} FOR
+                         SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
+                         FOR UPDATE WAIT {}",
+                        left.as_secs_f64().max(0.001),
+                        left.as_secs_f64().ceil().max(1.0)
+                    )
+                })
             }
-            None => ("NOWAIT".to_owned(), None),
+            None => Some(format!(
+                "SELECT CONNECTION_ID();
+                 SET SESSION idle_transaction_timeout = {idle};
+                 START TRANSACTION;
+                 SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
+                 FOR UPDATE NOWAIT"
+            )),
         };
-        let lock = format!(
-            "SET SESSION idle_transaction_timeout = {idle};
-             START TRANSACTION;
-             SELECT 1 FROM payonce_lock_rows WHERE lock_key = {} FOR UPDATE {wait}",
-            hex_literal(&name)
-        );
+        let limit = deadline.map(|deadline| deadline + DEADLINE_GRACE);
         let mut made_row = false;
         loop {
+            let Some(lock) = lock_statement() else {
+                return Err(timed_out());
+            };
+            let thread = taken.thread.clone();
             let locked = self
-                .run(
-                    limit,
-                    sqlx::raw_sql(AssertSqlSafe(lock.clone()))
-                        .fetch_optional(&mut **taken.connection()),
-                )
+                .run(limit, async {
+                    // The thread's id comes back at once, before the wait.
+                    let mut rows =
+                        sqlx::raw_sql(AssertSqlSafe(lock)).fetch(&mut **taken.connection());
+                    if let Some(row) = rows.try_next().await? {
+                        thread.store(row.try_get::<u64, _>(0)?, Ordering::Relaxed);
+                    }
+                    rows.try_next().await
+                })
                 .await;
             match locked {
                 Ok(Some(_)) => break,
@@ -375,7 +439,7 @@ impl MySqlRowBackend {
                         "MySQL: the lock's row vanished as it was made",
                     ));
                 }
-                Err(error) if is_lock_wait_timeout(&error) => {
+                Err(error) if is_wait_ended(&error) => {
                     // Nothing locked; the transaction is still open: roll it back, and
                     // the connection can go back to the pool.
                     let rolled_back = self
@@ -510,7 +574,11 @@ impl MySqlRowBackend {
     /// Whether a row lock on `name` is held by anyone: a shared-lock probe that does not
     /// wait, rolled back at once.
     async fn is_locked(&self, name: &str) -> Result<bool, LockError> {
-        let mut taken = Taken(Some(self.connection(None).await?));
+        let mut taken = Taken::new(
+            self.connection(None).await?,
+            &self.pool,
+            self.options.op_timeout,
+        );
         let probe = format!(
             "START TRANSACTION;
              SELECT 1 FROM payonce_lock_rows WHERE lock_key = {} LOCK IN SHARE MODE NOWAIT",
@@ -524,7 +592,7 @@ impl MySqlRowBackend {
             .await;
         let locked = match probed {
             Ok(_) => false,
-            Err(error) if is_lock_wait_timeout(&error) => true,
+            Err(error) if is_wait_ended(&error) => true,
             Err(error) => return Err(self.failed(&error)),
         };
         self.run(

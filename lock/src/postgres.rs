@@ -18,7 +18,8 @@
 //!   starts again above every token it handed out; `raise_fencing` lifts it.
 //! - A connection whose lock state is unknown — an error after the lock may have been
 //!   taken (session-level advisory locks ignore rollbacks), a call dropped mid-wait — is
-//!   closed, never returned to the pool: the server then frees whatever it held.
+//!   closed, never returned to the pool: the server then frees whatever it held, and
+//!   `client_connection_check_interval` makes it notice within 100 ms even mid-wait.
 //! - **Lock-delay** (when set): the row records whether its last holder released; a
 //!   successor that finds it did not waits the delay before using the lock (holding it).
 //! - The advisory lock's key is `hashtextextended(<namespace>:<key>, 0)`: two keys whose
@@ -241,7 +242,15 @@ impl PostgresBackend {
             .max_connections(options.max_connections.max(2))
             .min_connections(0)
             .acquire_timeout(options.op_timeout)
-            .connect_lazy_with(connect.application_name("payonce-lock"));
+            .connect_lazy_with(
+                connect
+                    .application_name("payonce-lock")
+                    // A waiter whose call was dropped closes its connection, but a server
+                    // blocked in a lock wait does not read the socket: without this check
+                    // the wait would stay in its queue (and take the lock for a moment
+                    // when its turn came) until its lock_timeout. PostgreSQL 14 or later.
+                    .options([("client_connection_check_interval", "100ms")]),
+            );
         Ok(Self {
             pool,
             options,

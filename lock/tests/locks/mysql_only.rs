@@ -318,6 +318,60 @@ async fn lost_fires_when_the_holders_connection_is_killed() {
     assert!(successor.release().await.unwrap());
 }
 
+/// Statements of other sessions waiting for the row of `namespace:key`, as the server's
+/// process list shows them.
+async fn row_waiters_in_server(operator: &MySqlPool, namespace: &str, key: &str) -> i64 {
+    let key_hex: String = format!("{namespace}:{key}")
+        .bytes()
+        .map(|byte| format!("{byte:02x}"))
+        .collect();
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST
+         WHERE ID <> CONNECTION_ID() AND INFO LIKE CONCAT('%', ?, '%FOR UPDATE WAIT%')",
+    )
+    .bind(key_hex)
+    .fetch_one(operator)
+    .await
+    .unwrap()
+}
+
+/// A waiter whose call is dropped mid-wait leaves the server's queue within moments, not
+/// when its wait would have timed out: its connection's thread is killed, since a server
+/// blocked in a lock wait does not notice a closed socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_row_waiter_leaves_the_servers_queue() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
+    let operator = operator().await;
+    let dropped = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
+                .await
+        })
+    };
+    let joined = Instant::now();
+    while row_waiters_in_server(&operator, &namespace, "k").await == 0 {
+        assert!(
+            joined.elapsed() < 5 * SECOND,
+            "the waiter never reached the server"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    dropped.abort();
+    let dropped_at = Instant::now();
+    while row_waiters_in_server(&operator, &namespace, "k").await > 0 {
+        assert!(
+            dropped_at.elapsed() < 2 * SECOND,
+            "a dropped waiter stayed in the server's queue"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(holder.release().await.unwrap());
+}
+
 /// A holder that stops heartbeating (paused, its renewal stopped) has its transaction
 /// killed by the server once it was idle for the lease (`idle_transaction_timeout`, whole
 /// seconds): the lock passes on then, with a larger token, and the holder's late release

@@ -164,17 +164,7 @@ async fn one_waiter_per_process_in_the_servers_queue() {
         .collect();
     sleep(SECOND).await;
     let operator = operator().await;
-    let waiting: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks
-         WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
-           AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
-           AND objid = (hashtextextended($1, 0) & 4294967295)::oid",
-    )
-    .bind(format!("{namespace}:hot"))
-    .fetch_one(&operator)
-    .await
-    .unwrap();
-    assert_eq!(waiting, 1);
+    assert_eq!(waiting_in_server(&operator, &namespace, "hot").await, 1);
     let before = counted.requests();
     holder.release().await.unwrap();
     for waiter in waiters {
@@ -185,6 +175,57 @@ async fn one_waiter_per_process_in_the_servers_queue() {
         per_hand_off <= 2.5,
         "{per_hand_off:.2} statements per hand-off"
     );
+}
+
+/// Waiters in the server's queue on `namespace:key`, as `pg_locks` shows them.
+async fn waiting_in_server(operator: &PgPool, namespace: &str, key: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks
+         WHERE locktype = 'advisory' AND NOT granted AND objsubid = 1
+           AND classid = ((hashtextextended($1, 0) >> 32) & 4294967295)::oid
+           AND objid = (hashtextextended($1, 0) & 4294967295)::oid",
+    )
+    .bind(format!("{namespace}:{key}"))
+    .fetch_one(operator)
+    .await
+    .unwrap()
+}
+
+/// A waiter whose call is dropped mid-wait leaves the server's queue within moments, not
+/// at its deadline: the server notices the closed connection though it is blocked in
+/// the lock wait, so the wait never takes the lock when its turn comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dropped_waiter_leaves_the_servers_queue() {
+    let namespace = namespace();
+    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
+    let operator = operator().await;
+    let dropped = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
+                .await
+        })
+    };
+    let joined = Instant::now();
+    while waiting_in_server(&operator, &namespace, "k").await == 0 {
+        assert!(
+            joined.elapsed() < 5 * SECOND,
+            "the waiter never reached the server"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    dropped.abort();
+    let dropped_at = Instant::now();
+    while waiting_in_server(&operator, &namespace, "k").await > 0 {
+        assert!(
+            dropped_at.elapsed() < 2 * SECOND,
+            "a dropped waiter stayed in the server's queue"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(holder.release().await.unwrap());
 }
 
 /// Two processes on one key: no two holders at once, no update lost, and waiters served

@@ -139,7 +139,9 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
         .await
         .expect("lost() did not fire after the session ended");
     let mut successor = waiter.await.unwrap().unwrap();
-    assert!(ended_at.elapsed() < 2 * SECOND);
+    // Sooner than the holder's session could have timed out: the node went with the
+    // session's end. (Not tighter: the whole suite shares two cores with the JVMs.)
+    assert!(ended_at.elapsed() < 4 * SECOND);
     assert!(successor.fencing_token() > holder.fencing_token());
     assert!(!holder.release().await.unwrap());
     assert!(successor.release().await.unwrap());
