@@ -278,6 +278,8 @@ pub enum LockUrl {
     MySqlTable(String),
     /// `mysql-row://`: InnoDB row locks in MySQL / MariaDB.
     MySqlRow(String),
+    /// `memcache://`: a memcached server.
+    Memcached(String),
 }
 
 impl LockUrl {
@@ -291,8 +293,9 @@ impl LockUrl {
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
             Some("mysql") => Ok(Self::MySqlTable(url.to_owned())),
             Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
+            Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd://, postgres://, mysql:// or mysql-row://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
                 mask(url)
             ))),
         }
@@ -307,6 +310,7 @@ impl LockUrl {
             Self::Postgres(_) => "PostgreSQL",
             Self::MySqlTable(_) => "MySQL (lock table)",
             Self::MySqlRow(_) => "MySQL (row locks)",
+            Self::Memcached(_) => "memcached",
         }
     }
 
@@ -318,7 +322,8 @@ impl LockUrl {
             | Self::Etcd(url)
             | Self::Postgres(url)
             | Self::MySqlTable(url)
-            | Self::MySqlRow(url) => url,
+            | Self::MySqlRow(url)
+            | Self::Memcached(url) => url,
         }
     }
 }

@@ -266,6 +266,15 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
             };
             (LockService::mysql_table(url, options)?, Recipes::default())
         }
+        LockUrl::Memcached(url) => {
+            let options = lock::MemcachedOptions {
+                namespace: config.redis_namespace.clone(),
+                max_waiters: config.lock_max_waiters,
+                lock_delay: config.lock_delay,
+                ..lock::MemcachedOptions::default()
+            };
+            (LockService::memcached(url, options)?, Recipes::default())
+        }
         LockUrl::MySqlRow(url) => {
             let options = lock::MySqlRowOptions {
                 namespace: config.redis_namespace.clone(),

@@ -70,6 +70,12 @@ struct Args {
         default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
     )]
     mysql_url: String,
+    #[arg(
+        long,
+        env = "MEMCACHED_URL",
+        default_value = "memcache://127.0.0.1:11211"
+    )]
+    memcached_url: String,
     /// Skip the baselines.
     #[arg(long)]
     no_baselines: bool,
@@ -268,6 +274,22 @@ fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::erro
                     namespace: run,
                     max_connections: 32,
                     ..lock::MySqlTableOptions::default()
+                },
+            )?);
+            let counter = backend.clone();
+            Counted {
+                name,
+                locks: LockService::from_arc(backend),
+                requests: Box::new(move || counter.requests()),
+            }
+        }
+        "memcached" => {
+            let backend = Arc::new(lock::MemcachedBackend::open(
+                &args.memcached_url,
+                lock::MemcachedOptions {
+                    namespace: run,
+                    max_connections: 32,
+                    ..lock::MemcachedOptions::default()
                 },
             )?);
             let counter = backend.clone();

@@ -148,6 +148,13 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), LockError>;
 
+    /// How coarsely the store times a lease out: a lock whose holder vanished is free
+    /// again between its lease and this much later. Zero for stores that keep time to the
+    /// millisecond; memcached counts whole seconds.
+    fn expiry_granularity(&self) -> Duration {
+        Duration::ZERO
+    }
+
     /// What a lease is bound to here.
     fn sessions(&self) -> Sessions {
         Sessions::PerGrant
@@ -311,6 +318,19 @@ impl LockService {
     pub fn redis(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         let max_waiters = options.max_waiters;
         Ok(Self::new(RedisBackend::open(url, options)?).with_max_waiters(max_waiters))
+    }
+
+    /// Locks in the memcached at `url` (`memcache://host:port`), with its cap on waiters
+    /// per key in this process. Connects lazily.
+    pub fn memcached(
+        url: &str,
+        options: crate::memcached::MemcachedOptions,
+    ) -> Result<Self, LockError> {
+        let max_waiters = options.max_waiters;
+        Ok(
+            Self::new(crate::memcached::MemcachedBackend::open(url, options)?)
+                .with_max_waiters(max_waiters),
+        )
     }
 
     /// Locks as rows of a table in the MySQL / MariaDB database at `url`

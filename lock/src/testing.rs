@@ -1,5 +1,6 @@
-//! Test support: a private `redis-server` on a free loopback port, for tests that must
-//! restart, flush or count commands on a Redis nobody else uses.
+//! Test support: private servers on free loopback ports — `redis-server`, ZooKeeper, etcd,
+//! memcached — for tests that must restart, wipe, pause or count the commands of a server
+//! nobody else uses.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -349,4 +350,90 @@ fn etcd_is_healthy(port: u16) -> bool {
         .is_ok()
         && socket.read_to_string(&mut answer).is_ok()
         && answer.contains("\"health\":\"true\"")
+}
+
+/// A `memcached` of the test's own (Debian's `memcached` package) on a free loopback
+/// port, for tests that restart it — which loses everything, as memcached always does.
+/// Killed on drop.
+#[derive(Debug)]
+pub struct MemcachedServer {
+    child: Child,
+    port: u16,
+}
+
+impl MemcachedServer {
+    /// Starts one and waits until it answers.
+    pub fn start() -> std::io::Result<Self> {
+        let port = free_port()?;
+        let server = Self {
+            child: spawn_memcached(port)?,
+            port,
+        };
+        server.wait_until_up(Duration::from_secs(10))?;
+        Ok(server)
+    }
+
+    /// Kills the server and starts an empty one on the same port.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_memcached(self.port)?;
+        self.wait_until_up(Duration::from_secs(10))
+    }
+
+    /// `memcache://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("memcache://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Err(std::io::Error::other(format!(
+            "memcached on port {} did not start",
+            self.port
+        )))
+    }
+}
+
+impl Drop for MemcachedServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_memcached(port: u16) -> std::io::Result<Child> {
+    let mut command = Command::new("memcached");
+    command.args([
+        "-l",
+        "127.0.0.1",
+        "-p",
+        &port.to_string(),
+        "-U",
+        "0",
+        "-m",
+        "16",
+    ]);
+    // memcached refuses to run as root unless told whom to run as.
+    if runs_as_root() {
+        command.args(["-u", "root"]);
+    }
+    command.stdout(Stdio::null()).stderr(Stdio::null()).spawn()
+}
+
+/// Whether this process runs as root (uid 0), read from /proc rather than through libc.
+fn runs_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|status| {
+        status
+            .lines()
+            .find(|line| line.starts_with("Uid:"))
+            .and_then(|line| line.split_whitespace().nth(1))
+            == Some("0")
+    })
 }

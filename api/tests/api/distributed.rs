@@ -167,6 +167,15 @@ async fn unreachable_mysql_is_503_and_nothing_is_lost() {
     }
 }
 
+/// The same with memcached unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_memcached_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::Memcached).await;
+    let mut config = shared.config(&[]);
+    config.lock_url = Some(format!("memcache://127.0.0.1:{}", free_port().unwrap()));
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
 async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;

@@ -30,6 +30,8 @@ pub enum Backend {
     MySqlTable,
     /// PostgreSQL + InnoDB row locks in MariaDB.
     MySqlRow,
+    /// PostgreSQL + memcached (`MEMCACHED_URL`, else 127.0.0.1:11211).
+    Memcached,
 }
 
 /// The database and lock store a group of instances share.
@@ -96,6 +98,18 @@ impl Shared {
                     self.database.url().to_owned(),
                     "--lock-url".into(),
                     self.database.url().to_owned(),
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
+                ]);
+            }
+            Backend::Memcached => {
+                let memcached = std::env::var("MEMCACHED_URL")
+                    .unwrap_or_else(|_| "memcache://127.0.0.1:11211".into());
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    memcached,
                     "--redis-namespace".into(),
                     self.namespace.clone(),
                 ]);

@@ -82,6 +82,14 @@ macro_rules! other_lock_services {
                 }
             )*
         }
+        mod on_memcached {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::Memcached).await;
+                }
+            )*
+        }
         mod on_mysql_lock_table {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -7,6 +7,7 @@
 mod demonstration;
 #[cfg(feature = "etcd")]
 mod etcd_only;
+mod memcached_only;
 mod mysql_only;
 mod postgres_only;
 mod redis_only;
@@ -99,6 +100,11 @@ shared_suite!(
 );
 #[cfg(feature = "etcd")]
 shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
+shared_suite!(
+    memcached,
+    memcached_only::shared_memcached,
+    memcached_only::PrivateMemcached::start
+);
 shared_suite!(
     mysql_table,
     mysql_only::shared_mysql_table,

@@ -1,0 +1,662 @@
+//! Locks in memcached, in its meta protocol: an item per locked key, added only if absent
+//! and given an expiry; released and extended by compare-and-swap on the CAS value the
+//! add returned, so a holder never deletes or extends another's lock.
+//!
+//! - **Grant**: `ms <key> … ME` (add) with the lease as the item's TTL, returning the
+//!   item's CAS; then the key's counter is incremented (`ma`, created from the clock in
+//!   microseconds if missing) for the fencing token; then the item is rewritten under its
+//!   CAS (`ms … C<cas>`), which confirms the lease was still ours after the increment — a
+//!   holder whose lease ran out between add and increment gets no grant, so a token is
+//!   never handed to a holder that lost its lease before a successor got a lower one.
+//!   Three round trips. **Release** is `md <key> C<cas>`; **extend** rewrites the item
+//!   under its CAS with a new TTL: one round trip each.
+//! - **Expiry is in whole seconds**, by memcached's own clock, which ticks once a second:
+//!   an item's TTL is the lease rounded up, plus one second, so it never expires before
+//!   the lease the holder is told of; a vanished holder's key is free one to two seconds
+//!   past its lease.
+//! - **Waiting is polling**: memcached cannot notify. One waiter per key per process polls
+//!   (the others wait their turn in the process), backing off from 1 ms to 100 ms with
+//!   jitter; a release in this process wakes it at once. Across processes, whoever polls
+//!   first after a release wins.
+//! - **Fencing token**: memcached loses the counter on a restart and may evict it; it
+//!   starts again from the clock, so tokens still grow unless the clock stepped back across
+//!   the loss, and `raise_fencing` lifts it — exactly as for Redis.
+//! - **Lock-delay**: the item outlives the lease by the delay, so a holder that vanished
+//!   keeps its key that much longer; a release deletes it at once.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_memcached::{Client, Error as MemcachedError, MetaProtocol, MetaValue, Status};
+use async_trait::async_trait;
+use deadpool::managed::{self, Metrics, Object, Pool, RecycleError, RecycleResult};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::error::LockError;
+use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::token::{FencingToken, OwnerToken};
+use crate::turns::Turns;
+
+/// Settings for [`MemcachedBackend`].
+#[derive(Clone, Debug)]
+pub struct MemcachedOptions {
+    /// Prefixes every key, so deployments sharing a server never meet.
+    pub namespace: String,
+    /// Upper bound on connecting and on any one request.
+    pub op_timeout: Duration,
+    /// The most connections this process opens.
+    pub max_connections: usize,
+    /// Chubby's lock-delay: the item outlives the lease by this much, so a holder that
+    /// vanished keeps its key that much longer. Zero by default.
+    pub lock_delay: Duration,
+    /// The most waiters one key takes in this process; past it an acquire fails at once.
+    pub max_waiters: usize,
+}
+
+impl Default for MemcachedOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "payonce".to_owned(),
+            op_timeout: Duration::from_secs(2),
+            max_connections: 16,
+            lock_delay: Duration::ZERO,
+            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+        }
+    }
+}
+
+/// memcached's longest key.
+const MAX_KEY: usize = 250;
+
+/// The longest pause between two polls of one waiter.
+const MAX_POLL: Duration = Duration::from_millis(100);
+
+/// Opens connections for the pool; a connection an operation left half done is closed,
+/// never reused.
+#[derive(Debug)]
+struct Connector {
+    address: String,
+}
+
+impl managed::Manager for Connector {
+    type Type = Client;
+    type Error = MemcachedError;
+
+    async fn create(&self) -> Result<Client, MemcachedError> {
+        Client::new(&self.address).await
+    }
+
+    async fn recycle(&self, client: &mut Client, _: &Metrics) -> RecycleResult<MemcachedError> {
+        if client.is_closed() {
+            return Err(RecycleError::message(
+                "closed after an incomplete operation",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A lock this process holds: its key, the CAS value of the item that is the lock (as
+/// last seen), and the item's value — the grant's owner token and its note — which tells
+/// the item is still ours when the CAS value moved on under a write whose answer was lost
+/// (an extend cancelled mid-way).
+#[derive(Clone, Debug)]
+struct Held {
+    item: String,
+    cas: u64,
+    value: String,
+}
+
+/// Locks in memcached. See the module docs.
+pub struct MemcachedBackend {
+    pool: Pool<Connector>,
+    options: MemcachedOptions,
+    turns: Turns,
+    held: Mutex<HashMap<OwnerToken, Held>>,
+    /// Requests sent, for benchmarks and tests.
+    requests: AtomicU64,
+}
+
+impl fmt::Debug for MemcachedBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemcachedBackend")
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a request's failure means.
+enum Refused {
+    /// The server's answer: not stored, exists (CAS mismatch), not found.
+    Status(Status),
+    /// No answer, or none that makes sense: the store is unavailable.
+    Unavailable(LockError),
+}
+
+fn unavailable(error: impl fmt::Display) -> Refused {
+    Refused::Unavailable(LockError::unavailable(format!("memcached: {error}")))
+}
+
+impl From<Refused> for LockError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::Status(status) => {
+                LockError::unavailable(format!("memcached answered {status}"))
+            }
+            Refused::Unavailable(error) => error,
+        }
+    }
+}
+
+/// A meta answer that carries flags (`NS c0`) comes back as a value with a status: a
+/// refusal all the same.
+fn refused_by_status(answer: Option<MetaValue>) -> Result<Option<MetaValue>, Refused> {
+    match answer.as_ref().and_then(|value| value.status.clone()) {
+        None | Some(Status::Stored | Status::Value | Status::Deleted | Status::Touched) => {
+            Ok(answer)
+        }
+        Some(status) => Err(Refused::Status(status)),
+    }
+}
+
+/// A key as memcached takes it: printable ASCII without spaces; other bytes (and `%`)
+/// escaped, so distinct keys stay distinct.
+fn escape(key: &str) -> String {
+    let mut escaped = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        if byte.is_ascii_graphic() && byte != b'%' {
+            escaped.push(char::from(byte));
+        } else {
+            escaped.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    escaped
+}
+
+/// The clock in microseconds, where a counter starts.
+fn clock_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+/// memcached's TTL for a lease: whole seconds, rounded up, plus one for its clock's tick.
+fn ttl_flag(lease: Duration) -> String {
+    format!(
+        "T{}",
+        lease.as_secs() + u64::from(lease.subsec_nanos() > 0) + 1
+    )
+}
+
+/// One meta command, kept so it can be sent again.
+enum Command<'a> {
+    Set {
+        key: &'a str,
+        value: &'a [u8],
+        flags: Vec<String>,
+    },
+    Get {
+        key: &'a str,
+        flags: &'a [&'a str],
+    },
+    Delete {
+        key: &'a str,
+        flags: Vec<String>,
+    },
+    Increment {
+        key: &'a str,
+        flags: Vec<String>,
+    },
+    Version,
+}
+
+impl Command<'_> {
+    async fn send(&self, client: &mut Client) -> Result<Option<MetaValue>, MemcachedError> {
+        fn borrowed(flags: &[String]) -> Vec<&str> {
+            flags.iter().map(String::as_str).collect()
+        }
+        match self {
+            Self::Set { key, value, flags } => {
+                client
+                    .meta_set(key, *value, false, None, Some(&borrowed(flags)))
+                    .await
+            }
+            Self::Get { key, flags } => client.meta_get(key, false, None, Some(flags)).await,
+            Self::Delete { key, flags } => {
+                client
+                    .meta_delete(key, false, None, Some(&borrowed(flags)))
+                    .await
+            }
+            Self::Increment { key, flags } => {
+                client
+                    .meta_increment(key, false, None, None, Some(&borrowed(flags)))
+                    .await
+            }
+            Self::Version => client.version().await.map(|_| None),
+        }
+    }
+}
+
+impl MemcachedBackend {
+    /// A backend for `url` (`memcache://host:port`). Connects lazily; must be used inside
+    /// a Tokio runtime.
+    pub fn open(url: &str, options: MemcachedOptions) -> Result<Self, LockError> {
+        let address = url
+            .strip_prefix("memcache://")
+            .or_else(|| url.strip_prefix("memcached://"))
+            .ok_or_else(|| LockError::Invalid(format!("not a memcache:// URL: {url}")))?
+            .trim_end_matches('/');
+        if address.is_empty() || address.contains('/') {
+            return Err(LockError::Invalid(format!("bad memcached URL: {url}")));
+        }
+        let pool = Pool::builder(Connector {
+            address: format!("tcp://{address}"),
+        })
+        .max_size(options.max_connections.max(1))
+        .runtime(deadpool::Runtime::Tokio1)
+        .wait_timeout(Some(options.op_timeout))
+        .create_timeout(Some(options.op_timeout))
+        .build()
+        .map_err(|error| LockError::Invalid(format!("memcached pool: {error}")))?;
+        Ok(Self {
+            pool,
+            options,
+            turns: Turns::default(),
+            held: Mutex::new(HashMap::new()),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Requests sent so far.
+    pub fn requests(&self) -> u64 {
+        self.requests.load(Ordering::Relaxed)
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
+        // Inserts and removes cannot leave the map inconsistent.
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The item that is the lock, and the key's counter.
+    fn items(&self, key: &str) -> Result<(String, String), LockError> {
+        let escaped = escape(key);
+        let item = format!("{}:lock:{escaped}", self.options.namespace);
+        if item.len() + 1 > MAX_KEY {
+            return Err(LockError::Invalid(format!(
+                "a memcached lock key is at most {MAX_KEY} bytes with its namespace"
+            )));
+        }
+        Ok((item, format!("{}:fence:{escaped}", self.options.namespace)))
+    }
+
+    /// The TTL flag of the item for a lease: the lease and the lock-delay.
+    fn ttl(&self, lease: Duration) -> String {
+        ttl_flag(lease.saturating_add(self.options.lock_delay))
+    }
+
+    /// Runs one command on a pooled connection, bounded by the op timeout, counted. A
+    /// connection whose command did not complete is closed (the pool drops it). A pooled
+    /// connection the server closed since its last use (a restart) fails before any answer:
+    /// the command is sent once more, on a new connection.
+    async fn request(&self, command: &Command<'_>) -> Result<Option<MetaValue>, Refused> {
+        let limit = Instant::now() + self.options.op_timeout;
+        let mut retried = false;
+        loop {
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            let mut client: Object<Connector> = match timeout_at(limit, self.pool.get()).await {
+                Ok(Ok(client)) => client,
+                Ok(Err(error)) => return Err(unavailable(error)),
+                Err(_) => return Err(unavailable("no connection in time")),
+            };
+            let reused = Object::metrics(&client).recycle_count > 0;
+            match timeout_at(limit, command.send(&mut client)).await {
+                Ok(Ok(answer)) => return Ok(answer),
+                Ok(Err(MemcachedError::Protocol(Status::Error(kind)))) => {
+                    return Err(unavailable(format!("{kind:?}")));
+                }
+                Ok(Err(MemcachedError::Protocol(status))) => return Err(Refused::Status(status)),
+                Ok(Err(MemcachedError::Io(_) | MemcachedError::ConnectionClosed))
+                    if reused && !retried =>
+                {
+                    retried = true;
+                    drop(Object::take(client));
+                }
+                Ok(Err(error)) => return Err(unavailable(error)),
+                Err(_) => {
+                    // Half done: never hand this connection out again.
+                    drop(Object::take(client));
+                    return Err(unavailable("no answer in time"));
+                }
+            }
+        }
+    }
+
+    /// Adds the lock's item if it is absent: its CAS value, or `None` when it is there.
+    async fn add(&self, item: &str, note: &str, ttl: Duration) -> Result<Option<u64>, LockError> {
+        let added = self
+            .request(&Command::Set {
+                key: item,
+                value: note.as_bytes(),
+                flags: vec![self.ttl(ttl), "ME".to_owned(), "c".to_owned()],
+            })
+            .await;
+        match added.and_then(refused_by_status) {
+            Ok(Some(value)) => value
+                .cas
+                .map(Some)
+                .ok_or_else(|| LockError::unavailable("memcached returned no CAS value")),
+            Ok(None) => Err(LockError::unavailable("memcached returned no CAS value")),
+            Err(Refused::Status(Status::NotStored)) => Ok(None),
+            Err(refused) => Err(refused.into()),
+        }
+    }
+
+    /// Rewrites the lock's item under `cas` with a new TTL: its new CAS, or `None` if the
+    /// item is not ours any more (gone, or another's).
+    async fn rewrite(
+        &self,
+        item: &str,
+        cas: u64,
+        note: &str,
+        ttl: Duration,
+    ) -> Result<Option<u64>, LockError> {
+        let rewritten = self
+            .request(&Command::Set {
+                key: item,
+                value: note.as_bytes(),
+                flags: vec![self.ttl(ttl), format!("C{cas}"), "c".to_owned()],
+            })
+            .await;
+        match rewritten.and_then(refused_by_status) {
+            Ok(Some(value)) => value
+                .cas
+                .map(Some)
+                .ok_or_else(|| LockError::unavailable("memcached returned no CAS value")),
+            Ok(None) => Err(LockError::unavailable("memcached returned no CAS value")),
+            Err(Refused::Status(Status::Exists | Status::NotFound | Status::NotStored)) => Ok(None),
+            Err(refused) => Err(refused.into()),
+        }
+    }
+
+    /// Increments the key's counter (created from the clock if missing): the new value.
+    async fn next_token(&self, counter: &str) -> Result<u64, LockError> {
+        let incremented = self
+            .request(&Command::Increment {
+                key: counter,
+                flags: vec![
+                    "N0".to_owned(),
+                    format!("J{}", clock_micros()),
+                    "v".to_owned(),
+                ],
+            })
+            .await?;
+        incremented
+            .and_then(|value| value.data)
+            .and_then(|data| std::str::from_utf8(&data).ok()?.trim().parse().ok())
+            .ok_or_else(|| LockError::unavailable("memcached returned no counter"))
+    }
+
+    /// One attempt: the lease's CAS and its token, or `None` when the lock is held.
+    async fn grant(
+        &self,
+        item: &str,
+        counter: &str,
+        value: &str,
+        ttl: Duration,
+    ) -> Result<Option<(u64, u64)>, LockError> {
+        let Some(cas) = self.add(item, value, ttl).await? else {
+            return Ok(None);
+        };
+        let token = self.next_token(counter).await?;
+        // Still ours after the increment? (If the lease ran out meanwhile, a successor may
+        // hold a lower token already: this grant must not be used.)
+        match self.rewrite(item, cas, value, ttl).await? {
+            Some(cas) => Ok(Some((cas, token))),
+            None => Ok(None),
+        }
+    }
+
+    /// The item's CAS value now, if it still holds `value` (the grant is still ours).
+    async fn still_ours(&self, item: &str, value: &str) -> Result<Option<u64>, LockError> {
+        let found = self
+            .request(&Command::Get {
+                key: item,
+                flags: &["v", "c"],
+            })
+            .await
+            .map_err(LockError::from)?;
+        Ok(found
+            .filter(|found| found.data.as_deref() == Some(value.as_bytes()))
+            .and_then(|found| found.cas))
+    }
+
+    async fn take(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        let (item, counter) = self.items(key)?;
+        let started = Instant::now();
+        let timed_out = || LockError::TimedOut {
+            key: key.to_owned(),
+            waited: started.elapsed(),
+        };
+        let Some((turn, _turn)) = self
+            .turns
+            .wait(&item, deadline)
+            .await
+            .map_err(|()| timed_out())?
+        else {
+            return Ok(None);
+        };
+        let owner = OwnerToken::random();
+        let value = format!("{} {note}", owner.to_hex());
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let asked_at = Instant::now();
+            if let Some((cas, token)) = self.grant(&item, &counter, &value, ttl).await? {
+                self.held().insert(owner, Held { item, cas, value });
+                return Ok(Some(Lease::new(
+                    key,
+                    owner,
+                    FencingToken::new(token),
+                    ttl,
+                    asked_at,
+                )));
+            }
+            let Some(deadline) = deadline else {
+                return Ok(None);
+            };
+            let jittered = pause.mul_f64(rand::random_range(0.5..1.5));
+            tokio::select! {
+                () = sleep_until((Instant::now() + jittered).min(deadline)) => {}
+                () = turn.next_release() => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(timed_out());
+            }
+            pause = (pause * 2).min(MAX_POLL);
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemcachedBackend {
+    async fn try_acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(key, ttl, None, note).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Instant,
+        note: &str,
+    ) -> Result<Lease, LockError> {
+        match self.take(key, ttl, Some(deadline), note).await? {
+            Some(lease) => Ok(lease),
+            None => Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
+    async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
+        let (item, _) = self.items(key)?;
+        let found = self
+            .request(&Command::Get {
+                key: &item,
+                flags: &["v"],
+            })
+            .await
+            .map_err(LockError::from)?;
+        // The value is the owner token, a space, and the note.
+        Ok(found.and_then(|value| value.data).map(|value| {
+            let value = String::from_utf8_lossy(&value);
+            value
+                .split_once(' ')
+                .map_or_else(String::new, |(_, note)| note.to_owned())
+        }))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
+        let Some(held) = self.held().remove(&lease.owner()) else {
+            return Ok(false);
+        };
+        let mut cas = held.cas;
+        let mut looked = false;
+        let deleted = loop {
+            let deleted = self
+                .request(&Command::Delete {
+                    key: &held.item,
+                    flags: vec![format!("C{cas}")],
+                })
+                .await
+                .and_then(refused_by_status);
+            match deleted {
+                // Another CAS value: ours still, after a write whose answer was lost?
+                Err(Refused::Status(Status::Exists)) if !looked => {
+                    looked = true;
+                    match self.still_ours(&held.item, &held.value).await? {
+                        Some(now) => cas = now,
+                        None => break deleted,
+                    }
+                }
+                deleted => break deleted,
+            }
+        };
+        // The waiter whose turn it is (if any) polls again now, not at its next pause.
+        self.turns.of(&held.item).released();
+        match deleted {
+            Ok(_) => Ok(true),
+            Err(Refused::Status(Status::Exists | Status::NotFound)) => Ok(false),
+            Err(refused) => {
+                // Not known released: keep it, so a retry can still release it (else it
+                // expires with its TTL).
+                self.held().insert(lease.owner(), held);
+                Err(refused.into())
+            }
+        }
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
+        validate(lease.key(), ttl)?;
+        let Some(held) = self.held().get(&lease.owner()).cloned() else {
+            return Ok(false);
+        };
+        let mut rewritten = self.rewrite(&held.item, held.cas, &held.value, ttl).await?;
+        if rewritten.is_none()
+            && let Some(now) = self.still_ours(&held.item, &held.value).await?
+        {
+            // Ours, under a CAS value a write whose answer was lost left.
+            rewritten = self.rewrite(&held.item, now, &held.value, ttl).await?;
+        }
+        match rewritten {
+            Some(cas) => {
+                if let Some(held) = self.held().get_mut(&lease.owner()) {
+                    held.cas = cas;
+                }
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    async fn raise_fencing(
+        &self,
+        key: &str,
+        floor: FencingToken,
+    ) -> Result<FencingToken, LockError> {
+        check_floor(floor)?;
+        let (_, counter) = self.items(key)?;
+        loop {
+            let found = self
+                .request(&Command::Get {
+                    key: &counter,
+                    flags: &["v", "c"],
+                })
+                .await
+                .map_err(LockError::from)?;
+            let current = found.as_ref().and_then(|value| {
+                std::str::from_utf8(value.data.as_deref()?)
+                    .ok()?
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            });
+            let target = match current {
+                Some(current) if current >= floor.get() => return Ok(FencingToken::new(current)),
+                Some(_) => floor.get(),
+                None => floor.get().max(clock_micros()),
+            };
+            // Written only if unchanged since read (or still absent): else look again.
+            let mode = match found.as_ref().and_then(|value| value.cas) {
+                Some(cas) if current.is_some() => format!("C{cas}"),
+                _ => "ME".to_owned(),
+            };
+            let target_text = target.to_string();
+            let written = self
+                .request(&Command::Set {
+                    key: &counter,
+                    value: target_text.as_bytes(),
+                    flags: vec![mode],
+                })
+                .await;
+            match written.and_then(refused_by_status) {
+                Ok(_) => return Ok(FencingToken::new(target)),
+                Err(Refused::Status(Status::Exists | Status::NotStored | Status::NotFound)) => {}
+                Err(refused) => return Err(refused.into()),
+            }
+        }
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        self.request(&Command::Version)
+            .await
+            .map_err(LockError::from)?;
+        Ok(())
+    }
+
+    fn sessions(&self) -> Sessions {
+        Sessions::PerGrant
+    }
+
+    fn expiry_granularity(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+}

@@ -1,0 +1,152 @@
+//! What only memcached can show: exclusion across processes through add and CAS, a lock
+//! item deleted behind the holder's back, and the lock-delay, on the shared server
+//! (`MEMCACHED_URL`, else 127.0.0.1:11211), each test under a namespace of its own; and
+//! counters lost to a restart, on a private server.
+
+use std::time::Duration;
+
+use lock::testing::MemcachedServer;
+use lock::{LockService, MemcachedOptions};
+use tokio::time::{Instant, sleep};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn memcached_url() -> String {
+    std::env::var("MEMCACHED_URL").unwrap_or_else(|_| "memcache://127.0.0.1:11211".into())
+}
+
+fn namespace() -> String {
+    format!("test-{:016x}", rand::random::<u64>())
+}
+
+fn options(namespace: &str) -> MemcachedOptions {
+    MemcachedOptions {
+        namespace: namespace.to_owned(),
+        op_timeout: 5 * SECOND,
+        ..MemcachedOptions::default()
+    }
+}
+
+/// The shared memcached, under a namespace of the test's own.
+pub fn shared_memcached() -> LockService {
+    LockService::memcached(&memcached_url(), options(&namespace())).unwrap()
+}
+
+/// Sends one command in memcached's text protocol, as an operator would, and returns the
+/// first line of the answer.
+async fn operator(command: &str) -> String {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let address = memcached_url().trim_start_matches("memcache://").to_owned();
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream.write_all(command.as_bytes()).await.unwrap();
+    let mut line = String::new();
+    BufReader::new(stream).read_line(&mut line).await.unwrap();
+    line
+}
+
+/// A memcached of the test's own. Its data loss is a restart: memcached keeps nothing.
+pub struct PrivateMemcached {
+    server: MemcachedServer,
+    locks: LockService,
+}
+
+impl PrivateMemcached {
+    pub fn start() -> Self {
+        let server = MemcachedServer::start().expect("a memcached starts");
+        let locks = LockService::memcached(&server.url(), options("t")).unwrap();
+        Self { server, locks }
+    }
+}
+
+impl Store for PrivateMemcached {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        self.server.restart().expect("memcached restarts");
+        // The same service: its pooled connections to the old server are found closed
+        // and replaced.
+        self.locks.clone()
+    }
+}
+
+/// Two processes on one key through memcached: no two holders at once, no update lost
+/// (no queue across processes: who polls first after a release wins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exclusion_holds_across_processes() {
+    let namespace = namespace();
+    let instances = [
+        LockService::memcached(&memcached_url(), options(&namespace)).unwrap(),
+        LockService::memcached(&memcached_url(), options(&namespace)).unwrap(),
+    ];
+    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+}
+
+/// The lock's item deleted behind the holder's back (an eviction, a `flush_all`): a
+/// waiter of another process takes it at its next poll, the holder's next extend fails its
+/// CAS and `lost()` fires, and its release touches nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_evicted_lock_is_taken_and_its_holder_told() {
+    let namespace = namespace();
+    let holders = LockService::memcached(&memcached_url(), options(&namespace)).unwrap();
+    let others = LockService::memcached(&memcached_url(), options(&namespace)).unwrap();
+    let mut holder = holders
+        .try_acquire("k", Duration::from_millis(600))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let others = others.clone();
+        tokio::spawn(async move {
+            others
+                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let answer = operator(&format!("delete {namespace}:lock:k\r\n")).await;
+    assert!(answer.starts_with("DELETED"), "{answer}");
+    let evicted_at = Instant::now();
+    let mut successor = waiter.await.unwrap().unwrap();
+    assert!(evicted_at.elapsed() < Duration::from_millis(300));
+    tokio::time::timeout(2 * SECOND, holder.lost())
+        .await
+        .expect("lost() did not fire after the item was deleted");
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// Chubby's lock-delay on memcached: a holder that vanished keeps its item for its lease
+/// and the delay (in whole seconds, rounded up); a released lock is free at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lock_delay_keeps_a_vanished_holders_item() {
+    let delay = Duration::from_millis(700);
+    let locks = LockService::memcached(
+        &memcached_url(),
+        MemcachedOptions {
+            lock_delay: delay,
+            ..options(&namespace())
+        },
+    )
+    .unwrap();
+    let holder = locks.clone();
+    crate::suite::lock_delay_keeps_a_vanished_holders_key(
+        &locks,
+        &locks,
+        delay,
+        |key| async move {
+            let guard = holder
+                .try_acquire(&key, Duration::from_millis(300))
+                .await
+                .unwrap()
+                .unwrap();
+            guard.abandon().await;
+            Duration::from_millis(300)
+        },
+    )
+    .await;
+}
