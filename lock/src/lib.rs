@@ -10,13 +10,17 @@
 //!   method, in terms of [`Lease`]s.
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
-//! - [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`),
-//!   [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`] (`zookeeper.rs`) and
-//!   `EtcdBackend` (`etcd.rs`, cargo feature `etcd`) and [`PostgresBackend`]
-//!   (`postgres.rs`, advisory locks): the stores, held to one test suite. Redis and
-//!   in-process leases are per grant (a TTL the guard renews); ZooKeeper's and etcd's are
-//!   the process's session or lease, with the store's own zxid or revision as the fencing
-//!   token; PostgreSQL's is the holder's connection ([`Sessions`]).
+//! - The stores, held to one test suite: [`RedisBackend`] (`redis_backend.rs`, scripts
+//!   in `scripts/*.lua`), [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`]
+//!   (`zookeeper.rs`), `EtcdBackend` (`etcd.rs`, cargo feature `etcd`),
+//!   [`MemcachedBackend`] (`memcached.rs`), [`PostgresBackend`] (`postgres.rs`, advisory
+//!   locks), [`MySqlTableBackend`] (`mysql_table.rs`, a lock table) and
+//!   [`MySqlRowBackend`] (`mysql_row.rs`, InnoDB row locks). Redis, in-process,
+//!   memcached and lock-table leases are per grant (a TTL the guard renews); ZooKeeper's
+//!   and etcd's are the process's session or lease, with the store's own zxid or revision
+//!   as the fencing token; PostgreSQL's and the row lock's are the holder's connection
+//!   ([`Sessions`]). `turns.rs`: the per-key line a process keeps for the stores that
+//!   take one waiter per key per process.
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
 //! - [`Redlock`] (`redlock.rs`): the quorum lock over independent Redis servers, and
 //!   [`recipes`] (`recipes.rs`): the classic recipes that fail. Both exist for payonce's

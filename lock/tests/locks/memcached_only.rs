@@ -111,7 +111,10 @@ async fn an_evicted_lock_is_taken_and_its_holder_told() {
     assert!(answer.starts_with("DELETED"), "{answer}");
     let evicted_at = Instant::now();
     let mut successor = waiter.await.unwrap().unwrap();
-    assert!(evicted_at.elapsed() < Duration::from_millis(300));
+    // At a poll (100 ms apart at most, jittered), not at a lease's end: the holder kept
+    // renewing, so nothing but the deletion freed the key. Loose: the suite shares two
+    // cores with the JVMs.
+    assert!(evicted_at.elapsed() < SECOND);
     tokio::time::timeout(2 * SECOND, holder.lost())
         .await
         .expect("lost() did not fire after the item was deleted");
