@@ -8,8 +8,12 @@
 //!   CAS (`ms … C<cas>`), which confirms the lease was still ours after the increment — a
 //!   holder whose lease ran out between add and increment gets no grant, so a token is
 //!   never handed to a holder that lost its lease before a successor got a lower one.
-//!   Three round trips. **Release** is `md <key> C<cas>`; **extend** rewrites the item
-//!   under its CAS with a new TTL: one round trip each.
+//!   Three round trips; a grant that fails or is cut short half-way deletes what it
+//!   added. **Release** and **extend** look the item up (`mg <key> v c`) and, if it holds
+//!   the grant's value (owner token and note), delete it (`md <key> C<cas>`) or rewrite it
+//!   with a new TTL under the CAS that look returned: two round trips each. (Not under the
+//!   CAS remembered from the grant: memcached's CAS counter starts over after a restart,
+//!   and another's item may come to carry the same number.)
 //! - **Expiry is in whole seconds**, by memcached's own clock, which ticks once a second:
 //!   an item's TTL is the lease rounded up, plus one second, so it never expires before
 //!   the lease the holder is told of; a vanished holder's key is free one to two seconds
@@ -33,7 +37,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_memcached::{Client, Error as MemcachedError, MetaProtocol, MetaValue, Status};
 use async_trait::async_trait;
 use deadpool::managed::{self, Metrics, Object, Pool, RecycleError, RecycleResult};
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 
 use crate::error::LockError;
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
@@ -99,15 +103,66 @@ impl managed::Manager for Connector {
     }
 }
 
-/// A lock this process holds: its key, the CAS value of the item that is the lock (as
-/// last seen), and the item's value — the grant's owner token and its note — which tells
-/// the item is still ours when the CAS value moved on under a write whose answer was lost
-/// (an extend cancelled mid-way).
+/// A lock this process holds: its key and the item's value — the grant's owner token and
+/// its note. Release and extend look the item up first and act only if it holds that
+/// value, under the CAS value that look returned: a CAS value remembered from the grant is
+/// not enough, since memcached's CAS counter starts over after a restart and another's
+/// item may come to carry the same number.
 #[derive(Clone, Debug)]
 struct Held {
     item: String,
-    cas: u64,
     value: String,
+}
+
+/// The item a grant added, deleted again (if it still holds the grant's value) unless the
+/// grant completes — so a grant that fails, runs out of time or is dropped half-way leaves
+/// no lock behind to sit out its TTL.
+struct Added {
+    pool: Pool<Connector>,
+    item: String,
+    value: String,
+    op_timeout: Duration,
+    done: bool,
+}
+
+impl Drop for Added {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (pool, op_timeout) = (self.pool.clone(), self.op_timeout);
+        let (item, value) = (
+            std::mem::take(&mut self.item),
+            std::mem::take(&mut self.value),
+        );
+        runtime.spawn(async move {
+            // Best effort: if this fails too, the item expires with its TTL.
+            let _ = timeout(op_timeout, async {
+                let mut client = pool.get().await.ok()?;
+                let found = Command::Get {
+                    key: &item,
+                    flags: &["v", "c"],
+                }
+                .send(&mut client)
+                .await
+                .ok()??;
+                if found.data.as_deref() != Some(value.as_bytes()) {
+                    return None;
+                }
+                Command::Delete {
+                    key: &item,
+                    flags: vec![format!("C{}", found.cas?)],
+                }
+                .send(&mut client)
+                .await
+                .ok()
+            })
+            .await;
+        });
+    }
 }
 
 /// Locks in memcached. See the module docs.
@@ -401,24 +456,30 @@ impl MemcachedBackend {
             .ok_or_else(|| LockError::unavailable("memcached returned no counter"))
     }
 
-    /// One attempt: the lease's CAS and its token, or `None` when the lock is held.
+    /// One attempt: the grant's token, or `None` when the lock is held.
     async fn grant(
         &self,
         item: &str,
         counter: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<Option<(u64, u64)>, LockError> {
+    ) -> Result<Option<u64>, LockError> {
         let Some(cas) = self.add(item, value, ttl).await? else {
             return Ok(None);
+        };
+        let mut added = Added {
+            pool: self.pool.clone(),
+            item: item.to_owned(),
+            value: value.to_owned(),
+            op_timeout: self.options.op_timeout,
+            done: false,
         };
         let token = self.next_token(counter).await?;
         // Still ours after the increment? (If the lease ran out meanwhile, a successor may
         // hold a lower token already: this grant must not be used.)
-        match self.rewrite(item, cas, value, ttl).await? {
-            Some(cas) => Ok(Some((cas, token))),
-            None => Ok(None),
-        }
+        let rewritten = self.rewrite(item, cas, value, ttl).await?;
+        added.done = true;
+        Ok(rewritten.map(|_| token))
     }
 
     /// The item's CAS value now, if it still holds `value` (the grant is still ours).
@@ -433,6 +494,31 @@ impl MemcachedBackend {
         Ok(found
             .filter(|found| found.data.as_deref() == Some(value.as_bytes()))
             .and_then(|found| found.cas))
+    }
+
+    /// Deletes the lock's item if it still holds `held`'s value: whether it did. A write
+    /// between the look and the delete (our own extend, cancelled mid-way) is looked at
+    /// once more.
+    async fn delete_if_ours(&self, held: &Held) -> Result<bool, LockError> {
+        for _ in 0..2 {
+            let Some(cas) = self.still_ours(&held.item, &held.value).await? else {
+                return Ok(false);
+            };
+            let deleted = self
+                .request(&Command::Delete {
+                    key: &held.item,
+                    flags: vec![format!("C{cas}")],
+                })
+                .await
+                .and_then(refused_by_status);
+            match deleted {
+                Ok(_) => return Ok(true),
+                Err(Refused::Status(Status::Exists)) => {}
+                Err(Refused::Status(Status::NotFound)) => return Ok(false),
+                Err(refused) => return Err(refused.into()),
+            }
+        }
+        Ok(false)
     }
 
     async fn take(
@@ -463,8 +549,16 @@ impl MemcachedBackend {
         let mut pause = Duration::from_millis(1);
         loop {
             let asked_at = Instant::now();
-            if let Some((cas, token)) = self.grant(&item, &counter, &value, ttl).await? {
-                self.held().insert(owner, Held { item, cas, value });
+            let granted = match deadline {
+                // Each step of a grant bounded by the deadline too, not only by the op
+                // timeout: a grant cut short deletes what it added (`Added`).
+                Some(deadline) => timeout_at(deadline, self.grant(&item, &counter, &value, ttl))
+                    .await
+                    .map_err(|_| timed_out())?,
+                None => self.grant(&item, &counter, &value, ttl).await,
+            };
+            if let Some(token) = granted? {
+                self.held().insert(owner, Held { item, value });
                 return Ok(Some(Lease::new(
                     key,
                     owner,
@@ -538,40 +632,14 @@ impl LockBackend for MemcachedBackend {
         let Some(held) = self.held().remove(&lease.owner()) else {
             return Ok(false);
         };
-        let mut cas = held.cas;
-        let mut looked = false;
-        let deleted = loop {
-            let deleted = self
-                .request(&Command::Delete {
-                    key: &held.item,
-                    flags: vec![format!("C{cas}")],
-                })
-                .await
-                .and_then(refused_by_status);
-            match deleted {
-                // Another CAS value: ours still, after a write whose answer was lost?
-                Err(Refused::Status(Status::Exists)) if !looked => {
-                    looked = true;
-                    match self.still_ours(&held.item, &held.value).await? {
-                        Some(now) => cas = now,
-                        None => break deleted,
-                    }
-                }
-                deleted => break deleted,
-            }
-        };
+        let deleted = self.delete_if_ours(&held).await;
         // The waiter whose turn it is (if any) polls again now, not at its next pause.
         self.turns.of(&held.item).released();
-        match deleted {
-            Ok(_) => Ok(true),
-            Err(Refused::Status(Status::Exists | Status::NotFound)) => Ok(false),
-            Err(refused) => {
-                // Not known released: keep it, so a retry can still release it (else it
-                // expires with its TTL).
-                self.held().insert(lease.owner(), held);
-                Err(refused.into())
-            }
-        }
+        deleted.inspect_err(|_| {
+            // Not known released: keep it, so a retry can still release it (else it
+            // expires with its TTL).
+            self.held().insert(lease.owner(), held.clone());
+        })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
@@ -579,22 +647,13 @@ impl LockBackend for MemcachedBackend {
         let Some(held) = self.held().get(&lease.owner()).cloned() else {
             return Ok(false);
         };
-        let mut rewritten = self.rewrite(&held.item, held.cas, &held.value, ttl).await?;
-        if rewritten.is_none()
-            && let Some(now) = self.still_ours(&held.item, &held.value).await?
-        {
-            // Ours, under a CAS value a write whose answer was lost left.
-            rewritten = self.rewrite(&held.item, now, &held.value, ttl).await?;
-        }
-        match rewritten {
-            Some(cas) => {
-                if let Some(held) = self.held().get_mut(&lease.owner()) {
-                    held.cas = cas;
-                }
-                Ok(true)
-            }
-            None => Ok(false),
-        }
+        let Some(cas) = self.still_ours(&held.item, &held.value).await? else {
+            return Ok(false);
+        };
+        Ok(self
+            .rewrite(&held.item, cas, &held.value, ttl)
+            .await?
+            .is_some())
     }
 
     async fn raise_fencing(
@@ -625,9 +684,10 @@ impl LockBackend for MemcachedBackend {
                 None => floor.get().max(clock_micros()),
             };
             // Written only if unchanged since read (or still absent): else look again.
+            // (A counter that is there but unreadable is overwritten under its CAS too.)
             let mode = match found.as_ref().and_then(|value| value.cas) {
-                Some(cas) if current.is_some() => format!("C{cas}"),
-                _ => "ME".to_owned(),
+                Some(cas) => format!("C{cas}"),
+                None => "ME".to_owned(),
             };
             let target_text = target.to_string();
             let written = self

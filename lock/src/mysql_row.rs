@@ -4,8 +4,9 @@
 //!
 //! - **The transaction is the lease.** COMMIT releases the lock; a connection that dies
 //!   (the holder's process, the network, the server) rolls its transaction back and frees
-//!   it. MariaDB's `idle_transaction_timeout` is set to the lease (whole seconds, at least
-//!   one) on the holder's session: a holder that stops heartbeating — paused, cut off —
+//!   it. MariaDB's `idle_transaction_timeout` is set to the lease (rounded up to whole
+//!   seconds, plus one: the server's clock starts a moment before the holder's) on the
+//!   holder's session: a holder that stops heartbeating — paused, cut off —
 //!   has its transaction killed by the server then, so a paused holder does not keep the
 //!   lock forever. `extend` is the heartbeat: one statement on the holder's connection.
 //! - **Waiting is the server's own queue**: `FOR UPDATE WAIT`, ended by the server at
@@ -112,7 +113,44 @@ const DEADLINE_GRACE: Duration = Duration::from_millis(100);
 /// A lock this process holds: its connection, inside the open transaction.
 struct Held {
     key: String,
-    connection: Arc<tokio::sync::Mutex<Option<PoolConnection<MySql>>>>,
+    connection: Arc<tokio::sync::Mutex<Slot>>,
+}
+
+/// What a lock-delay check at a grant found.
+enum Usable {
+    /// The last holder released: the lock is usable now.
+    AtOnce,
+    /// Usable after the delay, with the lease running from this heartbeat's sending.
+    After(Instant),
+    /// The delay would pass the deadline: the lock was handed on.
+    HandedOn,
+}
+
+/// The holder's connection, until its transaction ends. Dropped while still there — a
+/// grant abandoned during its lock-delay, an error before the lease was handed out — it
+/// is closed, never returned to the pool with its transaction open and the row locked.
+struct Slot(Option<PoolConnection<MySql>>);
+
+impl std::ops::Deref for Slot {
+    type Target = Option<PoolConnection<MySql>>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Slot {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            drop(connection.detach());
+        }
+    }
 }
 
 /// Locks as InnoDB row locks. See the module docs.
@@ -367,7 +405,9 @@ impl MySqlRowBackend {
         };
         let mut taken = Taken::new(connection, &self.pool, self.options.op_timeout);
         // The server's own lease on the holder: a transaction idle this long is killed.
-        let idle = ttl.as_secs_f64().ceil().max(1.0);
+        // A second more than the lease, rounded up: the server's clock starts as the lock
+        // statement ends, a moment before the holder hears of it and starts its own.
+        let idle = ttl.as_secs_f64().ceil().max(1.0) + 1.0;
         let key_literal = hex_literal(&name);
         // The statement that opens the transaction and waits for the row. With a
         // deadline, the server ends the wait itself when it comes (`max_statement_time`,
@@ -400,7 +440,7 @@ impl MySqlRowBackend {
         };
         let limit = deadline.map(|deadline| deadline + DEADLINE_GRACE);
         let mut made_row = false;
-        loop {
+        let locked_at = loop {
             let Some(lock) = lock_statement() else {
                 return Err(timed_out());
             };
@@ -417,7 +457,7 @@ impl MySqlRowBackend {
                 })
                 .await;
             match locked {
-                Ok(Some(_)) => break,
+                Ok(Some(_)) => break Instant::now(),
                 // No row for the key yet: make it, and lock it.
                 Ok(None) if !made_row => {
                     made_row = true;
@@ -462,7 +502,7 @@ impl MySqlRowBackend {
                 }
                 Err(error) => return Err(self.failed(&error)),
             }
-        }
+        };
         // The row is ours: bump the counter on another connection, committed at once.
         let bumped = self
             .run(
@@ -477,15 +517,24 @@ impl MySqlRowBackend {
             .map_err(|error| self.failed(&error))?;
         let held = Held {
             key: name,
-            connection: Arc::new(tokio::sync::Mutex::new(Some(taken.hand_on()))),
+            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
         };
-        if !self.options.lock_delay.is_zero() && !self.usable(&held, deadline).await? {
-            return match deadline {
-                None => Ok(None),
-                Some(_) => Err(timed_out()),
-            };
-        }
-        let granted_at = Instant::now();
+        // The lease runs from when the server locked the row (its idle clock started
+        // then), or from the last heartbeat of a lock-delay wait.
+        let granted_at = if self.options.lock_delay.is_zero() {
+            locked_at
+        } else {
+            match self.usable(&held, ttl, deadline).await? {
+                Usable::AtOnce => locked_at,
+                Usable::After(heartbeat) => heartbeat,
+                Usable::HandedOn => {
+                    return match deadline {
+                        None => Ok(None),
+                        Some(_) => Err(timed_out()),
+                    };
+                }
+            }
+        };
         let owner = OwnerToken::random();
         self.held().insert(owner, held);
         Ok(Some(Lease::new(
@@ -498,9 +547,14 @@ impl MySqlRowBackend {
     }
 
     /// Lock-delay at a grant: if the last holder never released, waits the delay holding
-    /// the lock — unless that would pass `deadline`, when the lock is handed on and the
-    /// answer is `false`.
-    async fn usable(&self, held: &Held, deadline: Option<Instant>) -> Result<bool, LockError> {
+    /// the lock, its transaction kept alive by a heartbeat every third of the lease —
+    /// unless the wait would pass `deadline`, when the lock is handed on.
+    async fn usable(
+        &self,
+        held: &Held,
+        ttl: Duration,
+        deadline: Option<Instant>,
+    ) -> Result<Usable, LockError> {
         let released: Option<bool> = self
             .run(
                 None,
@@ -511,23 +565,51 @@ impl MySqlRowBackend {
             .await
             .map_err(|error| self.failed(&error))?;
         if released.unwrap_or(true) {
-            return Ok(true);
+            return Ok(Usable::AtOnce);
         }
         let until = Instant::now() + self.options.lock_delay;
-        match deadline {
-            Some(deadline) if until <= deadline => {
-                tracing::info!(
-                    key = held.key,
-                    delay = ?self.options.lock_delay,
-                    "the last holder never released: waiting out the lock-delay"
-                );
-                tokio::time::sleep_until(until).await;
-                Ok(true)
+        if deadline.is_some_and(|deadline| until > deadline) {
+            self.commit(held, false).await?;
+            if let Some(deadline) = deadline {
+                tokio::time::sleep_until(deadline).await;
             }
-            _ => {
-                self.commit(held, false).await?;
-                if let Some(deadline) = deadline {
-                    tokio::time::sleep_until(deadline).await;
+            return Ok(Usable::HandedOn);
+        }
+        tracing::info!(
+            key = held.key,
+            delay = ?self.options.lock_delay,
+            "the last holder never released: waiting out the lock-delay"
+        );
+        loop {
+            tokio::time::sleep_until(until.min(Instant::now() + ttl / 3)).await;
+            let sent_at = Instant::now();
+            if !self.heartbeat(held).await? {
+                return Err(LockError::unavailable(
+                    "MySQL: the connection holding the row broke during the lock-delay",
+                ));
+            }
+            if sent_at >= until {
+                return Ok(Usable::After(sent_at));
+            }
+        }
+    }
+
+    /// One statement in the holder's transaction, which restarts the server's idle clock:
+    /// whether the transaction is alive (a broken connection is closed).
+    async fn heartbeat(&self, held: &Held) -> Result<bool, LockError> {
+        let mut slot = held.connection.lock().await;
+        let Some(open) = slot.as_mut() else {
+            return Ok(false);
+        };
+        match self
+            .run(None, sqlx::raw_sql("SELECT 1").execute(&mut **open))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::PoolTimedOut) => Err(too_slow()),
+            Err(_) => {
+                if let Some(connection) = slot.take() {
+                    drop(connection.detach());
                 }
                 Ok(false)
             }
@@ -665,26 +747,13 @@ impl LockBackend for MySqlRowBackend {
             let Some(held) = held.get(&lease.owner()) else {
                 return Ok(false);
             };
-            held.connection.clone()
-        };
-        let mut slot = connection.lock().await;
-        let Some(open) = slot.as_mut() else {
-            return Ok(false);
+            Held {
+                key: held.key.clone(),
+                connection: held.connection.clone(),
+            }
         };
         // Alive, inside its transaction: the row is still locked by it.
-        match self
-            .run(None, sqlx::raw_sql("SELECT 1").execute(&mut **open))
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::PoolTimedOut) => Err(too_slow()),
-            Err(_) => {
-                if let Some(connection) = slot.take() {
-                    drop(connection.detach());
-                }
-                Ok(false)
-            }
-        }
+        self.heartbeat(&connection).await
     }
 
     async fn raise_fencing(

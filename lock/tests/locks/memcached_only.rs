@@ -3,10 +3,11 @@
 //! (`MEMCACHED_URL`, else 127.0.0.1:11211), each test under a namespace of its own; and
 //! counters lost to a restart, on a private server.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock::testing::MemcachedServer;
-use lock::{LockService, MemcachedOptions};
+use lock::{LockBackend, LockService, MemcachedBackend, MemcachedOptions};
 use tokio::time::{Instant, sleep};
 
 use crate::Store;
@@ -152,4 +153,31 @@ async fn lock_delay_keeps_a_vanished_holders_item() {
         },
     )
     .await;
+}
+
+/// memcached's CAS counter starts over after a restart, so the item of the next holder
+/// can carry the very CAS value the last holder's grant was given (on a fresh server a
+/// grant's writes number the same every time). The old holder's release and extend still
+/// touch nothing of the new holder's: they act only on an item that holds their own value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_holder_from_before_a_restart_never_touches_the_next_holders_lock() {
+    let mut server = MemcachedServer::start().expect("a memcached starts");
+    let backend = Arc::new(MemcachedBackend::open(&server.url(), options("t")).unwrap());
+    let before = LockService::from_arc(backend.clone());
+    let mut old = before.try_acquire("k", 30 * SECOND).await.unwrap().unwrap();
+    server.restart().expect("memcached restarts");
+    let after = LockService::memcached(&server.url(), options("t")).unwrap();
+    let mut new = after
+        .try_acquire("k", 30 * SECOND)
+        .await
+        .unwrap()
+        .expect("the restart freed the lock");
+
+    assert!(!backend.extend(old.lease(), 30 * SECOND).await.unwrap());
+    assert!(!old.release().await.unwrap());
+    assert!(
+        after.try_acquire("k", SECOND).await.unwrap().is_none(),
+        "the old holder freed the new holder's lock"
+    );
+    assert!(new.release().await.unwrap());
 }

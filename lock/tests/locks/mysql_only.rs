@@ -418,11 +418,82 @@ async fn row_lock_delay_holds_a_vanished_holders_row() {
         delay,
         |key| async move {
             let mut guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
-            // Paused: no heartbeat, so the server ends its transaction after a second idle.
+            // Paused: no heartbeat, so the server ends its transaction once it was idle
+            // for the lease rounded up, plus a second.
             guard.stop_renewal().await;
             std::mem::forget(guard);
-            SECOND
+            2 * SECOND
         },
     )
     .await;
+}
+
+/// A grant dropped while it waits out the lock-delay — the row locked, its transaction
+/// open — closes its connection: the row is free again at once, not held by a connection
+/// gone back to the pool with its transaction open until the server's idle timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
+    let namespace = namespace();
+    let delayed = MySqlRowOptions {
+        lock_delay: 5 * SECOND,
+        ..row_options(&namespace)
+    };
+    let locks = LockService::mysql_row(&row_url(), delayed).unwrap();
+    let operator = operator().await;
+    let row = format!("{namespace}:k");
+    let fence = || {
+        sqlx::query_scalar::<_, i64>("SELECT fence FROM payonce_lock_fences WHERE lock_key = ?")
+            .bind(&row)
+            .fetch_one(&operator)
+    };
+    // A holder that vanishes without releasing: paused, its transaction ended by the
+    // server two seconds later.
+    let mut holder = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+    holder.stop_renewal().await;
+    std::mem::forget(holder);
+    let holders_fence = fence().await.unwrap();
+
+    // Its successor gets the row, bumps the counter, then waits out the delay holding
+    // the row; it is dropped then.
+    let successor = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("k", 10 * SECOND, Instant::now() + 30 * SECOND)
+                .await
+        })
+    };
+    let started = Instant::now();
+    while fence().await.unwrap() == holders_fence {
+        assert!(
+            started.elapsed() < 10 * SECOND,
+            "the successor never got the row"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !successor.is_finished(),
+        "the successor did not wait the delay"
+    );
+    successor.abort();
+    let dropped_at = Instant::now();
+    loop {
+        let mut probe = operator.begin().await.unwrap();
+        let free =
+            sqlx::query("SELECT 1 FROM payonce_lock_rows WHERE lock_key = ? FOR UPDATE NOWAIT")
+                .bind(&row)
+                .fetch_optional(&mut *probe)
+                .await
+                .is_ok();
+        probe.rollback().await.unwrap();
+        if free {
+            break;
+        }
+        assert!(
+            dropped_at.elapsed() < 3 * SECOND,
+            "the dropped grant's row stayed locked"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
 }
