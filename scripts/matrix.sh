@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/services.sh
-cargo build --release --locked -p api -p loadtest
+cargo build --release --locked -p api --features demo -p loadtest
 out=target/matrix
 mkdir -p "$out"
 

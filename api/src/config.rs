@@ -117,11 +117,12 @@ pub struct Config {
     #[arg(long, global = true, env = "PAYONCE_INSTANCE")]
     pub instance: Option<String>,
     /// How spends serialise on an account. `fenced` is the only safe one; the others are
-    /// the classic recipes, kept to show how they spend money twice.
+    /// the classic recipes, kept to show how they spend money twice (only in a build with
+    /// the cargo feature `demo`).
     #[arg(long, global = true, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
     pub lock_strategy: Strategy,
-    /// The demonstration mode: honour the `Payonce-Strategy` and `Payonce-Fault` request
-    /// headers. Never in production.
+    /// The demonstration mode: honour the `Payonce-Fault` request header, and
+    /// `Payonce-Strategy` in a build with the cargo feature `demo`. Never in production.
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
     /// The most spends one account may have waiting for its lock (or asking the lock
@@ -429,6 +430,7 @@ impl Config {
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
             ));
         }
+        strategy_is_built(self.lock_strategy, cfg!(feature = "demo"))?;
         let mode = self.mode()?;
         let needs_redis = !matches!(self.lock_strategy, Strategy::Fenced | Strategy::None);
         let on_redis = matches!(
@@ -459,6 +461,19 @@ impl Config {
             .clone()
             .unwrap_or_else(|| self.addr.to_string())
     }
+}
+
+/// Whether `strategy` is in this build: the unsafe ones only with the demonstration
+/// (`demo_built`, the cargo feature `demo`).
+fn strategy_is_built(strategy: Strategy, demo_built: bool) -> Result<(), ConfigError> {
+    if demo_built || strategy == Strategy::Fenced {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "PAYONCE_LOCK_STRATEGY={} needs a build with the demonstration's strategies \
+         (cargo build -p api --features demo); this one has only the fenced strategy",
+        strategy.name()
+    )))
 }
 
 /// A URL with its secrets replaced, for printing: the password in the authority, and
@@ -612,6 +627,22 @@ mod tests {
         assert!(error.to_string().contains("REDIS_URL) is not"), "{error}");
         let error = with(None, Some("redis://r")).unwrap_err();
         assert!(error.to_string().contains("DATABASE_URL is not"), "{error}");
+    }
+
+    #[test]
+    fn a_build_without_the_demonstration_has_only_the_fenced_strategy() {
+        assert!(strategy_is_built(Strategy::Fenced, false).is_ok());
+        for strategy in Strategy::ALL {
+            assert!(strategy_is_built(strategy, true).is_ok());
+            if strategy != Strategy::Fenced {
+                let refused = strategy_is_built(strategy, false).unwrap_err().to_string();
+                assert!(refused.contains("--features demo"), "{refused}");
+            }
+        }
+        // This build's own answer, through the whole validation.
+        let mut config = config(&["--lock-strategy", "none"]);
+        (config.database_url, config.redis_url, config.lock_url) = (None, None, None);
+        assert_eq!(config.validate().is_ok(), cfg!(feature = "demo"));
     }
 
     #[test]

@@ -15,15 +15,21 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use ledger::{AccountId, Operation, TicketId};
+use lock::LockError;
+#[cfg(feature = "demo")]
 use lock::recipes::{GetSetTimestamp, Recipe, RecipeGuard, SetnxExpire};
-use lock::{LockError, LockGuard, LockService, Redlock, RedlockGuard};
+#[cfg(feature = "demo")]
+use lock::{LockGuard, LockService, Redlock, RedlockGuard};
+#[cfg(feature = "demo")]
 use tokio::time::Instant;
 
 use crate::config::Strategy;
 use crate::error::ApiError;
+#[cfg(feature = "demo")]
 use crate::render::render;
 use crate::state::AppState;
 
+#[cfg(feature = "demo")]
 /// The unsafe strategies' locks. Present in the distributed mode; Redlock only with
 /// `PAYONCE_REDLOCK_URLS`.
 #[derive(Debug, Default)]
@@ -33,6 +39,7 @@ pub struct Recipes {
     redlock: Option<Redlock>,
 }
 
+#[cfg(feature = "demo")]
 impl Recipes {
     /// Whether the Redis-backed strategies can run here (the distributed mode).
     fn has_redis(&self) -> bool {
@@ -55,6 +62,26 @@ impl Recipes {
                 Some(Redlock::open(redlock_urls, &demo_namespace)?)
             },
         })
+    }
+}
+
+/// Without the demonstration (cargo feature `demo`) there are no unsafe strategies and no
+/// locks for them.
+#[cfg(not(feature = "demo"))]
+#[derive(Debug, Default)]
+pub struct Recipes {
+    _none: (),
+}
+
+#[cfg(not(feature = "demo"))]
+impl Recipes {
+    /// Nothing to connect to: this build has only the fenced strategy.
+    pub fn open(
+        _redis_url: &str,
+        _redlock_urls: &[String],
+        _namespace: &str,
+    ) -> Result<Self, LockError> {
+        Ok(Self::default())
     }
 }
 
@@ -131,6 +158,7 @@ pub fn strategy(state: &AppState, headers: &HeaderMap) -> Result<Strategy, ApiEr
 }
 
 /// What a strategy holds during the critical section.
+#[cfg(feature = "demo")]
 enum Held<'a> {
     Nothing,
     /// payonce's own lock, its fencing token ignored (the `redis` strategy).
@@ -139,6 +167,7 @@ enum Held<'a> {
     Redlock(&'a Redlock, RedlockGuard),
 }
 
+#[cfg(feature = "demo")]
 impl Held<'_> {
     async fn release(self, clock_offset_ms: i64) {
         let released = match self {
@@ -156,6 +185,7 @@ impl Held<'_> {
     }
 }
 
+#[cfg(feature = "demo")]
 fn unavailable(strategy: Strategy) -> ApiError {
     ApiError::BadRequest(format!(
         "strategy {} is not available on this instance (it needs Redis{})",
@@ -168,6 +198,7 @@ fn unavailable(strategy: Strategy) -> ApiError {
     ))
 }
 
+#[cfg(feature = "demo")]
 async fn take<'a>(
     state: &'a AppState,
     strategy: Strategy,
@@ -212,6 +243,7 @@ async fn take<'a>(
     })
 }
 
+#[cfg(feature = "demo")]
 /// A spend under an unsafe strategy: lock (or not), read, call out, write, release.
 pub async fn spend_unguarded(
     state: &AppState,
@@ -247,6 +279,24 @@ pub async fn spend_unguarded(
     };
     held.release(faults.clock_offset_ms).await;
     written
+}
+
+/// Without the demonstration there is no unsafe strategy to run (the configuration refuses
+/// one at start-up, and the request headers are not read): refused, should one get here.
+#[cfg(not(feature = "demo"))]
+pub async fn spend_unguarded(
+    _state: &AppState,
+    strategy: Strategy,
+    _account: AccountId,
+    _ticket_id: TicketId,
+    _operation: Operation,
+    _fingerprint: &str,
+    _faults: Faults,
+) -> Result<Option<ledger::Applied>, ApiError> {
+    Err(ApiError::BadRequest(format!(
+        "strategy {} needs a build with the demonstration (cargo feature demo)",
+        strategy.name()
+    )))
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@
 //!   tickets this instance is executing, so duplicates wait for the original locally.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
-//! - `demo.rs`: the demonstration — the unsafe lock strategies' read-check-write path and
-//!   the injectable faults, reachable only by configuration or under `PAYONCE_DEMO`.
+//! - `demo.rs`: the demonstration — the injectable faults (under `PAYONCE_DEMO`) and,
+//!   with the cargo feature `demo` only, the unsafe lock strategies' read-check-write path
+//!   (reachable by configuration or, under `PAYONCE_DEMO`, per request).
 
 pub mod config;
 pub mod demo;

@@ -32,6 +32,9 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::Error>> {
+    // Refused before anything is printed or warned about (an unsafe strategy in a build
+    // without the demonstration, say).
+    config.validate()?;
     let mode = config.mode()?;
     eprintln!(
         "payonce {} starting in the {} mode with:\n{config}",
@@ -44,7 +47,7 @@ async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::E
     );
     if config.demo {
         tracing::warn!(
-            "DEMONSTRATION MODE: the Payonce-Strategy and Payonce-Fault headers are honoured. Never in production."
+            "DEMONSTRATION MODE: the Payonce-Fault header (and, with the demo feature, Payonce-Strategy) is honoured. Never in production."
         );
     }
     if config.lock_strategy != api::config::Strategy::Fenced {

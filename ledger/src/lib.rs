@@ -52,7 +52,9 @@ pub use model::{
 };
 
 use db_types::Timestamp;
-use store::{SqlStore, Store, UnguardedWrite};
+#[cfg(feature = "demo")]
+use store::UnguardedWrite;
+use store::{SqlStore, Store};
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -91,6 +93,7 @@ pub struct Reaped {
     pub pruned_outcomes: u64,
 }
 
+#[cfg(feature = "demo")]
 /// An account as an unguarded read saw it (see [`Ledger::read_unguarded`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct UnguardedRead {
@@ -102,6 +105,7 @@ pub struct UnguardedRead {
     pub fencing_token: u64,
 }
 
+#[cfg(feature = "demo")]
 /// The decision the application makes from a read, for the demonstration's
 /// read-check-write: (result, debit, credit, points spent).
 fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, i64, i64) {
@@ -382,6 +386,7 @@ impl Ledger {
         self.store.ping().await
     }
 
+    #[cfg(feature = "demo")]
     /// **Demonstration only** — the first half of the read-check-write that the classic
     /// lock recipes rely on (payonce's strategies × faults demonstration): the account as
     /// it is now, read without any lock. The `fenced` strategy never calls this.
@@ -401,6 +406,7 @@ impl Ledger {
         })
     }
 
+    #[cfg(feature = "demo")]
     /// **Demonstration only** — the second half: decides the operation from `read` (which
     /// may be stale by now) and writes the resulting balance and points as absolute values,
     /// with the entry and the outcome, without any fencing check. Two requests that read

@@ -274,8 +274,10 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
+    #[cfg(feature = "demo")]
     /// Demonstration only: an account's balance, points and token, read without a lock.
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError>;
+    #[cfg(feature = "demo")]
     /// Demonstration only: writes an outcome decided from an earlier unlocked read, with
     /// absolute values. `None`: another request completed the ticket first.
     async fn write_unguarded(
@@ -286,6 +288,7 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Option<Applied>, ApplyError>;
 }
 
+#[cfg(feature = "demo")]
 /// What the read-check-write of the demonstration decided, to be written as is.
 pub(crate) struct UnguardedWrite<'a> {
     pub request: ApplyRequest<'a>,
@@ -952,6 +955,7 @@ where
         self.writer.close().await;
     }
 
+    #[cfg(feature = "demo")]
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
         let row: Option<(i64, i64, i64)> =
             sqlx::query_as("SELECT balance, points, fencing_token FROM accounts WHERE id = $1")
@@ -961,6 +965,7 @@ where
         Ok(row)
     }
 
+    #[cfg(feature = "demo")]
     async fn write_unguarded(
         &self,
         write: &UnguardedWrite<'_>,

@@ -260,7 +260,7 @@ async fn healthz_command(args: HealthzArgs) -> ExitCode {
 }
 
 async fn matrix_command(args: MatrixArgs) -> ExitCode {
-    use loadtest::matrix::{self, Fault, MatrixOptions, STRATEGIES};
+    use loadtest::matrix::{self, Fault, MatrixOptions, Strategy};
 
     let started = std::time::Instant::now();
     for url in [&args.database_url, &args.redis_url] {
@@ -273,20 +273,25 @@ async fn matrix_command(args: MatrixArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    let strategies: Vec<String> = if args.strategies.is_empty() {
-        STRATEGIES.iter().map(|name| (*name).to_owned()).collect()
-    } else {
-        args.strategies.clone()
-    };
-    if let Some(unknown) = strategies
-        .iter()
-        .find(|name| !STRATEGIES.contains(&name.as_str()))
-    {
-        eprintln!(
-            "loadtest matrix: unknown strategy {unknown}; known: {}",
-            STRATEGIES.join(", ")
-        );
-        return ExitCode::from(2);
+    let mut strategies = Vec::new();
+    for name in &args.strategies {
+        match Strategy::parse(name) {
+            Some(strategy) => strategies.push(strategy),
+            None => {
+                let known: Vec<_> = Strategy::ALL
+                    .iter()
+                    .map(|strategy| strategy.name())
+                    .collect();
+                eprintln!(
+                    "loadtest matrix: unknown strategy {name}; known: {}",
+                    known.join(", ")
+                );
+                return ExitCode::from(2);
+            }
+        }
+    }
+    if strategies.is_empty() {
+        strategies = Strategy::ALL.to_vec();
     }
     let mut faults = Vec::new();
     for name in &args.faults {
@@ -326,7 +331,7 @@ async fn matrix_command(args: MatrixArgs) -> ExitCode {
     let rows = match matrix::run_matrix(&options, |row| {
         eprintln!(
             "  {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens",
-            row.strategy,
+            row.strategy.name(),
             row.fault.name(),
             row.requests,
             row.double_spends,
@@ -353,9 +358,9 @@ async fn matrix_command(args: MatrixArgs) -> ExitCode {
         Ok(()) => println!("chart: {}", args.chart.display()),
         Err(error) => eprintln!("loadtest matrix: cannot draw the chart: {error}"),
     }
-    let fenced_failed = rows
-        .iter()
-        .any(|row| row.strategy == "fenced" && (row.double_spends > 0 || row.overdrafts > 0));
+    let fenced_failed = rows.iter().any(|row| {
+        row.strategy == Strategy::Fenced && (row.double_spends > 0 || row.overdrafts > 0)
+    });
     let verdict = if fenced_failed {
         println!("VERDICT: the fenced strategy spent money twice — a bug");
         ExitCode::from(1)

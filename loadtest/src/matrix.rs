@@ -86,15 +86,54 @@ impl Fault {
     }
 }
 
-/// The strategies, in the table's order: the broken ones, then the real one.
-pub const STRATEGIES: [&str; 6] = [
-    "none",
-    "setnx-expire",
-    "getset",
-    "redis",
-    "redlock",
-    "fenced",
-];
+/// A lock strategy payonce's demonstration runs, named in `Payonce-Strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// No lock at all.
+    None,
+    /// SETNX then EXPIRE, two commands.
+    SetnxExpire,
+    /// The GETSET timestamp lock.
+    Getset,
+    /// payonce's lock service, trusted alone (no fencing check).
+    Redis,
+    /// Redlock over three Redis servers, no fencing.
+    Redlock,
+    /// payonce's lock with the ledger's fencing check.
+    Fenced,
+}
+
+impl Strategy {
+    /// The strategies, in the table's order: the broken ones, then the real one.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::None,
+        Strategy::SetnxExpire,
+        Strategy::Getset,
+        Strategy::Redis,
+        Strategy::Redlock,
+        Strategy::Fenced,
+    ];
+
+    /// Its name in the table and in `Payonce-Strategy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::SetnxExpire => "setnx-expire",
+            Self::Getset => "getset",
+            Self::Redis => "redis",
+            Self::Redlock => "redlock",
+            Self::Fenced => "fenced",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|strategy| strategy.name() == name)
+    }
+}
 
 /// How to run the matrix.
 #[derive(Clone, Debug)]
@@ -111,8 +150,8 @@ pub struct MatrixOptions {
     pub clients: usize,
     /// Accounts per cell (few: contention is the point).
     pub accounts: usize,
-    /// Which strategies (names from [`STRATEGIES`]).
-    pub strategies: Vec<String>,
+    /// Which strategies.
+    pub strategies: Vec<Strategy>,
     /// Which faults.
     pub faults: Vec<Fault>,
 }
@@ -121,7 +160,7 @@ pub struct MatrixOptions {
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     /// The strategy.
-    pub strategy: String,
+    pub strategy: Strategy,
     /// The fault.
     pub fault: Fault,
     /// Spend requests sent.
@@ -391,9 +430,9 @@ pub async fn run_matrix(
 ) -> Result<Vec<Row>, MatrixError> {
     let mut cluster = Cluster::start(options, LOCK_TTL).await?;
     let mut rows = Vec::new();
-    for strategy in &options.strategies {
+    for &strategy in &options.strategies {
         for &fault in &options.faults {
-            let row = if strategy == "redlock" && cluster.redlock_urls.is_empty() {
+            let row = if strategy == Strategy::Redlock && cluster.redlock_urls.is_empty() {
                 skipped(
                     strategy,
                     fault,
@@ -409,9 +448,9 @@ pub async fn run_matrix(
     Ok(rows)
 }
 
-fn skipped(strategy: &str, fault: Fault, why: &str) -> Row {
+fn skipped(strategy: Strategy, fault: Fault, why: &str) -> Row {
     Row {
-        strategy: strategy.to_owned(),
+        strategy,
         fault,
         requests: 0,
         double_spends: 0,
@@ -431,7 +470,7 @@ fn skipped(strategy: &str, fault: Fault, why: &str) -> Row {
 async fn run_cell(
     cluster: &mut Cluster,
     options: &MatrixOptions,
-    strategy: &str,
+    strategy: Strategy,
     fault: Fault,
 ) -> Result<Row, MatrixError> {
     let seconds = Duration::from_secs_f64(options.seconds);
@@ -465,7 +504,7 @@ async fn run_cell(
             withdrawal: 0.6,
             draw: 0.25,
         },
-        headers: vec![("payonce-strategy".to_owned(), strategy.to_owned())],
+        headers: vec![("payonce-strategy".to_owned(), strategy.name().to_owned())],
         fault: plan,
         // The killed instance drops what it was answering: expected, in that cell only.
         expect_unanswered: fault == Fault::InstanceKill,
@@ -560,7 +599,7 @@ const LEDGER_FINDINGS: [ViolationKind; 7] = [
 
 /// A cell's row, from its run (the stale fencing tokens, read from the instances around
 /// the run, are left at 0).
-pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
+pub fn row(strategy: Strategy, fault: Fault, result: &RunResult) -> Row {
     let negative = result
         .violations
         .iter()
@@ -578,7 +617,7 @@ pub fn row(strategy: &str, fault: Fault, result: &RunResult) -> Row {
         })
         .count() as u64;
     Row {
-        strategy: strategy.to_owned(),
+        strategy,
         fault,
         requests: counts.requests,
         double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
@@ -643,7 +682,7 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         writeln!(
             out,
             "{:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
-            row.strategy,
+            row.strategy.name(),
             row.fault.name(),
             row.requests,
             row.double_spends,
@@ -683,11 +722,11 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
     {
         std::fs::create_dir_all(parent)?;
     }
-    let mut strategies: Vec<&str> = Vec::new();
+    let mut strategies: Vec<Strategy> = Vec::new();
     let mut faults: Vec<Fault> = Vec::new();
     for row in rows {
-        if !strategies.contains(&row.strategy.as_str()) {
-            strategies.push(&row.strategy);
+        if !strategies.contains(&row.strategy) {
+            strategies.push(row.strategy);
         }
         if !faults.contains(&row.fault) {
             faults.push(row.fault);
@@ -715,7 +754,11 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
     }
     for (line, strategy) in strategies.iter().enumerate() {
         let y = top + line as u32 * cell_h;
-        root.draw(&Text::new(*strategy, (10, y as i32 + 16), label.clone()))?;
+        root.draw(&Text::new(
+            strategy.name(),
+            (10, y as i32 + 16),
+            label.clone(),
+        ))?;
         for (column, fault) in faults.iter().enumerate() {
             let x = left + column as u32 * cell_w;
             let found = rows

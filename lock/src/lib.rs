@@ -22,9 +22,10 @@
 //!   ([`Sessions`]). `turns.rs`: the per-key line a process keeps for the stores that
 //!   take one waiter per key per process.
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
-//! - [`Redlock`] (`redlock.rs`): the quorum lock over independent Redis servers, and
-//!   [`recipes`] (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
-//!   strategies × faults demonstration; neither hands out fencing tokens.
+//! - `Redlock` (`redlock.rs`): the quorum lock over independent Redis servers, and
+//!   `recipes` (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
+//!   strategies × faults demonstration, behind the cargo feature `demo`; neither hands
+//!   out fencing tokens.
 //!
 //! # Why fencing tokens
 //! A lease can run out while its holder is paused (GC, swap, a slow network), and another
@@ -88,8 +89,10 @@ mod memcached;
 mod mysql_row;
 mod mysql_table;
 mod postgres;
+#[cfg(feature = "demo")]
 pub mod recipes;
 mod redis_backend;
+#[cfg(feature = "demo")]
 mod redlock;
 mod service;
 mod token;
@@ -109,6 +112,7 @@ pub use mysql_row::{MySqlRowBackend, MySqlRowOptions};
 pub use mysql_table::{MySqlTableBackend, MySqlTableOptions};
 pub use postgres::{PostgresBackend, PostgresOptions};
 pub use redis_backend::{RedisBackend, RedisOptions};
+#[cfg(feature = "demo")]
 pub use redlock::{Redlock, RedlockGuard};
 pub use service::{
     DEFAULT_MAX_WAITERS, Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL,

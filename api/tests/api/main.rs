@@ -5,6 +5,7 @@
 mod browser;
 mod contract;
 mod database_restart;
+#[cfg(feature = "demo")]
 mod demo;
 mod distributed;
 mod hardening;

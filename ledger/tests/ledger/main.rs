@@ -28,7 +28,6 @@ macro_rules! suite_for {
                 audit_finds_a_planted_balance_change,
                 audit_finds_a_planted_token_regression,
                 audit_finds_a_planted_outcome_without_entry,
-                unguarded_read_check_write_loses_an_update,
                 an_equal_fencing_token_is_refused,
                 expiry_is_judged_after_waiting_for_the_ticket
             );
@@ -51,6 +50,24 @@ suite_for!(postgres, async {
 suite_for!(sqlite, async {
     ledger::testing::TestDatabase::sqlite().unwrap()
 });
+
+/// The demonstration's unguarded write (cargo feature `demo`), on both databases.
+#[cfg(feature = "demo")]
+mod demonstration {
+    use super::suite;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn postgres_unguarded_read_check_write_loses_an_update() {
+        let database = ledger::testing::TestDatabase::postgres().await.unwrap();
+        suite::unguarded_read_check_write_loses_an_update(&database).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sqlite_unguarded_read_check_write_loses_an_update() {
+        let database = ledger::testing::TestDatabase::sqlite().unwrap();
+        suite::unguarded_read_check_write_loses_an_update(&database).await;
+    }
+}
 
 /// A database that is not there is reported as unavailable, not as some other error.
 #[tokio::test]

@@ -665,6 +665,7 @@ pub async fn audit_finds_a_planted_outcome_without_entry(database: &TestDatabase
     );
 }
 
+#[cfg(feature = "demo")]
 /// The demonstration's read-check-write: two writes decided from the same read both
 /// succeed, the second erases the first, and the audit sees it; a ticket completed by
 /// another request is not written twice.

@@ -5,10 +5,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use ledger::testing::TestDatabase;
-use loadtest::matrix::{Fault, MatrixOptions, Row, run_matrix};
+use loadtest::matrix::{Fault, MatrixOptions, Row, Strategy, run_matrix};
 
-/// The payonce binary beside this test's (cargo builds it for the workspace's tests);
-/// built here if a narrower `cargo test` did not.
+/// The payonce binary beside this test's (cargo builds it for the workspace's tests —
+/// with the demonstration's strategies under `--all-features`, as `scripts/test.sh` runs
+/// them); built here, with them, if a narrower `cargo test` did not.
 pub(crate) fn payonce() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe
@@ -20,7 +21,15 @@ pub(crate) fn payonce() -> PathBuf {
     if !binary.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let built = Command::new(cargo)
-            .args(["build", "-p", "api", "--bin", "payonce"])
+            .args([
+                "build",
+                "-p",
+                "api",
+                "--features",
+                "demo",
+                "--bin",
+                "payonce",
+            ])
             .status()
             .unwrap();
         assert!(built.success());
@@ -28,7 +37,7 @@ pub(crate) fn payonce() -> PathBuf {
     binary
 }
 
-async fn cells(strategy: &str, faults: &[Fault]) -> Vec<Row> {
+async fn cells(strategy: Strategy, faults: &[Fault]) -> Vec<Row> {
     let database = TestDatabase::postgres().await.unwrap();
     let options = MatrixOptions {
         payonce: payonce(),
@@ -37,7 +46,7 @@ async fn cells(strategy: &str, faults: &[Fault]) -> Vec<Row> {
         seconds: 2.0,
         clients: 12,
         accounts: 3,
-        strategies: vec![strategy.to_owned()],
+        strategies: vec![strategy],
         faults: faults.to_vec(),
     };
     run_matrix(&options, |_| {}).await.unwrap()
@@ -46,7 +55,7 @@ async fn cells(strategy: &str, faults: &[Fault]) -> Vec<Row> {
 /// No lock: plain concurrency is enough to spend money twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_lock_spends_twice_under_plain_concurrency() {
-    let rows = cells("none", &[Fault::None]).await;
+    let rows = cells(Strategy::None, &[Fault::None]).await;
     assert!(rows[0].double_spends > 0, "{rows:#?}");
     assert!(rows[0].money_spent_twice > 0, "{rows:#?}");
 }
@@ -54,7 +63,7 @@ async fn no_lock_spends_twice_under_plain_concurrency() {
 /// A Redis lock without fencing spends twice when a holder pauses past its lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
-    let rows = cells("redis", &[Fault::Pause]).await;
+    let rows = cells(Strategy::Redis, &[Fault::Pause]).await;
     assert!(rows[0].double_spends > 0, "{rows:#?}");
 }
 
@@ -66,7 +75,7 @@ async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
 /// 503 `lock-lost`. Without fencing those writes would have landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fenced_never_spends_twice() {
-    let rows = cells("fenced", &Fault::ALL).await;
+    let rows = cells(Strategy::Fenced, &Fault::ALL).await;
     assert_eq!(rows.len(), Fault::ALL.len());
     for row in &rows {
         assert!(row.requests > 0, "{row:#?}");

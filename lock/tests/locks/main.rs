@@ -4,6 +4,7 @@
 //! kept across a restart, sessions ended, the server gone).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[cfg(feature = "demo")]
 mod demonstration;
 #[cfg(feature = "etcd")]
 mod etcd_only;
