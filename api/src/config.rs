@@ -8,9 +8,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+/// `payonce --version`: the version, and whether this build has the demonstration's
+/// unsafe strategies (the matrix checks it before it starts instances).
+pub const VERSION: &str = if cfg!(feature = "demo") {
+    concat!(env!("CARGO_PKG_VERSION"), " (with the demo feature)")
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// `payonce [serve]` or `payonce audit`.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "payonce", version, about = "An idempotent payment service.")]
+#[command(name = "payonce", version = VERSION, about = "An idempotent payment service.")]
 pub struct Cli {
     /// What to do; serving is the default.
     #[command(subcommand)]

@@ -206,6 +206,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         mix: Mix::default(),
         headers: Vec::new(),
         fault: None,
+        sticky: false,
         expect_unanswered: false,
     };
     let result = match run::run(options).await {

@@ -9,6 +9,11 @@
 //! - `pause`: a tenth of the spends pause inside the critical section for 1.5 s — five
 //!   lock TTLs, and longer than the second SETNX + EXPIRE rounds the TTL up to — with
 //!   renewal stopped (a stop-the-world pause);
+//! - `sigstop`: a real stop of the whole third instance (`kill -STOP`) for five lock TTLs,
+//!   then `kill -CONT` — its renewals stop with it, as in a long GC pause or a swapped-out
+//!   process; its spends make a 200 ms call-out inside the critical section, so the stop
+//!   finds one holding a lock between its read and its write; clients stick to one
+//!   instance each in this cell, so the others go on while it sleeps;
 //! - `slow-callout`: every spend makes a 20 ms call-out inside the critical section;
 //! - `clock-skew`: the first instance's clock runs 5 s ahead (for the timestamp lock);
 //! - `instance-kill`: the third instance is killed (SIGKILL) mid-run and restarted;
@@ -47,6 +52,8 @@ pub enum Fault {
     None,
     /// A pause longer than the lock TTL inside the critical section.
     Pause,
+    /// One instance stopped whole (SIGSTOP) for several lock TTLs, then continued.
+    Sigstop,
     /// A slow call-out inside the critical section.
     SlowCallout,
     /// One instance's clock runs ahead.
@@ -59,9 +66,10 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault.
-    pub const ALL: [Fault; 6] = [
+    pub const ALL: [Fault; 7] = [
         Fault::None,
         Fault::Pause,
+        Fault::Sigstop,
         Fault::SlowCallout,
         Fault::ClockSkew,
         Fault::InstanceKill,
@@ -73,6 +81,7 @@ impl Fault {
         match self {
             Self::None => "none",
             Self::Pause => "pause",
+            Self::Sigstop => "sigstop",
             Self::SlowCallout => "slow-callout",
             Self::ClockSkew => "clock-skew",
             Self::InstanceKill => "instance-kill",
@@ -247,6 +256,21 @@ impl Cluster {
     /// until every instance is ready. Only `payonce`, `database_url` and `redis_url` of
     /// the options are used.
     pub async fn start(options: &MatrixOptions, lock_ttl: Duration) -> Result<Self, MatrixError> {
+        // The unsafe strategies exist only in a build with the demonstration: without it
+        // every cell would be a column of 400s.
+        let version = Command::new(&options.payonce)
+            .arg("--version")
+            .output()
+            .map_err(|error| {
+                MatrixError::Setup(format!("{}: {error}", options.payonce.display()))
+            })?;
+        if !String::from_utf8_lossy(&version.stdout).contains("demo feature") {
+            return Err(MatrixError::Setup(format!(
+                "{} is built without the demonstration's strategies: \
+                 cargo build --release -p api --features demo",
+                options.payonce.display()
+            )));
+        }
         let mut redlock_nodes = Vec::new();
         let mut redlock_urls = Vec::new();
         for _ in 0..3 {
@@ -380,6 +404,26 @@ impl Cluster {
         self.wait_ready(port).await
     }
 
+    /// Stops the instance (an index into [`targets`](Self::targets)) whole with SIGSTOP
+    /// for `stopped_for`, then continues it with SIGCONT.
+    pub async fn stop_for(&self, index: usize, stopped_for: Duration) -> Result<(), MatrixError> {
+        let pid = self.instances[index].0.id().to_string();
+        let signal = |name: &str| -> Result<(), MatrixError> {
+            let sent = Command::new("kill")
+                .args([name, &pid])
+                .status()
+                .map_err(|error| MatrixError::Setup(format!("kill {name}: {error}")))?;
+            if sent.success() {
+                Ok(())
+            } else {
+                Err(MatrixError::Setup(format!("kill {name} {pid} failed")))
+            }
+        };
+        signal("-STOP")?;
+        sleep(stopped_for).await;
+        signal("-CONT")
+    }
+
     /// Loses the lock stores' data: the matrix's keys on REDIS_URL, everything on the
     /// Redlock nodes.
     async fn wipe_redis(&self) -> Result<(), MatrixError> {
@@ -422,6 +466,10 @@ const LOCK_TTL: Duration = Duration::from_millis(300);
 /// The stop-the-world pause: longer than any lease in play — the TTL, and the whole second
 /// the SETNX + EXPIRE recipe rounds it up to (EXPIRE counts in seconds).
 const PAUSE: Duration = Duration::from_millis(1500);
+
+/// The instance the `sigstop` fault stops, and for how long: five lock TTLs.
+const STOPPED: usize = 2;
+const STOP_FOR: Duration = Duration::from_millis(1500);
 
 /// Runs the matrix; one row per strategy × fault, in order.
 pub async fn run_matrix(
@@ -490,6 +538,13 @@ async fn run_cell(
             share: 1.0,
             target: Some(0),
         }),
+        // The instance to be stopped spends most of its time inside critical sections,
+        // between its read and its write, so the stop finds it there.
+        Fault::Sigstop => Some(FaultPlan {
+            header: "slow=200ms".into(),
+            share: 1.0,
+            target: Some(STOPPED),
+        }),
         Fault::None | Fault::InstanceKill | Fault::RedisWipe => None,
     };
     let run_options = RunOptions {
@@ -497,7 +552,9 @@ async fn run_cell(
         accounts: options.accounts,
         clients: options.clients,
         limit: Limit::Duration(seconds),
-        duplicate_fraction: 0.1,
+        // Under sigstop, no copies: a copy sent to the stopped instance would hold up a
+        // client of a running one.
+        duplicate_fraction: if fault == Fault::Sigstop { 0.0 } else { 0.1 },
         changed_fraction: 0.0,
         progress: false,
         mix: Mix {
@@ -506,6 +563,9 @@ async fn run_cell(
         },
         headers: vec![("payonce-strategy".to_owned(), strategy.name().to_owned())],
         fault: plan,
+        // Under sigstop, only the stopped instance's own clients wait for it: the others
+        // go on, take over its locks and write while it sleeps.
+        sticky: fault == Fault::Sigstop,
         // The killed instance drops what it was answering: expected, in that cell only.
         expect_unanswered: fault == Fault::InstanceKill,
         // Each request is sent once: the table counts the errors each strategy and fault
@@ -524,6 +584,16 @@ async fn run_cell(
             };
             let (result, killed) = tokio::join!(load, kill);
             killed?;
+            result?
+        }
+        Fault::Sigstop => {
+            let load = run(run_options);
+            let stop = async {
+                sleep(seconds.mul_f64(0.3)).await;
+                cluster.stop_for(STOPPED, STOP_FOR).await
+            };
+            let (result, stopped) = tokio::join!(load, stop);
+            stopped?;
             result?
         }
         Fault::RedisWipe => {

@@ -71,6 +71,10 @@ pub struct RunOptions {
     pub headers: Vec<(String, String)>,
     /// A fault to ask for on some spends (the demonstration's `Payonce-Fault`).
     pub fault: Option<FaultPlan>,
+    /// Each client sends every spend to one target (client number modulo the targets), as
+    /// behind a balancer with sticky sessions, instead of turning through them: an
+    /// instance that stops answering then holds up only its own clients.
+    pub sticky: bool,
     /// Requests may go unanswered: an instance is killed during the run on purpose (the
     /// matrix's instance-kill cell). Otherwise, without retries, every transport error is
     /// a violation.
@@ -404,6 +408,9 @@ struct Rounds {
     accounts: usize,
     limit: Limit,
     mix: Mix,
+    /// Open every round on the first target (sticky clients): a round opened on an
+    /// instance that stopped answering would hold up every client, not only its own.
+    open_on_first: bool,
     opened: tokio::sync::Mutex<Vec<Arc<Vec<AccountRecord>>>>,
 }
 
@@ -414,6 +421,7 @@ impl Rounds {
             accounts: options.accounts.max(1),
             limit: options.limit,
             mix: options.mix,
+            open_on_first: options.sticky,
             opened: tokio::sync::Mutex::new(Vec::new()),
         }
     }
@@ -459,9 +467,11 @@ impl Rounds {
         let (opening_balance, opening_points) =
             opening(spends as f64 / self.accounts as f64, self.mix);
         let api = &self.api;
+        let open_on_first = self.open_on_first;
         let opened = futures::stream::iter(0..self.accounts)
             .map(|index| async move {
-                let (id, key) = on_any_target(api, index, |target| {
+                let first = if open_on_first { 0 } else { index };
+                let (id, key) = on_any_target(api, first, |target| {
                     api.open_account(target, opening_balance, opening_points)
                 })
                 .await?;
@@ -550,7 +560,9 @@ impl Shared {
                 accounts
             }
         };
-        cursor.turn += 1;
+        if !self.options.sticky {
+            cursor.turn += 1;
+        }
         Ok(Some(
             self.draw(&accounts, cursor.turn % self.options.targets.len()),
         ))

@@ -231,7 +231,7 @@ impl From<Failure> for LockError {
     }
 }
 
-use zookeeper_client::Error::{BadVersion, NoNode};
+use zookeeper_client::Error::{BadVersion, NoNode, SessionExpired};
 
 /// The lock-delay marker of the key under `parent`.
 fn marker(parent: &str) -> String {
@@ -938,7 +938,9 @@ impl LockBackend for ZooKeeperBackend {
         };
         match deleted {
             Ok(()) => Ok(true),
-            Err(failure) if failure.is(&NoNode) => Ok(false),
+            // The session ended (the client learns it as it reconnects for this delete):
+            // the server deleted its ephemeral nodes with it, so nothing was ours to free.
+            Err(failure) if failure.is(&NoNode) || failure.is(&SessionExpired) => Ok(false),
             Err(failure) => {
                 // Not known released: the cleaner deletes it once the ensemble answers, so
                 // it does not hold the key for as long as this process lives.

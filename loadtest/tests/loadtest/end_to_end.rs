@@ -43,6 +43,7 @@ fn options(targets: Vec<String>) -> RunOptions {
         mix: loadtest::run::Mix::default(),
         headers: Vec::new(),
         fault: None,
+        sticky: false,
         expect_unanswered: false,
         retry: RetryPolicy::default(),
     }

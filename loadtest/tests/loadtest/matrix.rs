@@ -18,7 +18,13 @@ pub(crate) fn payonce() -> PathBuf {
         .unwrap()
         .to_path_buf();
     let binary = dir.join("payonce");
-    if !binary.exists() {
+    let has_demo = || {
+        Command::new(&binary)
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("demo feature"))
+    };
+    if !has_demo() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let built = Command::new(cargo)
             .args([
@@ -67,6 +73,15 @@ async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
     assert!(rows[0].double_spends > 0, "{rows:#?}");
 }
 
+/// A lock without fencing spends twice when a whole instance is stopped (SIGSTOP) past
+/// its leases and then continued: its renewals stopped with it, others took its locks,
+/// and its stale writes landed when it woke.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_lock_without_fencing_spends_twice_under_sigstop() {
+    let rows = cells(Strategy::Redis, &[Fault::Sigstop]).await;
+    assert!(rows[0].double_spends > 0, "{rows:#?}");
+}
+
 /// The fenced strategy spends nothing twice under any fault, and every answer it gives is
 /// one the contract declares. Under the pause, that is fencing's doing — not merely the
 /// ledger's conditional update, which alone would also refuse an overdraft: paused holders
@@ -97,4 +112,9 @@ async fn fenced_never_spends_twice() {
         "fencing never refused a write: {pause:#?}"
     );
     assert!(pause.lock_lost > 0, "no lock-lost answer: {pause:#?}");
+    let stopped = rows.iter().find(|row| row.fault == Fault::Sigstop).unwrap();
+    assert!(
+        stopped.stale_fencing_tokens > 0,
+        "fencing never refused a stopped instance's write: {stopped:#?}"
+    );
 }

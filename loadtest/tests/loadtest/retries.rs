@@ -43,6 +43,7 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
         mix: Mix::default(),
         headers: Vec::new(),
         fault: None,
+        sticky: false,
         expect_unanswered: false,
         retry,
     };

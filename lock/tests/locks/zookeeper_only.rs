@@ -100,51 +100,98 @@ async fn tokens_increase_across_a_server_restart() {
     guard.release().await.unwrap();
 }
 
-/// Ending the session from outside (another client takes it over and closes it, as an
-/// operator or an expiry would) deletes the lock node: the holder's `lost()` fires, its
-/// release touches nothing, and a waiter of another process gets the lock.
+/// A loopback TCP proxy to `upstream` that can be cut: every connection through it
+/// dropped, and new ones refused, until it is restored — the network between one client
+/// and its server, failing.
+struct Cuttable {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Cuttable {
+    async fn to(upstream: u16) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cuts) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *cuts.borrow() {
+                    continue; // Refused: dropped at once.
+                }
+                let mut cuts = cuts.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) =
+                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                    else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cuts.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        Self { port, cut }
+    }
+
+    fn cut(&self, cut: bool) {
+        self.cut.send_replace(cut);
+    }
+}
+
+/// The session ended from outside — the holder cut off from the server past its session
+/// timeout, so the server expires the session — deletes the lock node: a waiter of
+/// another process gets the lock with a larger token, the holder's `lost()` fires, and
+/// its release touches nothing. (The holder's process itself keeps running and trying.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_session_is_ended_from_outside() {
     let server = ZooKeeperServer::start().unwrap();
-    let holder_backend = backend(&server, 4 * SECOND);
-    let holder_locks = LockService::from_arc(holder_backend.clone());
-    let other = LockService::from_arc(backend(&server, 4 * SECOND));
+    let network = Cuttable::to(server.port()).await;
+    let session_timeout = 4 * SECOND;
+    let holder_backend = Arc::new(
+        ZooKeeperBackend::open(
+            &format!("zk://127.0.0.1:{}/t", network.port),
+            ZooKeeperOptions {
+                session_timeout,
+                op_timeout: 5 * SECOND,
+                ..ZooKeeperOptions::default()
+            },
+        )
+        .unwrap(),
+    );
+    let holder_locks = LockService::from_arc(holder_backend);
+    let other = LockService::from_arc(backend(&server, session_timeout));
     let mut holder = holder_locks
         .try_acquire("k", SECOND)
         .await
         .unwrap()
         .unwrap();
-    let mut waiter = {
+    let waiter = {
         let other = other.clone();
         tokio::spawn(async move {
             other
-                .acquire("k", SECOND, Instant::now() + 40 * SECOND)
+                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
                 .await
         })
     };
     sleep(Duration::from_millis(200)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter did not wait for the holder"
+    );
 
-    let session = holder_backend.session_info().await.unwrap();
-    // Taking the session over kicks the holder's connection, and the holder's client
-    // reconnects to the same session at once — which kicks the intruder's. Whoever loses
-    // that race, the intruder tries again until its close lands; a successor can only be
-    // granted the lock once the session has ended, since the holder's process keeps it
-    // alive and heartbeating otherwise.
-    let mut successor = None;
-    for _ in 0..5 {
-        let intruder = zookeeper_client::Client::connector()
-            .with_session(session.clone())
-            .with_connection_timeout(3 * SECOND)
-            .connect(&format!("127.0.0.1:{}", server.port()))
-            .await;
-        drop(intruder); // Closing the last client of the session closes it.
-        if let Ok(granted) = timeout(3 * SECOND, &mut waiter).await {
-            successor = Some(granted.unwrap().unwrap());
-            break;
-        }
-    }
-    let mut successor = successor.expect("the session was never ended from outside");
-    timeout(5 * SECOND, holder.lost())
+    network.cut(true);
+    let cut_at = Instant::now();
+    let mut successor = waiter.await.unwrap().unwrap();
+    // Not before the session timed out: until then the session, and the node, live.
+    assert!(
+        cut_at.elapsed() >= session_timeout.mul_f64(0.9),
+        "{:?}",
+        cut_at.elapsed()
+    );
+    network.cut(false);
+    timeout(10 * SECOND, holder.lost())
         .await
         .expect("lost() did not fire after the session ended");
     assert!(successor.fencing_token() > holder.fencing_token());
