@@ -95,6 +95,7 @@ mod redis_backend;
 #[cfg(feature = "demo")]
 mod redlock;
 mod service;
+mod slot;
 mod token;
 mod turns;
 mod zookeeper;

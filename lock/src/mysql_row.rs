@@ -38,6 +38,7 @@ use tokio::time::{Instant, timeout_at};
 use crate::error::LockError;
 use crate::mysql_table::{MAX_KEY, create_database, failed, split_database, too_slow};
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
 use crate::turns::Turns;
 
@@ -113,7 +114,7 @@ const DEADLINE_GRACE: Duration = Duration::from_millis(100);
 /// A lock this process holds: its connection, inside the open transaction.
 struct Held {
     key: String,
-    connection: Arc<tokio::sync::Mutex<Slot>>,
+    connection: Arc<tokio::sync::Mutex<Slot<MySql>>>,
 }
 
 /// What a lock-delay check at a grant found.
@@ -124,33 +125,6 @@ enum Usable {
     After(Instant),
     /// The delay would pass the deadline: the lock was handed on.
     HandedOn,
-}
-
-/// The holder's connection, until its transaction ends. Dropped while still there — a
-/// grant abandoned during its lock-delay, an error before the lease was handed out — it
-/// is closed, never returned to the pool with its transaction open and the row locked.
-struct Slot(Option<PoolConnection<MySql>>);
-
-impl std::ops::Deref for Slot {
-    type Target = Option<PoolConnection<MySql>>;
-
-    fn deref(&self) -> &Self::Target {
-        &self.0
-    }
-}
-
-impl std::ops::DerefMut for Slot {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.0
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        if let Some(connection) = self.0.take() {
-            drop(connection.detach());
-        }
-    }
 }
 
 /// Locks as InnoDB row locks. See the module docs.

@@ -40,6 +40,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::LockError;
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
+use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
 use crate::turns::Turns;
 
@@ -166,7 +167,7 @@ const UNDEFINED_TABLE: &str = "42P01";
 /// A lock this process holds: its connection, kept out of the pool.
 struct Held {
     key: String,
-    connection: Arc<tokio::sync::Mutex<Option<PoolConnection<Postgres>>>>,
+    connection: Arc<tokio::sync::Mutex<Slot<Postgres>>>,
 }
 
 /// Locks as PostgreSQL advisory locks. See the module docs.
@@ -434,7 +435,7 @@ impl PostgresBackend {
         let owner = OwnerToken::random();
         let held = Held {
             key: name,
-            connection: Arc::new(tokio::sync::Mutex::new(Some(connection))),
+            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(connection)))),
         };
         if !last_released && !self.options.lock_delay.is_zero() {
             let until = Instant::now() + self.options.lock_delay;
@@ -472,9 +473,12 @@ impl PostgresBackend {
     /// Whether the lock was still held.
     async fn unlock(&self, held: &Held) -> Result<bool, LockError> {
         let mut slot = held.connection.lock().await;
-        let Some(mut connection) = slot.take() else {
+        let Some(connection) = slot.take() else {
             return Ok(false);
         };
+        // Closed unless the unlock is answered: a call dropped mid-way must not pool a
+        // connection that may still hold the lock.
+        let mut connection = Taken(Some(connection));
         let statement = if self.options.lock_delay.is_zero() {
             UNLOCK
         } else {
@@ -483,15 +487,16 @@ impl PostgresBackend {
         self.counted();
         let unlocked = sqlx::query_scalar::<_, bool>(statement)
             .bind(&held.key)
-            .fetch_optional(&mut *connection);
+            .fetch_optional(&mut **connection.connection());
         match timeout_at(Instant::now() + self.options.op_timeout, unlocked).await {
-            Ok(Ok(unlocked)) => Ok(unlocked.unwrap_or(false)),
-            Ok(Err(error)) => {
-                drop(connection.detach());
-                Err(failed(&error))
+            Ok(Ok(unlocked)) => {
+                drop(connection.hand_on());
+                Ok(unlocked.unwrap_or(false))
             }
+            // `connection` closes it.
+            Ok(Err(error)) => Err(failed(&error)),
             Err(_) => {
-                drop(connection.detach());
+                drop(connection);
                 Err(LockError::unavailable(
                     "PostgreSQL did not answer in time; the lock's connection is closed",
                 ))

@@ -268,3 +268,65 @@ async fn lock_delay_holds_a_vanished_holders_key() {
     )
     .await;
 }
+
+/// A grant dropped while it waits out the lock-delay — the advisory lock taken on its
+/// connection — closes that connection: the lock is free again at once, not held by a
+/// connection gone back to the pool, where its next user would hold it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
+    let namespace = namespace();
+    let delayed = PostgresOptions {
+        lock_delay: 5 * SECOND,
+        ..options(&namespace)
+    };
+    let locks = LockService::from_arc(backend(&namespace, delayed));
+    let operator = operator().await;
+    // A holder that vanishes: its connection ended from outside.
+    let holder = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+    terminate_holder(&operator, &namespace, "k").await;
+    std::mem::forget(holder);
+    let fence = || {
+        sqlx::query_scalar::<_, i64>("SELECT fence FROM payonce_lock_fences WHERE lock_key = $1")
+            .bind(format!("{namespace}:k"))
+            .fetch_one(&operator)
+    };
+    let holders_fence = fence().await.unwrap();
+
+    // Its successor takes the lock, then waits out the delay holding it; dropped then.
+    let successor = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire("k", 10 * SECOND, Instant::now() + 30 * SECOND)
+                .await
+        })
+    };
+    let started = Instant::now();
+    while fence().await.unwrap() == holders_fence {
+        assert!(
+            started.elapsed() < 10 * SECOND,
+            "the successor never took the lock"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !successor.is_finished(),
+        "the successor did not wait the delay"
+    );
+    successor.abort();
+    let dropped_at = Instant::now();
+    // Free for another process at once (no lock-delay there: it released nothing).
+    let other = LockService::from_arc(backend(&namespace, options(&namespace)));
+    loop {
+        if let Some(mut guard) = other.try_acquire("k", SECOND).await.unwrap() {
+            assert!(guard.release().await.unwrap());
+            break;
+        }
+        assert!(
+            dropped_at.elapsed() < 3 * SECOND,
+            "the dropped grant's lock stayed taken"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}
