@@ -208,117 +208,104 @@ struct Counted {
     requests: Box<dyn Fn() -> u64>,
 }
 
+/// `backend` as service `name`, with its own count of the requests it sent.
+fn counting<B: lock::LockBackend + 'static>(
+    name: &'static str,
+    backend: B,
+    requests: fn(&B) -> u64,
+) -> Counted {
+    let backend = Arc::new(backend);
+    let counter = backend.clone();
+    Counted {
+        name,
+        locks: LockService::from_arc(backend),
+        requests: Box::new(move || requests(&counter)),
+    }
+}
+
 /// Opens the service `name` names, with a root or namespace of the run's own.
 fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::error::Error>> {
     let run = format!("bench-{:08x}", rand::random::<u32>());
     Ok(match name {
-        "redis" => {
-            let backend = Arc::new(lock::RedisBackend::open(
+        "redis" => counting(
+            name,
+            lock::RedisBackend::open(
                 &args.redis_url,
                 RedisOptions {
                     namespace: run,
                     ..RedisOptions::default()
                 },
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.round_trips()),
-            }
-        }
-        "zookeeper" => {
-            let backend = Arc::new(lock::ZooKeeperBackend::open(
+            )?,
+            lock::RedisBackend::round_trips,
+        ),
+        "zookeeper" => counting(
+            name,
+            lock::ZooKeeperBackend::open(
                 &format!("{}/payonce-bench/{run}", args.zookeeper_url),
                 lock::ZooKeeperOptions::default(),
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
+            )?,
+            lock::ZooKeeperBackend::requests,
+        ),
         #[cfg(feature = "etcd")]
-        "etcd" => {
-            let backend = Arc::new(lock::EtcdBackend::open(
+        "etcd" => counting(
+            name,
+            lock::EtcdBackend::open(
                 &format!("{}/payonce-bench/{run}", args.etcd_url),
                 lock::EtcdOptions::default(),
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
-        "postgres" => {
-            let backend = Arc::new(lock::PostgresBackend::open(
+            )?,
+            lock::EtcdBackend::requests,
+        ),
+        "postgres" => counting(
+            name,
+            lock::PostgresBackend::open(
                 &args.database_url,
                 lock::PostgresOptions {
                     namespace: run,
                     ..lock::PostgresOptions::default()
                 },
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
-        "mysql" => {
-            let backend = Arc::new(lock::MySqlTableBackend::open(
+            )?,
+            lock::PostgresBackend::requests,
+        ),
+        "mysql" => counting(
+            name,
+            lock::MySqlTableBackend::open(
                 &args.mysql_url,
                 lock::MySqlTableOptions {
                     namespace: run,
                     max_connections: 32,
                     ..lock::MySqlTableOptions::default()
                 },
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
-        "memcached" => {
-            let backend = Arc::new(lock::MemcachedBackend::open(
+            )?,
+            lock::MySqlTableBackend::requests,
+        ),
+        "memcached" => counting(
+            name,
+            lock::MemcachedBackend::open(
                 &args.memcached_url,
                 lock::MemcachedOptions {
                     namespace: run,
                     max_connections: 32,
                     ..lock::MemcachedOptions::default()
                 },
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
-        "mysql-row" => {
-            let backend = Arc::new(lock::MySqlRowBackend::open(
+            )?,
+            lock::MemcachedBackend::requests,
+        ),
+        "mysql-row" => counting(
+            name,
+            lock::MySqlRowBackend::open(
                 &args.mysql_url,
                 lock::MySqlRowOptions {
                     namespace: run,
                     ..lock::MySqlRowOptions::default()
                 },
-            )?);
-            let counter = backend.clone();
-            Counted {
-                name,
-                locks: LockService::from_arc(backend),
-                requests: Box::new(move || counter.requests()),
-            }
-        }
+            )?,
+            lock::MySqlRowBackend::requests,
+        ),
         other => return Err(format!("no backend {other:?} in this build").into()),
     })
 }
 
-/// `--backend zookeeper|etcd|postgres`: that service and payonce's Redis lock, measured
+/// `--backend zookeeper|etcd|postgres|mysql|mysql-row|memcached`: that service and payonce's Redis lock, measured
 /// in alternating order each round, printed side by side.
 async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     let name = match args.backend.as_str() {

@@ -36,7 +36,7 @@ use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::LockError;
-use crate::mysql_table::{MAX_KEY, create_database, failed, split_database, too_slow};
+use crate::mysql_table::{create_database, failed, lock_name, split_database, too_slow};
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
@@ -160,7 +160,7 @@ impl fmt::Debug for MySqlRowBackend {
 /// a moment when its turn came. So the connection's thread, once known, is also killed
 /// from another connection.
 struct Taken {
-    connection: Option<PoolConnection<MySql>>,
+    connection: Slot<MySql>,
     /// The server's id of the connection's thread (`CONNECTION_ID()`); 0 until known.
     thread: Arc<AtomicU64>,
     pool: MySqlPool,
@@ -170,7 +170,7 @@ struct Taken {
 impl Taken {
     fn new(connection: PoolConnection<MySql>, pool: &MySqlPool, op_timeout: Duration) -> Self {
         Self {
-            connection: Some(connection),
+            connection: Slot(Some(connection)),
             thread: Arc::new(AtomicU64::new(0)),
             pool: pool.clone(),
             op_timeout,
@@ -178,9 +178,7 @@ impl Taken {
     }
 
     fn connection(&mut self) -> &mut PoolConnection<MySql> {
-        self.connection
-            .as_mut()
-            .expect("a taken connection is there until handed on")
+        self.connection.connection()
     }
 
     fn hand_on(mut self) -> PoolConnection<MySql> {
@@ -192,10 +190,10 @@ impl Taken {
 
 impl Drop for Taken {
     fn drop(&mut self) {
-        let Some(connection) = self.connection.take() else {
+        // Still here: the slot closes it once this returns; its thread is killed too.
+        if self.connection.is_none() {
             return;
-        };
-        drop(connection.detach());
+        }
         let thread = self.thread.load(Ordering::Relaxed);
         if thread == 0 {
             return;
@@ -271,13 +269,7 @@ impl MySqlRowBackend {
     }
 
     fn name(&self, key: &str) -> Result<String, LockError> {
-        let name = format!("{}:{key}", self.options.namespace);
-        if name.len() > MAX_KEY {
-            return Err(LockError::Invalid(format!(
-                "a MySQL lock key is at most {MAX_KEY} bytes with its namespace"
-            )));
-        }
-        Ok(name)
+        lock_name(&self.options.namespace, key)
     }
 
     /// Runs one statement, bounded by `limit` (or the op timeout), counted.

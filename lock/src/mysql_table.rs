@@ -217,6 +217,18 @@ pub(crate) async fn create_database(
     }
 }
 
+/// A key's row name: `<namespace>:<key>`, within the table's key column (both MySQL
+/// backends).
+pub(crate) fn lock_name(namespace: &str, key: &str) -> Result<String, LockError> {
+    let name = format!("{namespace}:{key}");
+    if name.len() > MAX_KEY {
+        return Err(LockError::Invalid(format!(
+            "a MySQL lock key is at most {MAX_KEY} bytes with its namespace"
+        )));
+    }
+    Ok(name)
+}
+
 impl MySqlTableBackend {
     /// A backend for `url` (`mysql://user[:password]@host[:port]/<database>`; the database
     /// and its table are created on first use). Connects lazily; must be used inside a
@@ -252,13 +264,7 @@ impl MySqlTableBackend {
     }
 
     fn name(&self, key: &str) -> Result<String, LockError> {
-        let name = format!("{}:{key}", self.options.namespace);
-        if name.len() > MAX_KEY {
-            return Err(LockError::Invalid(format!(
-                "a MySQL lock key is at most {MAX_KEY} bytes with its namespace"
-            )));
-        }
-        Ok(name)
+        lock_name(&self.options.namespace, key)
     }
 
     /// The lease the row keeps: the holder's, plus the lock-delay.

@@ -205,33 +205,6 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
         .map(|code| code.into_owned())
 }
 
-/// A connection taken for an acquire: closed when dropped unless handed on, because an
-/// acquire that ends early — its call dropped mid-wait, an error after the lock may have
-/// been taken — leaves its lock state unknown.
-struct Taken(Option<PoolConnection<Postgres>>);
-
-impl Taken {
-    fn connection(&mut self) -> &mut PoolConnection<Postgres> {
-        self.0
-            .as_mut()
-            .expect("a taken connection is there until handed on")
-    }
-
-    /// The lock state is known: the connection may go back to the pool (or be held).
-    fn hand_on(mut self) -> PoolConnection<Postgres> {
-        self.0.take().expect("a taken connection is handed on once")
-    }
-}
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        if let Some(connection) = self.0.take() {
-            // Closing the socket ends the session, and the server frees its locks.
-            drop(connection.detach());
-        }
-    }
-}
-
 impl PostgresBackend {
     /// A backend for `url` (`postgres://…`). Connects lazily; must be used inside a Tokio
     /// runtime.
@@ -374,7 +347,9 @@ impl PostgresBackend {
             }
             Err(error) => return Err(error),
         };
-        let mut taken = Taken(Some(connection));
+        // Closed unless handed on: an acquire that ends early (its call dropped mid-wait,
+        // an error after the lock may have been taken) leaves its lock state unknown.
+        let mut taken = Slot(Some(connection));
         self.counted();
         let granted = match deadline {
             Some(deadline) => {
@@ -478,7 +453,7 @@ impl PostgresBackend {
         };
         // Closed unless the unlock is answered: a call dropped mid-way must not pool a
         // connection that may still hold the lock.
-        let mut connection = Taken(Some(connection));
+        let mut connection = Slot(Some(connection));
         let statement = if self.options.lock_delay.is_zero() {
             UNLOCK
         } else {

@@ -342,34 +342,11 @@ async fn row_waiters_in_server(operator: &MySqlPool, namespace: &str, key: &str)
 async fn a_dropped_row_waiter_leaves_the_servers_queue() {
     let namespace = namespace();
     let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
-    let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
     let operator = operator().await;
-    let dropped = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
-                .await
-        })
-    };
-    let joined = Instant::now();
-    while row_waiters_in_server(&operator, &namespace, "k").await == 0 {
-        assert!(
-            joined.elapsed() < 5 * SECOND,
-            "the waiter never reached the server"
-        );
-        sleep(Duration::from_millis(10)).await;
-    }
-    dropped.abort();
-    let dropped_at = Instant::now();
-    while row_waiters_in_server(&operator, &namespace, "k").await > 0 {
-        assert!(
-            dropped_at.elapsed() < 2 * SECOND,
-            "a dropped waiter stayed in the server's queue"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    assert!(holder.release().await.unwrap());
+    crate::suite::a_dropped_waiter_leaves_the_servers_queue(&locks, || {
+        row_waiters_in_server(&operator, &namespace, "k")
+    })
+    .await;
 }
 
 /// A holder that stops heartbeating (paused, its renewal stopped) has its transaction

@@ -890,3 +890,37 @@ pub async fn the_waiter_cap_holds_across(instances: [LockService; 2]) {
         "turned away only after {turned_away:?}"
     );
 }
+
+/// For stores whose waiters wait in the server's own queue: a waiter whose call is dropped
+/// mid-wait leaves that queue within moments (`in_server` counts the waiters there on key
+/// `k`), not when its wait would have timed out — so it never takes the lock when its turn
+/// comes.
+pub async fn a_dropped_waiter_leaves_the_servers_queue<F, Fut>(locks: &LockService, in_server: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
+    let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
+    let dropped = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("k", SECOND, after(30_000)).await })
+    };
+    let joined = Instant::now();
+    while in_server().await == 0 {
+        assert!(
+            joined.elapsed() < 5 * SECOND,
+            "the waiter never reached the server"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+    dropped.abort();
+    let dropped_at = Instant::now();
+    while in_server().await > 0 {
+        assert!(
+            dropped_at.elapsed() < 2 * SECOND,
+            "a dropped waiter stayed in the server's queue"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert!(holder.release().await.unwrap());
+}
