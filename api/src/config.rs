@@ -218,8 +218,9 @@ pub enum Strategy {
     SetnxExpire,
     /// The timestamp lock with GETSET take-over; read-check-write.
     Getset,
-    /// SET NX PX with compare-and-delete release, no fencing check; read-check-write.
-    Redis,
+    /// The instance's own lock service (whichever PAYONCE_LOCK_URL names), its fencing
+    /// token ignored: the application trusts the lock alone; read-check-write.
+    Unfenced,
     /// Redlock over PAYONCE_REDLOCK_URLS, no fencing check; read-check-write.
     Redlock,
 }
@@ -231,7 +232,7 @@ impl Strategy {
         Strategy::None,
         Strategy::SetnxExpire,
         Strategy::Getset,
-        Strategy::Redis,
+        Strategy::Unfenced,
         Strategy::Redlock,
     ];
 
@@ -242,7 +243,7 @@ impl Strategy {
             Self::None => "none",
             Self::SetnxExpire => "setnx-expire",
             Self::Getset => "getset",
-            Self::Redis => "redis",
+            Self::Unfenced => "unfenced",
             Self::Redlock => "redlock",
         }
     }
@@ -440,7 +441,10 @@ impl Config {
         }
         strategy_is_built(self.lock_strategy, cfg!(feature = "demo"))?;
         let mode = self.mode()?;
-        let needs_redis = !matches!(self.lock_strategy, Strategy::Fenced | Strategy::None);
+        let needs_redis = !matches!(
+            self.lock_strategy,
+            Strategy::Fenced | Strategy::None | Strategy::Unfenced
+        );
         let on_redis = matches!(
             mode,
             Mode::Distributed {

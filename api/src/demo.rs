@@ -41,11 +41,6 @@ pub struct Recipes {
 
 #[cfg(feature = "demo")]
 impl Recipes {
-    /// Whether the Redis-backed strategies can run here (the distributed mode).
-    fn has_redis(&self) -> bool {
-        self.setnx_expire.is_some()
-    }
-
     /// Connects (lazily) to the Redis the recipes use, and to the Redlock nodes.
     pub fn open(
         redis_url: &str,
@@ -151,7 +146,7 @@ pub fn strategy(state: &AppState, headers: &HeaderMap) -> Result<Strategy, ApiEr
             .and_then(Strategy::parse)
             .ok_or_else(|| {
                 ApiError::BadRequest(
-                    "Payonce-Strategy: expected fenced, none, setnx-expire, getset, redis or redlock".into(),
+                    "Payonce-Strategy: expected fenced, none, setnx-expire, getset, unfenced or redlock".into(),
                 )
             }),
     }
@@ -161,7 +156,8 @@ pub fn strategy(state: &AppState, headers: &HeaderMap) -> Result<Strategy, ApiEr
 #[cfg(feature = "demo")]
 enum Held<'a> {
     Nothing,
-    /// payonce's own lock, its fencing token ignored (the `redis` strategy).
+    /// The instance's own lock service, its fencing token ignored (the `unfenced`
+    /// strategy).
     Lock(LockGuard),
     Recipe(&'a dyn Recipe, RecipeGuard),
     Redlock(&'a Redlock, RedlockGuard),
@@ -211,12 +207,7 @@ async fn take<'a>(
     let locks: &LockService = state.locks();
     Ok(match strategy {
         Strategy::None => Held::Nothing,
-        Strategy::Redis => {
-            if !recipes.has_redis() {
-                return Err(unavailable(strategy));
-            }
-            Held::Lock(locks.acquire(key, ttl, deadline).await?)
-        }
+        Strategy::Unfenced => Held::Lock(locks.acquire(key, ttl, deadline).await?),
         Strategy::SetnxExpire | Strategy::Getset => {
             let recipe: &dyn Recipe = match strategy {
                 Strategy::SetnxExpire => recipes.setnx_expire.as_ref().map(|r| r as &dyn Recipe),

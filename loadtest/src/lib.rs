@@ -15,14 +15,15 @@
 //! - [`safety`] (`safety.rs`): loopback targets only, unless `--allow-remote`.
 //! - [`healthz`] (`healthz.rs`): the generator benchmark's load — `GET /healthz` as fast as
 //!   the clients can.
-//! - [`matrix`] (`matrix.rs`): `loadtest matrix` — starts its own instances and runs every
-//!   lock strategy under every fault, one table.
+//!
+//! Starting servers, restarting services and cutting networks is not the load test's
+//! business: the lock services × faults matrix that does it is the `matrix` crate, which
+//! uses this one's load and audit.
 
 pub mod audit;
 pub mod client;
 pub mod healthz;
 pub mod history;
-pub mod matrix;
 pub mod report;
 pub mod retry;
 pub mod run;

@@ -29,50 +29,6 @@ struct Cli {
 enum Command {
     /// GET /healthz as fast as the clients can: the generator's own speed.
     Healthz(HealthzArgs),
-    /// Every lock strategy under every fault, one table. Starts its own payonce instances
-    /// (in the demonstration mode) against DATABASE_URL and REDIS_URL.
-    Matrix(MatrixArgs),
-}
-
-#[derive(Args, Debug)]
-struct MatrixArgs {
-    /// Two seconds per cell: the whole matrix in under two minutes.
-    #[arg(long)]
-    quick: bool,
-    /// Seconds of load per cell (default 5, or 2 with --quick).
-    #[arg(long)]
-    seconds: Option<f64>,
-    /// Clients per cell.
-    #[arg(long, default_value_t = 16)]
-    clients: usize,
-    /// Accounts per cell (few: contention is the point).
-    #[arg(long, default_value_t = 3)]
-    accounts: usize,
-    /// Only these strategies, comma-separated (default: all).
-    #[arg(long, value_delimiter = ',')]
-    strategies: Vec<String>,
-    /// Only these faults, comma-separated (default: all).
-    #[arg(long, value_delimiter = ',')]
-    faults: Vec<String>,
-    /// Write the rows as JSON: {"rows": [...]}.
-    #[arg(long)]
-    json: Option<PathBuf>,
-    /// Where to draw the grid (SVG).
-    #[arg(long, default_value = "matrix-chart.svg")]
-    chart: PathBuf,
-    /// The payonce binary (default: the one beside this loadtest).
-    #[arg(long)]
-    payonce: Option<PathBuf>,
-    /// PostgreSQL for the instances; use a scratch database — the unsafe strategies
-    /// corrupt the accounts they touch, on purpose.
-    #[arg(long, env = "DATABASE_URL")]
-    database_url: String,
-    /// Redis for the instances' locks.
-    #[arg(long, env = "REDIS_URL")]
-    redis_url: String,
-    /// Allow a DATABASE_URL or REDIS_URL that is not on a loopback address.
-    #[arg(long)]
-    allow_remote: bool,
 }
 
 fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
@@ -172,7 +128,6 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Healthz(args)) => healthz_command(args).await,
-        Some(Command::Matrix(args)) => matrix_command(args).await,
         None => run_command(cli.run).await,
     }
 }
@@ -258,117 +213,4 @@ async fn healthz_command(args: HealthzArgs) -> ExitCode {
             ExitCode::from(2)
         }
     }
-}
-
-async fn matrix_command(args: MatrixArgs) -> ExitCode {
-    use loadtest::matrix::{self, Fault, MatrixOptions, Strategy};
-
-    let started = std::time::Instant::now();
-    for url in [&args.database_url, &args.redis_url] {
-        let as_http = url
-            .replacen("postgres://", "http://", 1)
-            .replacen("postgresql://", "http://", 1)
-            .replacen("redis://", "http://", 1);
-        if let Err(error) = safety::check_targets(&[as_http], args.allow_remote) {
-            eprintln!("loadtest matrix: {error}");
-            return ExitCode::from(2);
-        }
-    }
-    let mut strategies = Vec::new();
-    for name in &args.strategies {
-        match Strategy::parse(name) {
-            Some(strategy) => strategies.push(strategy),
-            None => {
-                let known: Vec<_> = Strategy::ALL
-                    .iter()
-                    .map(|strategy| strategy.name())
-                    .collect();
-                eprintln!(
-                    "loadtest matrix: unknown strategy {name}; known: {}",
-                    known.join(", ")
-                );
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if strategies.is_empty() {
-        strategies = Strategy::ALL.to_vec();
-    }
-    let mut faults = Vec::new();
-    for name in &args.faults {
-        match Fault::parse(name) {
-            Some(fault) => faults.push(fault),
-            None => {
-                eprintln!("loadtest matrix: unknown fault {name}");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    if faults.is_empty() {
-        faults = Fault::ALL.to_vec();
-    }
-    let payonce = args.payonce.clone().unwrap_or_else(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|dir| dir.join("payonce")))
-            .unwrap_or_else(|| PathBuf::from("payonce"))
-    });
-    let options = MatrixOptions {
-        payonce,
-        database_url: args.database_url,
-        redis_url: args.redis_url,
-        seconds: args.seconds.unwrap_or(if args.quick { 2.0 } else { 5.0 }),
-        clients: args.clients,
-        accounts: args.accounts,
-        strategies,
-        faults,
-    };
-    eprintln!(
-        "loadtest matrix: {} strategies × {} faults, {} s per cell",
-        options.strategies.len(),
-        options.faults.len(),
-        options.seconds
-    );
-    let rows = match matrix::run_matrix(&options, |row| {
-        eprintln!(
-            "  {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens",
-            row.strategy.name(),
-            row.fault.name(),
-            row.requests,
-            row.double_spends,
-            row.stale_fencing_tokens
-        );
-    })
-    .await
-    {
-        Ok(rows) => rows,
-        Err(error) => {
-            eprintln!("loadtest matrix: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut stdout = std::io::stdout().lock();
-    let _ = matrix::print_table(&rows, &mut stdout);
-    if let Some(path) = &args.json {
-        match matrix::write_json(&rows, path) {
-            Ok(()) => println!("json: {}", path.display()),
-            Err(error) => eprintln!("loadtest matrix: cannot write {}: {error}", path.display()),
-        }
-    }
-    match matrix::draw_chart(&rows, &args.chart) {
-        Ok(()) => println!("chart: {}", args.chart.display()),
-        Err(error) => eprintln!("loadtest matrix: cannot draw the chart: {error}"),
-    }
-    let fenced_failed = rows.iter().any(|row| {
-        row.strategy == Strategy::Fenced && (row.double_spends > 0 || row.overdrafts > 0)
-    });
-    let verdict = if fenced_failed {
-        println!("VERDICT: the fenced strategy spent money twice — a bug");
-        ExitCode::from(1)
-    } else {
-        println!("VERDICT: fenced never spent money twice; the table shows where the others do");
-        ExitCode::SUCCESS
-    };
-    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
-    verdict
 }

@@ -1,6 +1,7 @@
 //! Test support: private servers on free loopback ports — `redis-server`, ZooKeeper, etcd,
-//! memcached — for tests that must restart, wipe, pause or count the commands of a server
-//! nobody else uses.
+//! memcached, PostgreSQL, MariaDB — for tests (and the strategies × faults matrix) that
+//! must restart, wipe, pause or count the commands of a server nobody else uses; and a
+//! loopback [`Proxy`] that partitions its clients from a server.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -287,6 +288,11 @@ impl EtcdServer {
         format!("etcd://127.0.0.1:{}{root}", self.client_port)
     }
 
+    /// The loopback port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.client_port
+    }
+
     /// `http://127.0.0.1:<port>`, as etcd clients take it.
     pub fn endpoint(&self) -> String {
         format!("http://127.0.0.1:{}", self.client_port)
@@ -381,6 +387,11 @@ impl MemcachedServer {
         self.wait_until_up(Duration::from_secs(10))
     }
 
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     /// `memcache://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("memcache://127.0.0.1:{}", self.port)
@@ -436,4 +447,316 @@ fn runs_as_root() -> bool {
             .and_then(|line| line.split_whitespace().nth(1))
             == Some("0")
     })
+}
+
+/// A PostgreSQL server of the caller's own (Debian's `postgresql` package): a fresh
+/// cluster (`initdb`) in a temporary directory, on a free loopback port, trust
+/// authentication for `postgres`, fsync off. For tests and demonstrations that restart the
+/// server, which the shared one must never be. Run as the `postgres` user when this
+/// process is root (the server refuses root). Stopped on drop.
+#[derive(Debug)]
+pub struct PostgresServer {
+    port: u16,
+    data: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl PostgresServer {
+    /// Creates the cluster, starts the server and waits until it answers.
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix("payonce-pg-").tempdir()?;
+        if runs_as_root() {
+            let owned = Command::new("chown")
+                .arg("postgres")
+                .arg(dir.path())
+                .status()?;
+            if !owned.success() {
+                return Err(std::io::Error::other("chown postgres failed"));
+            }
+        }
+        let data = dir.path().join("data");
+        let initdb = postgres_command("initdb")?
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !initdb.success() {
+            return Err(std::io::Error::other("initdb failed"));
+        }
+        let server = Self {
+            port: free_port()?,
+            data,
+            _dir: dir,
+        };
+        server.start_server()?;
+        Ok(server)
+    }
+
+    fn start_server(&self) -> std::io::Result<()> {
+        let socket_dir = self
+            .data
+            .parent()
+            .ok_or_else(|| std::io::Error::other("no cluster directory"))?;
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
+            self.port,
+            socket_dir.display()
+        );
+        let started = postgres_command("pg_ctl")?
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-o", &options, "-l"])
+            .arg(socket_dir.join("server.log"))
+            .args(["-w", "-t", "30", "start"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if started.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "PostgreSQL on port {} did not start",
+                self.port
+            )))
+        }
+    }
+
+    /// Stops the server at once, as a crash would (`pg_ctl stop -m immediate`: every
+    /// session ends without a goodbye; committed data stays).
+    pub fn stop(&mut self) {
+        if let Ok(mut command) = postgres_command("pg_ctl") {
+            let _ = command
+                .arg("-D")
+                .arg(&self.data)
+                .args(["-m", "immediate", "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+
+    /// Stops the server as a crash would and starts it again on the same port and data.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        self.stop();
+        self.start_server()
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// One of PostgreSQL's programs (`initdb`, `pg_ctl`: not on Debian's PATH), run as the
+/// `postgres` user when this process is root.
+fn postgres_command(program: &str) -> std::io::Result<Command> {
+    let binary = std::fs::read_dir("/usr/lib/postgresql")?
+        .filter_map(Result::ok)
+        .map(|version| version.path().join("bin").join(program))
+        .filter(|path| path.exists())
+        .max()
+        .ok_or_else(|| std::io::Error::other(format!("{program} not found")))?;
+    Ok(if runs_as_root() {
+        let mut command = Command::new("runuser");
+        command.args(["-u", "postgres", "--"]).arg(binary);
+        command
+    } else {
+        Command::new(binary)
+    })
+}
+
+/// A MariaDB server of the caller's own (Debian's `mariadb-server` package): a fresh data
+/// directory (`mariadb-install-db`) in a temporary directory, on a free loopback port,
+/// `root` without a password, the `payonce_locks` database created. For tests and
+/// demonstrations that restart the server. Killed on drop.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl MariaDbServer {
+    /// Creates the data directory, starts the server and waits until it answers.
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("payonce-mariadb-")
+            .tempdir()?;
+        let installed = Command::new("mariadb-install-db")
+            .arg("--no-defaults")
+            .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .args([
+                "--user=root",
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !installed.success() {
+            return Err(std::io::Error::other("mariadb-install-db failed"));
+        }
+        let port = free_port()?;
+        let server = Self {
+            child: spawn_mariadb(dir.path(), port)?,
+            port,
+            dir,
+        };
+        server.wait_until_up(Duration::from_secs(30))?;
+        let created = Command::new("mysql")
+            .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
+            .args(["-e", "create database if not exists payonce_locks"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
+        if !created.success() {
+            return Err(std::io::Error::other(
+                "create database payonce_locks failed",
+            ));
+        }
+        Ok(server)
+    }
+
+    /// Kills the server (SIGKILL: every connection, transaction and row lock ends;
+    /// committed data stays) and starts it again on the same port and data.
+    pub fn restart(&mut self) -> std::io::Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_mariadb(self.dir.path(), self.port)?;
+        self.wait_until_up(Duration::from_secs(30))
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `mysql://root@127.0.0.1:<port>/payonce_locks`.
+    pub fn url(&self) -> String {
+        format!("mysql://root@127.0.0.1:{}/payonce_locks", self.port)
+    }
+
+    fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            let answered = Command::new("mysql")
+                .args([
+                    "-h",
+                    "127.0.0.1",
+                    "-P",
+                    &self.port.to_string(),
+                    "-u",
+                    "root",
+                ])
+                .args(["-e", "select 1"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|status| status.success());
+            if answered {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(std::io::Error::other(format!(
+            "MariaDB on port {} did not start",
+            self.port
+        )))
+    }
+}
+
+impl Drop for MariaDbServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn spawn_mariadb(dir: &std::path::Path, port: u16) -> std::io::Result<Child> {
+    Command::new("mariadbd")
+        .arg("--no-defaults")
+        .arg(format!("--datadir={}", dir.join("data").display()))
+        .arg(format!("--socket={}", dir.join("mariadb.sock").display()))
+        .arg(format!("--port={port}"))
+        .args([
+            "--bind-address=127.0.0.1",
+            "--user=root",
+            "--skip-log-bin",
+            "--innodb-flush-log-at-trx-commit=0",
+            "--max-connections=300",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+}
+
+/// A loopback TCP proxy that can be cut, as a network partition between its clients and
+/// one server: while whole it forwards both ways; [`cut`](Self::cut) closes the server's
+/// side of every connection at once (the server sees its peer gone, as its keepalive or a
+/// reset would tell it) and leaves the client's side open and silent — what goes in is
+/// lost, nothing comes back, and new connections are taken and held the same way; until
+/// [`heal`](Self::heal) closes those client sides (the client's next read sees the reset)
+/// and forwards again. Needs a Tokio runtime; stops with it.
+#[derive(Debug)]
+pub struct Proxy {
+    port: u16,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl Proxy {
+    /// Listens on a free loopback port, forwarding to `upstream` on loopback.
+    pub async fn start(upstream: u16) -> std::io::Result<Self> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let (cut, cuts) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut cuts = cuts.clone();
+                tokio::spawn(async move {
+                    if !*cuts.borrow() {
+                        let Ok(mut outbound) =
+                            tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                        else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                            _ = cuts.wait_for(|cut| *cut) => drop(outbound),
+                        }
+                    }
+                    // Cut: the client's side stays open, unanswered, until the heal.
+                    let _ = cuts.wait_for(|cut| !*cut).await;
+                });
+            }
+        });
+        Ok(Self { port, cut })
+    }
+
+    /// The port clients connect to.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Partitions the clients from the server (see the type's documentation).
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Ends the partition: held client connections are closed, new ones forwarded.
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
 }

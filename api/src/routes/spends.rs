@@ -71,7 +71,7 @@ pub struct DrawRequest {
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
         ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
@@ -112,7 +112,7 @@ pub async fn withdraw(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
         ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
@@ -153,7 +153,7 @@ pub async fn deposit(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, redis or redlock"),
+        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
         ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),

@@ -102,7 +102,7 @@ async fn no_lock_spends_the_same_money_several_times() {
     }
 }
 
-/// `redis` (a TTL lock, no fencing): a holder paused past its lease writes after its
+/// `unfenced` on Redis (a TTL lock, its fencing token ignored): a holder paused past its lease writes after its
 /// successor, and the money is spent twice. The fenced counterpart is
 /// `paused_lock_holder_cannot_commit`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -118,11 +118,14 @@ async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
         &account,
         &paused,
         100,
-        &[("payonce-strategy", "redis"), ("payonce-fault", "pause=1s")],
+        &[
+            ("payonce-strategy", "unfenced"),
+            ("payonce-fault", "pause=1s"),
+        ],
     );
     tokio::time::sleep(Duration::from_millis(150)).await;
     let second = app
-        .withdrawal(&account, &next, 100, &[("payonce-strategy", "redis")])
+        .withdrawal(&account, &next, 100, &[("payonce-strategy", "unfenced")])
         .send()
         .await
         .unwrap();
@@ -222,7 +225,7 @@ async fn bad_demonstration_headers_are_400() {
 #[tokio::test]
 async fn unsafe_strategies_refuse_to_start_without_what_they_need() {
     let shared = Shared::new(Backend::Embedded).await;
-    let error = api::state::AppState::connect(&shared.config(&["--lock-strategy", "redis"]))
+    let error = api::state::AppState::connect(&shared.config(&["--lock-strategy", "getset"]))
         .await
         .unwrap_err();
     assert!(error.to_string().contains("needs Redis"), "{error}");

@@ -4,5 +4,3 @@
 
 mod audit;
 mod end_to_end;
-mod matrix;
-mod retries;

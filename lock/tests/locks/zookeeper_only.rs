@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lock::testing::ZooKeeperServer;
+use lock::testing::{Proxy, ZooKeeperServer};
 use lock::{FencingToken, LockService, ZooKeeperBackend, ZooKeeperOptions};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -100,46 +100,6 @@ async fn tokens_increase_across_a_server_restart() {
     guard.release().await.unwrap();
 }
 
-/// A loopback TCP proxy to `upstream` that can be cut: every connection through it
-/// dropped, and new ones refused, until it is restored — the network between one client
-/// and its server, failing.
-struct Cuttable {
-    port: u16,
-    cut: tokio::sync::watch::Sender<bool>,
-}
-
-impl Cuttable {
-    async fn to(upstream: u16) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (cut, cuts) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if *cuts.borrow() {
-                    continue; // Refused: dropped at once.
-                }
-                let mut cuts = cuts.clone();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) =
-                        tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
-                    else {
-                        return;
-                    };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        _ = cuts.wait_for(|cut| *cut) => {}
-                    }
-                });
-            }
-        });
-        Self { port, cut }
-    }
-
-    fn cut(&self, cut: bool) {
-        self.cut.send_replace(cut);
-    }
-}
-
 /// The session ended from outside — the holder cut off from the server past its session
 /// timeout, so the server expires the session — deletes the lock node: a waiter of
 /// another process gets the lock with a larger token, the holder's `lost()` fires, and
@@ -147,11 +107,11 @@ impl Cuttable {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_session_is_ended_from_outside() {
     let server = ZooKeeperServer::start().unwrap();
-    let network = Cuttable::to(server.port()).await;
+    let network = Proxy::start(server.port()).await.unwrap();
     let session_timeout = 4 * SECOND;
     let holder_backend = Arc::new(
         ZooKeeperBackend::open(
-            &format!("zk://127.0.0.1:{}/t", network.port),
+            &format!("zk://127.0.0.1:{}/t", network.port()),
             ZooKeeperOptions {
                 session_timeout,
                 op_timeout: 5 * SECOND,
@@ -181,7 +141,7 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
         "the waiter did not wait for the holder"
     );
 
-    network.cut(true);
+    network.cut();
     let cut_at = Instant::now();
     let mut successor = waiter.await.unwrap().unwrap();
     // Not before the session timed out: until then the session, and the node, live.
@@ -190,7 +150,7 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
         "{:?}",
         cut_at.elapsed()
     );
-    network.cut(false);
+    network.heal();
     timeout(10 * SECOND, holder.lost())
         .await
         .expect("lost() did not fire after the session ended");

@@ -6,30 +6,24 @@ use std::time::Duration;
 
 use ledger::testing::TestDatabase;
 use loadtest::audit::ViolationKind;
-use loadtest::matrix::{Cluster, MatrixOptions};
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
+use lock::testing::RedisServer;
+use matrix::cluster::{Cluster, base_environment};
 
 /// How long the load lasts; the kill comes a third of the way in.
 const LOAD: Duration = Duration::from_secs(3);
 
-/// Three payonce instances (fenced, 1 s lock lease: a lock the killed instance held is
+/// Three payonce instances (fenced, on a private Redis, 1 s lock lease: a lock the killed instance held is
 /// free again before another instance's wait for it, 2 s, runs out), a short load with
 /// `retry`, and the third instance killed with SIGKILL a second in and restarted 300 ms
 /// later.
 async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
     let database = TestDatabase::postgres().await.unwrap();
-    let cluster_options = MatrixOptions {
-        payonce: crate::matrix::payonce(),
-        database_url: database.url().to_owned(),
-        redis_url: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
-        seconds: LOAD.as_secs_f64(),
-        clients: 0,
-        accounts: 0,
-        strategies: Vec::new(),
-        faults: Vec::new(),
-    };
-    let mut cluster = Cluster::start(&cluster_options, Duration::from_secs(1))
+    let redis = RedisServer::start().unwrap();
+    let mut environment = base_environment(database.url(), Duration::from_secs(1));
+    environment.push(("PAYONCE_LOCK_URL".to_owned(), redis.url()));
+    let mut cluster = Cluster::start(&crate::payonce(), vec![environment; 3])
         .await
         .unwrap();
     let options = RunOptions {

@@ -1,0 +1,564 @@
+//! The table's rows (a lock service and how the application guards with it), its columns
+//! (the faults), and how one cell is run and counted.
+
+use std::time::Duration;
+
+use loadtest::audit::ViolationKind;
+use loadtest::client::Api;
+use loadtest::retry::RetryPolicy;
+use loadtest::run::{FaultPlan, Limit, Mix, RunOptions, RunResult, run};
+use serde::Serialize;
+use tokio::time::sleep;
+
+use crate::MatrixError;
+use crate::cluster::Cluster;
+use crate::services::{Servers, Service};
+
+/// A fault the matrix injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Fault {
+    /// Plain concurrency.
+    None,
+    /// A pause longer than the lease inside the critical section, renewal stopped.
+    Pause,
+    /// One instance stopped whole (SIGSTOP) past the lease, then continued.
+    Sigstop,
+    /// A slow call-out inside the critical section.
+    SlowCallout,
+    /// One instance's clock runs ahead.
+    ClockSkew,
+    /// One instance is killed and restarted mid-run.
+    InstanceKill,
+    /// The lock service restarts mid-run.
+    StoreRestart,
+    /// One instance loses its connections to the lock service past the lease.
+    Partition,
+}
+
+impl Fault {
+    /// Every fault, in the table's order.
+    pub const ALL: [Fault; 8] = [
+        Fault::None,
+        Fault::Pause,
+        Fault::Sigstop,
+        Fault::SlowCallout,
+        Fault::ClockSkew,
+        Fault::InstanceKill,
+        Fault::StoreRestart,
+        Fault::Partition,
+    ];
+
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Pause => "pause",
+            Self::Sigstop => "sigstop",
+            Self::SlowCallout => "slow-callout",
+            Self::ClockSkew => "clock-skew",
+            Self::InstanceKill => "instance-kill",
+            Self::StoreRestart => "store-restart",
+            Self::Partition => "partition",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|fault| fault.name() == name)
+    }
+}
+
+/// How the application uses the lock service before it writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Guard {
+    /// No lock: read, check, write.
+    None,
+    /// The classic SETNX then EXPIRE recipe; read-check-write.
+    SetnxExpire,
+    /// The classic GETSET timestamp recipe; read-check-write.
+    Getset,
+    /// The service's lock trusted alone: read-check-write under it, the fencing token
+    /// ignored.
+    Unfenced,
+    /// The service's fencing token checked by the ledger in the write.
+    Fenced,
+}
+
+impl Guard {
+    /// Every guard, in the table's order.
+    pub const ALL: [Guard; 5] = [
+        Guard::None,
+        Guard::SetnxExpire,
+        Guard::Getset,
+        Guard::Unfenced,
+        Guard::Fenced,
+    ];
+
+    /// Its name in the table and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::SetnxExpire => "setnx-expire",
+            Self::Getset => "getset",
+            Self::Unfenced => "unfenced",
+            Self::Fenced => "fenced",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|guard| guard.name() == name)
+    }
+}
+
+/// The strategy a row asks payonce for, in `Payonce-Strategy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// No lock at all.
+    None,
+    /// SETNX then EXPIRE.
+    SetnxExpire,
+    /// The GETSET timestamp lock.
+    Getset,
+    /// The instance's lock service, its token ignored.
+    Unfenced,
+    /// Redlock over three Redis servers, no fencing.
+    Redlock,
+    /// The instance's lock service with the ledger's fencing check.
+    Fenced,
+}
+
+impl Strategy {
+    /// Its name in `Payonce-Strategy`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::SetnxExpire => "setnx-expire",
+            Self::Getset => "getset",
+            Self::Unfenced => "unfenced",
+            Self::Redlock => "redlock",
+            Self::Fenced => "fenced",
+        }
+    }
+}
+
+/// A row of the table: a lock service and a guard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Line {
+    /// The lock service.
+    pub service: Service,
+    /// How the application guards its write with it.
+    pub guard: Guard,
+}
+
+impl Line {
+    /// Every row, in the table's order: no lock, the classic recipes, then each service
+    /// unfenced and fenced (Redlock has no fencing token to check).
+    pub fn all() -> Vec<Line> {
+        let mut lines = vec![
+            Line::new(Service::None, Guard::None),
+            Line::new(Service::Redis, Guard::SetnxExpire),
+            Line::new(Service::Redis, Guard::Getset),
+        ];
+        for service in Service::ALL {
+            match service {
+                Service::None => {}
+                Service::Redlock => lines.push(Line::new(service, Guard::Unfenced)),
+                _ => {
+                    lines.push(Line::new(service, Guard::Unfenced));
+                    lines.push(Line::new(service, Guard::Fenced));
+                }
+            }
+        }
+        lines
+    }
+
+    /// A row.
+    pub fn new(service: Service, guard: Guard) -> Self {
+        Self { service, guard }
+    }
+
+    /// What payonce is asked for.
+    pub fn strategy(self) -> Strategy {
+        match (self.service, self.guard) {
+            (_, Guard::None) => Strategy::None,
+            (_, Guard::SetnxExpire) => Strategy::SetnxExpire,
+            (_, Guard::Getset) => Strategy::Getset,
+            (Service::Redlock, Guard::Unfenced) => Strategy::Redlock,
+            (_, Guard::Unfenced) => Strategy::Unfenced,
+            (_, Guard::Fenced) => Strategy::Fenced,
+        }
+    }
+
+    /// The longest a holder that stopped renewing keeps this row's lock with leases of
+    /// `ttl` (`None`: as long as its connection lives).
+    pub fn lease_bound(self, ttl: Duration) -> Option<Duration> {
+        match self.guard {
+            // EXPIRE counts whole seconds.
+            Guard::SetnxExpire => Some(Duration::from_secs(ttl.as_secs_f64().ceil() as u64)),
+            Guard::None | Guard::Getset => Some(ttl),
+            Guard::Unfenced | Guard::Fenced => self.service.lease_bound(ttl),
+        }
+    }
+
+    /// Why `fault` means nothing for this row, if it does not.
+    pub fn not_applicable(self, fault: Fault) -> Option<&'static str> {
+        match fault {
+            Fault::ClockSkew if self.guard != Guard::Getset => {
+                Some("nothing in this row reads the instance's clock")
+            }
+            Fault::Pause | Fault::Sigstop | Fault::StoreRestart | Fault::Partition
+                if self.guard == Guard::None =>
+            {
+                Some("no lock to outlive or lose")
+            }
+            _ => None,
+        }
+    }
+}
+
+/// One cell of the table.
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    /// The lock service.
+    pub service: Service,
+    /// How the application guards its write with it.
+    pub guard: Guard,
+    /// What payonce was asked for (`Payonce-Strategy`).
+    pub strategy: Strategy,
+    /// The fault.
+    pub fault: Fault,
+    /// Seconds of load the cell ran (at least the matrix's; longer where the fault
+    /// outlasts it).
+    pub seconds: f64,
+    /// Spend requests sent.
+    pub requests: u64,
+    /// Operations that moved money or points twice, or were accepted beyond what was
+    /// affordable: each withdrawal or lottery draw whose effect a write decided on an
+    /// older balance overwrote (its money or points left, yet are there to be spent
+    /// again), plus each extra execution of one ticket. Counted by the audit from the
+    /// ledger's entries and summed over the cell's accounts; see
+    /// [`AccountTally::double_spends`](loadtest::audit::AccountTally::double_spends).
+    pub double_spends: u64,
+    /// Money the ledger holds beyond what the accepted operations leave (units spent
+    /// without being deducted), summed over the accounts.
+    pub money_spent_twice: i64,
+    /// Points likewise: points the ledger holds beyond what the accepted draws leave.
+    pub points_spent_twice: i64,
+    /// Accounts whose accepted withdrawals (or draws) exceed everything they ever had,
+    /// plus balances or points seen below zero.
+    pub overdrafts: usize,
+    /// Writes the ledger refused for carrying an old fencing token during the cell
+    /// (`payonce_stale_fencing_tokens_total`, summed over the instances): fencing at work.
+    pub stale_fencing_tokens: u64,
+    /// Spend requests answered 503 `lock-lost`.
+    pub lock_lost: u64,
+    /// 409s, 503s, other statuses and unanswered requests.
+    pub errors: u64,
+    /// Spend requests per second.
+    pub throughput: f64,
+    /// 99th percentile spend latency, ms.
+    pub p99_ms: f64,
+    /// Other audit findings (answers outside the contract, missing state).
+    pub other_violations: usize,
+    /// Why the cell did not run, if it did not.
+    pub skipped: Option<String>,
+}
+
+impl Row {
+    /// A cell that did not run, and why.
+    pub fn skipped(line: Line, fault: Fault, why: &str) -> Self {
+        Self {
+            service: line.service,
+            guard: line.guard,
+            strategy: line.strategy(),
+            fault,
+            seconds: 0.0,
+            requests: 0,
+            double_spends: 0,
+            money_spent_twice: 0,
+            points_spent_twice: 0,
+            overdrafts: 0,
+            stale_fencing_tokens: 0,
+            lock_lost: 0,
+            errors: 0,
+            throughput: 0.0,
+            p99_ms: 0.0,
+            other_violations: 0,
+            skipped: Some(why.to_owned()),
+        }
+    }
+
+    /// Whether the audit found money or points spent twice, or an overdraft.
+    pub fn spent_twice(&self) -> bool {
+        self.double_spends > 0 || self.overdrafts > 0
+    }
+}
+
+/// The lease the matrix gives the instances: short, so a stall outlives it quickly.
+pub const LOCK_TTL: Duration = Duration::from_millis(300);
+
+/// The instance `sigstop` stops and `partition` cuts off.
+pub const STALLED: usize = 2;
+
+/// How long a pause, a stop or a partition lasts for `line`: five lock TTLs, or the
+/// service's lease bound and 1.2 s more where that is longer.
+pub fn stall(line: Line) -> Duration {
+    let bound = line.lease_bound(LOCK_TTL).unwrap_or(LOCK_TTL);
+    (LOCK_TTL * 5).max(bound + Duration::from_millis(1200))
+}
+
+/// The settings of one cell's load.
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    /// Seconds of load (stretched where the fault needs longer).
+    pub seconds: f64,
+    /// Clients.
+    pub clients: usize,
+    /// Accounts (few: contention is the point).
+    pub accounts: usize,
+}
+
+/// Runs one cell on a running cluster over `servers`.
+pub async fn run_cell(
+    cluster: &mut Cluster,
+    servers: &mut Servers,
+    line: Line,
+    fault: Fault,
+    load: Load,
+) -> Result<Row, MatrixError> {
+    let stall = stall(line);
+    let bound = line.lease_bound(LOCK_TTL).unwrap_or(LOCK_TTL);
+    let base = Duration::from_secs_f64(load.seconds);
+    let fault_at = base.mul_f64(0.3);
+    // Where one instance stalls, the others keep loading until its leases have ended and
+    // a second more, so that they take over its locks while it cannot write. (A pause
+    // needs no more: paused spends are spread over the run, and the run waits for them.)
+    let seconds = match fault {
+        Fault::Sigstop | Fault::Partition => base.max(fault_at + bound + Duration::from_secs(1)),
+        _ => base,
+    };
+    let plan = match fault {
+        Fault::Pause => Some(FaultPlan {
+            header: format!("pause={}ms", stall.as_millis()),
+            share: 0.1,
+            target: None,
+        }),
+        Fault::SlowCallout => Some(FaultPlan {
+            header: "slow=20ms".into(),
+            share: 1.0,
+            target: None,
+        }),
+        Fault::ClockSkew => Some(FaultPlan {
+            header: "clock-offset=5s".into(),
+            share: 1.0,
+            target: Some(0),
+        }),
+        // The instance to be stopped spends most of its time inside critical sections,
+        // between its read and its write, so the stop finds it there.
+        Fault::Sigstop => Some(FaultPlan {
+            header: "slow=500ms".into(),
+            share: 1.0,
+            target: Some(STALLED),
+        }),
+        // The instance to be cut off makes a call-out as long as the partition: a holder
+        // the cut finds in its critical section cannot renew, its lease ends while the
+        // call-out goes on, and its write comes after its successor's — unless it was
+        // nearly done. (Renewal goes on trying: this is no pause.)
+        Fault::Partition => Some(FaultPlan {
+            header: format!("slow={}ms", stall.as_millis()),
+            share: 1.0,
+            target: Some(STALLED),
+        }),
+        Fault::None | Fault::InstanceKill | Fault::StoreRestart => None,
+    };
+    let stalls_one = matches!(fault, Fault::Sigstop | Fault::Partition);
+    let run_options = RunOptions {
+        targets: cluster.targets(),
+        accounts: load.accounts,
+        clients: load.clients,
+        limit: Limit::Duration(seconds),
+        // Where one instance stalls, no copies: a copy sent to it would hold up a client
+        // of a running one.
+        duplicate_fraction: if stalls_one { 0.0 } else { 0.1 },
+        changed_fraction: 0.0,
+        progress: false,
+        mix: Mix {
+            withdrawal: 0.6,
+            draw: 0.25,
+        },
+        headers: vec![(
+            "payonce-strategy".to_owned(),
+            line.strategy().name().to_owned(),
+        )],
+        fault: plan,
+        // Where one instance stalls, only its own clients wait for it: the others go on,
+        // take over its locks and write while it cannot.
+        sticky: stalls_one,
+        // The killed instance drops what it was answering: expected, in that cell only.
+        expect_unanswered: fault == Fault::InstanceKill,
+        // Each request is sent once: the table counts the errors each row and fault cause
+        // (resends would hide them and stretch the cells past their time).
+        retry: RetryPolicy::none(),
+    };
+    let stale_before = stale_tokens(&cluster.targets()).await;
+    let result = match fault {
+        Fault::InstanceKill => {
+            let kill = async {
+                sleep(fault_at).await;
+                cluster
+                    .kill_and_restart(STALLED, Duration::from_millis(300))
+                    .await
+            };
+            let (result, killed) = tokio::join!(run(run_options), kill);
+            killed?;
+            result?
+        }
+        Fault::Sigstop => {
+            let stop = async {
+                sleep(fault_at).await;
+                cluster.stop_for(STALLED, stall).await
+            };
+            let (result, stopped) = tokio::join!(run(run_options), stop);
+            stopped?;
+            result?
+        }
+        Fault::Partition => {
+            let cut = async {
+                sleep(fault_at).await;
+                servers.partition();
+                sleep(stall).await;
+                servers.heal();
+            };
+            let (result, ()) = tokio::join!(run(run_options), cut);
+            result?
+        }
+        Fault::StoreRestart => {
+            let restart = async {
+                sleep(seconds / 2).await;
+                servers.restart().await
+            };
+            let (result, restarted) = tokio::join!(run(run_options), restart);
+            restarted?;
+            result?
+        }
+        _ => run(run_options).await?,
+    };
+    let mut row = row(line, fault, &result);
+    row.seconds = seconds.as_secs_f64();
+    row.stale_fencing_tokens = stale_after(&result, &stale_before);
+    Ok(row)
+}
+
+const STALE_TOKENS: &str = "payonce_stale_fencing_tokens_total";
+
+/// Each target's stale-token counter now (0 for a target that does not answer).
+async fn stale_tokens(targets: &[String]) -> Vec<f64> {
+    let Ok(api) = Api::new(targets.to_vec(), 1) else {
+        return vec![0.0; targets.len()];
+    };
+    let mut counters = Vec::new();
+    for target in 0..targets.len() {
+        let metrics = api.metrics(target).await.unwrap_or_default();
+        counters.push(counter(&metrics, STALE_TOKENS));
+    }
+    counters
+}
+
+fn counter(metrics: &[(String, f64)], name: &str) -> f64 {
+    metrics
+        .iter()
+        .find(|(metric, _)| metric == name)
+        .map_or(0.0, |(_, value)| *value)
+}
+
+/// The stale tokens counted during the run: each target's counter after, less before (an
+/// instance restarted during the run counts from zero again).
+fn stale_after(result: &RunResult, before: &[f64]) -> u64 {
+    result
+        .metrics
+        .iter()
+        .enumerate()
+        .map(|(index, (_, metrics))| {
+            let after = counter(metrics, STALE_TOKENS);
+            let before = before.get(index).copied().unwrap_or(0.0);
+            if after >= before {
+                after - before
+            } else {
+                after
+            }
+        })
+        .sum::<f64>()
+        .round() as u64
+}
+
+/// The audit's findings that are about the ledger's money and points (the rest are about
+/// answers: undeclared, unanswered, mismatched replays, missing state).
+const LEDGER_FINDINGS: [ViolationKind; 7] = [
+    ViolationKind::ExecutedTwice,
+    ViolationKind::BalanceMismatch,
+    ViolationKind::EntryMismatch,
+    ViolationKind::EntriesDoNotAddUp,
+    ViolationKind::UnknownEntry,
+    ViolationKind::StaleWrite,
+    ViolationKind::Negative,
+];
+
+/// A cell's row, from its run (the stale fencing tokens, read from the instances around
+/// the run, and the seconds are left at 0).
+pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
+    let negative = result
+        .violations
+        .iter()
+        .filter(|v| v.kind == ViolationKind::Negative)
+        .count();
+    let counts = &result.counts;
+    let lock_lost = result
+        .history
+        .spends
+        .iter()
+        .flat_map(|spend| &spend.attempts)
+        .filter(|attempt| {
+            attempt.status == Some(503)
+                && attempt.problem().is_some_and(|t| t.ends_with("lock-lost"))
+        })
+        .count() as u64;
+    Row {
+        requests: counts.requests,
+        double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
+        money_spent_twice: result
+            .tallies
+            .iter()
+            .map(|tally| (tally.final_balance - tally.expected_balance).max(0))
+            .sum(),
+        points_spent_twice: result
+            .tallies
+            .iter()
+            .map(|tally| (tally.final_points - tally.expected_points).max(0))
+            .sum(),
+        overdrafts: result
+            .tallies
+            .iter()
+            .filter(|tally| tally.expected_balance < 0 || tally.expected_points < 0)
+            .count()
+            + negative,
+        lock_lost,
+        errors: counts.conflict
+            + counts.unavailable
+            + counts.other
+            + counts.transport_errors
+            + counts.ticket_errors,
+        throughput: counts.requests as f64 / result.elapsed.as_secs_f64().max(0.001),
+        p99_ms: result.latency.value_at_quantile(0.99) as f64 / 1000.0,
+        other_violations: result
+            .violations
+            .iter()
+            .filter(|v| !LEDGER_FINDINGS.contains(&v.kind))
+            .count(),
+        skipped: None,
+        ..Row::skipped(line, fault, "")
+    }
+}

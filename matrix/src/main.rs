@@ -1,0 +1,185 @@
+//! `payonce-matrix`: every lock service, fenced and unfenced, and the classic recipes,
+//! under every fault — one table, its JSON and a grid chart. `scripts/matrix.sh` runs it
+//! on a scratch database.
+//!
+//! Exit codes: 0 no fenced row spent money twice, 1 one did (a bug), 2 the matrix could
+//! not run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use matrix::{Fault, Guard, Line, MatrixOptions, Service, report};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "payonce-matrix",
+    about = "Every lock service, fenced and unfenced, under every fault: which spends money twice."
+)]
+struct Cli {
+    /// One second of load per cell (cells whose fault outlasts it run longer).
+    #[arg(long)]
+    quick: bool,
+    /// Seconds of load per cell (default 4, or 1 with --quick).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Clients per cell.
+    #[arg(long, default_value_t = 12)]
+    clients: usize,
+    /// Accounts per cell (few: contention is the point).
+    #[arg(long, default_value_t = 3)]
+    accounts: usize,
+    /// Only rows on these lock services, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    services: Vec<String>,
+    /// Only rows with these guards, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    guards: Vec<String>,
+    /// Only these faults, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',')]
+    faults: Vec<String>,
+    /// Write the rows as JSON: {"rows": [...]}.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Where to draw the grid (SVG).
+    #[arg(long, default_value = "matrix-chart.svg")]
+    chart: PathBuf,
+    /// The payonce binary, built with `--features demo,etcd` (default: the one beside
+    /// this program).
+    #[arg(long)]
+    payonce: Option<PathBuf>,
+    /// PostgreSQL for the instances' ledger; use a scratch database — the unsafe rows
+    /// corrupt the accounts they touch, on purpose.
+    #[arg(long, env = "DATABASE_URL")]
+    database_url: String,
+    /// Allow a DATABASE_URL that is not on a loopback address.
+    #[arg(long)]
+    allow_remote: bool,
+}
+
+fn parse_all<T: Copy>(
+    names: &[String],
+    all: &[T],
+    parse: impl Fn(&str) -> Option<T>,
+    name: impl Fn(T) -> &'static str,
+    what: &str,
+) -> Result<Vec<T>, String> {
+    if names.is_empty() {
+        return Ok(all.to_vec());
+    }
+    names
+        .iter()
+        .map(|given| {
+            parse(given).ok_or_else(|| {
+                let known: Vec<_> = all.iter().map(|item| name(*item)).collect();
+                format!("unknown {what} {given}; known: {}", known.join(", "))
+            })
+        })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let started = std::time::Instant::now();
+    let as_http = cli
+        .database_url
+        .replacen("postgres://", "http://", 1)
+        .replacen("postgresql://", "http://", 1);
+    if let Err(error) = loadtest::safety::check_targets(&[as_http], cli.allow_remote) {
+        eprintln!("payonce-matrix: {error}");
+        return ExitCode::from(2);
+    }
+    let chosen = parse_all(
+        &cli.services,
+        &Service::ALL,
+        Service::parse,
+        Service::name,
+        "service",
+    )
+    .and_then(|services| {
+        parse_all(&cli.guards, &Guard::ALL, Guard::parse, Guard::name, "guard")
+            .map(|guards| (services, guards))
+    })
+    .and_then(|chosen| {
+        parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")
+            .map(|faults| (chosen, faults))
+    });
+    let ((services, guards), faults) = match chosen {
+        Ok(chosen) => chosen,
+        Err(error) => {
+            eprintln!("payonce-matrix: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let lines: Vec<Line> = Line::all()
+        .into_iter()
+        .filter(|line| services.contains(&line.service) && guards.contains(&line.guard))
+        .collect();
+    let payonce = cli.payonce.clone().unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("payonce")))
+            .unwrap_or_else(|| PathBuf::from("payonce"))
+    });
+    let options = MatrixOptions {
+        payonce,
+        database_url: cli.database_url,
+        seconds: cli.seconds.unwrap_or(if cli.quick { 1.0 } else { 4.0 }),
+        clients: cli.clients,
+        accounts: cli.accounts,
+        lines,
+        faults,
+    };
+    eprintln!(
+        "payonce-matrix: {} rows × {} faults, {} s per cell",
+        options.lines.len(),
+        options.faults.len(),
+        options.seconds
+    );
+    let rows = match matrix::run_matrix(&options, |row| match &row.skipped {
+        Some(_) => {}
+        None => eprintln!(
+            "  {:<10} {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens ({:.0} s)",
+            row.service.name(),
+            row.guard.name(),
+            row.fault.name(),
+            row.requests,
+            row.double_spends,
+            row.stale_fencing_tokens,
+            started.elapsed().as_secs_f64(),
+        ),
+    })
+    .await
+    {
+        Ok(rows) => rows,
+        Err(error) => {
+            eprintln!("payonce-matrix: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    let _ = report::print_table(&rows, &mut stdout);
+    if let Some(path) = &cli.json {
+        match report::write_json(&rows, path) {
+            Ok(()) => println!("json: {}", path.display()),
+            Err(error) => eprintln!("payonce-matrix: cannot write {}: {error}", path.display()),
+        }
+    }
+    match report::draw_chart(&rows, &cli.chart) {
+        Ok(()) => println!("chart: {}", cli.chart.display()),
+        Err(error) => eprintln!("payonce-matrix: cannot draw the chart: {error}"),
+    }
+    let fenced_failed = rows
+        .iter()
+        .any(|row| row.guard == Guard::Fenced && row.spent_twice());
+    let verdict = if fenced_failed {
+        println!("VERDICT: a fenced row spent money twice — a bug");
+        ExitCode::from(1)
+    } else {
+        println!("VERDICT: no fenced row spent money twice; the table shows where the others do");
+        ExitCode::SUCCESS
+    };
+    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
+    verdict
+}

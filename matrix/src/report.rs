@@ -1,0 +1,175 @@
+//! The matrix's outputs: the table, `{"rows": [...]}` JSON, and the grid chart.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::cells::{Fault, Line, Row};
+
+/// The table.
+pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<10} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  note",
+        "service",
+        "guard",
+        "fault",
+        "requests",
+        "double spends",
+        "money twice",
+        "points twice",
+        "overdrafts",
+        "stale tokens",
+        "errors",
+        "req/s",
+        "p99 ms",
+    )?;
+    writeln!(out, "{}", "-".repeat(150))?;
+    for row in rows {
+        let note = match (&row.skipped, row.other_violations) {
+            (Some(why), _) => format!("n/a: {why}"),
+            (None, 0) => String::new(),
+            (None, other) => format!("{other} other audit findings"),
+        };
+        if row.skipped.is_some() {
+            writeln!(
+                out,
+                "{:<10} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  {}",
+                row.service.name(),
+                row.guard.name(),
+                row.fault.name(),
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                "-",
+                note
+            )?;
+            continue;
+        }
+        writeln!(
+            out,
+            "{:<10} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
+            row.service.name(),
+            row.guard.name(),
+            row.fault.name(),
+            row.requests,
+            row.double_spends,
+            row.money_spent_twice,
+            row.points_spent_twice,
+            row.overdrafts,
+            row.stale_fencing_tokens,
+            row.errors,
+            row.throughput,
+            row.p99_ms,
+            note
+        )?;
+    }
+    Ok(())
+}
+
+fn create_parent(path: &Path) -> std::io::Result<()> {
+    match path
+        .parent()
+        .filter(|parent| !parent.as_os_str().is_empty())
+    {
+        Some(parent) => std::fs::create_dir_all(parent),
+        None => Ok(()),
+    }
+}
+
+/// `{"rows": [...]}`.
+pub fn write_json(rows: &[Row], path: &Path) -> std::io::Result<()> {
+    create_parent(path)?;
+    std::fs::write(
+        path,
+        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows }))?,
+    )
+}
+
+/// The matrix as a grid: one cell per row × fault, red with the count where the audit
+/// found double spends, green where it found none, grey where the fault does not apply.
+pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    create_parent(path)?;
+    let mut lines: Vec<Line> = Vec::new();
+    let mut faults: Vec<Fault> = Vec::new();
+    for row in rows {
+        let line = Line::new(row.service, row.guard);
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+        if !faults.contains(&row.fault) {
+            faults.push(row.fault);
+        }
+    }
+    let (cell_w, cell_h, left, top) = (150, 44, 190, 70);
+    let width = left + cell_w * faults.len() as u32 + 20;
+    let height = top + cell_h * lines.len() as u32 + 40;
+    let root = SVGBackend::new(path, (width, height)).into_drawing_area();
+    root.fill(&WHITE)?;
+    root.draw(&Text::new(
+        "Double spends found by the audit, per lock service and guard × fault",
+        (10, 10),
+        ("sans-serif", 20).into_font(),
+    ))?;
+    let font = ("sans-serif", 14).into_font();
+    for (column, fault) in faults.iter().enumerate() {
+        let x = left + column as u32 * cell_w;
+        root.draw(&Text::new(
+            fault.name(),
+            (x as i32 + 8, top as i32 - 24),
+            font.clone(),
+        ))?;
+    }
+    for (index, line) in lines.iter().enumerate() {
+        let y = top + index as u32 * cell_h;
+        root.draw(&Text::new(
+            format!("{} {}", line.service.name(), line.guard.name()),
+            (10, y as i32 + 14),
+            font.clone(),
+        ))?;
+        for (column, fault) in faults.iter().enumerate() {
+            let x = left + column as u32 * cell_w;
+            let found = rows.iter().find(|row| {
+                row.service == line.service && row.guard == line.guard && row.fault == *fault
+            });
+            let (color, text) = match found {
+                Some(row) if row.skipped.is_some() => (RGBColor(200, 200, 200), "n/a".to_owned()),
+                Some(row) if row.spent_twice() => (
+                    RGBColor(220, 70, 60),
+                    format!(
+                        "{} double spends|{} money, {} pts",
+                        row.double_spends, row.money_spent_twice, row.points_spent_twice
+                    ),
+                ),
+                Some(row) if row.stale_fencing_tokens > 0 => (
+                    RGBColor(70, 160, 90),
+                    format!("none|{} stale tokens refused", row.stale_fencing_tokens),
+                ),
+                Some(_) => (RGBColor(70, 160, 90), "none".to_owned()),
+                None => (RGBColor(240, 240, 240), String::new()),
+            };
+            root.draw(&Rectangle::new(
+                [
+                    (x as i32, y as i32),
+                    ((x + cell_w - 4) as i32, (y + cell_h - 4) as i32),
+                ],
+                color.filled(),
+            ))?;
+            for (part_index, part) in text.split('|').enumerate() {
+                let position = (x as i32 + 6, y as i32 + 6 + 16 * part_index as i32);
+                root.draw(&Text::new(
+                    part.to_owned(),
+                    position,
+                    ("sans-serif", 12).into_font().color(&WHITE),
+                ))?;
+            }
+        }
+    }
+    root.present()?;
+    Ok(())
+}

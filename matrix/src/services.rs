@@ -1,0 +1,287 @@
+//! The lock services the matrix runs payonce on, each a private server (or three, for
+//! Redlock) on free loopback ports that the matrix may restart and partition: never the
+//! shared ones.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use lock::testing::{
+    EtcdServer, MariaDbServer, MemcachedServer, PostgresServer, Proxy, RedisServer, ZooKeeperServer,
+};
+use serde::Serialize;
+
+use crate::MatrixError;
+
+/// A lock service: a row of the matrix names the one its instances lock with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Service {
+    /// No lock service at all (the no-lock row; its instances are the Redis ones).
+    None,
+    /// One Redis server: payonce's lock, and the classic recipes.
+    Redis,
+    /// Redlock over three independent Redis servers.
+    Redlock,
+    /// A ZooKeeper server (sessions, ephemeral sequential nodes).
+    ZooKeeper,
+    /// An etcd member (leases, revisions).
+    Etcd,
+    /// A memcached server (add with expiry, a counter).
+    Memcached,
+    /// A MariaDB lock table (a lease row per key).
+    Mysql,
+    /// MariaDB row locks (`SELECT … FOR UPDATE` held in an open transaction).
+    MysqlRow,
+    /// PostgreSQL session-level advisory locks.
+    Postgres,
+}
+
+impl Service {
+    /// Every service, in the table's order.
+    pub const ALL: [Service; 9] = [
+        Service::None,
+        Service::Redis,
+        Service::Redlock,
+        Service::ZooKeeper,
+        Service::Etcd,
+        Service::Memcached,
+        Service::Mysql,
+        Service::MysqlRow,
+        Service::Postgres,
+    ];
+
+    /// Its name in the table and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Redis => "redis",
+            Self::Redlock => "redlock",
+            Self::ZooKeeper => "zookeeper",
+            Self::Etcd => "etcd",
+            Self::Memcached => "memcached",
+            Self::Mysql => "mysql",
+            Self::MysqlRow => "mysql-row",
+            Self::Postgres => "postgres",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|service| service.name() == name)
+    }
+
+    /// The servers it runs on: the no-lock and Redlock rows share the Redis ones (the
+    /// instances always have a lock service, and Redlock's nodes come beside Redis).
+    pub fn servers(self) -> ServerKind {
+        match self {
+            Self::None | Self::Redis | Self::Redlock => ServerKind::Redis,
+            Self::ZooKeeper => ServerKind::ZooKeeper,
+            Self::Etcd => ServerKind::Etcd,
+            Self::Memcached => ServerKind::Memcached,
+            Self::Mysql | Self::MysqlRow => ServerKind::MariaDb,
+            Self::Postgres => ServerKind::Postgres,
+        }
+    }
+
+    /// The longest a holder that stopped renewing keeps its lock when payonce's lease is
+    /// `ttl`: what each service does with that lease. `None` for PostgreSQL: a session
+    /// lock lasts as long as its connection, however long its holder sleeps.
+    pub fn lease_bound(self, ttl: Duration) -> Option<Duration> {
+        let whole_seconds = Duration::from_secs(ttl.as_secs_f64().ceil() as u64);
+        match self {
+            Self::None | Self::Redis | Self::Redlock | Self::Mysql => Some(ttl),
+            // The private server's shortest session: two ticks of 200 ms.
+            Self::ZooKeeper => Some(ttl.max(Duration::from_millis(400))),
+            // Leases of whole seconds, two at least.
+            Self::Etcd => Some(whole_seconds.max(Duration::from_secs(2))),
+            // Expiry in whole seconds, plus one for the clock's granularity.
+            Self::Memcached => Some(whole_seconds + Duration::from_secs(1)),
+            // The server's idle_transaction_timeout: the lease rounded up, plus one.
+            Self::MysqlRow => Some(whole_seconds + Duration::from_secs(1)),
+            Self::Postgres => None,
+        }
+    }
+}
+
+/// Which private servers a service needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ServerKind {
+    /// One Redis for the locks and recipes, three for Redlock.
+    Redis,
+    /// One ZooKeeper.
+    ZooKeeper,
+    /// One etcd member.
+    Etcd,
+    /// One memcached.
+    Memcached,
+    /// One MariaDB.
+    MariaDb,
+    /// One PostgreSQL.
+    Postgres,
+}
+
+enum Running {
+    Redis {
+        redis: RedisServer,
+        redlock: Vec<RedisServer>,
+    },
+    ZooKeeper(ZooKeeperServer),
+    Etcd(EtcdServer),
+    Memcached(MemcachedServer),
+    MariaDb(MariaDbServer),
+    Postgres(PostgresServer),
+}
+
+/// The private servers of one [`ServerKind`], each behind a [`Proxy`] for the instance
+/// the `partition` fault cuts off. Stopped when dropped.
+pub struct Servers {
+    kind: ServerKind,
+    running: Running,
+    proxies: HashMap<u16, Proxy>,
+}
+
+impl std::fmt::Debug for Servers {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter
+            .debug_struct("Servers")
+            .field("kind", &self.kind)
+            .field("ports", &self.ports())
+            .finish()
+    }
+}
+
+fn setup(what: &str) -> impl FnOnce(std::io::Error) -> MatrixError + '_ {
+    move |error| MatrixError::Setup(format!("{what}: {error}"))
+}
+
+impl Servers {
+    /// Starts them (blocking: a ZooKeeper takes seconds) and their proxies.
+    pub async fn start(kind: ServerKind) -> Result<Self, MatrixError> {
+        let running = tokio::task::block_in_place(|| -> Result<Running, MatrixError> {
+            Ok(match kind {
+                ServerKind::Redis => Running::Redis {
+                    redis: RedisServer::start().map_err(setup("redis-server"))?,
+                    redlock: (0..3)
+                        .map(|_| RedisServer::start().map_err(setup("redis-server")))
+                        .collect::<Result<_, _>>()?,
+                },
+                ServerKind::ZooKeeper => {
+                    Running::ZooKeeper(ZooKeeperServer::start().map_err(setup("ZooKeeper"))?)
+                }
+                ServerKind::Etcd => Running::Etcd(EtcdServer::start().map_err(setup("etcd"))?),
+                ServerKind::Memcached => {
+                    Running::Memcached(MemcachedServer::start().map_err(setup("memcached"))?)
+                }
+                ServerKind::MariaDb => {
+                    Running::MariaDb(MariaDbServer::start().map_err(setup("MariaDB"))?)
+                }
+                ServerKind::Postgres => {
+                    Running::Postgres(PostgresServer::start().map_err(setup("PostgreSQL"))?)
+                }
+            })
+        })?;
+        let mut servers = Self {
+            kind,
+            running,
+            proxies: HashMap::new(),
+        };
+        for port in servers.ports() {
+            let proxy = Proxy::start(port).await.map_err(setup("proxy"))?;
+            servers.proxies.insert(port, proxy);
+        }
+        Ok(servers)
+    }
+
+    /// Which servers these are.
+    pub fn kind(&self) -> ServerKind {
+        self.kind
+    }
+
+    fn ports(&self) -> Vec<u16> {
+        match &self.running {
+            Running::Redis { redis, redlock } => std::iter::once(redis.port())
+                .chain(redlock.iter().map(RedisServer::port))
+                .collect(),
+            Running::ZooKeeper(server) => vec![server.port()],
+            Running::Etcd(server) => vec![server.port()],
+            Running::Memcached(server) => vec![server.port()],
+            Running::MariaDb(server) => vec![server.port()],
+            Running::Postgres(server) => vec![server.port()],
+        }
+    }
+
+    /// The environment an instance locking with `service` gets: `PAYONCE_LOCK_URL` (and
+    /// `PAYONCE_REDLOCK_URLS` beside Redis), through the proxies when `proxied`.
+    pub fn environment(&self, service: Service, proxied: bool) -> Vec<(String, String)> {
+        let port = |port: u16| {
+            if proxied {
+                self.proxies.get(&port).map_or(port, Proxy::port)
+            } else {
+                port
+            }
+        };
+        let url = match (&self.running, service) {
+            (Running::Redis { redis, .. }, _) => {
+                format!("redis://127.0.0.1:{}", port(redis.port()))
+            }
+            (Running::ZooKeeper(server), _) => {
+                format!("zk://127.0.0.1:{}/payonce-matrix", port(server.port()))
+            }
+            (Running::Etcd(server), _) => {
+                format!("etcd://127.0.0.1:{}/payonce-matrix", port(server.port()))
+            }
+            (Running::Memcached(server), _) => {
+                format!("memcache://127.0.0.1:{}", port(server.port()))
+            }
+            (Running::MariaDb(server), Service::MysqlRow) => format!(
+                "mysql-row://root@127.0.0.1:{}/payonce_locks",
+                port(server.port())
+            ),
+            (Running::MariaDb(server), _) => format!(
+                "mysql://root@127.0.0.1:{}/payonce_locks",
+                port(server.port())
+            ),
+            (Running::Postgres(server), _) => format!(
+                "postgres://postgres@127.0.0.1:{}/postgres",
+                port(server.port())
+            ),
+        };
+        let mut environment = vec![("PAYONCE_LOCK_URL".to_owned(), url)];
+        if let Running::Redis { redlock, .. } = &self.running {
+            let nodes: Vec<String> = redlock
+                .iter()
+                .map(|node| format!("redis://127.0.0.1:{}", port(node.port())))
+                .collect();
+            environment.push(("PAYONCE_REDLOCK_URLS".to_owned(), nodes.join(",")));
+        }
+        environment
+    }
+
+    /// Restarts every server, as a crash would: Redis (without persistence) and memcached
+    /// come back empty; ZooKeeper, etcd, MariaDB and PostgreSQL keep what they had
+    /// committed, and lose every session, connection and lock held through one.
+    pub async fn restart(&mut self) -> Result<(), MatrixError> {
+        tokio::task::block_in_place(|| match &mut self.running {
+            Running::Redis { redis, redlock } => {
+                redis.restart()?;
+                redlock.iter_mut().try_for_each(RedisServer::restart)
+            }
+            Running::ZooKeeper(server) => server.restart(),
+            Running::Etcd(server) => server.restart(),
+            Running::Memcached(server) => server.restart(),
+            Running::MariaDb(server) => server.restart(),
+            Running::Postgres(server) => server.restart(),
+        })
+        .map_err(setup("restarting the lock service"))
+    }
+
+    /// Cuts the proxied instance off from every server (see [`Proxy::cut`]).
+    pub fn partition(&self) {
+        self.proxies.values().for_each(Proxy::cut);
+    }
+
+    /// Ends the partition.
+    pub fn heal(&self) {
+        self.proxies.values().for_each(Proxy::heal);
+    }
+}

@@ -1,0 +1,47 @@
+//! The matrix at small sizes, against real lock services, payonce instances and
+//! PostgreSQL: unfenced locks show their failures where they are known to, fenced rows
+//! never spend twice; and an instance killed under load.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod cells;
+mod retries;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+/// The payonce binary beside this test's (cargo builds it for the workspace's tests —
+/// with the demonstration's strategies and etcd under `--all-features`, as
+/// `scripts/test.sh` runs them); built here, with them, if a narrower `cargo test` did
+/// not.
+pub(crate) fn payonce() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .to_path_buf();
+    let binary = dir.join("payonce");
+    let has_demo = || {
+        Command::new(&binary)
+            .arg("--version")
+            .output()
+            .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).contains("demo feature"))
+    };
+    if !has_demo() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "api",
+                "--features",
+                "demo,etcd",
+                "--bin",
+                "payonce",
+            ])
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    binary
+}
