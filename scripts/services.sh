@@ -49,6 +49,8 @@ if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then
   install postgresql postgresql-contrib
 fi
 command -v pgbench >/dev/null || install postgresql-contrib
+# The HTTP benchmarks' load generator (api/examples/http_bench.rs, lock_costs.rs).
+command -v wrk >/dev/null || install wrk
 version=$(ls /etc/postgresql | sort -V | tail -n 1)
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start
@@ -147,6 +149,9 @@ if ! mariadb_ok; then
      GRANT ALL PRIVILEGES ON *.* TO 'root'@'127.0.0.1' WITH GRANT OPTION;"
 fi
 mariadb_ok || { echo "MariaDB does not answer on 127.0.0.1:3306 as root" >&2; exit 1; }
+# The database the lock tests and the examples name (the backends would make it on first
+# use; the tests' own connections, which look from outside, need it there first).
+mysql -h 127.0.0.1 -P 3306 -u root -e 'create database if not exists payonce_locks'
 
 # --- memcached ---------------------------------------------------------------
 memcached_ok() {

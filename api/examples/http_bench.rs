@@ -14,15 +14,12 @@
 //! its own ticket, through HTTP: authentication, ticket lookup, the account lock, the
 //! ledger transaction, release. Needs `wrk` and `pgbench`.
 
-use std::process::Command;
-use std::str::FromStr;
-use std::time::Duration;
-
 use clap::Parser;
 
+#[path = "../bench/http.rs"]
+mod http;
 #[path = "../../ledger/bench/pgbench.rs"]
 mod pgbench;
-use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -110,50 +107,43 @@ async fn run_round(
     url: &str,
     round: usize,
 ) -> Result<Round, Box<dyn std::error::Error>> {
-    let cli = api::config::Cli::parse_from([
-        "payonce",
+    let namespace = format!("bench-{}", Uuid::new_v4().simple());
+    let server = http::Server::start(&[
         "--database-url",
         url,
         "--redis-url",
         &args.redis_url,
         "--redis-namespace",
-        &format!("bench-{}", Uuid::new_v4().simple()),
+        &namespace,
         "--db-max-connections",
         "32",
-    ]);
-    let config = cli.config;
-    let state = api::state::AppState::connect(&config).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(api::serve(
-        listener,
-        state,
-        config.request_timeout,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    ])
+    .await
+    .map_err(|error| error.to_string())?;
+    let address = server.address.clone();
 
-    let accounts = open_accounts(&address, args.accounts).await?;
+    let accounts = http::open_accounts(&address, args.accounts)
+        .await
+        .map_err(|error| error.to_string())?;
     let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;
-    let tickets = issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000).await?;
+    let tickets = http::issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000)
+        .await
+        .map_err(|error| error.to_string())?;
     pgbench::create_tables(url, args.accounts)?;
     sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
     raw.close().await;
 
     let (pgbench_tps, measured) = if round % 2 == 1 {
         let tps = pgbench::run(url, args.accounts, args.connections, args.seconds)?;
-        (tps, wrk(&address, &tickets, args)?)
+        (tps, measure(&address, &tickets, args)?)
     } else {
-        let measured = wrk(&address, &tickets, args)?;
+        let measured = measure(&address, &tickets, args)?;
         (
             pgbench::run(url, args.accounts, args.connections, args.seconds)?,
             measured,
         )
     };
-    let _ = stop.send(());
-    server.await??;
+    server.stop().await.map_err(|error| error.to_string())?;
     println!(
         "round {round}: payonce {:.0} withdrawals/s, p50 {:.1} ms, p99 {:.1} ms; pgbench bare SQL {pgbench_tps:.0} tx/s; ratio {:.2}",
         measured.withdrawals_per_sec,
@@ -167,110 +157,17 @@ async fn run_round(
     })
 }
 
-/// Accounts with balances no bench can exhaust: (id, key).
-async fn open_accounts(
-    address: &str,
-    count: usize,
-) -> Result<Vec<(Uuid, String)>, Box<dyn std::error::Error>> {
-    let client = reqwest::Client::new();
-    let mut accounts = Vec::with_capacity(count);
-    for chunk in 0..count.div_ceil(32) {
-        let requests = (0..32.min(count - chunk * 32)).map(|_| {
-            client
-                .post(format!("{address}/v1/accounts"))
-                .json(&json!({ "name": "bench", "balance": 1_000_000_000_000_000_i64 }))
-                .send()
-        });
-        for response in futures::future::join_all(requests).await {
-            let body: Value = response?.json().await?;
-            let id = Uuid::from_str(body["id"].as_str().ok_or("no id")?)?;
-            accounts.push((id, body["api_key"].as_str().ok_or("no key")?.to_owned()));
-        }
-    }
-    Ok(accounts)
-}
-
-/// Tickets inserted straight into the ledger's table, spread over the accounts.
-async fn issue_tickets(
-    raw: &sqlx::PgPool,
-    accounts: &[(Uuid, String)],
-    count: usize,
-) -> Result<Vec<(Uuid, String, Uuid)>, Box<dyn std::error::Error>> {
-    let tickets: Vec<(Uuid, String, Uuid)> = (0..count)
-        .map(|_| {
-            let (account, key) = &accounts[rand_index(accounts.len())];
-            (*account, key.clone(), Uuid::new_v4())
-        })
-        .collect();
-    for chunk in tickets.chunks(10_000) {
-        let ids: Vec<Uuid> = chunk.iter().map(|t| t.2).collect();
-        let owners: Vec<Uuid> = chunk.iter().map(|t| t.0).collect();
-        sqlx::query(
-            "INSERT INTO tickets (id, account_id, created_at, expires_at)
-             SELECT id, account_id, now(), now() + interval '1 day'
-             FROM UNNEST($1::uuid[], $2::uuid[]) AS t (id, account_id)",
-        )
-        .bind(ids)
-        .bind(owners)
-        .execute(raw)
-        .await?;
-    }
-    Ok(tickets)
-}
-
-fn rand_index(len: usize) -> usize {
-    (Uuid::new_v4().as_u128() % len as u128) as usize
-}
-
-fn wrk(
+fn measure(
     address: &str,
     tickets: &[(Uuid, String, Uuid)],
     args: &Args,
 ) -> Result<Round, Box<dyn std::error::Error>> {
-    let file = std::env::temp_dir().join(format!("payonce-bench-{}.txt", Uuid::new_v4().simple()));
-    let lines: String = tickets
-        .iter()
-        .map(|(account, key, ticket)| format!("{account} {key} {ticket}\n"))
-        .collect();
-    std::fs::write(&file, lines)?;
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/withdraw.lua");
-    let output = Command::new("wrk")
-        .args([
-            "-t",
-            "2",
-            "-c",
-            &args.connections.to_string(),
-            "-d",
-            &format!("{}s", args.seconds),
-        ])
-        .args(["--timeout", "10s", "-s", script, address, "--"])
-        .arg(&file)
-        .arg("2")
-        .output();
-    let _ = std::fs::remove_file(&file);
-    let output =
-        output.map_err(|error| format!("cannot run wrk ({error}): apt-get install wrk"))?;
-    let stdout = String::from_utf8(output.stdout)?;
-    let value = |name: &str| -> Result<f64, Box<dyn std::error::Error>> {
-        stdout
-            .lines()
-            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
-            .ok_or_else(|| {
-                format!(
-                    "wrk printed no {name}:\n{stdout}{}",
-                    String::from_utf8_lossy(&output.stderr)
-                )
-                .into()
-            })
-    };
-    let created = value("created")?;
-    if value("other")? > 0.0 {
-        return Err(format!("some withdrawals failed or tickets ran out:\n{stdout}").into());
-    }
+    let measured = http::wrk(address, tickets, args.connections, args.seconds)
+        .map_err(|error| error.to_string())?;
     Ok(Round {
-        withdrawals_per_sec: created / Duration::from_secs(args.seconds).as_secs_f64(),
-        p50_ms: value("latency_p50_us")? / 1000.0,
-        p99_ms: value("latency_p99_us")? / 1000.0,
+        withdrawals_per_sec: measured.per_sec,
+        p50_ms: measured.p50_ms,
+        p99_ms: measured.p99_ms,
         pgbench_tps: 0.0,
     })
 }

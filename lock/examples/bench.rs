@@ -22,14 +22,15 @@
 //! The last line is `pairs/s: <median over rounds>`.
 
 use std::process::Command;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use hdrhistogram::Histogram;
 use lock::{LockService, RedisOptions};
 use tokio::time::Instant;
+
+#[path = "../bench/measure.rs"]
+mod measure;
+use measure::{BoxError, Load, Run, Urls, counted, median};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -81,16 +82,8 @@ struct Args {
     no_baselines: bool,
 }
 
-struct Run {
-    pairs_per_sec: f64,
-    p50_us: u64,
-    p99_us: u64,
-    /// Mean time a holder actually held the lock (sleep overshoot included).
-    mean_hold_us: f64,
-}
-
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let host_port = args
         .redis_url
@@ -144,7 +137,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             0
         };
-        let run = measure(&locks, &args).await?;
+        let run = measure::measure(&locks, load(&args)).await?;
         if redis {
             let pairs = run.pairs_per_sec * args.seconds;
             let calls = script_calls(&args.redis_url).await?.saturating_sub(before);
@@ -201,113 +194,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A lock service and what counts its requests.
-struct Counted {
-    name: &'static str,
-    locks: LockService,
-    requests: Box<dyn Fn() -> u64>,
-}
-
-/// `backend` as service `name`, with its own count of the requests it sent.
-fn counting<B: lock::LockBackend + 'static>(
-    name: &'static str,
-    backend: B,
-    requests: fn(&B) -> u64,
-) -> Counted {
-    let backend = Arc::new(backend);
-    let counter = backend.clone();
-    Counted {
-        name,
-        locks: LockService::from_arc(backend),
-        requests: Box::new(move || requests(&counter)),
+fn urls(args: &Args) -> Urls {
+    Urls {
+        redis: args.redis_url.clone(),
+        zookeeper: args.zookeeper_url.clone(),
+        etcd: args.etcd_url.clone(),
+        postgres: args.database_url.clone(),
+        mysql: args.mysql_url.clone(),
+        memcached: args.memcached_url.clone(),
     }
 }
 
-/// Opens the service `name` names, with a root or namespace of the run's own.
-fn counted(name: &'static str, args: &Args) -> Result<Counted, Box<dyn std::error::Error>> {
-    let run = format!("bench-{:08x}", rand::random::<u32>());
-    Ok(match name {
-        "redis" => counting(
-            name,
-            lock::RedisBackend::open(
-                &args.redis_url,
-                RedisOptions {
-                    namespace: run,
-                    ..RedisOptions::default()
-                },
-            )?,
-            lock::RedisBackend::round_trips,
-        ),
-        "zookeeper" => counting(
-            name,
-            lock::ZooKeeperBackend::open(
-                &format!("{}/payonce-bench/{run}", args.zookeeper_url),
-                lock::ZooKeeperOptions::default(),
-            )?,
-            lock::ZooKeeperBackend::requests,
-        ),
-        #[cfg(feature = "etcd")]
-        "etcd" => counting(
-            name,
-            lock::EtcdBackend::open(
-                &format!("{}/payonce-bench/{run}", args.etcd_url),
-                lock::EtcdOptions::default(),
-            )?,
-            lock::EtcdBackend::requests,
-        ),
-        "postgres" => counting(
-            name,
-            lock::PostgresBackend::open(
-                &args.database_url,
-                lock::PostgresOptions {
-                    namespace: run,
-                    ..lock::PostgresOptions::default()
-                },
-            )?,
-            lock::PostgresBackend::requests,
-        ),
-        "mysql" => counting(
-            name,
-            lock::MySqlTableBackend::open(
-                &args.mysql_url,
-                lock::MySqlTableOptions {
-                    namespace: run,
-                    max_connections: 32,
-                    ..lock::MySqlTableOptions::default()
-                },
-            )?,
-            lock::MySqlTableBackend::requests,
-        ),
-        "memcached" => counting(
-            name,
-            lock::MemcachedBackend::open(
-                &args.memcached_url,
-                lock::MemcachedOptions {
-                    namespace: run,
-                    max_connections: 32,
-                    ..lock::MemcachedOptions::default()
-                },
-            )?,
-            lock::MemcachedBackend::requests,
-        ),
-        "mysql-row" => counting(
-            name,
-            lock::MySqlRowBackend::open(
-                &args.mysql_url,
-                lock::MySqlRowOptions {
-                    namespace: run,
-                    ..lock::MySqlRowOptions::default()
-                },
-            )?,
-            lock::MySqlRowBackend::requests,
-        ),
-        other => return Err(format!("no backend {other:?} in this build").into()),
-    })
+fn load(args: &Args) -> Load {
+    Load {
+        clients: args.clients,
+        keys: args.keys,
+        hold: Duration::from_secs_f64(args.hold_ms / 1000.0),
+        seconds: args.seconds,
+    }
 }
 
 /// `--backend zookeeper|etcd|postgres|mysql|mysql-row|memcached`: that service and payonce's Redis lock, measured
 /// in alternating order each round, printed side by side.
-async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
+async fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let name = match args.backend.as_str() {
         "zookeeper" => "zookeeper",
         "etcd" => "etcd",
@@ -317,7 +226,8 @@ async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         "memcached" => "memcached",
         other => return Err(format!("no backend {other:?}").into()),
     };
-    let services = [counted(name, args)?, counted("redis", args)?];
+    let urls = urls(args);
+    let services = [counted(name, &urls)?, counted("redis", &urls)?];
     for service in &services {
         service.locks.ping().await?;
     }
@@ -328,7 +238,7 @@ async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
         for index in order {
             let service = &services[index];
             let before = (service.requests)();
-            let run = measure(&service.locks, args).await?;
+            let run = measure::measure(&service.locks, load(args)).await?;
             let pairs = run.pairs_per_sec * args.seconds;
             let requests = ((service.requests)() - before) as f64 / pairs.max(1.0);
             println!(
@@ -368,75 +278,6 @@ async fn side_by_side(args: &Args) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn measure(locks: &LockService, args: &Args) -> Result<Run, Box<dyn std::error::Error>> {
-    let stop = Arc::new(AtomicBool::new(false));
-    let pairs = Arc::new(AtomicU64::new(0));
-    let held_us = Arc::new(AtomicU64::new(0));
-    let hold = Duration::from_secs_f64(args.hold_ms / 1000.0);
-    let prefix = format!("bench-{:08x}", rand::random::<u32>());
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..args.clients)
-        .map(|_| {
-            let (locks, stop, pairs, held_us, prefix) = (
-                locks.clone(),
-                stop.clone(),
-                pairs.clone(),
-                held_us.clone(),
-                prefix.clone(),
-            );
-            let keys = args.keys;
-            tokio::spawn(async move {
-                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-                while !stop.load(Ordering::Relaxed) {
-                    let key = format!("{prefix}:{}", rand::random_range(0..keys));
-                    let asked = Instant::now();
-                    let mut guard = locks
-                        .acquire(
-                            &key,
-                            Duration::from_secs(30),
-                            asked + Duration::from_secs(30),
-                        )
-                        .await?;
-                    let got = Instant::now();
-                    latency.saturating_record((got - asked).as_micros().max(1) as u64);
-                    if !hold.is_zero() {
-                        tokio::task::spawn_blocking(move || precise_sleep(hold)).await?;
-                    }
-                    held_us.fetch_add(got.elapsed().as_micros() as u64, Ordering::Relaxed);
-                    guard.release().await?;
-                    pairs.fetch_add(1, Ordering::Relaxed);
-                }
-                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(latency)
-            })
-        })
-        .collect();
-    tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    for task in tasks {
-        latency.add(task.await?.map_err(|error| error.to_string())?)?;
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    let pairs = pairs.load(Ordering::Relaxed);
-    Ok(Run {
-        pairs_per_sec: pairs as f64 / elapsed,
-        p50_us: latency.value_at_quantile(0.5),
-        p99_us: latency.value_at_quantile(0.99),
-        mean_hold_us: held_us.load(Ordering::Relaxed) as f64 / pairs.max(1) as f64,
-    })
-}
-
-/// Holds for `hold` and not much longer: Tokio's timer rounds up to whole milliseconds
-/// (doubling a 1 ms hold) and a thread sleep overshoots by tens of µs, so sleep most of it
-/// and spin the rest. The bench measures the lock, not the timer.
-fn precise_sleep(hold: Duration) {
-    let until = std::time::Instant::now() + hold;
-    std::thread::sleep(hold.saturating_sub(Duration::from_micros(200)));
-    while std::time::Instant::now() < until {
-        std::hint::spin_loop();
-    }
-}
-
 /// redis-benchmark: SET NX PX, then the release script, at the same connection count.
 fn raw_limit(
     host: &str,
@@ -444,7 +285,7 @@ fn raw_limit(
     clients: usize,
     keys: u64,
     seconds: f64,
-) -> Result<f64, Box<dyn std::error::Error>> {
+) -> Result<f64, BoxError> {
     let release = format!(
         "{}\n{}",
         include_str!("../src/scripts/hand_off.lua"),
@@ -452,7 +293,7 @@ fn raw_limit(
     );
     // About `seconds` of work in all at the rates seen on a 2-core machine.
     let requests = ((seconds * 40_000.0) as u64).max(10_000).to_string();
-    let run = |command: &[&str]| -> Result<f64, Box<dyn std::error::Error>> {
+    let run = |command: &[&str]| -> Result<f64, BoxError> {
         let output = Command::new("redis-benchmark")
             .args([
                 "-h",
@@ -527,7 +368,7 @@ fn redis_py(args: &Args) -> Option<f64> {
         .ok()
 }
 
-async fn median_ping_us(url: &str) -> Result<f64, Box<dyn std::error::Error>> {
+async fn median_ping_us(url: &str) -> Result<f64, BoxError> {
     let mut connection = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
@@ -541,7 +382,7 @@ async fn median_ping_us(url: &str) -> Result<f64, Box<dyn std::error::Error>> {
 }
 
 /// Script calls the server has run (EVALSHA + EVAL), from INFO commandstats.
-async fn script_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
+async fn script_calls(url: &str) -> Result<u64, BoxError> {
     let mut connection = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
@@ -561,9 +402,4 @@ async fn script_calls(url: &str) -> Result<u64, Box<dyn std::error::Error>> {
                 .ok()
         })
         .sum())
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values.get(values.len() / 2).copied().unwrap_or(0.0)
 }

@@ -746,6 +746,9 @@ impl LockBackend for MySqlRowBackend {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
+        // The database is made on first use, and a ping may be the first: without it the
+        // pool's connections (which name the database) could never be opened.
+        self.ensure_schema().await?;
         self.run(None, sqlx::query("SELECT 1").execute(&self.pool))
             .await
             .map_err(|error| self.failed(&error))?;

@@ -474,3 +474,40 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Both MySQL backends make their database on first use — a ping included, which is what
+/// an instance's start-up and readiness ask first: on a server without the database, the
+/// ping answers, and the database is there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ping_on_a_server_without_the_database_makes_it() {
+    let mut url = url::Url::parse(&mysql_url()).unwrap();
+    for scheme in ["mysql", "mysql-row"] {
+        let database = format!("payonce_ping_{:08x}", rand::random::<u32>());
+        url.set_path(&format!("/{database}"));
+        let named = url
+            .as_str()
+            .replacen("mysql://", &format!("{scheme}://"), 1);
+        let locks = if scheme == "mysql" {
+            LockService::mysql_table(&named, table_options(&namespace())).unwrap()
+        } else {
+            LockService::mysql_row(&named, row_options(&namespace())).unwrap()
+        };
+        let pinged = locks.ping().await;
+        let operator = operator().await;
+        let made: Option<String> = sqlx::query_scalar(
+            "SELECT schema_name FROM information_schema.schemata WHERE schema_name = ?",
+        )
+        .bind(&database)
+        .fetch_optional(&operator)
+        .await
+        .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS `{database}`"
+        )))
+        .execute(&operator)
+        .await
+        .unwrap();
+        pinged.unwrap_or_else(|error| panic!("{scheme}: {error}"));
+        assert_eq!(made.as_deref(), Some(database.as_str()), "{scheme}");
+    }
+}

@@ -1,0 +1,171 @@
+//! HTTP withdrawals through an in-process payonce, shared by the API's benchmarks
+//! (`api/examples/http_bench.rs`, `api/examples/lock_costs.rs`; each includes this file):
+//! a server on a port-0 listener, accounts opened through the API, tickets inserted in bulk
+//! (the fixture: issuing is not what is measured), and `wrk` sending withdrawals of 1, each
+//! with its own ticket (`withdraw.lua`).
+
+#![allow(dead_code)] // Each includer uses its part.
+
+use std::process::Command;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use uuid::Uuid;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A payonce server in this process, stopped by [`Server::stop`].
+pub struct Server {
+    pub address: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Server {
+    /// Starts payonce with `args` (as on its command line) on a free loopback port.
+    pub async fn start(args: &[&str]) -> Result<Self, BoxError> {
+        use clap::Parser;
+        let cli =
+            api::config::Cli::parse_from(std::iter::once("payonce").chain(args.iter().copied()));
+        let config = cli.config;
+        let state = api::state::AppState::connect(&config).await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let address = format!("http://{}", listener.local_addr()?);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(api::serve(
+            listener,
+            state,
+            config.request_timeout,
+            async move {
+                let _ = stopped.await;
+            },
+        ));
+        Ok(Self {
+            address,
+            stop,
+            task,
+        })
+    }
+
+    /// Stops it and waits until it has.
+    pub async fn stop(self) -> Result<(), BoxError> {
+        let _ = self.stop.send(());
+        self.task.await??;
+        Ok(())
+    }
+}
+
+/// What `wrk` measured.
+pub struct Withdrawals {
+    pub per_sec: f64,
+    pub p50_ms: f64,
+    pub p99_ms: f64,
+}
+
+/// Accounts with balances no bench can exhaust: (id, key).
+pub async fn open_accounts(address: &str, count: usize) -> Result<Vec<(Uuid, String)>, BoxError> {
+    let client = reqwest::Client::new();
+    let mut accounts = Vec::with_capacity(count);
+    for chunk in 0..count.div_ceil(32) {
+        let requests = (0..32.min(count - chunk * 32)).map(|_| {
+            client
+                .post(format!("{address}/v1/accounts"))
+                .json(&json!({ "name": "bench", "balance": 1_000_000_000_000_000_i64 }))
+                .send()
+        });
+        for response in futures::future::join_all(requests).await {
+            let body: Value = response?.json().await?;
+            let id = Uuid::from_str(body["id"].as_str().ok_or("no id")?)?;
+            accounts.push((id, body["api_key"].as_str().ok_or("no key")?.to_owned()));
+        }
+    }
+    Ok(accounts)
+}
+
+/// Tickets inserted straight into the ledger's table, spread over the accounts.
+pub async fn issue_tickets(
+    raw: &sqlx::PgPool,
+    accounts: &[(Uuid, String)],
+    count: usize,
+) -> Result<Vec<(Uuid, String, Uuid)>, BoxError> {
+    let tickets: Vec<(Uuid, String, Uuid)> = (0..count)
+        .map(|_| {
+            let (account, key) = &accounts[rand_index(accounts.len())];
+            (*account, key.clone(), Uuid::new_v4())
+        })
+        .collect();
+    for chunk in tickets.chunks(10_000) {
+        let ids: Vec<Uuid> = chunk.iter().map(|t| t.2).collect();
+        let owners: Vec<Uuid> = chunk.iter().map(|t| t.0).collect();
+        sqlx::query(
+            "INSERT INTO tickets (id, account_id, created_at, expires_at)
+             SELECT id, account_id, now(), now() + interval '1 day'
+             FROM UNNEST($1::uuid[], $2::uuid[]) AS t (id, account_id)",
+        )
+        .bind(ids)
+        .bind(owners)
+        .execute(raw)
+        .await?;
+    }
+    Ok(tickets)
+}
+
+fn rand_index(len: usize) -> usize {
+    (Uuid::new_v4().as_u128() % len as u128) as usize
+}
+
+/// `wrk` with `connections` connections for `seconds`, each request a withdrawal of 1
+/// with the next of `tickets`; fails if any was not a 201 or the tickets ran out.
+pub fn wrk(
+    address: &str,
+    tickets: &[(Uuid, String, Uuid)],
+    connections: usize,
+    seconds: u64,
+) -> Result<Withdrawals, BoxError> {
+    let file = std::env::temp_dir().join(format!("payonce-bench-{}.txt", Uuid::new_v4().simple()));
+    let lines: String = tickets
+        .iter()
+        .map(|(account, key, ticket)| format!("{account} {key} {ticket}\n"))
+        .collect();
+    std::fs::write(&file, lines)?;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/withdraw.lua");
+    let output = Command::new("wrk")
+        .args([
+            "-t",
+            "2",
+            "-c",
+            &connections.to_string(),
+            "-d",
+            &format!("{seconds}s"),
+        ])
+        .args(["--timeout", "10s", "-s", script, address, "--"])
+        .arg(&file)
+        .arg("2")
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let output =
+        output.map_err(|error| format!("cannot run wrk ({error}): apt-get install wrk"))?;
+    let stdout = String::from_utf8(output.stdout)?;
+    let value = |name: &str| -> Result<f64, BoxError> {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+            .ok_or_else(|| {
+                format!(
+                    "wrk printed no {name}:\n{stdout}{}",
+                    String::from_utf8_lossy(&output.stderr)
+                )
+                .into()
+            })
+    };
+    let created = value("created")?;
+    if value("other")? > 0.0 {
+        return Err(format!("some withdrawals failed or tickets ran out:\n{stdout}").into());
+    }
+    Ok(Withdrawals {
+        per_sec: created / Duration::from_secs(seconds).as_secs_f64(),
+        p50_ms: value("latency_p50_us")? / 1000.0,
+        p99_ms: value("latency_p99_us")? / 1000.0,
+    })
+}

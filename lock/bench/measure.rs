@@ -1,0 +1,262 @@
+//! Lock throughput, shared by the lock bench (`lock/examples/bench.rs`) and the lock
+//! services' cost table (`api/examples/lock_costs.rs`), each of which includes this file:
+//! C tasks each take a lock on a random one of K keys, hold it H, release it, and go
+//! again, for S seconds; and each lock service opened with a count of the requests it
+//! sends.
+
+#![allow(dead_code)] // Each includer uses its part.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use lock::{LockService, RedisOptions};
+use tokio::time::Instant;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One measurement.
+pub struct Run {
+    pub pairs_per_sec: f64,
+    pub p50_us: u64,
+    pub p99_us: u64,
+    /// Mean time a holder actually held the lock (sleep overshoot included).
+    pub mean_hold_us: f64,
+}
+
+/// The load.
+#[derive(Clone, Copy, Debug)]
+pub struct Load {
+    pub clients: usize,
+    pub keys: u64,
+    pub hold: Duration,
+    pub seconds: f64,
+}
+
+/// What one acquire + hold + release took.
+pub struct Timing {
+    /// From asking to being granted.
+    pub waited: Duration,
+    /// From being granted to releasing.
+    pub held: Duration,
+}
+
+/// Runs `pair(key, hold)` — acquire, hold, release — from `load.clients` tasks for
+/// `load.seconds`.
+pub async fn pairs<F, Fut>(load: Load, pair: F) -> Result<Run, BoxError>
+where
+    F: Fn(String, Duration) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Timing, BoxError>> + Send,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let held_us = Arc::new(AtomicU64::new(0));
+    let prefix = format!("bench-{:08x}", rand::random::<u32>());
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..load.clients)
+        .map(|_| {
+            let (pair, stop, count, held_us, prefix) = (
+                pair.clone(),
+                stop.clone(),
+                count.clone(),
+                held_us.clone(),
+                prefix.clone(),
+            );
+            tokio::spawn(async move {
+                let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+                while !stop.load(Ordering::Relaxed) {
+                    let key = format!("{prefix}:{}", rand::random_range(0..load.keys));
+                    let timing = pair(key, load.hold).await?;
+                    latency.saturating_record(timing.waited.as_micros().max(1) as u64);
+                    held_us.fetch_add(timing.held.as_micros() as u64, Ordering::Relaxed);
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok::<_, BoxError>(latency)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(load.seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for task in tasks {
+        latency.add(task.await??)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let count = count.load(Ordering::Relaxed);
+    Ok(Run {
+        pairs_per_sec: count as f64 / elapsed,
+        p50_us: latency.value_at_quantile(0.5),
+        p99_us: latency.value_at_quantile(0.99),
+        mean_hold_us: held_us.load(Ordering::Relaxed) as f64 / count.max(1) as f64,
+    })
+}
+
+/// [`pairs`] on payonce's lock service.
+pub async fn measure(locks: &LockService, load: Load) -> Result<Run, BoxError> {
+    let locks = locks.clone();
+    pairs(load, move |key, hold| {
+        let locks = locks.clone();
+        async move {
+            let asked = Instant::now();
+            let mut guard = locks
+                .acquire(
+                    &key,
+                    Duration::from_secs(30),
+                    asked + Duration::from_secs(30),
+                )
+                .await?;
+            let got = Instant::now();
+            hold_for(hold).await?;
+            let held = got.elapsed();
+            guard.release().await?;
+            Ok(Timing {
+                waited: got - asked,
+                held,
+            })
+        }
+    })
+    .await
+}
+
+/// Holds for `hold` and not much longer: Tokio's timer rounds up to whole milliseconds
+/// (doubling a 1 ms hold) and a thread sleep overshoots by tens of µs, so sleep most of it
+/// and spin the rest, off the runtime's threads. The bench measures the lock, not the
+/// timer.
+pub async fn hold_for(hold: Duration) -> Result<(), BoxError> {
+    if hold.is_zero() {
+        return Ok(());
+    }
+    tokio::task::spawn_blocking(move || {
+        let until = std::time::Instant::now() + hold;
+        std::thread::sleep(hold.saturating_sub(Duration::from_micros(200)));
+        while std::time::Instant::now() < until {
+            std::hint::spin_loop();
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+/// Where each lock service is.
+pub struct Urls {
+    pub redis: String,
+    pub zookeeper: String,
+    pub etcd: String,
+    pub postgres: String,
+    pub mysql: String,
+    pub memcached: String,
+}
+
+/// A lock service and what counts its requests.
+pub struct Counted {
+    pub name: &'static str,
+    pub locks: LockService,
+    pub requests: Box<dyn Fn() -> u64 + Send + Sync>,
+}
+
+/// `backend` as service `name`, with its own count of the requests it sent.
+fn counting<B: lock::LockBackend + 'static>(
+    name: &'static str,
+    backend: B,
+    requests: fn(&B) -> u64,
+) -> Counted {
+    let backend = Arc::new(backend);
+    let counter = backend.clone();
+    Counted {
+        name,
+        locks: LockService::from_arc(backend),
+        requests: Box::new(move || requests(&counter)),
+    }
+}
+
+/// Opens the service `name` names (`redis`, `zookeeper`, `etcd` with the feature,
+/// `postgres`, `mysql`, `mysql-row`, `memcached`), with a root or namespace of the run's
+/// own.
+pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
+    let run = format!("bench-{:08x}", rand::random::<u32>());
+    Ok(match name {
+        "redis" => counting(
+            "redis",
+            lock::RedisBackend::open(
+                &urls.redis,
+                RedisOptions {
+                    namespace: run,
+                    ..RedisOptions::default()
+                },
+            )?,
+            lock::RedisBackend::round_trips,
+        ),
+        "zookeeper" => counting(
+            "zookeeper",
+            lock::ZooKeeperBackend::open(
+                &format!("{}/payonce-bench/{run}", urls.zookeeper),
+                lock::ZooKeeperOptions::default(),
+            )?,
+            lock::ZooKeeperBackend::requests,
+        ),
+        #[cfg(feature = "etcd")]
+        "etcd" => counting(
+            "etcd",
+            lock::EtcdBackend::open(
+                &format!("{}/payonce-bench/{run}", urls.etcd),
+                lock::EtcdOptions::default(),
+            )?,
+            lock::EtcdBackend::requests,
+        ),
+        "postgres" => counting(
+            "postgres",
+            lock::PostgresBackend::open(
+                &urls.postgres,
+                lock::PostgresOptions {
+                    namespace: run,
+                    ..lock::PostgresOptions::default()
+                },
+            )?,
+            lock::PostgresBackend::requests,
+        ),
+        "mysql" => counting(
+            "mysql",
+            lock::MySqlTableBackend::open(
+                &urls.mysql,
+                lock::MySqlTableOptions {
+                    namespace: run,
+                    max_connections: 32,
+                    ..lock::MySqlTableOptions::default()
+                },
+            )?,
+            lock::MySqlTableBackend::requests,
+        ),
+        "memcached" => counting(
+            "memcached",
+            lock::MemcachedBackend::open(
+                &urls.memcached,
+                lock::MemcachedOptions {
+                    namespace: run,
+                    max_connections: 32,
+                    ..lock::MemcachedOptions::default()
+                },
+            )?,
+            lock::MemcachedBackend::requests,
+        ),
+        "mysql-row" => counting(
+            "mysql-row",
+            lock::MySqlRowBackend::open(
+                &urls.mysql,
+                lock::MySqlRowOptions {
+                    namespace: run,
+                    ..lock::MySqlRowOptions::default()
+                },
+            )?,
+            lock::MySqlRowBackend::requests,
+        ),
+        other => return Err(format!("no backend {other:?} in this build").into()),
+    })
+}
+
+/// The median (the upper one of an even count).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
