@@ -15,6 +15,12 @@ use uuid::Uuid;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// payonce's configuration from `args`, as on its command line (and its environment).
+pub fn config(args: &[&str]) -> api::config::Config {
+    use clap::Parser;
+    api::config::Cli::parse_from(std::iter::once("payonce").chain(args.iter().copied())).config
+}
+
 /// A payonce server in this process, stopped by [`Server::stop`].
 pub struct Server {
     pub address: String,
@@ -23,12 +29,8 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts payonce with `args` (as on its command line) on a free loopback port.
-    pub async fn start(args: &[&str]) -> Result<Self, BoxError> {
-        use clap::Parser;
-        let cli =
-            api::config::Cli::parse_from(std::iter::once("payonce").chain(args.iter().copied()));
-        let config = cli.config;
+    /// Starts payonce with `config` on a free loopback port.
+    pub async fn start(config: api::config::Config) -> Result<Self, BoxError> {
         let state = api::state::AppState::connect(&config).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address = format!("http://{}", listener.local_addr()?);

@@ -108,7 +108,7 @@ async fn run_round(
     round: usize,
 ) -> Result<Round, Box<dyn std::error::Error>> {
     let namespace = format!("bench-{}", Uuid::new_v4().simple());
-    let server = http::Server::start(&[
+    let server = http::Server::start(http::config(&[
         "--database-url",
         url,
         "--redis-url",
@@ -117,7 +117,7 @@ async fn run_round(
         &namespace,
         "--db-max-connections",
         "32",
-    ])
+    ]))
     .await
     .map_err(|error| error.to_string())?;
     let address = server.address.clone();

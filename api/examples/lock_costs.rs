@@ -10,7 +10,7 @@
 //! and row locks, PostgreSQL advisory locks — each round measures:
 //! - uncontended acquire+release pairs/s: 32 clients on 10,000 keys, no hold; the acquire
 //!   p50/p99 and the requests each pair sent to the service (counted by the client; on
-//!   Redlock, by the servers);
+//!   Redlock, by its servers' SET, EVALSHA and EVAL calls);
 //! - hot-key hand-offs/s: 32 clients on one key, each holding it 1 ms, beside the serial
 //!   limit 1 / (hold + one loopback round trip, the median Redis PING), and the requests
 //!   per hand-off;
@@ -338,17 +338,18 @@ async fn http_withdrawals(
     let mut url = url::Url::parse(&args.database_url)?;
     url.set_path(&format!("/{name}"));
     let measured = async {
-        let server = http::Server::start(&[
+        let mut config = http::config(&[
             "--database-url",
             url.as_str(),
-            "--lock-url",
-            &lock_url,
             "--redis-namespace",
             &format!("costs-{run}"),
             "--db-max-connections",
             "32",
-        ])
-        .await?;
+        ]);
+        // The service under measurement, whatever REDIS_URL this process was given.
+        config.redis_url = None;
+        config.lock_url = Some(lock_url);
+        let server = http::Server::start(config).await?;
         let accounts = http::open_accounts(&server.address, 1000).await?;
         let raw = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
@@ -421,8 +422,7 @@ impl Redlock {
             }
         })
         .await?;
-        // Less the INFO of each of the two readings.
-        let commands = self.commands().await?.saturating_sub(before + 2 * 3);
+        let commands = self.commands().await?.saturating_sub(before);
         let pairs = run.pairs_per_sec * load.seconds;
         Ok((run, commands as f64 / pairs.max(1.0)))
     }
@@ -432,7 +432,10 @@ impl Redlock {
         Err("Redlock needs the demo feature".into())
     }
 
-    /// Commands the nodes have processed, summed.
+    /// Requests the nodes have been sent, summed: the calls of SET (grants) and of
+    /// EVALSHA and EVAL (releases) in `INFO commandstats` — not the commands the release
+    /// script runs inside the server, which the other services' counts do not include
+    /// either.
     #[cfg(feature = "demo")]
     async fn commands(&self) -> Result<u64, BoxError> {
         let mut total = 0;
@@ -441,14 +444,25 @@ impl Redlock {
                 .get_multiplexed_async_connection()
                 .await?;
             let info: String = redis::cmd("INFO")
-                .arg("stats")
+                .arg("commandstats")
                 .query_async(&mut connection)
                 .await?;
             total += info
                 .lines()
-                .find_map(|line| line.strip_prefix("total_commands_processed:"))
-                .and_then(|value| value.trim().parse::<u64>().ok())
-                .unwrap_or(0);
+                .filter(|line| {
+                    ["cmdstat_set:", "cmdstat_evalsha:", "cmdstat_eval:"]
+                        .iter()
+                        .any(|name| line.starts_with(name))
+                })
+                .filter_map(|line| {
+                    line.split_once("calls=")?
+                        .1
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum::<u64>();
         }
         Ok(total)
     }
