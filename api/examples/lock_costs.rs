@@ -18,7 +18,7 @@
 //!   a fresh database; 1,000 accounts; `wrk`, 32 connections), and their p99. Redlock has
 //!   none: it hands out no fencing token, so payonce's safe path cannot run on it.
 //!
-//! Services run in a different order each round (reversed every other round: the machine's
+//! Services run in one order in odd rounds and the reverse in even ones (the machine's
 //! speed drifts within a minute); the summary gives medians. It prints the table, writes
 //! `{"services": [...]}` JSON and an SVG chart. Needs the services of
 //! `scripts/services.sh`, `wrk` and `redis-server`.
@@ -154,7 +154,12 @@ async fn main() -> Result<(), BoxError> {
         mysql: args.mysql_url.clone(),
         memcached: args.memcached_url.clone(),
     };
-    let redlock = Redlock::start()?;
+    // Its three servers only when Redlock is measured.
+    let redlock = if services.contains(&"redlock") {
+        Some(Redlock::start()?)
+    } else {
+        None
+    };
     let mut measured: Vec<Vec<Measured>> = services.iter().map(|_| Vec::new()).collect();
     let mut round_trips = Vec::new();
     for round in 1..=args.rounds {
@@ -166,7 +171,7 @@ async fn main() -> Result<(), BoxError> {
         }
         for index in order {
             let service = services[index];
-            let figures = measure_service(service, &args, &urls, &redlock).await?;
+            let figures = measure_service(service, &args, &urls, redlock.as_ref()).await?;
             println!(
                 "round {round}: {service:<9} {:>7.0} pairs/s (p50 {:.3} ms, p99 {:.3} ms, {:.2} requests), {:>5.0} hand-offs/s ({:.2} requests), HTTP {}",
                 figures.pairs.pairs_per_sec,
@@ -268,7 +273,7 @@ async fn measure_service(
     service: &'static str,
     args: &Args,
     urls: &Urls,
-    redlock: &Redlock,
+    redlock: Option<&Redlock>,
 ) -> Result<Measured, BoxError> {
     let uncontended = Load {
         clients: args.clients,
@@ -281,7 +286,7 @@ async fn measure_service(
         hold: Duration::from_secs_f64(args.hold_ms / 1000.0),
         ..uncontended
     };
-    if service == "redlock" {
+    if let (true, Some(redlock)) = (service == "redlock", redlock) {
         let (pairs, requests_per_pair) = redlock.measure(uncontended).await?;
         let (handoffs, requests_per_handoff) = redlock.measure(hot).await?;
         return Ok(Measured {
@@ -297,7 +302,7 @@ async fn measure_service(
     let counted_run = async |load: Load| -> Result<(Run, f64), BoxError> {
         let before = (counted.requests)();
         let run = measure::measure(&counted.locks, load).await?;
-        let pairs = run.pairs_per_sec * load.seconds;
+        let pairs = run.pairs as f64;
         Ok((run, ((counted.requests)() - before) as f64 / pairs.max(1.0)))
     };
     let (pairs, requests_per_pair) = counted_run(uncontended).await?;
@@ -423,7 +428,7 @@ impl Redlock {
         })
         .await?;
         let commands = self.commands().await?.saturating_sub(before);
-        let pairs = run.pairs_per_sec * load.seconds;
+        let pairs = run.pairs as f64;
         Ok((run, commands as f64 / pairs.max(1.0)))
     }
 

@@ -388,7 +388,7 @@ impl Ledger {
 
     #[cfg(feature = "demo")]
     /// **Demonstration only** — the first half of the read-check-write that the classic
-    /// lock recipes rely on (payonce's strategies × faults demonstration): the account as
+    /// lock recipes rely on (payonce's lock services × faults demonstration): the account as
     /// it is now, read without any lock. The `fenced` strategy never calls this.
     pub async fn read_unguarded(
         &self,

@@ -348,6 +348,18 @@ impl PrivatePostgres {
         self.pg_ctl(&["start"])
     }
 
+    /// Stops it as a crash would (`pg_ctl stop -m immediate`: every session ends without a
+    /// goodbye; committed data stays) and starts it again.
+    pub fn crash_and_restart(&self) -> std::io::Result<()> {
+        self.pg_ctl(&["stop", "-m", "immediate"])?;
+        self.start_again()
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
     fn dir(&self) -> String {
         self.dir.path().display().to_string()
     }

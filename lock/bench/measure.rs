@@ -19,6 +19,8 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One measurement.
 pub struct Run {
+    /// Pairs completed (the requests-per-pair figures divide by this).
+    pub pairs: u64,
     pub pairs_per_sec: f64,
     pub p50_us: u64,
     pub p99_us: u64,
@@ -86,6 +88,7 @@ where
     let elapsed = started.elapsed().as_secs_f64();
     let count = count.load(Ordering::Relaxed);
     Ok(Run {
+        pairs: count,
         pairs_per_sec: count as f64 / elapsed,
         p50_us: latency.value_at_quantile(0.5),
         p99_us: latency.value_at_quantile(0.99),

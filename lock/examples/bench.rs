@@ -139,7 +139,7 @@ async fn main() -> Result<(), BoxError> {
         };
         let run = measure::measure(&locks, load(&args)).await?;
         if redis {
-            let pairs = run.pairs_per_sec * args.seconds;
+            let pairs = run.pairs as f64;
             let calls = script_calls(&args.redis_url).await?.saturating_sub(before);
             commands_per_pair.push(calls as f64 / pairs);
         }
@@ -239,7 +239,7 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
             let service = &services[index];
             let before = (service.requests)();
             let run = measure::measure(&service.locks, load(args)).await?;
-            let pairs = run.pairs_per_sec * args.seconds;
+            let pairs = run.pairs as f64;
             let requests = ((service.requests)() - before) as f64 / pairs.max(1.0);
             println!(
                 "round {round}: {:<9} {:>9.0} pairs/s, acquire p50 {:.3} ms p99 {:.3} ms, {requests:.2} requests per pair",

@@ -24,7 +24,7 @@
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
 //! - `Redlock` (`redlock.rs`): the quorum lock over independent Redis servers, and
 //!   `recipes` (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
-//!   strategies × faults demonstration, behind the cargo feature `demo`; neither hands
+//!   lock services × faults demonstration, behind the cargo feature `demo`; neither hands
 //!   out fencing tokens.
 //!
 //! # Why fencing tokens

@@ -1,5 +1,5 @@
 //! The classic lock recipes that fail, kept so payonce can show *how* they fail (the
-//! strategies × faults demonstration). **Never use these to protect anything.**
+//! lock services × faults demonstration). **Never use these to protect anything.**
 //!
 //! - [`SetnxExpire`]: `SETNX` then `EXPIRE` as two commands, released with a bare `DEL`. A
 //!   crash between the two commands leaves a lock that never expires; a holder that

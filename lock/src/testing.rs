@@ -1,5 +1,6 @@
 //! Test support: private servers on free loopback ports — `redis-server`, ZooKeeper, etcd,
-//! memcached, PostgreSQL, MariaDB — for tests (and the strategies × faults matrix) that
+//! memcached, MariaDB (PostgreSQL's is the ledger's) — for tests (and the lock services ×
+//! faults matrix) that
 //! must restart, wipe, pause or count the commands of a server nobody else uses; and a
 //! loopback [`Proxy`] that partitions its clients from a server.
 
@@ -449,135 +450,6 @@ fn runs_as_root() -> bool {
     })
 }
 
-/// A PostgreSQL server of the caller's own (Debian's `postgresql` package): a fresh
-/// cluster (`initdb`) in a temporary directory, on a free loopback port, trust
-/// authentication for `postgres`, fsync off. For tests and demonstrations that restart the
-/// server, which the shared one must never be. Run as the `postgres` user when this
-/// process is root (the server refuses root). Stopped on drop.
-#[derive(Debug)]
-pub struct PostgresServer {
-    port: u16,
-    data: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl PostgresServer {
-    /// Creates the cluster, starts the server and waits until it answers.
-    pub fn start() -> std::io::Result<Self> {
-        let dir = tempfile::Builder::new().prefix("payonce-pg-").tempdir()?;
-        if runs_as_root() {
-            let owned = Command::new("chown")
-                .arg("postgres")
-                .arg(dir.path())
-                .status()?;
-            if !owned.success() {
-                return Err(std::io::Error::other("chown postgres failed"));
-            }
-        }
-        let data = dir.path().join("data");
-        let initdb = postgres_command("initdb")?
-            .arg("-D")
-            .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()?;
-        if !initdb.success() {
-            return Err(std::io::Error::other("initdb failed"));
-        }
-        let server = Self {
-            port: free_port()?,
-            data,
-            _dir: dir,
-        };
-        server.start_server()?;
-        Ok(server)
-    }
-
-    fn start_server(&self) -> std::io::Result<()> {
-        let socket_dir = self
-            .data
-            .parent()
-            .ok_or_else(|| std::io::Error::other("no cluster directory"))?;
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
-            self.port,
-            socket_dir.display()
-        );
-        let started = postgres_command("pg_ctl")?
-            .arg("-D")
-            .arg(&self.data)
-            .args(["-o", &options, "-l"])
-            .arg(socket_dir.join("server.log"))
-            .args(["-w", "-t", "30", "start"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()?;
-        if started.success() {
-            Ok(())
-        } else {
-            Err(std::io::Error::other(format!(
-                "PostgreSQL on port {} did not start",
-                self.port
-            )))
-        }
-    }
-
-    /// Stops the server at once, as a crash would (`pg_ctl stop -m immediate`: every
-    /// session ends without a goodbye; committed data stays).
-    pub fn stop(&mut self) {
-        if let Ok(mut command) = postgres_command("pg_ctl") {
-            let _ = command
-                .arg("-D")
-                .arg(&self.data)
-                .args(["-m", "immediate", "-w", "stop"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        }
-    }
-
-    /// Stops the server as a crash would and starts it again on the same port and data.
-    pub fn restart(&mut self) -> std::io::Result<()> {
-        self.stop();
-        self.start_server()
-    }
-
-    /// The loopback port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
-    /// `postgres://postgres@127.0.0.1:<port>/postgres`.
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for PostgresServer {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// One of PostgreSQL's programs (`initdb`, `pg_ctl`: not on Debian's PATH), run as the
-/// `postgres` user when this process is root.
-fn postgres_command(program: &str) -> std::io::Result<Command> {
-    let binary = std::fs::read_dir("/usr/lib/postgresql")?
-        .filter_map(Result::ok)
-        .map(|version| version.path().join("bin").join(program))
-        .filter(|path| path.exists())
-        .max()
-        .ok_or_else(|| std::io::Error::other(format!("{program} not found")))?;
-    Ok(if runs_as_root() {
-        let mut command = Command::new("runuser");
-        command.args(["-u", "postgres", "--"]).arg(binary);
-        command
-    } else {
-        Command::new(binary)
-    })
-}
-
 /// A MariaDB server of the caller's own (Debian's `mariadb-server` package): a fresh data
 /// directory (`mariadb-install-db`) in a temporary directory, on a free loopback port,
 /// `root` without a password, the `payonce_locks` database created. For tests and
@@ -705,15 +577,16 @@ fn spawn_mariadb(dir: &std::path::Path, port: u16) -> std::io::Result<Child> {
 
 /// A loopback TCP proxy that can be cut, as a network partition between its clients and
 /// one server: while whole it forwards both ways; [`cut`](Self::cut) closes the server's
-/// side of every connection at once (the server sees its peer gone, as its keepalive or a
-/// reset would tell it) and leaves the client's side open and silent — what goes in is
+/// side of every connection at once (the server sees its peer gone, as its keepalive
+/// would eventually tell it) and leaves the client's side open and silent — what goes in is
 /// lost, nothing comes back, and new connections are taken and held the same way; until
-/// [`heal`](Self::heal) closes those client sides (the client's next read sees the reset)
+/// [`heal`](Self::heal) closes those client sides (the client's next read sees the close)
 /// and forwards again. Needs a Tokio runtime; stops with it.
 #[derive(Debug)]
 pub struct Proxy {
     port: u16,
     cut: tokio::sync::watch::Sender<bool>,
+    accepting: tokio::task::JoinHandle<()>,
 }
 
 impl Proxy {
@@ -722,7 +595,7 @@ impl Proxy {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let (cut, cuts) = tokio::sync::watch::channel(false);
-        tokio::spawn(async move {
+        let accepting = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut cuts = cuts.clone();
                 tokio::spawn(async move {
@@ -742,7 +615,11 @@ impl Proxy {
                 });
             }
         });
-        Ok(Self { port, cut })
+        Ok(Self {
+            port,
+            cut,
+            accepting,
+        })
     }
 
     /// The port clients connect to.
@@ -758,5 +635,12 @@ impl Proxy {
     /// Ends the partition: held client connections are closed, new ones forwarded.
     pub fn heal(&self) {
         self.cut.send_replace(false);
+    }
+}
+
+impl Drop for Proxy {
+    /// Stops listening; the connections' tasks end with the watch they wait on.
+    fn drop(&mut self) {
+        self.accepting.abort();
     }
 }

@@ -304,11 +304,16 @@ pub const LOCK_TTL: Duration = Duration::from_millis(300);
 /// The instance `sigstop` stops and `partition` cuts off.
 pub const STALLED: usize = 2;
 
-/// How long a pause, a stop or a partition lasts for `line`: five lock TTLs, or the
-/// service's lease bound and 1.2 s more where that is longer.
+/// The longest a holder keeps `line`'s lock without renewing it; the TTL where that is
+/// as long as its connection (PostgreSQL).
+fn bound(line: Line) -> Duration {
+    line.lease_bound(LOCK_TTL).unwrap_or(LOCK_TTL)
+}
+
+/// How long a pause, a stop or a partition lasts for `line`: its lease bound and 1.2 s
+/// more (at least five lock TTLs).
 pub fn stall(line: Line) -> Duration {
-    let bound = line.lease_bound(LOCK_TTL).unwrap_or(LOCK_TTL);
-    (LOCK_TTL * 5).max(bound + Duration::from_millis(1200))
+    bound(line) + Duration::from_millis(1200)
 }
 
 /// The settings of one cell's load.
@@ -331,7 +336,7 @@ pub async fn run_cell(
     load: Load,
 ) -> Result<Row, MatrixError> {
     let stall = stall(line);
-    let bound = line.lease_bound(LOCK_TTL).unwrap_or(LOCK_TTL);
+    let bound = bound(line);
     let base = Duration::from_secs_f64(load.seconds);
     let fault_at = base.mul_f64(0.3);
     // Where one instance stalls, the others keep loading until its leases have ended and

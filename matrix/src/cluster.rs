@@ -18,14 +18,17 @@ struct Process(Child, PathBuf);
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.1);
-        // A stopped process dies of SIGKILL all the same; continue it anyway, so that
-        // nothing is left stopped should the kill fail.
-        let _ = Command::new("kill")
-            .args(["-CONT", &self.0.id().to_string()])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        // Only a process not yet reaped: its pid may be another's by now.
+        if matches!(self.0.try_wait(), Ok(None)) {
+            // A stopped process dies of SIGKILL all the same; continue it anyway, so that
+            // nothing is left stopped should the kill fail.
+            let _ = Command::new("kill")
+                .args(["-CONT", &self.0.id().to_string()])
+                .stderr(Stdio::null())
+                .status();
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 
@@ -112,8 +115,12 @@ impl Cluster {
 
     fn spawn(&self, index: usize) -> Result<Process, MatrixError> {
         let port = self.ports[index];
-        // Not a pipe: one nobody reads would fill and stall the instance.
-        let log = std::env::temp_dir().join(format!("payonce-matrix-{port}.log"));
+        // Not a pipe: one nobody reads would fill and stall the instance. A file of each
+        // start's own: the one it replaces deletes its file when it is dropped.
+        let log = std::env::temp_dir().join(format!(
+            "payonce-matrix-{port}-{:08x}.log",
+            rand::random::<u32>()
+        ));
         let stderr = std::fs::File::create(&log)
             .map_err(|error| MatrixError::Setup(format!("{}: {error}", log.display())))?;
         let mut command = Command::new(&self.payonce);

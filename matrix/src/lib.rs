@@ -33,7 +33,7 @@
 //!   partition, so a holder the cut finds is overtaken while it cannot renew.
 //!
 //! A stall (pause, stop, partition) lasts past each service's own lease bound
-//! ([`Service::lease_bound`]): five lock TTLs, or the bound and 1.2 s more.
+//! ([`Service::lease_bound`]) by 1.2 s — at least five lock TTLs.
 //!
 //! # Map
 //! - [`services`] (`services.rs`): the lock services, their private servers and proxies.
@@ -161,8 +161,15 @@ pub async fn run_matrix(
                 (_, _, Some(why)) => Row::skipped(line, fault, why),
                 (_, Some((_, why)), _) => Row::skipped(line, fault, why),
                 (Some(stage), None, None) => {
-                    cells::run_cell(&mut stage.cluster, &mut stage.servers, line, fault, load)
-                        .await?
+                    let cell =
+                        cells::run_cell(&mut stage.cluster, &mut stage.servers, line, fault, load)
+                            .await;
+                    match cell {
+                        Ok(row) => row,
+                        // A cell that could not be run (a server that did not come back, a
+                        // run that failed) is a row saying why, not the end of the matrix.
+                        Err(error) => Row::skipped(line, fault, &format!("failed: {error}")),
+                    }
                 }
                 (None, None, None) => Row::skipped(line, fault, "nothing was started"),
             };

@@ -137,7 +137,22 @@ async fn main() -> ExitCode {
         options.faults.len(),
         options.seconds
     );
-    let rows = match matrix::run_matrix(&options, |row| match &row.skipped {
+    // Ended by a signal, the matrix is dropped — and with it every server and instance it
+    // started (the private PostgreSQL, run by pg_ctl, would outlive a plain exit).
+    let interrupted = async {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async {
+                match terminate.as_mut() {
+                    Some(terminate) => { terminate.recv().await; }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
+        }
+    };
+    let matrix = matrix::run_matrix(&options, |row| match &row.skipped {
         Some(_) => {}
         None => eprintln!(
             "  {:<10} {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens ({:.0} s)",
@@ -149,12 +164,17 @@ async fn main() -> ExitCode {
             row.stale_fencing_tokens,
             started.elapsed().as_secs_f64(),
         ),
-    })
-    .await
-    {
-        Ok(rows) => rows,
-        Err(error) => {
-            eprintln!("payonce-matrix: {error}");
+    });
+    let rows = tokio::select! {
+        rows = matrix => match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                eprintln!("payonce-matrix: {error}");
+                return ExitCode::from(2);
+            }
+        },
+        () = interrupted => {
+            eprintln!("payonce-matrix: interrupted; servers and instances stopped");
             return ExitCode::from(2);
         }
     };
@@ -173,7 +193,18 @@ async fn main() -> ExitCode {
     let fenced_failed = rows
         .iter()
         .any(|row| row.guard == Guard::Fenced && row.spent_twice());
-    let verdict = if fenced_failed {
+    let failed = rows
+        .iter()
+        .filter(|row| {
+            row.skipped
+                .as_deref()
+                .is_some_and(|why| why.starts_with("failed"))
+        })
+        .count();
+    let verdict = if failed > 0 {
+        println!("VERDICT: {failed} cells could not be run (see the table)");
+        ExitCode::from(2)
+    } else if fenced_failed {
         println!("VERDICT: a fenced row spent money twice — a bug");
         ExitCode::from(1)
     } else {

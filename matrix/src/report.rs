@@ -27,6 +27,7 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
     writeln!(out, "{}", "-".repeat(150))?;
     for row in rows {
         let note = match (&row.skipped, row.other_violations) {
+            (Some(why), _) if why.starts_with("failed") => why.clone(),
             (Some(why), _) => format!("n/a: {why}"),
             (None, 0) => String::new(),
             (None, other) => format!("{other} other audit findings"),

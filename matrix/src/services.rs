@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use ledger::testing::PrivatePostgres;
 use lock::testing::{
-    EtcdServer, MariaDbServer, MemcachedServer, PostgresServer, Proxy, RedisServer, ZooKeeperServer,
+    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisServer, ZooKeeperServer,
 };
 use serde::Serialize;
 
@@ -129,7 +130,7 @@ enum Running {
     Etcd(EtcdServer),
     Memcached(MemcachedServer),
     MariaDb(MariaDbServer),
-    Postgres(PostgresServer),
+    Postgres(PrivatePostgres),
 }
 
 /// The private servers of one [`ServerKind`], each behind a [`Proxy`] for the instance
@@ -155,7 +156,9 @@ fn setup(what: &str) -> impl FnOnce(std::io::Error) -> MatrixError + '_ {
 }
 
 impl Servers {
-    /// Starts them (blocking: a ZooKeeper takes seconds) and their proxies.
+    /// Starts them and their proxies. Blocking (a ZooKeeper takes seconds), on this
+    /// runtime thread: the matrix runs on a multi-threaded runtime, whose other threads
+    /// carry the load's clients, which are tasks of their own.
     pub async fn start(kind: ServerKind) -> Result<Self, MatrixError> {
         let running = tokio::task::block_in_place(|| -> Result<Running, MatrixError> {
             Ok(match kind {
@@ -176,7 +179,7 @@ impl Servers {
                     Running::MariaDb(MariaDbServer::start().map_err(setup("MariaDB"))?)
                 }
                 ServerKind::Postgres => {
-                    Running::Postgres(PostgresServer::start().map_err(setup("PostgreSQL"))?)
+                    Running::Postgres(PrivatePostgres::start().map_err(setup("PostgreSQL"))?)
                 }
             })
         })?;
@@ -259,7 +262,8 @@ impl Servers {
 
     /// Restarts every server, as a crash would: Redis (without persistence) and memcached
     /// come back empty; ZooKeeper, etcd, MariaDB and PostgreSQL keep what they had
-    /// committed, and lose every session, connection and lock held through one.
+    /// committed, and lose every session, connection and lock held through one. Blocking,
+    /// as [`start`](Self::start) is: the load's clients go on on the other threads.
     pub async fn restart(&mut self) -> Result<(), MatrixError> {
         tokio::task::block_in_place(|| match &mut self.running {
             Running::Redis { redis, redlock } => {
@@ -270,7 +274,7 @@ impl Servers {
             Running::Etcd(server) => server.restart(),
             Running::Memcached(server) => server.restart(),
             Running::MariaDb(server) => server.restart(),
-            Running::Postgres(server) => server.restart(),
+            Running::Postgres(server) => server.crash_and_restart(),
         })
         .map_err(setup("restarting the lock service"))
     }

@@ -62,8 +62,8 @@ both_backends!(
 /// Runs each listed contract case on the other lock services: the service runs on them
 /// as it does on Redis. (Cases that pause a holder past its lease are not among them: a
 /// ZooKeeper session, an etcd lease or a PostgreSQL connection lives on while its process
-/// does — the fault that takes them is a real process pause, `SIGSTOP`, in the strategies
-/// × faults matrix.)
+/// does — the fault that takes them is a real process pause, `SIGSTOP`, in the lock
+/// services × faults matrix.)
 macro_rules! other_lock_services {
     ($($case:ident),* $(,)?) => {
         mod on_zookeeper {

@@ -4,13 +4,8 @@
 use ledger::testing::TestDatabase;
 use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, run_matrix};
 
-/// One matrix at a time: each starts servers and instances of its own, and the cells'
-/// timing (a stall against a lease) is what is under test — a 2-core machine running
-/// several at once would blur it.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 async fn cells(lines: &[Line], faults: &[Fault]) -> Vec<Row> {
-    let _turn = ONE_AT_A_TIME.lock().await;
+    let _turn = crate::ONE_AT_A_TIME.lock().await;
     let database = TestDatabase::postgres().await.unwrap();
     let options = MatrixOptions {
         payonce: crate::payonce(),

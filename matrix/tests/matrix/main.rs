@@ -9,6 +9,11 @@ mod retries;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// One test at a time: each starts servers and instances of its own, and the cells'
+/// timing (a stall against a lease, a kill against the load) is what is under test — a
+/// 2-core machine running several at once would blur it.
+pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// The payonce binary beside this test's (cargo builds it for the workspace's tests —
 /// with the demonstration's strategies and etcd under `--all-features`, as
 /// `scripts/test.sh` runs them); built here, with them, if a narrower `cargo test` did

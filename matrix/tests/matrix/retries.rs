@@ -19,6 +19,7 @@ const LOAD: Duration = Duration::from_secs(3);
 /// `retry`, and the third instance killed with SIGKILL a second in and restarted 300 ms
 /// later.
 async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
+    let _turn = crate::ONE_AT_A_TIME.lock().await;
     let database = TestDatabase::postgres().await.unwrap();
     let redis = RedisServer::start().unwrap();
     let mut environment = base_environment(database.url(), Duration::from_secs(1));
