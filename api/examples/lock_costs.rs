@@ -60,30 +60,8 @@ struct Args {
     /// Draw the summary (SVG).
     #[arg(long, default_value = "target/costs/costs.svg")]
     chart: std::path::PathBuf,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
-    #[arg(long, env = "ZOOKEEPER_URL", default_value = "zk://127.0.0.1:2181")]
-    zookeeper_url: String,
-    #[arg(long, env = "ETCD_URL", default_value = "etcd://127.0.0.1:2379")]
-    etcd_url: String,
-    #[arg(
-        long,
-        env = "MYSQL_URL",
-        default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
-    )]
-    mysql_url: String,
-    #[arg(
-        long,
-        env = "MEMCACHED_URL",
-        default_value = "memcache://127.0.0.1:11211"
-    )]
-    memcached_url: String,
+    #[command(flatten)]
+    urls: Urls,
 }
 
 /// Every service this build can measure, in the table's order.
@@ -146,14 +124,7 @@ async fn main() -> Result<(), BoxError> {
         "lock costs: services={services:?} clients={} seconds={} rounds={} hold={}ms",
         args.clients, args.seconds, args.rounds, args.hold_ms
     );
-    let urls = Urls {
-        redis: args.redis_url.clone(),
-        zookeeper: args.zookeeper_url.clone(),
-        etcd: args.etcd_url.clone(),
-        postgres: args.database_url.clone(),
-        mysql: args.mysql_url.clone(),
-        memcached: args.memcached_url.clone(),
-    };
+    let urls = &args.urls;
     // Its three servers only when Redlock is measured.
     let redlock = if services.contains(&"redlock") {
         Some(Redlock::start()?)
@@ -163,7 +134,7 @@ async fn main() -> Result<(), BoxError> {
     let mut measured: Vec<Vec<Measured>> = services.iter().map(|_| Vec::new()).collect();
     let mut round_trips = Vec::new();
     for round in 1..=args.rounds {
-        let rtt_us = median_ping_us(&args.redis_url).await?;
+        let rtt_us = median_ping_us(&args.urls.redis).await?;
         round_trips.push(rtt_us);
         let mut order: Vec<usize> = (0..services.len()).collect();
         if round % 2 == 0 {
@@ -171,7 +142,7 @@ async fn main() -> Result<(), BoxError> {
         }
         for index in order {
             let service = services[index];
-            let figures = measure_service(service, &args, &urls, redlock.as_ref()).await?;
+            let figures = measure_service(service, &args, urls, redlock.as_ref()).await?;
             println!(
                 "round {round}: {service:<9} {:>7.0} pairs/s (p50 {:.3} ms, p99 {:.3} ms, {:.2} requests), {:>5.0} hand-offs/s ({:.2} requests), HTTP {}",
                 figures.pairs.pairs_per_sec,
@@ -335,12 +306,12 @@ async fn http_withdrawals(
         "postgres" => urls.postgres.clone(),
         other => return Err(format!("no HTTP run for {other}").into()),
     };
-    let mut admin = PgConnection::connect(&args.database_url).await?;
+    let mut admin = PgConnection::connect(&args.urls.postgres).await?;
     let name = format!("payonce_costs_{run}");
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
         .execute(&mut admin)
         .await?;
-    let mut url = url::Url::parse(&args.database_url)?;
+    let mut url = url::Url::parse(&args.urls.postgres)?;
     url.set_path(&format!("/{name}"));
     let measured = async {
         let mut config = http::config(&[
@@ -404,28 +375,24 @@ impl Redlock {
     #[cfg(feature = "demo")]
     async fn measure(&self, load: Load) -> Result<(Run, f64), BoxError> {
         let before = self.commands().await?;
-        let redlock = self.redlock.clone();
-        let run = measure::pairs(load, move |key, hold| {
-            let redlock = redlock.clone();
-            async move {
-                let asked = Instant::now();
-                let guard = redlock
-                    .acquire(
-                        &key,
-                        Duration::from_secs(30),
-                        asked + Duration::from_secs(30),
-                    )
-                    .await?;
-                let got = Instant::now();
-                measure::hold_for(hold).await?;
-                let held = got.elapsed();
-                redlock.release(&guard).await;
-                Ok(measure::Timing {
-                    waited: got - asked,
-                    held,
-                })
-            }
-        })
+        let (acquiring, releasing) = (self.redlock.clone(), self.redlock.clone());
+        let run = measure::pairs(
+            load,
+            move |key| {
+                let redlock = acquiring.clone();
+                async move {
+                    let (ttl, deadline) = measure::patient();
+                    Ok(redlock.acquire(&key, ttl, deadline).await?)
+                }
+            },
+            move |guard| {
+                let redlock = releasing.clone();
+                async move {
+                    redlock.release(&guard).await;
+                    Ok(())
+                }
+            },
+        )
         .await?;
         let commands = self.commands().await?.saturating_sub(before);
         let pairs = run.pairs as f64;

@@ -37,20 +37,15 @@ pub struct Load {
     pub seconds: f64,
 }
 
-/// What one acquire + hold + release took.
-pub struct Timing {
-    /// From asking to being granted.
-    pub waited: Duration,
-    /// From being granted to releasing.
-    pub held: Duration,
-}
-
-/// Runs `pair(key, hold)` — acquire, hold, release — from `load.clients` tasks for
-/// `load.seconds`.
-pub async fn pairs<F, Fut>(load: Load, pair: F) -> Result<Run, BoxError>
+/// From `load.clients` tasks for `load.seconds`: `acquire(key)` a lock on a random key
+/// (timed: the acquire latency), hold it `load.hold`, `release` it, and go again.
+pub async fn pairs<G, A, AF, R, RF>(load: Load, acquire: A, release: R) -> Result<Run, BoxError>
 where
-    F: Fn(String, Duration) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Result<Timing, BoxError>> + Send,
+    G: Send + 'static,
+    A: Fn(String) -> AF + Clone + Send + Sync + 'static,
+    AF: Future<Output = Result<G, BoxError>> + Send,
+    R: Fn(G) -> RF + Clone + Send + Sync + 'static,
+    RF: Future<Output = Result<(), BoxError>> + Send,
 {
     let stop = Arc::new(AtomicBool::new(false));
     let count = Arc::new(AtomicU64::new(0));
@@ -59,8 +54,9 @@ where
     let started = Instant::now();
     let tasks: Vec<_> = (0..load.clients)
         .map(|_| {
-            let (pair, stop, count, held_us, prefix) = (
-                pair.clone(),
+            let (acquire, release, stop, count, held_us, prefix) = (
+                acquire.clone(),
+                release.clone(),
                 stop.clone(),
                 count.clone(),
                 held_us.clone(),
@@ -70,9 +66,13 @@ where
                 let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
                 while !stop.load(Ordering::Relaxed) {
                     let key = format!("{prefix}:{}", rand::random_range(0..load.keys));
-                    let timing = pair(key, load.hold).await?;
-                    latency.saturating_record(timing.waited.as_micros().max(1) as u64);
-                    held_us.fetch_add(timing.held.as_micros() as u64, Ordering::Relaxed);
+                    let asked = Instant::now();
+                    let guard = acquire(key).await?;
+                    let got = Instant::now();
+                    latency.saturating_record((got - asked).as_micros().max(1) as u64);
+                    hold_for(load.hold).await?;
+                    held_us.fetch_add(got.elapsed().as_micros() as u64, Ordering::Relaxed);
+                    release(guard).await?;
                     count.fetch_add(1, Ordering::Relaxed);
                 }
                 Ok::<_, BoxError>(latency)
@@ -96,30 +96,31 @@ where
     })
 }
 
+/// A deadline far enough away that a measured acquire waits as long as it must.
+pub fn patient() -> (Duration, Instant) {
+    (
+        Duration::from_secs(30),
+        Instant::now() + Duration::from_secs(30),
+    )
+}
+
 /// [`pairs`] on payonce's lock service.
 pub async fn measure(locks: &LockService, load: Load) -> Result<Run, BoxError> {
     let locks = locks.clone();
-    pairs(load, move |key, hold| {
-        let locks = locks.clone();
-        async move {
-            let asked = Instant::now();
-            let mut guard = locks
-                .acquire(
-                    &key,
-                    Duration::from_secs(30),
-                    asked + Duration::from_secs(30),
-                )
-                .await?;
-            let got = Instant::now();
-            hold_for(hold).await?;
-            let held = got.elapsed();
+    pairs(
+        load,
+        move |key| {
+            let locks = locks.clone();
+            async move {
+                let (ttl, deadline) = patient();
+                Ok(locks.acquire(&key, ttl, deadline).await?)
+            }
+        },
+        |mut guard: lock::LockGuard| async move {
             guard.release().await?;
-            Ok(Timing {
-                waited: got - asked,
-                held,
-            })
-        }
-    })
+            Ok(())
+        },
+    )
     .await
 }
 
@@ -142,13 +143,45 @@ pub async fn hold_for(hold: Duration) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Where each lock service is.
+/// Where each lock service is: the benchmarks' command-line options (and environment).
+#[derive(clap::Args, Debug)]
 pub struct Urls {
+    #[arg(
+        long = "redis-url",
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis: String,
+    #[arg(
+        long = "zookeeper-url",
+        env = "ZOOKEEPER_URL",
+        default_value = "zk://127.0.0.1:2181"
+    )]
     pub zookeeper: String,
+    #[arg(
+        long = "etcd-url",
+        env = "ETCD_URL",
+        default_value = "etcd://127.0.0.1:2379"
+    )]
     pub etcd: String,
+    /// PostgreSQL: advisory locks, and the cost table's ledger.
+    #[arg(
+        long = "database-url",
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
     pub postgres: String,
+    #[arg(
+        long = "mysql-url",
+        env = "MYSQL_URL",
+        default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
+    )]
     pub mysql: String,
+    #[arg(
+        long = "memcached-url",
+        env = "MEMCACHED_URL",
+        default_value = "memcache://127.0.0.1:11211"
+    )]
     pub memcached: String,
 }
 

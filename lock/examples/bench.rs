@@ -53,30 +53,8 @@ struct Args {
     /// `mysql-row`, `memcached` or `in-process` (no baselines).
     #[arg(long, default_value = "redis")]
     backend: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
-    #[arg(long, env = "ZOOKEEPER_URL", default_value = "zk://127.0.0.1:2181")]
-    zookeeper_url: String,
-    #[arg(long, env = "ETCD_URL", default_value = "etcd://127.0.0.1:2379")]
-    etcd_url: String,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(
-        long,
-        env = "MYSQL_URL",
-        default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
-    )]
-    mysql_url: String,
-    #[arg(
-        long,
-        env = "MEMCACHED_URL",
-        default_value = "memcache://127.0.0.1:11211"
-    )]
-    memcached_url: String,
+    #[command(flatten)]
+    urls: Urls,
     /// Skip the baselines.
     #[arg(long)]
     no_baselines: bool,
@@ -86,7 +64,8 @@ struct Args {
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     let host_port = args
-        .redis_url
+        .urls
+        .redis
         .trim_start_matches("redis://")
         .trim_end_matches('/')
         .to_owned();
@@ -100,7 +79,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let redis = args.backend == "redis";
     let locks = if redis {
-        LockService::redis(&args.redis_url, RedisOptions::default())?
+        LockService::redis(&args.urls.redis, RedisOptions::default())?
     } else {
         LockService::in_process()
     };
@@ -128,19 +107,19 @@ async fn main() -> Result<(), BoxError> {
             }
         }
         if baselines && args.keys == 1 {
-            let rtt = median_ping_us(&args.redis_url).await?;
+            let rtt = median_ping_us(&args.urls.redis).await?;
             println!("round {round}: one round trip (median PING) {rtt:.1} µs");
             rtts.push(rtt);
         }
         let before = if redis {
-            script_calls(&args.redis_url).await?
+            script_calls(&args.urls.redis).await?
         } else {
             0
         };
         let run = measure::measure(&locks, load(&args)).await?;
         if redis {
             let pairs = run.pairs as f64;
-            let calls = script_calls(&args.redis_url).await?.saturating_sub(before);
+            let calls = script_calls(&args.urls.redis).await?.saturating_sub(before);
             commands_per_pair.push(calls as f64 / pairs);
         }
         println!(
@@ -194,17 +173,6 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-fn urls(args: &Args) -> Urls {
-    Urls {
-        redis: args.redis_url.clone(),
-        zookeeper: args.zookeeper_url.clone(),
-        etcd: args.etcd_url.clone(),
-        postgres: args.database_url.clone(),
-        mysql: args.mysql_url.clone(),
-        memcached: args.memcached_url.clone(),
-    }
-}
-
 fn load(args: &Args) -> Load {
     Load {
         clients: args.clients,
@@ -226,8 +194,7 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
         "memcached" => "memcached",
         other => return Err(format!("no backend {other:?}").into()),
     };
-    let urls = urls(args);
-    let services = [counted(name, &urls)?, counted("redis", &urls)?];
+    let services = [counted(name, &args.urls)?, counted("redis", &args.urls)?];
     for service in &services {
         service.locks.ping().await?;
     }
@@ -346,7 +313,7 @@ fn redis_py(args: &Args) -> Option<f64> {
         .arg(script)
         .args([
             "--url",
-            &args.redis_url,
+            &args.urls.redis,
             "--clients",
             &args.clients.to_string(),
         ])

@@ -1,6 +1,7 @@
 //! The table's rows (a lock service and how the application guards with it), its columns
 //! (the faults), and how one cell is run and counted.
 
+use std::future::Future;
 use std::time::Duration;
 
 use loadtest::audit::ViolationKind;
@@ -412,50 +413,41 @@ pub async fn run_cell(
     let stale_before = stale_tokens(&cluster.targets()).await;
     let result = match fault {
         Fault::InstanceKill => {
-            let kill = async {
-                sleep(fault_at).await;
-                cluster
-                    .kill_and_restart(STALLED, Duration::from_millis(300))
-                    .await
-            };
-            let (result, killed) = tokio::join!(run(run_options), kill);
-            killed?;
-            result?
+            let kill = cluster.kill_and_restart(STALLED, Duration::from_millis(300));
+            beside(run_options, fault_at, kill).await?
         }
-        Fault::Sigstop => {
-            let stop = async {
-                sleep(fault_at).await;
-                cluster.stop_for(STALLED, stall).await
-            };
-            let (result, stopped) = tokio::join!(run(run_options), stop);
-            stopped?;
-            result?
-        }
+        Fault::Sigstop => beside(run_options, fault_at, cluster.stop_for(STALLED, stall)).await?,
         Fault::Partition => {
             let cut = async {
-                sleep(fault_at).await;
                 servers.partition();
                 sleep(stall).await;
                 servers.heal();
+                Ok(())
             };
-            let (result, ()) = tokio::join!(run(run_options), cut);
-            result?
+            beside(run_options, fault_at, cut).await?
         }
-        Fault::StoreRestart => {
-            let restart = async {
-                sleep(seconds / 2).await;
-                servers.restart().await
-            };
-            let (result, restarted) = tokio::join!(run(run_options), restart);
-            restarted?;
-            result?
-        }
+        Fault::StoreRestart => beside(run_options, seconds / 2, servers.restart()).await?,
         _ => run(run_options).await?,
     };
     let mut row = row(line, fault, &result);
     row.seconds = seconds.as_secs_f64();
     row.stale_fencing_tokens = stale_after(&result, &stale_before);
     Ok(row)
+}
+
+/// The load, with `fault` injected `after` its start beside it.
+async fn beside(
+    options: RunOptions,
+    after: Duration,
+    fault: impl Future<Output = Result<(), MatrixError>>,
+) -> Result<RunResult, MatrixError> {
+    let injected = async {
+        sleep(after).await;
+        fault.await
+    };
+    let (result, injected) = tokio::join!(run(options), injected);
+    injected?;
+    Ok(result?)
 }
 
 const STALE_TOKENS: &str = "payonce_stale_fencing_tokens_total";
