@@ -27,6 +27,7 @@
 
 mod api_key;
 mod audit;
+mod batch;
 mod db_types;
 mod error;
 pub mod lottery;
@@ -44,6 +45,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
 pub use audit::{Rule, Violation};
+pub use batch::Batches;
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
@@ -71,6 +73,12 @@ pub struct LedgerOptions {
     /// arrival order, so a burst is worked off rather than refused; this bounds the queue
     /// by time.
     pub write_queue_timeout: Duration,
+    /// PostgreSQL's group commit: the most spends one batch takes (1: every spend is
+    /// its own transaction, still one round trip).
+    pub batch_max: usize,
+    /// PostgreSQL's group commit: how many batches may be in flight at once, each on a
+    /// pooled connection.
+    pub batch_workers: usize,
 }
 
 impl Default for LedgerOptions {
@@ -79,6 +87,8 @@ impl Default for LedgerOptions {
             max_connections: 16,
             acquire_timeout: Duration::from_secs(3),
             write_queue_timeout: Duration::from_secs(20),
+            batch_max: 64,
+            batch_workers: 4,
         }
     }
 }
@@ -240,7 +250,16 @@ impl Ledger {
             .connect_with(connect)
             .await?;
         POSTGRES_MIGRATIONS.run(&pool).await?;
-        let store = SqlStore::new(pool.clone(), pool);
+        let batcher = batch::Batcher::start(
+            pool.clone(),
+            batch::Shape {
+                max: options.batch_max,
+                workers: options.batch_workers,
+                // As for BEGIN (`SqlStore::new`): a restart kills every pooled connection.
+                tries: options.max_connections + 1,
+            },
+        );
+        let store = SqlStore::new(pool.clone(), pool).with_batcher(batcher);
         Ok(Self::with_store(Arc::new(store), "postgres"))
     }
 
@@ -357,6 +376,11 @@ impl Ledger {
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         self.store.apply(&request, render).await
+    }
+
+    /// The sizes of the batches PostgreSQL's group commit sent so far; `None` on SQLite.
+    pub fn batches(&self) -> Option<&Batches> {
+        self.store.batches()
     }
 
     /// Checks every invariant over the whole database; empty means clean.

@@ -456,3 +456,15 @@ pub struct ApplyRequest<'a> {
     /// The fencing token of the lock the caller holds on the account.
     pub fencing_token: u64,
 }
+
+impl ApplyRequest<'_> {
+    /// What the renderer is given when this request came to `result`.
+    pub(crate) fn execution<'r>(&'r self, result: &'r OperationResult) -> Execution<'r> {
+        Execution {
+            ticket_id: self.ticket_id,
+            account_id: self.account_id,
+            operation: &self.operation,
+            result,
+        }
+    }
+}

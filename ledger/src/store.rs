@@ -13,6 +13,7 @@ use sqlx::types::Json;
 use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArguments, Pool, Type};
 
 use crate::audit::{self, Rule, Violation};
+use crate::batch::{self, Batcher, Batches};
 use crate::db_types::Timestamp;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown, is_dead_connection};
 use crate::lottery;
@@ -38,14 +39,6 @@ pub(crate) trait Dialect: Database {
     /// covers the whole database), with the database's clock read after the lock was
     /// granted as `read_at`. Parameter: $1 ticket.
     const LOCK_TICKET: &'static str;
-    /// Where the database can, [`LOCK_TICKET`](Self::LOCK_TICKET) and [`MOVE`] as one
-    /// statement: the move happens only if the locked ticket is this account's, unused and
-    /// unexpired. One round trip fewer on every spend. Parameters: $1 ticket, $2 account,
-    /// $3 debit, $4 credit, $5 points spent, $6 fencing token.
-    const LOCK_TICKET_AND_MOVE: Option<&'static str>;
-    /// Where the database can, [`INSERT_ENTRY`] and [`COMPLETE_TICKET`] as one statement.
-    /// Parameters: $1..$9 as in INSERT_ENTRY, then $10 fingerprint, $11 status, $12 body.
-    const RECORD_APPLIED: Option<&'static str>;
     /// An account's balance, points and recorded fencing token, from its latest version,
     /// locked until the transaction ends. Parameter: $1 account.
     const LOCK_ACCOUNT: &'static str;
@@ -155,43 +148,6 @@ impl Dialect for sqlx::Postgres {
         pg_clock!(),
         " AS read_at FROM ticket"
     );
-    // `judged` reads the clock once, from the locked ticket's row — so after any wait for
-    // that lock — and both the move's condition and the caller's verdict use that reading.
-    // A volatile CTE is evaluated once, however often it is referenced.
-    const LOCK_TICKET_AND_MOVE: Option<&'static str> = Some(concat!(
-        "WITH ticket AS (
-             SELECT ",
-        ticket_columns!(),
-        " FROM tickets WHERE id = $1 FOR UPDATE
-         ), judged AS (
-             SELECT ",
-        pg_clock!(),
-        " AS read_at FROM ticket
-         ), moved AS (
-             UPDATE accounts
-             SET balance = balance - $3 + $4, points = points - $5, fencing_token = $6
-             WHERE id = $2 AND fencing_token < $6 AND balance >= $3 AND points >= $5
-               AND balance - $3 <= 9223372036854775807 - $4
-               AND EXISTS (SELECT 1 FROM ticket, judged
-                           WHERE ticket.account_id = $2 AND ticket.completed_at IS NULL
-                             AND ticket.expires_at > judged.read_at)
-             RETURNING balance, points
-         )
-         SELECT ticket.*, judged.read_at,
-                moved.balance AS moved_balance, moved.points AS moved_points
-         FROM ticket CROSS JOIN judged LEFT JOIN moved ON true"
-    ));
-    const RECORD_APPLIED: Option<&'static str> = Some(
-        "WITH entry AS (
-             INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
-                                  points_after, fencing_token, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
-         )
-         UPDATE tickets
-         SET operation = $3, fingerprint = $10, response_status = $11, response_body = $12,
-             completed_at = $9
-         WHERE id = $2",
-    );
     const LOCK_ACCOUNT: &'static str =
         "SELECT balance, points, fencing_token FROM accounts WHERE id = $1 FOR UPDATE";
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
@@ -226,9 +182,6 @@ impl Dialect for sqlx::Sqlite {
         sqlite_clock!(),
         " AS read_at FROM tickets WHERE id = $1"
     );
-    // SQLite has no data-modifying CTEs; its round trips are function calls anyway.
-    const LOCK_TICKET_AND_MOVE: Option<&'static str> = None;
-    const RECORD_APPLIED: Option<&'static str> = None;
     // The transaction's write lock covers the whole database.
     const LOCK_ACCOUNT: &'static str =
         "SELECT balance, points, fencing_token FROM accounts WHERE id = $1";
@@ -274,6 +227,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
+    /// The group commit's batch sizes, where there is one.
+    fn batches(&self) -> Option<&Batches>;
     #[cfg(feature = "demo")]
     /// Demonstration only: an account's balance, points and token, read without a lock.
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError>;
@@ -311,6 +266,8 @@ pub(crate) struct SqlStore<D: Database> {
     /// out to be dead. A database restart kills every pooled connection at once, so this
     /// is one more than the pool holds: the last try always opens a new connection.
     connection_tries: u32,
+    /// PostgreSQL's group commit (`batch.rs`): spends go through it first.
+    batcher: Option<Batcher>,
 }
 
 impl<D: Database> SqlStore<D> {
@@ -325,6 +282,15 @@ impl<D: Database> SqlStore<D> {
             pool,
             writer,
             connection_tries,
+            batcher: None,
+        }
+    }
+
+    /// Spends go through `batcher` first.
+    pub(crate) fn with_batcher(self, batcher: Batcher) -> Self {
+        Self {
+            batcher: Some(batcher),
+            ..self
         }
     }
 
@@ -451,15 +417,6 @@ impl TryFrom<TicketRow> for Ticket {
     }
 }
 
-/// A locked ticket and, where the move rode along, what the account holds after it.
-#[derive(FromRow)]
-pub(crate) struct LockedTicket {
-    #[sqlx(flatten)]
-    ticket: TicketRow,
-    moved_balance: Option<i64>,
-    moved_points: Option<i64>,
-}
-
 #[derive(FromRow)]
 struct EntryRow {
     id: i64,
@@ -563,7 +520,6 @@ where
     for<'r> AccountRow: FromRow<'r, D::Row>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> EntryRow: FromRow<'r, D::Row>,
-    for<'r> LockedTicket: FromRow<'r, D::Row>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
 {
     async fn create_account(
@@ -696,56 +652,16 @@ where
         request: &ApplyRequest<'_>,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
-        // Every early return below drops the transaction, which rolls it back: nothing
-        // is written unless the whole operation and its outcome are.
         let token = token_to_sql(request.fencing_token)?;
         let planned = Planned::of(request.operation);
-        let mut tx = self.begin_write().await?;
-
-        // 1. Lock the ticket, so concurrent uses of it queue here until we commit, and
-        //    read the database's clock once the lock is ours. Where the database allows,
-        //    the conditional move of step 3 rides in the same statement (it happens only
-        //    if the ticket is usable, as judged in step 2).
-        let (ticket, moved) = Self::lock_ticket(&mut tx, request, &planned, token).await?;
-        let now = Timestamp(ticket.read_at);
-
-        // 2. Judge the ticket: a used one replays its stored outcome or refuses a
-        //    different request; an expired one is refused.
-        match ticket.judge(request.fingerprint) {
-            Judgement::Usable => {}
-            Judgement::Replay(response) => {
-                return Ok(Applied {
-                    response: response.clone(),
-                    replayed: true,
-                });
-            }
-            Judgement::Reused => return Err(ApplyError::FingerprintMismatch),
-            Judgement::Pruned => return Err(ApplyError::OutcomePruned),
-            Judgement::Expired => return Err(ApplyError::TicketExpired),
+        if let Some(batcher) = &self.batcher
+            && let Some(answer) =
+                Self::apply_in_batch(batcher, request, &planned, token, render).await
+        {
+            return answer;
         }
-
-        // 3. Move money and points under the fencing check, in one conditional update;
-        //    if it was refused, find out why on the account's latest version.
-        let moved = match moved {
-            Some(moved) => Some(moved),
-            None if D::LOCK_TICKET_AND_MOVE.is_none() => {
-                Self::try_move(&mut tx, request, &planned, token).await?
-            }
-            None => None,
-        };
-        let result = match moved {
-            Some((balance, points)) => planned.applied(balance, points),
-            None => Self::settle_refused(&mut tx, request, &planned, token).await?,
-        };
-
-        // 4. The entry (only when something moved) and the outcome, in this transaction.
-        let response =
-            Self::record(&mut tx, request, &planned, &result, token, now, render).await?;
-        commit_or_unknown(tx).await?;
-        Ok(Applied {
-            response,
-            replayed: false,
-        })
+        self.apply_in_transaction(request, &planned, token, render)
+            .await
     }
 
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {
@@ -950,6 +866,10 @@ where
         Ok(())
     }
 
+    fn batches(&self) -> Option<&Batches> {
+        self.batcher.as_ref().map(Batcher::sizes)
+    }
+
     async fn close(&self) {
         self.pool.close().await;
         self.writer.close().await;
@@ -1119,7 +1039,6 @@ where
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
-    for<'r> LockedTicket: FromRow<'r, D::Row>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
 {
@@ -1133,52 +1052,105 @@ where
         Ok(self.on_live_connection(query).await?)
     }
 
-    /// Step 1: the locked ticket, if it is this account's, and — where the move rode
-    /// along — what the account holds after it.
-    async fn lock_ticket(
-        tx: &mut sqlx::Transaction<'static, D>,
+    /// The usual path on PostgreSQL: the spend goes into the next batch (`batch.rs`), one
+    /// round trip for the ticket's judgement, the move, the entry and the outcome. `None`
+    /// when the transaction path must settle it: a refusal or a stale token (the batch
+    /// wrote nothing for it), a batch the database refused, or a renderer whose success
+    /// body the database cannot fill in.
+    async fn apply_in_batch(
+        batcher: &Batcher,
         request: &ApplyRequest<'_>,
         planned: &Planned,
         token: i64,
-    ) -> Result<(Ticket, Option<(i64, i64)>), ApplyError> {
-        let (row, moved) = match D::LOCK_TICKET_AND_MOVE {
-            Some(statement) => {
-                let locked: Option<LockedTicket> = sqlx::query_as(statement)
-                    .bind(request.ticket_id)
-                    .bind(request.account_id)
-                    .bind(planned.debit)
-                    .bind(planned.credit)
-                    .bind(planned.spend)
-                    .bind(token)
-                    .fetch_optional(&mut **tx)
-                    .await
-                    .or_constraint()?;
-                match locked {
-                    Some(locked) => {
-                        let moved = locked.moved_balance.zip(locked.moved_points);
-                        (Some(locked.ticket), moved)
-                    }
-                    None => (None, None),
-                }
-            }
-            None => {
-                let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
-                    .bind(request.ticket_id)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                (row, None)
-            }
+        render: &Renderer,
+    ) -> Option<Result<Applied, ApplyError>> {
+        let stand_in = OperationResult::Applied {
+            balance: batch::BALANCE_STAND_IN,
+            points: batch::POINTS_STAND_IN,
+            credit: planned.credit,
+            prize: planned.prize,
         };
-        // Another account's ticket is, to this account, no ticket at all.
-        match row {
-            Some(row) if row.account_id == request.account_id => {
-                Ok((Ticket::try_from(row)?, moved))
-            }
-            _ => Err(ApplyError::UnknownTicket),
+        let body = batch::substitutable(&render(&request.execution(&stand_in)))?;
+        let spend = batch::Spend {
+            ticket_id: request.ticket_id,
+            account_id: request.account_id,
+            kind: request.operation.kind().as_str(),
+            debit: planned.debit,
+            credit: planned.credit,
+            points: planned.spend,
+            token,
+            fingerprint: request.fingerprint.to_owned(),
+            body,
+        };
+        let done = match batcher.apply(spend).await {
+            Ok(done) => done,
+            Err(failed) => return failed.error().map(|error| Err(error.into())),
+        };
+        if done.written {
+            let written = done.ticket.map(Ticket::try_from).transpose();
+            return Some(match written {
+                Ok(Some(Ticket {
+                    outcome:
+                        Some(Outcome {
+                            response: Some(response),
+                            ..
+                        }),
+                    ..
+                })) => Ok(Applied {
+                    response,
+                    replayed: false,
+                }),
+                Ok(_) => Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
+                    "ticket {}: written without its outcome",
+                    request.ticket_id
+                )))),
+                Err(error) => Err(error.into()),
+            });
         }
+        // Not written: a used ticket's answer, or (usable) the transaction path's to give.
+        judged(done.ticket, request).err()
     }
 
-    /// Step 3, where it did not ride along with step 1: the conditional move.
+    /// The transaction path: every step its own statement, in one transaction. Every early
+    /// return drops the transaction, which rolls it back: nothing is written unless the
+    /// whole operation and its outcome are.
+    async fn apply_in_transaction(
+        &self,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        // 1. Lock the ticket, so concurrent uses of it queue here until we commit, and
+        //    read the database's clock once the lock is ours.
+        let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
+            .bind(request.ticket_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        // 2. Judge it: a used one replays its stored outcome or refuses a different
+        //    request; an expired one is refused.
+        let ticket = match judged(row, request) {
+            Ok(ticket) => ticket,
+            Err(answer) => return answer,
+        };
+        let now = Timestamp(ticket.read_at);
+        // 3. Move money and points under the fencing check, in one conditional update;
+        //    if it was refused, find out why on the account's latest version.
+        let result = match Self::try_move(&mut tx, request, planned, token).await? {
+            Some((balance, points)) => planned.applied(balance, points),
+            None => Self::settle_refused(&mut tx, request, planned, token).await?,
+        };
+        // 4. The entry (only when something moved) and the outcome, in this transaction.
+        let response = Self::record(&mut tx, request, planned, &result, token, now, render).await?;
+        commit_or_unknown(tx).await?;
+        Ok(Applied {
+            response,
+            replayed: false,
+        })
+    }
+
+    /// Step 3: the conditional move.
     async fn try_move(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
@@ -1249,12 +1221,7 @@ where
         render: &Renderer,
     ) -> Result<StoredResponse, ApplyError> {
         let status = result.status();
-        let body = render(&Execution {
-            ticket_id: request.ticket_id,
-            account_id: request.account_id,
-            operation: &request.operation,
-            result,
-        });
+        let body = render(&request.execution(result));
         let kind = request.operation.kind().as_str();
         let OperationResult::Applied {
             balance, points, ..
@@ -1275,24 +1242,11 @@ where
                 .bind(token)
                 .bind(now)
         };
-        match D::RECORD_APPLIED {
-            Some(statement) => {
-                entry(statement)
-                    .bind(request.fingerprint)
-                    .bind(i32::from(status))
-                    .bind(Json(&body))
-                    .execute(&mut **tx)
-                    .await
-                    .or_constraint()?;
-            }
-            None => {
-                entry(INSERT_ENTRY)
-                    .execute(&mut **tx)
-                    .await
-                    .or_constraint()?;
-                Self::complete_ticket(tx, request, kind, status, &body, now).await?;
-            }
-        }
+        entry(INSERT_ENTRY)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        Self::complete_ticket(tx, request, kind, status, &body, now).await?;
         Ok(StoredResponse { status, body })
     }
 
@@ -1316,6 +1270,34 @@ where
             .await?;
         Ok(())
     }
+}
+
+/// The one judgement of a ticket before anything moves ([`Ticket::judge`]), as `apply`
+/// answers it: the ticket if it is usable, else the answer — its stored outcome replayed,
+/// or why it cannot run. Another account's ticket is, to this account, no ticket at all.
+fn judged(
+    row: Option<TicketRow>,
+    request: &ApplyRequest<'_>,
+) -> Result<Ticket, Result<Applied, ApplyError>> {
+    let ticket = match row {
+        Some(row) if row.account_id == request.account_id => {
+            Ticket::try_from(row).map_err(|error| Err(error.into()))?
+        }
+        _ => return Err(Err(ApplyError::UnknownTicket)),
+    };
+    let refusal = match ticket.judge(request.fingerprint) {
+        Judgement::Usable => return Ok(ticket),
+        Judgement::Replay(response) => {
+            return Err(Ok(Applied {
+                response: response.clone(),
+                replayed: true,
+            }));
+        }
+        Judgement::Reused => ApplyError::FingerprintMismatch,
+        Judgement::Pruned => ApplyError::OutcomePruned,
+        Judgement::Expired => ApplyError::TicketExpired,
+    };
+    Err(Err(refusal))
 }
 
 /// How long the retention keeps something, as a timestamp offset that cannot overflow.

@@ -134,15 +134,44 @@ impl HeldLock {
 }
 
 /// A TCP proxy on loopback in front of PostgreSQL that, once armed, cuts the connection
-/// carrying the next `COMMIT`: it forwards the COMMIT, and when the server's answer
+/// carrying the next `COMMIT` (or the next message carrying given bytes, see
+/// [`arm_on`](Self::arm_on)): it forwards the message, and when the server's answer
 /// arrives it closes both sides instead of relaying it. The transaction did commit; its
 /// client cannot know. Everything else passes through untouched.
 #[derive(Debug)]
 pub struct CommitCutter {
     url: String,
-    armed: Arc<AtomicBool>,
+    trigger: Arc<Trigger>,
     cuts: Arc<AtomicUsize>,
     accept: tokio::task::JoinHandle<()>,
+}
+
+/// What the cutter cuts: the answer to a message carrying `pattern`, `armed` more times.
+#[derive(Debug, Default)]
+struct Trigger {
+    pattern: std::sync::Mutex<Vec<u8>>,
+    armed: AtomicUsize,
+}
+
+impl Trigger {
+    /// Whether `chunk` is to be cut (counting it if so).
+    fn fires(&self, chunk: &[u8]) -> bool {
+        let pattern = self
+            .pattern
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        !pattern.is_empty()
+            && chunk
+                .windows(pattern.len())
+                .any(|window| window == pattern.as_slice())
+            && self
+                .armed
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                    left.checked_sub(1)
+                })
+                .is_ok()
+    }
 }
 
 /// A simple-protocol query message carrying `COMMIT` (how sqlx commits): 'Q', its
@@ -165,9 +194,9 @@ impl CommitCutter {
             .map_err(std::io::Error::other)?;
         url.set_port(Some(port))
             .map_err(|()| std::io::Error::other("cannot set the port"))?;
-        let armed = Arc::new(AtomicBool::new(false));
+        let trigger = Arc::new(Trigger::default());
         let cuts = Arc::new(AtomicUsize::new(0));
-        let (accept_armed, accept_cuts) = (armed.clone(), cuts.clone());
+        let (accept_trigger, accept_cuts) = (trigger.clone(), cuts.clone());
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
@@ -176,14 +205,14 @@ impl CommitCutter {
                 tokio::spawn(relay(
                     client,
                     server,
-                    accept_armed.clone(),
+                    accept_trigger.clone(),
                     accept_cuts.clone(),
                 ));
             }
         });
         Ok(Self {
             url: url.to_string(),
-            armed,
+            trigger,
             cuts,
             accept,
         })
@@ -196,10 +225,21 @@ impl CommitCutter {
 
     /// Cuts the next connection that sends a COMMIT.
     pub fn arm(&self) {
-        self.armed.store(true, Ordering::SeqCst);
+        self.arm_on(COMMIT_MESSAGE, 1);
     }
 
-    /// How many COMMITs were cut so far.
+    /// Cuts the next `times` connections that send a message carrying `bytes` — a
+    /// ticket's id, say, to cut the answer to the one statement that spends it.
+    pub fn arm_on(&self, bytes: &[u8], times: usize) {
+        *self
+            .trigger
+            .pattern
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = bytes.to_vec();
+        self.trigger.armed.store(times, Ordering::SeqCst);
+    }
+
+    /// How many answers were cut so far.
     pub fn cuts(&self) -> usize {
         self.cuts.load(Ordering::SeqCst)
     }
@@ -211,16 +251,16 @@ impl Drop for CommitCutter {
     }
 }
 
-/// Relays one connection both ways until either side closes or a COMMIT is cut.
+/// Relays one connection both ways until either side closes or an answer is cut.
 async fn relay(
     client: TcpStream,
     server: TcpStream,
-    armed: Arc<AtomicBool>,
+    trigger: Arc<Trigger>,
     cuts: Arc<AtomicUsize>,
 ) {
     let (mut from_client, mut to_client) = client.into_split();
     let (mut from_server, mut to_server) = server.into_split();
-    // Set before the COMMIT goes out, so whatever the server sends next is its answer.
+    // Set before the message goes out, so whatever the server sends next is its answer.
     let cutting = Arc::new(AtomicBool::new(false));
     let upstream_cutting = cutting.clone();
     let upstream = async move {
@@ -231,10 +271,7 @@ async fn relay(
                 Ok(read) => read,
             };
             let chunk = &buffer[..read];
-            let commit = chunk
-                .windows(COMMIT_MESSAGE.len())
-                .any(|window| window == COMMIT_MESSAGE);
-            if commit && armed.swap(false, Ordering::SeqCst) {
+            if trigger.fires(chunk) {
                 upstream_cutting.store(true, Ordering::SeqCst);
                 let _ = to_server.write_all(chunk).await;
                 // Keep the server side open until the answer was read (below).
@@ -253,7 +290,7 @@ async fn relay(
                 Ok(read) => read,
             };
             if cutting.load(Ordering::SeqCst) {
-                // The COMMIT's answer: swallow it and hang up on both.
+                // The answer: swallow it and hang up on both.
                 cuts.fetch_add(1, Ordering::SeqCst);
                 let _ = to_client.shutdown().await;
                 return;

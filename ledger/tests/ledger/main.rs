@@ -29,7 +29,9 @@ macro_rules! suite_for {
                 audit_finds_a_planted_token_regression,
                 audit_finds_a_planted_outcome_without_entry,
                 an_equal_fencing_token_is_refused,
-                expiry_is_judged_after_waiting_for_the_ticket
+                expiry_is_judged_after_waiting_for_the_ticket,
+                the_stored_body_is_the_renderers_with_the_numbers_after,
+                a_body_with_the_balance_in_its_text_is_stored_as_rendered
             );
         }
     };

@@ -280,9 +280,10 @@ async fn refused_move_is_retried_on_the_latest_row() {
     assert_clean(&ledger).await;
 }
 
-/// The connection dies after COMMIT was sent and before its answer came back: `apply`
-/// cannot know whether it committed, and says so (outcome unknown) instead of calling it
-/// unavailable — it did commit, and the same ticket then replays the stored outcome.
+/// The transaction path (here a refusal, which is stored there): the connection dies after
+/// COMMIT was sent and before its answer came back. `apply` cannot know whether it
+/// committed, and says so (outcome unknown) instead of calling it unavailable — it did
+/// commit, and the same ticket then replays the stored outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_is_outcome_unknown() {
     let database = TestDatabase::postgres().await.unwrap();
@@ -297,7 +298,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
     let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
 
     cutter.arm();
-    let error = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
+    let error = apply(&ledger, account_id, ticket, withdrawal(3000), "w3000", 1)
         .await
         .unwrap_err();
     assert_eq!(cutter.cuts(), 1);
@@ -310,6 +311,83 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
     );
     let stored = ledger.ticket(ticket).await.unwrap().unwrap();
     assert_eq!(stored.state(), ledger::TicketState::Completed);
+    let replayed = apply(&ledger, account_id, ticket, withdrawal(3000), "w3000", 2)
+        .await
+        .unwrap();
+    assert!(replayed.replayed);
+    assert_eq!(replayed.response.status, 402);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        1000
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The batch path (a spend that goes through): the answer to the one statement that
+/// spends the ticket is lost. The batch is sent again on another connection, finds the
+/// ticket used by this very request, and answers with what was stored — once, whatever
+/// the connection did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_batch_answer_is_asked_again() {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    let cutter = ledger::testing::CommitCutter::start(database.url())
+        .await
+        .unwrap();
+    let ledger = Ledger::open(cutter.url(), &ledger::LedgerOptions::default())
+        .await
+        .unwrap();
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    cutter.arm_on(ticket.0.as_bytes(), 1);
+    let applied = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
+        .await
+        .unwrap();
+    assert_eq!(cutter.cuts(), 1);
+    assert_eq!(applied.response.status, 201);
+    assert_eq!(
+        applied.response.body["balance"], 700,
+        "{:?}",
+        applied.response
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    assert_clean(&ledger).await;
+}
+
+/// When every connection the batch is sent on is cut after sending, the spend's outcome
+/// is unknown — it did commit — and the same ticket then replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_whose_every_answer_is_lost_is_outcome_unknown() {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    let cutter = ledger::testing::CommitCutter::start(database.url())
+        .await
+        .unwrap();
+    let options = ledger::LedgerOptions {
+        max_connections: 2,
+        ..ledger::LedgerOptions::default()
+    };
+    let ledger = Ledger::open(cutter.url(), &options).await.unwrap();
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    cutter.arm_on(ticket.0.as_bytes(), usize::MAX);
+    let error = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            ledger::ApplyError::Ledger(ledger::LedgerError::OutcomeUnknown(_))
+        ),
+        "{error:?}"
+    );
+    assert_eq!(cutter.cuts(), 3, "a try per connection and one more");
+    cutter.arm_on(ticket.0.as_bytes(), 0);
     let replayed = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 2)
         .await
         .unwrap();
@@ -320,4 +398,85 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
         700
     );
     assert_clean(&ledger).await;
+}
+
+/// Spends gathered into one batch keep their own outcomes: the refused ones (no funds)
+/// store their refusal and the stale ones write nothing, and neither undoes a neighbour
+/// that went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_keeps_each_spends_own_outcome() {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    // One worker, so spends queue behind each other and go in batches.
+    let options = ledger::LedgerOptions {
+        batch_workers: 1,
+        ..ledger::LedgerOptions::default()
+    };
+    let ledger = Ledger::open(database.url(), &options).await.unwrap();
+    let mut spends = Vec::new();
+    for kind in ["goes-through", "no-funds", "stale"] {
+        for _ in 0..10 {
+            let balance = if kind == "no-funds" { 10 } else { 1000 };
+            let account_id = account(&ledger, balance, 0).await;
+            if kind == "stale" {
+                let newer = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+                let deposit = ledger::Operation::Deposit(ledger::Amount::new(1).unwrap());
+                apply(&ledger, account_id, newer, deposit, "d1", 100)
+                    .await
+                    .unwrap();
+            }
+            let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+            spends.push((kind, account_id, ticket));
+        }
+    }
+    let before = batched_spends(&ledger);
+    let tasks: Vec<_> = spends
+        .iter()
+        .map(|&(kind, account_id, ticket)| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                let outcome = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 50).await;
+                (kind, account_id, outcome)
+            })
+        })
+        .collect();
+    for task in tasks {
+        let (kind, account_id, outcome) = task.await.unwrap();
+        let balance = ledger.account(account_id).await.unwrap().unwrap().balance;
+        match kind {
+            "goes-through" => {
+                assert_eq!(outcome.unwrap().response.status, 201);
+                assert_eq!(balance, 700);
+            }
+            "no-funds" => {
+                assert_eq!(outcome.unwrap().response.status, 402);
+                assert_eq!(balance, 10);
+            }
+            _ => {
+                assert!(
+                    matches!(outcome, Err(ledger::ApplyError::StaleToken { .. })),
+                    "{outcome:?}"
+                );
+                assert_eq!(balance, 1001);
+            }
+        }
+    }
+    let batches = ledger.batches().unwrap().counts();
+    assert!(
+        batches.iter().any(|&(size, _)| size > 1),
+        "no spends were batched together: {batches:?}"
+    );
+    assert_eq!(batched_spends(&ledger) - before, 30, "{batches:?}");
+    assert_clean(&ledger).await;
+}
+
+/// How many spends the group commit sent so far.
+fn batched_spends(ledger: &Ledger) -> u64 {
+    ledger
+        .batches()
+        .unwrap()
+        .counts()
+        .iter()
+        .map(|&(size, count)| size as u64 * count)
+        .sum()
 }

@@ -779,3 +779,75 @@ pub async fn expiry_is_judged_after_waiting_for_the_ticket(database: &TestDataba
         TicketState::Expired
     );
 }
+
+/// The stored body of a spend that went through is the renderer's, with the balance and
+/// points after it — filled in by the database on PostgreSQL's one-statement path.
+pub async fn the_stored_body_is_the_renderers_with_the_numbers_after(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 10).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let applied = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
+        .await
+        .unwrap();
+    let expected = render(&Execution {
+        ticket_id: ticket,
+        account_id,
+        operation: &withdrawal(300),
+        result: &OperationResult::Applied {
+            balance: 700,
+            points: 10,
+            credit: 0,
+            prize: None,
+        },
+    });
+    assert_eq!(applied.response.body, expected);
+    let stored = ledger.ticket(ticket).await.unwrap().unwrap();
+    assert_eq!(stored.outcome.unwrap().response.unwrap().body, expected);
+
+    let draw = Operation::LotteryDraw(PointsToSpend::new(4).unwrap());
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let drawn = apply(&ledger, account_id, ticket, draw, "draw4", 2)
+        .await
+        .unwrap()
+        .response
+        .body;
+    let credit = drawn["credit"].as_i64().unwrap();
+    assert_eq!(
+        (&drawn["balance"], &drawn["points"]),
+        (&json!(700 + credit), &json!(6)),
+        "{drawn}"
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A renderer may put the numbers anywhere, text included: the body is stored as it
+/// renders them (on PostgreSQL by the transaction path, since the database cannot fill in
+/// a number inside text).
+pub async fn a_body_with_the_balance_in_its_text_is_stored_as_rendered(database: &TestDatabase) {
+    fn wordy(execution: &Execution<'_>) -> Value {
+        let balance = match *execution.result {
+            OperationResult::Applied { balance, .. } => balance,
+            OperationResult::Refused(_) => -1,
+        };
+        json!({ "balance": balance, "detail": format!("the balance is now {balance}") })
+    }
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let request = ApplyRequest {
+        ticket_id: ticket,
+        account_id,
+        operation: withdrawal(300),
+        fingerprint: "w300",
+        fencing_token: 1,
+    };
+    let applied = ledger.apply(request, &wordy).await.unwrap();
+    assert_eq!(
+        applied.response.body,
+        json!({ "balance": 700, "detail": "the balance is now 700" })
+    );
+    let replayed = ledger.apply(request, &wordy).await.unwrap();
+    assert!(replayed.replayed);
+    assert_eq!(replayed.response, applied.response);
+    assert_clean(&ledger).await;
+}

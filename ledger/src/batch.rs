@@ -1,0 +1,320 @@
+//! Group commit on PostgreSQL: spends that arrive together are applied together, in one
+//! call of `apply_spends` (migrations/postgres/0003_apply_spends.sql) — one round trip and
+//! one commit for the lot — each keeping its own outcome.
+//!
+//! [`Batcher`] keeps a queue and a few workers. A worker takes whatever is queued, up to
+//! `max` spends, and sends it; spends arriving meanwhile queue for the next free worker.
+//! Nobody waits on a timer: under light load a batch is one spend sent at once, and
+//! batches grow only while every worker is busy, so a spend waits at most for the batches
+//! ahead of it. [`Batches`] counts the sizes sent.
+//!
+//! A spend the function did not write (a used, unknown or expired ticket, a refusal, a
+//! stale token) comes back with its ticket as found; `store.rs` answers from that or
+//! settles it on the transaction path. Nothing here judges a ticket.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgPool, Row};
+use tokio::sync::{Mutex, mpsc, oneshot};
+
+use crate::error::{LedgerError, is_dead_connection};
+use crate::model::{AccountId, TicketId};
+use crate::store::TicketRow;
+
+/// Where the balance after the spend goes in a body rendered before the database said it.
+/// No balance or points can be negative, so neither stand-in is ever a real value.
+pub(crate) const BALANCE_STAND_IN: i64 = i64::MIN;
+/// Where the points after the spend go (see [`BALANCE_STAND_IN`]).
+pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
+
+/// `body` as text whose stand-ins the database can replace by plain text substitution, if
+/// it is one: every occurrence of a stand-in's digits is a whole number of the body,
+/// never part of a string or of a longer number.
+pub(crate) fn substitutable(body: &Value) -> Option<String> {
+    let text = serde_json::to_string(body).ok()?;
+    [BALANCE_STAND_IN, POINTS_STAND_IN]
+        .into_iter()
+        .all(|stand_in| text.matches(&stand_in.to_string()).count() == occurrences(body, stand_in))
+        .then_some(text)
+}
+
+/// How many numbers of `value` equal `number`.
+fn occurrences(value: &Value, number: i64) -> usize {
+    match value {
+        Value::Number(found) => usize::from(found.as_i64() == Some(number)),
+        Value::Array(items) => items.iter().map(|item| occurrences(item, number)).sum(),
+        Value::Object(fields) => fields.values().map(|item| occurrences(item, number)).sum(),
+        _ => 0,
+    }
+}
+
+/// One spend as `apply_spends` takes it.
+#[derive(Debug)]
+pub(crate) struct Spend {
+    pub ticket_id: TicketId,
+    pub account_id: AccountId,
+    pub kind: &'static str,
+    pub debit: i64,
+    pub credit: i64,
+    pub points: i64,
+    pub token: i64,
+    pub fingerprint: String,
+    /// The success body, with the stand-ins (see [`substitutable`]).
+    pub body: String,
+}
+
+/// What `apply_spends` did with one spend.
+pub(crate) struct Done {
+    /// Whether it wrote the spend (the ticket row is then the completed one).
+    pub written: bool,
+    /// The ticket's row as the function left it; `None` if there is no such ticket.
+    pub ticket: Option<TicketRow>,
+}
+
+/// How a batch failed; every spend of it gets the same answer.
+#[derive(Clone, Debug)]
+pub(crate) enum Failed {
+    /// The database refused the statement: nothing of the batch was written, and each
+    /// spend is better settled on its own.
+    Refused,
+    /// No connection could be had, so nothing was sent.
+    Unavailable,
+    /// It was sent, and no answer came back (the error's text).
+    Unknown(String),
+    /// The answer could not be read, or the ledger is shutting down.
+    Unreadable(String),
+}
+
+impl Failed {
+    /// The ledger's error for one spend of the batch; `None` for [`Failed::Refused`].
+    pub(crate) fn error(self) -> Option<LedgerError> {
+        match self {
+            Self::Refused => None,
+            Self::Unavailable => Some(LedgerError::Unavailable(sqlx::Error::PoolTimedOut)),
+            Self::Unknown(error) => Some(LedgerError::OutcomeUnknown(sqlx::Error::Protocol(error))),
+            Self::Unreadable(error) => Some(LedgerError::Corrupt(error)),
+        }
+    }
+}
+
+struct Queued {
+    spend: Spend,
+    answer: oneshot::Sender<Result<Done, Failed>>,
+}
+
+/// The group commit's queue and workers (see the module docs).
+#[derive(Debug)]
+pub(crate) struct Batcher {
+    queue: mpsc::Sender<Queued>,
+    sizes: Arc<Batches>,
+}
+
+/// How many batches of each size were sent: `by_size[n]` is the count of batches of `n`
+/// spends.
+#[derive(Debug)]
+pub struct Batches {
+    by_size: Vec<AtomicU64>,
+}
+
+impl Batches {
+    fn new(max: usize) -> Self {
+        Self {
+            by_size: (0..=max).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// `(size, batches of that size)` for every size sent at least once.
+    pub fn counts(&self) -> Vec<(usize, u64)> {
+        self.by_size
+            .iter()
+            .enumerate()
+            .map(|(size, count)| (size, count.load(Ordering::Relaxed)))
+            .filter(|&(_, count)| count > 0)
+            .collect()
+    }
+}
+
+/// How many spends one worker sends at most, and how many workers there are.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    pub max: usize,
+    pub workers: usize,
+    /// How often a batch is sent again after its connection failed (see [`send`]).
+    pub tries: u32,
+}
+
+impl Batcher {
+    /// Starts the workers on the current runtime. They stop when the batcher is dropped.
+    pub(crate) fn start(pool: PgPool, shape: Shape) -> Self {
+        let max = shape.max.max(1);
+        let (queue, receiver) = mpsc::channel::<Queued>(max * shape.workers.max(1) * 4);
+        let receiver = Arc::new(Mutex::new(receiver));
+        let sizes = Arc::new(Batches::new(max));
+        for _ in 0..shape.workers.max(1) {
+            let (receiver, pool, sizes) = (receiver.clone(), pool.clone(), sizes.clone());
+            tokio::spawn(async move {
+                let mut batch = Vec::with_capacity(max);
+                loop {
+                    if receiver.lock().await.recv_many(&mut batch, max).await == 0 {
+                        return; // the batcher is gone
+                    }
+                    sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
+                    run(&pool, std::mem::take(&mut batch), shape.tries).await;
+                }
+            });
+        }
+        Self { queue, sizes }
+    }
+
+    /// Applies `spend` in the next batch.
+    pub(crate) async fn apply(&self, spend: Spend) -> Result<Done, Failed> {
+        let (answer, answered) = oneshot::channel();
+        let gone = || Failed::Unreadable("the ledger is shutting down".into());
+        self.queue
+            .send(Queued { spend, answer })
+            .await
+            .map_err(|_| gone())?;
+        answered.await.map_err(|_| gone())?
+    }
+
+    /// The sizes of the batches sent so far.
+    pub(crate) fn sizes(&self) -> &Batches {
+        &self.sizes
+    }
+}
+
+/// Sends one batch and hands each spend its answer.
+async fn run(pool: &PgPool, mut batch: Vec<Queued>, tries: u32) {
+    // The lock order every writer keeps (see the migration): the function locks tickets
+    // in id order itself; accounts are locked in batch order, so sort by account. A
+    // paused holder's late spend and its successor's on one account go oldest token
+    // first, as they would have one after the other.
+    batch.sort_by_key(|queued| (queued.spend.account_id.0, queued.spend.token));
+    match send(pool, &batch, tries).await {
+        Ok(done) => {
+            for (queued, done) in batch.into_iter().zip(done) {
+                let _ = queued.answer.send(Ok(done));
+            }
+        }
+        Err(failed) => {
+            for queued in batch {
+                let _ = queued.answer.send(Err(failed.clone()));
+            }
+        }
+    }
+}
+
+/// Calls `apply_spends` for `batch`. When the connection fails, the batch is sent again on
+/// another, up to `tries` times in all: safe, since a spend that did commit finds its
+/// ticket used the second time and comes back as it was written, and necessary, since a
+/// database restart leaves every pooled connection dead. Only when no try got an answer
+/// after one may have reached the database is the outcome unknown.
+async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, Failed> {
+    let spends = || batch.iter().map(|queued| &queued.spend);
+    let tickets: Vec<uuid::Uuid> = spends().map(|spend| spend.ticket_id.0).collect();
+    let accounts: Vec<uuid::Uuid> = spends().map(|spend| spend.account_id.0).collect();
+    let kinds: Vec<&str> = spends().map(|spend| spend.kind).collect();
+    let debits: Vec<i64> = spends().map(|spend| spend.debit).collect();
+    let credits: Vec<i64> = spends().map(|spend| spend.credit).collect();
+    let points: Vec<i64> = spends().map(|spend| spend.points).collect();
+    let tokens: Vec<i64> = spends().map(|spend| spend.token).collect();
+    let fingerprints: Vec<&str> = spends().map(|spend| spend.fingerprint.as_str()).collect();
+    let bodies: Vec<&str> = spends().map(|spend| spend.body.as_str()).collect();
+    let mut maybe_sent: Option<sqlx::Error> = None;
+    for _ in 0..tries.max(1) {
+        let mut connection = match pool.acquire().await {
+            Ok(connection) => connection,
+            // Nothing was sent this time: no connection could be had.
+            Err(_) => {
+                return Err(match maybe_sent {
+                    Some(sent) => Failed::Unknown(sent.to_string()),
+                    None => Failed::Unavailable,
+                });
+            }
+        };
+        let rows =
+            sqlx::query("SELECT * FROM apply_spends($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+                .bind(&tickets)
+                .bind(&accounts)
+                .bind(&kinds)
+                .bind(&debits)
+                .bind(&credits)
+                .bind(&points)
+                .bind(&tokens)
+                .bind(&fingerprints)
+                .bind(&bodies)
+                .bind(BALANCE_STAND_IN.to_string())
+                .bind(POINTS_STAND_IN.to_string())
+                .fetch_all(&mut *connection)
+                .await;
+        match rows {
+            Ok(rows) => {
+                return rows
+                    .iter()
+                    .map(done)
+                    .collect::<Result<_, _>>()
+                    .map_err(|error| Failed::Unreadable(error.to_string()));
+            }
+            Err(error) if is_dead_connection(&error) => {
+                tracing::debug!(%error, "a batch's connection failed; sending it again");
+                maybe_sent = Some(error);
+            }
+            // The server answered with an error: the statement, and so the batch, rolled
+            // back.
+            Err(error) => {
+                tracing::warn!(%error, spends = batch.len(), "a batch was refused; settling its spends one by one");
+                return Err(Failed::Refused);
+            }
+        }
+    }
+    Err(match maybe_sent {
+        Some(sent) => Failed::Unknown(sent.to_string()),
+        None => Failed::Unavailable,
+    })
+}
+
+fn done(row: &PgRow) -> Result<Done, LedgerError> {
+    let written: bool = row.try_get("applied")?;
+    let id: Option<TicketId> = row.try_get("id")?;
+    let ticket = match id {
+        Some(_) => Some(TicketRow::from_row(row)?),
+        None => None,
+    };
+    Ok(Done { written, ticket })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn stand_ins_that_are_whole_numbers_can_be_substituted() {
+        let body = json!({"balance": BALANCE_STAND_IN, "nested": [{"points_after": POINTS_STAND_IN}], "amount": 5});
+        let text = substitutable(&body).unwrap();
+        let filled = text
+            .replace(&BALANCE_STAND_IN.to_string(), "700")
+            .replace(&POINTS_STAND_IN.to_string(), "3");
+        let filled: Value = serde_json::from_str(&filled).unwrap();
+        assert_eq!(
+            filled,
+            json!({"balance": 700, "nested": [{"points_after": 3}], "amount": 5})
+        );
+        assert!(
+            substitutable(&json!({"amount": 5})).is_some(),
+            "no stand-in at all"
+        );
+    }
+
+    #[test]
+    fn stand_ins_inside_text_cannot() {
+        let detail = format!("the balance is {BALANCE_STAND_IN}");
+        assert!(substitutable(&json!({"balance": BALANCE_STAND_IN, "detail": detail})).is_none());
+        let detail = format!("{POINTS_STAND_IN} points");
+        assert!(substitutable(&json!({"detail": detail})).is_none());
+    }
+}
