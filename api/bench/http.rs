@@ -24,6 +24,7 @@ pub fn config(args: &[&str]) -> api::config::Config {
 /// A payonce server in this process, stopped by [`Server::stop`].
 pub struct Server {
     pub address: String,
+    pub state: api::state::AppState,
     stop: tokio::sync::oneshot::Sender<()>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
@@ -37,7 +38,7 @@ impl Server {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let task = tokio::spawn(api::serve(
             listener,
-            state,
+            state.clone(),
             config.request_timeout,
             async move {
                 let _ = stopped.await;
@@ -45,6 +46,7 @@ impl Server {
         ));
         Ok(Self {
             address,
+            state,
             stop,
             task,
         })

@@ -117,6 +117,18 @@ pub struct Config {
         default_value_t = 16
     )]
     pub db_max_connections: u32,
+    /// PostgreSQL: the most spends committed together in one batch (1: each spend its own
+    /// transaction).
+    #[arg(long, global = true, env = "PAYONCE_BATCH_MAX", default_value_t = 64)]
+    pub batch_max: usize,
+    /// PostgreSQL: how many batches of spends may be in flight at once.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_BATCH_WORKERS",
+        default_value_t = 4
+    )]
+    pub batch_workers: usize,
     /// How long to keep trying to reach the database at start-up.
     #[arg(long, global = true, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub startup_timeout: Duration,
@@ -439,6 +451,11 @@ impl Config {
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
             ));
         }
+        if self.batch_max == 0 || self.batch_workers == 0 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_BATCH_MAX and PAYONCE_BATCH_WORKERS must be at least 1".into(),
+            ));
+        }
         strategy_is_built(self.lock_strategy, cfg!(feature = "demo"))?;
         let mode = self.mode()?;
         let needs_redis = !matches!(
@@ -559,6 +576,8 @@ impl fmt::Display for Config {
                 "PAYONCE_DB_MAX_CONNECTIONS",
                 self.db_max_connections.to_string(),
             ),
+            ("PAYONCE_BATCH_MAX", self.batch_max.to_string()),
+            ("PAYONCE_BATCH_WORKERS", self.batch_workers.to_string()),
             ("PAYONCE_STARTUP_TIMEOUT", human(self.startup_timeout)),
             ("PAYONCE_INSTANCE", self.instance_name()),
             (

@@ -1,22 +1,48 @@
 //! Requests this instance is executing, by ticket. A duplicate of a request that is still
 //! executing waits here, on a local mutex, for the original to finish and then replays
 //! its outcome — instead of queueing on the account's lock, where a hundred copies of one
-//! request would be a hundred waiters in the lock store.
+//! request would be a hundred waiters in the lock store. The tickets whose flights ended
+//! lately are remembered for a few seconds, so a duplicate arriving just after its
+//! original is known as one too: it looks the stored outcome up instead of taking the
+//! lock (an original goes straight for the lock, and the ledger judges its ticket).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ledger::TicketId;
+use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
+
 use tokio::time::{Instant, timeout_at};
 
 type Flight = Arc<tokio::sync::Mutex<()>>;
 
 /// The flights, one per ticket being executed or waited for.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Flights {
     /// Never held across an await.
     by_ticket: Mutex<HashMap<TicketId, Flight>>,
+    /// Tickets whose flight ended in the last [`LANDED_FOR`]. Only a hint of where to
+    /// look first: the answer always comes from the ledger.
+    landed: moka::sync::Cache<TicketId, ()>,
+}
+
+/// How long a landed flight's ticket is remembered.
+const LANDED_FOR: Duration = Duration::from_secs(10);
+
+/// How many landed tickets are remembered at most.
+const LANDED_CAPACITY: u64 = 100_000;
+
+impl Default for Flights {
+    fn default() -> Self {
+        Self {
+            by_ticket: Mutex::default(),
+            landed: moka::sync::Cache::builder()
+                .max_capacity(LANDED_CAPACITY)
+                .time_to_live(LANDED_FOR)
+                .build(),
+        }
+    }
 }
 
 /// A place on a ticket's flight: this request executes the ticket until it drops this.
@@ -25,19 +51,20 @@ pub struct Boarded<'a> {
     flights: &'a Flights,
     ticket: TicketId,
     guard: Option<OwnedMutexGuard<()>>,
-    waited: bool,
+    duplicate: bool,
 }
 
 impl Boarded<'_> {
-    /// Whether another request of this instance held the ticket first (and has now
-    /// finished, so its outcome may be stored).
-    pub fn waited(&self) -> bool {
-        self.waited
+    /// Whether another request of this instance held the ticket first, or lately: its
+    /// outcome is likely stored, so look it up before asking for the lock.
+    pub fn duplicate(&self) -> bool {
+        self.duplicate
     }
 }
 
 impl Drop for Boarded<'_> {
     fn drop(&mut self) {
+        self.flights.landed.insert(self.ticket, ());
         drop(self.guard.take());
         self.flights.leave(self.ticket);
     }
@@ -78,6 +105,7 @@ impl Flights {
             Ok(guard) => (guard, false),
             Err(_) => (timeout_at(deadline, flight.lock_owned()).await.ok()?, true),
         };
+        let duplicate = waited || self.landed.contains_key(&ticket);
         // The guard now keeps the flight alive; `waiting` lets go of its own reference.
         drop(waiting.flight.take());
         std::mem::forget(waiting);
@@ -85,7 +113,7 @@ impl Flights {
             flights: self,
             ticket,
             guard: Some(guard),
-            waited,
+            duplicate,
         })
     }
 
@@ -114,8 +142,6 @@ impl Flights {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     #[tokio::test]
@@ -124,7 +150,7 @@ mod tests {
         let ticket = TicketId::random();
         let soon = || Instant::now() + Duration::from_millis(100);
         let first = flights.board(ticket, soon()).await.unwrap();
-        assert!(!first.waited());
+        assert!(!first.duplicate());
         // A duplicate waits for the first; past its deadline it gives up.
         assert!(flights.board(ticket, soon()).await.is_none());
         let (second, ()) = tokio::join!(
@@ -135,12 +161,14 @@ mod tests {
             }
         );
         let second = second.unwrap();
-        assert!(second.waited());
+        assert!(second.duplicate());
         // Another ticket is never held up.
         let other = flights.board(TicketId::random(), soon()).await.unwrap();
-        assert!(!other.waited());
+        assert!(!other.duplicate());
         drop((second, other));
         assert!(flights.is_empty());
+        // A ticket whose flight landed lately is a duplicate's, though nobody holds it.
+        assert!(flights.board(ticket, soon()).await.unwrap().duplicate());
         // A waiter dropped mid-wait leaves nothing behind either.
         let held = flights.board(ticket, soon()).await.unwrap();
         let abandoned = flights.board(ticket, Instant::now() + Duration::from_secs(5));

@@ -139,6 +139,8 @@ impl AppState {
         config.validate()?;
         let options = LedgerOptions {
             max_connections: config.db_max_connections,
+            batch_max: config.batch_max,
+            batch_workers: config.batch_workers,
             ..LedgerOptions::default()
         };
         let (ledger, locks, recipes) = match config.mode()? {

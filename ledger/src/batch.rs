@@ -258,6 +258,12 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
                     .collect::<Result<_, _>>()
                     .map_err(|error| Failed::Unreadable(error.to_string()));
             }
+            // The server ended the session (shut down, restarted, or terminated it — what
+            // a pooled connection finds after a restart): the statement did not run.
+            Err(error @ sqlx::Error::Database(_)) if is_dead_connection(&error) => {
+                tracing::debug!(%error, "a batch's session was ended; sending it again");
+            }
+            // The connection broke with no word from the server: it may have run.
             Err(error) if is_dead_connection(&error) => {
                 tracing::debug!(%error, "a batch's connection failed; sending it again");
                 maybe_sent = Some(error);

@@ -18,8 +18,8 @@ use crate::db_types::Timestamp;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown, is_dead_connection};
 use crate::lottery;
 use crate::model::{
-    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Execution, Judgement, NewAccount,
-    Operation, OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Judgement, NewAccount, Operation,
+    OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
 };
 
 /// What differs between the two databases.

@@ -435,7 +435,20 @@ impl LockService {
         key: &str,
         ttl: Duration,
     ) -> Result<Option<LockGuard>, LockError> {
-        let lease = self.backend.try_acquire(key, ttl, "").await?;
+        self.try_acquire_noted(key, ttl, "").await
+    }
+
+    /// [`try_acquire`](Self::try_acquire), leaving a note as
+    /// [`acquire_noted`](Self::acquire_noted) does.
+    pub async fn try_acquire_noted(
+        &self,
+        key: &str,
+        ttl: Duration,
+        note: &str,
+    ) -> Result<Option<LockGuard>, LockError> {
+        validate(key, ttl)?;
+        validate_note(note)?;
+        let lease = self.backend.try_acquire(key, ttl, note).await?;
         Ok(lease.map(|lease| LockGuard::start(lease, Arc::clone(&self.backend))))
     }
 

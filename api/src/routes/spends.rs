@@ -3,21 +3,27 @@
 //!
 //! 1. authenticate, apply the account's spend rate limit, read the `Idempotency-Key`,
 //!    validate the body (errors here store nothing: the ticket stays usable);
-//! 2. look the ticket up: a used one replays its stored outcome (or 422 for a different
-//!    request) without taking any lock; an unknown one is 404, an expired one 410;
-//! 3. wait — at most `PAYONCE_LOCK_WAIT` in all — first for a duplicate of this request
+//! 2. wait — at most `PAYONCE_LOCK_WAIT` in all — first for a duplicate of this request
 //!    already executing in this instance (then replay its outcome), then for the
-//!    account's lock, leaving the ticket id as the lock's note: a duplicate running in
-//!    another instance is queued behind too and then replays. Past the wait, 409
-//!    `request-in-progress` if the holder is executing this very ticket, else 409
-//!    `account-busy`; past the cap on an account's waiters, 409 `account-busy` at once;
-//! 4. apply in the ledger with the lock's fencing token; the ledger stores the outcome
-//!    under the ticket in the same transaction as the money moves;
-//! 5. release the lock and answer. A stale fencing token stores nothing; the lock's token
+//!    account's lock, leaving the ticket id as the lock's note. A free lock is taken at
+//!    once and the ticket is judged by the ledger under it (step 3). A held one is not
+//!    waited for before the ticket is looked up: a used ticket replays its stored outcome
+//!    (or 422 for a different request) without any lock, an unknown one is 404, an
+//!    expired one 410. A duplicate running in another instance is queued behind too and
+//!    then replays. Past the wait, 409 `request-in-progress` if the holder is executing
+//!    this very ticket, else 409 `account-busy`; past the cap on an account's waiters,
+//!    409 `account-busy` at once;
+//! 3. apply in the ledger with the lock's fencing token: the ledger judges the ticket
+//!    (replay, 422, 404, 410 as above) and stores the outcome under it in the same
+//!    transaction as the money moves;
+//! 4. release the lock and answer. A stale fencing token stores nothing; the lock's token
 //!    counter is raised to what the ledger has seen (before the release, so the next
 //!    holder's token is accepted). If we still held the lock, the counter had merely
 //!    been behind (a lock store that lost its counters) and the spend runs once more with
 //!    a fresh grant; if not, a newer holder wrote while we were paused: 503 `lock-lost`.
+//!
+//! The demonstration's unsafe strategies look the ticket up first and then run their own
+//! read-check-write.
 
 use axum::Json;
 use axum::extract::State;
@@ -241,10 +247,10 @@ async fn spend(
     let strategy = demo::strategy(state, headers)?;
     let faults = Faults::requested(settings.demo, headers)?;
 
-    if let Some(replay) = spend.replay_without_lock().await? {
-        return Ok(replay);
-    }
     if strategy != Strategy::Fenced {
+        if let Some(replay) = spend.replay_without_lock().await? {
+            return Ok(replay);
+        }
         return spend.unguarded(strategy, faults).await;
     }
     // Everything from here waits at most the lock wait: for a duplicate running in this
@@ -257,7 +263,7 @@ async fn spend(
             .await?
             .ok_or(ApiError::RequestInProgress);
     };
-    if boarded.waited()
+    if boarded.duplicate()
         && let Some(replay) = spend.replay_without_lock().await?
     {
         return Ok(replay);
@@ -265,12 +271,14 @@ async fn spend(
     spend.fenced(faults, deadline).await
 }
 
-/// What waiting for the account's lock came to.
+/// What asking for the account's lock came to.
 enum Locked {
     /// The lock is ours.
     Held(LockGuard),
-    /// Waiting gave up (past the deadline, or past the cap on waiters): the answer.
-    GaveUp(Result<Response, ApiError>),
+    /// The answer without the lock: the ticket's stored outcome, found while the lock was
+    /// held by another; or waiting gave up (past the deadline, or past the cap on
+    /// waiters).
+    Answered(Result<Response, ApiError>),
 }
 
 impl Spend<'_> {
@@ -299,7 +307,7 @@ impl Spend<'_> {
         }
     }
 
-    /// Steps 3 to 5: under the account's lock, apply with its fencing token.
+    /// Steps 2 to 4: under the account's lock, apply with its fencing token.
     ///
     /// A second round only when the ledger refused our token although we still held the
     /// lock: the lock store handed out a token below one the ledger accepted earlier (its
@@ -312,7 +320,7 @@ impl Spend<'_> {
         loop {
             let mut guard = match self.lock(&lock_key, deadline).await? {
                 Locked::Held(guard) => guard,
-                Locked::GaveUp(answer) => return answer,
+                Locked::Answered(answer) => return answer,
             };
             if let Some(pause) = faults.pause.take() {
                 // What a stop-the-world pause does: nothing runs, renewal included.
@@ -363,37 +371,46 @@ impl Spend<'_> {
         }
     }
 
-    /// Step 3: the account's lock, leaving the ticket id as the lock's note.
+    /// Step 2: the account's lock, leaving the ticket id as the lock's note — at once if
+    /// it is free, else after looking the ticket up (a used one is answered without it).
     async fn lock(&self, lock_key: &str, deadline: Instant) -> Result<Locked, ApiError> {
         let settings = self.state.settings();
+        let note = self.ticket_id.to_string();
         let asked = Instant::now();
+        let free = self
+            .state
+            .locks()
+            .try_acquire_noted(lock_key, settings.lock_ttl, &note)
+            .await?;
+        if let Some(guard) = free {
+            self.state.metrics().waited_for_lock(asked.elapsed());
+            return Ok(Locked::Held(guard));
+        }
+        if let Some(replay) = self.replay_without_lock().await? {
+            return Ok(Locked::Answered(Ok(replay)));
+        }
         let acquired = self
             .state
             .locks()
-            .acquire_noted(
-                lock_key,
-                settings.lock_ttl,
-                deadline,
-                &self.ticket_id.to_string(),
-            )
+            .acquire_noted(lock_key, settings.lock_ttl, deadline, &note)
             .await;
         self.state.metrics().waited_for_lock(asked.elapsed());
         match acquired {
             Ok(guard) => Ok(Locked::Held(guard)),
             Err(LockError::TimedOut { .. }) => {
                 self.state.metrics().lock_timed_out();
-                Ok(Locked::GaveUp(self.gave_up_waiting(lock_key).await))
+                Ok(Locked::Answered(self.gave_up_waiting(lock_key).await))
             }
             Err(LockError::QueueFull { .. }) => {
                 // Turned away at once: no lookups, so a crowd costs as little as it can.
                 self.state.metrics().lock_queue_full();
-                Ok(Locked::GaveUp(Err(ApiError::AccountBusy)))
+                Ok(Locked::Answered(Err(ApiError::AccountBusy)))
             }
             Err(error) => Err(error.into()),
         }
     }
 
-    /// Step 4: the ledger's transaction, with the lock's fencing token. A stale token
+    /// Step 3: the ledger's transaction, with the lock's fencing token. A stale token
     /// stores nothing; the lock's counter is then raised to what the ledger has seen —
     /// before the release, so the waiter we hand the lock to gets a token above it.
     async fn apply(
@@ -434,8 +451,8 @@ impl Spend<'_> {
         applied
     }
 
-    /// Step 2: a used ticket answers from its stored outcome, no lock needed. `None`
-    /// means the ticket is usable and the request must execute.
+    /// A used ticket answers from its stored outcome, no lock needed. `None` means the
+    /// ticket is usable and the request must execute.
     async fn replay_without_lock(&self) -> Result<Option<Response>, ApiError> {
         replay_without_lock(self.state, self.ticket_id, self.account, &self.fingerprint).await
     }
@@ -463,8 +480,8 @@ impl Spend<'_> {
     }
 }
 
-/// Step 2: a used ticket answers from its stored outcome, no lock needed. `None` means the
-/// ticket is usable and the request must execute.
+/// A used ticket answers from its stored outcome, no lock needed. `None` means the ticket
+/// is usable and the request must execute.
 async fn replay_without_lock(
     state: &AppState,
     ticket_id: TicketId,

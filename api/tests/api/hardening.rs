@@ -15,9 +15,10 @@ use crate::helpers::{
 };
 
 /// The connection to PostgreSQL dies after COMMIT was sent and before its answer came
-/// back: the client is told the outcome is unknown (never "nothing was executed"), the
-/// ticket shows the spend completed, and resending with the same ticket replays the
-/// stored 201 — so a client that follows the answer never pays twice.
+/// back (here on the transaction path, which stores refusals): the client is told the
+/// outcome is unknown (never "nothing was executed"), the ticket shows the spend
+/// completed, and resending with the same ticket replays the stored 402 — so a client
+/// that follows the answer never learns a different outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_is_outcome_unknown() {
     let shared = Shared::new(Backend::Distributed).await;
@@ -31,7 +32,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
     let ticket = app.ticket(&ada).await;
 
     cutter.arm();
-    let response = app.withdraw(&ada, &ticket, 300).await;
+    let response = app.withdraw(&ada, &ticket, 3000).await;
     let problem =
         assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "outcome-unknown").await;
     assert_eq!(cutter.cuts(), 1);
@@ -53,10 +54,38 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
     .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(shown["state"], "completed", "{shown}");
-    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
-    assert_eq!((status, replayed), (StatusCode::CREATED, true), "{body}");
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 3000).await).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::PAYMENT_REQUIRED, true),
+        "{body}"
+    );
     assert_eq!(body, shown["response"]["body"]);
-    assert_eq!(body["balance"].as_i64(), Some(700));
+    assert_eq!(app.balance(&ada).await, (1000, 0));
+    app.assert_audit_clean().await;
+}
+
+/// The answer to the one statement that spends a ticket is lost: the ledger sends it again
+/// on another connection and learns what was stored, so the client gets its 201 — the
+/// money moved once — instead of an outcome it has to ask about.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_spend_answer_is_asked_again() {
+    let shared = Shared::new(Backend::Distributed).await;
+    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
+        .await
+        .unwrap();
+    let mut config = shared.config(&[]);
+    config.database_url = Some(cutter.url().to_owned());
+    let app = spawn_config(shared, config).await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+
+    let id: uuid::Uuid = ticket.parse().unwrap();
+    cutter.arm_on(id.as_bytes(), 1);
+    let (status, _, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
+    assert_eq!(cutter.cuts(), 1);
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["balance"], 700, "{body}");
     assert_eq!(app.balance(&ada).await, (700, 0));
     app.assert_audit_clean().await;
 }
