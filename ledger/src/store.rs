@@ -895,12 +895,7 @@ where
         let request = &write.request;
         let token = token_to_sql(request.fencing_token)?;
         let status = write.result.status();
-        let body = render(&Execution {
-            ticket_id: request.ticket_id,
-            account_id: request.account_id,
-            operation: &request.operation,
-            result: &write.result,
-        });
+        let body = render(&request.execution(&write.result));
         let kind = request.operation.kind().as_str();
         let mut tx = self.begin_write().await?;
         if let OperationResult::Applied {
