@@ -119,8 +119,9 @@ fn rand_index(len: usize) -> usize {
     (Uuid::new_v4().as_u128() % len as u128) as usize
 }
 
-/// `wrk` with `connections` connections for `seconds`, each request a withdrawal of 1
-/// with the next of `tickets`; fails if any was not a 201 or the tickets ran out.
+/// `wrk` with `connections` connections (and up to two threads) for `seconds`, each
+/// request a withdrawal of 1 with the next of `tickets` — used ones are replayed; fails if
+/// any was not a 201 or the tickets ran out.
 pub fn wrk(
     address: &str,
     tickets: &[(Uuid, String, Uuid)],
@@ -134,10 +135,11 @@ pub fn wrk(
         .collect();
     std::fs::write(&file, lines)?;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/withdraw.lua");
+    let threads = connections.clamp(1, 2).to_string();
     let output = Command::new("wrk")
         .args([
             "-t",
-            "2",
+            &threads,
             "-c",
             &connections.to_string(),
             "-d",
@@ -145,7 +147,7 @@ pub fn wrk(
         ])
         .args(["--timeout", "10s", "-s", script, address, "--"])
         .arg(&file)
-        .arg("2")
+        .arg(&threads)
         .output();
     let _ = std::fs::remove_file(&file);
     let output =

@@ -48,6 +48,10 @@ struct Args {
     database_url: String,
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
+    /// Seconds of replays (used tickets sent again, one connection) after each round's
+    /// withdrawals; 0: none.
+    #[arg(long, default_value_t = 3)]
+    replay_seconds: u64,
     /// payonce's PAYONCE_BATCH_MAX (1: no group commit).
     #[arg(long, default_value_t = 64)]
     batch_max: usize,
@@ -61,6 +65,8 @@ struct Round {
     p50_ms: f64,
     p99_ms: f64,
     pgbench_tps: f64,
+    /// Replays at one connection: p50 latency.
+    replay_p50_ms: f64,
 }
 
 #[tokio::main]
@@ -105,6 +111,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         median(|r| r.p99_ms)
     );
     println!("  pgbench bare SQL         {theirs:>7.0}/s   ratio {ratio:.2} (target >= 1.0)");
+    if args.replay_seconds > 0 {
+        println!(
+            "  replays, one connection  p50 {:.3} ms (target <= 1 ms)",
+            median(|r| r.replay_p50_ms)
+        );
+    }
     Ok(())
 }
 
@@ -169,7 +181,6 @@ async fn run_round(
             after,
         )
     };
-    server.stop().await.map_err(|error| error.to_string())?;
     println!(
         "round {round}: payonce {:.0} withdrawals/s, p50 {:.1} ms, p99 {:.1} ms; pgbench bare SQL {pgbench_tps:.0} tx/s; ratio {:.2}",
         measured.withdrawals_per_sec,
@@ -178,8 +189,29 @@ async fn run_round(
         measured.withdrawals_per_sec / pgbench_tps
     );
     println!("  group commit: {}", batches::summary(&before, &after));
+    // Replays of tickets the run used: the first four fifths of what it spent, which both
+    // wrk threads (taking every other line) have used.
+    let used = (measured.withdrawals_per_sec * args.seconds as f64 * 0.8) as usize;
+    let replay_p50_ms = if args.replay_seconds > 0 {
+        let replayed = http::wrk(
+            &address,
+            &tickets[..used.min(tickets.len())],
+            1,
+            args.replay_seconds,
+        )
+        .map_err(|error| error.to_string())?;
+        println!(
+            "  replays, one connection: {:.0}/s, p50 {:.3} ms, p99 {:.3} ms",
+            replayed.per_sec, replayed.p50_ms, replayed.p99_ms
+        );
+        replayed.p50_ms
+    } else {
+        0.0
+    };
+    server.stop().await.map_err(|error| error.to_string())?;
     Ok(Round {
         pgbench_tps,
+        replay_p50_ms,
         ..measured
     })
 }
@@ -196,5 +228,6 @@ fn measure(
         p50_ms: measured.p50_ms,
         p99_ms: measured.p99_ms,
         pgbench_tps: 0.0,
+        replay_p50_ms: 0.0,
     })
 }

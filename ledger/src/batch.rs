@@ -1,17 +1,21 @@
 //! Group commit on PostgreSQL: spends that arrive together are applied together, in one
-//! call of `apply_spends` (migrations/postgres/0003_apply_spends.sql) — one round trip and
-//! one commit for the lot — each keeping its own outcome.
+//! statement ([`APPLY_SPENDS`]) — one round trip and one commit for the lot — each keeping
+//! its own outcome.
 //!
 //! [`Batcher`] keeps a queue and a few workers. A worker takes whatever is queued, up to
 //! `max` spends, and sends it; spends arriving meanwhile queue for the next free worker.
 //! Nobody waits on a timer: under light load a batch is one spend sent at once, and
 //! batches grow only while every worker is busy, so a spend waits at most for the batches
-//! ahead of it. [`Batches`] counts the sizes sent.
+//! ahead of it. A batch holds at most one spend per account and per ticket (the statement
+//! works on the whole batch at once, so no spend could see another's effect); a second
+//! one waits for the worker's next batch, the oldest fencing token first. [`Batches`]
+//! counts the sizes sent.
 //!
-//! A spend the function did not write (a used, unknown or expired ticket, a refusal, a
+//! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
 //! stale token) comes back with its ticket as found; `store.rs` answers from that or
 //! settles it on the transaction path. Nothing here judges a ticket.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -29,6 +33,95 @@ use crate::store::TicketRow;
 pub(crate) const BALANCE_STAND_IN: i64 = i64::MIN;
 /// Where the points after the spend go (see [`BALANCE_STAND_IN`]).
 pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
+
+/// A batch of spends, as parallel arrays, in one statement (one implicit transaction). For
+/// every spend it does what the ledger's transaction does on its usual path: judges the
+/// locked ticket by the database's clock, moves money and points with the conditional
+/// UPDATE that checks and records the fencing token, writes the entry, and stores the
+/// outcome under the ticket. It writes only spends that go through; the others come back
+/// with their tickets as found, so a refusal never rolls back a neighbour.
+///
+/// - **Locks, in one order.** Every writer of the ledger locks tickets before accounts,
+///   each in id order (the transaction path locks one ticket, then one account), so
+///   batches never deadlock with each other or with it. `judged` reads the clock only
+///   once both lock scans are done (its counts need every row), and the moves need that
+///   reading — so every lock is held before any spend is judged.
+/// - **One spend per account and per ticket.** The statement's parts see one snapshot,
+///   not each other's writes: two spends of one account would both be judged on its
+///   balance before either. The batcher sends distinct ones only; `judged` checks it again
+///   and, were it not so, nothing is written (every spend then settles on the transaction
+///   path).
+/// - **Latest versions.** Rows locked by `FOR UPDATE`, and rows an UPDATE finds changed
+///   since the snapshot, are read at their latest committed version (READ COMMITTED), as
+///   on the transaction path.
+/// - **The body.** It arrives rendered with stand-in numbers where the balance and points
+///   after go (see [`substitutable`]), replaced by what the move returned.
+///
+/// Parameters: $1 tickets, $2 accounts, $3 kinds, $4 debits, $5 credits, $6 points spent,
+/// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
+/// stand-ins. Returns, in the order given, whether the spend was written and its ticket's
+/// columns (NULL when there is no such ticket) with `read_at`.
+const APPLY_SPENDS: &str = "
+    WITH spends AS (
+        SELECT *
+        FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::bigint[],
+                    $6::bigint[], $7::bigint[], $8::text[], $9::text[])
+             WITH ORDINALITY AS s (ticket_id, account_id, kind, debit, credit, spent, token,
+                                   fingerprint, body, slot)
+    ), locked_tickets AS (
+        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[]) ORDER BY t.id FOR UPDATE
+    ), locked_accounts AS (
+        SELECT a.id FROM accounts AS a WHERE a.id = ANY ($2::uuid[])
+        ORDER BY a.id FOR NO KEY UPDATE
+    ), judged AS (
+        SELECT clock_timestamp() AS read_at,
+               (SELECT count(DISTINCT ticket_id) = count(*)
+                       AND count(DISTINCT account_id) = count(*) FROM spends) AS distinct_spends
+        FROM (SELECT count(*) FROM locked_tickets) AS tickets_locked,
+             (SELECT count(*) FROM locked_accounts) AS accounts_locked
+    ), moved AS (
+        UPDATE accounts AS a
+        SET balance = a.balance - s.debit + s.credit, points = a.points - s.spent,
+            fencing_token = s.token
+        FROM spends AS s JOIN locked_tickets AS t ON t.id = s.ticket_id CROSS JOIN judged AS j
+        WHERE a.id = s.account_id AND j.distinct_spends
+          AND t.account_id = s.account_id AND t.completed_at IS NULL
+          AND t.expires_at > j.read_at
+          AND a.fencing_token < s.token AND a.balance >= s.debit AND a.points >= s.spent
+          AND a.balance - s.debit <= 9223372036854775807 - s.credit
+        RETURNING s.slot, a.balance, a.points
+    ), entries_written AS (
+        INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                             points_after, fencing_token, created_at)
+        SELECT s.account_id, s.ticket_id, s.kind, s.credit - s.debit, -s.spent, m.balance,
+               m.points, s.token, j.read_at
+        FROM moved AS m JOIN spends AS s USING (slot) CROSS JOIN judged AS j
+    ), completed AS (
+        UPDATE tickets AS t
+        SET operation = s.kind, fingerprint = s.fingerprint, response_status = 201,
+            response_body = replace(replace(s.body, $10, m.balance::text),
+                                    $11, m.points::text)::json,
+            completed_at = j.read_at
+        FROM moved AS m JOIN spends AS s USING (slot) CROSS JOIN judged AS j
+        WHERE t.id = s.ticket_id
+        RETURNING t.*
+    )
+    SELECT c.id IS NOT NULL AS applied,
+           coalesce(c.id, t.id) AS id,
+           coalesce(c.account_id, t.account_id) AS account_id,
+           coalesce(c.created_at, t.created_at) AS created_at,
+           coalesce(c.expires_at, t.expires_at) AS expires_at,
+           coalesce(c.operation, t.operation) AS operation,
+           coalesce(c.fingerprint, t.fingerprint) AS fingerprint,
+           coalesce(c.response_status, t.response_status) AS response_status,
+           coalesce(c.response_body, t.response_body) AS response_body,
+           coalesce(c.completed_at, t.completed_at) AS completed_at,
+           j.read_at
+    FROM spends AS s
+         LEFT JOIN locked_tickets AS t ON t.id = s.ticket_id
+         LEFT JOIN completed AS c ON c.id = s.ticket_id
+         CROSS JOIN judged AS j
+    ORDER BY s.slot";
 
 /// `body` as text whose stand-ins the database can replace by plain text substitution, if
 /// it is one: every occurrence of a stand-in's digits is a whole number of the body,
@@ -51,7 +144,7 @@ fn occurrences(value: &Value, number: i64) -> usize {
     }
 }
 
-/// One spend as `apply_spends` takes it.
+/// One spend as [`APPLY_SPENDS`] takes it.
 #[derive(Debug)]
 pub(crate) struct Spend {
     pub ticket_id: TicketId,
@@ -66,7 +159,7 @@ pub(crate) struct Spend {
     pub body: String,
 }
 
-/// What `apply_spends` did with one spend.
+/// What [`APPLY_SPENDS`] did with one spend.
 pub(crate) struct Done {
     /// Whether it wrote the spend (the ticket row is then the completed one).
     pub written: bool,
@@ -156,13 +249,28 @@ impl Batcher {
         for _ in 0..shape.workers.max(1) {
             let (receiver, pool, sizes) = (receiver.clone(), pool.clone(), sizes.clone());
             tokio::spawn(async move {
-                let mut batch = Vec::with_capacity(max);
+                // Spends that could not go in this worker's last batch (their account or
+                // ticket was in it already): they go first in its next.
+                let mut waiting: Vec<Queued> = Vec::with_capacity(max);
                 loop {
-                    if receiver.lock().await.recv_many(&mut batch, max).await == 0 {
-                        return; // the batcher is gone
+                    if waiting.is_empty() {
+                        if receiver.lock().await.recv_many(&mut waiting, max).await == 0 {
+                            return; // the batcher is gone
+                        }
+                    } else if let Ok(mut receiver) = receiver.try_lock() {
+                        // Topped up with what is queued, never waiting: another worker may
+                        // hold the queue, asleep until something arrives — and what it
+                        // waits for may be this worker's leftovers.
+                        while waiting.len() < max {
+                            match receiver.try_recv() {
+                                Ok(queued) => waiting.push(queued),
+                                Err(_) => break,
+                            }
+                        }
                     }
+                    let batch = take_distinct(&mut waiting);
                     sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
-                    run(&pool, std::mem::take(&mut batch), shape.tries).await;
+                    run(&pool, batch, shape.tries).await;
                 }
             });
         }
@@ -186,13 +294,23 @@ impl Batcher {
     }
 }
 
+/// Takes out of `waiting` a batch of at most one spend per account and per ticket: of an
+/// account's spends, the one with the oldest fencing token (a paused holder's late spend
+/// before its successor's, as they would have gone one after the other).
+fn take_distinct(waiting: &mut Vec<Queued>) -> Vec<Queued> {
+    waiting.sort_by_key(|queued| (queued.spend.account_id.0, queued.spend.token));
+    let mut accounts = HashSet::new();
+    let mut tickets = HashSet::new();
+    let (batch, rest) = std::mem::take(waiting).into_iter().partition(|queued| {
+        // Both inserts always run (`&`, not `&&`): a spend taken counts its ticket too.
+        accounts.insert(queued.spend.account_id) & tickets.insert(queued.spend.ticket_id)
+    });
+    *waiting = rest;
+    batch
+}
+
 /// Sends one batch and hands each spend its answer.
-async fn run(pool: &PgPool, mut batch: Vec<Queued>, tries: u32) {
-    // The lock order every writer keeps (see the migration): the function locks tickets
-    // in id order itself; accounts are locked in batch order, so sort by account. A
-    // paused holder's late spend and its successor's on one account go oldest token
-    // first, as they would have one after the other.
-    batch.sort_by_key(|queued| (queued.spend.account_id.0, queued.spend.token));
+async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
     match send(pool, &batch, tries).await {
         Ok(done) => {
             for (queued, done) in batch.into_iter().zip(done) {
@@ -207,7 +325,7 @@ async fn run(pool: &PgPool, mut batch: Vec<Queued>, tries: u32) {
     }
 }
 
-/// Calls `apply_spends` for `batch`. When the connection fails, the batch is sent again on
+/// Sends [`APPLY_SPENDS`] for `batch`. When the connection fails, the batch is sent again on
 /// another, up to `tries` times in all: safe, since a spend that did commit finds its
 /// ticket used the second time and comes back as it was written, and necessary, since a
 /// database restart leaves every pooled connection dead. Only when no try got an answer
@@ -235,21 +353,20 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
                 });
             }
         };
-        let rows =
-            sqlx::query("SELECT * FROM apply_spends($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
-                .bind(&tickets)
-                .bind(&accounts)
-                .bind(&kinds)
-                .bind(&debits)
-                .bind(&credits)
-                .bind(&points)
-                .bind(&tokens)
-                .bind(&fingerprints)
-                .bind(&bodies)
-                .bind(BALANCE_STAND_IN.to_string())
-                .bind(POINTS_STAND_IN.to_string())
-                .fetch_all(&mut *connection)
-                .await;
+        let rows = sqlx::query(APPLY_SPENDS)
+            .bind(&tickets)
+            .bind(&accounts)
+            .bind(&kinds)
+            .bind(&debits)
+            .bind(&credits)
+            .bind(&points)
+            .bind(&tokens)
+            .bind(&fingerprints)
+            .bind(&bodies)
+            .bind(BALANCE_STAND_IN.to_string())
+            .bind(POINTS_STAND_IN.to_string())
+            .fetch_all(&mut *connection)
+            .await;
         match rows {
             Ok(rows) => {
                 return rows
@@ -314,6 +431,47 @@ mod tests {
             substitutable(&json!({"amount": 5})).is_some(),
             "no stand-in at all"
         );
+    }
+
+    fn queued(account: AccountId, ticket: TicketId, token: i64) -> Queued {
+        Queued {
+            spend: Spend {
+                ticket_id: ticket,
+                account_id: account,
+                kind: "withdrawal",
+                debit: 1,
+                credit: 0,
+                points: 0,
+                token,
+                fingerprint: String::new(),
+                body: String::new(),
+            },
+            answer: oneshot::channel().0,
+        }
+    }
+
+    #[test]
+    fn a_batch_takes_one_spend_per_account_and_ticket_the_oldest_token_first() {
+        let account = |n| AccountId(uuid::Uuid::from_u128(n));
+        let (a, b, c) = (account(1), account(2), account(3));
+        let shared_ticket = TicketId::random();
+        let mut waiting = vec![
+            queued(a, TicketId::random(), 5),
+            queued(a, TicketId::random(), 3),
+            queued(b, shared_ticket, 1),
+            queued(c, shared_ticket, 2),
+        ];
+        let batch = take_distinct(&mut waiting);
+        let taken = |queued: &[Queued]| {
+            let mut taken: Vec<i64> = queued.iter().map(|queued| queued.spend.token).collect();
+            taken.sort_unstable();
+            taken
+        };
+        assert_eq!(taken(&batch), [1, 3]);
+        assert_eq!(taken(&waiting), [2, 5]);
+        let next = take_distinct(&mut waiting);
+        assert_eq!(taken(&next), [2, 5]);
+        assert!(waiting.is_empty());
     }
 
     #[test]

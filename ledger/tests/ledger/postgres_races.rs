@@ -480,3 +480,43 @@ fn batched_spends(ledger: &Ledger) -> u64 {
         .map(|&(size, count)| size as u64 * count)
         .sum()
 }
+
+/// Many spends of one account at once, each with its own grant's token, as holders that
+/// overlapped would send them: one per batch, the oldest token first; a spend whose token
+/// a newer one already passed is refused as stale and writes nothing; the money adds up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn spends_of_one_account_go_one_per_batch_and_stale_ones_write_nothing() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let mut tickets = Vec::new();
+    for _ in 0..20 {
+        tickets.push(ledger.issue_ticket(account_id, HOUR).await.unwrap().id);
+    }
+    let tasks: Vec<_> = tickets
+        .into_iter()
+        .zip(1_u64..)
+        .map(|(ticket, token)| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                apply(&ledger, account_id, ticket, withdrawal(10), "w10", token).await
+            })
+        })
+        .collect();
+    let (mut written, mut stale) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(applied) => {
+                assert_eq!(applied.response.status, 201);
+                written += 1;
+            }
+            Err(ledger::ApplyError::StaleToken { .. }) => stale += 1,
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    assert_eq!(written + stale, 20);
+    assert!(written >= 1);
+    let balance = ledger.account(account_id).await.unwrap().unwrap().balance;
+    assert_eq!(balance, 1000 - 10 * written);
+    assert_clean(&ledger).await;
+}
