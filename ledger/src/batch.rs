@@ -12,8 +12,8 @@
 //! counts the sizes sent.
 //!
 //! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
-//! stale token) comes back with its ticket as found; `store.rs` answers from that or
-//! settles it on the transaction path. Nothing here judges a ticket.
+//! stale token) comes back with its ticket and its account's token as found; `store.rs`
+//! answers from those or settles it on the transaction path. Nothing here judges a ticket.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -59,8 +59,9 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 ///
 /// Parameters: $1 tickets, $2 accounts, $3 kinds, $4 debits, $5 credits, $6 points spent,
 /// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
-/// stand-ins. Returns, in the order given, whether the spend was written and its ticket's
-/// columns (NULL when there is no such ticket) with `read_at`.
+/// stand-ins. Returns, in the order given, whether the spend was written, its ticket's
+/// columns (NULL when there is no such ticket) with `read_at`, and the fencing token its
+/// account had recorded when locked (`recorded_token`; NULL for no such account).
 const APPLY_SPENDS: &str = "
     WITH spends AS (
         SELECT *
@@ -71,7 +72,7 @@ const APPLY_SPENDS: &str = "
     ), locked_tickets AS (
         SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[]) ORDER BY t.id FOR UPDATE
     ), locked_accounts AS (
-        SELECT a.id FROM accounts AS a WHERE a.id = ANY ($2::uuid[])
+        SELECT a.id, a.fencing_token FROM accounts AS a WHERE a.id = ANY ($2::uuid[])
         ORDER BY a.id FOR NO KEY UPDATE
     ), judged AS (
         SELECT clock_timestamp() AS read_at,
@@ -116,10 +117,12 @@ const APPLY_SPENDS: &str = "
            coalesce(c.response_status, t.response_status) AS response_status,
            coalesce(c.response_body, t.response_body) AS response_body,
            coalesce(c.completed_at, t.completed_at) AS completed_at,
-           j.read_at
+           j.read_at,
+           la.fencing_token AS recorded_token
     FROM spends AS s
          LEFT JOIN locked_tickets AS t ON t.id = s.ticket_id
          LEFT JOIN completed AS c ON c.id = s.ticket_id
+         LEFT JOIN locked_accounts AS la ON la.id = s.account_id
          CROSS JOIN judged AS j
     ORDER BY s.slot";
 
@@ -163,8 +166,11 @@ pub(crate) struct Spend {
 pub(crate) struct Done {
     /// Whether it wrote the spend (the ticket row is then the completed one).
     pub written: bool,
-    /// The ticket's row as the function left it; `None` if there is no such ticket.
+    /// The ticket's row as the statement left it; `None` if there is no such ticket.
     pub ticket: Option<TicketRow>,
+    /// The fencing token the account had recorded before the batch: at or above the
+    /// spend's, it is stale — the account's token only grows, so no path would take it.
+    pub recorded_token: Option<i64>,
 }
 
 /// How a batch failed; every spend of it gets the same answer.
@@ -406,7 +412,11 @@ fn done(row: &PgRow) -> Result<Done, LedgerError> {
         Some(_) => Some(TicketRow::from_row(row)?),
         None => None,
     };
-    Ok(Done { written, ticket })
+    Ok(Done {
+        written,
+        ticket,
+        recorded_token: row.try_get("recorded_token")?,
+    })
 }
 
 #[cfg(test)]

@@ -1049,9 +1049,9 @@ where
 
     /// The usual path on PostgreSQL: the spend goes into the next batch (`batch.rs`), one
     /// round trip for the ticket's judgement, the move, the entry and the outcome. `None`
-    /// when the transaction path must settle it: a refusal or a stale token (the batch
-    /// wrote nothing for it), a batch the database refused, or a renderer whose success
-    /// body the database cannot fill in.
+    /// when the transaction path must settle it: a refusal (the batch wrote nothing for
+    /// it; the transaction path stores it), a batch the database refused, or a renderer
+    /// whose success body the database cannot fill in.
     async fn apply_in_batch(
         batcher: &Batcher,
         request: &ApplyRequest<'_>,
@@ -1102,8 +1102,18 @@ where
                 Err(error) => Err(error.into()),
             });
         }
-        // Not written: a used ticket's answer, or (usable) the transaction path's to give.
-        judged(done.ticket, request).err()
+        // Not written: a used ticket's answer; a stale token, refused as the transaction
+        // path would; else a refusal, stored by the transaction path.
+        if let Err(answer) = judged(done.ticket, request) {
+            return Some(answer);
+        }
+        match done.recorded_token {
+            Some(recorded) if recorded >= token => Some(Err(ApplyError::StaleToken {
+                presented: request.fencing_token,
+                recorded: recorded.max(0).unsigned_abs(),
+            })),
+            _ => None,
+        }
     }
 
     /// The transaction path: every step its own statement, in one transaction. Every early
