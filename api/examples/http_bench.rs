@@ -10,9 +10,11 @@
 //! issues tickets in bulk (the fixture; issuing is not what is measured), creates
 //! pgbench's tables, and vacuums. It then runs, in alternating order, pgbench with
 //! `ledger/bench/withdraw.sql` (one conditional UPDATE plus one INSERT per transaction,
-//! 32 clients) and `wrk` (32 connections, 2 threads) sending withdrawals of 1, each with
-//! its own ticket, through HTTP: authentication, ticket lookup, the account lock, the
-//! ledger transaction, release. Needs `wrk` and `pgbench`.
+//! `--pgbench-clients`, 32) and `wrk` (`--connections`, 32; two threads) sending
+//! withdrawals of 1, each with its own ticket, through HTTP: authentication, the account
+//! lock, the ledger's group commit, release — and prints the batch sizes. Then it replays
+//! tickets the run used, at one connection, for the replay latency. Needs `wrk` and
+//! `pgbench`.
 
 use clap::Parser;
 
@@ -28,9 +30,13 @@ use uuid::Uuid;
 
 #[derive(Parser, Debug)]
 struct Args {
-    /// wrk connections and pgbench clients.
+    /// wrk connections.
     #[arg(long, default_value_t = 32)]
     connections: usize,
+    /// pgbench clients (PostgreSQL's 100 connections, shared with payonce's pool, bound
+    /// it; 32 is near pgbench's best here).
+    #[arg(long, default_value_t = 32)]
+    pgbench_clients: usize,
     /// Seconds per measurement.
     #[arg(long, default_value_t = 15)]
     seconds: u64,
@@ -73,8 +79,8 @@ struct Round {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     println!(
-        "api bench: connections={} seconds={} rounds={} accounts={}",
-        args.connections, args.seconds, args.rounds, args.accounts
+        "api bench: connections={} pgbench clients={} seconds={} rounds={} accounts={}",
+        args.connections, args.pgbench_clients, args.seconds, args.rounds, args.accounts
     );
     let mut admin = PgConnection::connect(&args.database_url).await?;
     let mut rounds = Vec::new();
@@ -166,7 +172,7 @@ async fn run_round(
             .unwrap_or_default()
     };
     let (pgbench_tps, measured, before, after) = if round % 2 == 1 {
-        let tps = pgbench::run(url, args.accounts, args.connections, args.seconds)?;
+        let tps = pgbench::run(url, args.accounts, args.pgbench_clients, args.seconds)?;
         let before = batches();
         let measured = measure(&address, &tickets, args)?;
         (tps, measured, before, batches())
@@ -175,7 +181,7 @@ async fn run_round(
         let measured = measure(&address, &tickets, args)?;
         let after = batches();
         (
-            pgbench::run(url, args.accounts, args.connections, args.seconds)?,
+            pgbench::run(url, args.accounts, args.pgbench_clients, args.seconds)?,
             measured,
             before,
             after,

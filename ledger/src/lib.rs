@@ -6,7 +6,9 @@
 //!   accounts, API keys, tickets, entries, [`Ledger::apply`], [`Ledger::audit`],
 //!   [`Ledger::reap`].
 //! - `store.rs`: the SQL, written once and generic over PostgreSQL and SQLite; `apply` is
-//!   there, as one transaction.
+//!   there: through the group commit first on PostgreSQL, else as one transaction.
+//! - `batch.rs`: PostgreSQL's group commit — concurrent spends gathered into one statement
+//!   ([`Batches`] counts their sizes).
 //! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
 //!   [`NewAccount`]), [`Ticket`], [`Entry`], [`Operation`], outcomes.
 //! - `lottery.rs`: the prize table.
@@ -23,7 +25,9 @@
 //! with one conditional UPDATE that also checks and records the fencing token; writes the
 //! entry when something moved; and stores the outcome — success or business refusal —
 //! under the ticket. Either all of that commits or none of it does, so there is no moment
-//! at which money moved but the outcome was not recorded, or the reverse.
+//! at which money moved but the outcome was not recorded, or the reverse. On PostgreSQL a
+//! spend that goes through does all of that in one statement shared with the spends that
+//! arrived with it (`batch.rs`); the others settle on the transaction path.
 
 mod api_key;
 mod audit;
