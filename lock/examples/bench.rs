@@ -98,15 +98,10 @@ async fn main() -> Result<(), BoxError> {
     for round in 1..=args.rounds {
         // redis-benchmark's limits before payonce's lock in odd rounds, after it in even ones.
         let raw_round = baselines && args.keys > 1;
+        let limits_now = || raw_limits(host, port, args.clients, args.keys, args.seconds);
         let mut limits = None;
         if raw_round && round % 2 == 1 {
-            limits = Some(raw_limits(
-                host,
-                port,
-                args.clients,
-                args.keys,
-                args.seconds,
-            )?);
+            limits = Some(limits_now()?);
         }
         if raw_round {
             match redis_py(&args) {
@@ -141,13 +136,7 @@ async fn main() -> Result<(), BoxError> {
             run.mean_hold_us / 1000.0
         );
         if raw_round && round % 2 == 0 {
-            limits = Some(raw_limits(
-                host,
-                port,
-                args.clients,
-                args.keys,
-                args.seconds,
-            )?);
+            limits = Some(limits_now()?);
         }
         if let Some(limits) = limits {
             println!(

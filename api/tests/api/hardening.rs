@@ -11,8 +11,21 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, assert_problem, read, spawn_app, spawn_app_with, spawn_config,
+    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
+    spawn_config,
 };
+
+/// An instance whose database connections pass through a
+/// [`ledger::testing::CommitCutter`].
+async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
+    let shared = Shared::new(Backend::Distributed).await;
+    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
+        .await
+        .unwrap();
+    let mut config = shared.config(&[]);
+    config.database_url = Some(cutter.url().to_owned());
+    (spawn_config(shared, config).await, cutter)
+}
 
 /// The connection to PostgreSQL dies after COMMIT was sent and before its answer came
 /// back (here on the transaction path, which stores refusals): the client is told the
@@ -21,13 +34,7 @@ use crate::helpers::{
 /// that follows the answer never learns a different outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_is_outcome_unknown() {
-    let shared = Shared::new(Backend::Distributed).await;
-    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
-        .await
-        .unwrap();
-    let mut config = shared.config(&[]);
-    config.database_url = Some(cutter.url().to_owned());
-    let app = spawn_config(shared, config).await;
+    let (app, cutter) = behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 
@@ -70,13 +77,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
 /// money moved once — instead of an outcome it has to ask about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_spend_answer_is_asked_again() {
-    let shared = Shared::new(Backend::Distributed).await;
-    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
-        .await
-        .unwrap();
-    let mut config = shared.config(&[]);
-    config.database_url = Some(cutter.url().to_owned());
-    let app = spawn_config(shared, config).await;
+    let (app, cutter) = behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 

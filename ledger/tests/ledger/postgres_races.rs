@@ -280,22 +280,36 @@ async fn refused_move_is_retried_on_the_latest_row() {
     assert_clean(&ledger).await;
 }
 
+/// A fresh database, a ledger on it through a [`ledger::testing::CommitCutter`], and an
+/// account holding 1,000 with one ticket.
+async fn behind_a_cutter(
+    options: ledger::LedgerOptions,
+) -> (
+    TestDatabase,
+    ledger::testing::CommitCutter,
+    Ledger,
+    AccountId,
+    TicketId,
+) {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    let cutter = ledger::testing::CommitCutter::start(database.url())
+        .await
+        .unwrap();
+    let ledger = Ledger::open(cutter.url(), &options).await.unwrap();
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    (database, cutter, ledger, account_id, ticket)
+}
+
 /// The transaction path (here a refusal, which is stored there): the connection dies after
 /// COMMIT was sent and before its answer came back. `apply` cannot know whether it
 /// committed, and says so (outcome unknown) instead of calling it unavailable — it did
 /// commit, and the same ticket then replays the stored outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_is_outcome_unknown() {
-    let database = TestDatabase::postgres().await.unwrap();
-    open(&database).await; // migrated
-    let cutter = ledger::testing::CommitCutter::start(database.url())
-        .await
-        .unwrap();
-    let ledger = Ledger::open(cutter.url(), &ledger::LedgerOptions::default())
-        .await
-        .unwrap();
-    let account_id = account(&ledger, 1000, 0).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (_database, cutter, ledger, account_id, ticket) =
+        behind_a_cutter(ledger::LedgerOptions::default()).await;
 
     cutter.arm();
     let error = apply(&ledger, account_id, ticket, withdrawal(3000), "w3000", 1)
@@ -329,16 +343,8 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
 /// the connection did.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_batch_answer_is_asked_again() {
-    let database = TestDatabase::postgres().await.unwrap();
-    open(&database).await; // migrated
-    let cutter = ledger::testing::CommitCutter::start(database.url())
-        .await
-        .unwrap();
-    let ledger = Ledger::open(cutter.url(), &ledger::LedgerOptions::default())
-        .await
-        .unwrap();
-    let account_id = account(&ledger, 1000, 0).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (_database, cutter, ledger, account_id, ticket) =
+        behind_a_cutter(ledger::LedgerOptions::default()).await;
 
     cutter.arm_on(ticket.0.as_bytes(), 1);
     let applied = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
@@ -362,18 +368,11 @@ async fn a_lost_batch_answer_is_asked_again() {
 /// is unknown — it did commit — and the same ticket then replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_whose_every_answer_is_lost_is_outcome_unknown() {
-    let database = TestDatabase::postgres().await.unwrap();
-    open(&database).await; // migrated
-    let cutter = ledger::testing::CommitCutter::start(database.url())
-        .await
-        .unwrap();
     let options = ledger::LedgerOptions {
         max_connections: 2,
         ..ledger::LedgerOptions::default()
     };
-    let ledger = Ledger::open(cutter.url(), &options).await.unwrap();
-    let account_id = account(&ledger, 1000, 0).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (_database, cutter, ledger, account_id, ticket) = behind_a_cutter(options).await;
 
     cutter.arm_on(ticket.0.as_bytes(), usize::MAX);
     let error = apply(&ledger, account_id, ticket, withdrawal(300), "w300", 1)
