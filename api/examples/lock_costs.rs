@@ -412,29 +412,7 @@ impl Redlock {
     async fn commands(&self) -> Result<u64, BoxError> {
         let mut total = 0;
         for node in &self.nodes {
-            let mut connection = redis::Client::open(node.url())?
-                .get_multiplexed_async_connection()
-                .await?;
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut connection)
-                .await?;
-            total += info
-                .lines()
-                .filter(|line| {
-                    ["cmdstat_set:", "cmdstat_evalsha:", "cmdstat_eval:"]
-                        .iter()
-                        .any(|name| line.starts_with(name))
-                })
-                .filter_map(|line| {
-                    line.split_once("calls=")?
-                        .1
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum::<u64>();
+            total += measure::command_calls(&node.url(), &["set", "evalsha", "eval"]).await?;
         }
         Ok(total)
     }

@@ -1108,10 +1108,7 @@ where
             return Some(answer);
         }
         match done.recorded_token {
-            Some(recorded) if recorded >= token => Some(Err(ApplyError::StaleToken {
-                presented: request.fencing_token,
-                recorded: recorded.max(0).unsigned_abs(),
-            })),
+            Some(recorded) if recorded >= token => Some(Err(stale(request, recorded))),
             _ => None,
         }
     }
@@ -1190,10 +1187,7 @@ where
             .fetch_one(&mut **tx)
             .await?;
         if recorded >= token {
-            return Err(ApplyError::StaleToken {
-                presented: request.fencing_token,
-                recorded: recorded.max(0).unsigned_abs(),
-            });
+            return Err(stale(request, recorded));
         }
         match planned.refusal(balance, points) {
             Some(refusal) => {
@@ -1228,15 +1222,11 @@ where
         let status = result.status();
         let body = render(&request.execution(result));
         let kind = request.operation.kind().as_str();
-        let OperationResult::Applied {
+        if let OperationResult::Applied {
             balance, points, ..
         } = *result
-        else {
-            Self::complete_ticket(tx, request, kind, status, &body, now).await?;
-            return Ok(StoredResponse { status, body });
-        };
-        let entry = |statement| {
-            sqlx::query(statement)
+        {
+            sqlx::query(INSERT_ENTRY)
                 .bind(request.account_id)
                 .bind(request.ticket_id)
                 .bind(kind)
@@ -1246,11 +1236,10 @@ where
                 .bind(points)
                 .bind(token)
                 .bind(now)
-        };
-        entry(INSERT_ENTRY)
-            .execute(&mut **tx)
-            .await
-            .or_constraint()?;
+                .execute(&mut **tx)
+                .await
+                .or_constraint()?;
+        }
         Self::complete_ticket(tx, request, kind, status, &body, now).await?;
         Ok(StoredResponse { status, body })
     }
@@ -1274,6 +1263,14 @@ where
             .execute(&mut **tx)
             .await?;
         Ok(())
+    }
+}
+
+/// The refusal of `request`'s token, which the account's `recorded` one already passed.
+fn stale(request: &ApplyRequest<'_>, recorded: i64) -> ApplyError {
+    ApplyError::StaleToken {
+        presented: request.fencing_token,
+        recorded: recorded.max(0).unsigned_abs(),
     }
 }
 

@@ -291,6 +291,34 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
     })
 }
 
+/// How many times the Redis server at `url` has run the `commands` (lower case, as `INFO
+/// commandstats` names them: `set`, `evalsha`, …), summed.
+pub async fn command_calls(url: &str, commands: &[&str]) -> Result<u64, BoxError> {
+    let mut connection = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await?;
+    Ok(info
+        .lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            if !commands.contains(&name) {
+                return None;
+            }
+            stats
+                .split_once("calls=")?
+                .1
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum())
+}
+
 /// The median (the upper one of an even count).
 pub fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);

@@ -118,14 +118,16 @@ async fn main() -> Result<(), BoxError> {
             rtts.push(rtt);
         }
         let before = if redis {
-            script_calls(&args.urls.redis).await?
+            measure::command_calls(&args.urls.redis, SCRIPT_CALLS).await?
         } else {
             0
         };
         let run = measure::measure(&locks, load(&args)).await?;
         if redis {
             let pairs = run.pairs as f64;
-            let calls = script_calls(&args.urls.redis).await?.saturating_sub(before);
+            let calls = measure::command_calls(&args.urls.redis, SCRIPT_CALLS)
+                .await?
+                .saturating_sub(before);
             commands_per_pair.push(calls as f64 / pairs);
         }
         println!(
@@ -278,6 +280,10 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The commands payonce's lock sends Redis: its scripts, by EVALSHA (or EVAL, the first
+/// time a script is not cached).
+const SCRIPT_CALLS: &[&str] = &["evalsha", "eval"];
+
 /// What `redis-benchmark` does at the same connection count, as acquire+release pairs.
 struct RawLimits {
     /// SET NX PX, then EVALSHA of the plain compare-and-delete.
@@ -408,27 +414,4 @@ async fn median_ping_us(url: &str) -> Result<f64, BoxError> {
         samples.push(sent.elapsed().as_secs_f64() * 1e6);
     }
     Ok(median(samples))
-}
-
-/// Script calls the server has run (EVALSHA + EVAL), from INFO commandstats.
-async fn script_calls(url: &str) -> Result<u64, BoxError> {
-    let mut connection = redis::Client::open(url)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection)
-        .await?;
-    Ok(info
-        .lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split_once("calls=")?
-                .1
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum())
 }
