@@ -8,11 +8,10 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use ledger::TicketId;
-use std::time::Duration;
 use tokio::sync::OwnedMutexGuard;
-
 use tokio::time::{Instant, timeout_at};
 
 type Flight = Arc<tokio::sync::Mutex<()>>;
