@@ -87,6 +87,24 @@ pub async fn open_accounts(address: &str, count: usize) -> Result<Vec<(Uuid, Str
     Ok(accounts)
 }
 
+/// Reads every account once through `address`, so that instance knows their keys (it
+/// keeps the keys it has verified) before it is measured.
+pub async fn know_keys(address: &str, accounts: &[(Uuid, String)]) -> Result<(), BoxError> {
+    let client = reqwest::Client::new();
+    for chunk in accounts.chunks(32) {
+        let reads = chunk.iter().map(|(id, key)| {
+            client
+                .get(format!("{address}/v1/accounts/{id}"))
+                .bearer_auth(key)
+                .send()
+        });
+        for response in futures::future::join_all(reads).await {
+            response?.error_for_status()?;
+        }
+    }
+    Ok(())
+}
+
 /// Tickets inserted straight into the ledger's table, spread over the accounts.
 pub async fn issue_tickets(
     raw: &sqlx::PgPool,
@@ -120,13 +138,15 @@ fn rand_index(len: usize) -> usize {
 }
 
 /// `wrk` with `connections` connections (and up to two threads) for `seconds`, each
-/// request a withdrawal of 1 with the next of `tickets` — used ones are replayed; fails if
-/// any was not a 201 or the tickets ran out.
+/// request a withdrawal of 1 with the next of `tickets` — used ones are replayed, and with
+/// `wrap` the list starts over when it runs out; fails if any was not a 201 or the
+/// tickets ran out.
 pub fn wrk(
     address: &str,
     tickets: &[(Uuid, String, Uuid)],
     connections: usize,
     seconds: u64,
+    wrap: bool,
 ) -> Result<Withdrawals, BoxError> {
     let file = std::env::temp_dir().join(format!("payonce-bench-{}.txt", Uuid::new_v4().simple()));
     let lines: String = tickets
@@ -148,6 +168,7 @@ pub fn wrk(
         .args(["--timeout", "10s", "-s", script, address, "--"])
         .arg(&file)
         .arg(&threads)
+        .args(wrap.then_some("wrap"))
         .output();
     let _ = std::fs::remove_file(&file);
     let output =

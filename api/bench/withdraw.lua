@@ -15,6 +15,8 @@ end
 
 function init(args)
   local path, stride = args[1], tonumber(args[2])
+  -- "wrap": start the list over when it runs out (replays of used tickets).
+  wrap = args[3] == "wrap"
   tickets = {}
   local line_number = 0
   for line in io.lines(path) do
@@ -29,6 +31,9 @@ function init(args)
 end
 
 function request()
+  if wrap and next_ticket > #tickets then
+    next_ticket = 1
+  end
   local t = tickets[next_ticket]
   if t == nil then
     -- Ran out: ask for something cheap that will not count as a withdrawal.

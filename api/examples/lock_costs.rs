@@ -334,7 +334,7 @@ async fn http_withdrawals(
         let tickets = http::issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000).await?;
         sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
         raw.close().await;
-        let measured = http::wrk(&server.address, &tickets, args.clients, args.seconds);
+        let measured = http::wrk(&server.address, &tickets, args.clients, args.seconds, false);
         server.stop().await?;
         measured
     }

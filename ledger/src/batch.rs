@@ -46,6 +46,11 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 ///   batches never deadlock with each other or with it. `judged` reads the clock only
 ///   once both lock scans are done (its counts need every row), and the moves need that
 ///   reading — so every lock is held before any spend is judged.
+/// - **Only what it may write is locked**: tickets not used yet, and their accounts. A
+///   used ticket is read, not locked, so a replay writes nothing and its commit waits for
+///   no flush. A ticket another transaction uses while the statement waits for it drops
+///   out of the lock scan; it comes back as the snapshot saw it (unused), not written,
+///   and the transaction path judges it again.
 /// - **One spend per account and per ticket.** The statement's parts see one snapshot,
 ///   not each other's writes: two spends of one account would both be judged on its
 ///   balance before either. The batcher sends distinct ones only; `judged` checks it again
@@ -61,7 +66,8 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 /// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
 /// stand-ins. Returns, in the order given, whether the spend was written, its ticket's
 /// columns (NULL when there is no such ticket) with `read_at`, and the fencing token its
-/// account had recorded when locked (`recorded_token`; NULL for no such account).
+/// account had recorded when locked (`recorded_token`; NULL when the account was not
+/// locked: no such account, or no unused ticket to spend on it).
 const APPLY_SPENDS: &str = "
     WITH spends AS (
         SELECT *
@@ -69,10 +75,15 @@ const APPLY_SPENDS: &str = "
                     $6::bigint[], $7::bigint[], $8::text[], $9::text[])
              WITH ORDINALITY AS s (ticket_id, account_id, kind, debit, credit, spent, token,
                                    fingerprint, body, slot)
+    ), found_tickets AS (
+        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[])
     ), locked_tickets AS (
-        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[]) ORDER BY t.id FOR UPDATE
+        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
+        ORDER BY t.id FOR UPDATE
     ), locked_accounts AS (
-        SELECT a.id, a.fencing_token FROM accounts AS a WHERE a.id = ANY ($2::uuid[])
+        SELECT a.id, a.fencing_token FROM accounts AS a
+        WHERE a.id IN (SELECT s.account_id FROM spends AS s
+                       JOIN locked_tickets AS t ON t.id = s.ticket_id)
         ORDER BY a.id FOR NO KEY UPDATE
     ), judged AS (
         SELECT clock_timestamp() AS read_at,
@@ -108,18 +119,27 @@ const APPLY_SPENDS: &str = "
         RETURNING t.*
     )
     SELECT c.id IS NOT NULL AS applied,
-           coalesce(c.id, t.id) AS id,
-           coalesce(c.account_id, t.account_id) AS account_id,
-           coalesce(c.created_at, t.created_at) AS created_at,
-           coalesce(c.expires_at, t.expires_at) AS expires_at,
-           coalesce(c.operation, t.operation) AS operation,
-           coalesce(c.fingerprint, t.fingerprint) AS fingerprint,
-           coalesce(c.response_status, t.response_status) AS response_status,
-           coalesce(c.response_body, t.response_body) AS response_body,
-           coalesce(c.completed_at, t.completed_at) AS completed_at,
+           coalesce(c.id, t.id, f.id) AS id,
+           coalesce(c.account_id, t.account_id, f.account_id) AS account_id,
+           coalesce(c.created_at, t.created_at, f.created_at) AS created_at,
+           coalesce(c.expires_at, t.expires_at, f.expires_at) AS expires_at,
+           CASE WHEN c.id IS NOT NULL THEN c.operation
+                WHEN t.id IS NOT NULL THEN t.operation ELSE f.operation END AS operation,
+           CASE WHEN c.id IS NOT NULL THEN c.fingerprint
+                WHEN t.id IS NOT NULL THEN t.fingerprint ELSE f.fingerprint END AS fingerprint,
+           CASE WHEN c.id IS NOT NULL THEN c.response_status
+                WHEN t.id IS NOT NULL THEN t.response_status ELSE f.response_status END
+               AS response_status,
+           CASE WHEN c.id IS NOT NULL THEN c.response_body
+                WHEN t.id IS NOT NULL THEN t.response_body ELSE f.response_body END
+               AS response_body,
+           CASE WHEN c.id IS NOT NULL THEN c.completed_at
+                WHEN t.id IS NOT NULL THEN t.completed_at ELSE f.completed_at END
+               AS completed_at,
            j.read_at,
            la.fencing_token AS recorded_token
     FROM spends AS s
+         LEFT JOIN found_tickets AS f ON f.id = s.ticket_id
          LEFT JOIN locked_tickets AS t ON t.id = s.ticket_id
          LEFT JOIN completed AS c ON c.id = s.ticket_id
          LEFT JOIN locked_accounts AS la ON la.id = s.account_id

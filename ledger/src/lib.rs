@@ -231,10 +231,19 @@ impl Ledger {
         // the paused holder's next statement fails as unavailable. The ledger's
         // transactions never wait on anything between their statements, so a healthy
         // client is nowhere near this. (statement_timeout is deliberately not set.)
-        let connect = PgConnectOptions::from_str(url)?.options([(
-            "idle_in_transaction_session_timeout",
-            IDLE_IN_TRANSACTION_TIMEOUT,
-        )]);
+        //
+        // Generic plans: every statement of the ledger is parameterised and finds its rows
+        // by key, so one plan per statement fits every call. Left to choose, the server
+        // keeps planning the group commit's large statement afresh at every call (its
+        // custom plans look cheaper than the generic one for small batches), which costs
+        // more than running it.
+        let connect = PgConnectOptions::from_str(url)?.options([
+            (
+                "idle_in_transaction_session_timeout",
+                IDLE_IN_TRANSACTION_TIMEOUT,
+            ),
+            ("plan_cache_mode", "force_generic_plan"),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)

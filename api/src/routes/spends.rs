@@ -337,7 +337,16 @@ impl Spend<'_> {
                 let _ = guard.release().await;
                 return Err(ApiError::LockLost);
             }
-            let applied = self.apply(&lock_key, &guard).await;
+            let applied = match self.apply(&lock_key, &guard).await {
+                Ok(applied) if applied.replayed => {
+                    // Nothing was written, so the answer need not wait for the release:
+                    // dropping the guard gives the lock back in the background.
+                    drop(guard);
+                    self.state.metrics().replayed();
+                    return Ok(stored_response(applied.response, true));
+                }
+                applied => applied,
+            };
             let still_held = match guard.release().await {
                 Ok(held) => held,
                 Err(error) => {
@@ -347,12 +356,8 @@ impl Spend<'_> {
             };
             return match applied {
                 Ok(applied) => {
-                    if applied.replayed {
-                        self.state.metrics().replayed();
-                    } else {
-                        self.state.metrics().executed();
-                    }
-                    Ok(stored_response(applied.response, applied.replayed))
+                    self.state.metrics().executed();
+                    Ok(stored_response(applied.response, false))
                 }
                 Err(ApplyError::StaleToken { .. }) if still_held && !retried => {
                     // We held the lock all along, so no newer holder wrote: the token was

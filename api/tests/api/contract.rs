@@ -754,7 +754,7 @@ pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let slow = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=1200ms")]);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.until_locks_taken(1.0).await;
     let response = app.withdraw(&ada, &ticket, 100).await;
     assert_problem(response, StatusCode::CONFLICT, "request-in-progress").await;
     let (status, _, original) = read(slow.await.unwrap()).await;
@@ -773,7 +773,7 @@ pub async fn busy_account_is_409_account_busy(backend: Backend) {
     let ada = app.create_account(1000, 0).await;
     let (first, second) = (app.ticket(&ada).await, app.ticket(&ada).await);
     let slow = app.spawn_withdrawal(&ada, &first, 100, &[("payonce-fault", "pause=1s")]);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.until_locks_taken(1.0).await;
     let response = app.withdraw(&ada, &second, 100).await;
     assert_problem(response, StatusCode::CONFLICT, "account-busy").await;
     assert_eq!(slow.await.unwrap().status(), StatusCode::CREATED);
@@ -1031,7 +1031,7 @@ pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
     let in_flight = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=500ms")]);
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    app.until_locks_taken(1.0).await;
     let ledger = app.state.ledger().clone();
     // Stopping drops the app's hold on its database; the embedded one is a temporary file.
     let _database = Arc::clone(&app.shared);

@@ -387,6 +387,19 @@ impl TestApp {
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
+
+    /// Waits until `count` spends in all have taken their account's lock (the lock-wait
+    /// histogram counts one per grant) — rather than guessing how long a request takes
+    /// to get there on a loaded machine.
+    pub async fn until_locks_taken(&self, count: f64) {
+        for _ in 0..1000 {
+            if self.metric("payonce_lock_wait_seconds_count").await >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("{count} locks were not taken within 10 s");
+    }
 }
 
 /// Status, replay header and JSON body of a response.

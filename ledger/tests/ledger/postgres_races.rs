@@ -519,3 +519,48 @@ async fn spends_of_one_account_go_one_per_batch_and_stale_ones_write_nothing() {
     assert_eq!(balance, 1000 - 10 * written);
     assert_clean(&ledger).await;
 }
+
+/// A spend whose ticket another transaction is using waits for that ticket; the other
+/// commits the use. The spend must answer with that stored outcome and move nothing: the
+/// group commit's statement finds the ticket used only after its snapshot was taken, and
+/// hands the spend to the transaction path, which judges the ticket again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_ticket_used_while_the_spend_waits_for_it_is_replayed() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    withdraw_by_hand(&mut tx, account_id, ticket, 300, 700, 1).await;
+    let spending = tokio::spawn({
+        let ledger = ledger.clone();
+        async move {
+            apply(&ledger, account_id, ticket, withdrawal(300), "by-hand", 2)
+                .await
+                .unwrap()
+        }
+    });
+    assert!(
+        blocked_or_finished(&mut monitor, &spending).await,
+        "the spend finished without waiting for its ticket: {:?}",
+        spending.await
+    );
+    tx.commit().await.unwrap();
+
+    let applied = spending.await.unwrap();
+    assert!(applied.replayed, "{applied:?}");
+    assert_eq!(applied.response.body, serde_json::json!({"by": "hand"}));
+    assert!(
+        batched_spends(&ledger) > 0,
+        "the spend skipped the group commit"
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    assert_eq!(ledger.entries(account_id, None, 10).await.unwrap().len(), 2);
+    assert_clean(&ledger).await;
+}
