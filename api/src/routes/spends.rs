@@ -16,7 +16,8 @@
 //! 3. apply in the ledger with the lock's fencing token: the ledger judges the ticket
 //!    (replay, 422, 404, 410 as above) and stores the outcome under it in the same
 //!    transaction as the money moves;
-//! 4. release the lock and answer. A stale fencing token stores nothing; the lock's token
+//! 4. release the lock and answer (a replay, which wrote nothing, answers first and lets
+//!    the lock go behind it). A stale fencing token stores nothing; the lock's token
 //!    counter is raised to what the ledger has seen (before the release, so the next
 //!    holder's token is accepted). If we still held the lock, the counter had merely
 //!    been behind (a lock store that lost its counters) and the spend runs once more with
