@@ -39,8 +39,12 @@ pub enum Rule {
     /// Every entry's ticket exists (used tickets are never deleted).
     EntryHasTicket,
     /// Fencing tokens never go backwards: along an account's entries, and the account's
-    /// recorded token is at least every entry's.
+    /// recorded token is at least every entry's (order payments, fenced by their order's
+    /// lock, are held to their order's token instead).
     FencingTokenOnlyGrows,
+    /// An order is paid iff it has exactly one payment entry: of its amount, on its
+    /// account, by the ticket the order names, with a token the order recorded.
+    OrderPaidOnce,
     /// Exactly one opening entry per account, and it comes first.
     OpeningEntry,
     /// An entry's signs fit its kind (withdrawals take money, deposits add it, draws spend
@@ -69,9 +73,13 @@ pub(crate) const RUNNING: &str = "
         SELECT id, account_id, ticket_id, balance_after, points_after, fencing_token,
                CAST(SUM(amount) OVER running AS BIGINT) AS running_balance,
                CAST(SUM(points) OVER running AS BIGINT) AS running_points,
-               LAG(fencing_token) OVER running AS previous_token
+               CASE WHEN kind = 'order_payment' THEN NULL
+                    ELSE LAG(fencing_token) OVER fenced END AS previous_token
         FROM entries
-        WINDOW running AS (PARTITION BY account_id ORDER BY id)
+        WINDOW running AS (PARTITION BY account_id ORDER BY id),
+               -- The entries fenced by the account's lock; order payments carry their
+               -- order's token, from another counter.
+               fenced AS (PARTITION BY account_id, kind = 'order_payment' ORDER BY id)
     ) chain
     WHERE balance_after <> running_balance
        OR points_after <> running_points
@@ -104,7 +112,7 @@ pub(crate) const ORPHAN_ENTRIES: &str = "
 
 pub(crate) const ACCOUNT_TOKENS: &str = "
     SELECT a.id, a.fencing_token, MAX(e.fencing_token)
-    FROM accounts a JOIN entries e ON e.account_id = a.id
+    FROM accounts a JOIN entries e ON e.account_id = a.id AND e.kind <> 'order_payment'
     GROUP BY a.id, a.fencing_token
     HAVING MAX(e.fencing_token) > a.fencing_token
     LIMIT 1000";
@@ -128,4 +136,18 @@ pub(crate) const SIGNS: &str = "
        OR (kind = 'deposit' AND (amount <= 0 OR points <> 0))
        OR (kind = 'lottery_draw' AND (amount < 0 OR points >= 0))
        OR (kind = 'opening' AND (amount < 0 OR points < 0))
+       OR (kind = 'order_payment' AND (amount >= 0 OR points <> 0))
+    LIMIT 1000";
+
+pub(crate) const ORDERS: &str = "
+    SELECT o.id, o.account_id, e.ticket_id, o.paid_by_ticket, o.amount,
+           e.amount, CAST((SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) AS BIGINT)
+    FROM orders o LEFT JOIN entries e ON e.order_id = o.id
+    WHERE (o.paid_by_ticket IS NULL) <> (e.id IS NULL)
+       OR e.ticket_id <> o.paid_by_ticket
+       OR e.amount <> -o.amount
+       OR e.account_id <> o.account_id
+       OR e.kind <> 'order_payment'
+       OR e.fencing_token > o.fencing_token
+       OR (SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) > 1
     LIMIT 1000";

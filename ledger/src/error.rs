@@ -178,6 +178,10 @@ pub enum ApplyError {
         /// The highest token the account has accepted.
         recorded: u64,
     },
+    /// No such order, or another account's, or not of the amount presented. Nothing was
+    /// stored; the ticket stays usable.
+    #[error("unknown order")]
+    UnknownOrder,
     /// The ledger failed.
     #[error(transparent)]
     Ledger(#[from] LedgerError),

@@ -10,7 +10,8 @@
 //! - `batch.rs`: PostgreSQL's group commit — concurrent spends gathered into one statement
 //!   ([`Batches`] counts their sizes).
 //! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
-//!   [`NewAccount`]), [`Ticket`], [`Entry`], [`Operation`], outcomes.
+//!   [`NewAccount`], [`NewOrder`]), [`Ticket`], [`Order`], [`Entry`], [`Operation`],
+//!   outcomes.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants and the queries that check them.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
@@ -53,8 +54,8 @@ pub use batch::Batches;
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
-    Judgement, MAX_AMOUNT, NewAccount, Operation, OperationResult, Outcome, PointsToSpend, Refusal,
-    Renderer, StoredResponse, Ticket, TicketId, TicketState,
+    Judgement, MAX_AMOUNT, NewAccount, NewOrder, Operation, OperationResult, Order, OrderId,
+    Outcome, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId, TicketState,
 };
 
 use db_types::Timestamp;
@@ -125,7 +126,8 @@ pub struct UnguardedRead {
 fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, i64, i64) {
     let (balance, points) = (read.balance, read.points);
     match operation {
-        Operation::Withdrawal(amount) => {
+        // (The API runs order payments fenced only; the arm keeps the match whole.)
+        Operation::Withdrawal(amount) | Operation::OrderPayment { amount, .. } => {
             let amount = amount.get();
             let result = if balance >= amount {
                 OperationResult::Applied {
@@ -367,6 +369,22 @@ impl Ledger {
     /// A ticket and, once used, its outcome.
     pub async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError> {
         self.store.ticket(id).await
+    }
+
+    /// Places an order for `account_id` to pay once.
+    pub async fn create_order(
+        &self,
+        account_id: AccountId,
+        new: &NewOrder,
+    ) -> Result<Order, LedgerError> {
+        self.store
+            .create_order(account_id, new, Timestamp::now())
+            .await
+    }
+
+    /// An order, paid or open.
+    pub async fn order(&self, id: OrderId) -> Result<Option<Order>, LedgerError> {
+        self.store.order(id).await
     }
 
     /// Up to `limit` of an account's entries with ids above `after`, oldest first.

@@ -27,6 +27,27 @@ pub struct AccountId(pub Uuid);
 #[sqlx(transparent)]
 pub struct TicketId(pub Uuid);
 
+/// An order's identifier.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct OrderId(pub Uuid);
+
+impl OrderId {
+    /// A fresh random id.
+    pub fn random() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl std::fmt::Display for OrderId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl AccountId {
     /// A fresh random identifier.
     pub fn random() -> Self {
@@ -74,6 +95,12 @@ pub enum InvalidInput {
     /// Negative opening points.
     #[error("opening points must not be negative, got {0}")]
     OpeningPoints(i64),
+    /// An order description longer than 200 characters.
+    #[error("description must be at most 200 characters, got {0}")]
+    DescriptionLength(usize),
+    /// An order description with a NUL character.
+    #[error("description must not contain a NUL character")]
+    DescriptionNul,
 }
 
 /// Money moved by one request, in minor units: 1 ..= [`MAX_AMOUNT`].
@@ -176,6 +203,15 @@ pub enum Operation {
     Deposit(Amount),
     /// Spend points on a draw from the prize table; the prize may credit money.
     LotteryDraw(PointsToSpend),
+    /// Pay an order of the account: its amount out, once for the order whatever the
+    /// ticket. `amount` is the order's, as the caller read it; the ledger checks it
+    /// against the order it locks.
+    OrderPayment {
+        /// The order.
+        order: OrderId,
+        /// Its amount.
+        amount: Amount,
+    },
 }
 
 impl Operation {
@@ -185,6 +221,7 @@ impl Operation {
             Self::Withdrawal(_) => EntryKind::Withdrawal,
             Self::Deposit(_) => EntryKind::Deposit,
             Self::LotteryDraw(_) => EntryKind::LotteryDraw,
+            Self::OrderPayment { .. } => EntryKind::OrderPayment,
         }
     }
 }
@@ -201,6 +238,8 @@ pub enum EntryKind {
     Withdrawal,
     /// Points out, possibly money in.
     LotteryDraw,
+    /// Money out, paying an order.
+    OrderPayment,
 }
 
 impl EntryKind {
@@ -211,6 +250,7 @@ impl EntryKind {
             Self::Deposit => "deposit",
             Self::Withdrawal => "withdrawal",
             Self::LotteryDraw => "lottery_draw",
+            Self::OrderPayment => "order_payment",
         }
     }
 
@@ -220,6 +260,7 @@ impl EntryKind {
             Self::Deposit,
             Self::Withdrawal,
             Self::LotteryDraw,
+            Self::OrderPayment,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)
@@ -356,9 +397,67 @@ pub struct Entry {
     pub balance_after: i64,
     /// The points after this entry.
     pub points_after: i64,
-    /// The lock fencing token the write carried (0 for the opening entry).
+    /// The lock fencing token the write carried (0 for the opening entry): of the
+    /// account's lock, or for an order payment of the order's.
     pub fencing_token: u64,
+    /// The order an order payment paid.
+    pub order_id: Option<OrderId>,
     /// When it was written.
+    pub created_at: OffsetDateTime,
+}
+
+/// A new order: an amount of 1 to 10^12 minor units and a description of at most 200
+/// characters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NewOrder {
+    amount: Amount,
+    description: String,
+}
+
+impl NewOrder {
+    /// Checks the description's length (the amount is checked by [`Amount`]).
+    pub fn new(amount: Amount, description: impl Into<String>) -> Result<Self, InvalidInput> {
+        let description = description.into();
+        let length = description.chars().count();
+        if length > 200 {
+            return Err(InvalidInput::DescriptionLength(length));
+        }
+        if description.contains('\0') {
+            return Err(InvalidInput::DescriptionNul);
+        }
+        Ok(Self {
+            amount,
+            description,
+        })
+    }
+
+    /// The amount.
+    pub fn amount(&self) -> Amount {
+        self.amount
+    }
+
+    /// The description.
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+}
+
+/// An order: an amount its account pays once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Order {
+    /// Its identifier.
+    pub id: OrderId,
+    /// The account that owes it; only that account may read or pay it.
+    pub account_id: AccountId,
+    /// The amount, in minor units.
+    pub amount: Amount,
+    /// What it is for (may be empty).
+    pub description: String,
+    /// The ticket that paid it, once paid.
+    pub paid_by_ticket: Option<TicketId>,
+    /// When it was paid.
+    pub paid_at: Option<OffsetDateTime>,
+    /// When it was placed.
     pub created_at: OffsetDateTime,
 }
 
@@ -380,6 +479,11 @@ pub enum Refusal {
     BalanceLimit {
         /// The balance at the time.
         balance: i64,
+    },
+    /// The order was paid already, by another ticket.
+    OrderAlreadyPaid {
+        /// The ticket that paid it.
+        paid_by: TicketId,
     },
 }
 
@@ -403,7 +507,7 @@ pub enum OperationResult {
 
 impl OperationResult {
     /// The HTTP status this outcome is stored with: 201 applied, 402 not enough money or
-    /// points, 422 a balance that would overflow.
+    /// points, 422 a balance that would overflow, 409 an order paid already.
     pub fn status(&self) -> u16 {
         match self {
             Self::Applied { .. } => 201,
@@ -411,6 +515,7 @@ impl OperationResult {
                 Refusal::InsufficientFunds { .. } | Refusal::InsufficientPoints { .. },
             ) => 402,
             Self::Refused(Refusal::BalanceLimit { .. }) => 422,
+            Self::Refused(Refusal::OrderAlreadyPaid { .. }) => 409,
         }
     }
 }

@@ -18,8 +18,9 @@ use crate::db_types::Timestamp;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown, is_dead_connection};
 use crate::lottery;
 use crate::model::{
-    Account, AccountId, Applied, ApplyRequest, Entry, EntryKind, Judgement, NewAccount, Operation,
-    OperationResult, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Judgement, NewAccount,
+    NewOrder, Operation, OperationResult, Order, OrderId, Outcome, Refusal, Renderer,
+    StoredResponse, Ticket, TicketId,
 };
 
 /// What differs between the two databases.
@@ -42,6 +43,9 @@ pub(crate) trait Dialect: Database {
     /// An account's balance, points and recorded fencing token, from its latest version,
     /// locked until the transaction ends. Parameter: $1 account.
     const LOCK_ACCOUNT: &'static str;
+    /// An order's account, amount, recorded fencing token and paying ticket, from its
+    /// latest version, locked until the transaction ends. Parameter: $1 order.
+    const LOCK_ORDER: &'static str;
     /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_UNUSED: &'static str;
@@ -102,6 +106,12 @@ macro_rules! ticket_columns {
     };
 }
 
+/// The columns of an order, in [`OrderRow`]'s order.
+macro_rules! order_columns {
+    () => {
+        "id, account_id, amount, description, fencing_token, paid_by_ticket, paid_at, created_at"
+    };
+}
 /// PostgreSQL's clock. `clock_timestamp()`, not `now()`: `now()` is the transaction's
 /// start, which may precede a wait for a row lock by seconds.
 macro_rules! pg_clock {
@@ -150,6 +160,11 @@ impl Dialect for sqlx::Postgres {
     );
     const LOCK_ACCOUNT: &'static str =
         "SELECT balance, points, fencing_token FROM accounts WHERE id = $1 FOR UPDATE";
+    const LOCK_ORDER: &'static str = concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 FOR UPDATE"
+    );
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
 }
@@ -185,6 +200,8 @@ impl Dialect for sqlx::Sqlite {
     // The transaction's write lock covers the whole database.
     const LOCK_ACCOUNT: &'static str =
         "SELECT balance, points, fencing_token FROM accounts WHERE id = $1";
+    const LOCK_ORDER: &'static str =
+        concat!("SELECT ", order_columns!(), " FROM orders WHERE id = $1");
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
 }
@@ -208,6 +225,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Ticket, LedgerError>;
     async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError>;
+    async fn create_order(
+        &self,
+        account_id: AccountId,
+        new: &NewOrder,
+        now: Timestamp,
+    ) -> Result<Order, LedgerError>;
+    async fn order(&self, id: OrderId) -> Result<Option<Order>, LedgerError>;
     async fn entries(
         &self,
         account_id: AccountId,
@@ -337,6 +361,36 @@ impl<D: Database> fmt::Debug for SqlStore<D> {
 }
 
 #[derive(FromRow)]
+pub(crate) struct OrderRow {
+    id: OrderId,
+    account_id: AccountId,
+    amount: i64,
+    description: String,
+    fencing_token: i64,
+    paid_by_ticket: Option<TicketId>,
+    paid_at: Option<Timestamp>,
+    created_at: Timestamp,
+}
+
+impl TryFrom<OrderRow> for Order {
+    type Error = LedgerError;
+
+    fn try_from(row: OrderRow) -> Result<Self, LedgerError> {
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            amount: Amount::new(row.amount).map_err(|_| {
+                LedgerError::Corrupt(format!("order {}: amount {}", row.id, row.amount))
+            })?,
+            description: row.description,
+            paid_by_ticket: row.paid_by_ticket,
+            paid_at: row.paid_at.map(|at| at.0),
+            created_at: row.created_at.0,
+        })
+    }
+}
+
+#[derive(FromRow)]
 struct AccountRow {
     id: AccountId,
     name: String,
@@ -429,6 +483,7 @@ struct EntryRow {
     points_after: i64,
     fencing_token: i64,
     created_at: Timestamp,
+    order_id: Option<OrderId>,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -450,6 +505,7 @@ impl TryFrom<EntryRow> for Entry {
                 LedgerError::Corrupt(format!("entry {}: token {}", row.id, row.fencing_token))
             })?,
             created_at: row.created_at.0,
+            order_id: row.order_id,
         })
     }
 }
@@ -458,6 +514,32 @@ const INSERT_ENTRY: &str = "
     INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
                          points_after, fencing_token, created_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+
+/// An order payment's entry: [`INSERT_ENTRY`]'s parameters ($5, points, is 0) and $10
+/// the order.
+const INSERT_ORDER_PAYMENT: &str = "
+    INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                         points_after, fencing_token, created_at, order_id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+
+/// An order payment's move: the order's amount out of the account if the balance covers
+/// it. No fencing token here — the lock the payer holds is the order's, whose token is
+/// checked and recorded on the order; the balance is still only ever changed by a
+/// conditional update, so payments and withdrawals of one account cannot overdraw it
+/// between them. Parameters: $1 account, $2 amount.
+const MOVE_FOR_ORDER: &str = "
+    UPDATE accounts SET balance = balance - $2
+    WHERE id = $1 AND balance >= $2
+    RETURNING balance, points";
+
+/// Records an order payment attempt's token (checked newer by the caller, on the locked
+/// row) and, when it paid, the paying ticket. Parameters: $1 order, $2 token, $3 paying
+/// ticket or NULL, $4 when or NULL.
+const RECORD_ORDER: &str = "
+    UPDATE orders
+    SET fencing_token = $2, paid_by_ticket = coalesce($3, paid_by_ticket),
+        paid_at = coalesce($4, paid_at)
+    WHERE id = $1 AND fencing_token < $2";
 
 /// The operation as one conditional update: it moves the money and points and records the
 /// fencing token only if the token is newer than any the account accepted, the balance
@@ -520,6 +602,9 @@ where
     for<'r> AccountRow: FromRow<'r, D::Row>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> EntryRow: FromRow<'r, D::Row>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'q> OrderId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
 {
     async fn create_account(
@@ -625,6 +710,46 @@ where
         self.ticket_row(id).await?.map(Ticket::try_from).transpose()
     }
 
+    async fn create_order(
+        &self,
+        account_id: AccountId,
+        new: &NewOrder,
+        now: Timestamp,
+    ) -> Result<Order, LedgerError> {
+        let id = OrderId::random();
+        let query = || {
+            sqlx::query_as::<_, OrderRow>(concat!(
+                "INSERT INTO orders (id, account_id, amount, description, fencing_token, created_at)
+                 VALUES ($1, $2, $3, $4, 0, $5)
+                 RETURNING ",
+                order_columns!()
+            ))
+            .bind(id)
+            .bind(account_id)
+            .bind(new.amount().get())
+            .bind(new.description())
+            .bind(now)
+            .fetch_one(&self.pool)
+        };
+        Order::try_from(self.on_live_connection(query).await.or_constraint()?)
+    }
+
+    async fn order(&self, id: OrderId) -> Result<Option<Order>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, OrderRow>(concat!(
+                "SELECT ",
+                order_columns!(),
+                " FROM orders WHERE id = $1"
+            ))
+            .bind(id)
+            .fetch_optional(&self.pool)
+        };
+        self.on_live_connection(query)
+            .await?
+            .map(Order::try_from)
+            .transpose()
+    }
+
     async fn entries(
         &self,
         account_id: AccountId,
@@ -634,7 +759,7 @@ where
         let query = || {
             sqlx::query_as::<_, EntryRow>(
                 "SELECT id, account_id, ticket_id, kind, amount, points, balance_after, points_after,
-                        fencing_token, created_at
+                        fencing_token, created_at, order_id
                  FROM entries WHERE account_id = $1 AND id > $2
                  ORDER BY id LIMIT $3",
             )
@@ -653,6 +778,11 @@ where
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         let token = token_to_sql(request.fencing_token)?;
+        if let Operation::OrderPayment { order, amount } = request.operation {
+            return self
+                .pay_order_in_transaction(request, order, amount, token, render)
+                .await;
+        }
         let planned = Planned::of(request.operation);
         if let Some(batcher) = &self.batcher
             && let Some(answer) =
@@ -839,6 +969,28 @@ where
             );
         }
 
+        type Paid = (
+            OrderId,
+            AccountId,
+            Option<TicketId>,
+            Option<TicketId>,
+            i64,
+            Option<i64>,
+            i64,
+        );
+        let rows: Vec<Paid> = sqlx::query_as(audit::ORDERS).fetch_all(pool).await?;
+        for (order, account, ticket, paid_by, amount, entry_amount, payments) in rows {
+            let state = paid_by.map_or("open".to_owned(), |paid_by| format!("paid by {paid_by}"));
+            report(
+                Rule::OrderPaidOnce,
+                Some(account),
+                ticket.or(paid_by),
+                format!(
+                    "order {order} of {amount}, {state}: {payments} payment entries (this one's amount {entry_amount:?})"
+                ),
+            );
+        }
+
         Ok(found)
     }
 
@@ -982,6 +1134,12 @@ impl Planned {
                 spend: 0,
                 prize: None,
             },
+            Operation::OrderPayment { amount, .. } => Self {
+                debit: amount.get(),
+                credit: 0,
+                spend: 0,
+                prize: None,
+            },
             // Drawn before we know the ticket is usable; a replay simply discards it.
             Operation::LotteryDraw(points) => {
                 let prize = lottery::draw();
@@ -1034,6 +1192,10 @@ where
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'q> OrderId: Encode<'q, D> + Type<D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
 {
@@ -1148,6 +1310,107 @@ where
         commit_or_unknown(tx).await?;
         Ok(Applied {
             response,
+            replayed: false,
+        })
+    }
+
+    /// An order payment, on the transaction path (both databases): the ticket locked and
+    /// judged as for every spend; then the order locked, its fencing token checked and
+    /// recorded (the payer holds the order's lock, not the account's); an order already
+    /// paid refused with 409, stored; else the amount taken from the account by a
+    /// conditional update (402, stored, when the balance does not cover it — the order
+    /// stays open); and on success the entry, carrying the order, and the order marked
+    /// paid by this ticket. All in one transaction, with the outcome.
+    async fn pay_order_in_transaction(
+        &self,
+        request: &ApplyRequest<'_>,
+        order_id: OrderId,
+        amount: Amount,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
+            .bind(request.ticket_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let ticket = match judged(row, request) {
+            Ok(ticket) => ticket,
+            Err(answer) => return answer,
+        };
+        let now = Timestamp(ticket.read_at);
+        let order: OrderRow = sqlx::query_as(D::LOCK_ORDER)
+            .bind(order_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .filter(|order: &OrderRow| {
+                order.account_id == request.account_id && order.amount == amount.get()
+            })
+            .ok_or(ApplyError::UnknownOrder)?;
+        if order.fencing_token >= token {
+            return Err(stale(request, order.fencing_token));
+        }
+        let result = match order.paid_by_ticket {
+            Some(paid_by) => OperationResult::Refused(Refusal::OrderAlreadyPaid { paid_by }),
+            None => {
+                let moved: Option<(i64, i64)> = sqlx::query_as(MOVE_FOR_ORDER)
+                    .bind(request.account_id)
+                    .bind(amount.get())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                match moved {
+                    Some((balance, points)) => OperationResult::Applied {
+                        balance,
+                        points,
+                        credit: 0,
+                        prize: None,
+                    },
+                    None => {
+                        let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+                            .bind(request.account_id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        OperationResult::Refused(Refusal::InsufficientFunds { balance })
+                    }
+                }
+            }
+        };
+        let paid = matches!(result, OperationResult::Applied { .. });
+        sqlx::query(RECORD_ORDER)
+            .bind(order_id)
+            .bind(token)
+            .bind(paid.then_some(request.ticket_id))
+            .bind(paid.then_some(now))
+            .execute(&mut *tx)
+            .await
+            .or_constraint()?;
+        let status = result.status();
+        let body = render(&request.execution(&result));
+        let kind = EntryKind::OrderPayment.as_str();
+        if let OperationResult::Applied {
+            balance, points, ..
+        } = result
+        {
+            sqlx::query(INSERT_ORDER_PAYMENT)
+                .bind(request.account_id)
+                .bind(request.ticket_id)
+                .bind(kind)
+                .bind(-amount.get())
+                .bind(0_i64)
+                .bind(balance)
+                .bind(points)
+                .bind(token)
+                .bind(now)
+                .bind(order_id)
+                .execute(&mut *tx)
+                .await
+                .or_constraint()?;
+        }
+        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
+        commit_or_unknown(tx).await?;
+        Ok(Applied {
+            response: StoredResponse { status, body },
             replayed: false,
         })
     }

@@ -31,7 +31,13 @@ macro_rules! suite_for {
                 an_equal_fencing_token_is_refused,
                 expiry_is_judged_after_waiting_for_the_ticket,
                 the_stored_body_is_the_renderers_with_the_numbers_after,
-                a_body_with_the_balance_in_its_text_is_stored_as_rendered
+                a_body_with_the_balance_in_its_text_is_stored_as_rendered,
+                an_order_is_paid_once_whatever_the_ticket,
+                an_unaffordable_order_stays_open,
+                an_order_payment_is_checked_against_its_order,
+                concurrent_payments_of_one_order_pay_once,
+                an_order_payment_and_a_withdrawal_cannot_overdraw,
+                audit_finds_a_planted_order_paid_without_its_entry
             );
         }
     };

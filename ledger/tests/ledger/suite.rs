@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use ledger::testing::TestDatabase;
 use ledger::{
-    AccountId, Amount, Applied, ApplyError, ApplyRequest, Execution, Ledger, NewAccount, Operation,
-    OperationResult, PointsToSpend, Refusal, Renderer, Rule, TicketId, TicketState,
+    AccountId, Amount, Applied, ApplyError, ApplyRequest, EntryKind, Execution, Ledger, NewAccount,
+    NewOrder, Operation, OperationResult, Order, PointsToSpend, Refusal, Renderer, Rule, TicketId,
+    TicketState,
 };
 use serde_json::{Value, json};
 
@@ -23,6 +24,9 @@ fn render(execution: &Execution<'_>) -> Value {
             Some("/problems/insufficient-points")
         }
         OperationResult::Refused(Refusal::BalanceLimit { .. }) => Some("/problems/balance-limit"),
+        OperationResult::Refused(Refusal::OrderAlreadyPaid { .. }) => {
+            Some("/problems/order-already-paid")
+        }
     };
     let (kind, balance, points, credit, prize) = match *execution.result {
         OperationResult::Applied {
@@ -850,4 +854,252 @@ pub async fn a_body_with_the_balance_in_its_text_is_stored_as_rendered(database:
     assert!(replayed.replayed);
     assert_eq!(replayed.response, applied.response);
     assert_clean(&ledger).await;
+}
+
+async fn order(ledger: &Ledger, account_id: AccountId, amount: i64) -> Order {
+    let new = NewOrder::new(Amount::new(amount).unwrap(), "an order").unwrap();
+    ledger.create_order(account_id, &new).await.unwrap()
+}
+
+fn payment(order: &Order) -> Operation {
+    Operation::OrderPayment {
+        order: order.id,
+        amount: order.amount,
+    }
+}
+
+/// An order is paid by the first ticket that pays it; that ticket replays its 201, and
+/// every other ticket is refused with 409 — stored under it and replayed, nothing moved.
+pub async fn an_order_is_paid_once_whatever_the_ticket(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let placed = order(&ledger, account_id, 300).await;
+    let (first, second) = (
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+    );
+    let paid = apply(&ledger, account_id, first, payment(&placed), "pay", 1)
+        .await
+        .unwrap();
+    assert_eq!((paid.response.status, paid.replayed), (201, false));
+    assert_eq!(paid.response.body["balance"], 700);
+    let again = apply(&ledger, account_id, first, payment(&placed), "pay", 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.response.clone(), again.replayed),
+        (paid.response, true)
+    );
+
+    let refused = apply(&ledger, account_id, second, payment(&placed), "pay", 3)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 409, "{}", refused.response.body);
+    assert_eq!(
+        refused.response.body["type"],
+        json!("/problems/order-already-paid")
+    );
+    let replayed = apply(&ledger, account_id, second, payment(&placed), "pay", 4)
+        .await
+        .unwrap();
+    assert_eq!((replayed.response.status, replayed.replayed), (409, true));
+
+    let read = ledger.order(placed.id).await.unwrap().unwrap();
+    assert_eq!(read.paid_by_ticket, Some(first));
+    assert!(read.paid_at.is_some());
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    let payments: Vec<_> = entries
+        .iter()
+        .filter(|entry| entry.kind == EntryKind::OrderPayment)
+        .collect();
+    assert_eq!(payments.len(), 1, "{entries:#?}");
+    assert_eq!(
+        (
+            payments[0].order_id,
+            payments[0].ticket_id,
+            payments[0].amount
+        ),
+        (Some(placed.id), Some(first), -300)
+    );
+    assert_clean(&ledger).await;
+}
+
+/// An order the balance does not cover is refused with 402, stored under that ticket; the
+/// order stays open and a later ticket pays it once the money is there.
+pub async fn an_unaffordable_order_stays_open(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let placed = order(&ledger, account_id, 300).await;
+    let short = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let refused = apply(&ledger, account_id, short, payment(&placed), "pay", 1)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 402);
+    assert_eq!(
+        ledger
+            .order(placed.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .paid_by_ticket,
+        None
+    );
+    let top_up = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let deposit = Operation::Deposit(Amount::new(500).unwrap());
+    apply(&ledger, account_id, top_up, deposit, "d500", 1)
+        .await
+        .unwrap();
+    let later = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let paid = apply(&ledger, account_id, later, payment(&placed), "pay", 2)
+        .await
+        .unwrap();
+    assert_eq!(paid.response.status, 201, "{}", paid.response.body);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        300
+    );
+    assert_clean(&ledger).await;
+}
+
+/// Another account's order, or an amount that is not the order's, is no order: nothing is
+/// stored and the ticket stays usable. A token the order already saw is stale.
+pub async fn an_order_payment_is_checked_against_its_order(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let owner = account(&ledger, 1000, 0).await;
+    let other = account(&ledger, 1000, 0).await;
+    let placed = order(&ledger, owner, 300).await;
+    let ticket = ledger.issue_ticket(other, HOUR).await.unwrap().id;
+    let theirs = apply(&ledger, other, ticket, payment(&placed), "pay", 1).await;
+    assert!(
+        matches!(theirs, Err(ApplyError::UnknownOrder)),
+        "{theirs:?}"
+    );
+    let ticket = ledger.issue_ticket(owner, HOUR).await.unwrap().id;
+    let cheaper = Operation::OrderPayment {
+        order: placed.id,
+        amount: Amount::new(1).unwrap(),
+    };
+    let wrong = apply(&ledger, owner, ticket, cheaper, "pay", 1).await;
+    assert!(matches!(wrong, Err(ApplyError::UnknownOrder)), "{wrong:?}");
+    let paid = apply(&ledger, owner, ticket, payment(&placed), "pay", 5)
+        .await
+        .unwrap();
+    assert_eq!(paid.response.status, 201);
+    let late = ledger.issue_ticket(owner, HOUR).await.unwrap().id;
+    let stale = apply(&ledger, owner, late, payment(&placed), "pay", 5).await;
+    assert!(
+        matches!(stale, Err(ApplyError::StaleToken { recorded: 5, .. })),
+        "{stale:?}"
+    );
+    assert!(
+        ledger
+            .ticket(late)
+            .await
+            .unwrap()
+            .unwrap()
+            .outcome
+            .is_none()
+    );
+    assert_clean(&ledger).await;
+}
+
+/// Payments of one order with distinct tickets and no lock at all (as when the order's
+/// lock failed), each with its own token: the order is paid once; every other attempt is
+/// refused (409) or stale; the money moved once.
+pub async fn concurrent_payments_of_one_order_pay_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 10_000, 0).await;
+    let placed = order(&ledger, account_id, 300).await;
+    let mut tasks = Vec::new();
+    for token in 1..=12_u64 {
+        let ledger = ledger.clone();
+        let placed = placed.clone();
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        tasks.push(tokio::spawn(async move {
+            apply(&ledger, account_id, ticket, payment(&placed), "pay", token).await
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(applied) => statuses.push(applied.response.status),
+            Err(ApplyError::StaleToken { .. }) => statuses.push(0),
+            Err(error) => panic!("{error}"),
+        }
+    }
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 201).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|s| [201, 409, 0].contains(s)),
+        "{statuses:?}"
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        9_700
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A withdrawal (under the account's lock) and an order payment (under the order's) of
+/// one account at once, together more than the balance: one goes through, the other is
+/// refused for funds; the account is never overdrawn.
+pub async fn an_order_payment_and_a_withdrawal_cannot_overdraw(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 500, 0).await;
+    let placed = order(&ledger, account_id, 300).await;
+    let (pay, take) = (
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+        ledger.issue_ticket(account_id, HOUR).await.unwrap().id,
+    );
+    let paying = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { apply(&ledger, account_id, pay, payment(&placed), "pay", 1).await }
+    });
+    let withdrawing = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { apply(&ledger, account_id, take, withdrawal(300), "w300", 1).await }
+    });
+    let mut statuses = [
+        paying.await.unwrap().unwrap().response.status,
+        withdrawing.await.unwrap().unwrap().response.status,
+    ];
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 402]);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        200
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The audit sees an order marked paid with no payment entry, and a payment entry whose
+/// order says another ticket paid it.
+pub async fn audit_finds_a_planted_order_paid_without_its_entry(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    order(&ledger, account_id, 300).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let refused = apply(&ledger, account_id, ticket, withdrawal(5000), "w5000", 1)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 402);
+    assert_clean(&ledger).await;
+    database
+        .execute(
+            "UPDATE orders SET paid_by_ticket = (SELECT id FROM tickets), paid_at = created_at",
+        )
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        has(&violations, Rule::OrderPaidOnce, account_id),
+        "{violations:#?}"
+    );
 }
