@@ -65,7 +65,8 @@ EOF
 
 # A refusal that depends on the account's state or on the ticket's history — 402
 # insufficient funds or points, 422 balance-limit, 422 idempotency-key-reuse for a second
-# request with a used ticket — is part of the contract and no schema can declare it away,
+# request with a used ticket, 409 order-already-paid for a second ticket paying an
+# order — is part of the contract and no schema can declare it away,
 # so positive_data_acceptance (ST202) must not count it. Only those: a 422
 # invalid-request for a schema-valid body still fails the run. Schemathesis prints how
 # many failures this hook dropped.
@@ -73,9 +74,10 @@ cat >"$OUT/hooks.py" <<'EOF'
 # Written by scripts/fuzz.sh; edit it there.
 import schemathesis
 
-SPENDS = ("/withdrawals", "/deposits", "/lottery-draws")
+SPENDS = ("/withdrawals", "/deposits", "/lottery-draws", "/payments")
 STATE_REFUSALS = {
     402: {"/problems/insufficient-funds", "/problems/insufficient-points"},
+    409: {"/problems/order-already-paid"},
     422: {"/problems/balance-limit", "/problems/idempotency-key-reuse"},
 }
 

@@ -52,6 +52,8 @@ pub enum ApiError {
     NotFound(String),
     #[error("no such ticket for this account")]
     TicketNotFound,
+    #[error("no such order for this account")]
+    OrderNotFound,
     #[error("this method is not allowed here")]
     MethodNotAllowed,
     #[error("the original request with this ticket is still executing; retry shortly")]
@@ -104,7 +106,7 @@ impl ApiError {
             | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden => StatusCode::FORBIDDEN,
-            Self::NotFound(_) | Self::TicketNotFound => StatusCode::NOT_FOUND,
+            Self::NotFound(_) | Self::TicketNotFound | Self::OrderNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -133,6 +135,7 @@ impl ApiError {
             Self::Forbidden => "forbidden",
             Self::NotFound(_) => "not-found",
             Self::TicketNotFound => "ticket-not-found",
+            Self::OrderNotFound => "order-not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::RequestInProgress => "request-in-progress",
             Self::AccountBusy => "account-busy",
@@ -270,6 +273,7 @@ impl From<ApplyError> for ApiError {
     fn from(error: ApplyError) -> Self {
         match error {
             ApplyError::UnknownTicket => Self::TicketNotFound,
+            ApplyError::UnknownOrder => Self::OrderNotFound,
             ApplyError::TicketExpired => Self::TicketExpired,
             ApplyError::FingerprintMismatch => Self::IdempotencyKeyReuse,
             ApplyError::OutcomePruned => Self::OutcomePruned,
@@ -315,6 +319,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The ticket does not exist, or was issued to another account.",
     ),
     (
+        "order-not-found",
+        404,
+        "The order does not exist, or was placed by another account.",
+    ),
+    (
         "method-not-allowed",
         405,
         "The resource exists but not with this method.",
@@ -328,6 +337,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "account-busy",
         409,
         "Other requests held the account's lock longer than this request may wait, or as many requests as an account may queue were already waiting (PAYONCE_LOCK_MAX_WAITERS). Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "order-already-paid",
+        409,
+        "The order was paid already, by the ticket in `paid_by_ticket`. This refusal is stored under the ticket you sent and replayed; nothing moved. An order is paid once, whatever the ticket.",
     ),
     (
         "rate-limited",

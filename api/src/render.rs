@@ -42,6 +42,24 @@ pub struct Drawn {
     pub balance: i64,
 }
 
+/// An order payment that went through.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OrderPaid {
+    /// The order paid.
+    pub order_id: Uuid,
+    /// The ticket spent.
+    pub ticket_id: Uuid,
+    /// The account.
+    pub account_id: Uuid,
+    /// The order's amount, withdrawn, in minor units.
+    pub amount: i64,
+    /// The balance after.
+    pub balance: i64,
+    /// Always `paid`.
+    #[schema(example = "paid")]
+    pub state: &'static str,
+}
+
 /// The body stored for an execution.
 pub fn render(execution: &Execution<'_>) -> Value {
     let ticket_id = execution.ticket_id.0;
@@ -73,6 +91,16 @@ pub fn render(execution: &Execution<'_>) -> Value {
             points_after,
             balance,
         }),
+        (Operation::OrderPayment { order, amount }, OperationResult::Applied { balance, .. }) => {
+            serde_json::to_value(OrderPaid {
+                order_id: order.0,
+                ticket_id,
+                account_id,
+                amount: amount.get(),
+                balance,
+                state: "paid",
+            })
+        }
         (operation, OperationResult::Refused(refusal)) => {
             return refused(execution, operation, refusal);
         }
@@ -97,6 +125,28 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
                     "the balance {balance} does not cover the withdrawal of {}",
                     amount.get()
                 ),
+            )
+        }
+        (Refusal::InsufficientFunds { balance }, Operation::OrderPayment { order, amount }) => {
+            extra.insert("balance".into(), json!(balance));
+            extra.insert("amount".into(), json!(amount.get()));
+            extra.insert("order_id".into(), json!(order.0));
+            (
+                "insufficient-funds",
+                format!(
+                    "the balance {balance} does not cover the order's {}; the order stays open",
+                    amount.get()
+                ),
+            )
+        }
+        (Refusal::OrderAlreadyPaid { paid_by }, operation) => {
+            if let Operation::OrderPayment { order, .. } = operation {
+                extra.insert("order_id".into(), json!(order.0));
+            }
+            extra.insert("paid_by_ticket".into(), json!(paid_by.0));
+            (
+                "order-already-paid",
+                format!("the order was paid already, by ticket {paid_by}; nothing moved"),
             )
         }
         (Refusal::InsufficientFunds { balance }, _) => {

@@ -178,9 +178,12 @@ pub struct EntryView {
     pub id: i64,
     /// The ticket that wrote it; null for the opening entry.
     pub ticket_id: Option<Uuid>,
-    /// `opening`, `deposit`, `withdrawal` or `lottery_draw`.
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw` or `order_payment`.
     #[schema(value_type = String, example = "withdrawal")]
     pub kind: &'static str,
+    /// The order an `order_payment` paid; absent for every other kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<Uuid>,
     /// Signed change to the balance (negative for a withdrawal).
     pub amount: i64,
     /// Signed change to the points (negative for a draw).
@@ -201,6 +204,7 @@ impl From<Entry> for EntryView {
             id: entry.id,
             ticket_id: entry.ticket_id.map(|ticket| ticket.0),
             kind: entry.kind.as_str(),
+            order_id: entry.order_id.map(|order| order.0),
             amount: entry.amount,
             points: entry.points,
             balance_after: entry.balance_after,

@@ -2,6 +2,7 @@
 //! cannot drift apart), and the layers around them.
 
 pub mod accounts;
+pub mod orders;
 pub mod service;
 pub mod spends;
 pub mod tickets;
@@ -53,6 +54,7 @@ pub const BODY_LIMIT: usize = 16 * 1024;
         (name = "accounts", description = "Accounts, their keys and their ledger entries"),
         (name = "tickets", description = "Tickets: the idempotency keys of spends"),
         (name = "spends", description = "Withdrawals, deposits and lottery draws, each sent with a ticket"),
+        (name = "orders", description = "Orders, each paid once whatever the ticket: the lock is the order's"),
         (name = "service", description = "Health, readiness, metrics and documentation"),
     )
 )]
@@ -141,6 +143,9 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(spends::withdraw))
         .routes(routes!(spends::deposit))
         .routes(routes!(spends::draw))
+        .routes(routes!(orders::create_order))
+        .routes(routes!(orders::get_order))
+        .routes(routes!(orders::pay_order))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))

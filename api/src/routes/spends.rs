@@ -221,10 +221,13 @@ struct Spend<'a> {
     ticket_id: TicketId,
     operation: Operation,
     fingerprint: String,
+    /// The lock it runs under: its order's for an order payment (an order is paid once,
+    /// whichever account lock or ticket a payment comes with), else its account's.
+    lock_key: String,
 }
 
 /// The idempotency protocol (see the module docs).
-async fn spend(
+pub(crate) async fn spend(
     state: &AppState,
     account: AccountId,
     key: IdempotencyKey,
@@ -237,15 +240,24 @@ async fn spend(
         state.metrics().rate_limited();
         return Err(limited);
     }
+    let lock_key = match operation {
+        Operation::OrderPayment { order, .. } => format!("lock:order:{order}"),
+        _ => format!("lock:account:{account}"),
+    };
     let spend = Spend {
         state,
         account,
         ticket_id: key.0,
         operation,
         fingerprint: fingerprint(path, request),
+        lock_key,
     };
     let settings = state.settings();
-    let strategy = demo::strategy(state, headers)?;
+    // Order payments run fenced only: the demonstration's strategies are for spends.
+    let strategy = match operation {
+        Operation::OrderPayment { .. } => Strategy::Fenced,
+        _ => demo::strategy(state, headers)?,
+    };
     let faults = Faults::requested(settings.demo, headers)?;
 
     if strategy != Strategy::Fenced {
@@ -316,7 +328,7 @@ impl Spend<'_> {
     /// written; the counter is raised above the ledger's before we release, so the next
     /// grant is accepted.
     async fn fenced(&self, mut faults: Faults, deadline: Instant) -> Result<Response, ApiError> {
-        let lock_key = format!("lock:account:{}", self.account);
+        let lock_key = self.lock_key.as_str();
         let mut retried = false;
         loop {
             let mut guard = match self.lock(&lock_key, deadline).await? {

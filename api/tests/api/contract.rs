@@ -1044,3 +1044,233 @@ pub async fn graceful_shutdown_finishes_in_flight_requests(backend: Backend) {
         .unwrap();
     assert_eq!(account.balance, 900);
 }
+
+/// Places an order of `amount` for `account` and returns its id.
+async fn place_order(app: &TestApp, account: &crate::helpers::TestAccount, amount: i64) -> String {
+    let response = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/orders", account.id)))
+        .bearer_auth(&account.key)
+        .json(&json!({ "amount": amount, "description": "order #1" }))
+        .send()
+        .await
+        .expect("request");
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(
+        (&body["amount"], &body["state"], &body["description"]),
+        (&json!(amount), &json!("open"), &json!("order #1"))
+    );
+    body["order_id"].as_str().expect("order_id").to_owned()
+}
+
+fn pay(
+    app: &TestApp,
+    account: &crate::helpers::TestAccount,
+    order: &str,
+    ticket: &str,
+) -> reqwest::RequestBuilder {
+    app.client
+        .post(app.url(&format!("/v1/orders/{order}/payments")))
+        .bearer_auth(&account.key)
+        .header("idempotency-key", ticket)
+}
+
+/// Orders: an order is paid once whatever the ticket — the first ticket's 201 replays,
+/// another ticket gets 409 order-already-paid (stored, replayed), the order shows who paid
+/// it, the entries show the payment with its order, and a ticket used for a withdrawal
+/// cannot pay an order.
+pub async fn an_order_is_paid_exactly_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let order = place_order(&app, &ada, 300).await;
+    let (first, second) = (app.ticket(&ada).await, app.ticket(&ada).await);
+
+    let (status, replayed, paid) =
+        read(pay(&app, &ada, &order, &first).send().await.unwrap()).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{paid}");
+    assert_eq!(
+        (
+            &paid["order_id"],
+            &paid["ticket_id"],
+            &paid["amount"],
+            &paid["balance"],
+            &paid["state"]
+        ),
+        (
+            &json!(order),
+            &json!(first),
+            &json!(300),
+            &json!(700),
+            &json!("paid")
+        )
+    );
+    let again = pay(&app, &ada, &order, &first)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read(again).await, (StatusCode::CREATED, true, paid.clone()));
+
+    let refused = pay(&app, &ada, &order, &second).send().await.unwrap();
+    let problem = assert_problem(refused, StatusCode::CONFLICT, "order-already-paid").await;
+    assert_eq!(problem["paid_by_ticket"], json!(first));
+    let (status, replayed, _) = read(pay(&app, &ada, &order, &second).send().await.unwrap()).await;
+    assert_eq!((status, replayed), (StatusCode::CONFLICT, true));
+
+    let read_back = app
+        .client
+        .get(app.url(&format!("/v1/orders/{order}")))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, view) = read(read_back).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&view["state"], &view["paid_by_ticket"]),
+        (&json!("paid"), &json!(first))
+    );
+    assert_eq!(app.balance(&ada).await, (700, 0));
+
+    let entries = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}/entries", ada.id)))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    let (_, _, page) = read(entries).await;
+    let payments: Vec<&Value> = page["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|entry| entry["kind"] == "order_payment")
+        .collect();
+    assert_eq!(payments.len(), 1, "{page}");
+    assert_eq!(
+        (&payments[0]["order_id"], &payments[0]["amount"]),
+        (&json!(order), &json!(-300))
+    );
+
+    // A ticket spent on a withdrawal cannot pay an order (rule 2: another request).
+    let withdrawn = app.ticket(&ada).await;
+    assert_eq!(
+        app.withdraw(&ada, &withdrawn, 10).await.status(),
+        StatusCode::CREATED
+    );
+    let other_order = place_order(&app, &ada, 5).await;
+    let reused = pay(&app, &ada, &other_order, &withdrawn)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(
+        reused,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    app.assert_audit_clean().await;
+}
+
+/// Two different requests pay one order at once, with distinct tickets: one 201, the
+/// others 409; the money moves once. An order the balance does not cover is 402, stored,
+/// and stays open; another account cannot see or pay it.
+pub async fn concurrent_payments_of_one_order_pay_it_once(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    let order = place_order(&app, &ada, 400).await;
+    let mut tickets = Vec::new();
+    for _ in 0..5 {
+        tickets.push(app.ticket(&ada).await);
+    }
+    let answers =
+        futures::future::join_all(tickets.iter().map(|ticket| async {
+            read(pay(&app, &ada, &order, ticket).send().await.unwrap()).await
+        }))
+        .await;
+    let mut statuses: Vec<u16> = answers
+        .iter()
+        .map(|(status, _, _)| status.as_u16())
+        .collect();
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 409, 409, 409, 409], "{answers:#?}");
+    assert_eq!(app.balance(&ada).await, (600, 0));
+
+    let dear = place_order(&app, &ada, 5000).await;
+    let ticket = app.ticket(&ada).await;
+    let short = pay(&app, &ada, &dear, &ticket).send().await.unwrap();
+    let problem = assert_problem(short, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
+    assert_eq!(problem["order_id"], json!(dear));
+    let view = app
+        .client
+        .get(app.url(&format!("/v1/orders/{dear}")))
+        .bearer_auth(&ada.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(read(view).await.2["state"], json!("open"));
+
+    let eve = app.create_account(1000, 0).await;
+    let eves_ticket = app.ticket(&eve).await;
+    let theirs = pay(&app, &eve, &order, &eves_ticket).send().await.unwrap();
+    assert_problem(theirs, StatusCode::NOT_FOUND, "order-not-found").await;
+    let peek = app
+        .client
+        .get(app.url(&format!("/v1/orders/{order}")))
+        .bearer_auth(&eve.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(peek, StatusCode::NOT_FOUND, "order-not-found").await;
+    app.assert_audit_clean().await;
+}
+
+/// Placing an order: bad input is a 4xx problem, nothing placed.
+pub async fn orders_refuse_bad_input(backend: Backend) {
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(1000, 0).await;
+    for body in [
+        json!({ "amount": 0 }),
+        json!({ "amount": 1_000_000_000_001_i64 }),
+        json!({ "amount": 5, "description": "x".repeat(201) }),
+        json!({ "amount": 5, "description": "a\u{0}b" }),
+        json!({ "amount": 5, "colour": "red" }),
+    ] {
+        let response = app
+            .client
+            .post(app.url(&format!("/v1/accounts/{}/orders", ada.id)))
+            .bearer_auth(&ada.key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    let order = place_order(&app, &ada, 5).await;
+    let ticket = app.ticket(&ada).await;
+    let with_a_body = pay(&app, &ada, &order, &ticket)
+        .json(&json!({ "amount": 1 }))
+        .send()
+        .await
+        .unwrap();
+    assert_problem(
+        with_a_body,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-request",
+    )
+    .await;
+    let nobody = pay(&app, &ada, "not-an-order", &ticket)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(nobody, StatusCode::NOT_FOUND, "order-not-found").await;
+    // The ticket is still usable.
+    let paid = pay(&app, &ada, &order, &ticket).send().await.unwrap();
+    assert_eq!(paid.status(), StatusCode::CREATED);
+}

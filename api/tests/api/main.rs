@@ -36,6 +36,9 @@ macro_rules! both_backends {
 }
 
 both_backends!(
+    an_order_is_paid_exactly_once,
+    concurrent_payments_of_one_order_pay_it_once,
+    orders_refuse_bad_input,
     accounts_open_with_a_key_shown_once,
     account_reads_need_the_accounts_own_key,
     entries_list_oldest_first_a_page_at_a_time,
@@ -119,6 +122,7 @@ macro_rules! other_lock_services {
 }
 
 other_lock_services!(
+    concurrent_payments_of_one_order_pay_it_once,
     first_request_executes_and_repeats_replay_it,
     refusals_are_stored_and_a_failed_ticket_stays_failed,
     lottery_draws_spend_points_and_replay_the_same_prize,

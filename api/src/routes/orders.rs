@@ -1,0 +1,254 @@
+//! `POST /v1/accounts/{id}/orders`, `GET /v1/orders/{order_id}`,
+//! `POST /v1/orders/{order_id}/payments`.
+//!
+//! A ticket stops a retry from paying twice; it cannot stop two different requests —
+//! two tabs, two taps on "pay", two services — from paying one order. So a payment runs
+//! the spends' protocol (`spends.rs`) under the **order's** lock, and the ledger checks
+//! the order's fencing token and that it is still open in the transaction that pays it:
+//! the first ticket pays, every other gets 409 `order-already-paid`, stored under it.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ledger::{Amount, NewOrder, Operation, Order, OrderId};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::error::{ApiError, Problem};
+use crate::extract::{AccountPath, Caller, IdempotencyKey, JsonBody, integral};
+use crate::render::OrderPaid;
+use crate::routes::spends;
+use crate::state::AppState;
+
+/// An order to place.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OrderRequest {
+    /// Minor units, 1 to 10^12 (an integral number such as `250.0` counts).
+    #[serde(deserialize_with = "integral")]
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 2500)]
+    pub amount: i64,
+    /// What it is for: up to 200 characters (none: empty).
+    #[serde(default)]
+    #[schema(max_length = 200, pattern = "^[^\\u0000]*$", example = "order #1017")]
+    pub description: String,
+}
+
+/// A payment's body: empty, or `{}`.
+#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentRequest {}
+
+/// What the OpenAPI document says an order's `state` is.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+enum OrderState {
+    Open,
+    Paid,
+}
+
+/// An order.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct OrderView {
+    /// The order's id.
+    pub order_id: Uuid,
+    /// The account that pays it.
+    pub account_id: Uuid,
+    /// Minor units.
+    pub amount: i64,
+    /// What it is for.
+    pub description: String,
+    /// `open` until a payment goes through, then `paid`.
+    #[schema(value_type = OrderState, example = "open")]
+    pub state: &'static str,
+    /// The ticket that paid it, once paid.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub paid_by_ticket: Option<Uuid>,
+    /// When it was paid (RFC 3339), once paid.
+    #[serde(
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub paid_at: Option<OffsetDateTime>,
+    /// When it was placed (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<Order> for OrderView {
+    fn from(order: Order) -> Self {
+        Self {
+            order_id: order.id.0,
+            account_id: order.account_id.0,
+            amount: order.amount.get(),
+            description: order.description,
+            state: if order.paid_by_ticket.is_some() {
+                "paid"
+            } else {
+                "open"
+            },
+            paid_by_ticket: order.paid_by_ticket.map(|ticket| ticket.0),
+            paid_at: order.paid_at,
+            created_at: order.created_at,
+        }
+    }
+}
+
+/// Places an order for the account to pay once.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{id}/orders",
+    tag = "orders",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    request_body = OrderRequest,
+    responses(
+        (status = 201, description = "Placed", body = OrderView, links(
+            ("PayOrder" = (operation_id = "pay_order", parameters(("order_id" = "$response.body#/order_id")), description = "Pay the order (with a ticket as Idempotency-Key)")),
+            ("GetOrder" = (operation_id = "get_order", parameters(("order_id" = "$response.body#/order_id")), description = "Read the order back")),
+        )),
+        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An amount outside 1..=10^12, or a description over 200 characters", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    AccountPath(account): AccountPath,
+    JsonBody(request): JsonBody<OrderRequest>,
+) -> Result<Response, ApiError> {
+    caller.must_be(account)?;
+    let amount = Amount::new(request.amount)
+        .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let new = NewOrder::new(amount, request.description)
+        .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let order = state.ledger().create_order(account, &new).await?;
+    let location = format!("/v1/orders/{}", order.id);
+    Ok((
+        StatusCode::CREATED,
+        [(header::LOCATION, location)],
+        Json(OrderView::from(order)),
+    )
+        .into_response())
+}
+
+/// Reads an order: open, or paid and by which ticket.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}",
+    tag = "orders",
+    params(("order_id" = Uuid, Path, description = "The order")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The order", body = OrderView),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order, or another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    OrderPath(order): OrderPath,
+) -> Result<Json<OrderView>, ApiError> {
+    Ok(Json(OrderView::from(
+        own_order(&state, caller, order).await?,
+    )))
+}
+
+/// Pays the order, once: its amount out of its account. Sent with a ticket of that
+/// account; the first ticket to pay it pays it, every other is refused with 409
+/// `order-already-paid` (stored under that ticket). The same ticket again replays.
+#[utoipa::path(
+    post,
+    path = "/v1/orders/{order_id}/payments",
+    tag = "orders",
+    params(
+        ("order_id" = Uuid, Path, description = "The order"),
+        ("Idempotency-Key" = String, Header, description = "A ticket id of the order's account (a UUID, bare or quoted)"),
+        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
+    ),
+    security(("api_key" = [])),
+    request_body(content = PaymentRequest, description = "Empty, or `{}`"),
+    responses(
+        (status = 201, description = "Paid (a replay carries `Idempotent-Replayed: true`)", body = OrderPaid),
+        (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 402, description = "Insufficient funds (stored; replayed); the order stays open", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such order or ticket for this account", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The order was paid already by another ticket (`order-already-paid`, stored; replayed), or a request in progress, or the order busy", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A body other than `{}`, or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn pay_order(
+    State(state): State<AppState>,
+    caller: Caller,
+    OrderPath(order): OrderPath,
+    key: IdempotencyKey,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<PaymentRequest>,
+) -> Result<Response, ApiError> {
+    let order = own_order(&state, caller, order).await?;
+    let operation = Operation::OrderPayment {
+        order: order.id,
+        amount: order.amount,
+    };
+    let path = format!("/v1/orders/{}/payments", order.id);
+    spends::spend(
+        &state,
+        order.account_id,
+        key,
+        operation,
+        &path,
+        &request,
+        &headers,
+    )
+    .await
+}
+
+/// The caller's order; another account's is not found, exactly as an unknown one.
+async fn own_order(state: &AppState, caller: Caller, order: OrderId) -> Result<Order, ApiError> {
+    state
+        .ledger()
+        .order(order)
+        .await?
+        .filter(|order| order.account_id == caller.0)
+        .ok_or(ApiError::OrderNotFound)
+}
+
+/// An order id from the path; one that is not a UUID names no order (404).
+#[derive(Debug, Clone, Copy)]
+pub struct OrderPath(pub OrderId);
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for OrderPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, ApiError> {
+        let axum::extract::Path(id) =
+            axum::extract::Path::<String>::from_request_parts(parts, state)
+                .await
+                .map_err(|_| ApiError::OrderNotFound)?;
+        Uuid::try_parse(&id)
+            .map(|id| Self(OrderId(id)))
+            .map_err(|_| ApiError::OrderNotFound)
+    }
+}
