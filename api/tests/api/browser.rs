@@ -482,6 +482,23 @@ async fn walkthrough(app: &TestApp, browser: &Client) {
     let distinct: std::collections::HashSet<_> = tickets.iter().collect();
     assert_eq!(distinct.len(), tickets.len(), "a ticket with two entries");
 
+    // An order paid twice at once, with two tickets: paid once, the other refused.
+    browser
+        .find(Locator::Css("input[name='operation'][value='deposits']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    fill(browser, "amount", "100").await;
+    press(browser, "send").await;
+    fill(browser, "order-amount", "60").await;
+    press(browser, "pay-twice").await;
+    let paid = text(browser, "order-status").await;
+    contains(&paid, "Order of 60, paid twice with two tickets: ");
+    contains(&paid, "409 order-already-paid");
+    contains(&paid, "— paid exactly once.");
+
     let violations: Vec<String> = js(browser, "return window.violations").await;
     assert!(violations.is_empty(), "{violations:?}");
     screenshot(browser, 1280, "web-page.png").await;

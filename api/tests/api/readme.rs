@@ -49,6 +49,9 @@ async fn the_walkthrough_runs_as_written() {
         "/problems/insufficient-funds",
         "/problems/idempotency-key-missing",
         "\"kind\": \"lottery_draw\"",
+        "\"state\":\"paid\"",
+        "/problems/order-already-paid",
+        "\"kind\": \"order_payment\"",
         "payonce_replays_total",
         "/v1/accounts/{id}/withdrawals",
     ] {
