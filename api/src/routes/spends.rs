@@ -331,7 +331,7 @@ impl Spend<'_> {
         let lock_key = self.lock_key.as_str();
         let mut retried = false;
         loop {
-            let mut guard = match self.lock(&lock_key, deadline).await? {
+            let mut guard = match self.lock(lock_key, deadline).await? {
                 Locked::Held(guard) => guard,
                 Locked::Answered(answer) => return answer,
             };
@@ -350,7 +350,7 @@ impl Spend<'_> {
                 let _ = guard.release().await;
                 return Err(ApiError::LockLost);
             }
-            let applied = match self.apply(&lock_key, &guard).await {
+            let applied = match self.apply(lock_key, &guard).await {
                 Ok(applied) if applied.replayed => {
                     // Nothing was written, so the answer need not wait for the release:
                     // dropping the guard gives the lock back in the background.
