@@ -56,6 +56,8 @@ bearer = "\${PAYONCE_API_KEY}"
 # nobody's (404), and nothing past authentication would ever be reached.
 [parameters]
 "path.id" = "\${PAYONCE_ACCOUNT_ID}"
+# Likewise every {order_id} is the order this run placed for that account.
+"path.order_id" = "\${PAYONCE_ORDER_ID}"
 
 # Mask the Authorization header and the api_key field, but show Idempotency-Key: the
 # default markers hide every header with "key" in its name.
@@ -156,6 +158,10 @@ fuzz() {
   export PAYONCE_ACCOUNT_ID PAYONCE_API_KEY
   PAYONCE_ACCOUNT_ID=$(jq -r .id <<<"$account")
   PAYONCE_API_KEY=$(jq -r .api_key <<<"$account")
+  export PAYONCE_ORDER_ID
+  PAYONCE_ORDER_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/orders" \
+    -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
+    -d '{"amount": 100, "description": "fuzz"}' | jq -r .order_id)
 
   echo "=== $mode: $base, account $PAYONCE_ACCOUNT_ID"
   # -n bounds the examples per operation and phase. --max-time is not used: in this

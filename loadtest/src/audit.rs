@@ -89,6 +89,12 @@ pub enum ViolationKind {
     /// An entry decided on an older balance or points than the previous entry left: it
     /// overwrote what was written since (a lost update).
     StaleWrite,
+    /// An order paid by more than one ticket, or with more than one payment entry.
+    OrderPaidTwice,
+    /// An order's payments disagree with it: a ticket refused as `order-already-paid`
+    /// while the order has no payment, or a payment entry by a ticket that was not
+    /// answered 201 when one was.
+    OrderMismatch,
     /// The run has no final state for something it must judge.
     Missing,
 }
@@ -115,6 +121,7 @@ fn is_definitive(attempt: &Attempt) -> bool {
     match attempt.status {
         Some(201) => true,
         Some(402) => named(attempt, &STORED_REFUSALS),
+        Some(409) => named(attempt, &["order-already-paid"]),
         Some(422) => named(attempt, &["balance-limit"]),
         _ => false,
     }
@@ -353,14 +360,32 @@ fn audit_account(
 
     let mut expected = (account.opening_balance, account.opening_points);
     let mut executed: HashMap<&str, (&SpendRecord, Value)> = HashMap::new();
+    let mut refused_as_paid: Vec<&SpendRecord> = Vec::new();
     for spend in spends {
         audit_answers(spend, options, &mut flag);
         let outcome = outcome(spend, state, &mut flag);
+        if outcome.as_ref().is_some_and(|outcome| {
+            outcome.status == 409
+                && outcome
+                    .body
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|kind| kind.ends_with("order-already-paid"))
+        }) {
+            refused_as_paid.push(spend);
+        }
         if let Some(outcome) = outcome.filter(|outcome| outcome.status == 201) {
             apply(spend, &outcome.body, &mut expected, &mut flag);
             executed.insert(spend.ticket.as_str(), (spend, outcome.body));
         }
     }
+    audit_orders(
+        spends,
+        &executed,
+        &refused_as_paid,
+        final_account,
+        &mut flag,
+    );
     let (expected_balance, expected_points) = expected;
 
     if expected_balance != final_account.balance || expected_points != final_account.points {
@@ -533,6 +558,7 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
     let number = |name: &str| body.get(name).and_then(Value::as_i64);
     let (field, what) = match spend.kind {
         SpendKind::Withdrawal | SpendKind::Deposit => ("amount", "201 for"),
+        SpendKind::OrderPayment => ("amount", "payment of an order of"),
         SpendKind::LotteryDraw => ("points", "draw of"),
     };
     if number(field) != Some(spend.amount) {
@@ -547,7 +573,7 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
         );
     }
     match spend.kind {
-        SpendKind::Withdrawal => expected.0 -= spend.amount,
+        SpendKind::Withdrawal | SpendKind::OrderPayment => expected.0 -= spend.amount,
         SpendKind::Deposit => expected.0 += spend.amount,
         SpendKind::LotteryDraw => {
             expected.1 -= spend.amount;
@@ -567,7 +593,10 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
 
 /// Whether an entry's kind is a spend (money or points leave the account).
 fn is_spend(entry: &EntryRecord) -> bool {
-    matches!(entry.kind.as_str(), "withdrawal" | "lottery_draw")
+    matches!(
+        entry.kind.as_str(),
+        "withdrawal" | "lottery_draw" | "order_payment"
+    )
 }
 
 /// [`AccountTally::double_spends`]; flags each stale write.
@@ -718,7 +747,7 @@ fn audit_entries(
                 }
                 let entry = found[0];
                 let (amount, points) = match spend.kind {
-                    SpendKind::Withdrawal => (-spend.amount, 0),
+                    SpendKind::Withdrawal | SpendKind::OrderPayment => (-spend.amount, 0),
                     SpendKind::Deposit => (spend.amount, 0),
                     SpendKind::LotteryDraw => (
                         body.get("credit").and_then(Value::as_i64).unwrap_or(0),
@@ -727,6 +756,7 @@ fn audit_entries(
                 };
                 if entry.kind != spend.kind.entry_kind()
                     || (entry.amount, entry.points) != (amount, points)
+                    || entry.order_id != spend.order
                 {
                     flag(
                         ViolationKind::EntryMismatch,
@@ -755,6 +785,72 @@ fn audit_entries(
             Some(ticket),
             format!("{} entries for a ticket this run never sent", found.len()),
         );
+    }
+}
+
+/// Each order the account's spends paid: at most one ticket was answered 201 and at most
+/// one payment entry carries the order, by that ticket; a ticket refused as
+/// `order-already-paid` found the order paid.
+fn audit_orders(
+    spends: &[&SpendRecord],
+    executed: &HashMap<&str, (&SpendRecord, Value)>,
+    refused_as_paid: &[&SpendRecord],
+    final_account: &AccountState,
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) {
+    let mut orders: Vec<&str> = spends
+        .iter()
+        .filter_map(|spend| spend.order.as_deref())
+        .collect();
+    orders.sort_unstable();
+    orders.dedup();
+    for order in orders {
+        let paid: Vec<&str> = spends
+            .iter()
+            .filter(|spend| spend.order.as_deref() == Some(order))
+            .map(|spend| spend.ticket.as_str())
+            .filter(|ticket| executed.contains_key(ticket))
+            .collect();
+        let payments: Vec<&EntryRecord> = final_account
+            .entries
+            .iter()
+            .filter(|entry| entry.order_id.as_deref() == Some(order))
+            .collect();
+        if paid.len() > 1 || payments.len() > 1 {
+            flag(
+                ViolationKind::OrderPaidTwice,
+                paid.first().copied(),
+                format!(
+                    "order {order}: {} tickets answered 201 ({}), {} payment entries",
+                    paid.len(),
+                    paid.join(", "),
+                    payments.len()
+                ),
+            );
+        } else if let ([ticket], [entry]) = (paid.as_slice(), payments.as_slice())
+            && entry.ticket_id.as_deref() != Some(*ticket)
+        {
+            flag(
+                ViolationKind::OrderMismatch,
+                Some(ticket),
+                format!(
+                    "order {order}: answered 201 for this ticket, paid by {:?}",
+                    entry.ticket_id
+                ),
+            );
+        }
+        for spend in refused_as_paid
+            .iter()
+            .filter(|spend| spend.order.as_deref() == Some(order))
+        {
+            if payments.is_empty() {
+                flag(
+                    ViolationKind::OrderMismatch,
+                    Some(&spend.ticket),
+                    format!("order {order}: refused as paid already, yet it has no payment"),
+                );
+            }
+        }
     }
 }
 

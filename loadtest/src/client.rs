@@ -205,7 +205,31 @@ impl Api {
         }
     }
 
-    /// Sends a spend (with any extra headers) and records whatever comes back.
+    /// Places an order of `amount` for the account: its id.
+    pub async fn place_order(
+        &self,
+        target: usize,
+        account: &str,
+        key: &str,
+        amount: i64,
+    ) -> Result<String, ClientError> {
+        let response = self
+            .client
+            .post(self.url(target, &format!("/v1/accounts/{account}/orders")))
+            .bearer_auth(key)
+            .json(&json!({ "amount": amount, "description": "loadtest" }))
+            .send()
+            .await?;
+        let body = Self::json(response, "place an order", StatusCode::CREATED).await?;
+        Ok(body
+            .get("order_id")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned())
+    }
+
+    /// Sends a spend (with any extra headers) and records whatever comes back. An order
+    /// payment goes to its order (`order`), every other spend to its account.
     #[allow(clippy::too_many_arguments)]
     pub async fn spend(
         &self,
@@ -215,12 +239,17 @@ impl Api {
         ticket: &str,
         kind: SpendKind,
         amount: i64,
+        order: Option<&str>,
         headers: &[(&str, &str)],
     ) -> Answer {
         let started = Instant::now();
+        let path = match order {
+            Some(order) => format!("/v1/orders/{order}/{}", kind.path()),
+            None => format!("/v1/accounts/{account}/{}", kind.path()),
+        };
         let mut request = self
             .client
-            .post(self.url(target, &format!("/v1/accounts/{account}/{}", kind.path())))
+            .post(self.url(target, &path))
             .bearer_auth(key)
             .header("idempotency-key", ticket)
             .json(&kind.body(amount));

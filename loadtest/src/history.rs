@@ -31,6 +31,8 @@ pub enum SpendKind {
     Deposit,
     /// `POST …/lottery-draws`; the amount is points.
     LotteryDraw,
+    /// `POST /v1/orders/{order}/payments`; the amount is the order's.
+    OrderPayment,
 }
 
 impl SpendKind {
@@ -40,6 +42,7 @@ impl SpendKind {
             Self::Withdrawal => "withdrawals",
             Self::Deposit => "deposits",
             Self::LotteryDraw => "lottery-draws",
+            Self::OrderPayment => "payments",
         }
     }
 
@@ -48,6 +51,8 @@ impl SpendKind {
         match self {
             Self::Withdrawal | Self::Deposit => serde_json::json!({ "amount": amount }),
             Self::LotteryDraw => serde_json::json!({ "points": amount }),
+            // The amount is the order's: a payment's body is empty.
+            Self::OrderPayment => serde_json::json!({}),
         }
     }
 
@@ -57,6 +62,7 @@ impl SpendKind {
             Self::Withdrawal => "withdrawal",
             Self::Deposit => "deposit",
             Self::LotteryDraw => "lottery_draw",
+            Self::OrderPayment => "order_payment",
         }
     }
 }
@@ -163,6 +169,9 @@ pub struct SpendRecord {
     pub kind: SpendKind,
     /// The amount of the original request.
     pub amount: i64,
+    /// The order an order payment pays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<String>,
     /// Every request sent with this ticket: each logical request's attempts in the order
     /// they were sent (those of concurrent requests are not interleaved).
     pub attempts: Vec<Attempt>,
@@ -205,8 +214,11 @@ pub struct EntryRecord {
     pub id: i64,
     /// The ticket that wrote it; `None` for the opening entry.
     pub ticket_id: Option<String>,
-    /// `opening`, `deposit`, `withdrawal` or `lottery_draw`.
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw` or `order_payment`.
     pub kind: String,
+    /// The order an `order_payment` paid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<String>,
     /// Signed change to the balance.
     pub amount: i64,
     /// Signed change to the points.

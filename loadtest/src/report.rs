@@ -37,6 +37,13 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
                 counts.tickets, counts.ticket_errors, counts.ticket_retries
             ),
         ),
+        (
+            "orders",
+            format!(
+                "{} placed and paid ({} could not be placed)",
+                counts.orders, counts.order_errors
+            ),
+        ),
         ("spend requests (attempts)", counts.requests.to_string()),
         ("resends (attempt > 1)", counts.retries.to_string()),
         (
@@ -45,7 +52,10 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
         ),
         ("201 created", counts.created.to_string()),
         ("402 refused (stored)", counts.payment_required.to_string()),
-        ("409 busy / in progress", counts.conflict.to_string()),
+        (
+            "409 paid already / busy / in progress",
+            counts.conflict.to_string(),
+        ),
         ("422 reuse / limit", counts.unprocessable.to_string()),
         ("429 rate-limited", counts.rate_limited.to_string()),
         ("503 unavailable", counts.unavailable.to_string()),

@@ -114,29 +114,34 @@ fn mean(range: &std::ops::RangeInclusive<i64>) -> f64 {
 /// exactly half would refuse somewhat fewer than half; a simulation of the generator's
 /// amounts puts 45% at about half refused, for 20 to 1,000 spends per account.
 pub fn opening(spends: f64, mix: Mix) -> (i64, i64) {
-    let deposit = (1.0 - mix.withdrawal - mix.draw).max(0.0);
+    let deposit = (1.0 - mix.withdrawal - mix.draw - mix.order).max(0.0);
     let draws = spends * mix.draw;
-    let asked = spends * mix.withdrawal * mean(&WITHDRAWAL);
+    // An order is paid once, however many payments it gets: a withdrawal's worth.
+    let asked = spends * (mix.withdrawal + mix.order) * mean(&WITHDRAWAL);
     let income = spends * deposit * mean(&DEPOSIT) + draws * mean(&DRAW_POINTS) * PRIZE_PER_POINT;
     let balance = (0.45 * asked - income).max(0.0).round() as i64;
     let points = (0.5 * draws * mean(&DRAW_POINTS)).round() as i64;
     (balance, points)
 }
 
-/// The share of each kind of spend.
+/// The share of each kind of spend (the rest are deposits).
 #[derive(Clone, Copy, Debug)]
 pub struct Mix {
     /// Withdrawals.
     pub withdrawal: f64,
     /// Lottery draws.
     pub draw: f64,
+    /// Orders placed and paid: with one ticket, or — a duplicated one — with two or three
+    /// distinct tickets at once, each to another target (two tabs, two taps on "pay").
+    pub order: f64,
 }
 
 impl Default for Mix {
     fn default() -> Self {
         Self {
-            withdrawal: 0.5,
+            withdrawal: 0.45,
             draw: 0.25,
+            order: 0.05,
         }
     }
 }
@@ -177,6 +182,10 @@ pub struct Counts {
     pub ticket_errors: u64,
     /// Ticket request attempts after the first: the resends.
     pub ticket_retries: u64,
+    /// Orders placed, and paid by one ticket or more.
+    pub orders: u64,
+    /// Orders that could not be placed (nothing was paid for them).
+    pub order_errors: u64,
     /// 201 answers (executions and replays).
     pub created: u64,
     /// 402.
@@ -224,6 +233,8 @@ impl Counts {
         self.tickets += other.tickets;
         self.ticket_errors += other.ticket_errors;
         self.ticket_retries += other.ticket_retries;
+        self.orders += other.orders;
+        self.order_errors += other.order_errors;
         self.created += other.created;
         self.payment_required += other.payment_required;
         self.conflict += other.conflict;
@@ -534,9 +545,15 @@ async fn client_loop(client: usize, shared: Arc<Shared>) -> Result<Gathered, Run
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
-        let record = shared.spend(&plan, ticket).await;
-        gathered.record(&record, &shared.live);
-        gathered.spends.push(record);
+        let records = if plan.kind == SpendKind::OrderPayment {
+            shared.pay_order(&plan, ticket, &mut gathered).await
+        } else {
+            vec![shared.spend(&plan, ticket).await]
+        };
+        for record in records {
+            gathered.record(&record, &shared.live);
+            gathered.spends.push(record);
+        }
     }
     Ok(gathered)
 }
@@ -575,17 +592,20 @@ impl Shared {
         let mut rng = rand::rng();
         let account = accounts[rng.random_range(0..accounts.len())].clone();
         let roll: f64 = rng.random();
-        let kind = if roll < options.mix.withdrawal {
+        let mix = options.mix;
+        let kind = if roll < mix.withdrawal {
             SpendKind::Withdrawal
-        } else if roll < options.mix.withdrawal + options.mix.draw {
+        } else if roll < mix.withdrawal + mix.draw {
             SpendKind::LotteryDraw
+        } else if roll < mix.withdrawal + mix.draw + mix.order {
+            SpendKind::OrderPayment
         } else {
             SpendKind::Deposit
         };
         // The funding of each round counts on these ranges (see `opening`).
         let amount = match kind {
             SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
-            SpendKind::Withdrawal => rng.random_range(WITHDRAWAL),
+            SpendKind::Withdrawal | SpendKind::OrderPayment => rng.random_range(WITHDRAWAL),
             SpendKind::Deposit => rng.random_range(DEPOSIT),
         };
         let duplicate = rng.random::<f64>() < options.duplicate_fraction;
@@ -654,6 +674,7 @@ impl Shared {
             shared: self,
             plan,
             ticket: &ticket,
+            order: None,
             fault: self
                 .options
                 .fault
@@ -691,8 +712,68 @@ impl Shared {
             account: plan.account.id.clone(),
             kind: plan.kind,
             amount: plan.amount,
+            order: None,
             attempts,
         }
+    }
+
+    /// Places an order of the plan's amount and pays it: with `ticket` alone, or — a
+    /// duplicated plan — with one or two more tickets at once, each payment to the next
+    /// target. One record per ticket. An order that could not be placed pays nothing
+    /// (the ticket stays unused: it moves nothing).
+    async fn pay_order(
+        &self,
+        plan: &Plan,
+        ticket: String,
+        gathered: &mut Gathered,
+    ) -> Vec<SpendRecord> {
+        let account = &plan.account;
+        let placed = self
+            .api
+            .place_order(plan.target, &account.id, &account.key, plan.amount)
+            .await;
+        let Ok(order) = placed else {
+            gathered.counts.order_errors += 1;
+            self.live.errors.fetch_add(1, Ordering::Relaxed);
+            return Vec::new();
+        };
+        gathered.counts.orders += 1;
+        let mut tickets = vec![ticket];
+        if plan.duplicate {
+            let more = rand::rng().random_range(1..=2);
+            for _ in 0..more {
+                if let Some(ticket) = self.take_ticket(plan, gathered).await {
+                    tickets.push(ticket);
+                }
+            }
+        }
+        let payments = tickets.iter().enumerate().map(|(index, ticket)| {
+            let spending = Spending {
+                shared: self,
+                plan,
+                ticket,
+                order: Some(&order),
+                fault: None,
+            };
+            async move {
+                spending
+                    .request(Role::Original, plan.target + index, plan.amount)
+                    .await
+            }
+        });
+        let answered = futures::future::join_all(payments).await;
+        tickets
+            .into_iter()
+            .zip(answered)
+            .map(|(ticket, attempts)| SpendRecord {
+                ticket,
+                account: account.id.clone(),
+                kind: SpendKind::OrderPayment,
+                amount: plan.amount,
+                order: Some(order.clone()),
+                attempts,
+            })
+            .collect()
     }
 }
 
@@ -701,6 +782,8 @@ struct Spending<'a> {
     shared: &'a Shared,
     plan: &'a Plan,
     ticket: &'a str,
+    /// The order, for an order payment.
+    order: Option<&'a str>,
     /// The `Payonce-Fault` this spend asks for, if it is one of the faulty share.
     fault: Option<&'a FaultPlan>,
 }
@@ -746,6 +829,7 @@ impl Spending<'_> {
                 self.ticket,
                 self.plan.kind,
                 amount,
+                self.order,
                 &headers,
             )
             .await;

@@ -395,6 +395,7 @@ pub async fn run_cell(
         mix: Mix {
             withdrawal: 0.6,
             draw: 0.25,
+            order: 0.05,
         },
         headers: vec![(
             "payonce-strategy".to_owned(),

@@ -46,6 +46,7 @@ fn entry(
         points,
         balance_after,
         points_after,
+        order_id: None,
     }
 }
 
@@ -76,6 +77,7 @@ fn clean() -> (History, FinalState) {
                 account: ACCOUNT.into(),
                 kind: SpendKind::Withdrawal,
                 amount: 30,
+                order: None,
                 attempts: vec![
                     attempt(Role::Original, 201, false, moved.clone()),
                     attempt(Role::ConcurrentDuplicate, 201, true, moved.clone()),
@@ -93,6 +95,7 @@ fn clean() -> (History, FinalState) {
                 account: ACCOUNT.into(),
                 kind: SpendKind::Withdrawal,
                 amount: 500,
+                order: None,
                 attempts: vec![
                     attempt(Role::Original, 402, false, broke.clone()),
                     attempt(Role::LateDuplicate, 402, true, broke),
@@ -103,6 +106,7 @@ fn clean() -> (History, FinalState) {
                 account: ACCOUNT.into(),
                 kind: SpendKind::LotteryDraw,
                 amount: 2,
+                order: None,
                 attempts: vec![attempt(Role::Original, 201, false, drawn)],
             },
             SpendRecord {
@@ -110,6 +114,7 @@ fn clean() -> (History, FinalState) {
                 account: ACCOUNT.into(),
                 kind: SpendKind::Deposit,
                 amount: 5,
+                order: None,
                 attempts: vec![attempt(Role::Original, 503, false, problem(503, "timeout"))],
             },
             SpendRecord {
@@ -117,6 +122,7 @@ fn clean() -> (History, FinalState) {
                 account: ACCOUNT.into(),
                 kind: SpendKind::Withdrawal,
                 amount: 1,
+                order: None,
                 attempts: vec![
                     attempt(Role::Original, 409, false, problem(409, "account-busy")),
                     attempt(
@@ -259,6 +265,7 @@ fn lost_updates_count_each_overwritten_spend() {
             account: ACCOUNT.into(),
             kind: SpendKind::Withdrawal,
             amount,
+            order: None,
             attempts: vec![attempt(Role::Original, 201, false, body)],
         }
     };
@@ -319,6 +326,7 @@ fn lost_points_count_too() {
         account: ACCOUNT.into(),
         kind: SpendKind::LotteryDraw,
         amount: 2,
+        order: None,
         attempts: vec![attempt(Role::Original, 201, false, drawn)],
     });
     history
@@ -692,4 +700,75 @@ fn an_unanswered_ticket_request_passes_with_retries() {
     history.tickets.push(ticket_request(None, None, None));
     assert_eq!(audit_with(&history, &state, &RETRIES).violations, vec![]);
     assert_eq!(kinds(&history, &state), vec![ViolationKind::Unanswered]);
+}
+
+/// An order of 40 placed by the account of `clean()`, paid with two tickets at once: `p1`
+/// paid it, `p2` was refused as paid already.
+fn order_paid_once() -> (History, FinalState) {
+    let (mut history, mut state) = clean();
+    let paid = json!({ "order_id": "o1", "ticket_id": "p1", "account_id": ACCOUNT, "amount": 40, "balance": 45, "state": "paid" });
+    for (ticket, answer) in [
+        ("p1", attempt(Role::Original, 201, false, paid)),
+        (
+            "p2",
+            attempt(
+                Role::Original,
+                409,
+                false,
+                problem(409, "order-already-paid"),
+            ),
+        ),
+    ] {
+        history
+            .tickets
+            .push(ticket_request(Some(201), Some(ticket), None));
+        history.spends.push(SpendRecord {
+            ticket: ticket.into(),
+            account: ACCOUNT.into(),
+            kind: SpendKind::OrderPayment,
+            amount: 40,
+            order: Some("o1".into()),
+            attempts: vec![answer],
+        });
+    }
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.balance = 45;
+    let mut payment = entry(5, Some("p1"), "order_payment", -40, 0, 45, 1);
+    payment.order_id = Some("o1".into());
+    account.entries.push(payment);
+    (history, state)
+}
+
+#[test]
+fn an_order_paid_once_with_the_other_ticket_refused_passes() {
+    let (history, state) = order_paid_once();
+    assert_eq!(kinds(&history, &state), vec![]);
+}
+
+#[test]
+fn an_order_paid_by_two_tickets_is_flagged() {
+    let (mut history, mut state) = order_paid_once();
+    let twice = json!({ "order_id": "o1", "ticket_id": "p2", "account_id": ACCOUNT, "amount": 40, "balance": 5, "state": "paid" });
+    history.spends[6].attempts = vec![attempt(Role::Original, 201, false, twice)];
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.balance = 5;
+    let mut second = entry(6, Some("p2"), "order_payment", -40, 0, 5, 1);
+    second.order_id = Some("o1".into());
+    account.entries.push(second);
+    assert!(
+        kinds(&history, &state).contains(&ViolationKind::OrderPaidTwice),
+        "{:#?}",
+        audit(&history, &state)
+    );
+}
+
+#[test]
+fn a_refusal_as_paid_for_an_unpaid_order_is_flagged() {
+    let (mut history, mut state) = order_paid_once();
+    let broke = problem(402, "insufficient-funds");
+    history.spends[5].attempts = vec![attempt(Role::Original, 402, false, broke)];
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.balance = 85;
+    account.entries.pop();
+    assert_eq!(kinds(&history, &state), vec![ViolationKind::OrderMismatch]);
 }
