@@ -480,7 +480,7 @@ mod tests {
         .await;
         let api = Api::new(vec![target.clone()], 1).unwrap();
         let answer = api
-            .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, &[])
+            .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, None, &[])
             .await;
         assert_eq!(answer.status, Some(307), "{answer:?}");
         let ticket = api.ticket(0, "a", "k").await;
@@ -522,7 +522,7 @@ mod tests {
             let (target, _) = serve(busy(header)).await;
             let api = Api::new(vec![target], 1).unwrap();
             let answer = api
-                .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, &[])
+                .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, None, &[])
                 .await;
             assert_eq!((answer.status, answer.retry_after), (Some(409), expected));
             assert_eq!(api.ticket(0, "a", "k").await.retry_after, expected);
