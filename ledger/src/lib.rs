@@ -28,7 +28,10 @@
 //! under the ticket. Either all of that commits or none of it does, so there is no moment
 //! at which money moved but the outcome was not recorded, or the reverse. On PostgreSQL a
 //! spend that goes through does all of that in one statement shared with the spends that
-//! arrived with it (`batch.rs`); the others settle on the transaction path.
+//! arrived with it (`batch.rs`); the others settle on the transaction path. An order
+//! payment runs under its order's lock: the transaction locks the order after the ticket,
+//! checks and records the order's fencing token, refuses an order paid already (stored,
+//! 409), and marks it paid with the entry.
 
 mod api_key;
 mod audit;
