@@ -1286,19 +1286,11 @@ where
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         let mut tx = self.begin_write().await?;
-        // 1. Lock the ticket, so concurrent uses of it queue here until we commit, and
-        //    read the database's clock once the lock is ours.
-        let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
-            .bind(request.ticket_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        // 2. Judge it: a used one replays its stored outcome or refuses a different
-        //    request; an expired one is refused.
-        let ticket = match judged(row, request) {
-            Ok(ticket) => ticket,
+        // 1-2. Lock the ticket and judge it.
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
             Err(answer) => return answer,
         };
-        let now = Timestamp(ticket.read_at);
         // 3. Move money and points under the fencing check, in one conditional update;
         //    if it was refused, find out why on the account's latest version.
         let result = match Self::try_move(&mut tx, request, planned, token).await? {
@@ -1312,6 +1304,22 @@ where
             response,
             replayed: false,
         })
+    }
+
+    /// Steps 1 and 2 of every transaction that spends a ticket: lock the ticket, so
+    /// concurrent uses of it queue here until we commit, and read the database's clock
+    /// once the lock is ours; then judge it — a used one replays its stored outcome or
+    /// refuses a different request, an expired one is refused. The clock's reading if the
+    /// ticket is usable, else the answer.
+    async fn lock_and_judge(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+    ) -> Result<Result<Timestamp, Result<Applied, ApplyError>>, ApplyError> {
+        let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
+            .bind(request.ticket_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(judged(row, request).map(|ticket| Timestamp(ticket.read_at)))
     }
 
     /// An order payment, on the transaction path (both databases): the ticket locked and
@@ -1330,15 +1338,10 @@ where
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         let mut tx = self.begin_write().await?;
-        let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
-            .bind(request.ticket_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let ticket = match judged(row, request) {
-            Ok(ticket) => ticket,
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
             Err(answer) => return answer,
         };
-        let now = Timestamp(ticket.read_at);
         let order: OrderRow = sqlx::query_as(D::LOCK_ORDER)
             .bind(order_id)
             .fetch_optional(&mut *tx)
