@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use axum::extract::{ConnectInfo, FromRef, FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
-use ledger::{AccountId, TicketId};
+use ledger::{AccountId, OrderId, TicketId};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -143,6 +143,23 @@ impl<S: Send + Sync> FromRequestParts<S> for TicketPath {
         Uuid::try_parse(&id)
             .map(|id| Self(TicketId(id)))
             .map_err(|_| ApiError::TicketNotFound)
+    }
+}
+
+/// An order id from the path; one that is not a UUID names no order (404).
+#[derive(Debug, Clone, Copy)]
+pub struct OrderPath(pub OrderId);
+
+impl<S: Send + Sync> FromRequestParts<S> for OrderPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::OrderNotFound)?;
+        Uuid::try_parse(&id)
+            .map(|id| Self(OrderId(id)))
+            .map_err(|_| ApiError::OrderNotFound)
     }
 }
 

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, IdempotencyKey, JsonBody, integral};
+use crate::extract::{AccountPath, Caller, IdempotencyKey, JsonBody, OrderPath, integral};
 use crate::render::OrderPaid;
 use crate::routes::spends;
 use crate::state::AppState;
@@ -230,25 +230,4 @@ async fn own_order(state: &AppState, caller: Caller, order: OrderId) -> Result<O
         .await?
         .filter(|order| order.account_id == caller.0)
         .ok_or(ApiError::OrderNotFound)
-}
-
-/// An order id from the path; one that is not a UUID names no order (404).
-#[derive(Debug, Clone, Copy)]
-pub struct OrderPath(pub OrderId);
-
-impl<S: Send + Sync> axum::extract::FromRequestParts<S> for OrderPath {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(
-        parts: &mut axum::http::request::Parts,
-        state: &S,
-    ) -> Result<Self, ApiError> {
-        let axum::extract::Path(id) =
-            axum::extract::Path::<String>::from_request_parts(parts, state)
-                .await
-                .map_err(|_| ApiError::OrderNotFound)?;
-        Uuid::try_parse(&id)
-            .map(|id| Self(OrderId(id)))
-            .map_err(|_| ApiError::OrderNotFound)
-    }
 }
