@@ -62,7 +62,7 @@ struct Args {
     #[arg(long, default_value_t = 64)]
     batch_max: usize,
     /// payonce's PAYONCE_BATCH_WORKERS.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 2)]
     batch_workers: usize,
 }
 

@@ -121,12 +121,13 @@ pub struct Config {
     /// transaction).
     #[arg(long, global = true, env = "PAYONCE_BATCH_MAX", default_value_t = 64)]
     pub batch_max: usize,
-    /// PostgreSQL: how many batches of spends may be in flight at once.
+    /// PostgreSQL: how many batches of spends may be in flight at once (each account's
+    /// spends always go in the same one's batches).
     #[arg(
         long,
         global = true,
         env = "PAYONCE_BATCH_WORKERS",
-        default_value_t = 4
+        default_value_t = 2
     )]
     pub batch_workers: usize,
     /// How long to keep trying to reach the database at start-up.

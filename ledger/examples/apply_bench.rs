@@ -54,6 +54,30 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
+    /// The ledger's group commit: the most spends in one batch (1: each spend alone).
+    #[arg(long, default_value_t = LedgerOptions::default().batch_max)]
+    batch_max: usize,
+    /// The ledger's group commit: batches in flight at once.
+    #[arg(long, default_value_t = LedgerOptions::default().batch_workers)]
+    batch_workers: usize,
+    /// Which workloads to run: `uniform` (10,000 accounts), `hot` (10 hot accounts).
+    #[arg(long, value_delimiter = ',', default_values_t = [Workload::Uniform, Workload::Hot])]
+    workloads: Vec<Workload>,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum Workload {
+    Uniform,
+    Hot,
+}
+
+impl std::fmt::Display for Workload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Uniform => "uniform",
+            Self::Hot => "hot",
+        })
+    }
 }
 
 /// A body shaped like the API's: the numbers as numbers.
@@ -75,13 +99,17 @@ fn render(execution: &Execution<'_>) -> Value {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     println!(
-        "ledger bench: tasks={} seconds={} rounds={}",
-        args.tasks, args.seconds, args.rounds
+        "ledger bench: tasks={} seconds={} rounds={} batch max={} workers={}",
+        args.tasks, args.seconds, args.rounds, args.batch_max, args.batch_workers
     );
     let mut admin =
         PgConnection::connect_with(&PgConnectOptions::from_str(&args.database_url)?).await?;
     let mut summary = Vec::new();
-    for (label, accounts) in [("10,000 accounts", 10_000_usize), ("10 hot accounts", 10)] {
+    for workload in &args.workloads {
+        let (label, accounts) = match workload {
+            Workload::Uniform => ("10,000 accounts", 10_000_usize),
+            Workload::Hot => ("10 hot accounts", 10),
+        };
         let mut ours = Vec::new();
         let mut theirs = Vec::new();
         let mut ratios = Vec::new();
@@ -133,6 +161,8 @@ async fn run_round(
 ) -> Result<(f64, f64), Box<dyn std::error::Error>> {
     let options = LedgerOptions {
         max_connections: u32::try_from(args.tasks)?,
+        batch_max: args.batch_max,
+        batch_workers: args.batch_workers,
         ..LedgerOptions::default()
     };
     let ledger = Ledger::open_postgres(url, &options).await?;

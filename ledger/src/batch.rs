@@ -2,14 +2,17 @@
 //! statement ([`APPLY_SPENDS`]) — one round trip and one commit for the lot — each keeping
 //! its own outcome.
 //!
-//! [`Batcher`] keeps a queue and a few workers. A worker takes whatever is queued, up to
-//! `max` spends, and sends it; spends arriving meanwhile queue for the next free worker.
-//! Nobody waits on a timer: under light load a batch is one spend sent at once, and
-//! batches grow only while every worker is busy, so a spend waits at most for the batches
-//! ahead of it. A batch holds at most one spend per account and per ticket (the statement
-//! works on the whole batch at once, so no spend could see another's effect); a second
-//! one waits for the worker's next batch, the oldest fencing token first. [`Batches`]
-//! counts the sizes sent.
+//! [`Batcher`] keeps a few workers, each with a queue of its own; a spend queues for the
+//! worker its account belongs to (by the account id's bits), so an account's spends are
+//! only ever in one batch at a time and go in order, and two batches never wait for each
+//! other's account rows. A worker takes whatever its queue holds, up to `max` spends, and
+//! sends it; spends arriving meanwhile wait for its next batch. Nobody waits on a timer:
+//! under light load a batch is one spend sent at once, and batches grow only while their
+//! worker is busy, so a spend waits at most for the batch ahead of it. A batch may hold
+//! several spends of one account — the statement applies them in fencing-token order,
+//! each on the balance the one before it left — but one spend per ticket, and one per
+//! account and token; another waits for the worker's next batch. [`Batches`] counts the
+//! sizes sent.
 //!
 //! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
 //! stale token) comes back with its ticket and its account's token as found; `store.rs`
@@ -22,7 +25,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgPool, Row};
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, is_dead_connection};
 use crate::model::{AccountId, TicketId};
@@ -36,10 +39,10 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 
 /// A batch of spends, as parallel arrays, in one statement (one implicit transaction). For
 /// every spend it does what the ledger's transaction does on its usual path: judges the
-/// locked ticket by the database's clock, moves money and points with the conditional
-/// UPDATE that checks and records the fencing token, writes the entry, and stores the
-/// outcome under the ticket. It writes only spends that go through; the others come back
-/// with their tickets as found, so a refusal never rolls back a neighbour.
+/// locked ticket by the database's clock, moves money and points under the fencing check
+/// (a token newer than the account's), writes the entry, and stores the outcome under the
+/// ticket. It writes only spends that go through; the others come back with their tickets
+/// as found, so a refusal never rolls back a neighbour.
 ///
 /// - **Locks, in one order.** Every writer of the ledger locks tickets before accounts,
 ///   each in id order (the transaction path locks one ticket, then one account), so
@@ -51,16 +54,21 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 ///   no flush. A ticket another transaction uses while the statement waits for it drops
 ///   out of the lock scan; it comes back as the snapshot saw it (unused), not written,
 ///   and the transaction path judges it again.
-/// - **One spend per account and per ticket.** The statement's parts see one snapshot,
-///   not each other's writes: two spends of one account would both be judged on its
-///   balance before either. The batcher sends distinct ones only; `judged` checks it again
-///   and, were it not so, nothing is written (every spend then settles on the transaction
-///   path).
-/// - **Latest versions.** Rows locked by `FOR UPDATE`, and rows an UPDATE finds changed
-///   since the snapshot, are read at their latest committed version (READ COMMITTED), as
-///   on the transaction path.
+/// - **Several spends of one account** go in fencing-token order, each judged on the
+///   balance and points the ones before it left (`usable`: running sums over the account's
+///   spends whose ticket is usable and whose token is newer than the account's). Of
+///   those, the ones before the first the account cannot afford are written (`affordable`);
+///   that one and the ones after it are not, and settle on the transaction path, which
+///   stores the refusal. The account is updated once, to what its last written spend left
+///   and that spend's token; each entry carries the balance and points after its own spend.
+///   The batcher sends one spend per ticket and per account and token; `judged` checks it
+///   again and, were it not so, nothing is written (every spend then settles on the
+///   transaction path).
+/// - **Latest versions.** Accounts are read where they are locked (`FOR NO KEY UPDATE`
+///   returns the latest committed version of a row another transaction changed since the
+///   snapshot, READ COMMITTED), and the update checks that they are still so.
 /// - **The body.** It arrives rendered with stand-in numbers where the balance and points
-///   after go (see [`substitutable`]), replaced by what the move returned.
+///   after go (see [`substitutable`]), replaced by the spend's own.
 ///
 /// Parameters: $1 tickets, $2 accounts, $3 kinds, $4 debits, $5 credits, $6 points spent,
 /// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
@@ -75,73 +83,93 @@ const APPLY_SPENDS: &str = "
                     $6::bigint[], $7::bigint[], $8::text[], $9::text[])
              WITH ORDINALITY AS s (ticket_id, account_id, kind, debit, credit, spent, token,
                                    fingerprint, body, slot)
-    ), found_tickets AS (
-        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[])
     ), locked_tickets AS (
-        SELECT t.* FROM tickets AS t WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
+        SELECT t.id, t.account_id, t.expires_at FROM tickets AS t
+        WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
         ORDER BY t.id FOR UPDATE
     ), locked_accounts AS (
-        SELECT a.id, a.fencing_token FROM accounts AS a
+        SELECT a.id, a.balance, a.points, a.fencing_token FROM accounts AS a
         WHERE a.id IN (SELECT s.account_id FROM spends AS s
                        JOIN locked_tickets AS t ON t.id = s.ticket_id)
         ORDER BY a.id FOR NO KEY UPDATE
     ), judged AS (
         SELECT clock_timestamp() AS read_at,
                (SELECT count(DISTINCT ticket_id) = count(*)
-                       AND count(DISTINCT account_id) = count(*) FROM spends) AS distinct_spends
+                       AND count(DISTINCT (account_id, token)) = count(*) FROM spends)
+                   AS distinct_spends
         FROM (SELECT count(*) FROM locked_tickets) AS tickets_locked,
              (SELECT count(*) FROM locked_accounts) AS accounts_locked
+    ), usable AS (
+        SELECT s.slot, s.account_id, s.token, s.debit, s.credit, s.spent,
+               a.balance AS balance_found, a.points AS points_found,
+               a.fencing_token AS token_found,
+               a.balance + coalesce(sum(s.credit - s.debit) OVER earlier, 0) AS balance_before,
+               a.points - coalesce(sum(s.spent) OVER earlier, 0) AS points_before
+        FROM spends AS s
+             JOIN locked_tickets AS t ON t.id = s.ticket_id
+             JOIN locked_accounts AS a ON a.id = s.account_id
+             CROSS JOIN judged AS j
+        WHERE j.distinct_spends AND t.account_id = s.account_id AND t.expires_at > j.read_at
+          AND s.token > a.fencing_token
+        WINDOW earlier AS (PARTITION BY s.account_id ORDER BY s.token
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    ), affordable AS (
+        SELECT u.slot, u.account_id, u.token, u.balance_found, u.points_found, u.token_found,
+               (u.balance_before - u.debit + u.credit)::bigint AS balance_after,
+               (u.points_before - u.spent)::bigint AS points_after
+        FROM (SELECT u.*,
+                     bool_and(u.balance_before >= u.debit AND u.points_before >= u.spent
+                              AND u.balance_before - u.debit + u.credit
+                                  <= 9223372036854775807)
+                         OVER (PARTITION BY u.account_id ORDER BY u.token
+                               ROWS UNBOUNDED PRECEDING) AS so_far
+              FROM usable AS u) AS u
+        WHERE u.so_far
     ), moved AS (
         UPDATE accounts AS a
-        SET balance = a.balance - s.debit + s.credit, points = a.points - s.spent,
-            fencing_token = s.token
-        FROM spends AS s JOIN locked_tickets AS t ON t.id = s.ticket_id CROSS JOIN judged AS j
-        WHERE a.id = s.account_id AND j.distinct_spends
-          AND t.account_id = s.account_id AND t.completed_at IS NULL
-          AND t.expires_at > j.read_at
-          AND a.fencing_token < s.token AND a.balance >= s.debit AND a.points >= s.spent
-          AND a.balance - s.debit <= 9223372036854775807 - s.credit
-        RETURNING s.slot, a.balance, a.points
+        SET balance = last.balance_after, points = last.points_after,
+            fencing_token = last.token
+        FROM (SELECT DISTINCT ON (f.account_id) f.*
+              FROM affordable AS f ORDER BY f.account_id, f.token DESC) AS last
+        WHERE a.id = last.account_id AND a.balance = last.balance_found
+          AND a.points = last.points_found AND a.fencing_token = last.token_found
+        RETURNING a.id
+    ), written AS (
+        SELECT s.*, f.balance_after, f.points_after
+        FROM affordable AS f JOIN moved AS m ON m.id = f.account_id JOIN spends AS s USING (slot)
     ), entries_written AS (
         INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
                              points_after, fencing_token, created_at)
-        SELECT s.account_id, s.ticket_id, s.kind, s.credit - s.debit, -s.spent, m.balance,
-               m.points, s.token, j.read_at
-        FROM moved AS m JOIN spends AS s USING (slot) CROSS JOIN judged AS j
+        SELECT w.account_id, w.ticket_id, w.kind, w.credit - w.debit, -w.spent, w.balance_after,
+               w.points_after, w.token, j.read_at
+        FROM written AS w CROSS JOIN judged AS j
+        ORDER BY w.account_id, w.token
     ), completed AS (
         UPDATE tickets AS t
-        SET operation = s.kind, fingerprint = s.fingerprint, response_status = 201,
-            response_body = replace(replace(s.body, $10, m.balance::text),
-                                    $11, m.points::text)::json,
+        SET operation = w.kind, fingerprint = w.fingerprint, response_status = 201,
+            response_body = replace(replace(w.body, $10, w.balance_after::text),
+                                    $11, w.points_after::text)::json,
             completed_at = j.read_at
-        FROM moved AS m JOIN spends AS s USING (slot) CROSS JOIN judged AS j
-        WHERE t.id = s.ticket_id
+        FROM written AS w CROSS JOIN judged AS j
+        WHERE t.id = w.ticket_id
         RETURNING t.*
     )
     SELECT c.id IS NOT NULL AS applied,
-           coalesce(c.id, t.id, f.id) AS id,
-           coalesce(c.account_id, t.account_id, f.account_id) AS account_id,
-           coalesce(c.created_at, t.created_at, f.created_at) AS created_at,
-           coalesce(c.expires_at, t.expires_at, f.expires_at) AS expires_at,
-           CASE WHEN c.id IS NOT NULL THEN c.operation
-                WHEN t.id IS NOT NULL THEN t.operation ELSE f.operation END AS operation,
-           CASE WHEN c.id IS NOT NULL THEN c.fingerprint
-                WHEN t.id IS NOT NULL THEN t.fingerprint ELSE f.fingerprint END AS fingerprint,
-           CASE WHEN c.id IS NOT NULL THEN c.response_status
-                WHEN t.id IS NOT NULL THEN t.response_status ELSE f.response_status END
-               AS response_status,
-           CASE WHEN c.id IS NOT NULL THEN c.response_body
-                WHEN t.id IS NOT NULL THEN t.response_body ELSE f.response_body END
-               AS response_body,
-           CASE WHEN c.id IS NOT NULL THEN c.completed_at
-                WHEN t.id IS NOT NULL THEN t.completed_at ELSE f.completed_at END
-               AS completed_at,
+           coalesce(c.id, f.id) AS id, coalesce(c.account_id, f.account_id) AS account_id,
+           coalesce(c.created_at, f.created_at) AS created_at,
+           coalesce(c.expires_at, f.expires_at) AS expires_at,
+           coalesce(c.operation, f.operation) AS operation,
+           coalesce(c.fingerprint, f.fingerprint) AS fingerprint,
+           coalesce(c.response_status, f.response_status) AS response_status,
+           coalesce(c.response_body, f.response_body) AS response_body,
+           coalesce(c.completed_at, f.completed_at) AS completed_at,
            j.read_at,
            la.fencing_token AS recorded_token
     FROM spends AS s
-         LEFT JOIN found_tickets AS f ON f.id = s.ticket_id
-         LEFT JOIN locked_tickets AS t ON t.id = s.ticket_id
          LEFT JOIN completed AS c ON c.id = s.ticket_id
+         -- Only a spend not written reads its ticket again, as the snapshot saw it.
+         LEFT JOIN LATERAL (SELECT f.* FROM tickets AS f
+                            WHERE f.id = s.ticket_id AND c.id IS NULL OFFSET 0) AS f ON true
          LEFT JOIN locked_accounts AS la ON la.id = s.account_id
          CROSS JOIN judged AS j
     ORDER BY s.slot";
@@ -224,10 +252,11 @@ struct Queued {
     answer: oneshot::Sender<Result<Done, Failed>>,
 }
 
-/// The group commit's queue and workers (see the module docs).
+/// The group commit's workers and their queues (see the module docs).
 #[derive(Debug)]
 pub(crate) struct Batcher {
-    queue: mpsc::Sender<Queued>,
+    /// One queue per worker; an account's spends always go to the same one.
+    queues: Vec<mpsc::Sender<Queued>>,
     sizes: Arc<Batches>,
 }
 
@@ -269,45 +298,30 @@ impl Batcher {
     /// Starts the workers on the current runtime. They stop when the batcher is dropped.
     pub(crate) fn start(pool: PgPool, shape: Shape) -> Self {
         let max = shape.max.max(1);
-        let (queue, receiver) = mpsc::channel::<Queued>(max * shape.workers.max(1) * 4);
-        let receiver = Arc::new(Mutex::new(receiver));
         let sizes = Arc::new(Batches::new(max));
-        for _ in 0..shape.workers.max(1) {
-            let (receiver, pool, sizes) = (receiver.clone(), pool.clone(), sizes.clone());
-            tokio::spawn(async move {
-                // Spends that could not go in this worker's last batch (their account or
-                // ticket was in it already): they go first in its next.
-                let mut waiting: Vec<Queued> = Vec::with_capacity(max);
-                loop {
-                    if waiting.is_empty() {
-                        if receiver.lock().await.recv_many(&mut waiting, max).await == 0 {
-                            return; // the batcher is gone
-                        }
-                    } else if let Ok(mut receiver) = receiver.try_lock() {
-                        // Topped up with what is queued, never waiting: another worker may
-                        // hold the queue, asleep until something arrives — and what it
-                        // waits for may be this worker's leftovers.
-                        while waiting.len() < max {
-                            match receiver.try_recv() {
-                                Ok(queued) => waiting.push(queued),
-                                Err(_) => break,
-                            }
-                        }
-                    }
-                    let batch = take_distinct(&mut waiting);
-                    sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
-                    run(&pool, batch, shape.tries).await;
-                }
-            });
-        }
-        Self { queue, sizes }
+        let queues = (0..shape.workers.max(1))
+            .map(|_| {
+                let (queue, receiver) = mpsc::channel::<Queued>(max * 4);
+                tokio::spawn(work(
+                    receiver,
+                    pool.clone(),
+                    Arc::clone(&sizes),
+                    max,
+                    shape.tries,
+                ));
+                queue
+            })
+            .collect();
+        Self { queues, sizes }
     }
 
-    /// Applies `spend` in the next batch.
+    /// Applies `spend` in its worker's next batch.
     pub(crate) async fn apply(&self, spend: Spend) -> Result<Done, Failed> {
         let (answer, answered) = oneshot::channel();
         let gone = || Failed::Unreadable("the ledger is shutting down".into());
-        self.queue
+        // The account id's low bits pick the worker: an account always has the same one.
+        let worker = (spend.account_id.0.as_u64_pair().1 % self.queues.len() as u64) as usize;
+        self.queues[worker]
             .send(Queued { spend, answer })
             .await
             .map_err(|_| gone())?;
@@ -320,16 +334,48 @@ impl Batcher {
     }
 }
 
-/// Takes out of `waiting` a batch of at most one spend per account and per ticket: of an
-/// account's spends, the one with the oldest fencing token (a paused holder's late spend
-/// before its successor's, as they would have gone one after the other).
-fn take_distinct(waiting: &mut Vec<Queued>) -> Vec<Queued> {
+/// One worker: sends what its queue holds, a batch at a time, until the batcher is gone.
+async fn work(
+    mut queue: mpsc::Receiver<Queued>,
+    pool: PgPool,
+    sizes: Arc<Batches>,
+    max: usize,
+    tries: u32,
+) {
+    // Spends that could not go in the last batch (their ticket, or their account and
+    // token, was in it already): they go first in the next.
+    let mut waiting: Vec<Queued> = Vec::with_capacity(max);
+    loop {
+        if waiting.is_empty() {
+            if queue.recv_many(&mut waiting, max).await == 0 {
+                return; // the batcher is gone
+            }
+        } else {
+            // Topped up with what is queued, never waiting: the leftovers go now.
+            while waiting.len() < max {
+                match queue.try_recv() {
+                    Ok(queued) => waiting.push(queued),
+                    Err(_) => break,
+                }
+            }
+        }
+        let batch = take_batch(&mut waiting);
+        sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
+        run(&pool, batch, tries).await;
+    }
+}
+
+/// Takes out of `waiting` a batch of at most one spend per ticket and per account and
+/// fencing token, in account and token order (the order the statement applies an
+/// account's spends in, and the order a second spend of a ticket waits in).
+fn take_batch(waiting: &mut Vec<Queued>) -> Vec<Queued> {
     waiting.sort_by_key(|queued| (queued.spend.account_id.0, queued.spend.token));
-    let mut accounts = HashSet::new();
+    let mut grants = HashSet::new();
     let mut tickets = HashSet::new();
     let (batch, rest) = std::mem::take(waiting).into_iter().partition(|queued| {
+        let spend = &queued.spend;
         // Both inserts always run (`&`, not `&&`): a spend taken counts its ticket too.
-        accounts.insert(queued.spend.account_id) & tickets.insert(queued.spend.ticket_id)
+        grants.insert((spend.account_id, spend.token)) & tickets.insert(spend.ticket_id)
     });
     *waiting = rest;
     batch
@@ -481,26 +527,29 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_takes_one_spend_per_account_and_ticket_the_oldest_token_first() {
+    fn a_batch_takes_an_accounts_spends_in_token_order_and_one_per_ticket_and_grant() {
         let account = |n| AccountId(uuid::Uuid::from_u128(n));
         let (a, b, c) = (account(1), account(2), account(3));
         let shared_ticket = TicketId::random();
         let mut waiting = vec![
             queued(a, TicketId::random(), 5),
             queued(a, TicketId::random(), 3),
+            queued(a, TicketId::random(), 3),
             queued(b, shared_ticket, 1),
             queued(c, shared_ticket, 2),
         ];
-        let batch = take_distinct(&mut waiting);
-        let taken = |queued: &[Queued]| {
-            let mut taken: Vec<i64> = queued.iter().map(|queued| queued.spend.token).collect();
-            taken.sort_unstable();
-            taken
+        let batch = take_batch(&mut waiting);
+        let tokens = |queued: &[Queued]| {
+            queued
+                .iter()
+                .map(|queued| queued.spend.token)
+                .collect::<Vec<_>>()
         };
-        assert_eq!(taken(&batch), [1, 3]);
-        assert_eq!(taken(&waiting), [2, 5]);
-        let next = take_distinct(&mut waiting);
-        assert_eq!(taken(&next), [2, 5]);
+        // In account order, and by token within an account.
+        assert_eq!(tokens(&batch), [3, 5, 1]);
+        assert_eq!(tokens(&waiting), [3, 2]);
+        let next = take_batch(&mut waiting);
+        assert_eq!(tokens(&next), [3, 2]);
         assert!(waiting.is_empty());
     }
 

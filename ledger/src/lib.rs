@@ -85,7 +85,7 @@ pub struct LedgerOptions {
     /// its own transaction, still one round trip).
     pub batch_max: usize,
     /// PostgreSQL's group commit: how many batches may be in flight at once, each on a
-    /// pooled connection.
+    /// pooled connection; an account's spends always go to the same worker.
     pub batch_workers: usize,
 }
 
@@ -96,7 +96,7 @@ impl Default for LedgerOptions {
             acquire_timeout: Duration::from_secs(3),
             write_queue_timeout: Duration::from_secs(20),
             batch_max: 64,
-            batch_workers: 4,
+            batch_workers: 2,
         }
     }
 }

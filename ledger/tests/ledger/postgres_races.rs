@@ -481,10 +481,11 @@ fn batched_spends(ledger: &Ledger) -> u64 {
 }
 
 /// Many spends of one account at once, each with its own grant's token, as holders that
-/// overlapped would send them: one per batch, the oldest token first; a spend whose token
-/// a newer one already passed is refused as stale and writes nothing; the money adds up.
+/// overlapped would send them: they go in fencing-token order (several in one batch); a
+/// spend whose token a newer one already passed is refused as stale and writes nothing; the
+/// money adds up, and every entry starts from the balance the one before it left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn spends_of_one_account_go_one_per_batch_and_stale_ones_write_nothing() {
+async fn spends_of_one_account_go_in_token_order_and_stale_ones_write_nothing() {
     let database = TestDatabase::postgres().await.unwrap();
     let ledger = open(&database).await;
     let account_id = account(&ledger, 1000, 0).await;
@@ -517,6 +518,90 @@ async fn spends_of_one_account_go_one_per_batch_and_stale_ones_write_nothing() {
     assert!(written >= 1);
     let balance = ledger.account(account_id).await.unwrap().unwrap().balance;
     assert_eq!(balance, 1000 - 10 * written);
+    assert_clean(&ledger).await;
+}
+
+/// Spends of one account that queue together go in one batch, in fencing-token order,
+/// each on the balance the one before it left: two withdrawals of 40 from 100 go through
+/// (60, then 20 left, each entry and stored body saying so), and a third, which 20 does
+/// not cover, is refused with 402 and writes nothing — without undoing the two before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_accounts_spends_in_one_batch_each_see_the_balance_the_last_left() {
+    let database = TestDatabase::postgres().await.unwrap();
+    open(&database).await; // migrated
+    // One worker: while its batch waits for a row held below, the others queue for the
+    // next batch together.
+    let options = ledger::LedgerOptions {
+        batch_workers: 1,
+        ..ledger::LedgerOptions::default()
+    };
+    let ledger = Ledger::open(database.url(), &options).await.unwrap();
+    let blocker = account(&ledger, 1000, 0).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let blocker_ticket = ledger.issue_ticket(blocker, HOUR).await.unwrap().id;
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        tickets.push(ledger.issue_ticket(account_id, HOUR).await.unwrap().id);
+    }
+
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(blocker)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let blocked = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { apply(&ledger, blocker, blocker_ticket, withdrawal(1), "w1", 1).await }
+    });
+    assert!(blocked_or_finished(&mut monitor, &blocked).await);
+    let before = batched_spends(&ledger);
+    let spends: Vec<_> = tickets
+        .into_iter()
+        .zip(1_u64..)
+        .map(|(ticket, token)| {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                apply(&ledger, account_id, ticket, withdrawal(40), "w40", token).await
+            })
+        })
+        .collect();
+    // The three reach the worker's queue while its batch is blocked.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.commit().await.unwrap();
+    assert_eq!(blocked.await.unwrap().unwrap().response.status, 201);
+
+    let mut answers = Vec::new();
+    for spend in spends {
+        let applied = spend.await.unwrap().unwrap();
+        answers.push((
+            applied.response.status,
+            applied.response.body["balance"].clone(),
+        ));
+    }
+    assert_eq!(
+        answers,
+        [
+            (201, serde_json::json!(60)),
+            (201, serde_json::json!(20)),
+            (402, serde_json::json!(-1)),
+        ]
+    );
+    let sizes = ledger.batches().unwrap().counts();
+    assert!(
+        sizes.iter().any(|&(size, _)| size == 3),
+        "the three did not go in one batch: {sizes:?}"
+    );
+    assert_eq!(batched_spends(&ledger) - before, 3, "{sizes:?}");
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    let after: Vec<i64> = entries.iter().map(|entry| entry.balance_after).collect();
+    assert_eq!(after, [100, 60, 20]);
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        20
+    );
     assert_clean(&ledger).await;
 }
 
