@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Makes sure PostgreSQL, Redis, ZooKeeper, etcd, MariaDB and memcached run on 127.0.0.1
-# (5432, 6379, 2181, 2379, 3306, 11211), installing them from Debian's packages on a
-# machine that lacks them. Idempotent: what already runs is left alone. Used by
+# Makes sure PostgreSQL, Redis, a Redis Cluster, ZooKeeper, etcd, MariaDB and memcached run
+# on 127.0.0.1 (5432, 6379, 7000-7005, 2181, 2379, 3306, 11211), installing them from
+# Debian's packages on a machine that lacks them. Idempotent: what already runs is left alone. Used by
 # scripts/test.sh, scripts/fuzz.sh and .ci/run.
 set -euo pipefail
 
@@ -43,6 +43,48 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   done
 fi
 redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null
+
+# --- Redis Cluster -----------------------------------------------------------
+# Six nodes on 127.0.0.1:7000-7005 (three masters, three replicas; cluster bus on
+# 17000-17005) for the lock's shared test suite on a cluster (PAYONCE_LOCK_URL=
+# redis-cluster://…). Nothing on disk but each node's cluster configuration, under
+# /var/lib/redis-cluster/<port>, so a node started again rejoins its cluster. Tests that
+# kill a master start a private cluster of their own.
+cluster_ports="7000 7001 7002 7003 7004 7005"
+cluster_ok() {
+  local port
+  for port in $cluster_ports; do
+    redis-cli -h 127.0.0.1 -p "$port" cluster info 2>/dev/null | grep -q '^cluster_state:ok' || return 1
+  done
+}
+if ! cluster_ok; then
+  for port in $cluster_ports; do
+    if ! redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1; then
+      as_root mkdir -p "/var/lib/redis-cluster/$port"
+      as_root redis-server --daemonize yes --bind 127.0.0.1 --port "$port" \
+        --cluster-enabled yes --cluster-config-file nodes.conf --cluster-node-timeout 2000 \
+        --save "" --appendonly no --dir "/var/lib/redis-cluster/$port" \
+        --logfile "/var/lib/redis-cluster/$port/redis.log"
+    fi
+  done
+  for port in $cluster_ports; do
+    for _ in $(seq 50); do
+      redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && break
+      sleep 0.1
+    done
+  done
+  # Fresh nodes (no slots anywhere yet) are joined into a cluster; nodes that restarted
+  # with their configuration find each other again by themselves.
+  if [ "$(redis-cli -h 127.0.0.1 -p 7000 cluster info | grep -c '^cluster_slots_assigned:0')" = 1 ]; then
+    redis-cli --cluster create $(for port in $cluster_ports; do printf '127.0.0.1:%s ' "$port"; done) \
+      --cluster-replicas 1 --cluster-yes >/dev/null
+  fi
+  for _ in $(seq 200); do
+    cluster_ok && break
+    sleep 0.1
+  done
+fi
+cluster_ok || { echo "the Redis Cluster on 127.0.0.1:7000-7005 is not ok" >&2; exit 1; }
 
 # --- PostgreSQL --------------------------------------------------------------
 if ! ls /etc/postgresql/*/main >/dev/null 2>&1; then

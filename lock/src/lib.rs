@@ -92,6 +92,7 @@ mod postgres;
 #[cfg(feature = "demo")]
 pub mod recipes;
 mod redis_backend;
+mod redis_link;
 #[cfg(feature = "demo")]
 mod redlock;
 mod service;

@@ -1,7 +1,8 @@
-//! Locks in Redis: one script round trip per acquire, release and renewal; waiters sleep
-//! until a release hands the lock to them over pub/sub.
+//! Locks in Redis — one server, or a Redis Cluster (`redis_link.rs`): one script round
+//! trip per acquire, release and renewal; waiters sleep until a release hands the lock to
+//! them over pub/sub.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -10,12 +11,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Client, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind, Script, Value,
+    Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
+    ServerErrorKind, Value,
 };
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::LockError;
+use crate::redis_link::{self, ClusterLink, Connection, Link};
 use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
@@ -49,8 +52,53 @@ impl Default for RedisOptions {
     }
 }
 
-/// The scripts, each loaded once per server and then called by SHA (the `redis` crate
-/// reloads one on NOSCRIPT, e.g. after a restart).
+/// A script, called by its SHA; on NOSCRIPT (a restarted server, a replica promoted in a
+/// cluster) it is sent whole with EVAL, which also caches it on that node — rather than
+/// with SCRIPT LOAD, which a cluster client sends to every node, and which fails while one
+/// of them is down.
+struct Script {
+    code: String,
+    sha: String,
+}
+
+impl Script {
+    fn new(code: String) -> Self {
+        let sha = redis::Script::new(&code).get_hash().to_owned();
+        Self { code, sha }
+    }
+
+    fn command(&self, by: &str, keys: &[String], args: &[&str]) -> redis::Cmd {
+        let mut command = redis::cmd(by);
+        command
+            .arg(if by == "EVAL" { &self.code } else { &self.sha })
+            .arg(keys.len())
+            .arg(keys)
+            .arg(args);
+        command
+    }
+
+    async fn invoke<T: FromRedisValue>(
+        &self,
+        connection: &mut Connection,
+        keys: &[String],
+        args: &[&str],
+    ) -> redis::RedisResult<T> {
+        match self
+            .command("EVALSHA", keys, args)
+            .query_async(connection)
+            .await
+        {
+            Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.command("EVAL", keys, args)
+                    .query_async(connection)
+                    .await
+            }
+            answer => answer,
+        }
+    }
+}
+
+/// The scripts.
 struct Scripts {
     acquire: Script,
     release: Script,
@@ -61,12 +109,12 @@ struct Scripts {
 
 impl Scripts {
     fn new() -> Self {
-        let with_hand_off = |body: &str| Script::new(&format!("{HAND_OFF}\n{body}"));
+        let with_hand_off = |body: &str| Script::new(format!("{HAND_OFF}\n{body}"));
         Self {
             acquire: with_hand_off(include_str!("scripts/acquire.lua")),
             release: with_hand_off(include_str!("scripts/release.lua")),
             cancel: with_hand_off(include_str!("scripts/cancel.lua")),
-            extend: Script::new(include_str!("scripts/extend.lua")),
+            extend: Script::new(include_str!("scripts/extend.lua").to_owned()),
             raise_fencing: with_hand_off(include_str!("scripts/raise_fencing.lua")),
         }
     }
@@ -114,7 +162,7 @@ struct Pending {
 
 /// What the cancel script needs.
 struct Cleanup {
-    connection: ConnectionManager,
+    link: Link,
     scripts: Arc<Scripts>,
     keys: [String; 4],
     op_timeout: Duration,
@@ -131,17 +179,14 @@ impl Cleanup {
             return;
         };
         runtime.spawn(async move {
-            let mut connection = self.connection;
-            let mut invocation = self.scripts.cancel.prepare_invoke();
-            for key in &self.keys {
-                invocation.key(key);
-            }
-            invocation.arg(&owner);
-            let cancelled = timeout_at(
-                Instant::now() + self.op_timeout,
-                invocation.invoke_async::<i64>(&mut connection),
-            )
-            .await;
+            let cancel = async {
+                let mut connection = self.link.connect().await?;
+                self.scripts
+                    .cancel
+                    .invoke::<i64>(&mut connection, &self.keys, &[&owner])
+                    .await
+            };
+            let cancelled = timeout_at(Instant::now() + self.op_timeout, cancel).await;
             if !matches!(cancelled, Ok(Ok(_))) {
                 tracing::debug!("could not cancel an abandoned wait; its entry expires by itself");
             }
@@ -175,21 +220,28 @@ enum Attempt {
     QueueFull,
 }
 
-/// Locks in one Redis server. See the crate docs for the protocol.
+/// Locks in one Redis server or a Redis Cluster. See the crate docs for the protocol.
 pub struct RedisBackend {
-    /// One multiplexed connection (RESP3), reconnected on failure; carries both commands
-    /// and this process's wake-up subscription.
-    connection: ConnectionManager,
+    /// Multiplexed connections (RESP3), reconnected on failure; they carry both commands
+    /// and this process's wake-up subscriptions.
+    link: Link,
     /// Shared with the background clean-ups of abandoned waits.
     scripts: Arc<Scripts>,
     namespace: String,
-    /// The channel releases publish to when they hand a lock to one of our waiters.
-    channel: String,
+    /// Names this process's wake-up channels, which releases publish to when they hand a
+    /// lock to one of our waiters: `<namespace>:wake:<client id>` on one server; in a
+    /// cluster one sharded channel per slot, `<namespace>:wake:{<slot tag>}:<client id>`.
+    client_id: String,
     waiters: Arc<Waiters>,
-    /// Set once the wake-up subscription is confirmed; cleared when the connection drops
-    /// (the connection manager resubscribes on reconnect, and the next waiter makes sure).
+    /// One server: set once the wake-up subscription is confirmed; cleared when the
+    /// connection drops (the connection manager resubscribes on reconnect, and the next
+    /// waiter makes sure).
     subscribed: Arc<AtomicBool>,
-    /// Serialises the first subscription so concurrent waiters send one SUBSCRIBE.
+    /// A cluster: the slots whose wake-up channel this process has subscribed to (the
+    /// cluster client keeps them subscribed across reconnects and failovers). Never
+    /// unsubscribed, so a waiter never races an unsubscribe; at most one per slot.
+    subscribed_slots: Mutex<HashSet<u16>>,
+    /// Serialises subscribing so concurrent waiters send one SUBSCRIBE per channel.
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
     max_waiters: usize,
@@ -204,15 +256,16 @@ impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("namespace", &self.namespace)
-            .field("channel", &self.channel)
+            .field("cluster", &self.link.sharded())
             .field("op_timeout", &self.op_timeout)
             .finish_non_exhaustive()
     }
 }
 
 impl RedisBackend {
-    /// A backend for the Redis at `url` (`redis://host:port/db`). Connects lazily; must be
-    /// called inside a Tokio runtime.
+    /// A backend for the Redis at `url`: one server (`redis://host:port/db`), or a Redis
+    /// Cluster (`redis-cluster://host:port[,host:port…]`, any of its nodes). Connects
+    /// lazily; must be called inside a Tokio runtime.
     pub fn open(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         if options.namespace.is_empty() || options.namespace.contains(['|', '{', '}']) {
             // '|' separates queue-entry fields; braces would break the keys' hash tags.
@@ -221,23 +274,12 @@ impl RedisBackend {
                 options.namespace
             )));
         }
-        let info = url
-            .into_connection_info()
-            .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-        // RESP3 lets one multiplexed connection carry pub/sub pushes next to commands.
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let client = Client::open(info.set_redis_settings(settings))
-            .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
         let (push_waiters, push_subscribed) = (Arc::clone(&waiters), Arc::clone(&subscribed));
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
             match push.kind {
-                PushKind::Message => {
+                PushKind::Message | PushKind::SMessage => {
                     if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
                         push_waiters.deliver(payload);
                     }
@@ -247,25 +289,25 @@ impl RedisBackend {
             }
             Ok(())
         };
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.op_timeout))
-            .set_response_timeout(Some(options.op_timeout))
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(options.op_timeout)
-            .set_push_sender(on_push)
-            .set_automatic_resubscription();
-        let connection = ConnectionManager::new_lazy_with_config(client, config)
-            .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))?;
-
-        let client_id = OwnerToken::random().to_hex();
+        let link = if url.starts_with("redis-cluster://") {
+            let nodes = redis_link::cluster_nodes(url).map_err(LockError::Invalid)?;
+            let client = redis_link::cluster_client(&nodes, options.op_timeout, on_push)
+                .map_err(|error| LockError::Invalid(format!("bad Redis Cluster URL: {error}")))?;
+            Link::Cluster(Arc::new(ClusterLink {
+                client,
+                connection: tokio::sync::OnceCell::new(),
+            }))
+        } else {
+            Link::Server(server_connection(url, &options, on_push)?)
+        };
         Ok(Self {
-            connection,
+            link,
             scripts: Arc::new(Scripts::new()),
-            channel: format!("{}:wake:{client_id}", options.namespace),
+            client_id: OwnerToken::random().to_hex(),
             namespace: options.namespace,
             waiters,
             subscribed,
+            subscribed_slots: Mutex::new(HashSet::new()),
             subscribing: tokio::sync::Mutex::new(()),
             op_timeout: options.op_timeout,
             max_waiters: options.max_waiters.max(1),
@@ -318,22 +360,43 @@ impl RedisBackend {
         args: &[&str],
         deadline: Option<Instant>,
     ) -> Result<T, LockError> {
-        let mut invocation = script.prepare_invoke();
-        for key in keys {
-            invocation.key(key);
-        }
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        let mut connection = self.connection.clone();
-        self.round_trip(deadline, invocation.invoke_async(&mut connection))
-            .await
+        self.round_trip(deadline, async {
+            let mut connection = self.link.connect().await?;
+            script.invoke(&mut connection, keys, args).await
+        })
+        .await
     }
 
-    /// Makes sure hand-off messages for our waiters reach us before any of them queues:
-    /// a waiter that queued before the subscription could miss its wake-up.
-    async fn ensure_subscribed(&self, deadline: Instant) -> Result<(), LockError> {
-        if self.subscribed.load(Ordering::Acquire) {
+    /// The channel a release publishes to when it hands the lock `lock_key` to one of our
+    /// waiters: on one server this process's channel; in a cluster this process's sharded
+    /// channel of the lock's slot, which a script running on that slot may publish to.
+    fn wake_channel(&self, lock_key: &str) -> String {
+        let (ns, client) = (&self.namespace, &self.client_id);
+        if self.link.sharded() {
+            let tag = redis_link::slot_tag(redis_link::slot(lock_key));
+            format!("{ns}:wake:{{{tag}}}:{client}")
+        } else {
+            format!("{ns}:wake:{client}")
+        }
+    }
+
+    /// Whether this process already listens on the wake-up channel of `lock_key`.
+    fn subscribed_to(&self, lock_key: &str) -> bool {
+        if self.link.sharded() {
+            let slots = self
+                .subscribed_slots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            slots.contains(&redis_link::slot(lock_key))
+        } else {
+            self.subscribed.load(Ordering::Acquire)
+        }
+    }
+
+    /// Makes sure hand-off messages for our waiters on `lock_key` reach us before any of
+    /// them queues: a waiter that queued before the subscription could miss its wake-up.
+    async fn ensure_subscribed(&self, lock_key: &str, deadline: Instant) -> Result<(), LockError> {
+        if self.subscribed_to(lock_key) {
             return Ok(());
         }
         let Ok(_single) = timeout_at(deadline, self.subscribing.lock()).await else {
@@ -341,13 +404,22 @@ impl RedisBackend {
                 "Redis did not confirm the wake-up subscription in time",
             ));
         };
-        if self.subscribed.load(Ordering::Acquire) {
+        if self.subscribed_to(lock_key) {
             return Ok(());
         }
-        let mut connection = self.connection.clone();
-        self.round_trip(Some(deadline), connection.subscribe(&self.channel))
-            .await?;
-        self.subscribed.store(true, Ordering::Release);
+        let channel = self.wake_channel(lock_key);
+        self.round_trip(Some(deadline), async {
+            self.link.connect().await?.subscribe(&channel).await
+        })
+        .await?;
+        if self.link.sharded() {
+            self.subscribed_slots
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .insert(redis_link::slot(lock_key));
+        } else {
+            self.subscribed.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -362,11 +434,12 @@ impl RedisBackend {
         let ttl_ms = millis(ttl + self.lock_delay).to_string();
         let wait_ms = millis(wait).to_string();
         let max_waiters = self.max_waiters.to_string();
+        let channel = self.wake_channel(&keys[0]);
         let (status, value): (i64, i64) = self
             .script(
                 &self.scripts.acquire,
                 keys,
-                &[owner, &ttl_ms, &wait_ms, &self.channel, note, &max_waiters],
+                &[owner, &ttl_ms, &wait_ms, &channel, note, &max_waiters],
                 deadline,
             )
             .await?;
@@ -413,12 +486,40 @@ impl RedisBackend {
     /// What [`Cleanup::spawn`] needs to undo an attempt whose answer we did not act on.
     fn cleanup(&self, keys: &[String; 4]) -> Cleanup {
         Cleanup {
-            connection: self.connection.clone(),
+            link: self.link.clone(),
             scripts: Arc::clone(&self.scripts),
             keys: keys.clone(),
             op_timeout: self.op_timeout,
         }
     }
+}
+
+/// The connection manager for the one server at `url` (`redis://host:port/db`): RESP3, so
+/// one multiplexed connection carries pub/sub pushes next to commands; connects lazily.
+fn server_connection(
+    url: &str,
+    options: &RedisOptions,
+    on_push: impl redis::aio::AsyncPushSender,
+) -> Result<ConnectionManager, LockError> {
+    let info = url
+        .into_connection_info()
+        .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let client = Client::open(info.set_redis_settings(settings))
+        .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.op_timeout))
+        .set_response_timeout(Some(options.op_timeout))
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(options.op_timeout)
+        .set_push_sender(on_push)
+        .set_automatic_resubscription();
+    ConnectionManager::new_lazy_with_config(client, config)
+        .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
 }
 
 /// Whole milliseconds, rounded up so a short wait is not truncated to "don't wait".
@@ -467,7 +568,7 @@ impl LockBackend for RedisBackend {
         let keys = self.keys(key);
         let owner = OwnerToken::random();
         let owner_hex = owner.to_hex();
-        self.ensure_subscribed(deadline).await?;
+        self.ensure_subscribed(&keys[0], deadline).await?;
 
         // Registered before the first attempt: the hand-off message may overtake the
         // attempt's own reply.
@@ -604,23 +705,25 @@ impl LockBackend for RedisBackend {
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
         let [lock_key, ..] = self.keys(key);
-        let mut connection = self.connection.clone();
         let value: Option<String> = self
-            .round_trip(
-                None,
+            .round_trip(None, async {
+                let mut connection = self.link.connect().await?;
                 redis::cmd("GET")
                     .arg(&lock_key)
-                    .query_async(&mut connection),
-            )
+                    .query_async(&mut connection)
+                    .await
+            })
             .await?;
         // "<owner>:<fence>:<note>": the note is everything after the second colon.
         Ok(value.and_then(|value| value.splitn(3, ':').nth(2).map(str::to_owned)))
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let mut connection = self.connection.clone();
         let _: String = self
-            .round_trip(None, redis::cmd("PING").query_async(&mut connection))
+            .round_trip(None, async {
+                let mut connection = self.link.connect().await?;
+                redis::cmd("PING").query_async(&mut connection).await
+            })
             .await?;
         Ok(())
     }

@@ -1,8 +1,17 @@
-//! Test support: private servers on free loopback ports — `redis-server`, ZooKeeper, etcd,
-//! memcached, MariaDB (PostgreSQL's is the ledger's) — for tests (and the lock services ×
-//! faults matrix) that
-//! must restart, wipe, pause or count the commands of a server nobody else uses; and a
-//! loopback [`Proxy`] that partitions its clients from a server.
+//! Test support: private servers on free loopback ports — `redis-server`, a Redis Cluster
+//! ([`RedisCluster`], `testing/redis_cluster.rs`), ZooKeeper, etcd, memcached, MariaDB
+//! (PostgreSQL's is the ledger's) — for tests (and the lock services × faults matrix) that
+//! must restart, wipe, pause, fail over or count the commands of a server nobody else
+//! uses; and a loopback [`Proxy`] that partitions its clients from a server.
+
+mod redis_cluster;
+
+pub use redis_cluster::RedisCluster;
+
+/// The Redis Cluster hash slot of `key` (what `CLUSTER KEYSLOT` answers).
+pub fn slot_of(key: &str) -> u16 {
+    crate::redis_link::slot(key)
+}
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};

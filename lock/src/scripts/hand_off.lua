@@ -13,7 +13,8 @@
 --   the waiters   a hash from each waiting owner to "<ttl ms>|<deadline>|<channel>|<note>":
 --                 the lease it asked for, the Redis-clock time (ms) after which it has
 --                 given up, the pub/sub channel its process listens on (never contains
---                 '|'), and its note; field '#' counts arrivals (the queue's scores)
+--                 '|'; in a cluster a sharded channel tagged with this lock's slot), and
+--                 its note; field '#' counts arrivals (the queue's scores)
 
 local function now_ms()
   local t = redis.call('TIME')
@@ -53,13 +54,24 @@ local function grant(lock_key, fence_key, owner, ttl, note)
   return fence
 end
 
+-- Tells a waiter's process on its channel, and answers how many subscribers received it.
+-- A channel with a hash tag is a sharded one (a Redis Cluster: it hashes to this lock's
+-- slot, so SPUBLISH runs here and counts exactly); one without is a plain channel (one
+-- server: PUBLISH).
+local function publish(channel, message)
+  if string.find(channel, '{', 1, true) then
+    return redis.call('SPUBLISH', channel, message)
+  end
+  return redis.call('PUBLISH', channel, message)
+end
+
 -- Gives a free lock to the first waiter whose deadline has not passed and whose process
 -- still listens, and tells it on its channel — unless it is `quiet_owner` (the caller,
--- who learns from the script's reply). PUBLISH answers how many subscribers received the
--- message: none means the waiter's process is gone (its connection closed), and the lock
--- would sit with a dead waiter for a whole lease, so it is taken back and the next waiter
--- is served. Returns the new holder's owner token and fencing token, or nil when nobody
--- is waiting.
+-- who learns from the script's reply). Publishing answers how many subscribers received
+-- the message: none means the waiter's process is gone (its connection closed), and the
+-- lock would sit with a dead waiter for a whole lease, so it is taken back and the next
+-- waiter is served. Returns the new holder's owner token and fencing token, or nil when
+-- nobody is waiting.
 local function hand_off(lock_key, fence_key, queue_key, waiters_key, quiet_owner)
   local now
   while true do
@@ -80,7 +92,7 @@ local function hand_off(lock_key, fence_key, queue_key, waiters_key, quiet_owner
       if owner == quiet_owner then
         return owner, fence
       end
-      if redis.call('PUBLISH', channel, owner .. ':' .. digits(fence)) > 0 then
+      if publish(channel, owner .. ':' .. digits(fence)) > 0 then
         return owner, fence
       end
       redis.call('DEL', lock_key)

@@ -11,6 +11,7 @@ mod etcd_only;
 mod memcached_only;
 mod mysql_only;
 mod postgres_only;
+mod redis_cluster_only;
 mod redis_only;
 mod suite;
 mod zookeeper_only;
@@ -93,6 +94,11 @@ macro_rules! shared_suite {
 }
 
 shared_suite!(redis, shared_redis, redis_only::PrivateRedis::start);
+shared_suite!(
+    redis_cluster,
+    redis_cluster_only::shared_cluster,
+    redis_cluster_only::NamespaceLost::default
+);
 shared_suite!(in_process, LockService::in_process, InProcessStore::default);
 shared_suite!(
     zookeeper,

@@ -1,0 +1,240 @@
+//! What only a Redis Cluster can show: wake-ups that cross nodes (sharded pub/sub on the
+//! lock's slot), a slot moved while locks are taken on it (MOVED and ASK followed), and a
+//! master killed under held locks — its replica takes over, the locks and counters it had
+//! not replicated are gone, and the fencing tokens still never go back.
+
+use std::time::Duration;
+
+use lock::testing::RedisCluster;
+use lock::{FencingToken, LockError, LockService, RedisOptions};
+use tokio::time::{Instant, sleep};
+
+use crate::Store;
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// The shared cluster (`scripts/services.sh` starts one on 127.0.0.1:7000-7005).
+fn cluster_url() -> String {
+    std::env::var("REDIS_CLUSTER_URL")
+        .unwrap_or_else(|_| "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into())
+}
+
+fn namespace() -> String {
+    format!("test-{:016x}", rand::random::<u64>())
+}
+
+fn cluster_at(url: &str, namespace: &str) -> LockService {
+    LockService::redis(
+        url,
+        RedisOptions {
+            namespace: namespace.to_owned(),
+            op_timeout: Duration::from_secs(2),
+            ..RedisOptions::default()
+        },
+    )
+    .expect("a valid Redis Cluster URL")
+}
+
+/// The shared cluster, under a namespace of the test's own.
+pub fn shared_cluster() -> LockService {
+    cluster_at(&cluster_url(), &namespace())
+}
+
+/// The shared cluster whose keys of one namespace are lost — what a failover to a replica
+/// that had not replicated them loses (the failover test below loses them for real).
+pub struct NamespaceLost {
+    namespace: String,
+    locks: LockService,
+}
+
+impl Default for NamespaceLost {
+    fn default() -> Self {
+        let namespace = namespace();
+        let locks = cluster_at(&cluster_url(), &namespace);
+        Self { namespace, locks }
+    }
+}
+
+impl Store for NamespaceLost {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        for port in masters(&cluster_url()).await {
+            let mut node = node(port).await;
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg(format!("{}:*", self.namespace))
+                .query_async(&mut node)
+                .await
+                .unwrap();
+            for key in keys {
+                let _: i64 = redis::cmd("DEL")
+                    .arg(&key)
+                    .query_async(&mut node)
+                    .await
+                    .unwrap();
+            }
+        }
+        self.locks.clone()
+    }
+}
+
+async fn node(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The masters' ports, as the first node of `url` sees them.
+async fn masters(url: &str) -> Vec<u16> {
+    let first = url
+        .trim_start_matches("redis-cluster://")
+        .split(',')
+        .next()
+        .and_then(|address| address.rsplit(':').next())
+        .and_then(|port| port.parse().ok())
+        .unwrap();
+    let nodes: String = redis::cmd("CLUSTER")
+        .arg("NODES")
+        .query_async(&mut node(first).await)
+        .await
+        .unwrap();
+    nodes
+        .lines()
+        .filter(|line| {
+            line.split_whitespace()
+                .nth(2)
+                .is_some_and(|flags| flags.contains("master"))
+        })
+        .filter_map(|line| {
+            let address = line.split_whitespace().nth(1)?;
+            address.split('@').next()?.rsplit(':').next()?.parse().ok()
+        })
+        .collect()
+}
+
+/// Keys whose slots lie on different masters of the shared cluster: a waiter on each is
+/// woken by a release on another node than the others' — over the slot's sharded channel,
+/// at once, not when the holder's 10 s lease would have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wake_ups_reach_waiters_on_every_node() {
+    let namespace = namespace();
+    let holders = cluster_at(&cluster_url(), &namespace);
+    let waiters = cluster_at(&cluster_url(), &namespace);
+    // Three keys that land on three different masters (slots 0-5460, 5461-10922, 10923-).
+    let keys = ["k-a", "k-b", "k-c", "k-d", "k-e", "k-f", "k-g", "k-h"];
+    let mut chosen: Vec<&str> = Vec::new();
+    let mut thirds = Vec::new();
+    for key in keys {
+        let third = slot_third(&format!("{namespace}:lock:{{{key}}}"));
+        if !thirds.contains(&third) {
+            thirds.push(third);
+            chosen.push(key);
+        }
+    }
+    assert_eq!(
+        chosen.len(),
+        3,
+        "no key per third of the slots among {keys:?}"
+    );
+    for key in chosen {
+        let mut held = holders
+            .try_acquire(key, 10 * SECOND)
+            .await
+            .unwrap()
+            .unwrap();
+        let waiter = {
+            let waiters = waiters.clone();
+            tokio::spawn(async move {
+                waiters
+                    .acquire(key, 10 * SECOND, Instant::now() + 8 * SECOND)
+                    .await
+            })
+        };
+        // Until the waiter has queued: its note-less queue entry shows in the holder's way.
+        sleep(Duration::from_millis(300)).await;
+        let released_at = Instant::now();
+        held.release().await.unwrap();
+        let mut next = waiter.await.unwrap().unwrap();
+        let waited = released_at.elapsed();
+        assert!(
+            waited < SECOND,
+            "{key}: the waiter woke {waited:?} after the release"
+        );
+        assert!(next.fencing_token() > held.fencing_token());
+        next.release().await.unwrap();
+    }
+}
+
+/// Which third of the 16,384 slots a key's slot is in (the shared cluster's masters hold
+/// one third each).
+fn slot_third(key: &str) -> u16 {
+    // CLUSTER KEYSLOT, asked of the cluster itself rather than computed again here.
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", "7000", "CLUSTER", "KEYSLOT", key])
+        .output()
+        .unwrap();
+    let slot: u16 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    slot / 5462
+}
+
+/// A slot moved to another master while locks on it are taken and released: the client
+/// follows the cluster (MOVED, ASK, TRYAGAIN) and no acquire or release fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slot_moved_under_load_is_followed() {
+    let cluster =
+        std::sync::Arc::new(RedisCluster::start().expect("a private Redis Cluster starts"));
+    let locks = cluster_at(&cluster.url(), "moving");
+    let key = "busy";
+    let from = cluster
+        .master_of(&format!("moving:lock:{{{key}}}"))
+        .unwrap();
+    let to = cluster
+        .masters()
+        .unwrap()
+        .into_iter()
+        .find(|&port| port != from)
+        .unwrap();
+    let stop = Instant::now() + 6 * SECOND;
+    let load = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let mut pairs = 0_u64;
+            let mut last = FencingToken::new(0);
+            while Instant::now() < stop {
+                let mut guard = locks
+                    .acquire(key, SECOND, Instant::now() + 5 * SECOND)
+                    .await?;
+                assert!(guard.fencing_token() > last);
+                last = guard.fencing_token();
+                guard.release().await?;
+                pairs += 1;
+            }
+            Ok::<u64, LockError>(pairs)
+        })
+    };
+    sleep(Duration::from_millis(500)).await;
+    let moved_slot = lock::testing::slot_of(&format!("moving:lock:{{{key}}}"));
+    let mover = std::sync::Arc::clone(&cluster);
+    tokio::task::spawn_blocking(move || mover.move_slot(moved_slot, from, to))
+        .await
+        .unwrap()
+        .unwrap();
+    let pairs = load
+        .await
+        .unwrap()
+        .expect("no acquire or release failed while the slot moved");
+    assert!(pairs > 100, "only {pairs} pairs in 6 s");
+    assert_eq!(
+        cluster
+            .master_of(&format!("moving:lock:{{{key}}}"))
+            .unwrap(),
+        to
+    );
+}
