@@ -291,6 +291,8 @@ pub enum Mode {
 pub enum LockUrl {
     /// `redis://` or `rediss://`.
     Redis(String),
+    /// `redis-cluster://host:port[,host:port…]`: a Redis Cluster.
+    RedisCluster(String),
     /// `zk://`: a ZooKeeper ensemble.
     ZooKeeper(String),
     /// `etcd://`: an etcd cluster.
@@ -311,6 +313,7 @@ impl LockUrl {
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
+            Some("redis-cluster") => Ok(Self::RedisCluster(url.to_owned())),
             Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
             Some("etcd") => Ok(Self::Etcd(url.to_owned())),
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
@@ -318,7 +321,7 @@ impl LockUrl {
             Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
             Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
                 mask(url)
             ))),
         }
@@ -328,6 +331,7 @@ impl LockUrl {
     pub fn service(&self) -> &'static str {
         match self {
             Self::Redis(_) => "Redis",
+            Self::RedisCluster(_) => "Redis Cluster",
             Self::ZooKeeper(_) => "ZooKeeper",
             Self::Etcd(_) => "etcd",
             Self::Postgres(_) => "PostgreSQL",
@@ -341,6 +345,7 @@ impl LockUrl {
     pub fn url(&self) -> &str {
         match self {
             Self::Redis(url)
+            | Self::RedisCluster(url)
             | Self::ZooKeeper(url)
             | Self::Etcd(url)
             | Self::Postgres(url)
@@ -688,6 +693,10 @@ mod tests {
         };
         for (url, service) in [
             ("redis://127.0.0.1:6379", "Redis"),
+            (
+                "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
+                "Redis Cluster",
+            ),
             ("zk://127.0.0.1:2181,127.0.0.2:2181/payonce", "ZooKeeper"),
             ("etcd://127.0.0.1:2379", "etcd"),
         ] {

@@ -220,6 +220,16 @@ impl AppState {
     }
 }
 
+/// The lock options for Redis, one server or a cluster.
+fn redis_options(config: &Config) -> RedisOptions {
+    RedisOptions {
+        namespace: config.redis_namespace.clone(),
+        max_waiters: config.lock_max_waiters,
+        lock_delay: config.lock_delay,
+        ..RedisOptions::default()
+    }
+}
+
 /// The lock service `url` names, and the demonstration's recipes where they can run (they
 /// are Redis recipes). ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
 /// time after which a process that stopped heartbeating loses its locks, as a Redis lock
@@ -228,17 +238,14 @@ impl AppState {
 fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes), StartError> {
     Ok(match url {
         LockUrl::Redis(url) => {
-            let locks = LockService::redis(
-                url,
-                RedisOptions {
-                    namespace: config.redis_namespace.clone(),
-                    max_waiters: config.lock_max_waiters,
-                    lock_delay: config.lock_delay,
-                    ..RedisOptions::default()
-                },
-            )?;
+            let locks = LockService::redis(url, redis_options(config))?;
             let recipes = Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?;
             (locks, recipes)
+        }
+        LockUrl::RedisCluster(url) => {
+            // The demonstration's recipes are single-server Redis recipes: none here.
+            let locks = LockService::redis(url, redis_options(config))?;
+            (locks, Recipes::default())
         }
         LockUrl::ZooKeeper(url) => {
             let options = lock::ZooKeeperOptions {

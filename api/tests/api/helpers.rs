@@ -19,6 +19,8 @@ pub enum Backend {
     Distributed,
     /// SQLite + in-process locks.
     Embedded,
+    /// PostgreSQL + a Redis Cluster (`REDIS_CLUSTER_URL`, else 127.0.0.1:7000-7002).
+    RedisCluster,
     /// PostgreSQL + ZooKeeper (`ZOOKEEPER_URL`, else 127.0.0.1:2181).
     ZooKeeper,
     /// PostgreSQL + etcd (`ETCD_URL`, else 127.0.0.1:2379).
@@ -67,6 +69,19 @@ impl Shared {
                     self.database.url().to_owned(),
                     "--redis-url".into(),
                     self.redis_url.clone(),
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
+                ]);
+            }
+            Backend::RedisCluster => {
+                let cluster = std::env::var("REDIS_CLUSTER_URL").unwrap_or_else(|_| {
+                    "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into()
+                });
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    cluster,
                     "--redis-namespace".into(),
                     self.namespace.clone(),
                 ]);

@@ -69,6 +69,23 @@ both_backends!(
 /// services × faults matrix.)
 macro_rules! other_lock_services {
     ($($case:ident),* $(,)?) => {
+        mod on_redis_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::RedisCluster).await;
+                }
+            )*
+
+            /// A Redis Cluster's leases are Redis's: a paused holder loses its lock.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn paused_lock_holder_cannot_commit() {
+                crate::contract::paused_lock_holder_cannot_commit(
+                    crate::helpers::Backend::RedisCluster,
+                )
+                .await;
+            }
+        }
         mod on_zookeeper {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

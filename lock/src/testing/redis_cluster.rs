@@ -196,6 +196,29 @@ impl RedisCluster {
         self.wait_until_healthy(Duration::from_secs(10))
     }
 
+    /// Waits until the replica of the master on `port` has every write the master made so
+    /// far (their replication offsets agree).
+    pub fn wait_replicated(&self, port: u16, limit: Duration) -> std::io::Result<()> {
+        wait_for(limit, || {
+            let info = redis_cli(port, &["INFO", "replication"])?;
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|line| line.strip_prefix(name))
+                    .map(str::to_owned)
+            };
+            let (Some(master), Some(replica)) = (field("master_repl_offset:"), field("slave0:"))
+            else {
+                return Ok(false);
+            };
+            // slave0:ip=…,port=…,state=online,offset=<n>,lag=…
+            let replica_offset = replica
+                .split(',')
+                .find_map(|part| part.strip_prefix("offset="))
+                .map(str::to_owned);
+            Ok(replica_offset.as_deref() == Some(master.trim()))
+        })
+    }
+
     /// Kills the node on `port` with SIGKILL: what it had not replicated is lost.
     pub fn kill(&mut self, port: u16) {
         if let Some(node) = self.nodes.iter_mut().find(|node| node.port == port) {

@@ -238,3 +238,74 @@ async fn a_slot_moved_under_load_is_followed() {
         to
     );
 }
+
+/// A master killed with SIGKILL under a held lock. Until its replica takes over, the locks
+/// of its slots answer "unavailable" (a 503 upstream) — never a grant — and the other
+/// masters' keys keep working; then the promoted replica serves them. What the replica had
+/// replicated survives (tokens never fall below those), and what it had not (the last
+/// grant, perhaps) is lost: a token may then come again, which the protected store refuses
+/// as not newer, and `raise_fencing` lifts the counter past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_master_fails_over_and_tokens_never_go_back() {
+    let mut cluster = RedisCluster::start().expect("a private Redis Cluster starts");
+    let locks = cluster_at(&cluster.url(), "failover");
+    let key = "account";
+    let master = cluster.master_of("failover:lock:{account}").unwrap();
+    let elsewhere = [
+        "other-a", "other-b", "other-c", "other-d", "other-e", "other-f",
+    ]
+    .into_iter()
+    .find(|other| {
+        cluster
+            .master_of(&format!("failover:lock:{{{other}}}"))
+            .unwrap()
+            != master
+    })
+    .unwrap();
+    let mut replicated = FencingToken::new(0);
+    for _ in 0..5 {
+        let mut guard = locks.try_acquire(key, SECOND).await.unwrap().unwrap();
+        replicated = replicated.max(guard.fencing_token());
+        guard.release().await.unwrap();
+    }
+    cluster.wait_replicated(master, 5 * SECOND).unwrap();
+    let held = locks.try_acquire(key, 2 * SECOND).await.unwrap().unwrap();
+    let unreplicated = held.fencing_token();
+    cluster.kill(master);
+    let killed_at = Instant::now();
+
+    // Another master's keys are not held up.
+    let mut other = locks.try_acquire(elsewhere, SECOND).await.unwrap().unwrap();
+    other.release().await.unwrap();
+
+    // The killed master's keys: unavailable or held, never granted, until the failover.
+    let mut first_after = None;
+    while killed_at.elapsed() < 30 * SECOND {
+        match locks.acquire(key, SECOND, Instant::now() + SECOND).await {
+            Ok(guard) => {
+                first_after = Some(guard);
+                break;
+            }
+            Err(LockError::Unavailable { .. } | LockError::TimedOut { .. }) => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("during the failover: {error}"),
+        }
+    }
+    let mut first_after = first_after.expect("the replica took over within 30 s");
+    let degraded = killed_at.elapsed();
+    println!("failover: the killed master's locks were unavailable for {degraded:?}");
+    assert!(
+        first_after.fencing_token() > replicated,
+        "{:?} after the failover, {replicated:?} replicated before it",
+        first_after.fencing_token()
+    );
+    first_after.release().await.unwrap();
+    drop(held);
+
+    // The protected store reports the highest token it accepted; the counter goes past it.
+    locks.raise_fencing(key, unreplicated).await.unwrap();
+    let mut next = locks.try_acquire(key, SECOND).await.unwrap().unwrap();
+    assert!(next.fencing_token() > unreplicated);
+    next.release().await.unwrap();
+}
