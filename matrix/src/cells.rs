@@ -33,13 +33,15 @@ pub enum Fault {
     InstanceKill,
     /// The lock service restarts mid-run.
     StoreRestart,
+    /// A master of the lock service is killed mid-run and its replica takes over.
+    StoreFailover,
     /// One instance loses its connections to the lock service past the lease.
     Partition,
 }
 
 impl Fault {
     /// Every fault, in the table's order.
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::None,
         Fault::Pause,
         Fault::Sigstop,
@@ -47,6 +49,7 @@ impl Fault {
         Fault::ClockSkew,
         Fault::InstanceKill,
         Fault::StoreRestart,
+        Fault::StoreFailover,
         Fault::Partition,
     ];
 
@@ -60,6 +63,7 @@ impl Fault {
             Self::ClockSkew => "clock-skew",
             Self::InstanceKill => "instance-kill",
             Self::StoreRestart => "store-restart",
+            Self::StoreFailover => "store-failover",
             Self::Partition => "partition",
         }
     }
@@ -211,10 +215,23 @@ impl Line {
             Fault::ClockSkew if self.guard != Guard::Getset => {
                 Some("nothing in this row reads the instance's clock")
             }
-            Fault::Pause | Fault::Sigstop | Fault::StoreRestart | Fault::Partition
+            Fault::Pause
+            | Fault::Sigstop
+            | Fault::StoreRestart
+            | Fault::StoreFailover
+            | Fault::Partition
                 if self.guard == Guard::None =>
             {
                 Some("no lock to outlive or lose")
+            }
+            Fault::StoreFailover if !Servers::fail_over_applies(self.service.servers()) => {
+                Some("one server, no replica to fail over to")
+            }
+            Fault::StoreRestart if self.service == Service::RedisCluster => {
+                Some("a cluster's crash is a failover (store-failover)")
+            }
+            Fault::Partition if self.service == Service::RedisCluster => {
+                Some("no proxy between a cluster and its clients (nodes announce their addresses)")
             }
             _ => None,
         }
@@ -265,6 +282,8 @@ pub struct Row {
     pub p99_ms: f64,
     /// Other audit findings (answers outside the contract, missing state).
     pub other_violations: usize,
+    /// `store-failover`: how long the killed master's slots went unserved, ms.
+    pub unserved_ms: Option<u64>,
     /// Why the cell did not run, if it did not.
     pub skipped: Option<String>,
 }
@@ -289,6 +308,7 @@ impl Row {
             throughput: 0.0,
             p99_ms: 0.0,
             other_violations: 0,
+            unserved_ms: None,
             skipped: Some(why.to_owned()),
         }
     }
@@ -343,8 +363,10 @@ pub async fn run_cell(
     // Where one instance stalls, the others keep loading until its leases have ended and
     // a second more, so that they take over its locks while it cannot write. (A pause
     // needs no more: paused spends are spread over the run, and the run waits for them.)
+    // A failover goes on loading until well after the replica took over.
     let seconds = match fault {
         Fault::Sigstop | Fault::Partition => base.max(fault_at + bound + Duration::from_secs(1)),
+        Fault::StoreFailover => base.max(fault_at + Duration::from_secs(6)),
         _ => base,
     };
     let plan = match fault {
@@ -379,7 +401,7 @@ pub async fn run_cell(
             share: 1.0,
             target: Some(STALLED),
         }),
-        Fault::None | Fault::InstanceKill | Fault::StoreRestart => None,
+        Fault::None | Fault::InstanceKill | Fault::StoreRestart | Fault::StoreFailover => None,
     };
     let stalls_one = matches!(fault, Fault::Sigstop | Fault::Partition);
     let run_options = RunOptions {
@@ -412,6 +434,7 @@ pub async fn run_cell(
         retry: RetryPolicy::none(),
     };
     let stale_before = stale_tokens(&cluster.targets()).await;
+    let mut unserved = None;
     let result = match fault {
         Fault::InstanceKill => {
             let kill = cluster.kill_and_restart(STALLED, Duration::from_millis(300));
@@ -428,11 +451,19 @@ pub async fn run_cell(
             beside(run_options, fault_at, cut).await?
         }
         Fault::StoreRestart => beside(run_options, seconds / 2, servers.restart()).await?,
+        Fault::StoreFailover => {
+            let fail_over = async {
+                unserved = Some(servers.fail_over().await?);
+                Ok(())
+            };
+            beside(run_options, fault_at, fail_over).await?
+        }
         _ => run(run_options).await?,
     };
     let mut row = row(line, fault, &result);
     row.seconds = seconds.as_secs_f64();
     row.stale_fencing_tokens = stale_after(&result, &stale_before);
+    row.unserved_ms = unserved.map(|unserved| unserved.as_millis() as u64);
     Ok(row)
 }
 

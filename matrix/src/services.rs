@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use ledger::testing::PrivatePostgres;
 use lock::testing::{
-    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisServer, ZooKeeperServer,
+    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisCluster, RedisServer,
+    ZooKeeperServer,
 };
 use serde::Serialize;
 
@@ -23,6 +24,8 @@ pub enum Service {
     Redis,
     /// Redlock over three independent Redis servers.
     Redlock,
+    /// A Redis Cluster: three masters, each with a replica (payonce's lock only).
+    RedisCluster,
     /// A ZooKeeper server (sessions, ephemeral sequential nodes).
     ZooKeeper,
     /// An etcd member (leases, revisions).
@@ -39,10 +42,11 @@ pub enum Service {
 
 impl Service {
     /// Every service, in the table's order.
-    pub const ALL: [Service; 9] = [
+    pub const ALL: [Service; 10] = [
         Service::None,
         Service::Redis,
         Service::Redlock,
+        Service::RedisCluster,
         Service::ZooKeeper,
         Service::Etcd,
         Service::Memcached,
@@ -57,6 +61,7 @@ impl Service {
             Self::None => "none",
             Self::Redis => "redis",
             Self::Redlock => "redlock",
+            Self::RedisCluster => "redis-cluster",
             Self::ZooKeeper => "zookeeper",
             Self::Etcd => "etcd",
             Self::Memcached => "memcached",
@@ -76,6 +81,7 @@ impl Service {
     pub fn servers(self) -> ServerKind {
         match self {
             Self::None | Self::Redis | Self::Redlock => ServerKind::Redis,
+            Self::RedisCluster => ServerKind::RedisCluster,
             Self::ZooKeeper => ServerKind::ZooKeeper,
             Self::Etcd => ServerKind::Etcd,
             Self::Memcached => ServerKind::Memcached,
@@ -90,7 +96,9 @@ impl Service {
     pub fn lease_bound(self, ttl: Duration) -> Option<Duration> {
         let whole_seconds = Duration::from_secs(ttl.as_secs_f64().ceil() as u64);
         match self {
-            Self::None | Self::Redis | Self::Redlock | Self::Mysql => Some(ttl),
+            Self::None | Self::Redis | Self::Redlock | Self::RedisCluster | Self::Mysql => {
+                Some(ttl)
+            }
             // The private server's shortest session: two ticks of 200 ms.
             Self::ZooKeeper => Some(ttl.max(Duration::from_millis(400))),
             // Leases of whole seconds, two at least.
@@ -109,6 +117,8 @@ impl Service {
 pub enum ServerKind {
     /// One Redis for the locks and recipes, three for Redlock.
     Redis,
+    /// A Redis Cluster of six nodes.
+    RedisCluster,
     /// One ZooKeeper.
     ZooKeeper,
     /// One etcd member.
@@ -126,6 +136,7 @@ enum Running {
         redis: RedisServer,
         redlock: Vec<RedisServer>,
     },
+    RedisCluster(RedisCluster),
     ZooKeeper(ZooKeeperServer),
     Etcd(EtcdServer),
     Memcached(MemcachedServer),
@@ -168,6 +179,9 @@ impl Servers {
                         .map(|_| RedisServer::start().map_err(setup("redis-server")))
                         .collect::<Result<_, _>>()?,
                 },
+                ServerKind::RedisCluster => Running::RedisCluster(
+                    RedisCluster::start().map_err(setup("Redis Cluster"))?,
+                ),
                 ServerKind::ZooKeeper => {
                     Running::ZooKeeper(ZooKeeperServer::start().map_err(setup("ZooKeeper"))?)
                 }
@@ -205,6 +219,9 @@ impl Servers {
             Running::Redis { redis, redlock } => std::iter::once(redis.port())
                 .chain(redlock.iter().map(RedisServer::port))
                 .collect(),
+            // No proxy: a cluster's nodes tell clients each other's addresses, which a
+            // proxy in front of one would not change (`partition` does not apply).
+            Running::RedisCluster(_) => Vec::new(),
             Running::ZooKeeper(server) => vec![server.port()],
             Running::Etcd(server) => vec![server.port()],
             Running::Memcached(server) => vec![server.port()],
@@ -227,6 +244,7 @@ impl Servers {
             (Running::Redis { redis, .. }, _) => {
                 format!("redis://127.0.0.1:{}", port(redis.port()))
             }
+            (Running::RedisCluster(cluster), _) => cluster.url(),
             (Running::ZooKeeper(server), _) => {
                 format!("zk://127.0.0.1:{}/payonce-matrix", port(server.port()))
             }
@@ -270,6 +288,9 @@ impl Servers {
                 redis.restart()?;
                 redlock.iter_mut().try_for_each(RedisServer::restart)
             }
+            Running::RedisCluster(_) => Err(std::io::Error::other(
+                "a cluster's crash is a failover: see store-failover",
+            )),
             Running::ZooKeeper(server) => server.restart(),
             Running::Etcd(server) => server.restart(),
             Running::Memcached(server) => server.restart(),
@@ -277,6 +298,31 @@ impl Servers {
             Running::Postgres(server) => server.crash_and_restart(),
         })
         .map_err(setup("restarting the lock service"))
+    }
+
+    /// Whether these servers can lose a master to a replica (`store-failover`).
+    pub fn fail_over_applies(kind: ServerKind) -> bool {
+        kind == ServerKind::RedisCluster
+    }
+
+    /// Kills a master with SIGKILL (what it had not replicated is lost), waits until its
+    /// replica has taken over, then starts the killed node again, which rejoins as a
+    /// replica. Returns how long the killed master's slots went unserved. Blocking, as
+    /// [`start`](Self::start) is.
+    pub async fn fail_over(&mut self) -> Result<Duration, MatrixError> {
+        tokio::task::block_in_place(|| match &mut self.running {
+            Running::RedisCluster(cluster) => {
+                let victim = cluster.masters()?.into_iter().next().ok_or_else(|| {
+                    std::io::Error::other("the cluster has no master to kill")
+                })?;
+                let unserved = cluster.fail_over(victim, Duration::from_secs(30))?;
+                cluster.restart(victim)?;
+                cluster.wait_until_healthy(Duration::from_secs(30))?;
+                Ok(unserved)
+            }
+            _ => Err(std::io::Error::other("only a Redis Cluster fails over here")),
+        })
+        .map_err(setup("failing the lock service over"))
     }
 
     /// Cuts the proxied instance off from every server (see [`Proxy::cut`]).

@@ -219,6 +219,31 @@ impl RedisCluster {
         })
     }
 
+    /// Kills the master on `port` with SIGKILL (what it had not replicated is lost) and
+    /// waits until its replica serves its slots; returns how long they went unserved.
+    pub fn fail_over(&mut self, port: u16, limit: Duration) -> std::io::Result<Duration> {
+        let slots = self
+            .topology()?
+            .into_iter()
+            .find(|node| node.port == port && node.master)
+            .map(|node| node.slots)
+            .filter(|slots| !slots.is_empty())
+            .ok_or_else(|| std::io::Error::other(format!("no master serving slots on {port}")))?;
+        let probe = slots[0].0;
+        self.kill(port);
+        let killed_at = Instant::now();
+        wait_for(limit, || {
+            Ok(self.topology()?.iter().any(|node| {
+                node.port != port
+                    && node.master
+                    && !node.failed
+                    && node.slots.iter().any(|&(from, to)| (from..=to).contains(&probe))
+            }))
+        })?;
+        self.wait_until_healthy(limit)?;
+        Ok(killed_at.elapsed())
+    }
+
     /// Kills the node on `port` with SIGKILL: what it had not replicated is lost.
     pub fn kill(&mut self, port: u16) {
         if let Some(node) = self.nodes.iter_mut().find(|node| node.port == port) {

@@ -19,12 +19,14 @@ async fn cells(lines: &[Line], faults: &[Fault]) -> Vec<Row> {
     run_matrix(&options, |_| {}).await.unwrap()
 }
 
-/// Every row with `guard` on a service other than Redis (whose rows have tests of their
-/// own), Redlock included where it has one.
+/// Every row with `guard` on a service other than Redis and Redis Cluster (whose rows have
+/// tests of their own), Redlock included where it has one.
 fn rows_beyond_redis(guard: Guard) -> Vec<Line> {
     Line::all()
         .into_iter()
-        .filter(|line| line.guard == guard && line.service != Service::Redis)
+        .filter(|line| {
+            line.guard == guard && !matches!(line.service, Service::Redis | Service::RedisCluster)
+        })
         .collect()
 }
 
@@ -146,4 +148,30 @@ async fn fenced_rows_of_every_service_never_spend_twice() {
     .await;
     assert_eq!(rows.len(), lines.len() * 3);
     assert_never_spent_twice(&rows);
+}
+
+/// A Redis Cluster: trusted alone, its lock spends twice when a holder's instance is
+/// stopped past its lease, as one Redis server's does; fenced, it spends nothing twice —
+/// neither then, nor when a master is killed mid-run and its replica takes over with the
+/// locks and counters it had not replicated gone (fencing and `raise_fencing` carry it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_cluster_rows_under_a_stop_and_a_failover() {
+    let fenced = Line::new(Service::RedisCluster, Guard::Fenced);
+    let unfenced = Line::new(Service::RedisCluster, Guard::Unfenced);
+    let rows = cells(&[unfenced, fenced], &[Fault::Sigstop, Fault::StoreFailover]).await;
+    assert_eq!(rows.len(), 4);
+    let (unfenced_rows, fenced_rows): (Vec<Row>, Vec<Row>) =
+        rows.into_iter().partition(|row| row.guard == Guard::Unfenced);
+    assert_never_spent_twice(&fenced_rows);
+    let stopped = unfenced_rows
+        .iter()
+        .find(|row| row.fault == Fault::Sigstop)
+        .unwrap();
+    assert_spent_twice(std::slice::from_ref(stopped));
+    for row in fenced_rows.iter().chain(&unfenced_rows) {
+        if row.fault == Fault::StoreFailover {
+            let unserved = row.unserved_ms.expect("the failover's length was measured");
+            assert!(unserved < 30_000, "{row:#?}");
+        }
+    }
 }
