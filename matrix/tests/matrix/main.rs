@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cells;
+mod failover;
 mod retries;
 
 use std::path::PathBuf;
