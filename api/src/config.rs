@@ -293,6 +293,8 @@ pub enum LockUrl {
     Redis(String),
     /// `redis-cluster://host:port[,host:port…]`: a Redis Cluster.
     RedisCluster(String),
+    /// `redis-sentinel://host:port[,host:port…]/<master>`: the master Redis Sentinel names.
+    RedisSentinel(String),
     /// `zk://`: a ZooKeeper ensemble.
     ZooKeeper(String),
     /// `etcd://`: an etcd cluster.
@@ -314,6 +316,7 @@ impl LockUrl {
         match scheme {
             Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
             Some("redis-cluster") => Ok(Self::RedisCluster(url.to_owned())),
+            Some("redis-sentinel") => Ok(Self::RedisSentinel(url.to_owned())),
             Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
             Some("etcd") => Ok(Self::Etcd(url.to_owned())),
             Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
@@ -321,7 +324,7 @@ impl LockUrl {
             Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
             Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
                 mask(url)
             ))),
         }
@@ -332,6 +335,7 @@ impl LockUrl {
         match self {
             Self::Redis(_) => "Redis",
             Self::RedisCluster(_) => "Redis Cluster",
+            Self::RedisSentinel(_) => "Redis Sentinel",
             Self::ZooKeeper(_) => "ZooKeeper",
             Self::Etcd(_) => "etcd",
             Self::Postgres(_) => "PostgreSQL",
@@ -346,6 +350,7 @@ impl LockUrl {
         match self {
             Self::Redis(url)
             | Self::RedisCluster(url)
+            | Self::RedisSentinel(url)
             | Self::ZooKeeper(url)
             | Self::Etcd(url)
             | Self::Postgres(url)
@@ -696,6 +701,10 @@ mod tests {
             (
                 "redis-cluster://127.0.0.1:7000,127.0.0.1:7001",
                 "Redis Cluster",
+            ),
+            (
+                "redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/payonce",
+                "Redis Sentinel",
             ),
             ("zk://127.0.0.1:2181,127.0.0.2:2181/payonce", "ZooKeeper"),
             ("etcd://127.0.0.1:2379", "etcd"),

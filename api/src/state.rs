@@ -242,8 +242,8 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
             let recipes = Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?;
             (locks, recipes)
         }
-        LockUrl::RedisCluster(url) => {
-            // The demonstration's recipes are single-server Redis recipes: none here.
+        LockUrl::RedisCluster(url) | LockUrl::RedisSentinel(url) => {
+            // The demonstration's recipes run on one Redis server of their own: none here.
             let locks = LockService::redis(url, redis_options(config))?;
             (locks, Recipes::default())
         }

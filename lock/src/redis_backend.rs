@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelServerType};
 use redis::{
     Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
     ServerErrorKind, Value,
@@ -18,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::error::LockError;
-use crate::redis_link::{self, ClusterLink, Connection, Link};
+use crate::redis_link::{self, ClusterLink, Connection, Link, SentinelLink};
 use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
@@ -263,9 +264,10 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// A backend for the Redis at `url`: one server (`redis://host:port/db`), or a Redis
-    /// Cluster (`redis-cluster://host:port[,host:port…]`, any of its nodes). Connects
-    /// lazily; must be called inside a Tokio runtime.
+    /// A backend for the Redis at `url`: one server (`redis://host:port/db`), a Redis
+    /// Cluster (`redis-cluster://host:port[,host:port…]`, any of its nodes), or the master
+    /// Redis Sentinel names (`redis-sentinel://host:port[,host:port…]/<master name>`, the
+    /// sentinels). Connects lazily; must be called inside a Tokio runtime.
     pub fn open(url: &str, options: RedisOptions) -> Result<Self, LockError> {
         if options.namespace.is_empty() || options.namespace.contains(['|', '{', '}']) {
             // '|' separates queue-entry fields; braces would break the keys' hash tags.
@@ -289,7 +291,17 @@ impl RedisBackend {
             }
             Ok(())
         };
-        let link = if url.starts_with("redis-cluster://") {
+        let link = if url.starts_with("redis-sentinel://") {
+            let sentinels = sentinel_client(url)?;
+            let (op_timeout, subscribed) = (options.op_timeout, Arc::clone(&subscribed));
+            let connect: redis_link::Connect = Box::new(move |master| {
+                ConnectionManager::new_lazy_with_config(
+                    master,
+                    manager_config(op_timeout, on_push.clone()),
+                )
+            });
+            Link::Sentinel(Arc::new(SentinelLink::new(sentinels, connect, subscribed)))
+        } else if url.starts_with("redis-cluster://") {
             let nodes = redis_link::cluster_nodes(url).map_err(LockError::Invalid)?;
             let client = redis_link::cluster_client(&nodes, options.op_timeout, on_push)
                 .map_err(|error| LockError::Invalid(format!("bad Redis Cluster URL: {error}")))?;
@@ -342,14 +354,21 @@ impl RedisBackend {
         let op_limit = Instant::now() + self.op_timeout;
         let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
         match timeout_at(limit, call).await {
-            Ok(result) => result.map_err(LockError::from),
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(error)) => {
+                self.link.failed();
+                Err(LockError::from(error))
+            }
             Err(_) if limit < op_limit => Err(LockError::unavailable(
                 "Redis did not answer before the caller's deadline",
             )),
-            Err(_) => Err(LockError::unavailable(format!(
-                "Redis did not answer within {:?}",
-                self.op_timeout
-            ))),
+            Err(_) => {
+                self.link.failed();
+                Err(LockError::unavailable(format!(
+                    "Redis did not answer within {:?}",
+                    self.op_timeout
+                )))
+            }
         }
     }
 
@@ -510,16 +529,42 @@ fn server_connection(
         .set_protocol(ProtocolVersion::RESP3);
     let client = Client::open(info.set_redis_settings(settings))
         .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(options.op_timeout))
-        .set_response_timeout(Some(options.op_timeout))
+    ConnectionManager::new_lazy_with_config(client, manager_config(options.op_timeout, on_push))
+        .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
+}
+
+/// How a connection manager to one server connects, answers, reconnects and hands pub/sub
+/// pushes on.
+fn manager_config(
+    op_timeout: Duration,
+    on_push: impl redis::aio::AsyncPushSender,
+) -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(op_timeout))
+        .set_response_timeout(Some(op_timeout))
         .set_number_of_retries(1)
         .set_min_delay(Duration::from_millis(20))
-        .set_max_delay(options.op_timeout)
+        .set_max_delay(op_timeout)
         .set_push_sender(on_push)
-        .set_automatic_resubscription();
-    ConnectionManager::new_lazy_with_config(client, config)
-        .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
+        .set_automatic_resubscription()
+}
+
+/// The sentinels of `redis-sentinel://…/<master name>`, asked for the master with RESP3
+/// (and the URL's credentials, if any, for the master).
+fn sentinel_client(url: &str) -> Result<SentinelClient, LockError> {
+    let (sentinels, name, credentials) =
+        redis_link::sentinel_parts(url).map_err(LockError::Invalid)?;
+    let mut master = redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3);
+    if let Some((user, password)) = credentials {
+        if !user.is_empty() {
+            master = master.set_username(user);
+        }
+        master = master.set_password(password);
+    }
+    let node =
+        redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
+    SentinelClient::build(sentinels, name, Some(node), SentinelServerType::Master)
+        .map_err(|error| LockError::Invalid(format!("bad Redis Sentinel URL: {error}")))
 }
 
 /// Whole milliseconds, rounded up so a short wait is not truncated to "don't wait".

@@ -1,7 +1,12 @@
-//! The Redis the lock talks to: one server, or a Redis Cluster. Both carry the scripts'
-//! commands and this process's wake-up subscriptions over RESP3 multiplexed connections;
-//! [`Connection`] is either one as a `redis` connection, so the scripts run the same way
-//! on both.
+//! The Redis the lock talks to: one server, a Redis Cluster, or the master a set of Redis
+//! Sentinels names. All carry the scripts' commands and this process's wake-up
+//! subscriptions over RESP3 multiplexed connections; [`Connection`] is either kind as a
+//! `redis` connection, so the scripts run the same way on all.
+//!
+//! Behind Sentinel the lock talks to one server, the current master; a round trip that
+//! fails (the master died, or came back as a replica and refuses writes) marks the link
+//! stale, and the next one asks the sentinels again and, if they name another master,
+//! connects to it (the old connection is dropped; its subscription is made again).
 //!
 //! In a cluster every script touches the keys of one lock, which share a hash slot (their
 //! names carry the lock key as a hash tag), so a script runs on the slot's master; the
@@ -11,13 +16,15 @@
 //! same node, and the count `SPUBLISH` answers is exact (a plain `PUBLISH` in a cluster
 //! reaches every node but counts only the receivers on the node it ran on).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisFuture, Value};
+use redis::sentinel::SentinelClient;
+use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
 /// Hash slots in a Redis Cluster.
@@ -32,11 +39,86 @@ pub(crate) enum Link {
     /// on first use (a lock store that is down at start-up is a 503 later, not a refusal
     /// to start), then shared.
     Cluster(Arc<ClusterLink>),
+    /// The master Redis Sentinel names, found again after a failover.
+    Sentinel(Arc<SentinelLink>),
 }
 
 pub(crate) struct ClusterLink {
     pub(crate) client: ClusterClient,
     pub(crate) connection: OnceCell<ClusterConnection>,
+}
+
+/// Builds the connection manager for a master the sentinels named.
+pub(crate) type Connect =
+    Box<dyn Fn(Client) -> redis::RedisResult<ConnectionManager> + Send + Sync>;
+
+pub(crate) struct SentinelLink {
+    /// Asks the sentinels; one question at a time.
+    sentinels: tokio::sync::Mutex<SentinelClient>,
+    /// The master found last, and the connection to it.
+    current: Mutex<Option<(String, ConnectionManager)>>,
+    /// Set when a round trip failed: the next connect asks the sentinels again.
+    stale: AtomicBool,
+    connect: Connect,
+    /// Cleared when the master changes: the new connection is subscribed to nothing yet.
+    subscribed: Arc<AtomicBool>,
+}
+
+impl SentinelLink {
+    pub(crate) fn new(
+        sentinels: SentinelClient,
+        connect: Connect,
+        subscribed: Arc<AtomicBool>,
+    ) -> Self {
+        Self {
+            sentinels: tokio::sync::Mutex::new(sentinels),
+            current: Mutex::new(None),
+            stale: AtomicBool::new(false),
+            connect,
+            subscribed,
+        }
+    }
+
+    fn current(&self) -> Option<ConnectionManager> {
+        if self.stale.load(Ordering::Acquire) {
+            return None;
+        }
+        let current = self
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        current.as_ref().map(|(_, connection)| connection.clone())
+    }
+
+    /// The master the sentinels name now: the same connection if it has not changed, a
+    /// new one if it has.
+    async fn discover(&self) -> redis::RedisResult<ConnectionManager> {
+        let mut sentinels = self.sentinels.lock().await;
+        // Another caller may have asked while this one waited for its turn.
+        if let Some(connection) = self.current() {
+            return Ok(connection);
+        }
+        let master = sentinels.async_get_client().await?;
+        let address = master.get_connection_info().addr().to_string();
+        let mut current = self
+            .current
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let connection = match current.as_ref() {
+            Some((known, connection)) if *known == address => connection.clone(),
+            _ => {
+                let connection = (self.connect)(master)?;
+                if current.is_some() {
+                    tracing::warn!(master = %address, "Redis Sentinel named a new master");
+                }
+                *current = Some((address, connection.clone()));
+                self.subscribed.store(false, Ordering::Release);
+                connection
+            }
+        };
+        self.stale.store(false, Ordering::Release);
+        Ok(connection)
+    }
 }
 
 impl Link {
@@ -51,6 +133,18 @@ impl Link {
                     .await?;
                 Ok(Connection::Cluster(connection.clone()))
             }
+            Self::Sentinel(sentinel) => match sentinel.current() {
+                Some(connection) => Ok(Connection::Server(connection)),
+                None => Ok(Connection::Server(sentinel.discover().await?)),
+            },
+        }
+    }
+
+    /// A round trip through this link failed: behind Sentinel, the master may have
+    /// changed, so the next round trip asks the sentinels first.
+    pub(crate) fn failed(&self) {
+        if let Self::Sentinel(sentinel) = self {
+            sentinel.stale.store(true, Ordering::Release);
         }
     }
 
@@ -132,6 +226,37 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
         return Err(format!("{url:?} names no cluster node"));
     }
     Ok(nodes)
+}
+
+/// The sentinels and the master's name from
+/// `redis-sentinel://[user:password@]host:port[,host:port…]/<master name>`: the sentinels as
+/// `redis://` URLs; the credentials, if any, are the master's.
+pub(crate) fn sentinel_parts(
+    url: &str,
+) -> Result<(Vec<String>, String, Option<(String, String)>), String> {
+    let rest = url
+        .strip_prefix("redis-sentinel://")
+        .ok_or_else(|| format!("{url:?} is not a redis-sentinel:// URL"))?;
+    let (hosts, name) = rest
+        .split_once('/')
+        .filter(|(_, name)| !name.is_empty() && !name.contains('/'))
+        .ok_or_else(|| format!("{url:?} names no master: redis-sentinel://host:port[,…]/<name>"))?;
+    let (credentials, hosts) = match hosts.rsplit_once('@') {
+        Some((credentials, hosts)) => {
+            let (user, password) = credentials.split_once(':').unwrap_or(("", credentials));
+            (Some((user.to_owned(), password.to_owned())), hosts)
+        }
+        None => (None, hosts),
+    };
+    let sentinels: Vec<String> = hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("redis://{host}"))
+        .collect();
+    if sentinels.is_empty() {
+        return Err(format!("{url:?} names no sentinel"));
+    }
+    Ok((sentinels, name.to_owned(), credentials))
 }
 
 /// The cluster client for `nodes`: RESP3 (pub/sub pushes share the connections with the
@@ -216,6 +341,24 @@ mod tests {
                 wanted
             );
         }
+    }
+
+    #[test]
+    fn sentinel_urls_name_their_sentinels_and_master() {
+        let (sentinels, name, credentials) =
+            sentinel_parts("redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/payonce").unwrap();
+        assert_eq!(
+            sentinels,
+            ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]
+        );
+        assert_eq!(name, "payonce");
+        assert_eq!(credentials, None);
+        let (_, _, credentials) =
+            sentinel_parts("redis-sentinel://app:secret@10.0.0.1:26379/main").unwrap();
+        assert_eq!(credentials, Some(("app".into(), "secret".into())));
+        assert!(sentinel_parts("redis-sentinel://127.0.0.1:26379").is_err());
+        assert!(sentinel_parts("redis-sentinel://127.0.0.1:26379/").is_err());
+        assert!(sentinel_parts("redis-sentinel:///payonce").is_err());
     }
 
     #[test]

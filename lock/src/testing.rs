@@ -5,8 +5,10 @@
 //! uses; and a loopback [`Proxy`] that partitions its clients from a server.
 
 mod redis_cluster;
+mod redis_sentinel;
 
 pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::RedisSentinels;
 
 /// The Redis Cluster hash slot of `key` (what `CLUSTER KEYSLOT` answers).
 pub fn slot_of(key: &str) -> u16 {
@@ -114,6 +116,33 @@ fn spawn(port: u16) -> std::io::Result<Child> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+}
+
+/// What `redis-cli -p <port> <args>` printed, trimmed.
+fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let output = Command::new("redis-cli")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stderr(Stdio::null())
+        .output()?;
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+/// Polls `done` every 50 ms until it says yes, for at most `limit`.
+fn wait_for(
+    limit: Duration,
+    mut done: impl FnMut() -> std::io::Result<bool>,
+) -> std::io::Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if done().unwrap_or(false) {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Err(std::io::Error::other(format!(
+        "the servers did not settle within {limit:?}"
+    )))
 }
 
 /// A loopback port nothing listens on right now (bound, then released).

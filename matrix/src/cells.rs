@@ -227,11 +227,15 @@ impl Line {
             Fault::StoreFailover if !Servers::fail_over_applies(self.service.servers()) => {
                 Some("one server, no replica to fail over to")
             }
-            Fault::StoreRestart if self.service == Service::RedisCluster => {
-                Some("a cluster's crash is a failover (store-failover)")
+            Fault::StoreRestart
+                if matches!(self.service, Service::RedisCluster | Service::RedisSentinel) =>
+            {
+                Some("a replicated Redis's crash is a failover (store-failover)")
             }
-            Fault::Partition if self.service == Service::RedisCluster => {
-                Some("no proxy between a cluster and its clients (nodes announce their addresses)")
+            Fault::Partition
+                if matches!(self.service, Service::RedisCluster | Service::RedisSentinel) =>
+            {
+                Some("no proxy between it and its clients (it tells them the addresses to use)")
             }
             _ => None,
         }
@@ -282,7 +286,8 @@ pub struct Row {
     pub p99_ms: f64,
     /// Other audit findings (answers outside the contract, missing state).
     pub other_violations: usize,
-    /// `store-failover`: how long the killed master's slots went unserved, ms.
+    /// `store-failover`: how long the killed master's slots (or, behind Sentinel, the
+    /// master) went unserved, ms.
     pub unserved_ms: Option<u64>,
     /// Why the cell did not run, if it did not.
     pub skipped: Option<String>,

@@ -10,7 +10,7 @@ use crate::cells::{Fault, Line, Row};
 pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<13} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  note",
+        "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  note",
         "service",
         "guard",
         "fault",
@@ -24,7 +24,7 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         "req/s",
         "p99 ms",
     )?;
-    writeln!(out, "{}", "-".repeat(153))?;
+    writeln!(out, "{}", "-".repeat(154))?;
     for row in rows {
         let note = match (&row.skipped, row.other_violations) {
             (Some(why), _) if why.starts_with("failed") => why.clone(),
@@ -33,14 +33,16 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
             (None, other) => format!("{other} other audit findings"),
         };
         let note = match row.unserved_ms {
-            Some(ms) if note.is_empty() => format!("a master's slots unserved {:.1} s", ms as f64 / 1000.0),
-            Some(ms) => format!("{note}; a master's slots unserved {:.1} s", ms as f64 / 1000.0),
+            Some(ms) if note.is_empty() => {
+                format!("unserved {:.1} s", ms as f64 / 1000.0)
+            }
+            Some(ms) => format!("{note}; unserved {:.1} s", ms as f64 / 1000.0),
             None => note,
         };
         if row.skipped.is_some() {
             writeln!(
                 out,
-                "{:<13} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  {}",
+                "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  {}",
                 row.service.name(),
                 row.guard.name(),
                 row.fault.name(),
@@ -59,7 +61,7 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         }
         writeln!(
             out,
-            "{:<13} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
+            "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
             row.service.name(),
             row.guard.name(),
             row.fault.name(),

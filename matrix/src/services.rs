@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ledger::testing::PrivatePostgres;
 use lock::testing::{
-    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisCluster, RedisServer,
+    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisCluster, RedisSentinels, RedisServer,
     ZooKeeperServer,
 };
 use serde::Serialize;
@@ -26,6 +26,8 @@ pub enum Service {
     Redlock,
     /// A Redis Cluster: three masters, each with a replica (payonce's lock only).
     RedisCluster,
+    /// Redis Sentinel: one master, two replicas, three sentinels (payonce's lock only).
+    RedisSentinel,
     /// A ZooKeeper server (sessions, ephemeral sequential nodes).
     ZooKeeper,
     /// An etcd member (leases, revisions).
@@ -42,11 +44,12 @@ pub enum Service {
 
 impl Service {
     /// Every service, in the table's order.
-    pub const ALL: [Service; 10] = [
+    pub const ALL: [Service; 11] = [
         Service::None,
         Service::Redis,
         Service::Redlock,
         Service::RedisCluster,
+        Service::RedisSentinel,
         Service::ZooKeeper,
         Service::Etcd,
         Service::Memcached,
@@ -62,6 +65,7 @@ impl Service {
             Self::Redis => "redis",
             Self::Redlock => "redlock",
             Self::RedisCluster => "redis-cluster",
+            Self::RedisSentinel => "redis-sentinel",
             Self::ZooKeeper => "zookeeper",
             Self::Etcd => "etcd",
             Self::Memcached => "memcached",
@@ -82,6 +86,7 @@ impl Service {
         match self {
             Self::None | Self::Redis | Self::Redlock => ServerKind::Redis,
             Self::RedisCluster => ServerKind::RedisCluster,
+            Self::RedisSentinel => ServerKind::RedisSentinel,
             Self::ZooKeeper => ServerKind::ZooKeeper,
             Self::Etcd => ServerKind::Etcd,
             Self::Memcached => ServerKind::Memcached,
@@ -96,9 +101,12 @@ impl Service {
     pub fn lease_bound(self, ttl: Duration) -> Option<Duration> {
         let whole_seconds = Duration::from_secs(ttl.as_secs_f64().ceil() as u64);
         match self {
-            Self::None | Self::Redis | Self::Redlock | Self::RedisCluster | Self::Mysql => {
-                Some(ttl)
-            }
+            Self::None
+            | Self::Redis
+            | Self::Redlock
+            | Self::RedisCluster
+            | Self::RedisSentinel
+            | Self::Mysql => Some(ttl),
             // The private server's shortest session: two ticks of 200 ms.
             Self::ZooKeeper => Some(ttl.max(Duration::from_millis(400))),
             // Leases of whole seconds, two at least.
@@ -119,6 +127,8 @@ pub enum ServerKind {
     Redis,
     /// A Redis Cluster of six nodes.
     RedisCluster,
+    /// A master, two replicas and three sentinels.
+    RedisSentinel,
     /// One ZooKeeper.
     ZooKeeper,
     /// One etcd member.
@@ -137,6 +147,7 @@ enum Running {
         redlock: Vec<RedisServer>,
     },
     RedisCluster(RedisCluster),
+    RedisSentinel(RedisSentinels),
     ZooKeeper(ZooKeeperServer),
     Etcd(EtcdServer),
     Memcached(MemcachedServer),
@@ -179,8 +190,11 @@ impl Servers {
                         .map(|_| RedisServer::start().map_err(setup("redis-server")))
                         .collect::<Result<_, _>>()?,
                 },
-                ServerKind::RedisCluster => Running::RedisCluster(
-                    RedisCluster::start().map_err(setup("Redis Cluster"))?,
+                ServerKind::RedisCluster => {
+                    Running::RedisCluster(RedisCluster::start().map_err(setup("Redis Cluster"))?)
+                }
+                ServerKind::RedisSentinel => Running::RedisSentinel(
+                    RedisSentinels::start().map_err(setup("Redis Sentinel"))?,
                 ),
                 ServerKind::ZooKeeper => {
                     Running::ZooKeeper(ZooKeeperServer::start().map_err(setup("ZooKeeper"))?)
@@ -219,9 +233,10 @@ impl Servers {
             Running::Redis { redis, redlock } => std::iter::once(redis.port())
                 .chain(redlock.iter().map(RedisServer::port))
                 .collect(),
-            // No proxy: a cluster's nodes tell clients each other's addresses, which a
-            // proxy in front of one would not change (`partition` does not apply).
-            Running::RedisCluster(_) => Vec::new(),
+            // No proxy: a cluster's nodes and the sentinels tell clients the addresses to
+            // use, which a proxy in front of one would not change (`partition` does not
+            // apply).
+            Running::RedisCluster(_) | Running::RedisSentinel(_) => Vec::new(),
             Running::ZooKeeper(server) => vec![server.port()],
             Running::Etcd(server) => vec![server.port()],
             Running::Memcached(server) => vec![server.port()],
@@ -245,6 +260,7 @@ impl Servers {
                 format!("redis://127.0.0.1:{}", port(redis.port()))
             }
             (Running::RedisCluster(cluster), _) => cluster.url(),
+            (Running::RedisSentinel(sentinels), _) => sentinels.url(),
             (Running::ZooKeeper(server), _) => {
                 format!("zk://127.0.0.1:{}/payonce-matrix", port(server.port()))
             }
@@ -288,8 +304,8 @@ impl Servers {
                 redis.restart()?;
                 redlock.iter_mut().try_for_each(RedisServer::restart)
             }
-            Running::RedisCluster(_) => Err(std::io::Error::other(
-                "a cluster's crash is a failover: see store-failover",
+            Running::RedisCluster(_) | Running::RedisSentinel(_) => Err(std::io::Error::other(
+                "a replicated Redis's crash is a failover: see store-failover",
             )),
             Running::ZooKeeper(server) => server.restart(),
             Running::Etcd(server) => server.restart(),
@@ -302,25 +318,34 @@ impl Servers {
 
     /// Whether these servers can lose a master to a replica (`store-failover`).
     pub fn fail_over_applies(kind: ServerKind) -> bool {
-        kind == ServerKind::RedisCluster
+        matches!(kind, ServerKind::RedisCluster | ServerKind::RedisSentinel)
     }
 
     /// Kills a master with SIGKILL (what it had not replicated is lost), waits until its
     /// replica has taken over, then starts the killed node again, which rejoins as a
-    /// replica. Returns how long the killed master's slots went unserved. Blocking, as
+    /// replica. Returns how long the killed master's slots (behind Sentinel: the master)
+    /// went unserved. Blocking, as
     /// [`start`](Self::start) is.
     pub async fn fail_over(&mut self) -> Result<Duration, MatrixError> {
         tokio::task::block_in_place(|| match &mut self.running {
             Running::RedisCluster(cluster) => {
-                let victim = cluster.masters()?.into_iter().next().ok_or_else(|| {
-                    std::io::Error::other("the cluster has no master to kill")
-                })?;
+                let victim =
+                    cluster.masters()?.into_iter().next().ok_or_else(|| {
+                        std::io::Error::other("the cluster has no master to kill")
+                    })?;
                 let unserved = cluster.fail_over(victim, Duration::from_secs(30))?;
                 cluster.restart(victim)?;
                 cluster.wait_until_healthy(Duration::from_secs(30))?;
                 Ok(unserved)
             }
-            _ => Err(std::io::Error::other("only a Redis Cluster fails over here")),
+            Running::RedisSentinel(sentinels) => {
+                let unserved = sentinels.fail_over(Duration::from_secs(30))?;
+                sentinels.restart_killed(Duration::from_secs(30))?;
+                Ok(unserved)
+            }
+            _ => Err(std::io::Error::other(
+                "only a Redis Cluster or Redis Sentinel fails over here",
+            )),
         })
         .map_err(setup("failing the lock service over"))
     }

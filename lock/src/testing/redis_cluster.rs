@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::{redis_cli, wait_for};
+
 use crate::redis_link::slot;
 
 /// How long a master may be unreachable before the cluster fails it over. Short, so a
@@ -237,7 +239,10 @@ impl RedisCluster {
                 node.port != port
                     && node.master
                     && !node.failed
-                    && node.slots.iter().any(|&(from, to)| (from..=to).contains(&probe))
+                    && node
+                        .slots
+                        .iter()
+                        .any(|&(from, to)| (from..=to).contains(&probe))
             }))
         })?;
         self.wait_until_healthy(limit)?;
@@ -376,30 +381,4 @@ fn cli_ok(port: u16, args: &[&str]) -> std::io::Result<()> {
             "{args:?} on {port}: {answer}"
         )))
     }
-}
-
-/// What `redis-cli -p <port> <args>` printed, trimmed.
-fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<String> {
-    let output = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-        .args(args)
-        .stderr(Stdio::null())
-        .output()?;
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
-}
-
-fn wait_for(
-    limit: Duration,
-    mut done: impl FnMut() -> std::io::Result<bool>,
-) -> std::io::Result<()> {
-    let started = Instant::now();
-    while started.elapsed() < limit {
-        if done().unwrap_or(false) {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Err(std::io::Error::other(format!(
-        "the Redis Cluster did not settle within {limit:?}"
-    )))
 }

@@ -13,6 +13,7 @@ mod mysql_only;
 mod postgres_only;
 mod redis_cluster_only;
 mod redis_only;
+mod redis_sentinel_only;
 mod suite;
 mod zookeeper_only;
 

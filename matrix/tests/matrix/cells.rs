@@ -19,13 +19,17 @@ async fn cells(lines: &[Line], faults: &[Fault]) -> Vec<Row> {
     run_matrix(&options, |_| {}).await.unwrap()
 }
 
-/// Every row with `guard` on a service other than Redis and Redis Cluster (whose rows have
-/// tests of their own), Redlock included where it has one.
+/// Every row with `guard` on a service other than Redis, Redis Cluster and Redis Sentinel
+/// (whose rows have tests of their own), Redlock included where it has one.
 fn rows_beyond_redis(guard: Guard) -> Vec<Line> {
     Line::all()
         .into_iter()
         .filter(|line| {
-            line.guard == guard && !matches!(line.service, Service::Redis | Service::RedisCluster)
+            line.guard == guard
+                && !matches!(
+                    line.service,
+                    Service::Redis | Service::RedisCluster | Service::RedisSentinel
+                )
         })
         .collect()
 }
@@ -160,8 +164,9 @@ async fn redis_cluster_rows_under_a_stop_and_a_failover() {
     let unfenced = Line::new(Service::RedisCluster, Guard::Unfenced);
     let rows = cells(&[unfenced, fenced], &[Fault::Sigstop, Fault::StoreFailover]).await;
     assert_eq!(rows.len(), 4);
-    let (unfenced_rows, fenced_rows): (Vec<Row>, Vec<Row>) =
-        rows.into_iter().partition(|row| row.guard == Guard::Unfenced);
+    let (unfenced_rows, fenced_rows): (Vec<Row>, Vec<Row>) = rows
+        .into_iter()
+        .partition(|row| row.guard == Guard::Unfenced);
     assert_never_spent_twice(&fenced_rows);
     let stopped = unfenced_rows
         .iter()
@@ -174,4 +179,19 @@ async fn redis_cluster_rows_under_a_stop_and_a_failover() {
             assert!(unserved < 30_000, "{row:#?}");
         }
     }
+}
+
+/// Redis Sentinel, fenced: nothing spent twice when a holder's instance is stopped, nor when
+/// the master is killed mid-run and the sentinels promote a replica that had not
+/// replicated everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn redis_sentinel_fenced_spends_nothing_twice_across_a_failover() {
+    let rows = cells(
+        &[Line::new(Service::RedisSentinel, Guard::Fenced)],
+        &[Fault::Sigstop, Fault::StoreFailover],
+    )
+    .await;
+    assert_eq!(rows.len(), 2);
+    assert_never_spent_twice(&rows);
+    assert!(rows[1].unserved_ms.is_some(), "{rows:#?}");
 }

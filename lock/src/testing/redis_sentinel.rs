@@ -1,0 +1,240 @@
+//! Redis Sentinel of the test's own: one master and two replicas (private `redis-server`s,
+//! nothing on disk), watched by three sentinels (`redis-server --sentinel`, the program
+//! Debian's `redis-sentinel` package runs) that fail the master over a second after it
+//! stops answering. For tests that kill the master, which shared servers must never see.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{redis_cli, wait_for};
+
+/// The master's name the sentinels watch.
+pub const MASTER_NAME: &str = "payonce";
+
+/// Three data nodes and three sentinels, killed on drop.
+#[derive(Debug)]
+pub struct RedisSentinels {
+    nodes: Vec<Node>,
+    sentinels: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+#[derive(Debug)]
+struct Node {
+    port: u16,
+    /// How to start it again (the data nodes: as a fresh server; the sentinels keep
+    /// their rewritten configuration).
+    args: Vec<String>,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl Node {
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let child = Command::new("redis-server")
+            .current_dir(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisSentinels {
+    fn drop(&mut self) {
+        for node in self.nodes.iter_mut().chain(&mut self.sentinels) {
+            node.kill();
+        }
+    }
+}
+
+impl RedisSentinels {
+    /// Starts the master, its two replicas and three sentinels, and waits until every
+    /// replica is in sync and every sentinel knows the master, both replicas and the
+    /// other two sentinels.
+    pub fn start() -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("payonce-redis-sentinel-")
+            .tempdir()?;
+        let ports: Vec<u16> = (0..6)
+            .map(|_| super::free_port())
+            .collect::<std::io::Result<_>>()?;
+        let master = ports[0];
+        let mut nodes = Vec::new();
+        for (index, &port) in ports[..3].iter().enumerate() {
+            let mut args: Vec<String> = [
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ]
+            .map(str::to_owned)
+            .to_vec();
+            if index > 0 {
+                args.extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
+            }
+            let node_dir = dir.path().join(format!("node-{port}"));
+            std::fs::create_dir(&node_dir)?;
+            nodes.push(Node {
+                port,
+                args,
+                dir: node_dir,
+                child: None,
+            });
+        }
+        let mut sentinels = Vec::new();
+        for &port in &ports[3..] {
+            let node_dir = dir.path().join(format!("sentinel-{port}"));
+            std::fs::create_dir(&node_dir)?;
+            let config = node_dir.join("sentinel.conf");
+            std::fs::write(
+                &config,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel failover-timeout {MASTER_NAME} 5000\n\
+                     sentinel parallel-syncs {MASTER_NAME} 2\n",
+                    dir = node_dir.display()
+                ),
+            )?;
+            sentinels.push(Node {
+                port,
+                args: vec![config.display().to_string(), "--sentinel".into()],
+                dir: node_dir,
+                child: None,
+            });
+        }
+        let mut setup = Self {
+            nodes,
+            sentinels,
+            _dir: dir,
+        };
+        for node in setup.nodes.iter_mut().chain(&mut setup.sentinels) {
+            node.spawn()?;
+        }
+        setup.wait_until_settled(Duration::from_secs(30))?;
+        Ok(setup)
+    }
+
+    /// `redis-sentinel://127.0.0.1:<port>,…/payonce`: the sentinels and the master's name.
+    pub fn url(&self) -> String {
+        let sentinels: Vec<String> = self
+            .sentinels
+            .iter()
+            .map(|sentinel| format!("127.0.0.1:{}", sentinel.port))
+            .collect();
+        format!("redis-sentinel://{}/{MASTER_NAME}", sentinels.join(","))
+    }
+
+    /// The port of the master the sentinels name now (as the first live one says).
+    pub fn master(&self) -> std::io::Result<u16> {
+        let sentinel = self
+            .sentinels
+            .iter()
+            .find(|sentinel| sentinel.child.is_some())
+            .ok_or_else(|| std::io::Error::other("every sentinel is down"))?;
+        let answer = redis_cli(
+            sentinel.port,
+            &["SENTINEL", "get-master-addr-by-name", MASTER_NAME],
+        )?;
+        answer
+            .lines()
+            .nth(1)
+            .and_then(|port| port.trim().parse().ok())
+            .ok_or_else(|| std::io::Error::other(format!("no master named: {answer:?}")))
+    }
+
+    /// Waits until the replica of the master has every write the master made so far.
+    pub fn wait_replicated(&self, limit: Duration) -> std::io::Result<()> {
+        let master = self.master()?;
+        wait_for(limit, || {
+            let info = redis_cli(master, &["INFO", "replication"])?;
+            let offset = info
+                .lines()
+                .find_map(|line| line.strip_prefix("master_repl_offset:"))
+                .map(str::trim);
+            let replicas: Vec<&str> = info
+                .lines()
+                .filter(|line| line.starts_with("slave") && line.contains("state=online"))
+                .filter_map(|line| {
+                    line.split(',')
+                        .find_map(|part| part.strip_prefix("offset="))
+                })
+                .collect();
+            Ok(!replicas.is_empty() && replicas.iter().all(|replica| Some(*replica) == offset))
+        })
+    }
+
+    /// Kills the master with SIGKILL (what it had not replicated is lost) and waits until
+    /// the sentinels have promoted a replica and it takes writes; returns how long that
+    /// took.
+    pub fn fail_over(&mut self, limit: Duration) -> std::io::Result<Duration> {
+        let old = self.master()?;
+        if let Some(node) = self.nodes.iter_mut().find(|node| node.port == old) {
+            node.kill();
+        }
+        let killed_at = Instant::now();
+        wait_for(limit, || {
+            let new = self.master()?;
+            Ok(new != old && redis_cli(new, &["ROLE"])?.starts_with("master"))
+        })?;
+        Ok(killed_at.elapsed())
+    }
+
+    /// Starts the killed data node again, empty (no persistence); the sentinels make it a
+    /// replica of the new master. Waits until it is in sync.
+    pub fn restart_killed(&mut self, limit: Duration) -> std::io::Result<()> {
+        let master = self.master()?;
+        for node in self.nodes.iter_mut().filter(|node| node.child.is_none()) {
+            // It comes back as what it was started as; the sentinels convert it.
+            node.spawn()?;
+        }
+        wait_for(limit, || {
+            let info = redis_cli(master, &["INFO", "replication"])?;
+            Ok(info.contains("connected_slaves:2")
+                && info
+                    .lines()
+                    .filter(|line| line.starts_with("slave"))
+                    .all(|line| line.contains("state=online")))
+        })
+    }
+
+    fn wait_until_settled(&self, limit: Duration) -> std::io::Result<()> {
+        let master = self.nodes[0].port;
+        wait_for(limit, || {
+            let info = redis_cli(master, &["INFO", "replication"])?;
+            if !info.contains("connected_slaves:2") {
+                return Ok(false);
+            }
+            for sentinel in &self.sentinels {
+                let known = redis_cli(sentinel.port, &["SENTINEL", "master", MASTER_NAME])?;
+                let field = |name: &str| {
+                    let mut lines = known.lines();
+                    lines.find(|line| line.trim() == name)?;
+                    lines.next().map(|value| value.trim().to_owned())
+                };
+                if field("num-slaves").as_deref() != Some("2")
+                    || field("num-other-sentinels").as_deref() != Some("2")
+                {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+}
