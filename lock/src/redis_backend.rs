@@ -552,8 +552,11 @@ fn manager_config(
 /// The sentinels of `redis-sentinel://…/<master name>`, asked for the master with RESP3
 /// (and the URL's credentials, if any, for the master).
 fn sentinel_client(url: &str) -> Result<SentinelClient, LockError> {
-    let (sentinels, name, credentials) =
-        redis_link::sentinel_parts(url).map_err(LockError::Invalid)?;
+    let redis_link::SentinelUrl {
+        sentinels,
+        master_name,
+        credentials,
+    } = redis_link::sentinel_parts(url).map_err(LockError::Invalid)?;
     let mut master = redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3);
     if let Some((user, password)) = credentials {
         if !user.is_empty() {
@@ -563,8 +566,13 @@ fn sentinel_client(url: &str) -> Result<SentinelClient, LockError> {
     }
     let node =
         redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
-    SentinelClient::build(sentinels, name, Some(node), SentinelServerType::Master)
-        .map_err(|error| LockError::Invalid(format!("bad Redis Sentinel URL: {error}")))
+    SentinelClient::build(
+        sentinels,
+        master_name,
+        Some(node),
+        SentinelServerType::Master,
+    )
+    .map_err(|error| LockError::Invalid(format!("bad Redis Sentinel URL: {error}")))
 }
 
 /// Whole milliseconds, rounded up so a short wait is not truncated to "don't wait".

@@ -228,12 +228,20 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
     Ok(nodes)
 }
 
+/// What a `redis-sentinel://` URL names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct SentinelUrl {
+    /// The sentinels, as `redis://` URLs.
+    pub sentinels: Vec<String>,
+    /// The name they know the master by.
+    pub master_name: String,
+    /// The master's user name (may be empty) and password, if the URL carries them.
+    pub credentials: Option<(String, String)>,
+}
+
 /// The sentinels and the master's name from
-/// `redis-sentinel://[user:password@]host:port[,host:port…]/<master name>`: the sentinels as
-/// `redis://` URLs; the credentials, if any, are the master's.
-pub(crate) fn sentinel_parts(
-    url: &str,
-) -> Result<(Vec<String>, String, Option<(String, String)>), String> {
+/// `redis-sentinel://[user:password@]host:port[,host:port…]/<master name>`.
+pub(crate) fn sentinel_parts(url: &str) -> Result<SentinelUrl, String> {
     let rest = url
         .strip_prefix("redis-sentinel://")
         .ok_or_else(|| format!("{url:?} is not a redis-sentinel:// URL"))?;
@@ -256,7 +264,11 @@ pub(crate) fn sentinel_parts(
     if sentinels.is_empty() {
         return Err(format!("{url:?} names no sentinel"));
     }
-    Ok((sentinels, name.to_owned(), credentials))
+    Ok(SentinelUrl {
+        sentinels,
+        master_name: name.to_owned(),
+        credentials,
+    })
 }
 
 /// The cluster client for `nodes`: RESP3 (pub/sub pushes share the connections with the
@@ -345,17 +357,16 @@ mod tests {
 
     #[test]
     fn sentinel_urls_name_their_sentinels_and_master() {
-        let (sentinels, name, credentials) =
+        let parts =
             sentinel_parts("redis-sentinel://127.0.0.1:26379,127.0.0.1:26380/payonce").unwrap();
         assert_eq!(
-            sentinels,
+            parts.sentinels,
             ["redis://127.0.0.1:26379", "redis://127.0.0.1:26380"]
         );
-        assert_eq!(name, "payonce");
-        assert_eq!(credentials, None);
-        let (_, _, credentials) =
-            sentinel_parts("redis-sentinel://app:secret@10.0.0.1:26379/main").unwrap();
-        assert_eq!(credentials, Some(("app".into(), "secret".into())));
+        assert_eq!(parts.master_name, "payonce");
+        assert_eq!(parts.credentials, None);
+        let parts = sentinel_parts("redis-sentinel://app:secret@10.0.0.1:26379/main").unwrap();
+        assert_eq!(parts.credentials, Some(("app".into(), "secret".into())));
         assert!(sentinel_parts("redis-sentinel://127.0.0.1:26379").is_err());
         assert!(sentinel_parts("redis-sentinel://127.0.0.1:26379/").is_err());
         assert!(sentinel_parts("redis-sentinel:///payonce").is_err());
