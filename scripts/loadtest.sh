@@ -5,6 +5,9 @@
 #
 #   scripts/loadtest.sh                 # 20 s, 50 accounts, 32 clients
 #   DURATION=60s CLIENTS=64 scripts/loadtest.sh
+#   PAYONCE_LOCK_URL=redis-cluster://127.0.0.1:7000,127.0.0.1:7001 scripts/loadtest.sh
+#                                       # the locks on another service (here the Redis
+#                                       # Cluster scripts/services.sh runs)
 #
 # Everything runs on loopback; a fresh database is created and dropped again (set
 # KEEP_DATABASE=1 to keep it for inspection).
@@ -23,7 +26,12 @@ mkdir -p "$OUT"
 
 database="payonce_loadtest_$(date +%s)_$$"
 export DATABASE_URL="postgres://postgres@127.0.0.1:5432/$database"
-export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+if [ -n "${PAYONCE_LOCK_URL:-}" ]; then
+  export PAYONCE_LOCK_URL
+  unset REDIS_URL
+else
+  export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
+fi
 export PAYONCE_REDIS_NAMESPACE="$database"
 psql -h 127.0.0.1 -U postgres -d postgres -qc "create database $database"
 
