@@ -169,7 +169,8 @@ const APPLY_SPENDS: &str = "
          LEFT JOIN completed AS c ON c.id = s.ticket_id
          -- Only a spend not written reads its ticket again, as the snapshot saw it.
          LEFT JOIN LATERAL (SELECT f.* FROM tickets AS f
-                            WHERE f.id = s.ticket_id AND c.id IS NULL OFFSET 0) AS f ON true
+                            WHERE f.id = s.ticket_id AND f.account_id = s.account_id
+                              AND c.id IS NULL OFFSET 0) AS f ON true
          LEFT JOIN locked_accounts AS la ON la.id = s.account_id
          CROSS JOIN judged AS j
     ORDER BY s.slot";

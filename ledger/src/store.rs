@@ -38,7 +38,9 @@ pub(crate) trait Dialect: Database {
     const ISSUE_TICKET: &'static str;
     /// Reads a ticket and locks it until the transaction ends (SQLite's write lock already
     /// covers the whole database), with the database's clock read after the lock was
-    /// granted as `read_at`. Parameter: $1 ticket.
+    /// granted as `read_at`. Parameters: $1 ticket, $2 the account it must belong to
+    /// (another account's ticket is none: the statement names the account, as one routed
+    /// to the account's shard of a distributed database must).
     const LOCK_TICKET: &'static str;
     /// An account's balance, points and recorded fencing token, from its latest version,
     /// locked until the transaction ends. Parameter: $1 account.
@@ -153,7 +155,7 @@ impl Dialect for sqlx::Postgres {
     const LOCK_TICKET: &'static str = concat!(
         "WITH ticket AS (SELECT ",
         ticket_columns!(),
-        " FROM tickets WHERE id = $1 FOR UPDATE)
+        " FROM tickets WHERE id = $1 AND account_id = $2 FOR UPDATE)
          SELECT ticket.*, ",
         pg_clock!(),
         " AS read_at FROM ticket"
@@ -195,7 +197,7 @@ impl Dialect for sqlx::Sqlite {
         ticket_columns!(),
         ", ",
         sqlite_clock!(),
-        " AS read_at FROM tickets WHERE id = $1"
+        " AS read_at FROM tickets WHERE id = $1 AND account_id = $2"
     );
     // The transaction's write lock covers the whole database.
     const LOCK_ACCOUNT: &'static str =
@@ -1317,6 +1319,7 @@ where
     ) -> Result<Result<Timestamp, Result<Applied, ApplyError>>, ApplyError> {
         let row: Option<TicketRow> = sqlx::query_as(D::LOCK_TICKET)
             .bind(request.ticket_id)
+            .bind(request.account_id)
             .fetch_optional(&mut **tx)
             .await?;
         Ok(judged(row, request).map(|ticket| Timestamp(ticket.read_at)))

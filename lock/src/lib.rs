@@ -11,7 +11,8 @@
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
 //! - The stores, held to one test suite: [`RedisBackend`] (`redis_backend.rs`, scripts
-//!   in `scripts/*.lua`), [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`]
+//!   in `scripts/*.lua`; one server, a Redis Cluster or the master Redis Sentinel names,
+//!   through `redis_link.rs`), [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`]
 //!   (`zookeeper.rs`), `EtcdBackend` (`etcd.rs`, cargo feature `etcd`),
 //!   [`MemcachedBackend`] (`memcached.rs`), [`PostgresBackend`] (`postgres.rs`, advisory
 //!   locks), [`MySqlTableBackend`] (`mysql_table.rs`, a lock table) and
@@ -53,6 +54,8 @@
 //!   giving up at once cost the server little.
 //! - Each process subscribes once to its own channel, on the same RESP3 connection as its
 //!   commands, before any of its waiters queue; the message names the waiter by owner token.
+//!   (In a Redis Cluster, one sharded channel per slot it waits on, which the script
+//!   SPUBLISHes to from the lock's own node: see `redis_link.rs`.)
 //!
 //! [`LockService`] also counts each key's waiters in this process and turns away those
 //! past the cap before any round trip.
@@ -77,8 +80,10 @@
 //! # Limits
 //! One Redis server: if it restarts without persistence, locks held at that moment are
 //! forgotten (two holders may overlap) and counters restart from the clock — the fencing
-//! check in the protected store is what keeps that safe. Key names carry a hash tag, so all of a lock's keys share a cluster slot, but
-//! cluster mode is not tested.
+//! check in the protected store is what keeps that safe. A Redis Cluster or Sentinel
+//! (`redis_link.rs`) fails a dead master over to its replica, which may lack the last
+//! grants (replication is asynchronous): the same fencing check, and
+//! [`LockService::raise_fencing`], keep that safe too.
 
 mod error;
 #[cfg(feature = "etcd")]

@@ -238,10 +238,13 @@ pub struct RedisBackend {
     /// connection drops (the connection manager resubscribes on reconnect, and the next
     /// waiter makes sure).
     subscribed: Arc<AtomicBool>,
-    /// A cluster: the slots whose wake-up channel this process has subscribed to (the
-    /// cluster client keeps them subscribed across reconnects and failovers). Never
-    /// unsubscribed, so a waiter never races an unsubscribe; at most one per slot.
-    subscribed_slots: Mutex<HashSet<u16>>,
+    /// A cluster: the slots whose wake-up channel this process has subscribed to. Never
+    /// unsubscribed by us, so a waiter never races an unsubscribe; at most one per slot.
+    /// Cleared when a connection drops or the server ends a subscription (a slot moved or
+    /// failed over): the cluster client's own resubscription sends one node's channels in
+    /// one SSUBSCRIBE, which a node refuses when they span slots, and forgets a channel
+    /// the server unsubscribed — so waiters subscribe again themselves, one channel each.
+    subscribed_slots: Arc<Mutex<HashSet<u16>>>,
     /// Serialises subscribing so concurrent waiters send one SUBSCRIBE per channel.
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
@@ -278,7 +281,12 @@ impl RedisBackend {
         }
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
-        let (push_waiters, push_subscribed) = (Arc::clone(&waiters), Arc::clone(&subscribed));
+        let subscribed_slots = Arc::new(Mutex::new(HashSet::new()));
+        let (push_waiters, push_subscribed, push_slots) = (
+            Arc::clone(&waiters),
+            Arc::clone(&subscribed),
+            Arc::clone(&subscribed_slots),
+        );
         let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
             match push.kind {
                 PushKind::Message | PushKind::SMessage => {
@@ -286,7 +294,13 @@ impl RedisBackend {
                         push_waiters.deliver(payload);
                     }
                 }
-                PushKind::Disconnection => push_subscribed.store(false, Ordering::Release),
+                PushKind::Disconnection | PushKind::SUnsubscribe => {
+                    push_subscribed.store(false, Ordering::Release);
+                    push_slots
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner())
+                        .clear();
+                }
                 _ => {}
             }
             Ok(())
@@ -319,7 +333,7 @@ impl RedisBackend {
             namespace: options.namespace,
             waiters,
             subscribed,
-            subscribed_slots: Mutex::new(HashSet::new()),
+            subscribed_slots,
             subscribing: tokio::sync::Mutex::new(()),
             op_timeout: options.op_timeout,
             max_waiters: options.max_waiters.max(1),
@@ -645,6 +659,15 @@ impl LockBackend for RedisBackend {
             if sent_at >= deadline {
                 // `pending` cancels our queue entry as it drops.
                 return Err(timed_out());
+            }
+            // Again before each attempt: a reconnect or a failover may have ended the
+            // subscription since the last one.
+            if let Err(error) = self.ensure_subscribed(&keys[0], deadline).await {
+                return Err(if seen_held && Instant::now() >= deadline {
+                    timed_out()
+                } else {
+                    error
+                });
             }
             let attempt = self
                 .attempt(

@@ -268,6 +268,23 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
         replicated = replicated.max(guard.fencing_token());
         guard.release().await.unwrap();
     }
+    // Waits before the failover, on this key and on another of the same master in another
+    // slot: this process subscribes to two slots' wake-up channels on the master about to
+    // die (one node's channels in two slots, which a resubscription must not send as one
+    // SSUBSCRIBE).
+    let neighbour = [
+        "n-a", "n-b", "n-c", "n-d", "n-e", "n-f", "n-g", "n-h", "n-i", "n-j",
+    ]
+    .into_iter()
+    .find(|other| {
+        let lock_key = format!("failover:lock:{{{other}}}");
+        cluster.master_of(&lock_key).unwrap() == master
+            && lock::testing::slot_of(&lock_key)
+                != lock::testing::slot_of("failover:lock:{account}")
+    })
+    .unwrap();
+    replicated = replicated.max(woken_promptly(&locks, key).await);
+    woken_promptly(&locks, neighbour).await;
     cluster.wait_replicated(master, 5 * SECOND).unwrap();
     let held = locks.try_acquire(key, 2 * SECOND).await.unwrap().unwrap();
     let unreplicated = held.fencing_token();
@@ -303,9 +320,40 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
     first_after.release().await.unwrap();
     drop(held);
 
+    // Waiters on the slot are woken at once again: the subscription follows the slot to
+    // the promoted replica.
+    woken_promptly(&locks, key).await;
+    woken_promptly(&locks, neighbour).await;
+
     // The protected store reports the highest token it accepted; the counter goes past it.
     locks.raise_fencing(key, unreplicated).await.unwrap();
     let mut next = locks.try_acquire(key, SECOND).await.unwrap().unwrap();
     assert!(next.fencing_token() > unreplicated);
     next.release().await.unwrap();
+}
+
+/// A holder on `key` and a waiter queued behind it: the release wakes the waiter at once
+/// (not when the holder's 10 s lease would have run out). Returns the waiter's token.
+async fn woken_promptly(locks: &LockService, key: &'static str) -> FencingToken {
+    let mut held = locks.try_acquire(key, 10 * SECOND).await.unwrap().unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire(key, SECOND, Instant::now() + 8 * SECOND)
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    held.release().await.unwrap();
+    let mut next = waiter.await.unwrap().unwrap();
+    let waited = released_at.elapsed();
+    assert!(
+        waited < SECOND,
+        "the waiter woke {waited:?} after the release"
+    );
+    let token = next.fencing_token();
+    next.release().await.unwrap();
+    token
 }
