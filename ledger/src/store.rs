@@ -46,7 +46,8 @@ pub(crate) trait Dialect: Database {
     /// locked until the transaction ends. Parameter: $1 account.
     const LOCK_ACCOUNT: &'static str;
     /// An order's account, amount, recorded fencing token and paying ticket, from its
-    /// latest version, locked until the transaction ends. Parameter: $1 order.
+    /// latest version, locked until the transaction ends — found only with the account
+    /// it belongs to. Parameters: $1 order, $2 its account.
     const LOCK_ORDER: &'static str;
     /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
@@ -165,7 +166,7 @@ impl Dialect for sqlx::Postgres {
     const LOCK_ORDER: &'static str = concat!(
         "SELECT ",
         order_columns!(),
-        " FROM orders WHERE id = $1 FOR UPDATE"
+        " FROM orders WHERE id = $1 AND account_id = $2 FOR UPDATE"
     );
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
@@ -202,8 +203,11 @@ impl Dialect for sqlx::Sqlite {
     // The transaction's write lock covers the whole database.
     const LOCK_ACCOUNT: &'static str =
         "SELECT balance, points, fencing_token FROM accounts WHERE id = $1";
-    const LOCK_ORDER: &'static str =
-        concat!("SELECT ", order_columns!(), " FROM orders WHERE id = $1");
+    const LOCK_ORDER: &'static str = concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 AND account_id = $2"
+    );
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
 }
@@ -536,12 +540,12 @@ const MOVE_FOR_ORDER: &str = "
 
 /// Records an order payment attempt's token (checked newer by the caller, on the locked
 /// row) and, when it paid, the paying ticket. Parameters: $1 order, $2 token, $3 paying
-/// ticket or NULL, $4 when or NULL.
+/// ticket or NULL, $4 when or NULL, $5 the order's account.
 const RECORD_ORDER: &str = "
     UPDATE orders
     SET fencing_token = $2, paid_by_ticket = coalesce($3, paid_by_ticket),
         paid_at = coalesce($4, paid_at)
-    WHERE id = $1 AND fencing_token < $2";
+    WHERE id = $1 AND account_id = $5 AND fencing_token < $2";
 
 /// The operation as one conditional update: it moves the money and points and records the
 /// fencing token only if the token is newer than any the account accepted, the balance
@@ -566,11 +570,14 @@ const MOVE: &str = "
 const RECORD_TOKEN: &str = "
     UPDATE accounts SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
 
+/// Stores a ticket's outcome. Parameters: $1 ticket, $2 operation, $3 fingerprint,
+/// $4 status, $5 body, $6 when, $7 the ticket's account (already known to own it: named so
+/// that the statement reaches one account's rows, as a ledger partitioned by account needs).
 const COMPLETE_TICKET: &str = "
     UPDATE tickets
     SET operation = $2, fingerprint = $3, response_status = $4, response_body = $5,
         completed_at = $6
-    WHERE id = $1";
+    WHERE id = $1 AND account_id = $7";
 
 /// How many minor units one lottery draw credits, given the prize and the points spent.
 fn prize_credit(prize: &lottery::Prize, points: i64) -> i64 {
@@ -1347,11 +1354,10 @@ where
         };
         let order: OrderRow = sqlx::query_as(D::LOCK_ORDER)
             .bind(order_id)
+            .bind(request.account_id)
             .fetch_optional(&mut *tx)
             .await?
-            .filter(|order: &OrderRow| {
-                order.account_id == request.account_id && order.amount == amount.get()
-            })
+            .filter(|order: &OrderRow| order.amount == amount.get())
             .ok_or(ApplyError::UnknownOrder)?;
         if order.fencing_token >= token {
             return Err(stale(request, order.fencing_token));
@@ -1388,6 +1394,7 @@ where
             .bind(token)
             .bind(paid.then_some(request.ticket_id))
             .bind(paid.then_some(now))
+            .bind(request.account_id)
             .execute(&mut *tx)
             .await
             .or_constraint()?;
@@ -1529,6 +1536,7 @@ where
             .bind(i32::from(status))
             .bind(Json(body))
             .bind(now)
+            .bind(request.account_id)
             .execute(&mut **tx)
             .await?;
         Ok(())
