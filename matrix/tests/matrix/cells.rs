@@ -67,6 +67,20 @@ async fn no_lock_spends_twice_under_plain_concurrency() {
     assert!(rows[0].money_spent_twice > 0, "{rows:#?}");
 }
 
+/// A lock that cannot lapse — PostgreSQL's advisory lock lives as long as its connection —
+/// trusted alone spends nothing twice when no fault strikes: an unfenced row's double
+/// spends are its faults' doing, not the load's (an order payment made beside an unguarded
+/// spend once gave its money back in every such cell).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unfenced_lock_that_holds_spends_nothing_twice_without_a_fault() {
+    let rows = cells(
+        &[Line::new(Service::Postgres, Guard::Unfenced)],
+        &[Fault::None],
+    )
+    .await;
+    assert_never_spent_twice(&rows);
+}
+
 /// A Redis lock trusted alone spends twice when a holder pauses past its lease, when its
 /// instance is stopped past it, and when its instance is cut off from Redis past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
