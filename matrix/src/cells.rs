@@ -561,30 +561,23 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
         .filter(|v| v.kind == ViolationKind::Negative)
         .count();
     let counts = &result.counts;
-    let lock_lost = result
-        .history
-        .spends
-        .iter()
-        .flat_map(|spend| &spend.attempts)
-        .filter(|attempt| {
-            attempt.status == Some(503)
-                && attempt.problem().is_some_and(|t| t.ends_with("lock-lost"))
-        })
-        .count() as u64;
+    // Spend answers of one status and problem type.
+    let answered = |status: u16, problem: &str| {
+        result
+            .history
+            .spends
+            .iter()
+            .flat_map(|spend| &spend.attempts)
+            .filter(|attempt| {
+                attempt.status == Some(status)
+                    && attempt.problem().is_some_and(|t| t.ends_with(problem))
+            })
+            .count() as u64
+    };
+    let lock_lost = answered(503, "lock-lost");
     // A duplicated order paid with a second ticket is refused by design: an answer, not
     // an error.
-    let already_paid = result
-        .history
-        .spends
-        .iter()
-        .flat_map(|spend| &spend.attempts)
-        .filter(|attempt| {
-            attempt.status == Some(409)
-                && attempt
-                    .problem()
-                    .is_some_and(|t| t.ends_with("order-already-paid"))
-        })
-        .count() as u64;
+    let already_paid = answered(409, "order-already-paid");
     Row {
         requests: counts.requests,
         double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
