@@ -118,6 +118,38 @@ fn spawn(port: u16) -> std::io::Result<Child> {
         .spawn()
 }
 
+/// One `redis-server` of a private cluster or Sentinel setup, in a directory of its own:
+/// killed and started again, with the same arguments, as a test's faults need.
+#[derive(Debug)]
+struct RedisNode {
+    port: u16,
+    /// What it is started with, each time.
+    args: Vec<String>,
+    dir: std::path::PathBuf,
+    /// `None` once killed.
+    child: Option<Child>,
+}
+
+impl RedisNode {
+    fn spawn(&mut self) -> std::io::Result<()> {
+        let child = Command::new("redis-server")
+            .current_dir(&self.dir)
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// What `redis-cli -p <port> <args>` printed, trimmed.
 fn redis_cli(port: u16, args: &[&str]) -> std::io::Result<String> {
     let output = Command::new("redis-cli")

@@ -3,11 +3,10 @@
 //! on disk but their cluster configuration. For tests that kill a master and watch its
 //! replica take over, which a shared cluster must never see.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{redis_cli, wait_for};
+use super::{RedisNode, redis_cli, wait_for};
 
 use crate::redis_link::slot;
 
@@ -18,47 +17,8 @@ pub const NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 /// Six nodes (three masters, three replicas), killed on drop.
 #[derive(Debug)]
 pub struct RedisCluster {
-    nodes: Vec<ClusterNode>,
+    nodes: Vec<RedisNode>,
     _dir: tempfile::TempDir,
-}
-
-#[derive(Debug)]
-struct ClusterNode {
-    port: u16,
-    dir: PathBuf,
-    /// `None` once killed.
-    child: Option<Child>,
-}
-
-impl ClusterNode {
-    fn spawn(&mut self) -> std::io::Result<()> {
-        let child = Command::new("redis-server")
-            .current_dir(&self.dir)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args([
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-            ])
-            .args([
-                "--cluster-node-timeout",
-                &NODE_TIMEOUT.as_millis().to_string(),
-            ])
-            .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 impl Drop for RedisCluster {
@@ -81,8 +41,28 @@ impl RedisCluster {
         for port in cluster_ports(6)? {
             let node_dir = dir.path().join(port.to_string());
             std::fs::create_dir(&node_dir)?;
-            let mut node = ClusterNode {
+            let mut node = RedisNode {
                 port,
+                args: [
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    &NODE_TIMEOUT.as_millis().to_string(),
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--daemonize",
+                    "no",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
                 dir: node_dir,
                 child: None,
             };

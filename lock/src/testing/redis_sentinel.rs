@@ -3,11 +3,9 @@
 //! Debian's `redis-sentinel` package runs) that fail the master over a second after it
 //! stops answering. For tests that kill the master, which shared servers must never see.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{redis_cli, wait_for};
+use super::{RedisNode, redis_cli, wait_for};
 
 /// The master's name the sentinels watch.
 pub const MASTER_NAME: &str = "payonce";
@@ -15,39 +13,9 @@ pub const MASTER_NAME: &str = "payonce";
 /// Three data nodes and three sentinels, killed on drop.
 #[derive(Debug)]
 pub struct RedisSentinels {
-    nodes: Vec<Node>,
-    sentinels: Vec<Node>,
+    nodes: Vec<RedisNode>,
+    sentinels: Vec<RedisNode>,
     _dir: tempfile::TempDir,
-}
-
-#[derive(Debug)]
-struct Node {
-    port: u16,
-    /// How to start it again (the data nodes: as a fresh server; the sentinels keep
-    /// their rewritten configuration).
-    args: Vec<String>,
-    dir: PathBuf,
-    child: Option<Child>,
-}
-
-impl Node {
-    fn spawn(&mut self) -> std::io::Result<()> {
-        let child = Command::new("redis-server")
-            .current_dir(&self.dir)
-            .args(&self.args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 impl Drop for RedisSentinels {
@@ -89,7 +57,7 @@ impl RedisSentinels {
             }
             let node_dir = dir.path().join(format!("node-{port}"));
             std::fs::create_dir(&node_dir)?;
-            nodes.push(Node {
+            nodes.push(RedisNode {
                 port,
                 args,
                 dir: node_dir,
@@ -112,7 +80,7 @@ impl RedisSentinels {
                     dir = node_dir.display()
                 ),
             )?;
-            sentinels.push(Node {
+            sentinels.push(RedisNode {
                 port,
                 args: vec![config.display().to_string(), "--sentinel".into()],
                 dir: node_dir,

@@ -40,6 +40,31 @@ pub fn redis_at(url: &str) -> LockService {
     .expect("a valid Redis URL")
 }
 
+/// The first grant of `key` once its server answers again — while a replica takes over
+/// from a killed master, the lock is unavailable or (a lease the master had not lost)
+/// held — or `None` if none came `within`. Any other error fails the test.
+pub async fn first_grant_within(
+    locks: &LockService,
+    key: &str,
+    within: Duration,
+) -> Option<lock::LockGuard> {
+    const SECOND: Duration = Duration::from_secs(1);
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        match locks
+            .acquire(key, SECOND, tokio::time::Instant::now() + SECOND)
+            .await
+        {
+            Ok(guard) => return Some(guard),
+            Err(lock::LockError::Unavailable { .. } | lock::LockError::TimedOut { .. }) => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(error) => panic!("during the failover: {error}"),
+        }
+    }
+    None
+}
+
 /// Generates one `#[tokio::test]` per shared-suite case for a backend.
 macro_rules! shared_suite {
     ($backend:ident, $make:expr, $make_after_data_loss:expr) => {

@@ -141,31 +141,7 @@ async fn wake_ups_reach_waiters_on_every_node() {
         "no key per third of the slots among {keys:?}"
     );
     for key in chosen {
-        let mut held = holders
-            .try_acquire(key, 10 * SECOND)
-            .await
-            .unwrap()
-            .unwrap();
-        let waiter = {
-            let waiters = waiters.clone();
-            tokio::spawn(async move {
-                waiters
-                    .acquire(key, 10 * SECOND, Instant::now() + 8 * SECOND)
-                    .await
-            })
-        };
-        // Until the waiter has queued: its note-less queue entry shows in the holder's way.
-        sleep(Duration::from_millis(300)).await;
-        let released_at = Instant::now();
-        held.release().await.unwrap();
-        let mut next = waiter.await.unwrap().unwrap();
-        let waited = released_at.elapsed();
-        assert!(
-            waited < SECOND,
-            "{key}: the waiter woke {waited:?} after the release"
-        );
-        assert!(next.fencing_token() > held.fencing_token());
-        next.release().await.unwrap();
+        woken_promptly(&holders, &waiters, key).await;
     }
 }
 
@@ -283,8 +259,8 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
                 != lock::testing::slot_of("failover:lock:{account}")
     })
     .unwrap();
-    replicated = replicated.max(woken_promptly(&locks, key).await);
-    woken_promptly(&locks, neighbour).await;
+    replicated = replicated.max(woken_promptly(&locks, &locks, key).await);
+    woken_promptly(&locks, &locks, neighbour).await;
     cluster.wait_replicated(master, 5 * SECOND).unwrap();
     let held = locks.try_acquire(key, 2 * SECOND).await.unwrap().unwrap();
     let unreplicated = held.fencing_token();
@@ -296,20 +272,9 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
     other.release().await.unwrap();
 
     // The killed master's keys: unavailable or held, never granted, until the failover.
-    let mut first_after = None;
-    while killed_at.elapsed() < 30 * SECOND {
-        match locks.acquire(key, SECOND, Instant::now() + SECOND).await {
-            Ok(guard) => {
-                first_after = Some(guard);
-                break;
-            }
-            Err(LockError::Unavailable { .. } | LockError::TimedOut { .. }) => {
-                sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("during the failover: {error}"),
-        }
-    }
-    let mut first_after = first_after.expect("the replica took over within 30 s");
+    let mut first_after = crate::first_grant_within(&locks, key, 30 * SECOND)
+        .await
+        .expect("the replica took over within 30 s");
     let degraded = killed_at.elapsed();
     println!("failover: the killed master's locks were unavailable for {degraded:?}");
     assert!(
@@ -322,8 +287,8 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
 
     // Waiters on the slot are woken at once again: the subscription follows the slot to
     // the promoted replica.
-    woken_promptly(&locks, key).await;
-    woken_promptly(&locks, neighbour).await;
+    woken_promptly(&locks, &locks, key).await;
+    woken_promptly(&locks, &locks, neighbour).await;
 
     // The protected store reports the highest token it accepted; the counter goes past it.
     locks.raise_fencing(key, unreplicated).await.unwrap();
@@ -332,18 +297,28 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
     next.release().await.unwrap();
 }
 
-/// A holder on `key` and a waiter queued behind it: the release wakes the waiter at once
-/// (not when the holder's 10 s lease would have run out). Returns the waiter's token.
-async fn woken_promptly(locks: &LockService, key: &'static str) -> FencingToken {
-    let mut held = locks.try_acquire(key, 10 * SECOND).await.unwrap().unwrap();
+/// A holder on `key` (through `holders`) and a waiter queued behind it (through
+/// `waiters`): the release wakes the waiter at once, not when the holder's 10 s lease would
+/// have run out, and its token is the newer. Returns the waiter's token.
+async fn woken_promptly(
+    holders: &LockService,
+    waiters: &LockService,
+    key: &'static str,
+) -> FencingToken {
+    let mut held = holders
+        .try_acquire(key, 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
     let waiter = {
-        let locks = locks.clone();
+        let waiters = waiters.clone();
         tokio::spawn(async move {
-            locks
+            waiters
                 .acquire(key, SECOND, Instant::now() + 8 * SECOND)
                 .await
         })
     };
+    // Until the waiter has queued.
     sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
     held.release().await.unwrap();
@@ -351,8 +326,9 @@ async fn woken_promptly(locks: &LockService, key: &'static str) -> FencingToken 
     let waited = released_at.elapsed();
     assert!(
         waited < SECOND,
-        "the waiter woke {waited:?} after the release"
+        "{key}: the waiter woke {waited:?} after the release"
     );
+    assert!(next.fencing_token() > held.fencing_token());
     let token = next.fencing_token();
     next.release().await.unwrap();
     token

@@ -8,8 +8,8 @@
 use std::time::Duration;
 
 use lock::testing::RedisSentinels;
-use lock::{FencingToken, LockError, LockService, RedisOptions};
-use tokio::time::{Instant, sleep};
+use lock::{FencingToken, LockService, RedisOptions};
+use tokio::time::Instant;
 
 use crate::suite;
 
@@ -66,19 +66,7 @@ async fn a_killed_master_is_replaced_and_tokens_never_go_back() {
         let elapsed = sentinels.fail_over(Duration::from_secs(30));
         (sentinels, elapsed)
     });
-    let mut first_after = None;
-    while killed_at.elapsed() < 40 * SECOND {
-        match locks.acquire(key, SECOND, Instant::now() + SECOND).await {
-            Ok(guard) => {
-                first_after = Some(guard);
-                break;
-            }
-            Err(LockError::Unavailable { .. } | LockError::TimedOut { .. }) => {
-                sleep(Duration::from_millis(100)).await;
-            }
-            Err(error) => panic!("during the failover: {error}"),
-        }
-    }
+    let first_after = crate::first_grant_within(&locks, key, 40 * SECOND).await;
     let (mut sentinels, promoted_after) = promoted.await.unwrap();
     let promoted_after = promoted_after.unwrap();
     let mut first_after = first_after.expect("the lock worked again within 40 s");
