@@ -405,13 +405,8 @@ async fn a_batch_whose_every_answer_is_lost_is_outcome_unknown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batch_keeps_each_spends_own_outcome() {
     let database = TestDatabase::postgres().await.unwrap();
-    open(&database).await; // migrated
     // One worker, so spends queue behind each other and go in batches.
-    let options = ledger::LedgerOptions {
-        batch_workers: 1,
-        ..ledger::LedgerOptions::default()
-    };
-    let ledger = Ledger::open(database.url(), &options).await.unwrap();
+    let ledger = open_with_one_batch_worker(&database).await;
     let mut spends = Vec::new();
     for kind in ["goes-through", "no-funds", "stale"] {
         for _ in 0..10 {
@@ -467,6 +462,17 @@ async fn a_batch_keeps_each_spends_own_outcome() {
     );
     assert_eq!(batched_spends(&ledger) - before, 30, "{batches:?}");
     assert_clean(&ledger).await;
+}
+
+/// The ledger on `database` (migrated first) with one group-commit worker, so that
+/// concurrent spends queue behind one batch at a time.
+async fn open_with_one_batch_worker(database: &TestDatabase) -> Ledger {
+    open(database).await; // migrated
+    let options = ledger::LedgerOptions {
+        batch_workers: 1,
+        ..ledger::LedgerOptions::default()
+    };
+    Ledger::open(database.url(), &options).await.unwrap()
 }
 
 /// How many spends the group commit sent so far.
@@ -528,14 +534,9 @@ async fn spends_of_one_account_go_in_token_order_and_stale_ones_write_nothing() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_accounts_spends_in_one_batch_each_see_the_balance_the_last_left() {
     let database = TestDatabase::postgres().await.unwrap();
-    open(&database).await; // migrated
     // One worker: while its batch waits for a row held below, the others queue for the
     // next batch together.
-    let options = ledger::LedgerOptions {
-        batch_workers: 1,
-        ..ledger::LedgerOptions::default()
-    };
-    let ledger = Ledger::open(database.url(), &options).await.unwrap();
+    let ledger = open_with_one_batch_worker(&database).await;
     let blocker = account(&ledger, 1000, 0).await;
     let account_id = account(&ledger, 100, 0).await;
     let blocker_ticket = ledger.issue_ticket(blocker, HOUR).await.unwrap().id;
