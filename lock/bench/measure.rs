@@ -152,6 +152,13 @@ pub struct Urls {
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis: String,
+    /// The Redis Cluster `scripts/services.sh` runs.
+    #[arg(
+        long = "redis-cluster-url",
+        env = "REDIS_CLUSTER_URL",
+        default_value = "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002"
+    )]
+    pub redis_cluster: String,
     #[arg(
         long = "zookeeper-url",
         env = "ZOOKEEPER_URL",
@@ -207,7 +214,7 @@ fn counting<B: lock::LockBackend + 'static>(
     }
 }
 
-/// Opens the service `name` names (`redis`, `zookeeper`, `etcd` with the feature,
+/// Opens the service `name` names (`redis`, `redis-cluster`, `zookeeper`, `etcd` with the feature,
 /// `postgres`, `mysql`, `mysql-row`, `memcached`), with a root or namespace of the run's
 /// own.
 pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
@@ -217,6 +224,17 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "redis",
             lock::RedisBackend::open(
                 &urls.redis,
+                RedisOptions {
+                    namespace: run,
+                    ..RedisOptions::default()
+                },
+            )?,
+            lock::RedisBackend::round_trips,
+        ),
+        "redis-cluster" => counting(
+            "redis-cluster",
+            lock::RedisBackend::open(
+                &urls.redis_cluster,
                 RedisOptions {
                     namespace: run,
                     ..RedisOptions::default()

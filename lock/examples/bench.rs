@@ -16,8 +16,9 @@
 //! - one key: the serial limit 1 / (hold + one round trip), the round trip being the median
 //!   of sequential PINGs.
 //!
-//! With `--backend zookeeper`, `etcd` (`--features etcd`), `postgres` (advisory locks),
-//! `mysql` (a lock table), `mysql-row` (InnoDB row locks) or `memcached`, the backend runs
+//! With `--backend redis-cluster` (the cluster `scripts/services.sh` runs), `zookeeper`,
+//! `etcd` (`--features etcd`), `postgres` (advisory locks), `mysql` (a lock table),
+//! `mysql-row` (InnoDB row locks) or `memcached`, the backend runs
 //! beside payonce's Redis lock in alternating order, with the same clients and keys, and
 //! the summary prints both, their ratio, and the requests each sends per acquire+release
 //! (counted by the client).
@@ -52,7 +53,7 @@ struct Args {
     /// Measurement rounds; figures are medians over rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// `redis`, `zookeeper`, `etcd` (with `--features etcd`), `postgres`, `mysql`,
+    /// `redis`, `redis-cluster`, `zookeeper`, `etcd` (with `--features etcd`), `postgres`, `mysql`,
     /// `mysql-row`, `memcached` or `in-process` (no baselines).
     #[arg(long, default_value = "redis")]
     backend: String,
@@ -217,10 +218,11 @@ fn load(args: &Args) -> Load {
     }
 }
 
-/// `--backend zookeeper|etcd|postgres|mysql|mysql-row|memcached`: that service and payonce's Redis lock, measured
+/// `--backend redis-cluster|zookeeper|etcd|postgres|mysql|mysql-row|memcached`: that service and payonce's Redis lock, measured
 /// in alternating order each round, printed side by side.
 async fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let name = match args.backend.as_str() {
+        "redis-cluster" => "redis-cluster",
         "zookeeper" => "zookeeper",
         "etcd" => "etcd",
         "postgres" => "postgres",
@@ -244,7 +246,7 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
             let pairs = run.pairs as f64;
             let requests = ((service.requests)() - before) as f64 / pairs.max(1.0);
             println!(
-                "round {round}: {:<9} {:>9.0} pairs/s, acquire p50 {:.3} ms p99 {:.3} ms, {requests:.2} requests per pair",
+                "round {round}: {:<13} {:>9.0} pairs/s, acquire p50 {:.3} ms p99 {:.3} ms, {requests:.2} requests per pair",
                 service.name,
                 run.pairs_per_sec,
                 run.p50_us as f64 / 1000.0,
@@ -258,7 +260,7 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
     for (service, runs) in services.iter().zip(&runs) {
         let rate = median(runs.iter().map(|(run, _)| run.pairs_per_sec).collect());
         println!(
-            "  {:<9} {rate:>9.0} pairs/s   acquire p50 {:.3} ms   p99 {:.3} ms   {:.2} requests per pair",
+            "  {:<13} {rate:>9.0} pairs/s   acquire p50 {:.3} ms   p99 {:.3} ms   {:.2} requests per pair",
             service.name,
             median(runs.iter().map(|(run, _)| run.p50_us as f64).collect()) / 1000.0,
             median(runs.iter().map(|(run, _)| run.p99_us as f64).collect()) / 1000.0,
