@@ -68,21 +68,26 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 ///   returns the latest committed version of a row another transaction changed since the
 ///   snapshot, READ COMMITTED), and the update checks that they are still so.
 /// - **The body.** It arrives rendered with stand-in numbers where the balance and points
-///   after go (see [`substitutable`]), replaced by the spend's own.
+///   after go (see [`substitutable`]), replaced by the spend's own. A written spend's
+///   body is not sent back: the client fills in its copy the same way ([`filled`]), from
+///   the balance and points the statement returns — a third of the batch's answer less to
+///   format, send and parse.
 ///
 /// Parameters: $1 tickets, $2 accounts, $3 kinds, $4 debits, $5 credits, $6 points spent,
 /// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
-/// stand-ins. Returns, in the order given, whether the spend was written, its ticket's
-/// columns (NULL when there is no such ticket) with `read_at`, and the fencing token its
-/// account had recorded when locked (`recorded_token`; NULL when the account was not
-/// locked: no such account, or no unused ticket to spend on it).
+/// stand-ins, $12 the statuses the spends are stored with if written. Returns, in the
+/// order given, whether the spend was written; if it was, the balance and points after it
+/// (`balance_after`, `points_after`); if not, its ticket's columns as found (NULL when
+/// there is no such ticket); `read_at`; and the fencing token its account had recorded
+/// when locked (`recorded_token`; NULL when the account was not locked: no such account,
+/// or no unused ticket to spend on it).
 const APPLY_SPENDS: &str = "
     WITH spends AS (
         SELECT *
         FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::bigint[],
-                    $6::bigint[], $7::bigint[], $8::text[], $9::text[])
+                    $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::integer[])
              WITH ORDINALITY AS s (ticket_id, account_id, kind, debit, credit, spent, token,
-                                   fingerprint, body, slot)
+                                   fingerprint, body, status, slot)
     ), locked_tickets AS (
         SELECT t.id, t.account_id, t.expires_at FROM tickets AS t
         WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
@@ -146,23 +151,17 @@ const APPLY_SPENDS: &str = "
         ORDER BY w.account_id, w.token
     ), completed AS (
         UPDATE tickets AS t
-        SET operation = w.kind, fingerprint = w.fingerprint, response_status = 201,
+        SET operation = w.kind, fingerprint = w.fingerprint, response_status = w.status,
             response_body = replace(replace(w.body, $10, w.balance_after::text),
                                     $11, w.points_after::text)::json,
             completed_at = j.read_at
         FROM written AS w CROSS JOIN judged AS j
         WHERE t.id = w.ticket_id
-        RETURNING t.*
+        RETURNING t.id, w.balance_after, w.points_after
     )
-    SELECT c.id IS NOT NULL AS applied,
-           coalesce(c.id, f.id) AS id, coalesce(c.account_id, f.account_id) AS account_id,
-           coalesce(c.created_at, f.created_at) AS created_at,
-           coalesce(c.expires_at, f.expires_at) AS expires_at,
-           coalesce(c.operation, f.operation) AS operation,
-           coalesce(c.fingerprint, f.fingerprint) AS fingerprint,
-           coalesce(c.response_status, f.response_status) AS response_status,
-           coalesce(c.response_body, f.response_body) AS response_body,
-           coalesce(c.completed_at, f.completed_at) AS completed_at,
+    SELECT c.id IS NOT NULL AS applied, c.balance_after, c.points_after,
+           f.id, f.account_id, f.created_at, f.expires_at, f.operation, f.fingerprint,
+           f.response_status, f.response_body, f.completed_at,
            j.read_at,
            la.fencing_token AS recorded_token
     FROM spends AS s
@@ -184,6 +183,14 @@ pub(crate) fn substitutable(body: &Value) -> Option<String> {
         .into_iter()
         .all(|stand_in| text.matches(&stand_in.to_string()).count() == occurrences(body, stand_in))
         .then_some(text)
+}
+
+/// `body` (text from [`substitutable`]) with the balance and points after the spend in place
+/// of the stand-ins: the text [`APPLY_SPENDS`] stores, made the same way — `replace`, the
+/// balance first.
+fn filled(body: &str, balance: i64, points: i64) -> String {
+    body.replace(&BALANCE_STAND_IN.to_string(), &balance.to_string())
+        .replace(&POINTS_STAND_IN.to_string(), &points.to_string())
 }
 
 /// How many numbers of `value` equal `number`.
@@ -209,13 +216,15 @@ pub(crate) struct Spend {
     pub fingerprint: String,
     /// The success body, with the stand-ins (see [`substitutable`]).
     pub body: String,
+    /// The status the success is stored with.
+    pub status: u16,
 }
 
 /// What [`APPLY_SPENDS`] did with one spend.
 pub(crate) struct Done {
-    /// Whether it wrote the spend (the ticket row is then the completed one).
-    pub written: bool,
-    /// The ticket's row as the statement left it; `None` if there is no such ticket.
+    /// The body stored with the spend, if the statement wrote it.
+    pub written: Option<Value>,
+    /// If it did not, the ticket's row as found; `None` if there is no such ticket.
     pub ticket: Option<TicketRow>,
     /// The fencing token the account had recorded before the batch: at or above the
     /// spend's, it is stale — the account's token only grows, so no path would take it.
@@ -414,6 +423,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
     let tokens: Vec<i64> = spends().map(|spend| spend.token).collect();
     let fingerprints: Vec<&str> = spends().map(|spend| spend.fingerprint.as_str()).collect();
     let bodies: Vec<&str> = spends().map(|spend| spend.body.as_str()).collect();
+    let statuses: Vec<i32> = spends().map(|spend| i32::from(spend.status)).collect();
     let mut maybe_sent: Option<sqlx::Error> = None;
     for _ in 0..tries.max(1) {
         let mut connection = match pool.acquire().await {
@@ -438,13 +448,15 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
             .bind(&bodies)
             .bind(BALANCE_STAND_IN.to_string())
             .bind(POINTS_STAND_IN.to_string())
+            .bind(&statuses)
             .fetch_all(&mut *connection)
             .await;
         match rows {
             Ok(rows) => {
                 return rows
                     .iter()
-                    .map(done)
+                    .zip(spends())
+                    .map(|(row, spend)| done(row, spend))
                     .collect::<Result<_, _>>()
                     .map_err(|error| Failed::Unreadable(error.to_string()));
             }
@@ -472,8 +484,23 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
     })
 }
 
-fn done(row: &PgRow) -> Result<Done, LedgerError> {
-    let written: bool = row.try_get("applied")?;
+/// What the statement's answer `row` says of `spend`.
+fn done(row: &PgRow, spend: &Spend) -> Result<Done, LedgerError> {
+    let written = if row.try_get("applied")? {
+        let body = filled(
+            &spend.body,
+            row.try_get("balance_after")?,
+            row.try_get("points_after")?,
+        );
+        Some(serde_json::from_str(&body).map_err(|error| {
+            LedgerError::Corrupt(format!(
+                "ticket {}: the body written: {error}",
+                spend.ticket_id
+            ))
+        })?)
+    } else {
+        None
+    };
     let id: Option<TicketId> = row.try_get("id")?;
     let ticket = match id {
         Some(_) => Some(TicketRow::from_row(row)?),
@@ -496,10 +523,7 @@ mod tests {
     fn stand_ins_that_are_whole_numbers_can_be_substituted() {
         let body = json!({"balance": BALANCE_STAND_IN, "nested": [{"points_after": POINTS_STAND_IN}], "amount": 5});
         let text = substitutable(&body).unwrap();
-        let filled = text
-            .replace(&BALANCE_STAND_IN.to_string(), "700")
-            .replace(&POINTS_STAND_IN.to_string(), "3");
-        let filled: Value = serde_json::from_str(&filled).unwrap();
+        let filled: Value = serde_json::from_str(&filled(&text, 700, 3)).unwrap();
         assert_eq!(
             filled,
             json!({"balance": 700, "nested": [{"points_after": 3}], "amount": 5})
@@ -522,6 +546,7 @@ mod tests {
                 token,
                 fingerprint: String::new(),
                 body: String::new(),
+                status: 201,
             },
             answer: oneshot::channel().0,
         }

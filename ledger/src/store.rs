@@ -1247,31 +1247,20 @@ where
             token,
             fingerprint: request.fingerprint.to_owned(),
             body,
+            status: stand_in.status(),
         };
         let done = match batcher.apply(spend).await {
             Ok(done) => done,
             Err(failed) => return failed.error().map(|error| Err(error.into())),
         };
-        if done.written {
-            let written = done.ticket.map(Ticket::try_from).transpose();
-            return Some(match written {
-                Ok(Some(Ticket {
-                    outcome:
-                        Some(Outcome {
-                            response: Some(response),
-                            ..
-                        }),
-                    ..
-                })) => Ok(Applied {
-                    response,
-                    replayed: false,
-                }),
-                Ok(_) => Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
-                    "ticket {}: written without its outcome",
-                    request.ticket_id
-                )))),
-                Err(error) => Err(error.into()),
-            });
+        if let Some(body) = done.written {
+            return Some(Ok(Applied {
+                response: StoredResponse {
+                    status: stand_in.status(),
+                    body,
+                },
+                replayed: false,
+            }));
         }
         // Not written: a used ticket's answer; a stale token, refused as the transaction
         // path would; else a refusal, stored by the transaction path.
