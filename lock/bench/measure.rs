@@ -220,28 +220,25 @@ fn counting<B: lock::LockBackend + 'static>(
 pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
     let run = format!("bench-{:08x}", rand::random::<u32>());
     Ok(match name {
-        "redis" => counting(
-            "redis",
-            lock::RedisBackend::open(
-                &urls.redis,
-                RedisOptions {
-                    namespace: run,
-                    ..RedisOptions::default()
-                },
-            )?,
-            lock::RedisBackend::round_trips,
-        ),
-        "redis-cluster" => counting(
-            "redis-cluster",
-            lock::RedisBackend::open(
-                &urls.redis_cluster,
-                RedisOptions {
-                    namespace: run,
-                    ..RedisOptions::default()
-                },
-            )?,
-            lock::RedisBackend::round_trips,
-        ),
+        // One backend type for both: the URL's scheme picks one server or the cluster.
+        "redis" | "redis-cluster" => {
+            let (name, url) = if name == "redis" {
+                ("redis", &urls.redis)
+            } else {
+                ("redis-cluster", &urls.redis_cluster)
+            };
+            counting(
+                name,
+                lock::RedisBackend::open(
+                    url,
+                    RedisOptions {
+                        namespace: run,
+                        ..RedisOptions::default()
+                    },
+                )?,
+                lock::RedisBackend::round_trips,
+            )
+        }
         "zookeeper" => counting(
             "zookeeper",
             lock::ZooKeeperBackend::open(
