@@ -106,6 +106,12 @@ pub struct Config {
     /// How often expired tickets and old outcomes are reaped.
     #[arg(long, global = true, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
     pub reap_interval: Duration,
+    /// How long a lock key must have gone unused before the lock service forgets its
+    /// state (fencing counter, queue): a store that expires state by itself uses it as the
+    /// expiry, the others prune at each reaping. Bounds what the lock service holds when
+    /// every order is a key of its own.
+    #[arg(long, global = true, env = "PAYONCE_LOCK_IDLE", default_value = "1h", value_parser = duration)]
+    pub lock_idle: Duration,
     /// Longest a request may take before it is answered 503.
     #[arg(long, global = true, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
     pub request_timeout: Duration,
@@ -427,6 +433,12 @@ impl Config {
                 "PAYONCE_LOCK_TTL must be at least 100ms".into(),
             ));
         }
+        if self.lock_idle < self.lock_ttl {
+            // A key idle for less than a lease may still have a holder.
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_IDLE must be at least PAYONCE_LOCK_TTL".into(),
+            ));
+        }
         if self.ticket_ttl.is_zero() || self.request_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "PAYONCE_TICKET_TTL and PAYONCE_REQUEST_TIMEOUT must be positive".into(),
@@ -582,6 +594,7 @@ impl fmt::Display for Config {
             ("PAYONCE_TICKET_TTL", human(self.ticket_ttl)),
             ("PAYONCE_RETENTION", human(self.retention)),
             ("PAYONCE_REAP_INTERVAL", human(self.reap_interval)),
+            ("PAYONCE_LOCK_IDLE", human(self.lock_idle)),
             ("PAYONCE_REQUEST_TIMEOUT", human(self.request_timeout)),
             (
                 "PAYONCE_DB_MAX_CONNECTIONS",

@@ -164,5 +164,10 @@ async fn reap(state: AppState, stopping: CancellationToken) {
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "reaping failed; will retry"),
         }
+        match state.locks().prune_idle(settings.lock_idle).await {
+            Ok(0) => {}
+            Ok(forgotten) => tracing::info!(forgotten, "pruned idle lock keys"),
+            Err(error) => tracing::warn!(%error, "pruning lock keys failed; will retry"),
+        }
     }
 }

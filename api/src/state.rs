@@ -27,6 +27,8 @@ pub struct Settings {
     pub retention: Duration,
     /// How often the reaper runs.
     pub reap_interval: Duration,
+    /// How long a lock key goes unused before its state is pruned.
+    pub lock_idle: Duration,
     /// The instance's strategy.
     pub strategy: Strategy,
     /// Whether the `Payonce-Strategy` and `Payonce-Fault` headers are honoured.
@@ -52,6 +54,7 @@ impl Settings {
             ticket_ttl: config.ticket_ttl,
             retention: config.retention,
             reap_interval: config.reap_interval,
+            lock_idle: config.lock_idle,
             strategy: config.lock_strategy,
             demo: config.demo,
             instance: HeaderValue::from_str(&config.instance_name())

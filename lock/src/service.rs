@@ -148,6 +148,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// Checks that the store answers.
     async fn ping(&self) -> Result<(), LockError>;
 
+    /// Forgets the state of keys nobody has held or waited for in at least `idle_for`
+    /// (their fencing counters included), so a store that has seen many keys — one per
+    /// order — keeps only those in use lately. Returns how many keys it forgot. Safe:
+    /// a forgotten counter starts again from the store's clock (see the crate docs), above
+    /// every token handed out before, and the protected store refuses a token that is not
+    /// newer anyway. A store whose per-key state expires by itself (a TTL, a container
+    /// node) has nothing to do here and keeps the default.
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        let _ = idle_for;
+        Ok(0)
+    }
+
     /// How coarsely the store times a lease out: a lock whose holder vanished is free
     /// again between its lease and this much later. Zero for stores that keep time to the
     /// millisecond; memcached counts whole seconds.
@@ -469,5 +481,10 @@ impl LockService {
     /// See [`LockBackend::ping`].
     pub async fn ping(&self) -> Result<(), LockError> {
         self.backend.ping().await
+    }
+
+    /// See [`LockBackend::prune_idle`].
+    pub async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        self.backend.prune_idle(idle_for).await
     }
 }
