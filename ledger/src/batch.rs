@@ -22,8 +22,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::TryStreamExt;
 use serde_json::Value;
 use sqlx::postgres::PgRow;
+use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
 use tokio::sync::{mpsc, oneshot};
 
@@ -237,12 +239,13 @@ pub(crate) enum Failed {
     /// The database refused the statement: nothing of the batch was written, and each
     /// spend is better settled on its own.
     Refused,
-    /// No connection could be had, so nothing was sent.
+    /// Nothing was sent: no connection could be had, or the ledger is shutting down.
     Unavailable,
-    /// It was sent, and no answer came back (the error's text).
+    /// It may have run: it was sent and no readable answer came back — none at all, a
+    /// session the server ended (which it can do after the commit), or rows that could
+    /// not be read (the error's text). Like a lost COMMIT answer on the transaction path,
+    /// never "nothing was executed".
     Unknown(String),
-    /// The answer could not be read, or the ledger is shutting down.
-    Unreadable(String),
 }
 
 impl Failed {
@@ -252,7 +255,6 @@ impl Failed {
             Self::Refused => None,
             Self::Unavailable => Some(LedgerError::Unavailable(sqlx::Error::PoolTimedOut)),
             Self::Unknown(error) => Some(LedgerError::OutcomeUnknown(sqlx::Error::Protocol(error))),
-            Self::Unreadable(error) => Some(LedgerError::Corrupt(error)),
         }
     }
 }
@@ -328,14 +330,16 @@ impl Batcher {
     /// Applies `spend` in its worker's next batch.
     pub(crate) async fn apply(&self, spend: Spend) -> Result<Done, Failed> {
         let (answer, answered) = oneshot::channel();
-        let gone = || Failed::Unreadable("the ledger is shutting down".into());
         // The account id's low bits pick the worker: an account always has the same one.
         let worker = (spend.account_id.0.as_u64_pair().1 % self.queues.len() as u64) as usize;
         self.queues[worker]
             .send(Queued { spend, answer })
             .await
-            .map_err(|_| gone())?;
-        answered.await.map_err(|_| gone())?
+            .map_err(|_| Failed::Unavailable)?;
+        // A worker that went away holding the spend may have sent it.
+        answered.await.map_err(|_| {
+            Failed::Unknown("the ledger shut down while the spend was in a batch".into())
+        })?
     }
 
     /// The sizes of the batches sent so far.
@@ -408,10 +412,19 @@ async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
 }
 
 /// Sends [`APPLY_SPENDS`] for `batch`. When the connection fails, the batch is sent again on
-/// another, up to `tries` times in all: safe, since a spend that did commit finds its
-/// ticket used the second time and comes back as it was written, and necessary, since a
-/// database restart leaves every pooled connection dead. Only when no try got an answer
-/// after one may have reached the database is the outcome unknown.
+/// another, up to `tries` times in all: necessary, since a database restart leaves every
+/// pooled connection dead, and safe, since a spend that did commit finds its ticket used
+/// the second time. Such a spend is told apart from a replay by its entry: the one
+/// written under its own fencing token (a grant's token is the account's only once) was
+/// written by an earlier try of this batch, so it is answered as written, never as
+/// replayed ([`own_earlier_writes`]). Only when no try got an answer after one may have
+/// run is the outcome unknown.
+///
+/// A failed try may have run unless the server answered with a plain error: a broken
+/// connection, and also a session the server ended (FATAL) — PostgreSQL ends sessions
+/// after their commit too (a backend terminated while it waits for synchronous
+/// replication, a fast shutdown between the commit and ReadyForQuery), and a FATAL that
+/// was waiting on an idle pooled connection looks no different.
 async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, Failed> {
     let spends = || batch.iter().map(|queued| &queued.spend);
     let tickets: Vec<uuid::Uuid> = spends().map(|spend| spend.ticket_id.0).collect();
@@ -436,7 +449,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
                 });
             }
         };
-        let rows = sqlx::query(APPLY_SPENDS)
+        let mut answer = sqlx::query(APPLY_SPENDS)
             .bind(&tickets)
             .bind(&accounts)
             .bind(&kinds)
@@ -449,30 +462,53 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
             .bind(BALANCE_STAND_IN.to_string())
             .bind(POINTS_STAND_IN.to_string())
             .bind(&statuses)
-            .fetch_all(&mut *connection)
-            .await;
-        match rows {
-            Ok(rows) => {
-                return rows
+            .fetch(&mut *connection);
+        // Row by row, to know whether any came before an error (see below).
+        let mut rows = Vec::with_capacity(batch.len());
+        let ended = loop {
+            match answer.try_next().await {
+                Ok(Some(row)) => rows.push(row),
+                Ok(None) => break None,
+                Err(error) => break Some(error),
+            }
+        };
+        drop(answer);
+        match ended {
+            None => {
+                // The statement ran: an answer that cannot be read may hide written spends.
+                let unreadable = |error: LedgerError| Failed::Unknown(error.to_string());
+                let mut done = rows
                     .iter()
                     .zip(spends())
                     .map(|(row, spend)| done(row, spend))
-                    .collect::<Result<_, _>>()
-                    .map_err(|error| Failed::Unreadable(error.to_string()));
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(unreadable)?;
+                if maybe_sent.is_some() {
+                    own_earlier_writes(&mut connection, batch, &mut done)
+                        .await
+                        .map_err(unreadable)?;
+                }
+                return Ok(done);
             }
-            // The server ended the session (shut down, restarted, or terminated it — what
-            // a pooled connection finds after a restart): the statement did not run.
-            Err(error @ sqlx::Error::Database(_)) if is_dead_connection(&error) => {
-                tracing::debug!(%error, "a batch's session was ended; sending it again");
+            // The server ended the session before the statement gave a single row (it
+            // gives one per spend before it commits, and the server sends what it has in
+            // order before it says FATAL): the statement never finished, so its implicit
+            // transaction rolled back — a pooled connection the server had ended while it
+            // sat idle, as after a restart.
+            Some(error @ sqlx::Error::Database(_))
+                if is_dead_connection(&error) && rows.is_empty() =>
+            {
+                tracing::debug!(%error, "a batch's session had been ended; sending it again");
             }
-            // The connection broke with no word from the server: it may have run.
-            Err(error) if is_dead_connection(&error) => {
+            // The connection broke, or the session was ended after rows came: it may have
+            // run, and committed.
+            Some(error) if is_dead_connection(&error) => {
                 tracing::debug!(%error, "a batch's connection failed; sending it again");
                 maybe_sent = Some(error);
             }
             // The server answered with an error: the statement, and so the batch, rolled
             // back.
-            Err(error) => {
+            Some(error) => {
                 tracing::warn!(%error, spends = batch.len(), "a batch was refused; settling its spends one by one");
                 return Err(Failed::Refused);
             }
@@ -482,6 +518,51 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
         Some(sent) => Failed::Unknown(sent.to_string()),
         None => Failed::Unavailable,
     })
+}
+
+/// Finds, among the spends of `batch` that the last try did not write, those an earlier
+/// try wrote — their entry carries the spend's own account and fencing token — and
+/// answers them as written, with the outcome their ticket stores.
+async fn own_earlier_writes(
+    connection: &mut sqlx::PgConnection,
+    batch: &[Queued],
+    done: &mut [Done],
+) -> Result<(), LedgerError> {
+    let not_written: Vec<uuid::Uuid> = batch
+        .iter()
+        .zip(done.iter())
+        .filter(|(_, done)| done.written.is_none())
+        .map(|(queued, _)| queued.spend.ticket_id.0)
+        .collect();
+    if not_written.is_empty() {
+        return Ok(());
+    }
+    let entries: Vec<(TicketId, AccountId, i64, Option<Json<Value>>)> = sqlx::query_as(
+        "SELECT e.ticket_id, e.account_id, e.fencing_token, t.response_body
+         FROM entries AS e JOIN tickets AS t ON t.id = e.ticket_id
+         WHERE e.ticket_id = ANY ($1)",
+    )
+    .bind(&not_written)
+    .fetch_all(connection)
+    .await?;
+    for (queued, done) in batch.iter().zip(done.iter_mut()) {
+        let spend = &queued.spend;
+        let own = entries.iter().find(|(ticket, account, token, _)| {
+            *ticket == spend.ticket_id && *account == spend.account_id && *token == spend.token
+        });
+        // No entry of its own: another request's outcome, a replay, judged as one.
+        let Some((_, _, _, stored)) = own else {
+            continue;
+        };
+        let Json(body) = stored.clone().ok_or_else(|| {
+            LedgerError::Corrupt(format!(
+                "ticket {}: written by this batch but holds no outcome",
+                spend.ticket_id
+            ))
+        })?;
+        done.written = Some(body);
+    }
+    Ok(())
 }
 
 /// What the statement's answer `row` says of `spend`.

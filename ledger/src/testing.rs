@@ -151,6 +151,9 @@ pub struct CommitCutter {
 struct Trigger {
     pattern: std::sync::Mutex<Vec<u8>>,
     armed: AtomicUsize,
+    /// Whether a cut answer is replaced by a FATAL error (the server ending the session)
+    /// instead of nothing at all.
+    fatal: AtomicBool,
 }
 
 impl Trigger {
@@ -177,6 +180,28 @@ impl Trigger {
 /// A simple-protocol query message carrying `COMMIT` (how sqlx commits): 'Q', its
 /// length (4 + 7), the text and its NUL.
 const COMMIT_MESSAGE: &[u8] = b"Q\x00\x00\x00\x0bCOMMIT\x00";
+
+/// An ErrorResponse of severity FATAL, SQLSTATE 57P01 — what a backend sends when it is
+/// terminated or the server shuts down fast, which can happen after its commit.
+fn fatal_message() -> Vec<u8> {
+    let mut fields = Vec::new();
+    for (field, value) in [
+        (b'S', "FATAL"),
+        (b'V', "FATAL"),
+        (b'C', "57P01"),
+        (b'M', "terminating connection due to administrator command"),
+    ] {
+        fields.push(field);
+        fields.extend_from_slice(value.as_bytes());
+        fields.push(0);
+    }
+    fields.push(0);
+    let length = u32::try_from(fields.len() + 4).unwrap_or(u32::MAX);
+    let mut message = vec![b'E'];
+    message.extend_from_slice(&length.to_be_bytes());
+    message.extend_from_slice(&fields);
+    message
+}
 
 impl CommitCutter {
     /// A proxy for the server `database_url` names; [`url`](Self::url) is the same URL
@@ -231,6 +256,20 @@ impl CommitCutter {
     /// Cuts the next `times` connections that send a message carrying `bytes` — a
     /// ticket's id, say, to cut the answer to the one statement that spends it.
     pub fn arm_on(&self, bytes: &[u8], times: usize) {
+        self.trigger.fatal.store(false, Ordering::SeqCst);
+        self.set_pattern(bytes, times);
+    }
+
+    /// Like [`arm_on`](Self::arm_on), but the answer is relayed up to its ReadyForQuery,
+    /// which a FATAL error replaces before the connection closes: the server ended the
+    /// session after the statement ran and committed, as PostgreSQL may (a fast shutdown,
+    /// a backend terminated while its commit waits for a synchronous standby).
+    pub fn arm_fatal_on(&self, bytes: &[u8], times: usize) {
+        self.trigger.fatal.store(true, Ordering::SeqCst);
+        self.set_pattern(bytes, times);
+    }
+
+    fn set_pattern(&self, bytes: &[u8], times: usize) {
         *self
             .trigger
             .pattern
@@ -263,6 +302,7 @@ async fn relay(
     // Set before the message goes out, so whatever the server sends next is its answer.
     let cutting = Arc::new(AtomicBool::new(false));
     let upstream_cutting = cutting.clone();
+    let downstream_trigger = trigger.clone();
     let upstream = async move {
         let mut buffer = vec![0_u8; 64 * 1024];
         loop {
@@ -290,8 +330,30 @@ async fn relay(
                 Ok(read) => read,
             };
             if cutting.load(Ordering::SeqCst) {
-                // The answer: swallow it and hang up on both.
-                cuts.fetch_add(1, Ordering::SeqCst);
+                let answer = &buffer[..read];
+                if downstream_trigger.fatal.load(Ordering::SeqCst) {
+                    // The answer as the server sent it up to its ReadyForQuery ('Z', length
+                    // 5, status), which comes after the commit: FATAL in its place.
+                    let Some(before_ready) = answer
+                        .len()
+                        .checked_sub(6)
+                        .filter(|&at| answer[at..at + 5] == *b"Z\x00\x00\x00\x05")
+                    else {
+                        // Not the end of the answer yet.
+                        if to_client.write_all(answer).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    };
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                    let mut ended = answer[..before_ready].to_vec();
+                    ended.extend_from_slice(&fatal_message());
+                    let _ = to_client.write_all(&ended).await;
+                } else {
+                    // The answer: swallow it.
+                    cuts.fetch_add(1, Ordering::SeqCst);
+                }
+                // And hang up on both.
                 let _ = to_client.shutdown().await;
                 return;
             }

@@ -17,7 +17,7 @@ use crate::helpers::{
 
 /// An instance whose database connections pass through a
 /// [`ledger::testing::CommitCutter`].
-async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
+pub(crate) async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
     let shared = Shared::new(Backend::Distributed).await;
     let cutter = ledger::testing::CommitCutter::start(shared.database.url())
         .await
@@ -74,7 +74,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
 
 /// The answer to the one statement that spends a ticket is lost: the ledger sends it again
 /// on another connection and learns what was stored, so the client gets its 201 — the
-/// money moved once — instead of an outcome it has to ask about.
+/// money moved once, not replayed — instead of an outcome it has to ask about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_spend_answer_is_asked_again() {
     let (app, cutter) = behind_a_cutter().await;
@@ -83,9 +83,10 @@ async fn a_lost_spend_answer_is_asked_again() {
 
     let id: uuid::Uuid = ticket.parse().unwrap();
     cutter.arm_on(id.as_bytes(), 1);
-    let (status, _, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
+    let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
     assert_eq!(cutter.cuts(), 1);
-    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // The first execution, though found by a second try: never answered as a replay.
+    assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");
     assert_eq!(body["balance"], 700, "{body}");
     assert_eq!(app.balance(&ada).await, (700, 0));
     app.assert_audit_clean().await;

@@ -10,6 +10,7 @@ mod demo;
 mod distributed;
 mod hardening;
 mod helpers;
+mod late_commit;
 mod openapi;
 mod readme;
 
