@@ -17,8 +17,12 @@
 //!   autocommitted statement on another connection once the row lock is granted. Not in
 //!   the locked row itself: a bump inside the holder's transaction would be rolled back
 //!   with it when the holder dies, and its successor would be handed the same token. Grants
-//!   are serialised by the row lock, so the bumps are too; the counter starts from the
-//!   server's clock in microseconds and `raise_fencing` lifts it.
+//!   are serialised by the row lock, so the bumps are too — which holds only while the row
+//!   lock lasts through the bump: a bump that came late (a pause, a wait for a pooled
+//!   connection) may follow the server's end of our transaction and a successor's bump. So
+//!   a statement on the holder's connection then confirms the transaction lives, and a
+//!   grant whose transaction ended gets no lock. The counter starts from the server's clock
+//!   in microseconds and `raise_fencing` lifts it.
 //! - The lock's statements carry the key as a hexadecimal literal (never as text), so the
 //!   transaction's opening and its wait go in one round trip.
 
@@ -485,6 +489,21 @@ impl MySqlRowBackend {
             key: name,
             connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
         };
+        // The row must still be ours now that the counter moved. The bump runs on another
+        // connection and may come late — the process paused, or no pooled connection was
+        // free — and if the server ended our transaction meanwhile (idle past the lease),
+        // a successor may have locked the row and drawn a smaller token than ours. So one
+        // statement on the holder's connection confirms the transaction lives: the server
+        // ends a transaction only by closing its connection (we send no COMMIT or ROLLBACK
+        // in between), so if it answers, we held the row without a break from the lock
+        // through the bump, and every other grant's bump came before our lock or comes
+        // after our release; if not, our token goes to nobody (a gap in the counter, never
+        // a reversal). As memcached's grant confirms its item after the increment.
+        if !self.heartbeat(&held).await? {
+            return Err(LockError::unavailable(
+                "MySQL: the row's transaction ended before its fencing token was drawn",
+            ));
+        }
         // The lease runs from when the server locked the row (its idle clock started
         // then), or from the last heartbeat of a lock-delay wait.
         let granted_at = if self.options.lock_delay.is_zero() {

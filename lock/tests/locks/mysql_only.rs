@@ -511,3 +511,60 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
         assert_eq!(made.as_deref(), Some(database.as_str()), "{scheme}");
     }
 }
+
+/// A grant whose fencing bump is held up past its lease (here: waiting for a pool
+/// connection) gets no lock: the server ended its transaction meanwhile and a successor
+/// took the row with a smaller token, so handing out the larger one would put a stale
+/// holder ahead of its successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
+    let namespace = namespace();
+    let stalled = LockService::mysql_row(
+        &row_url(),
+        MySqlRowOptions {
+            max_connections: 2,
+            ..row_options(&namespace)
+        },
+    )
+    .unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    // K2's row exists, so the stalled grant needs no connection to make it.
+    let mut first = others.try_acquire("k2", SECOND).await.unwrap().unwrap();
+    let first_token = first.fencing_token();
+    assert!(first.release().await.unwrap());
+
+    // One connection holds K1; K2's grant locks its row on the other, and its bump then
+    // waits for a connection that only K1's release gives back.
+    let mut k1 = stalled.try_acquire("k1", SECOND).await.unwrap().unwrap();
+    let stalled_grant = {
+        let stalled = stalled.clone();
+        tokio::spawn(async move {
+            stalled
+                .acquire("k2", SECOND, Instant::now() + 20 * SECOND)
+                .await
+        })
+    };
+    // Past the row's idle limit (the lease rounded up, plus a second): the server ended
+    // the stalled grant's transaction, and another process takes the row.
+    sleep(Duration::from_millis(2500)).await;
+    assert!(!stalled_grant.is_finished());
+    let mut successor = others
+        .acquire("k2", SECOND, Instant::now() + 5 * SECOND)
+        .await
+        .unwrap();
+    assert!(successor.fencing_token() > first_token);
+
+    assert!(k1.release().await.unwrap());
+    match stalled_grant.await.unwrap() {
+        Ok(stale) => panic!(
+            "the stale grant got token {} after its successor's {}",
+            stale.fencing_token(),
+            successor.fencing_token()
+        ),
+        Err(error) => assert!(
+            matches!(error, lock::LockError::Unavailable { .. }),
+            "{error}"
+        ),
+    }
+    assert!(successor.release().await.unwrap());
+}
