@@ -568,3 +568,113 @@ async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
     }
     assert!(successor.release().await.unwrap());
 }
+
+/// The namespace's rows in each of `tables`, seen from outside.
+struct Rows {
+    namespace: String,
+    tables: &'static [&'static str],
+}
+
+impl crate::sql_pruning::Tables for Rows {
+    async fn rows(&self, key: Option<&str>) -> Vec<i64> {
+        let operator = operator().await;
+        let mut counts = Vec::new();
+        for table in self.tables {
+            let rows = match key {
+                Some(key) => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table} WHERE lock_key = ?"
+                )))
+                .bind(format!("{}:{key}", self.namespace)),
+                None => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
+                )))
+                .bind(self.namespace.clone()),
+            };
+            counts.push(rows.fetch_one(&operator).await.unwrap());
+        }
+        counts
+    }
+}
+
+const LOCK_TABLE: &[&str] = &["payonce_locks"];
+const ROW_TABLES: &[&str] = &["payonce_lock_rows", "payonce_lock_fences"];
+
+/// Pruning forgets an idle key's row in the lock table, and its next token is still
+/// larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_a_pruned_keys_tokens_still_grow() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
+}
+
+/// Pruning keeps the lock table's row of a key held, and polled for, longer than the
+/// idle period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_pruning_keeps_what_holders_and_waiters_need() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let others = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
+}
+
+/// Ten thousand keys locked once each leave no row of the lock table behind after a
+/// pruning pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_state_stays_bounded_by_the_keys_in_use() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
+}
+
+/// Pruning forgets an idle key's locked row and counter, and its next token is still
+/// larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_a_pruned_keys_tokens_still_grow() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
+}
+
+/// Pruning keeps the row and counter of a key held longer than the idle period, with a
+/// waiter of another process in the row's queue: neither sees the row vanish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_pruning_keeps_what_holders_and_waiters_need() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
+}
+
+/// Ten thousand keys locked once each leave no locked row nor counter behind after a
+/// pruning pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_state_stays_bounded_by_the_keys_in_use() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
+}
