@@ -17,10 +17,24 @@
 //!   autocommitted statement on another connection once the row lock is granted. Not in
 //!   the locked row itself: a bump inside the holder's transaction would be rolled back
 //!   with it when the holder dies, and its successor would be handed the same token. Grants
-//!   are serialised by the row lock, so the bumps are too; the counter starts from the
-//!   server's clock in microseconds and `raise_fencing` lifts it.
+//!   are serialised by the row lock, so the bumps are too — which holds only while the row
+//!   lock lasts through the bump: a bump that came late (a pause, a wait for a pooled
+//!   connection) may follow the server's end of our transaction and a successor's bump. So
+//!   a statement on the holder's connection then confirms the transaction lives, and a
+//!   grant whose transaction ended gets no lock. The counter starts from the server's clock
+//!   in microseconds and `raise_fencing` lifts it.
 //! - The lock's statements carry the key as a hexadecimal literal (never as text), so the
 //!   transaction's opening and its wait go in one round trip.
+//! - **Per-key state** is two rows: the locked row and the counter's. A key's counter is
+//!   made (or marked used) just before its row, so the row never outlives it, and the
+//!   counter's `last_used` (its last bump) dates both. `prune_idle` works through the
+//!   namespace's counters idle for the period, in batches, each a transaction that locks
+//!   the counters, then those keys' rows that nobody holds (`SKIP LOCKED`), and deletes
+//!   those rows and the counters left without one: a held row (and its queue of waiters)
+//!   keeps both; a waiter that arrives at a row being pruned waits for the batch to
+//!   commit, finds no row and makes it again, its counter from the clock. Kept as well: a
+//!   counter above the clock (raised past it) and, with a lock-delay, one whose last
+//!   holder never released. Needs `SKIP LOCKED`: MariaDB 10.6 or later.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -32,11 +46,15 @@ use async_trait::async_trait;
 use futures::TryStreamExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
+use sqlx::types::time::PrimitiveDateTime;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 use tokio::time::{Instant, timeout_at};
 
 use crate::error::LockError;
-use crate::mysql_table::{create_database, failed, lock_name, split_database, too_slow};
+use crate::mysql_table::{
+    PRUNE_BATCH, PRUNE_MAX_BATCHES, add_last_used, create_database, failed, idle_micros, lock_name,
+    split_database, too_slow,
+};
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
@@ -71,6 +89,10 @@ impl Default for MySqlRowOptions {
     }
 }
 
+/// The rows locked, and the counters with their holders' notes. A counter's `last_used`
+/// (its last bump or raise, or its row's making) is what pruning goes by; the locked rows
+/// have no column of their own for it: an `ALTER TABLE` of theirs, on upgrading, would
+/// wait for every lock held.
 const SCHEMA: [&str; 2] = [
     "CREATE TABLE IF NOT EXISTS payonce_lock_rows (
         lock_key VARBINARY(255) NOT NULL PRIMARY KEY
@@ -80,12 +102,25 @@ const SCHEMA: [&str; 2] = [
         fence BIGINT NOT NULL,
         note VARBINARY(256) NOT NULL DEFAULT '',
         released BOOLEAN NOT NULL DEFAULT TRUE,
-        last_released BOOLEAN NOT NULL DEFAULT TRUE
+        last_released BOOLEAN NOT NULL DEFAULT TRUE,
+        last_used DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+        KEY payonce_lock_fences_last_used (last_used)
     ) ENGINE=InnoDB",
 ];
 
-/// Makes a key's row (once: a row that is there already is left alone). Parameter: key.
-const MAKE_ROW: &str = "INSERT IGNORE INTO payonce_lock_rows (lock_key) VALUES (?)";
+/// Makes a key's row (once: a row that is there already is left alone), its counter
+/// first (from the clock) or, when there is one, marks the counter used now. In that
+/// order, so a key's row never outlives its counter: a row is pruned with its counter
+/// (see `prune_batch`), and one made here cannot be pruned before it is locked, as its
+/// counter was just used. Autocommitted statements, in one round trip.
+fn make_row(key_literal: &str) -> String {
+    format!(
+        "INSERT INTO payonce_lock_fences (lock_key, fence)
+           VALUES ({key_literal}, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))
+           ON DUPLICATE KEY UPDATE last_used = NOW(6);
+         INSERT IGNORE INTO payonce_lock_rows (lock_key) VALUES ({key_literal})"
+    )
+}
 
 /// Bumps the counter once the row lock is ours, notes the holder, and (for the lock-delay)
 /// keeps whether the last holder released, marking this one unreleased; the new token is
@@ -93,7 +128,7 @@ const MAKE_ROW: &str = "INSERT IGNORE INTO payonce_lock_rows (lock_key) VALUES (
 const BUMP: &str = "INSERT INTO payonce_lock_fences (lock_key, fence, note, released)
     VALUES (?, LAST_INSERT_ID(CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)), ?, FALSE)
     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(fence + 1), note = ?,
-        last_released = released, released = FALSE";
+        last_released = released, released = FALSE, last_used = NOW(6)";
 
 /// Whether the holder before this one released (lock-delay only). Parameter: key.
 const LAST_RELEASED: &str = "SELECT last_released FROM payonce_lock_fences WHERE lock_key = ?";
@@ -101,7 +136,24 @@ const LAST_RELEASED: &str = "SELECT last_released FROM payonce_lock_fences WHERE
 /// Lifts the counter to at least the floor; reports it. Parameters: key, floor, floor.
 const RAISE: &str = "INSERT INTO payonce_lock_fences (lock_key, fence)
     VALUES (?, LAST_INSERT_ID(GREATEST(?, CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED))))
-    ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, ?))";
+    ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, ?)), last_used = NOW(6)";
+
+/// A pruning batch's candidates: up to N counters of a namespace last used more than an
+/// idle period ago, past a cursor (last use, key), locked — those a bump or a raise is
+/// writing are skipped. Kept: a counter above the clock (lifted by `raise_fencing` past
+/// it — forgotten, it would start again below the floor), and, with a lock-delay, one
+/// whose last holder never released (it is what makes the successor wait). Parameters:
+/// idle µs, the prefix's length in bytes, the prefix (`<ns>:`), whether there is no
+/// lock-delay, the cursor's last use (NULL: from the start) twice and key, N.
+const IDLE_COUNTERS: &str = "SELECT lock_key, last_used FROM payonce_lock_fences
+    WHERE last_used < NOW(6) - INTERVAL ? MICROSECOND
+      AND LEFT(lock_key, ?) = ?
+      AND fence < CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)
+      AND (released OR ?)
+      AND (? IS NULL OR last_used > ? OR (last_used = ? AND lock_key > ?))
+    ORDER BY last_used, lock_key
+    LIMIT ?
+    FOR UPDATE SKIP LOCKED";
 
 /// MariaDB's "lock wait timeout exceeded" (also what `NOWAIT` answers).
 const LOCK_WAIT_TIMEOUT: u16 = 1205;
@@ -212,14 +264,23 @@ impl Drop for Taken {
 }
 
 /// A key's bytes as a MySQL hexadecimal literal: safe to write into a statement.
-fn hex_literal(name: &str) -> String {
+fn hex_literal(name: impl AsRef<[u8]>) -> String {
+    let name = name.as_ref();
     let mut literal = String::with_capacity(3 + 2 * name.len());
     literal.push_str("X'");
-    for byte in name.bytes() {
+    for byte in name {
         literal.push_str(&format!("{byte:02x}"));
     }
     literal.push('\'');
     literal
+}
+
+/// Keys as a list of literals, for `IN (…)`.
+fn hex_list<'a>(keys: impl IntoIterator<Item = &'a Vec<u8>>) -> String {
+    keys.into_iter()
+        .map(hex_literal)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The server ended a lock wait: `NOWAIT`/`WAIT` ran out, or `max_statement_time` did.
@@ -318,6 +379,8 @@ impl MySqlRowBackend {
                 .await
                 .map_err(|error| self.failed(&error))?;
         }
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        add_last_used(&self.pool, "payonce_lock_fences", self.options.op_timeout).await?;
         self.schema_made.store(true, Ordering::Release);
         Ok(())
     }
@@ -436,7 +499,8 @@ impl MySqlRowBackend {
                     if let Err(error) = rolled_back {
                         return Err(self.failed(&error));
                     }
-                    self.run(None, sqlx::query(MAKE_ROW).bind(&name).execute(&self.pool))
+                    let make = make_row(&key_literal);
+                    self.run(None, sqlx::raw_sql(AssertSqlSafe(make)).execute(&self.pool))
                         .await
                         .map_err(|error| self.failed(&error))?;
                 }
@@ -485,6 +549,21 @@ impl MySqlRowBackend {
             key: name,
             connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
         };
+        // The row must still be ours now that the counter moved. The bump runs on another
+        // connection and may come late — the process paused, or no pooled connection was
+        // free — and if the server ended our transaction meanwhile (idle past the lease),
+        // a successor may have locked the row and drawn a smaller token than ours. So one
+        // statement on the holder's connection confirms the transaction lives: the server
+        // ends a transaction only by closing its connection (we send no COMMIT or ROLLBACK
+        // in between), so if it answers, we held the row without a break from the lock
+        // through the bump, and every other grant's bump came before our lock or comes
+        // after our release; if not, our token goes to nobody (a gap in the counter, never
+        // a reversal). As memcached's grant confirms its item after the increment.
+        if !self.heartbeat(&held).await? {
+            return Err(LockError::unavailable(
+                "MySQL: the row's transaction ended before its fencing token was drawn",
+            ));
+        }
         // The lease runs from when the server locked the row (its idle clock started
         // then), or from the last heartbeat of a lock-delay wait.
         let granted_at = if self.options.lock_delay.is_zero() {
@@ -619,6 +698,131 @@ impl MySqlRowBackend {
         }
     }
 
+    /// One pruning batch, in a transaction of its own: locks up to [`PRUNE_BATCH`] idle
+    /// counters past `cursor` (and moves it past them), then the rows of those keys that
+    /// nobody holds (`SKIP LOCKED`: a held row is locked by its holder's transaction),
+    /// deletes those rows, and deletes the counters of the keys left without a row. A held
+    /// key keeps both. Waiters wait only on a held row; one that comes to a row this
+    /// batch locked waits for its commit, finds no row, and makes it again with its
+    /// counter from the clock — above the deleted one, which was below the clock. The
+    /// batch never waits for a lock, so it holds up a grant for no longer than its own
+    /// few statements. Reads in READ COMMITTED: the rows' check sees the holders' rows,
+    /// with no gap locks to hold up rows being made. The candidates it found, and the keys
+    /// it forgot.
+    async fn prune_batch(
+        &self,
+        idle_for: Duration,
+        prefix: &str,
+        cursor: &mut Option<(PrimitiveDateTime, Vec<u8>)>,
+    ) -> Result<(u64, u64), LockError> {
+        // Closed unless the batch commits: its transaction is then rolled back.
+        let mut slot = Slot(Some(self.connection(None).await?));
+        let start = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+        self.run(None, sqlx::raw_sql(start).execute(&mut **slot.connection()))
+            .await
+            .map_err(|error| self.failed(&error))?;
+        let (after_used, after_key) = cursor.clone().unzip();
+        let candidates: Vec<(Vec<u8>, PrimitiveDateTime)> = self
+            .run(
+                None,
+                sqlx::query_as(IDLE_COUNTERS)
+                    .bind(idle_micros(idle_for))
+                    .bind(prefix.len() as u64)
+                    .bind(prefix)
+                    .bind(self.options.lock_delay.is_zero())
+                    .bind(after_used)
+                    .bind(after_used)
+                    .bind(after_used)
+                    .bind(after_key)
+                    .bind(PRUNE_BATCH)
+                    .fetch_all(&mut **slot.connection()),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        let Some((last_key, last_used)) = candidates.last() else {
+            self.run(
+                None,
+                sqlx::raw_sql("COMMIT").execute(&mut **slot.connection()),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+            drop(slot.hand_on());
+            return Ok((0, 0));
+        };
+        *cursor = Some((*last_used, last_key.clone()));
+        let keys = hex_list(candidates.iter().map(|(key, _)| key));
+        let free = self
+            .keys(
+                &mut slot,
+                format!(
+                    "SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})
+                     FOR UPDATE SKIP LOCKED"
+                ),
+            )
+            .await?;
+        if !free.is_empty() {
+            let delete = format!(
+                "DELETE FROM payonce_lock_rows WHERE lock_key IN ({})",
+                hex_list(&free)
+            );
+            self.run(
+                None,
+                sqlx::raw_sql(AssertSqlSafe(delete)).execute(&mut **slot.connection()),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        }
+        // What is left of those rows is held (or was made since, for a grant to come).
+        let kept: std::collections::HashSet<Vec<u8>> = self
+            .keys(
+                &mut slot,
+                format!("SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})"),
+            )
+            .await?
+            .into_iter()
+            .collect();
+        let forgotten: Vec<&Vec<u8>> = candidates
+            .iter()
+            .map(|(key, _)| key)
+            .filter(|key| !kept.contains(*key))
+            .collect();
+        let finish = if forgotten.is_empty() {
+            "COMMIT".to_owned()
+        } else {
+            format!(
+                "DELETE FROM payonce_lock_fences WHERE lock_key IN ({}); COMMIT",
+                hex_list(forgotten.iter().copied())
+            )
+        };
+        self.run(
+            None,
+            sqlx::raw_sql(AssertSqlSafe(finish)).execute(&mut **slot.connection()),
+        )
+        .await
+        .map_err(|error| self.failed(&error))?;
+        drop(slot.hand_on());
+        Ok((candidates.len() as u64, forgotten.len() as u64))
+    }
+
+    /// The keys a statement of `prune_batch` answers.
+    async fn keys(
+        &self,
+        slot: &mut Slot<MySql>,
+        statement: String,
+    ) -> Result<Vec<Vec<u8>>, LockError> {
+        let rows = self
+            .run(
+                None,
+                sqlx::raw_sql(AssertSqlSafe(statement)).fetch_all(&mut **slot.connection()),
+            )
+            .await
+            .map_err(|error| self.failed(&error))?;
+        rows.iter()
+            .map(|row| row.try_get::<Vec<u8>, _>(0))
+            .collect::<Result<_, _>>()
+            .map_err(|error| failed(&error))
+    }
+
     /// Whether a row lock on `name` is held by anyone: a shared-lock probe that does not
     /// wait, rolled back at once.
     async fn is_locked(&self, name: &str) -> Result<bool, LockError> {
@@ -743,6 +947,23 @@ impl LockBackend for MySqlRowBackend {
             .await
             .map_err(|error| self.failed(&error))?;
         Ok(FencingToken::new(raised.last_insert_id()))
+    }
+
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        self.ensure_schema().await?;
+        let prefix = self.name("")?;
+        // Past the keys already looked at, so a batch never meets again the counters of
+        // keys held for longer than `idle_for`, which it keeps.
+        let mut cursor = None;
+        let mut forgotten = 0;
+        for _ in 0..PRUNE_MAX_BATCHES {
+            let (candidates, pruned) = self.prune_batch(idle_for, &prefix, &mut cursor).await?;
+            forgotten += pruned;
+            if candidates < PRUNE_BATCH {
+                break;
+            }
+        }
+        Ok(forgotten)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -18,6 +18,13 @@
 //!   handed out; `raise_fencing` lifts it.
 //! - **Lock-delay**: the row's lease is kept `lock_delay` past the holder's, so a holder
 //!   that vanished keeps the key that much longer; a release frees it at once.
+//! - **Per-key state** is the row. `prune_idle` deletes, in batches, the namespace's rows
+//!   that are free (released, or the lease and its lock-delay ran out) and were last
+//!   granted, extended or released more than the idle period ago — but not a counter
+//!   above the clock (raised past it). A poller keeps nothing in the row: its next poll
+//!   makes it again, its counter from the clock, which has passed the deleted one. A
+//!   table of an earlier version gains the `last_used` column and its index once, at
+//!   start-up.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -66,12 +73,15 @@ impl Default for MySqlTableOptions {
 /// The longest key (with its namespace) the table takes, in bytes.
 pub(crate) const MAX_KEY: usize = 255;
 
+/// `last_used`: the row's last grant, extend, release or raise, for pruning.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS payonce_locks (
     lock_key VARBINARY(255) NOT NULL PRIMARY KEY,
     owner CHAR(32) NULL,
     expires_at DATETIME(6) NULL,
     fence BIGINT NOT NULL,
-    note VARBINARY(256) NOT NULL DEFAULT ''
+    note VARBINARY(256) NOT NULL DEFAULT '',
+    last_used DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+    KEY payonce_locks_last_used (last_used)
 ) ENGINE=InnoDB";
 
 /// The server's clock in microseconds, where a counter starts.
@@ -103,15 +113,18 @@ const GRANT: &str = concat!(
                   fence + 0 * LAST_INSERT_ID(4611686018427387904
                       + GREATEST(TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at), 0))),
        owner = IF(owner IS NULL OR expires_at <= NOW(6), VALUES(owner), owner),
-       expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at)"
+       expires_at = IF(owner = VALUES(owner), VALUES(expires_at), expires_at),
+       last_used = IF(owner = VALUES(owner), NOW(6), last_used)"
 );
 
 /// Parameters: key, owner.
-const RELEASE: &str = "UPDATE payonce_locks SET owner = NULL, expires_at = NULL
+const RELEASE: &str = "UPDATE payonce_locks SET owner = NULL, expires_at = NULL,
+        last_used = NOW(6)
     WHERE lock_key = ? AND owner = ? AND expires_at > NOW(6)";
 
 /// Parameters: lease µs, key, owner.
-const EXTEND: &str = "UPDATE payonce_locks SET expires_at = NOW(6) + INTERVAL ? MICROSECOND
+const EXTEND: &str = "UPDATE payonce_locks
+    SET expires_at = NOW(6) + INTERVAL ? MICROSECOND, last_used = NOW(6)
     WHERE lock_key = ? AND owner = ? AND expires_at > NOW(6)";
 
 /// Parameter: key.
@@ -124,8 +137,47 @@ const RAISE: &str = concat!(
     "INSERT INTO payonce_locks (lock_key, fence) VALUES (?, LAST_INSERT_ID(GREATEST(?, ",
     clock_micros!(),
     ")))
-     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, ?))"
+     ON DUPLICATE KEY UPDATE fence = LAST_INSERT_ID(GREATEST(fence, ?)), last_used = NOW(6)"
 );
+
+/// One pruning batch: deletes up to N rows of a namespace that are free (released, or
+/// their lease — with its lock-delay — ran out) and were last used more than an idle
+/// period ago. A counter above the clock (lifted by `raise_fencing` past it) is kept:
+/// forgotten, it would start again below the floor. Pollers keep nothing in the row: a
+/// poll after the delete inserts it again, its counter from the clock, above the deleted
+/// one. Parameters: idle µs, the prefix's length in bytes, the prefix (`<ns>:`), N.
+const PRUNE: &str = concat!(
+    "DELETE FROM payonce_locks
+     WHERE last_used < NOW(6) - INTERVAL ? MICROSECOND
+       AND LEFT(lock_key, ?) = ?
+       AND (owner IS NULL OR expires_at <= NOW(6))
+       AND fence < ",
+    clock_micros!(),
+    "
+     ORDER BY last_used
+     LIMIT ?"
+);
+
+/// The most rows one pruning statement deletes: a short statement, whose row locks hold
+/// up no grant for long.
+pub(crate) const PRUNE_BATCH: u64 = 1000;
+
+/// The most batches of one pruning pass (a million keys): a pass ends in bounded time
+/// however much an earlier version left behind, and the next pass goes on.
+pub(crate) const PRUNE_MAX_BATCHES: u32 = 1000;
+
+/// Idle periods are cut to a century (as good as never): `INTERVAL` arithmetic past it
+/// leaves the calendar.
+pub(crate) const MAX_IDLE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// How long the one-time upgrade of an earlier version's table may take: it builds an
+/// index over every row that version left behind.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// MariaDB's "duplicate column name" and "duplicate key name": another process upgraded
+/// the table first.
+const DUPLICATE_COLUMN: u16 = 1060;
+const DUPLICATE_KEY_NAME: u16 = 1061;
 
 /// Locks as rows of a MySQL / MariaDB table. See the module docs.
 pub struct MySqlTableBackend {
@@ -215,6 +267,59 @@ pub(crate) async fn create_database(
         Ok(Err(error)) => Err(failed(&error)),
         Err(_) => Err(too_slow()),
     }
+}
+
+/// Gives `table`, made by an earlier version without it, the `last_used` column pruning
+/// needs, with its index (`<table>_last_used`). Asked first, so the `ALTER TABLE` (which
+/// waits for the table's open transactions) runs once, not at every start. Existing rows
+/// count as used at the upgrade: their last use is unknown, so they are pruned one idle
+/// period later.
+pub(crate) async fn add_last_used(
+    pool: &MySqlPool,
+    table: &str,
+    op_timeout: Duration,
+) -> Result<(), LockError> {
+    let asked = sqlx::query_scalar::<_, i64>(
+        "SELECT COUNT(*) FROM information_schema.COLUMNS
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ? AND COLUMN_NAME = 'last_used'",
+    )
+    .bind(table)
+    .fetch_one(pool);
+    match timeout_at(Instant::now() + op_timeout, asked).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(_)) => return Ok(()),
+        Ok(Err(error)) => return Err(failed(&error)),
+        Err(_) => return Err(too_slow()),
+    }
+    // `table` is one of the backends' own names, never input.
+    let alter = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {table}
+         ADD COLUMN last_used DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),
+         ADD KEY {table}_last_used (last_used)"
+    )))
+    .execute(pool);
+    match timeout_at(Instant::now() + UPGRADE_TIMEOUT, alter).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error))
+            if error
+                .as_database_error()
+                .and_then(|error| error.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+                .is_some_and(|error| {
+                    matches!(error.number(), DUPLICATE_COLUMN | DUPLICATE_KEY_NAME)
+                }) =>
+        {
+            Ok(())
+        }
+        Ok(Err(error)) => Err(failed(&error)),
+        Err(_) => Err(LockError::unavailable(
+            "MySQL: the lock table's upgrade did not finish in time",
+        )),
+    }
+}
+
+/// An idle period in microseconds, as the pruning statements take it.
+pub(crate) fn idle_micros(idle_for: Duration) -> i64 {
+    micros(idle_for.min(MAX_IDLE))
 }
 
 /// A key's row name: `<namespace>:<key>`, within the table's key column (both MySQL
@@ -309,6 +414,8 @@ impl MySqlTableBackend {
         }
         create_database(&self.server, &self.database, limit).await?;
         self.run(sqlx::query(SCHEMA).execute(&self.pool)).await?;
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        add_last_used(&self.pool, "payonce_locks", self.options.op_timeout).await?;
         self.schema_made.store(true, Ordering::Release);
         Ok(())
     }
@@ -505,6 +612,30 @@ impl LockBackend for MySqlTableBackend {
             )
             .await?;
         Ok(FencingToken::new(raised.last_insert_id()))
+    }
+
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        self.ensure_schema().await?;
+        let prefix = self.name("")?;
+        let mut forgotten = 0;
+        for _ in 0..PRUNE_MAX_BATCHES {
+            let deleted = self
+                .run(
+                    sqlx::query(PRUNE)
+                        .bind(idle_micros(idle_for))
+                        .bind(prefix.len() as u64)
+                        .bind(&prefix)
+                        .bind(PRUNE_BATCH)
+                        .execute(&self.pool),
+                )
+                .await?
+                .rows_affected();
+            forgotten += deleted;
+            if deleted < PRUNE_BATCH {
+                break;
+            }
+        }
+        Ok(forgotten)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -25,6 +25,13 @@
 //! - The advisory lock's key is `hashtextextended(<namespace>:<key>, 0)`: two keys whose
 //!   64-bit hashes collide share a lock (more exclusion, never less); their counters stay
 //!   apart.
+//! - **Per-key state** is the counter's row (the advisory lock itself lives in the
+//!   server's memory only while held or waited for). `prune_idle` deletes, in batches, the
+//!   namespace's rows last granted more than the idle period ago whose lock nobody holds
+//!   or waits for (`pg_locks`), except a counter above the clock (raised past it) and,
+//!   with a lock-delay, a row whose last holder never released. A pruned counter starts
+//!   again from the clock, which has passed it. A table of an earlier version gains the
+//!   `last_used` column and its index once, at start-up.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -74,15 +81,39 @@ impl Default for PostgresOptions {
     }
 }
 
-/// The table of fencing counters (and the holder's note, and whether it released).
+/// The table of fencing counters (and the holder's note, whether it released, and when
+/// the key was last granted, for pruning), with the index a pruning pass walks.
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS payonce_lock_fences (
     lock_key text PRIMARY KEY,
     fence bigint NOT NULL,
     note text NOT NULL DEFAULT '',
     holder_pid integer,
     released boolean NOT NULL DEFAULT true,
-    last_released boolean NOT NULL DEFAULT true
+    last_released boolean NOT NULL DEFAULT true,
+    last_used timestamptz NOT NULL DEFAULT now()
 )";
+
+/// Whether the table has what pruning needs (a table made by an earlier version has
+/// neither): asked at start-up so that the upgrade's statements, which lock the table,
+/// run only once.
+const UPGRADED: &str = "SELECT EXISTS (
+        SELECT 1 FROM information_schema.columns
+        WHERE table_schema = current_schema() AND table_name = 'payonce_lock_fences'
+          AND column_name = 'last_used')
+    AND to_regclass('payonce_lock_fences_last_used') IS NOT NULL";
+
+/// Adds what pruning needs to a table of an earlier version. Its rows count as used at
+/// the upgrade (their last use is unknown), so they are pruned one idle period later.
+/// One transaction; two processes upgrading at once wait for each other (the second
+/// finds the column there, or loses the race on the index's name: `23505`).
+const UPGRADE: &str = "ALTER TABLE payonce_lock_fences
+        ADD COLUMN IF NOT EXISTS last_used timestamptz NOT NULL DEFAULT now();
+    CREATE INDEX IF NOT EXISTS payonce_lock_fences_last_used
+        ON payonce_lock_fences (last_used)";
+
+/// How long the one-time upgrade of an earlier version's table may take: it builds an
+/// index over every row that version left behind.
+const UPGRADE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The server's clock in microseconds, where a counter starts.
 macro_rules! clock_micros {
@@ -98,13 +129,15 @@ macro_rules! clock_micros {
 macro_rules! record_grant {
     () => {
         concat!(
-            "INSERT INTO payonce_lock_fences AS f (lock_key, fence, note, holder_pid, released)
+            "INSERT INTO payonce_lock_fences AS f
+               (lock_key, fence, note, holder_pid, released, last_used)
              SELECT $1, ",
             clock_micros!(),
-            ", $2, pg_backend_pid(), false FROM locked WHERE locked.ours
+            ", $2, pg_backend_pid(), false, clock_timestamp() FROM locked WHERE locked.ours
              ON CONFLICT (lock_key) DO UPDATE
                SET fence = f.fence + 1, note = EXCLUDED.note, holder_pid = EXCLUDED.holder_pid,
-                   last_released = f.released, released = false
+                   last_released = f.released, released = false,
+                   last_used = clock_timestamp()
              RETURNING fence, last_released"
         )
     };
@@ -155,9 +188,50 @@ const RAISE: &str = concat!(
      VALUES ($1, GREATEST($2, ",
     clock_micros!(),
     "))
-     ON CONFLICT (lock_key) DO UPDATE SET fence = GREATEST(f.fence, $2)
+     ON CONFLICT (lock_key) DO UPDATE SET fence = GREATEST(f.fence, $2), last_used = now()
      RETURNING fence"
 );
+
+/// One pruning batch: deletes up to $2 rows of the namespace $3 (a prefix, `<ns>:`)
+/// granted more than $1 µs ago whose advisory lock nobody holds or waits for. Also kept:
+/// a counter above the clock (lifted by `raise_fencing` past it — forgotten, it would
+/// start again below the floor), and, when $4 (a lock-delay is set), a row whose last
+/// holder never released — it is what makes the successor wait the delay. Rows a grant
+/// is writing are skipped (`SKIP LOCKED`); a grant that writes after the delete inserts
+/// the row again from the clock, above the deleted counter. Reports the rows deleted.
+/// (`now()`, not the clock, so that the index on `last_used` serves the range; the rows
+/// found are deleted by their `ctid`, which our row locks keep still.)
+const PRUNE: &str = concat!(
+    "WITH busy AS (
+         SELECT classid, objid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1),
+     idle AS (
+         SELECT f.ctid FROM payonce_lock_fences f
+         WHERE f.last_used < now() - $1::bigint * interval '1 microsecond'
+           AND starts_with(f.lock_key, $3)
+           AND f.fence < ",
+    clock_micros!(),
+    "
+           AND (f.released OR NOT $4)
+           AND NOT EXISTS (
+               SELECT 1 FROM busy
+               WHERE busy.classid = ((hashtextextended(f.lock_key, 0) >> 32) & 4294967295)::oid
+                 AND busy.objid = (hashtextextended(f.lock_key, 0) & 4294967295)::oid)
+         ORDER BY f.last_used
+         LIMIT $2
+         FOR UPDATE SKIP LOCKED)
+     DELETE FROM payonce_lock_fences WHERE ctid = ANY (ARRAY(SELECT ctid FROM idle))"
+);
+
+/// Longer idle periods prune what a century would (nothing of this world).
+const MAX_IDLE: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// The most rows one pruning statement deletes: a short transaction, whose row locks
+/// hold up no grant for long.
+const PRUNE_BATCH: i64 = 1000;
+
+/// The most batches of one pruning pass (a million keys): a pass ends in bounded time
+/// however much an earlier version left behind, and the next pass goes on.
+const PRUNE_MAX_BATCHES: u32 = 1000;
 
 /// SQLSTATE 55P03: `lock_timeout` ran out before the lock was granted.
 const LOCK_NOT_AVAILABLE: &str = "55P03";
@@ -293,8 +367,32 @@ impl PostgresBackend {
             Ok(Err(error)) => return Err(failed(&error)),
             Err(_) => return Err(LockError::unavailable("PostgreSQL did not answer in time")),
         }
+        self.upgrade().await?;
         self.schema_made.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Gives a table of an earlier version (or one just made) the column and index
+    /// pruning needs, unless it has them.
+    async fn upgrade(&self) -> Result<(), LockError> {
+        self.counted();
+        let asked = sqlx::query_scalar::<_, bool>(UPGRADED).fetch_one(&self.pool);
+        match timeout_at(Instant::now() + self.options.op_timeout, asked).await {
+            Ok(Ok(true)) => return Ok(()),
+            Ok(Ok(false)) => {}
+            Ok(Err(error)) => return Err(failed(&error)),
+            Err(_) => return Err(LockError::unavailable("PostgreSQL did not answer in time")),
+        }
+        self.counted();
+        let upgraded = sqlx::raw_sql(UPGRADE).execute(&self.pool);
+        match timeout_at(Instant::now() + UPGRADE_TIMEOUT, upgraded).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(error)) if sqlstate(&error).as_deref() == Some("23505") => Ok(()),
+            Ok(Err(error)) => Err(failed(&error)),
+            Err(_) => Err(LockError::unavailable(
+                "PostgreSQL: the lock table's upgrade did not finish in time",
+            )),
+        }
     }
 
     /// Why a statement failed; one that says the table is gone makes the next call
@@ -577,6 +675,33 @@ impl LockBackend for PostgresBackend {
             Ok(Err(error)) => Err(self.failed(&error)),
             Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
         }
+    }
+
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        self.ensure_schema().await?;
+        // A century at most: PostgreSQL's intervals end short of i64::MAX microseconds.
+        let idle_micros = i64::try_from(idle_for.min(MAX_IDLE).as_micros()).unwrap_or(i64::MAX);
+        let prefix = self.name("");
+        let mut forgotten = 0;
+        for _ in 0..PRUNE_MAX_BATCHES {
+            self.counted();
+            let pruned = sqlx::query(PRUNE)
+                .bind(idle_micros)
+                .bind(PRUNE_BATCH)
+                .bind(&prefix)
+                .bind(!self.options.lock_delay.is_zero())
+                .execute(&self.pool);
+            let deleted = match timeout_at(Instant::now() + self.options.op_timeout, pruned).await {
+                Ok(Ok(done)) => done.rows_affected(),
+                Ok(Err(error)) => return Err(self.failed(&error)),
+                Err(_) => return Err(LockError::unavailable("PostgreSQL did not answer in time")),
+            };
+            forgotten += deleted;
+            if deleted < PRUNE_BATCH.unsigned_abs() {
+                break;
+            }
+        }
+        Ok(forgotten)
     }
 
     async fn ping(&self) -> Result<(), LockError> {

@@ -11,6 +11,7 @@ mod distributed;
 mod hardening;
 mod helpers;
 mod late_commit;
+mod lock_state_sql;
 mod openapi;
 mod readme;
 

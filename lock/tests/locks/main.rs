@@ -14,6 +14,7 @@ mod postgres_only;
 mod redis_cluster_only;
 mod redis_only;
 mod redis_sentinel_only;
+mod sql_pruning;
 mod suite;
 mod zookeeper_only;
 

@@ -511,3 +511,170 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
         assert_eq!(made.as_deref(), Some(database.as_str()), "{scheme}");
     }
 }
+
+/// A grant whose fencing bump is held up past its lease (here: waiting for a pool
+/// connection) gets no lock: the server ended its transaction meanwhile and a successor
+/// took the row with a smaller token, so handing out the larger one would put a stale
+/// holder ahead of its successor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
+    let namespace = namespace();
+    let stalled = LockService::mysql_row(
+        &row_url(),
+        MySqlRowOptions {
+            max_connections: 2,
+            ..row_options(&namespace)
+        },
+    )
+    .unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    // K2's row exists, so the stalled grant needs no connection to make it.
+    let mut first = others.try_acquire("k2", SECOND).await.unwrap().unwrap();
+    let first_token = first.fencing_token();
+    assert!(first.release().await.unwrap());
+
+    // One connection holds K1; K2's grant locks its row on the other, and its bump then
+    // waits for a connection that only K1's release gives back.
+    let mut k1 = stalled.try_acquire("k1", SECOND).await.unwrap().unwrap();
+    let stalled_grant = {
+        let stalled = stalled.clone();
+        tokio::spawn(async move {
+            stalled
+                .acquire("k2", SECOND, Instant::now() + 20 * SECOND)
+                .await
+        })
+    };
+    // Past the row's idle limit (the lease rounded up, plus a second): the server ended
+    // the stalled grant's transaction, and another process takes the row.
+    sleep(Duration::from_millis(2500)).await;
+    assert!(!stalled_grant.is_finished());
+    let mut successor = others
+        .acquire("k2", SECOND, Instant::now() + 5 * SECOND)
+        .await
+        .unwrap();
+    assert!(successor.fencing_token() > first_token);
+
+    assert!(k1.release().await.unwrap());
+    match stalled_grant.await.unwrap() {
+        Ok(stale) => panic!(
+            "the stale grant got token {} after its successor's {}",
+            stale.fencing_token(),
+            successor.fencing_token()
+        ),
+        Err(error) => assert!(
+            matches!(error, lock::LockError::Unavailable { .. }),
+            "{error}"
+        ),
+    }
+    assert!(successor.release().await.unwrap());
+}
+
+/// The namespace's rows in each of `tables`, seen from outside.
+struct Rows {
+    namespace: String,
+    tables: &'static [&'static str],
+}
+
+impl crate::sql_pruning::Tables for Rows {
+    async fn rows(&self, key: Option<&str>) -> Vec<i64> {
+        let operator = operator().await;
+        let mut counts = Vec::new();
+        for table in self.tables {
+            let rows = match key {
+                Some(key) => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table} WHERE lock_key = ?"
+                )))
+                .bind(format!("{}:{key}", self.namespace)),
+                None => sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT COUNT(*) FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
+                )))
+                .bind(self.namespace.clone()),
+            };
+            counts.push(rows.fetch_one(&operator).await.unwrap());
+        }
+        counts
+    }
+}
+
+const LOCK_TABLE: &[&str] = &["payonce_locks"];
+const ROW_TABLES: &[&str] = &["payonce_lock_rows", "payonce_lock_fences"];
+
+/// Pruning forgets an idle key's row in the lock table, and its next token is still
+/// larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_a_pruned_keys_tokens_still_grow() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
+}
+
+/// Pruning keeps the lock table's row of a key held, and polled for, longer than the
+/// idle period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_pruning_keeps_what_holders_and_waiters_need() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let others = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
+}
+
+/// Ten thousand keys locked once each leave no row of the lock table behind after a
+/// pruning pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn table_state_stays_bounded_by_the_keys_in_use() {
+    let namespace = namespace();
+    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: LOCK_TABLE,
+    };
+    crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
+}
+
+/// Pruning forgets an idle key's locked row and counter, and its next token is still
+/// larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_a_pruned_keys_tokens_still_grow() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
+}
+
+/// Pruning keeps the row and counter of a key held longer than the idle period, with a
+/// waiter of another process in the row's queue: neither sees the row vanish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_pruning_keeps_what_holders_and_waiters_need() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
+}
+
+/// Ten thousand keys locked once each leave no locked row nor counter behind after a
+/// pruning pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_state_stays_bounded_by_the_keys_in_use() {
+    let namespace = namespace();
+    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let tables = Rows {
+        namespace,
+        tables: ROW_TABLES,
+    };
+    crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
+}

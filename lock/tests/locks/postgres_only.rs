@@ -307,3 +307,61 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The namespace's rows in the counters' table, seen from outside.
+struct Counters {
+    namespace: String,
+}
+
+impl crate::sql_pruning::Tables for Counters {
+    async fn rows(&self, key: Option<&str>) -> Vec<i64> {
+        let operator = operator().await;
+        let rows = match key {
+            Some(key) => {
+                sqlx::query_scalar("SELECT count(*) FROM payonce_lock_fences WHERE lock_key = $1")
+                    .bind(format!("{}:{key}", self.namespace))
+                    .fetch_one(&operator)
+                    .await
+            }
+            None => {
+                sqlx::query_scalar(
+                    "SELECT count(*) FROM payonce_lock_fences WHERE starts_with(lock_key, $1)",
+                )
+                .bind(format!("{}:", self.namespace))
+                .fetch_one(&operator)
+                .await
+            }
+        };
+        vec![rows.unwrap()]
+    }
+}
+
+/// Pruning forgets an idle key's counter, and its next token is still larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pruned_keys_tokens_still_grow() {
+    let namespace = namespace();
+    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, Counters { namespace }).await;
+}
+
+/// Pruning keeps the counter of a key held, and waited for, longer than the idle period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruning_keeps_what_holders_and_waiters_need() {
+    let namespace = namespace();
+    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let others = LockService::from_arc(backend(&namespace, options(&namespace)));
+    crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(
+        locks,
+        others,
+        Counters { namespace },
+    )
+    .await;
+}
+
+/// Ten thousand keys locked once each leave no counter behind after a pruning pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_stays_bounded_by_the_keys_in_use() {
+    let namespace = namespace();
+    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, Counters { namespace }).await;
+}
