@@ -36,7 +36,9 @@ pub struct Problem {
 pub enum ApiError {
     #[error("a spend needs an Idempotency-Key header carrying a ticket id")]
     IdempotencyKeyMissing,
-    #[error("the Idempotency-Key is not a ticket id (a UUID, bare or as a quoted string)")]
+    #[error(
+        "the Idempotency-Key is not a UUID (bare or as a quoted string): a ticket id for a spend, a key of your choosing for a create"
+    )]
     IdempotencyKeyInvalid,
     #[error("send exactly one Idempotency-Key header")]
     IdempotencyKeyRepeated,
@@ -78,6 +80,10 @@ pub enum ApiError {
     #[error("this ticket was already used for a different request; nothing was executed")]
     IdempotencyKeyReuse,
     #[error(
+        "this Idempotency-Key was already used for a create with another body; nothing was created"
+    )]
+    CreateKeyReuse,
+    #[error(
         "the account lock was lost before the write; nothing was stored, retry with the same ticket"
     )]
     LockLost,
@@ -113,7 +119,9 @@ impl ApiError {
             Self::TicketExpired | Self::OutcomePruned => StatusCode::GONE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InvalidRequest(_) | Self::IdempotencyKeyReuse => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InvalidRequest(_) | Self::IdempotencyKeyReuse | Self::CreateKeyReuse => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Self::LockLost
             | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
@@ -145,7 +153,7 @@ impl ApiError {
             Self::PayloadTooLarge => "payload-too-large",
             Self::UnsupportedMediaType => "unsupported-media-type",
             Self::InvalidRequest(_) => "invalid-request",
-            Self::IdempotencyKeyReuse => "idempotency-key-reuse",
+            Self::IdempotencyKeyReuse | Self::CreateKeyReuse => "idempotency-key-reuse",
             Self::LockLost => "lock-lost",
             Self::OutcomeUnknown(_) => "outcome-unknown",
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
@@ -253,6 +261,7 @@ impl From<LedgerError> for ApiError {
             LedgerError::Unavailable(cause) => Self::DatabaseUnavailable(cause.to_string()),
             LedgerError::OutcomeUnknown(cause) => Self::OutcomeUnknown(cause.to_string()),
             LedgerError::Invalid(invalid) => Self::InvalidRequest(invalid.to_string()),
+            LedgerError::CreateKeyReused => Self::CreateKeyReuse,
             other => Self::Internal(other.to_string()),
         }
     }
@@ -294,7 +303,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "idempotency-key-invalid",
         400,
-        "The `Idempotency-Key` is not a UUID (bare, or as a quoted structured-field string), or the header was sent more than once.",
+        "The `Idempotency-Key` is not a UUID (bare, or as a quoted structured-field string), or the header was sent more than once. Nothing was executed or created.",
     ),
     (
         "malformed-json",
@@ -391,7 +400,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "idempotency-key-reuse",
         422,
-        "The ticket was already used for a different request (another amount or another endpoint). Nothing was executed.",
+        "The ticket was already used for a different request (another amount or another endpoint), or a create's `Idempotency-Key` was already used with another body. Nothing was executed or created.",
     ),
     (
         "lock-lost",

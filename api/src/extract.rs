@@ -170,8 +170,9 @@ pub const IDEMPOTENCY_KEY_PATTERN: &str = concat!(
     r#"|"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")$"#
 );
 
-/// The ticket a spend is sent with: `Idempotency-Key: <uuid>`, bare or as a quoted
-/// structured-field string (`"<uuid>"`), as the IETF draft writes it.
+/// The ticket a spend is sent with — or a create's key of the client's own choosing:
+/// `Idempotency-Key: <uuid>`, bare or as a quoted structured-field string (`"<uuid>"`),
+/// as the IETF draft writes it.
 #[derive(Debug, Clone, Copy)]
 pub struct IdempotencyKey(pub TicketId);
 
@@ -197,9 +198,24 @@ impl IdempotencyKey {
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, ApiError> {
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        <Self as axum::extract::OptionalFromRequestParts<S>>::from_request_parts(parts, state)
+            .await?
+            .ok_or(ApiError::IdempotencyKeyMissing)
+    }
+}
+
+/// A create's optional key (`Option<IdempotencyKey>`): none without the header, and the
+/// same 400s as a spend's for a malformed or repeated one. The UUID is the client's own
+/// choice here, not a ticket.
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, ApiError> {
         let mut values = parts.headers.get_all("idempotency-key").iter();
-        let value = values.next().ok_or(ApiError::IdempotencyKeyMissing)?;
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
         if values.next().is_some() {
             // Which one would be meant? Neither is guessed.
             return Err(ApiError::IdempotencyKeyRepeated);
@@ -209,6 +225,7 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
                 .to_str()
                 .map_err(|_| ApiError::IdempotencyKeyInvalid)?,
         )
+        .map(Some)
     }
 }
 
@@ -216,6 +233,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
 /// malformed JSON, 422 for JSON that is not a valid request, 413 over the size limit. An
 /// empty body — without a content type, or with a JSON one — counts as `{}`, so fields
 /// with defaults may be left out entirely (a lottery draw of one point needs no body).
+/// Every body is a JSON object: any other value — an array above all, which serde's
+/// derived `Deserialize` would read as the struct's fields in order — is 422 before it is
+/// read as a request.
 #[derive(Debug)]
 pub struct JsonBody<T>(pub T);
 
@@ -255,10 +275,37 @@ where
         if !json_content_type {
             return Err(ApiError::UnsupportedMediaType);
         }
+        refuse_other_than_an_object(&bytes)?;
         axum::Json::<T>::from_bytes(&bytes)
             .map(|axum::Json(value)| Self(value))
             .map_err(rejection)
     }
+}
+
+/// 422 for a JSON document whose top-level value is not an object; 400 for one that is
+/// not JSON at all, whatever it begins with. An object is left to the request's own
+/// deserializer.
+fn refuse_other_than_an_object(bytes: &[u8]) -> Result<(), ApiError> {
+    let first = bytes
+        .iter()
+        .find(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'));
+    if first == Some(&b'{') {
+        return Ok(());
+    }
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|error| {
+        ApiError::MalformedJson(format!("Failed to parse the request body as JSON: {error}"))
+    })?;
+    let kind = match value {
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Null => "null",
+        serde_json::Value::Object(_) => return Ok(()),
+    };
+    Err(ApiError::InvalidRequest(format!(
+        "the body must be a JSON object, not {kind}"
+    )))
 }
 
 fn rejection(rejection: JsonRejection) -> ApiError {

@@ -154,11 +154,12 @@ async fn reap(state: AppState, stopping: CancellationToken) {
             () = tokio::time::sleep(settings.reap_interval) => {}
         }
         match state.ledger().reap(settings.retention, 1000).await {
-            Ok(reaped) if reaped.deleted_unused + reaped.pruned_outcomes > 0 => {
+            Ok(reaped) if reaped != ledger::Reaped::default() => {
                 tracing::info!(
                     deleted_unused = reaped.deleted_unused,
                     pruned_outcomes = reaped.pruned_outcomes,
-                    "reaped tickets"
+                    expired_creations = reaped.expired_creations,
+                    "reaped tickets and creation records"
                 );
             }
             Ok(_) => {}

@@ -36,6 +36,10 @@ pub enum LedgerError {
     /// Refused input.
     #[error(transparent)]
     Invalid(#[from] InvalidInput),
+    /// A create's idempotency key was used already, by a different request (another
+    /// body): nothing was created.
+    #[error("the idempotency key was used for a different request")]
+    CreateKeyReused,
     /// A row the ledger cannot read back (an unknown entry kind, a token out of range).
     #[error("unreadable row: {0}")]
     Corrupt(String),
@@ -113,6 +117,20 @@ pub(crate) fn is_dead_connection(error: &sqlx::Error) -> bool {
                 ) || pg.code().starts_with("08")
             }),
         _ => false,
+    }
+}
+
+impl LedgerError {
+    /// Whether the connection died under the operation (see [`is_dead_connection`]): a
+    /// write that recognises its own earlier commit may then be run again on another one.
+    pub(crate) fn connection_died(&self) -> bool {
+        match self {
+            Self::Unavailable(error) | Self::Database(error) | Self::OutcomeUnknown(error) => {
+                is_dead_connection(error)
+            }
+            Self::Constraint { source, .. } => is_dead_connection(source),
+            _ => false,
+        }
     }
 }
 

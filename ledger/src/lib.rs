@@ -3,8 +3,8 @@
 //!
 //! # Map
 //! - [`Ledger`] (this file): the handle the API holds — open (migrations run on open),
-//!   accounts, API keys, tickets, entries, [`Ledger::apply`], [`Ledger::audit`],
-//!   [`Ledger::reap`].
+//!   accounts and orders (once per idempotency key, with the `_once` creates), API keys,
+//!   tickets, entries, [`Ledger::apply`], [`Ledger::audit`], [`Ledger::reap`].
 //! - `store.rs`: the SQL, written once and generic over PostgreSQL and SQLite; `apply` is
 //!   there: through the group commit first on PostgreSQL, else as one transaction.
 //! - `batch.rs`: PostgreSQL's group commit — concurrent spends gathered into one statement
@@ -12,6 +12,8 @@
 //! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
 //!   [`NewAccount`], [`NewOrder`]), [`Ticket`], [`Order`], [`Entry`], [`Operation`],
 //!   outcomes.
+//! - `creates.rs`: creates sent with an idempotency key — [`CreateScope`], [`Created`],
+//!   where the first answer is kept and how an account's API key is sealed in it.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants and the queries that check them.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
@@ -36,6 +38,7 @@
 mod api_key;
 mod audit;
 mod batch;
+mod creates;
 mod db_types;
 mod error;
 pub mod lottery;
@@ -44,6 +47,7 @@ mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+use std::net::IpAddr;
 use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -54,6 +58,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use audit::{Rule, Violation};
 pub use batch::Batches;
+pub use creates::{CreateRenderer, CreateScope, Created};
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
@@ -61,6 +66,7 @@ pub use model::{
     Outcome, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId, TicketState,
 };
 
+use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
 #[cfg(feature = "demo")]
 use store::UnguardedWrite;
@@ -109,6 +115,9 @@ pub struct Reaped {
     /// Used tickets whose stored response was dropped (expired longer than the retention
     /// ago); the ticket itself stays, so it can never run again.
     pub pruned_outcomes: u64,
+    /// Creation records deleted (made longer than the retention ago): their idempotency
+    /// keys are free again.
+    pub expired_creations: u64,
 }
 
 #[cfg(feature = "demo")]
@@ -203,6 +212,34 @@ pub const MAX_TICKET_TTL: Duration = Duration::from_secs(10 * 366 * 24 * 60 * 60
 
 /// How many API keys each instance remembers.
 const KEY_CACHE_CAPACITY: u64 = 100_000;
+
+/// A new account, whole — its id, its creation time — before it is written, with its API
+/// key and the key's hash: a write that must be repeated repeats exactly this.
+fn opened(new: &NewAccount) -> (Account, String, [u8; 32]) {
+    let key = api_key::generate();
+    let hash = api_key::hash(&key);
+    let account = Account {
+        id: AccountId::random(),
+        name: new.name().to_owned(),
+        balance: new.balance(),
+        points: new.points(),
+        created_at: Timestamp::now().0,
+    };
+    (account, key, hash)
+}
+
+/// A new order, whole, before it is written (as [`opened`]).
+fn placed(account_id: AccountId, new: &NewOrder) -> Order {
+    Order {
+        id: OrderId::random(),
+        account_id,
+        amount: new.amount(),
+        description: new.description().to_owned(),
+        paid_by_ticket: None,
+        paid_at: None,
+        created_at: Timestamp::now().0,
+    }
+}
 
 impl Ledger {
     fn with_store(store: Arc<dyn Store>, database: &'static str) -> Self {
@@ -306,10 +343,12 @@ impl Ledger {
             .connect_with(connect.clone())
             .await?;
         SQLITE_MIGRATIONS.run(&writer).await?;
+        // Read-only: a write sent to a reader by mistake fails at once, instead of
+        // contending for the file lock beside the writer and waiting out the busy timeout.
         let readers = SqlitePoolOptions::new()
             .max_connections(options.max_connections.clamp(1, 8))
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
+            .connect_with(connect.read_only(true))
             .await?;
         let store = SqlStore::new(readers, writer);
         Ok(Self::with_store(Arc::new(store), "sqlite"))
@@ -323,14 +362,63 @@ impl Ledger {
     /// Opens an account with its opening entry. Returns it and its API key, which is
     /// not stored and cannot be shown again.
     pub async fn create_account(&self, new: &NewAccount) -> Result<(Account, String), LedgerError> {
-        let key = api_key::generate();
-        let hash = api_key::hash(&key);
-        let account = self
-            .store
-            .create_account(new, hash.to_vec(), Timestamp::now())
+        let (account, key, hash) = opened(new);
+        self.store
+            .create_account(&account, hash.to_vec(), None)
             .await?;
         self.keys.insert(hash, account.id);
         Ok((account, key))
+    }
+
+    /// Opens an account as [`create_account`](Self::create_account) does, once per
+    /// idempotency `key` of the `client`'s (see `creates.rs`): the first request with the
+    /// key opens it and stores `render`'s body under the key, in the same transaction; a
+    /// repeat with the same `fingerprint` gets that answer again, the same API key beside
+    /// it — kept sealed by the key, never in clear; another fingerprint is
+    /// [`LedgerError::CreateKeyReused`]. Returns the answer and the API key.
+    pub async fn create_account_once(
+        &self,
+        new: &NewAccount,
+        client: IpAddr,
+        key: uuid::Uuid,
+        fingerprint: &str,
+        render: &CreateRenderer<Account>,
+    ) -> Result<(Created<AccountId>, String), LedgerError> {
+        let (account, api_key, hash) = opened(new);
+        let once = CreateKey::new(CreateScope::AccountsFrom(client), key);
+        let creation = NewCreation {
+            key_hash: once.record_id(),
+            fingerprint,
+            response: StoredResponse {
+                status: 201,
+                body: render(&account),
+            },
+            sealed_api_key: Some(once.seal(account.id.0, api_key.as_bytes())),
+        };
+        let found = self
+            .store
+            .create_account(&account, hash.to_vec(), Some(&creation))
+            .await?;
+        let Some(found) = found else {
+            self.keys.insert(hash, account.id);
+            return Ok((
+                Created {
+                    id: account.id,
+                    response: creation.response,
+                    replayed: false,
+                },
+                api_key,
+            ));
+        };
+        let (created, sealed) =
+            creates::judge(found, account.id, |row| row.account(), fingerprint)?;
+        let sealed = sealed.ok_or_else(|| {
+            LedgerError::Corrupt(format!("account {}: no sealed API key", created.id))
+        })?;
+        let api_key = String::from_utf8(once.seal(created.id.0, &sealed)).map_err(|_| {
+            LedgerError::Corrupt(format!("account {}: unreadable sealed API key", created.id))
+        })?;
+        Ok((created, api_key))
     }
 
     /// The account an API key belongs to, if any.
@@ -380,9 +468,43 @@ impl Ledger {
         account_id: AccountId,
         new: &NewOrder,
     ) -> Result<Order, LedgerError> {
-        self.store
-            .create_order(account_id, new, Timestamp::now())
-            .await
+        let order = placed(account_id, new);
+        self.store.create_order(&order, None).await?;
+        Ok(order)
+    }
+
+    /// Places an order as [`create_order`](Self::create_order) does, once per idempotency
+    /// `key` of the account's: the first request with the key places it and stores
+    /// `render`'s body under the key, in the same transaction; a repeat with the same
+    /// `fingerprint` gets that answer again; another fingerprint is
+    /// [`LedgerError::CreateKeyReused`].
+    pub async fn create_order_once(
+        &self,
+        account_id: AccountId,
+        new: &NewOrder,
+        key: uuid::Uuid,
+        fingerprint: &str,
+        render: &CreateRenderer<Order>,
+    ) -> Result<Created<OrderId>, LedgerError> {
+        let order = placed(account_id, new);
+        let once = CreateKey::new(CreateScope::OrdersOf(account_id), key);
+        let creation = NewCreation {
+            key_hash: once.record_id(),
+            fingerprint,
+            response: StoredResponse {
+                status: 201,
+                body: render(&order),
+            },
+            sealed_api_key: None,
+        };
+        match self.store.create_order(&order, Some(&creation)).await? {
+            None => Ok(Created {
+                id: order.id,
+                response: creation.response,
+                replayed: false,
+            }),
+            Some(found) => Ok(creates::judge(found, order.id, |row| row.order(), fingerprint)?.0),
+        }
     }
 
     /// An order, paid or open.
@@ -425,15 +547,21 @@ impl Ledger {
     /// Deletes unused tickets that expired more than `retention` ago, and drops the stored
     /// responses of used tickets that expired more than `retention` ago — so an outcome is
     /// kept for at least `retention` after its ticket was used. Used tickets themselves
-    /// stay, so they never run again. Works in batches of `batch` until none are left.
+    /// stay, so they never run again. Deletes the records of creates made more than
+    /// `retention` ago, freeing their idempotency keys. Works in batches of `batch` until
+    /// none are left.
     pub async fn reap(&self, retention: Duration, batch: u32) -> Result<Reaped, LedgerError> {
         let batch = i64::from(batch.max(1));
         let mut total = Reaped::default();
         loop {
-            let (deleted, pruned) = self.store.reap(retention, batch).await?;
+            let (deleted, pruned, expired) = self.store.reap(retention, batch).await?;
             total.deleted_unused += deleted;
             total.pruned_outcomes += pruned;
-            if deleted < batch.unsigned_abs() && pruned < batch.unsigned_abs() {
+            total.expired_creations += expired;
+            if [deleted, pruned, expired]
+                .iter()
+                .all(|count| *count < batch.unsigned_abs())
+            {
                 return Ok(total);
             }
         }

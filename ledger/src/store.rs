@@ -14,13 +14,13 @@ use sqlx::{ColumnIndex, Database, Decode, Encode, Executor, FromRow, IntoArgumen
 
 use crate::audit::{self, Rule, Violation};
 use crate::batch::{self, Batcher, Batches};
+use crate::creates::{CreationRow, NewCreation};
 use crate::db_types::Timestamp;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown, is_dead_connection};
 use crate::lottery;
 use crate::model::{
-    Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Judgement, NewAccount,
-    NewOrder, Operation, OperationResult, Order, OrderId, Outcome, Refusal, Renderer,
-    StoredResponse, Ticket, TicketId,
+    Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Judgement, Operation,
+    OperationResult, Order, OrderId, Outcome, Refusal, Renderer, StoredResponse, Ticket, TicketId,
 };
 
 /// What differs between the two databases.
@@ -55,9 +55,12 @@ pub(crate) trait Dialect: Database {
     /// The reaper's pruning of old outcomes (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 now, $3 batch.
     const PRUNE_OUTCOMES: &'static str;
+    /// The reaper's deletion of creation records (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 batch.
+    const DELETE_OLD_CREATIONS: &'static str;
 }
 
-/// The reaper's two statements, the same text for both databases but for the row-locking
+/// The reaper's statements, the same text for both databases but for the row-locking
 /// clause of the subquery that picks the batch.
 ///
 /// The outer WHERE repeats the subquery's conditions on purpose. On PostgreSQL, when the
@@ -94,12 +97,21 @@ macro_rules! reap_statements {
                    AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
                  RETURNING id"
             ),
+            concat!(
+                "DELETE FROM creations
+                 WHERE key_hash IN (
+                     SELECT key_hash FROM creations WHERE created_at < $1 LIMIT $2 ",
+                $lock,
+                ")
+                   AND created_at < $1
+                 RETURNING key_hash"
+            ),
         )
     };
 }
 
-const POSTGRES_REAP: (&str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
-const SQLITE_REAP: (&str, &str) = reap_statements!("");
+const POSTGRES_REAP: (&str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
+const SQLITE_REAP: (&str, &str, &str) = reap_statements!("");
 
 /// The columns of a ticket row, as [`TicketRow`] reads them (but `read_at`).
 macro_rules! ticket_columns {
@@ -170,6 +182,7 @@ impl Dialect for sqlx::Postgres {
     );
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
+    const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -210,17 +223,22 @@ impl Dialect for sqlx::Sqlite {
     );
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
+    const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
 }
 
 /// The storage operations of the ledger, one atomic step each.
 #[async_trait]
 pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
+    /// Opens `account` (chosen whole beforehand, its id included) with its opening entry
+    /// and, for a create sent with an idempotency key, its creation record, in one
+    /// transaction. `Some`: the key had a record already, which is returned instead
+    /// (nothing was written).
     async fn create_account(
         &self,
-        new: &NewAccount,
+        account: &Account,
         key_hash: Vec<u8>,
-        now: Timestamp,
-    ) -> Result<Account, LedgerError>;
+        creation: Option<&NewCreation<'_>>,
+    ) -> Result<Option<CreationRow>, LedgerError>;
     async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError>;
     async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError>;
     async fn fencing_token(&self, id: AccountId) -> Result<Option<u64>, LedgerError>;
@@ -231,12 +249,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         ttl: Duration,
     ) -> Result<Ticket, LedgerError>;
     async fn ticket(&self, id: TicketId) -> Result<Option<Ticket>, LedgerError>;
+    /// Places `order` (chosen whole beforehand) and, with an idempotency key, its creation
+    /// record; `Some` as for [`create_account`](Self::create_account).
     async fn create_order(
         &self,
-        account_id: AccountId,
-        new: &NewOrder,
-        now: Timestamp,
-    ) -> Result<Order, LedgerError>;
+        order: &Order,
+        creation: Option<&NewCreation<'_>>,
+    ) -> Result<Option<CreationRow>, LedgerError>;
     async fn order(&self, id: OrderId) -> Result<Option<Order>, LedgerError>;
     async fn entries(
         &self,
@@ -253,8 +272,9 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     /// Deletes unused tickets and prunes the outcomes of used ones, both expired more
     /// than `retention` ago by the database's clock (the clock that judges expiry, so a
     /// ticket is never reaped while a spend could still find it unexpired); at most
-    /// `batch` of each. Returns how many of each.
-    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError>;
+    /// `batch` of each; and deletes creation records made more than `retention` ago (by
+    /// the creating instance's clock), at most `batch`. Returns how many of each.
+    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64, u64), LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
     /// The group commit's batch sizes, where there is one.
@@ -354,6 +374,28 @@ impl<D: Database> SqlStore<D> {
     {
         self.on_live_connection(|| self.writer.begin_with(D::BEGIN_WRITE))
             .await
+    }
+
+    /// Runs `write` — a whole write that recognises what an earlier attempt of its own
+    /// committed — again on another connection each time its connection dies under it,
+    /// its COMMIT's answer included (as [`on_live_connection`](Self::on_live_connection)
+    /// does for single statements). A commit whose every try lost its answer stays
+    /// [`LedgerError::OutcomeUnknown`].
+    async fn again_if_cut<T, F, Fut>(&self, mut write: F) -> Result<T, LedgerError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, LedgerError>>,
+    {
+        let mut tries = self.connection_tries;
+        loop {
+            match write().await {
+                Err(error) if tries > 1 && error.connection_died() => {
+                    tries -= 1;
+                    tracing::debug!(%error, "a write's connection died; writing again on another");
+                }
+                other => return other,
+            }
+        }
     }
 }
 
@@ -579,6 +621,43 @@ const COMPLETE_TICKET: &str = "
         completed_at = $6
     WHERE id = $1 AND account_id = $7";
 
+/// Opens an account, unless its id is taken (by an earlier attempt of the same create,
+/// whose commit answer was lost). Parameters: $1 id, $2 name, $3 balance, $4 points, $5
+/// API key hash, $6 when. Returns the id if it inserted.
+const INSERT_ACCOUNT: &str = "
+    INSERT INTO accounts (id, name, balance, points, api_key_hash, fencing_token, created_at)
+    VALUES ($1, $2, $3, $4, $5, 0, $6)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING id";
+
+/// Places an order, unless its id is taken (as for [`INSERT_ACCOUNT`]). Parameters: $1
+/// id, $2 account, $3 amount, $4 description, $5 when. Returns the order if it inserted.
+const INSERT_ORDER: &str = concat!(
+    "INSERT INTO orders (id, account_id, amount, description, fencing_token, created_at)
+     VALUES ($1, $2, $3, $4, 0, $5)
+     ON CONFLICT (id) DO NOTHING
+     RETURNING ",
+    order_columns!()
+);
+
+/// Claims a create's idempotency key with its record, unless the key has one. (On
+/// PostgreSQL a record another transaction is writing makes this wait for it.)
+/// Parameters: $1 key hash, $2 fingerprint, $3 the account created or NULL, $4 the order
+/// created or NULL, $5 status, $6 body, $7 sealed API key or NULL, $8 when. Returns the
+/// key hash if it claimed the key.
+const CLAIM_CREATION: &str = "
+    INSERT INTO creations (key_hash, fingerprint, created_account, created_order,
+                           response_status, response_body, sealed_api_key, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+    ON CONFLICT (key_hash) DO NOTHING
+    RETURNING key_hash";
+
+/// A creation record, as [`CreationRow`] reads it. Parameter: $1 key hash.
+const CREATION: &str = "
+    SELECT fingerprint, created_account, created_order, response_status, response_body,
+           sealed_api_key
+    FROM creations WHERE key_hash = $1";
+
 /// How many minor units one lottery draw credits, given the prize and the points spent.
 fn prize_credit(prize: &lottery::Prize, points: i64) -> i64 {
     prize.credit_per_point.saturating_mul(points)
@@ -615,49 +694,23 @@ where
     for<'q> OrderId: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
+    for<'q> Option<AccountId>: Encode<'q, D>,
+    for<'q> Option<OrderId>: Encode<'q, D>,
+    for<'q> Option<Vec<u8>>: Encode<'q, D>,
+    for<'q> Vec<u8>: Decode<'q, D>,
+    for<'r> CreationRow: FromRow<'r, D::Row>,
+    for<'r> (String, Vec<u8>, Timestamp): FromRow<'r, D::Row>,
 {
     async fn create_account(
         &self,
-        new: &NewAccount,
+        account: &Account,
         key_hash: Vec<u8>,
-        now: Timestamp,
-    ) -> Result<Account, LedgerError> {
-        let id = AccountId::random();
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO accounts (id, name, balance, points, api_key_hash, fencing_token, created_at)
-             VALUES ($1, $2, $3, $4, $5, 0, $6)",
-        )
-        .bind(id)
-        .bind(new.name())
-        .bind(new.balance())
-        .bind(new.points())
-        .bind(key_hash)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .or_constraint()?;
-        sqlx::query(INSERT_ENTRY)
-            .bind(id)
-            .bind(None::<TicketId>)
-            .bind(EntryKind::Opening.as_str())
-            .bind(new.balance())
-            .bind(new.points())
-            .bind(new.balance())
-            .bind(new.points())
-            .bind(0_i64)
-            .bind(now)
-            .execute(&mut *tx)
+        creation: Option<&NewCreation<'_>>,
+    ) -> Result<Option<CreationRow>, LedgerError> {
+        // The account's id is chosen before: a repeat after a commit that did land finds
+        // what it wrote and answers that.
+        self.again_if_cut(|| self.try_create_account(account, &key_hash, creation))
             .await
-            .or_constraint()?;
-        commit_or_unknown(tx).await?;
-        Ok(Account {
-            id,
-            name: new.name().to_owned(),
-            balance: new.balance(),
-            points: new.points(),
-            created_at: now.0,
-        })
     }
 
     async fn authenticate(&self, key_hash: Vec<u8>) -> Result<Option<AccountId>, LedgerError> {
@@ -721,26 +774,36 @@ where
 
     async fn create_order(
         &self,
-        account_id: AccountId,
-        new: &NewOrder,
-        now: Timestamp,
-    ) -> Result<Order, LedgerError> {
-        let id = OrderId::random();
-        let query = || {
-            sqlx::query_as::<_, OrderRow>(concat!(
-                "INSERT INTO orders (id, account_id, amount, description, fencing_token, created_at)
-                 VALUES ($1, $2, $3, $4, 0, $5)
-                 RETURNING ",
-                order_columns!()
-            ))
-            .bind(id)
-            .bind(account_id)
-            .bind(new.amount().get())
-            .bind(new.description())
-            .bind(now)
-            .fetch_one(&self.pool)
+        order: &Order,
+        creation: Option<&NewCreation<'_>>,
+    ) -> Result<Option<CreationRow>, LedgerError> {
+        if let Some(creation) = creation {
+            return self
+                .again_if_cut(|| self.try_create_order(order, creation))
+                .await;
+        }
+        // One statement, committed on its own, through the writer. Safe to repeat on a
+        // dead connection: the id is ours, so a repeat of an insert that did land inserts
+        // nothing, and the order is read back.
+        let insert = || {
+            sqlx::query_as::<_, OrderRow>(INSERT_ORDER)
+                .bind(order.id)
+                .bind(order.account_id)
+                .bind(order.amount.get())
+                .bind(order.description.as_str())
+                .bind(Timestamp(order.created_at))
+                .fetch_optional(&self.writer)
         };
-        Order::try_from(self.on_live_connection(query).await.or_constraint()?)
+        if self
+            .on_live_connection(insert)
+            .await
+            .or_constraint()?
+            .is_none()
+        {
+            let found = self.order(order.id).await?;
+            recognise_order(order, found)?;
+        }
+        Ok(None)
     }
 
     async fn order(&self, id: OrderId) -> Result<Option<Order>, LedgerError> {
@@ -1003,7 +1066,7 @@ where
         Ok(found)
     }
 
-    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64), LedgerError> {
+    async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64, u64), LedgerError> {
         let now: Timestamp = sqlx::query_scalar(D::CLOCK).fetch_one(&self.pool).await?;
         let cutoff = before(now, retention);
         // RETURNING counts the rows the same way in both databases.
@@ -1018,7 +1081,16 @@ where
             .bind(batch)
             .fetch_all(&self.writer)
             .await?;
-        Ok((deleted.len() as u64, pruned.len() as u64))
+        let expired: Vec<Vec<u8>> = sqlx::query_scalar(D::DELETE_OLD_CREATIONS)
+            .bind(cutoff)
+            .bind(batch)
+            .fetch_all(&self.writer)
+            .await?;
+        Ok((
+            deleted.len() as u64,
+            pruned.len() as u64,
+            expired.len() as u64,
+        ))
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {
@@ -1576,4 +1648,181 @@ pub(crate) fn before(now: Timestamp, age: Duration) -> Timestamp {
             .checked_sub(age)
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
     )
+}
+
+/// The steps of the creates: each a transaction that recognises what an earlier attempt of
+/// its own committed, so that [`SqlStore::again_if_cut`] may run it again.
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Vec<u8>: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+    for<'q> AccountId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> OrderId: Encode<'q, D> + Type<D>,
+    TicketId: Type<D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> Option<AccountId>: Encode<'q, D>,
+    for<'q> Option<OrderId>: Encode<'q, D>,
+    for<'q> Option<Vec<u8>>: Encode<'q, D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'r> CreationRow: FromRow<'r, D::Row>,
+    for<'r> (String, Vec<u8>, Timestamp): FromRow<'r, D::Row>,
+{
+    /// One attempt of [`Store::create_account`].
+    async fn try_create_account(
+        &self,
+        account: &Account,
+        key_hash: &[u8],
+        creation: Option<&NewCreation<'_>>,
+    ) -> Result<Option<CreationRow>, LedgerError> {
+        let now = Timestamp(account.created_at);
+        let mut tx = self.begin_write().await?;
+        if let Some(creation) = creation
+            && let Some(found) = Self::claim(&mut tx, creation, Some(account.id), None, now).await?
+        {
+            return Ok(Some(found));
+        }
+        let inserted: Option<AccountId> = sqlx::query_scalar(INSERT_ACCOUNT)
+            .bind(account.id)
+            .bind(account.name.as_str())
+            .bind(account.balance)
+            .bind(account.points)
+            .bind(key_hash.to_vec())
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .or_constraint()?;
+        if inserted.is_none() {
+            // An earlier attempt committed it (and its record, which the claim would have
+            // found): nothing more to write.
+            let found: Option<(String, Vec<u8>, Timestamp)> =
+                sqlx::query_as("SELECT name, api_key_hash, created_at FROM accounts WHERE id = $1")
+                    .bind(account.id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            return match found {
+                Some((name, hash, created_at))
+                    if name == account.name && hash == key_hash && created_at == now =>
+                {
+                    Ok(None)
+                }
+                _ => Err(LedgerError::Corrupt(format!(
+                    "account {}: the id is another account's",
+                    account.id
+                ))),
+            };
+        }
+        sqlx::query(INSERT_ENTRY)
+            .bind(account.id)
+            .bind(None::<TicketId>)
+            .bind(EntryKind::Opening.as_str())
+            .bind(account.balance)
+            .bind(account.points)
+            .bind(account.balance)
+            .bind(account.points)
+            .bind(0_i64)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .or_constraint()?;
+        commit_or_unknown(tx).await?;
+        Ok(None)
+    }
+
+    /// One attempt of [`Store::create_order`] with an idempotency key.
+    async fn try_create_order(
+        &self,
+        order: &Order,
+        creation: &NewCreation<'_>,
+    ) -> Result<Option<CreationRow>, LedgerError> {
+        let now = Timestamp(order.created_at);
+        let mut tx = self.begin_write().await?;
+        if let Some(found) = Self::claim(&mut tx, creation, None, Some(order.id), now).await? {
+            return Ok(Some(found));
+        }
+        let inserted: Option<OrderRow> = sqlx::query_as(INSERT_ORDER)
+            .bind(order.id)
+            .bind(order.account_id)
+            .bind(order.amount.get())
+            .bind(order.description.as_str())
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .or_constraint()?;
+        if inserted.is_none() {
+            // Our key was free, so no attempt of ours committed: the id is another's.
+            return Err(LedgerError::Corrupt(format!(
+                "order {}: the id is another order's",
+                order.id
+            )));
+        }
+        commit_or_unknown(tx).await?;
+        Ok(None)
+    }
+
+    /// Claims `creation`'s key for what it announces (`account` or `order`): `None` once
+    /// claimed, or the record that held the key already — written by a transaction that
+    /// committed (on PostgreSQL one still open is waited for). A record reaped between
+    /// the claim and the read is claimed again.
+    async fn claim(
+        tx: &mut sqlx::Transaction<'static, D>,
+        creation: &NewCreation<'_>,
+        account: Option<AccountId>,
+        order: Option<OrderId>,
+        now: Timestamp,
+    ) -> Result<Option<CreationRow>, LedgerError> {
+        for _ in 0..2 {
+            let claimed: Option<Vec<u8>> = sqlx::query_scalar(CLAIM_CREATION)
+                .bind(creation.key_hash.clone())
+                .bind(creation.fingerprint)
+                .bind(account)
+                .bind(order)
+                .bind(i32::from(creation.response.status))
+                .bind(Json(&creation.response.body))
+                .bind(creation.sealed_api_key.clone())
+                .bind(now)
+                .fetch_optional(&mut **tx)
+                .await
+                .or_constraint()?;
+            if claimed.is_some() {
+                return Ok(None);
+            }
+            let found: Option<CreationRow> = sqlx::query_as(CREATION)
+                .bind(creation.key_hash.clone())
+                .fetch_optional(&mut **tx)
+                .await?;
+            if found.is_some() {
+                return Ok(found);
+            }
+        }
+        Err(LedgerError::Corrupt(
+            "a creation record came and went twice while it was claimed".to_owned(),
+        ))
+    }
+}
+
+/// An order read back after its insert found the id taken: ours, written by an earlier
+/// attempt whose answer was lost, if it is the same order; else the id is another's.
+fn recognise_order(order: &Order, found: Option<Order>) -> Result<(), LedgerError> {
+    match found {
+        Some(found)
+            if found.account_id == order.account_id
+                && found.amount == order.amount
+                && found.description == order.description
+                && found.created_at == order.created_at =>
+        {
+            Ok(())
+        }
+        _ => Err(LedgerError::Corrupt(format!(
+            "order {}: the id is another order's",
+            order.id
+        ))),
+    }
 }

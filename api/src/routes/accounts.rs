@@ -2,15 +2,17 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use ledger::{Account, Entry, NewAccount};
+use axum::http::{HeaderValue, header};
+use axum::response::Response;
+use ledger::{Account, Entry, NewAccount, StoredResponse};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, ClientAddress, JsonBody, integral};
+use crate::extract::{AccountPath, Caller, ClientAddress, IdempotencyKey, JsonBody, integral};
+use crate::routes::spends::{fingerprint, stored_response};
 use crate::state::AppState;
 
 /// A request to open an account.
@@ -75,7 +77,8 @@ pub struct CreatedAccount {
     pub balance: i64,
     /// Opening points.
     pub points: i64,
-    /// Send as `Authorization: Bearer <api_key>`. Not retrievable later.
+    /// Send as `Authorization: Bearer <api_key>`. Not retrievable later — but by
+    /// repeating a create sent with an `Idempotency-Key`, within the retention.
     pub api_key: String,
     /// When it was opened (RFC 3339).
     #[serde(with = "time::serde::rfc3339")]
@@ -84,20 +87,30 @@ pub struct CreatedAccount {
 }
 
 /// Opens an account; its opening balance and points are its first ledger entry.
+///
+/// With an `Idempotency-Key` (a UUID of the client's choosing), the account is opened
+/// once: the same key and body again, within `PAYONCE_RETENTION`, answer the first
+/// answer — the same account, the same API key — with `Idempotent-Replayed: true`.
+/// Keys are the client address's (as the rate limit sees it): the same UUID from another
+/// address is another key. The API key is kept for that only sealed with the
+/// idempotency key, never in clear: choose keys nobody can guess (random UUIDs).
 #[utoipa::path(
     post,
     path = "/v1/accounts",
     tag = "accounts",
+    params(
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the create happen once — the same key and body again answer the first answer, API key included; keys are per client address, kept for PAYONCE_RETENTION"),
+    ),
     request_body = NewAccountRequest,
     responses(
-        (status = 201, description = "Opened", body = CreatedAccount, links(
+        (status = 201, description = "Opened (a replay of a create with an Idempotency-Key carries `Idempotent-Replayed: true`)", body = CreatedAccount, links(
             ("TakeTicket" = (operation_id = "issue_ticket", parameters(("id" = "$response.body#/id")), description = "Take a ticket for the new account (authenticated with its api_key)")),
             ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the new account back (authenticated with its api_key)")),
         )),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key (`idempotency-key-invalid`)", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Invalid name, balance or points", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Invalid name, balance or points, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many accounts opened from this address; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
@@ -105,30 +118,47 @@ pub struct CreatedAccount {
 pub async fn create_account(
     State(state): State<AppState>,
     ClientAddress(client): ClientAddress,
+    key: Option<IdempotencyKey>,
     JsonBody(request): JsonBody<NewAccountRequest>,
 ) -> Result<Response, ApiError> {
     if let Err(limited) = state.limits().open_account(client) {
         state.metrics().rate_limited();
         return Err(limited);
     }
-    let new = NewAccount::new(request.name, request.balance, request.points)
+    let new = NewAccount::new(request.name.as_str(), request.balance, request.points)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
-    let (account, api_key) = state.ledger().create_account(&new).await?;
-    let location = format!("/v1/accounts/{}", account.id);
-    let body = CreatedAccount {
-        id: account.id.0,
-        name: account.name,
-        balance: account.balance,
-        points: account.points,
-        api_key,
-        created_at: account.created_at,
+    let ledger = state.ledger();
+    let (id, mut answer, api_key, replayed) = match key {
+        None => {
+            let (account, api_key) = ledger.create_account(&new).await?;
+            let answer = StoredResponse {
+                status: 201,
+                body: opened_body(&account),
+            };
+            (account.id, answer, api_key, false)
+        }
+        Some(IdempotencyKey(key)) => {
+            let fingerprint = fingerprint("/v1/accounts", &request);
+            let (created, api_key) = ledger
+                .create_account_once(&new, client, key.0, &fingerprint, &opened_body)
+                .await?;
+            (created.id, created.response, api_key, created.replayed)
+        }
     };
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(body),
-    )
-        .into_response())
+    // The ledger keeps the answer without the key (see `create_account_once`).
+    if let Value::Object(fields) = &mut answer.body {
+        fields.insert("api_key".to_owned(), Value::String(api_key));
+    }
+    let mut response = stored_response(answer, replayed);
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/accounts/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// A new account's answer as it is stored: [`CreatedAccount`] but its API key.
+fn opened_body(account: &Account) -> Value {
+    serde_json::to_value(AccountView::from(account.clone())).unwrap_or_default()
 }
 
 /// Reads an account.

@@ -9,10 +9,11 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use ledger::{Amount, NewOrder, Operation, Order, OrderId};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::Response;
+use ledger::{Amount, NewOrder, Operation, Order, OrderId, StoredResponse};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -23,7 +24,7 @@ use crate::routes::spends;
 use crate::state::AppState;
 
 /// An order to place.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderRequest {
     /// Minor units, 1 to 10^12 (an integral number such as `250.0` counts).
@@ -100,25 +101,33 @@ impl From<Order> for OrderView {
 }
 
 /// Places an order for the account to pay once.
+///
+/// With an `Idempotency-Key` (a UUID of the client's choosing), the order is placed once:
+/// the same key and body again, within `PAYONCE_RETENTION`, answer the first answer (as it
+/// was then: `open`) with `Idempotent-Replayed: true`. Keys are the account's: another
+/// account's same UUID is another key.
 #[utoipa::path(
     post,
     path = "/v1/accounts/{id}/orders",
     tag = "orders",
-    params(("id" = Uuid, Path, description = "The account")),
+    params(
+        ("id" = Uuid, Path, description = "The account"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the create happen once — the same key and body again answer the first answer; keys are per account, kept for PAYONCE_RETENTION"),
+    ),
     security(("api_key" = [])),
     request_body = OrderRequest,
     responses(
-        (status = 201, description = "Placed", body = OrderView, links(
+        (status = 201, description = "Placed (a replay of a create with an Idempotency-Key carries `Idempotent-Replayed: true`)", body = OrderView, links(
             ("PayOrder" = (operation_id = "pay_order", parameters(("order_id" = "$response.body#/order_id")), description = "Pay the order (with a ticket as Idempotency-Key)")),
             ("GetOrder" = (operation_id = "get_order", parameters(("order_id" = "$response.body#/order_id")), description = "Read the order back")),
         )),
-        (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key (`idempotency-key-invalid`)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "An amount outside 1..=10^12, or a description over 200 characters", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An amount outside 1..=10^12, a description over 200 characters, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -126,21 +135,43 @@ pub async fn create_order(
     State(state): State<AppState>,
     caller: Caller,
     AccountPath(account): AccountPath,
+    key: Option<IdempotencyKey>,
     JsonBody(request): JsonBody<OrderRequest>,
 ) -> Result<Response, ApiError> {
     caller.must_be(account)?;
     let amount = Amount::new(request.amount)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
-    let new = NewOrder::new(amount, request.description)
+    let new = NewOrder::new(amount, request.description.as_str())
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
-    let order = state.ledger().create_order(account, &new).await?;
-    let location = format!("/v1/orders/{}", order.id);
-    Ok((
-        StatusCode::CREATED,
-        [(header::LOCATION, location)],
-        Json(OrderView::from(order)),
-    )
-        .into_response())
+    let ledger = state.ledger();
+    let (id, answer, replayed) = match key {
+        None => {
+            let order = ledger.create_order(account, &new).await?;
+            let answer = StoredResponse {
+                status: 201,
+                body: placed_body(&order),
+            };
+            (order.id, answer, false)
+        }
+        Some(IdempotencyKey(key)) => {
+            let path = format!("/v1/accounts/{account}/orders");
+            let fingerprint = spends::fingerprint(&path, &request);
+            let created = ledger
+                .create_order_once(account, &new, key.0, &fingerprint, &placed_body)
+                .await?;
+            (created.id, created.response, created.replayed)
+        }
+    };
+    let mut response = spends::stored_response(answer, replayed);
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/orders/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// A new order's answer, as stored.
+fn placed_body(order: &Order) -> Value {
+    serde_json::to_value(OrderView::from(order.clone())).unwrap_or_default()
 }
 
 /// Reads an order: open, or paid and by which ticket.

@@ -209,7 +209,8 @@ fn amount(value: i64) -> Result<Amount, ApiError> {
 
 /// Identifies a request: method, path and canonical body (the validated request,
 /// serialised with its defaults filled in, so `{}` and `{"points":1}` are the same draw).
-fn fingerprint(path: &str, request: &impl Serialize) -> String {
+/// Creates sent with an `Idempotency-Key` are identified the same way.
+pub(crate) fn fingerprint(path: &str, request: &impl Serialize) -> String {
     let body = serde_json::to_string(request).unwrap_or_default();
     hex::encode(Sha256::digest(format!("POST {path}\n{body}")))
 }
@@ -528,7 +529,7 @@ async fn replay_without_lock(
 
 /// A stored response as sent: its status and body, JSON for successes and problem+json
 /// for refusals, and `Idempotent-Replayed: true` on repeats only.
-fn stored_response(response: StoredResponse, replayed: bool) -> Response {
+pub(crate) fn stored_response(response: StoredResponse, replayed: bool) -> Response {
     let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let content_type = if status.is_success() {
         "application/json"

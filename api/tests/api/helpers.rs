@@ -459,3 +459,37 @@ pub async fn assert_problem(response: Response, status: StatusCode, name: &str) 
     }
     body
 }
+
+impl TestApp {
+    /// How many rows `table` holds, read from the instance's database directly.
+    pub async fn count(&self, table: &str) -> i64 {
+        let query = format!("SELECT count(*) FROM {table}");
+        if self.shared.backend == Backend::Embedded {
+            // The embedded mode keeps its own file beside the test database's.
+            let path = self.shared.database.url().trim_start_matches("sqlite:");
+            let file = std::path::Path::new(path)
+                .parent()
+                .expect("a directory")
+                .join("payonce.sqlite3");
+            let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(&format!(
+                "sqlite:{}",
+                file.display()
+            ))
+            .await
+            .expect("the embedded database");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+                .fetch_one(&mut connection)
+                .await
+                .expect("a count")
+        } else {
+            let mut connection =
+                <sqlx::PgConnection as sqlx::Connection>::connect(self.shared.database.url())
+                    .await
+                    .expect("the test database");
+            sqlx::query_scalar(sqlx::AssertSqlSafe(query))
+                .fetch_one(&mut connection)
+                .await
+                .expect("a count")
+        }
+    }
+}

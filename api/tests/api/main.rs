@@ -4,6 +4,7 @@
 
 mod browser;
 mod contract;
+mod creates;
 mod database_restart;
 #[cfg(feature = "demo")]
 mod demo;

@@ -280,6 +280,29 @@ async fn the_document_says_what_the_server_enforces() {
             "{spend}"
         );
     }
+    // The creates take an optional key of the same syntax, and document its 400 and 422.
+    for create in ["/v1/accounts", "/v1/accounts/{id}/orders"] {
+        let key = parameter(create, "post", "Idempotency-Key");
+        assert_eq!(
+            (&key["schema"]["pattern"], key["required"].as_bool()),
+            (&json!(api::extract::IDEMPOTENCY_KEY_PATTERN), Some(false)),
+            "{create}: {key}"
+        );
+        let responses = &spec["paths"][create]["post"]["responses"];
+        for (status, mentions) in [
+            ("400", "Idempotency-Key"),
+            ("422", "idempotency-key-reuse"),
+            ("201", "Idempotent-Replayed"),
+        ] {
+            assert!(
+                responses[status]["description"]
+                    .as_str()
+                    .is_some_and(|description| description.contains(mentions)),
+                "{create} {status}: {}",
+                responses[status]
+            );
+        }
+    }
     let limit = parameter("/v1/accounts/{id}/entries", "get", "limit");
     assert_eq!(
         (

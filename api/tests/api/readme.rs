@@ -42,8 +42,12 @@ async fn the_walkthrough_runs_as_written() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    assert!(
+        stdout.matches("idempotent-replayed: true").count() >= 2,
+        "the walkthrough shows no replayed create:\n{stdout}"
+    );
     for shown in [
-        "idempotent-replayed: true",
+        "\"description\":\"order #1018\"",
         "\"balance\":700",
         "/problems/idempotency-key-reuse",
         "/problems/insufficient-funds",

@@ -37,7 +37,11 @@ macro_rules! suite_for {
                 an_order_payment_is_checked_against_its_order,
                 concurrent_payments_of_one_order_pay_once,
                 an_order_payment_and_a_withdrawal_cannot_overdraw,
-                audit_finds_a_planted_order_paid_without_its_entry
+                audit_finds_a_planted_order_paid_without_its_entry,
+                creates_with_a_key_answer_once,
+                a_create_record_holds_no_key_in_clear,
+                the_reaper_frees_create_keys_after_the_retention,
+                concurrent_creates_with_one_key_make_one
             );
         }
     };

@@ -650,3 +650,53 @@ async fn a_ticket_used_while_the_spend_waits_for_it_is_replayed() {
     assert_eq!(ledger.entries(account_id, None, 10).await.unwrap().len(), 2);
     assert_clean(&ledger).await;
 }
+
+/// An order placed without an idempotency key is one statement, committed on its own;
+/// its answer is lost. The statement is sent again on another connection, finds the order
+/// the first one committed — the same id, account and content — and answers it: one order,
+/// no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_answer_to_an_order_insert_is_recognised() {
+    let (_database, cutter, ledger, account_id, _) =
+        behind_a_cutter(ledger::LedgerOptions::default()).await;
+    let description = format!("cut-{}", uuid::Uuid::new_v4().simple());
+    let new = ledger::NewOrder::new(ledger::Amount::new(250).unwrap(), &description).unwrap();
+
+    cutter.arm_on(description.as_bytes(), 1);
+    let order = ledger.create_order(account_id, &new).await.unwrap();
+    assert_eq!(cutter.cuts(), 1);
+    assert_eq!(ledger.order(order.id).await.unwrap(), Some(order));
+    assert_clean(&ledger).await;
+}
+
+/// The COMMIT of an account create sent with an idempotency key loses its answer: the
+/// transaction runs again on another connection, finds its own record (the account it
+/// announces is the one it meant to open), and answers as the original — with the API
+/// key, which works. A repeat of the request replays that answer and that key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_commit_answer_to_a_keyed_create_is_recognised() {
+    let (_database, cutter, ledger, _, _) = behind_a_cutter(ledger::LedgerOptions::default()).await;
+    let key = uuid::Uuid::new_v4();
+    let new = ledger::NewAccount::new("Ada", 100, 0).unwrap();
+    let client = std::net::IpAddr::from([127, 0, 0, 1]);
+    let render = |account: &ledger::Account| serde_json::json!({ "id": account.id });
+
+    cutter.arm();
+    let (first, api_key) = ledger
+        .create_account_once(&new, client, key, "ada", &render)
+        .await
+        .unwrap();
+    assert_eq!(cutter.cuts(), 1);
+    assert!(!first.replayed);
+    assert_eq!(ledger.authenticate(&api_key).await.unwrap(), Some(first.id));
+    let (again, same_key) = ledger
+        .create_account_once(&new, client, key, "ada", &render)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!(
+        (again.id, again.response, same_key),
+        (first.id, first.response, api_key)
+    );
+    assert_clean(&ledger).await;
+}

@@ -1103,3 +1103,196 @@ pub async fn audit_finds_a_planted_order_paid_without_its_entry(database: &TestD
         "{violations:#?}"
     );
 }
+
+/// What the API stores for an order: the order as created.
+fn order_body(order: &Order) -> Value {
+    json!({ "order_id": order.id, "amount": order.amount.get(), "description": order.description })
+}
+
+/// What the API stores for an account: the account, without its key.
+fn account_body(account: &ledger::Account) -> Value {
+    json!({ "id": account.id, "name": account.name, "balance": account.balance })
+}
+
+fn client(last: u8) -> std::net::IpAddr {
+    std::net::IpAddr::from([10, 0, 0, last])
+}
+
+/// A create with an idempotency key is made once: a repeat with the same fingerprint gets
+/// the first answer (and for an account the same API key, which authenticates it); another
+/// fingerprint is refused and creates nothing; the same key in another scope (another
+/// account's orders, another client's accounts) is another key.
+pub async fn creates_with_a_key_answer_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let key = uuid::Uuid::new_v4();
+    let new = NewAccount::new("Ada", 500, 3).unwrap();
+
+    let (first, api_key) = ledger
+        .create_account_once(&new, client(1), key, "ada", &account_body)
+        .await
+        .unwrap();
+    assert!(!first.replayed);
+    assert_eq!(first.response.status, 201);
+    assert_eq!(first.response.body["id"], json!(first.id));
+    let (again, same_key) = ledger
+        .create_account_once(&new, client(1), key, "ada", &account_body)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!((again.id, &again.response), (first.id, &first.response));
+    assert_eq!(same_key, api_key);
+    let fresh = open(database).await; // no key cache: the database answers
+    assert_eq!(fresh.authenticate(&same_key).await.unwrap(), Some(first.id));
+    let reused = ledger
+        .create_account_once(&new, client(1), key, "bob", &account_body)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(reused, ledger::LedgerError::CreateKeyReused),
+        "{reused:?}"
+    );
+    let (elsewhere, other_key) = ledger
+        .create_account_once(&new, client(2), key, "ada", &account_body)
+        .await
+        .unwrap();
+    assert!(!elsewhere.replayed);
+    assert_ne!((elsewhere.id, &other_key), (first.id, &api_key));
+
+    let account_id = first.id;
+    let placed = NewOrder::new(Amount::new(300).unwrap(), "order #1").unwrap();
+    let order = ledger
+        .create_order_once(account_id, &placed, key, "o300", &order_body)
+        .await
+        .unwrap();
+    assert!(!order.replayed);
+    let shown = ledger.order(order.id).await.unwrap().unwrap();
+    assert_eq!(order.response.body, order_body(&shown));
+    let again = ledger
+        .create_order_once(account_id, &placed, key, "o300", &order_body)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    assert_eq!((again.id, &again.response), (order.id, &order.response));
+    let other = NewOrder::new(Amount::new(301).unwrap(), "order #1").unwrap();
+    let reused = ledger
+        .create_order_once(account_id, &other, key, "o301", &order_body)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(reused, ledger::LedgerError::CreateKeyReused),
+        "{reused:?}"
+    );
+    let theirs = ledger
+        .create_order_once(elsewhere.id, &placed, key, "o300", &order_body)
+        .await
+        .unwrap();
+    assert!(!theirs.replayed);
+    assert_ne!(theirs.id, order.id);
+    assert_clean(&ledger).await;
+}
+
+/// The database holds neither the client's idempotency key nor an account's API key:
+/// the record is found by a hash, the API key is sealed, and the stored answer has no key.
+pub async fn a_create_record_holds_no_key_in_clear(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let key = uuid::Uuid::new_v4();
+    let new = NewAccount::new("Ada", 0, 0).unwrap();
+    let (_, api_key) = ledger
+        .create_account_once(&new, client(1), key, "ada", &account_body)
+        .await
+        .unwrap();
+    let query = "SELECT key_hash, sealed_api_key, CAST(response_body AS TEXT) FROM creations";
+    let rows: Vec<(Vec<u8>, Option<Vec<u8>>, String)> = if database.url().starts_with("sqlite:") {
+        let mut connection = <sqlx::SqliteConnection as sqlx::Connection>::connect(database.url())
+            .await
+            .unwrap();
+        sqlx::query_as(query)
+            .fetch_all(&mut connection)
+            .await
+            .unwrap()
+    } else {
+        let mut connection = <sqlx::PgConnection as sqlx::Connection>::connect(database.url())
+            .await
+            .unwrap();
+        sqlx::query_as(query)
+            .fetch_all(&mut connection)
+            .await
+            .unwrap()
+    };
+    let [(key_hash, Some(sealed), body)] = rows.as_slice() else {
+        panic!("one record with a sealed key: {rows:?}");
+    };
+    let secret = &api_key.as_bytes()[3..]; // the random part, after `po_`
+    for stored in [key_hash.as_slice(), sealed.as_slice(), body.as_bytes()] {
+        assert!(
+            !stored.windows(16).any(|window| window == key.as_bytes()),
+            "the idempotency key is stored"
+        );
+        assert!(
+            !stored
+                .windows(8)
+                .any(|window| secret.windows(8).any(|part| part == window)),
+            "part of the API key is stored in clear"
+        );
+        assert!(!String::from_utf8_lossy(stored).contains(&key.to_string()));
+    }
+    assert_eq!(sealed.len(), api_key.len());
+}
+
+/// The reaper deletes creation records older than the retention: their keys are free
+/// again, and a later create under one makes something new (not a replay, not refused).
+pub async fn the_reaper_frees_create_keys_after_the_retention(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let key = uuid::Uuid::new_v4();
+    let placed = NewOrder::new(Amount::new(300).unwrap(), "").unwrap();
+    let first = ledger
+        .create_order_once(account_id, &placed, key, "o300", &order_body)
+        .await
+        .unwrap();
+    assert_eq!(ledger.reap(HOUR, 10).await.unwrap().expired_creations, 0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let reaped = ledger.reap(Duration::from_millis(100), 1).await.unwrap();
+    assert_eq!(reaped.expired_creations, 1);
+    let other = NewOrder::new(Amount::new(5).unwrap(), "").unwrap();
+    let second = ledger
+        .create_order_once(account_id, &other, key, "o5", &order_body)
+        .await
+        .unwrap();
+    assert!(!second.replayed);
+    assert_ne!(second.id, first.id);
+    // The first order stays: only its record went.
+    assert!(ledger.order(first.id).await.unwrap().is_some());
+    assert_clean(&ledger).await;
+}
+
+/// Concurrent creates with one idempotency key and one request make one order: the first
+/// to claim the key places it, every other answers its answer as a replay.
+pub async fn concurrent_creates_with_one_key_make_one(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 0, 0).await;
+    let key = uuid::Uuid::new_v4();
+    let placed = NewOrder::new(Amount::new(300).unwrap(), "once").unwrap();
+    let answers = futures::future::join_all((0..16).map(|_| {
+        let (ledger, placed) = (ledger.clone(), placed.clone());
+        tokio::spawn(async move {
+            ledger
+                .create_order_once(account_id, &placed, key, "o300", &order_body)
+                .await
+                .unwrap()
+        })
+    }))
+    .await;
+    let answers: Vec<_> = answers.into_iter().map(Result::unwrap).collect();
+    let originals: Vec<_> = answers.iter().filter(|answer| !answer.replayed).collect();
+    assert_eq!(originals.len(), 1, "{answers:?}");
+    for answer in &answers {
+        assert_eq!(
+            (answer.id, &answer.response),
+            (originals[0].id, &originals[0].response)
+        );
+    }
+    assert!(ledger.order(originals[0].id).await.unwrap().is_some());
+    assert_clean(&ledger).await;
+}
