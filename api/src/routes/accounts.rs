@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::auth::{self, Bearer};
 use crate::error::{ApiError, Problem};
 use crate::extract::{AccountPath, Caller, ClientAddress, JsonBody, integral};
 use crate::state::AppState;
@@ -83,18 +84,22 @@ pub struct CreatedAccount {
     pub created_at: OffsetDateTime,
 }
 
-/// Opens an account; its opening balance and points are its first ledger entry.
+/// Opens an account; its opening balance and points are its first ledger entry. With an
+/// operator key set on the instance, a balance or points above zero need it.
 #[utoipa::path(
     post,
     path = "/v1/accounts",
     tag = "accounts",
     request_body = NewAccountRequest,
+    security((), ("operator_key" = [])),
     responses(
         (status = 201, description = "Opened", body = CreatedAccount, links(
             ("TakeTicket" = (operation_id = "issue_ticket", parameters(("id" = "$response.body#/id")), description = "Take a ticket for the new account (authenticated with its api_key)")),
             ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the new account back (authenticated with its api_key)")),
         )),
         (status = 400, description = "Malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A key that is not the operator key (only with PAYONCE_OPERATOR_KEY set, and a balance or points above zero)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A balance or points above zero without the operator key (only with PAYONCE_OPERATOR_KEY set): `operator-key-required`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid name, balance or points", body = Problem, content_type = "application/problem+json"),
@@ -105,11 +110,15 @@ pub struct CreatedAccount {
 pub async fn create_account(
     State(state): State<AppState>,
     ClientAddress(client): ClientAddress,
+    sent: Bearer,
     JsonBody(request): JsonBody<NewAccountRequest>,
 ) -> Result<Response, ApiError> {
     if let Err(limited) = state.limits().open_account(client) {
         state.metrics().rate_limited();
         return Err(limited);
+    }
+    if request.balance > 0 || request.points > 0 {
+        auth::may_create_money(&state, client, &sent)?;
     }
     let new = NewAccount::new(request.name, request.balance, request.points)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
