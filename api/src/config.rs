@@ -2,11 +2,12 @@
 //! they select, and how they are printed at start-up.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use ipnet::IpNet;
 
 /// `payonce --version`: the version, and whether this build has the demonstration's
 /// unsafe strategies (the matrix checks it before it starts instances).
@@ -43,6 +44,41 @@ pub enum Command {
 
 fn duration(text: &str) -> Result<Duration, humantime::DurationError> {
     humantime::parse_duration(text)
+}
+
+/// A CIDR block (`10.0.0.0/8`, `fd00::/8`) or one address (`10.0.0.7`: a block of one).
+fn proxy_network(text: &str) -> Result<IpNet, String> {
+    let text = text.trim();
+    text.parse::<IpNet>()
+        .or_else(|_| text.parse::<IpAddr>().map(IpNet::from))
+        .map(|network| network.trunc())
+        .map_err(|_| format!("{text:?} is neither a CIDR block (10.0.0.0/8) nor an address"))
+}
+
+/// A setting that is a secret: shown as `****` wherever the configuration is printed or
+/// debugged.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// The secret itself, for the one place that needs it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Ok(Self(text.to_owned()))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(****)")
+    }
 }
 
 /// Every setting. Each flag can also be given as the environment variable shown.
@@ -209,11 +245,49 @@ pub struct Config {
         default_value_t = 200
     )]
     pub spends_per_second: u32,
-    /// A header carrying the client's address, set by a proxy in front (e.g.
-    /// `x-real-ip`); account creation is then limited per that address instead of the
-    /// proxy's. Only set it behind a proxy that overwrites the header.
+    /// Orders one account may place per second; 0: no limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_ORDERS_PER_SECOND",
+        default_value_t = 200
+    )]
+    pub orders_per_second: u32,
+    /// Unknown or wrong API keys (or operator keys) one client address may send per
+    /// minute (in a burst, or spread out); past it, 429 before the key is looked up. 0:
+    /// no limit.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_BAD_KEYS_PER_MINUTE",
+        default_value_t = 60
+    )]
+    pub bad_keys_per_minute: u32,
+    /// A header carrying the client's address, set by a proxy in front (`x-real-ip`, or
+    /// `x-forwarded-for`); read only from the peers in PAYONCE_TRUSTED_PROXIES, so the
+    /// per-address limits count clients instead of the proxy.
     #[arg(long, global = true, env = "PAYONCE_CLIENT_IP_HEADER")]
     pub client_ip_header: Option<String>,
+    /// The proxies whose PAYONCE_CLIENT_IP_HEADER is believed: CIDR blocks or addresses,
+    /// comma-separated. Any other peer is the client itself, whatever it sends.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = proxy_network
+    )]
+    pub trusted_proxies: Vec<IpNet>,
+    /// When set, opening an account with money or points, and every deposit, need
+    /// `Authorization: Bearer <this key>`; unset, anyone may (the demonstration). At least
+    /// 16 visible ASCII characters. A secret: prefer the environment variable to the flag.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_OPERATOR_KEY",
+        hide_env_values = true
+    )]
+    pub operator_key: Option<Secret>,
     /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
     #[arg(
         long,
@@ -274,6 +348,10 @@ impl Strategy {
             .find(|strategy| strategy.name() == name.trim())
     }
 }
+
+/// The shortest operator key accepted: guesses are bounded per client address
+/// (`PAYONCE_BAD_KEYS_PER_MINUTE`), not in total, so the key itself must be hard to guess.
+pub const MIN_OPERATOR_KEY: usize = 16;
 
 /// Where the ledger and the locks live.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -469,6 +547,30 @@ impl Config {
                 "PAYONCE_CLIENT_IP_HEADER {header:?} is not a header name"
             )));
         }
+        match (&self.client_ip_header, self.trusted_proxies.is_empty()) {
+            // A header believed from any peer lets a client that reaches the instance
+            // directly name a new address with each request; one set but read from no
+            // peer would silently count every client as the proxy.
+            (Some(_), true) => {
+                return Err(ConfigError::Invalid(
+                    "PAYONCE_CLIENT_IP_HEADER needs PAYONCE_TRUSTED_PROXIES: the proxies (CIDR blocks) whose header is believed".into(),
+                ));
+            }
+            (None, false) => {
+                return Err(ConfigError::Invalid(
+                    "PAYONCE_TRUSTED_PROXIES is set but PAYONCE_CLIENT_IP_HEADER is not: name the header the proxies set".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(key) = &self.operator_key
+            && (key.expose().len() < MIN_OPERATOR_KEY
+                || !key.expose().bytes().all(|byte| byte.is_ascii_graphic()))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "PAYONCE_OPERATOR_KEY must be at least {MIN_OPERATOR_KEY} visible ASCII characters, without spaces"
+            )));
+        }
         if self.db_max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
@@ -632,8 +734,34 @@ impl fmt::Display for Config {
                 self.spends_per_second.to_string(),
             ),
             (
+                "PAYONCE_ORDERS_PER_SECOND",
+                self.orders_per_second.to_string(),
+            ),
+            (
+                "PAYONCE_BAD_KEYS_PER_MINUTE",
+                self.bad_keys_per_minute.to_string(),
+            ),
+            (
                 "PAYONCE_CLIENT_IP_HEADER",
                 self.client_ip_header.clone().unwrap_or_else(unset),
+            ),
+            (
+                "PAYONCE_TRUSTED_PROXIES",
+                if self.trusted_proxies.is_empty() {
+                    unset()
+                } else {
+                    self.trusted_proxies
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ),
+            (
+                "PAYONCE_OPERATOR_KEY",
+                self.operator_key
+                    .as_ref()
+                    .map_or_else(unset, |_| "****".to_owned()),
             ),
             (
                 "PAYONCE_REDLOCK_URLS",
@@ -765,6 +893,75 @@ mod tests {
         let ensemble = "zk://10.0.0.1:2181,10.0.0.2:2181/payonce";
         assert_eq!(mask(ensemble), ensemble);
         assert_eq!(mask("zk://user:hunter2@a:1,b:2/x"), "<unparseable URL>");
+    }
+
+    #[test]
+    fn the_operator_key_is_never_printed() {
+        let key = "operator-key-3f9a81c2d7e4";
+        let parsed = config(&["--operator-key", key]);
+        for shown in [parsed.to_string(), format!("{parsed:?}")] {
+            assert!(!shown.contains(key), "{shown}");
+        }
+        assert!(
+            parsed
+                .to_string()
+                .contains("PAYONCE_OPERATOR_KEY         ****")
+        );
+        let mut short = embedded(&[]);
+        short.operator_key = Some("too-short".parse().unwrap());
+        let refused = short.validate().unwrap_err().to_string();
+        assert!(refused.contains("at least 16"), "{refused}");
+        short.operator_key = Some("sixteen chars but spaces".parse().unwrap());
+        assert!(short.validate().is_err());
+        short.operator_key = Some(key.parse().unwrap());
+        assert!(short.validate().is_ok());
+    }
+
+    /// A configuration in the embedded mode (the test command exports the URLs).
+    fn embedded(args: &[&str]) -> Config {
+        let mut config = config(args);
+        (config.database_url, config.redis_url, config.lock_url) = (None, None, None);
+        config
+    }
+
+    #[test]
+    fn the_address_header_is_read_only_from_trusted_proxies() {
+        let proxied = embedded(&[
+            "--client-ip-header",
+            "x-forwarded-for",
+            "--trusted-proxies",
+            "10.0.0.0/8, 192.0.2.7,fd00::/8",
+        ]);
+        assert!(proxied.validate().is_ok());
+        assert_eq!(
+            proxied
+                .trusted_proxies
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            ["10.0.0.0/8", "192.0.2.7/32", "fd00::/8"]
+        );
+        assert!(
+            proxied
+                .to_string()
+                .contains("10.0.0.0/8,192.0.2.7/32,fd00::/8")
+        );
+        let refused = embedded(&["--client-ip-header", "x-real-ip"])
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("PAYONCE_TRUSTED_PROXIES"), "{refused}");
+        assert!(
+            embedded(&["--trusted-proxies", "10.0.0.0/8"])
+                .validate()
+                .is_err()
+        );
+        for bad in ["10.0.0.0/33", "proxy.example", "10.0.0/8", ""] {
+            let mut argv = vec!["payonce", "--trusted-proxies"];
+            argv.push(bad);
+            let error = Cli::try_parse_from(argv).unwrap_err().to_string();
+            assert!(error.contains("CIDR"), "{bad}: {error}");
+        }
     }
 
     #[test]

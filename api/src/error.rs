@@ -50,6 +50,10 @@ pub enum ApiError {
     Unauthenticated,
     #[error("this API key belongs to another account")]
     Forbidden,
+    #[error(
+        "creating money — an opening balance or points above zero, a deposit — needs the operator key on this instance: send `Authorization: Bearer <operator key>`"
+    )]
+    OperatorKeyRequired,
     #[error("{0}")]
     NotFound(String),
     #[error("no such ticket for this account")]
@@ -111,7 +115,7 @@ impl ApiError {
             | Self::MalformedJson(_)
             | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
-            Self::Forbidden => StatusCode::FORBIDDEN,
+            Self::Forbidden | Self::OperatorKeyRequired => StatusCode::FORBIDDEN,
             Self::NotFound(_) | Self::TicketNotFound | Self::OrderNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
@@ -141,6 +145,7 @@ impl ApiError {
             Self::BadRequest(_) => "bad-request",
             Self::Unauthenticated => "unauthenticated",
             Self::Forbidden => "forbidden",
+            Self::OperatorKeyRequired => "operator-key-required",
             Self::NotFound(_) => "not-found",
             Self::TicketNotFound => "ticket-not-found",
             Self::OrderNotFound => "order-not-found",
@@ -321,6 +326,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         403,
         "The API key is valid but belongs to another account.",
     ),
+    (
+        "operator-key-required",
+        403,
+        "This instance has an operator key (PAYONCE_OPERATOR_KEY): opening an account with a balance or points above zero, and every deposit, need `Authorization: Bearer <operator key>`; an account's own key is not enough. Nothing was stored; the ticket is still usable.",
+    ),
     ("not-found", 404, "No such resource."),
     (
         "ticket-not-found",
@@ -355,7 +365,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "rate-limited",
         429,
-        "Too many requests: account creation per client address, or tickets or spends per account, over the configured rate. Nothing was stored; retry after `Retry-After` seconds (with the same ticket, for a spend).",
+        "Too many requests: accounts opened or unknown keys sent per client address, or tickets, orders or spends per account, over the configured rate. Nothing was stored; retry after `Retry-After` seconds (with the same ticket, for a spend).",
     ),
     (
         "insufficient-funds",

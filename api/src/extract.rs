@@ -7,11 +7,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use axum::extract::{ConnectInfo, FromRef, FromRequest, FromRequestParts, Path, Request};
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, header};
+use axum::http::{HeaderMap, HeaderName, header};
+use ipnet::IpNet;
 use ledger::{AccountId, OrderId, TicketId};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
+use crate::auth;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -27,17 +29,16 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let ClientAddress(client) = ClientAddress::from_request_parts(parts, state).await?;
         let key = bearer(&parts.headers).ok_or(ApiError::Unauthenticated)?;
-        let state = AppState::from_ref(state);
-        state
-            .authenticate(key)
-            .await?
+        auth::account(&AppState::from_ref(state), client, key)
+            .await
             .map(Self)
-            .ok_or(ApiError::Unauthenticated)
     }
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+/// The key of `Authorization: Bearer <key>`, if there is one.
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, key) = value.split_once(' ')?;
     scheme
@@ -57,8 +58,9 @@ impl Caller {
     }
 }
 
-/// The client's address: the connection's peer, or — behind a proxy, when
-/// `PAYONCE_CLIENT_IP_HEADER` names the header the proxy sets — that header's address.
+/// The client's address: the connection's peer — or, when the peer is a proxy named in
+/// `PAYONCE_TRUSTED_PROXIES`, the client that proxy names in `PAYONCE_CLIENT_IP_HEADER`.
+/// An IPv4 address written as IPv6 (`::ffff:192.0.2.1`) is the IPv4 address.
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddress(pub IpAddr);
 
@@ -71,23 +73,57 @@ where
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
         let state = AppState::from_ref(state);
-        let forwarded = state
-            .settings()
-            .client_ip_header
-            .as_ref()
-            .and_then(|name| parts.headers.get(name))
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.trim().parse::<IpAddr>().ok());
+        let settings = state.settings();
         let peer = parts
             .extensions
             .get::<ConnectInfo<SocketAddr>>()
-            .map(|ConnectInfo(peer)| peer.ip());
-        Ok(Self(
-            forwarded
-                .or(peer)
-                .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
-        ))
+            .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |ConnectInfo(peer)| {
+                peer.ip()
+            });
+        Ok(Self(client_address(
+            peer,
+            &parts.headers,
+            settings.client_ip_header.as_ref(),
+            &settings.trusted_proxies,
+        )))
     }
+}
+
+/// `peer`, unless it is one of the `trusted` proxies and names the client in `header`.
+///
+/// The header may list several addresses (`X-Forwarded-For: client, proxy1, proxy2`),
+/// each proxy appending the address it was reached from. Only the right end is
+/// believable: a client writes anything it likes on the left. So the list is read from
+/// the right, skipping trusted proxies, and the first address no trusted proxy has is the
+/// client; if every one is trusted, the leftmost. A value that is not an address there
+/// (which a trusted proxy would not write) makes the peer count instead.
+fn client_address(
+    peer: IpAddr,
+    headers: &HeaderMap,
+    header: Option<&HeaderName>,
+    trusted: &[IpNet],
+) -> IpAddr {
+    let peer = peer.to_canonical();
+    let is_trusted = |address: &IpAddr| trusted.iter().any(|network| network.contains(address));
+    let Some(header) = header.filter(|_| is_trusted(&peer)) else {
+        return peer;
+    };
+    let mut client = peer;
+    for value in headers.get_all(header).iter().rev() {
+        let Ok(value) = value.to_str() else {
+            return peer;
+        };
+        for hop in value.rsplit(',') {
+            let Ok(address) = hop.trim().parse::<IpAddr>() else {
+                return peer;
+            };
+            client = address.to_canonical();
+            if !is_trusted(&client) {
+                return client;
+            }
+        }
+    }
+    client
 }
 
 /// The account in the path, which must be the caller's: 401 without a valid key, then 404
@@ -363,6 +399,52 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn the_client_is_the_last_address_no_trusted_proxy_has() {
+        let ip = |text: &str| text.parse::<IpAddr>().unwrap();
+        let trusted: Vec<IpNet> = vec!["10.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
+        let header = HeaderName::from_static("x-forwarded-for");
+        let with = |values: &[&str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(&header, value.parse().unwrap());
+            }
+            headers
+        };
+        let client = |peer: &str, values: &[&str]| {
+            client_address(ip(peer), &with(values), Some(&header), &trusted)
+        };
+        // From an untrusted peer the header is ignored; without a header, the peer.
+        assert_eq!(client("192.0.2.1", &["198.51.100.7"]), ip("192.0.2.1"));
+        assert_eq!(client("10.0.0.2", &[]), ip("10.0.0.2"));
+        assert_eq!(
+            client_address(ip("10.0.0.2"), &with(&["198.51.100.7"]), None, &trusted),
+            ip("10.0.0.2")
+        );
+        // From a trusted one: the rightmost untrusted address, whatever the client put
+        // on the left, across repeated header lines too.
+        assert_eq!(client("10.0.0.2", &["198.51.100.7"]), ip("198.51.100.7"));
+        assert_eq!(
+            client("10.0.0.2", &["203.0.113.9, 198.51.100.7, 10.1.2.3"]),
+            ip("198.51.100.7")
+        );
+        assert_eq!(
+            client("::1", &["203.0.113.9", "198.51.100.7 ,10.1.2.3"]),
+            ip("198.51.100.7")
+        );
+        assert_eq!(client("10.0.0.2", &["10.9.9.9, 10.1.2.3"]), ip("10.9.9.9"));
+        assert_eq!(client("10.0.0.2", &["2001:db8::5"]), ip("2001:db8::5"));
+        // Garbage a trusted proxy would not write: the peer counts.
+        assert_eq!(client("10.0.0.2", &["unknown, 10.1.2.3"]), ip("10.0.0.2"));
+        assert_eq!(client("10.0.0.2", &["198.51.100.7:4711"]), ip("10.0.0.2"));
+        // A mapped IPv4 peer is its IPv4 address, trusted or not; so is a mapped client.
+        assert_eq!(
+            client("::ffff:10.0.0.2", &["::ffff:198.51.100.7"]),
+            ip("198.51.100.7")
+        );
+        assert_eq!(client("::ffff:192.0.2.1", &[]), ip("192.0.2.1"));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! - `routes/`: the router and its OpenAPI document (`mod.rs`); accounts, tickets, the
 //!   spends and their idempotency protocol (`spends.rs`), and the service endpoints.
 //! - `extract.rs`: the caller's account and address, path ids, `Idempotency-Key`, JSON
-//!   bodies.
+//!   bodies; `auth.rs`: account keys, the operator key, and what a wrong key costs.
 //! - `limits.rs`: rate limits per client address and per account; `flights.rs`: the
 //!   tickets this instance is executing, so duplicates wait for the original locally.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
@@ -19,6 +19,7 @@
 //!   with the cargo feature `demo` only, the unsafe lock strategies' read-check-write path
 //!   (reachable by configuration or, under `PAYONCE_DEMO`, per request).
 
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;

@@ -48,6 +48,7 @@ pub struct Metrics {
     lock_timeouts: Counter,
     lock_queue_full: Counter,
     rate_limited: Counter,
+    key_lookups: Counter,
 }
 
 impl Default for Metrics {
@@ -72,6 +73,7 @@ impl Metrics {
         let lock_timeouts = Counter::default();
         let lock_queue_full = Counter::default();
         let rate_limited = Counter::default();
+        let key_lookups = Counter::default();
         registry.register(
             "http_requests",
             "HTTP requests by route, method and status",
@@ -122,6 +124,11 @@ impl Metrics {
             "Requests refused by a rate limit (429)",
             rate_limited.clone(),
         );
+        registry.register(
+            "key_lookups",
+            "API keys looked up in the database: keys this instance did not remember",
+            key_lookups.clone(),
+        );
         Self {
             registry,
             requests,
@@ -134,6 +141,7 @@ impl Metrics {
             lock_timeouts,
             lock_queue_full,
             rate_limited,
+            key_lookups,
         }
     }
 
@@ -157,6 +165,10 @@ impl Metrics {
 
     pub fn rate_limited(&self) {
         self.rate_limited.inc();
+    }
+
+    pub fn key_looked_up(&self) {
+        self.key_lookups.inc();
     }
 
     pub fn replayed(&self) {

@@ -4,14 +4,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use ledger::{AccountId, Ledger, LedgerError, LedgerOptions};
+use ledger::{Ledger, LedgerError, LedgerOptions};
 use lock::{LockService, RedisOptions};
 
+use crate::auth::OperatorKey;
 use crate::config::{Config, ConfigError, LockUrl, Mode, Strategy};
 use crate::demo::Recipes;
-use crate::error::ApiError;
 use crate::flights::Flights;
-use crate::limits::RateLimits;
+use crate::limits::{RateLimits, Rates};
 use crate::metrics::Metrics;
 
 /// The settings handlers read.
@@ -43,6 +43,10 @@ pub struct Settings {
     pub header_read_timeout: Duration,
     /// Where the client's address comes from, behind a proxy.
     pub client_ip_header: Option<axum::http::HeaderName>,
+    /// The peers whose `client_ip_header` is believed.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Who alone may create money, when set.
+    pub operator_key: Option<OperatorKey>,
 }
 
 impl Settings {
@@ -67,6 +71,11 @@ impl Settings {
                 .client_ip_header
                 .as_deref()
                 .and_then(|name| axum::http::HeaderName::from_bytes(name.as_bytes()).ok()),
+            trusted_proxies: config.trusted_proxies.clone(),
+            operator_key: config
+                .operator_key
+                .as_ref()
+                .map(|key| OperatorKey::new(key.expose())),
         }
     }
 }
@@ -168,11 +177,13 @@ impl AppState {
                 (ledger, locks, recipes)
             }
         };
-        let limits = RateLimits::new(
-            config.accounts_per_minute,
-            config.tickets_per_second,
-            config.spends_per_second,
-        );
+        let limits = RateLimits::new(&Rates {
+            accounts_per_minute: config.accounts_per_minute,
+            tickets_per_second: config.tickets_per_second,
+            spends_per_second: config.spends_per_second,
+            orders_per_second: config.orders_per_second,
+            bad_keys_per_minute: config.bad_keys_per_minute,
+        });
         Ok(Self::with_parts(
             ledger,
             locks,
@@ -215,11 +226,6 @@ impl AppState {
     /// The unsafe strategies' locks.
     pub fn recipes(&self) -> &Recipes {
         &self.0.recipes
-    }
-
-    /// The account an API key belongs to.
-    pub async fn authenticate(&self, key: &str) -> Result<Option<AccountId>, ApiError> {
-        Ok(self.0.ledger.authenticate(key).await?)
     }
 }
 

@@ -421,6 +421,12 @@ impl Ledger {
         Ok((created, api_key))
     }
 
+    /// The account of an API key this instance remembers, without asking the database:
+    /// `None` for a key it has not seen (or has forgotten), known or not.
+    pub fn remembered(&self, api_key: &str) -> Option<AccountId> {
+        self.keys.get(&api_key::hash(api_key))
+    }
+
     /// The account an API key belongs to, if any.
     pub async fn authenticate(&self, api_key: &str) -> Result<Option<AccountId>, LedgerError> {
         let hash = api_key::hash(api_key);

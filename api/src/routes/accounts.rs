@@ -10,6 +10,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::auth::{self, Bearer};
 use crate::error::{ApiError, Problem};
 use crate::extract::{AccountPath, Caller, ClientAddress, IdempotencyKey, JsonBody, integral};
 use crate::routes::spends::{fingerprint, stored_response};
@@ -86,7 +87,8 @@ pub struct CreatedAccount {
     pub created_at: OffsetDateTime,
 }
 
-/// Opens an account; its opening balance and points are its first ledger entry.
+/// Opens an account; its opening balance and points are its first ledger entry. With an
+/// operator key set on the instance, a balance or points above zero need it.
 ///
 /// With an `Idempotency-Key` (a UUID of the client's choosing), the account is opened
 /// once: the same key and body again, within `PAYONCE_RETENTION`, answer the first
@@ -102,12 +104,15 @@ pub struct CreatedAccount {
         ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the create happen once — the same key and body again answer the first answer, API key included; keys are per client address, kept for PAYONCE_RETENTION"),
     ),
     request_body = NewAccountRequest,
+    security((), ("operator_key" = [])),
     responses(
         (status = 201, description = "Opened (a replay of a create with an Idempotency-Key carries `Idempotent-Replayed: true`)", body = CreatedAccount, links(
             ("TakeTicket" = (operation_id = "issue_ticket", parameters(("id" = "$response.body#/id")), description = "Take a ticket for the new account (authenticated with its api_key)")),
             ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the new account back (authenticated with its api_key)")),
         )),
         (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key (`idempotency-key-invalid`)", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "A key that is not the operator key (only with PAYONCE_OPERATOR_KEY set, and a balance or points above zero)", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "A balance or points above zero without the operator key (only with PAYONCE_OPERATOR_KEY set): `operator-key-required`", body = Problem, content_type = "application/problem+json"),
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Invalid name, balance or points, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
@@ -119,11 +124,15 @@ pub async fn create_account(
     State(state): State<AppState>,
     ClientAddress(client): ClientAddress,
     key: Option<IdempotencyKey>,
+    sent: Bearer,
     JsonBody(request): JsonBody<NewAccountRequest>,
 ) -> Result<Response, ApiError> {
     if let Err(limited) = state.limits().open_account(client) {
         state.metrics().rate_limited();
         return Err(limited);
+    }
+    if request.balance > 0 || request.points > 0 {
+        auth::may_create_money(&state, client, &sent)?;
     }
     let new = NewAccount::new(request.name.as_str(), request.balance, request.points)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;

@@ -7,6 +7,7 @@ pub mod service;
 pub mod spends;
 pub mod tickets;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::BoxError;
@@ -26,10 +27,12 @@ use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetReques
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
-use utoipa::openapi::RefOr;
+use utoipa::openapi::content::ContentBuilder;
 use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
-use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityScheme};
+use utoipa::openapi::security::{Http, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{Ref, RefOr};
 use utoipa::{Modify, OpenApi};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -60,7 +63,8 @@ pub const BODY_LIMIT: usize = 16 * 1024;
 )]
 struct ApiDoc;
 
-/// The `api_key` bearer scheme the account endpoints require.
+/// The bearer schemes: `api_key`, which the account endpoints require, and
+/// `operator_key`, which creating money requires where the instance has one.
 struct BearerKey;
 
 impl Modify for BearerKey {
@@ -70,14 +74,27 @@ impl Modify for BearerKey {
             "api_key",
             SecurityScheme::Http(Http::new(HttpAuthScheme::Bearer)),
         );
+        components.add_security_scheme(
+            "operator_key",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "PAYONCE_OPERATOR_KEY, on an instance that sets it: needed to open an account with a balance or points above zero, and for every deposit (instead of the account's key). Unset, neither needs it.",
+                    ))
+                    .build(),
+            ),
+        );
     }
 }
 
 /// What the server enforces on parameters that the handlers' annotations cannot say:
 /// `Idempotency-Key` is a hyphenated UUID, bare or quoted; a problem's name is one of
-/// those the server explains (taken from the same table the server answers from). And
-/// what every answer of a kind carries: 409, 429 and 503 say when to retry
-/// (`Retry-After`, as [`crate::error::ApiError::retry_after`] sets it).
+/// those the server explains (taken from the same table the server answers from). That
+/// every operation that takes a key may answer 429: an unknown key spends the client's
+/// allowance of bad keys (`crate::auth`). And what every answer of a kind carries: 409,
+/// 429 and 503 say when to retry (`Retry-After`, as
+/// [`crate::error::ApiError::retry_after`] sets it).
 struct Enforced;
 
 impl Modify for Enforced {
@@ -108,6 +125,13 @@ impl Modify for Enforced {
                 &mut item.patch,
             ];
             for operation in operations.into_iter().flatten() {
+                if operation
+                    .security
+                    .as_ref()
+                    .is_some_and(|alternatives| !alternatives.is_empty())
+                {
+                    bad_keys_may_be_limited(&mut operation.responses.responses);
+                }
                 for (status, response) in &mut operation.responses.responses {
                     if let ("409" | "429" | "503", RefOr::T(response)) = (status.as_str(), response)
                     {
@@ -128,6 +152,29 @@ impl Modify for Enforced {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Says in an operation's 429 answer that too many bad keys from the client get it too:
+/// appended to the operation's own 429, or a 429 of its own where it has none.
+fn bad_keys_may_be_limited(responses: &mut BTreeMap<String, RefOr<utoipa::openapi::Response>>) {
+    const ALSO: &str = "or unknown or wrong keys from this client address past PAYONCE_BAD_KEYS_PER_MINUTE, refused before the key is looked up; nothing stored";
+    const ALONE: &str = "Unknown or wrong keys from this client address past PAYONCE_BAD_KEYS_PER_MINUTE, refused before the key is looked up; nothing stored — retry after `Retry-After` seconds";
+    match responses.get_mut("429") {
+        Some(RefOr::T(limited)) => {
+            limited.description = format!("{} — {ALSO}", limited.description);
+        }
+        Some(RefOr::Ref(_)) => {}
+        None => {
+            let problem = ContentBuilder::new()
+                .schema(Some(Ref::from_schema_name("Problem")))
+                .build();
+            let limited = ResponseBuilder::new()
+                .description(ALONE)
+                .content(PROBLEM_JSON, problem)
+                .build();
+            responses.insert("429".to_owned(), RefOr::T(limited));
         }
     }
 }

@@ -128,6 +128,7 @@ impl From<Order> for OrderView {
         (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "An amount outside 1..=10^12, a description over 200 characters, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many orders for this account; nothing stored — retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -139,6 +140,10 @@ pub async fn create_order(
     JsonBody(request): JsonBody<OrderRequest>,
 ) -> Result<Response, ApiError> {
     caller.must_be(account)?;
+    if let Err(limited) = state.limits().place_order(account) {
+        state.metrics().rate_limited();
+        return Err(limited);
+    }
     let amount = Amount::new(request.amount)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
     let new = NewOrder::new(amount, request.description.as_str())

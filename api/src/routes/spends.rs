@@ -39,6 +39,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
+use crate::auth::DepositAccount;
 use crate::config::Strategy;
 use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
@@ -111,7 +112,8 @@ pub async fn withdraw(
     spend(&state, account, key, operation, &path, &request, &headers).await
 }
 
-/// Puts money into the account.
+/// Puts money into the account: sent with the account's key — or, when the instance has
+/// an operator key (PAYONCE_OPERATOR_KEY), with that key alone.
 #[utoipa::path(
     post,
     path = "/v1/accounts/{id}/deposits",
@@ -122,13 +124,13 @@ pub async fn withdraw(
         ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
         ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
-    security(("api_key" = [])),
+    security(("api_key" = []), ("operator_key" = [])),
     request_body = MoneyRequest,
     responses(
         (status = 201, description = "Deposited (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
         (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "The key is another account's; or, with PAYONCE_OPERATOR_KEY set, any account's key (`operator-key-required`: nothing stored, the ticket stays usable)", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such ticket for this account", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "Request in progress, or account busy", body = Problem, content_type = "application/problem+json"),
         (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
@@ -141,7 +143,7 @@ pub async fn withdraw(
 )]
 pub async fn deposit(
     State(state): State<AppState>,
-    OwnAccount(account): OwnAccount,
+    DepositAccount(account): DepositAccount,
     key: IdempotencyKey,
     headers: HeaderMap,
     JsonBody(request): JsonBody<MoneyRequest>,

@@ -230,6 +230,8 @@ async fn rate_limits_refuse_with_retry_after_and_store_nothing() {
             "2",
             "--client-ip-header",
             "x-real-ip",
+            "--trusted-proxies",
+            "127.0.0.1",
         ],
     )
     .await;

@@ -2,6 +2,7 @@
 //! PostgreSQL + Redis, and the embedded mode (SQLite + in-process locks).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod abuse;
 mod browser;
 mod contract;
 mod creates;
