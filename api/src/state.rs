@@ -229,6 +229,7 @@ fn redis_options(config: &Config) -> RedisOptions {
         namespace: config.redis_namespace.clone(),
         max_waiters: config.lock_max_waiters,
         lock_delay: config.lock_delay,
+        idle: config.lock_idle,
         ..RedisOptions::default()
     }
 }
@@ -283,6 +284,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 namespace: config.redis_namespace.clone(),
                 max_waiters: config.lock_max_waiters,
                 lock_delay: config.lock_delay,
+                idle: config.lock_idle,
                 ..lock::MemcachedOptions::default()
             };
             (LockService::memcached(url, options)?, Recipes::default())

@@ -682,3 +682,40 @@ async fn lock_delay_keeps_a_vanished_holders_key() {
     )
     .await;
 }
+
+/// A key's fencing counter expires its idle time after the last lease ends, and with it
+/// the last of the key's state: the key locked again gets a token above every earlier
+/// one, a lease from before can neither extend nor release the new lock, and a key held
+/// (and waited for) all the while keeps its counter through its renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
+    let server = RedisServer::start().unwrap();
+    let locks = LockService::redis(
+        &server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: 2 * SECOND,
+            idle: Duration::from_millis(200),
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    let url = server.url();
+    crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
+        let mut raw = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let gone_by = Instant::now() + 5 * SECOND;
+        loop {
+            let left: Vec<String> = raw.keys(format!("t:*{{{key}}}")).await.unwrap();
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < gone_by, "still kept: {left:?}");
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
