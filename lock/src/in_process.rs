@@ -351,9 +351,9 @@ impl LockBackend for InProcessBackend {
     }
 
     /// Forgets the keys nobody held or waited for in `idle_for`, fencing counters and
-    /// all: a key locked again starts its counter from the clock (see [`clock_us`]), and a
-    /// lease from before — paused past its TTL and the idle time — finds no entry, so it
-    /// can neither release nor extend the new holder's lock.
+    /// all: a key locked again starts its counter from the clock (see the crate docs),
+    /// and a lease from before — paused past its TTL and the idle time — finds no entry,
+    /// so it can neither release nor extend the new holder's lock.
     async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
         let now = Instant::now();
         let mut table = self.table();

@@ -10,6 +10,7 @@ mod demo;
 mod distributed;
 mod hardening;
 mod helpers;
+mod lock_state;
 mod openapi;
 mod readme;
 

@@ -226,3 +226,19 @@ async fn in_process_pruned_key_keeps_fencing() {
     })
     .await;
 }
+
+/// 10,000 keys locked once each leave 10,000 entries in the in-process table; a pruning
+/// pass the idle time later forgets them all. Bound: the table holds the keys held or
+/// waited for, plus those used within the idle time before the last pass — here 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_state_of_10_000_keys_locked_once_is_pruned() {
+    let backend = std::sync::Arc::new(lock::InProcessBackend::new());
+    let locks = LockService::from_arc(backend.clone());
+    let took = suite::lock_fresh_keys(&locks, 10_000).await;
+    assert_eq!(backend.key_count(), 10_000);
+    let idle = Duration::from_millis(100);
+    tokio::time::sleep(idle).await;
+    assert_eq!(locks.prune_idle(idle).await.unwrap(), 10_000);
+    assert_eq!(backend.key_count(), 0);
+    eprintln!("10,000 keys locked in {took:?}");
+}

@@ -719,3 +719,52 @@ async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     })
     .await;
 }
+
+/// 10,000 keys locked once each leave nothing in Redis once their idle time has passed.
+/// Bound: every key the lock writes expires within a lease and the idle time (here
+/// 1 s + 1 s) of its last use, so `DBSIZE` is at most the keys used in that window — 0
+/// once it has passed (10,000 fencing counters, kept forever, without the expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_of_10_000_keys_locked_once_expires() {
+    let server = RedisServer::start().unwrap();
+    let locks = LockService::redis(
+        &server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: 2 * SECOND,
+            idle: SECOND,
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = raw.keys("*").await.unwrap();
+    let mut ttls = redis::pipe();
+    for key in &keys {
+        ttls.cmd("PTTL").arg(key);
+    }
+    let ttls: Vec<i64> = ttls.query_async(&mut raw).await.unwrap();
+    let lasting = ttls
+        .iter()
+        .filter(|ttl| **ttl == -1 || **ttl > 2_000)
+        .count();
+    assert_eq!(lasting, 0, "of {} keys", keys.len());
+    let expired_by = Instant::now() + 10 * SECOND;
+    loop {
+        let size: i64 = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+        if size == 0 {
+            break;
+        }
+        assert!(Instant::now() < expired_by, "{size} keys kept");
+        sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "10,000 keys locked in {took:?}; {} keys right after",
+        keys.len()
+    );
+}
