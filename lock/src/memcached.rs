@@ -26,10 +26,11 @@
 //!   starts again from the clock, so tokens still grow unless the clock stepped back across
 //!   the loss, and `raise_fencing` lifts it — exactly as for Redis. It expires about the
 //!   idle time ([`MemcachedOptions::idle`]) after the last lease it counted ends, so keys
-//!   locked once leave nothing behind: it is created with that TTL, and a grant or a
-//!   renewal that finds less than half the idle time left past its lease renews it
-//!   (`mg <counter> T…`; memcached 1.6's increment cannot) — one request more, about once
-//!   per half idle time for a key in constant use, none for a key locked once.
+//!   locked once leave nothing behind: it is created with that TTL, and when a grant finds
+//!   less than half the idle time left past its lease, the holder's next renewal or its
+//!   release renews it (`mg <counter> T…`; memcached 1.6's increment cannot) — one
+//!   request more, about once per half idle time for a key in constant use, none for a
+//!   key locked once.
 //! - **Lock-delay**: the item outlives the lease by the delay, so a holder that vanished
 //!   keeps its key that much longer; a release deletes it at once.
 
@@ -529,7 +530,9 @@ impl MemcachedBackend {
     }
 
     /// One attempt: the grant's token and how long the counter lives from the attempt
-    /// on, or `None` when the lock is held.
+    /// on, or `None` when the lock is held. A counter that runs short is left to the
+    /// holder's renewal or release to renew: a request here could be cut off by the
+    /// caller's deadline with the lock granted.
     async fn grant(
         &self,
         item: &str,
@@ -547,18 +550,12 @@ impl MemcachedBackend {
             op_timeout: self.options.op_timeout,
             done: false,
         };
-        let (token, mut counter_lives) = self.next_token(counter, ttl).await?;
+        let (token, counter_lives) = self.next_token(counter, ttl).await?;
         // Still ours after the increment? (If the lease ran out meanwhile, a successor may
         // hold a lower token already: this grant must not be used.)
         let rewritten = self.rewrite(item, cas, value, ttl).await?;
         added.done = true;
-        if rewritten.is_none() {
-            return Ok(None);
-        }
-        if self.counter_runs_short(counter_lives, ttl) {
-            counter_lives = self.keep_counter(counter, ttl).await;
-        }
-        Ok(Some((token, counter_lives)))
+        Ok(rewritten.map(|_| (token, counter_lives)))
     }
 
     /// The item's CAS value now, if it still holds `value` (the grant is still ours).
@@ -722,6 +719,15 @@ impl LockBackend for MemcachedBackend {
         let deleted = self.delete_if_ours(&held).await;
         // The waiter whose turn it is (if any) polls again now, not at its next pause.
         self.turns.of(&held.item).released();
+        if deleted.is_ok()
+            && self.counter_runs_short(
+                held.counter_until.saturating_duration_since(Instant::now()),
+                Duration::ZERO,
+            )
+        {
+            // The key may be locked again at once: its counter lives the idle time on.
+            self.keep_counter(&held.counter, Duration::ZERO).await;
+        }
         deleted.inspect_err(|_| {
             // Not known released: keep it, so a retry can still release it (else it
             // expires with its TTL).
