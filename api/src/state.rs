@@ -235,6 +235,7 @@ fn redis_options(config: &Config) -> RedisOptions {
         namespace: config.redis_namespace.clone(),
         max_waiters: config.lock_max_waiters,
         lock_delay: config.lock_delay,
+        idle: config.lock_idle,
         ..RedisOptions::default()
     }
 }
@@ -289,6 +290,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 namespace: config.redis_namespace.clone(),
                 max_waiters: config.lock_max_waiters,
                 lock_delay: config.lock_delay,
+                idle: config.lock_idle,
                 ..lock::MemcachedOptions::default()
             };
             (LockService::memcached(url, options)?, Recipes::default())

@@ -369,6 +369,7 @@ fn raw_limits(
         "rawbench:waiting:{__rand_int__}",
         "rawbench:waiter:{__rand_int__}",
         "00000000000000000000000000000000",
+        "3600000",
     ])?;
     let pair = |release: f64| 1.0 / (1.0 / set + 1.0 / release);
     Ok(RawLimits {

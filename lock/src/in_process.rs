@@ -17,21 +17,25 @@ use crate::token::{FencingToken, OwnerToken};
 /// An in-process lock table.
 #[derive(Debug, Default)]
 pub struct InProcessBackend {
-    /// One entry per key ever locked: the fencing counter must outlive the lock itself.
-    /// Never held across an await.
+    /// One entry per key in use lately: the fencing counter outlives the lock itself,
+    /// until [`LockBackend::prune_idle`] forgets a key nobody holds or waits for. Never
+    /// held across an await.
     keys: Mutex<HashMap<String, KeyState>>,
     /// Chubby's lock-delay: a lock is kept this long past its lease (never past a
     /// release), so a holder that vanished keeps its key for the delay too.
     lock_delay: Duration,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct KeyState {
     holder: Option<Holder>,
     /// The last token handed out; `None` until the first grant or raise, when it starts
     /// from the clock (see [`clock_us`]).
     fence: Option<u64>,
     queue: VecDeque<Waiter>,
+    /// When the key was last granted, renewed, released, raised or waited for: how long
+    /// it has gone unused, once nobody holds or waits for it.
+    used_at: Instant,
 }
 
 /// The wall clock in microseconds: where a key's fencing counter starts. The table lives
@@ -64,6 +68,29 @@ struct Waiter {
 }
 
 impl KeyState {
+    fn new(now: Instant) -> Self {
+        Self {
+            holder: None,
+            fence: None,
+            queue: VecDeque::new(),
+            used_at: now,
+        }
+    }
+
+    /// Whether nobody has held or waited for the key in at least `idle_for`.
+    fn idle_for(&self, idle_for: Duration, now: Instant) -> bool {
+        if self.queue.iter().any(|waiter| !waiter.grant.is_closed()) {
+            return false;
+        }
+        // A lease that ran out unreleased counts as use until it ran out.
+        let last_use = match &self.holder {
+            Some(holder) if holder.expires_at > now => return false,
+            Some(holder) => self.used_at.max(holder.expires_at),
+            None => self.used_at,
+        };
+        now.saturating_duration_since(last_use) >= idle_for
+    }
+
     fn held_by_other(&self, owner: OwnerToken, now: Instant) -> Option<Instant> {
         self.holder
             .as_ref()
@@ -74,6 +101,7 @@ impl KeyState {
     fn grant(&mut self, owner: OwnerToken, ttl: Duration, note: String, now: Instant) -> u64 {
         let fence = self.fence.map_or_else(clock_us, |fence| fence + 1);
         self.fence = Some(fence);
+        self.used_at = now;
         self.holder = Some(Holder {
             owner,
             expires_at: now + ttl,
@@ -85,6 +113,7 @@ impl KeyState {
     /// Gives a free lock to the first waiter still listening. Returns whether anyone got it.
     fn hand_off(&mut self, now: Instant) -> bool {
         self.holder = None;
+        self.used_at = now;
         while let Some(waiter) = self.queue.pop_front() {
             if waiter.grant.is_closed() {
                 continue;
@@ -129,6 +158,12 @@ impl InProcessBackend {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    /// How many keys the table keeps state for: those held or waited for, and those used
+    /// since the last [`LockBackend::prune_idle`] that could forget them.
+    pub fn key_count(&self) -> usize {
+        self.table().len()
+    }
 }
 
 #[async_trait]
@@ -144,7 +179,9 @@ impl LockBackend for InProcessBackend {
         let owner = OwnerToken::random();
         let now = Instant::now();
         let mut table = self.table();
-        let state = table.entry(key.to_owned()).or_default();
+        let state = table
+            .entry(key.to_owned())
+            .or_insert_with(|| KeyState::new(now));
         state.expire(now);
         if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
             return Ok(None);
@@ -184,7 +221,9 @@ impl LockBackend for InProcessBackend {
             // a release cannot slip in between and find nobody to wake.
             let wake_at = {
                 let mut table = self.table();
-                let state = table.entry(key.to_owned()).or_default();
+                let state = table
+                    .entry(key.to_owned())
+                    .or_insert_with(|| KeyState::new(now));
                 state.expire(now);
                 if let Ok((fence, granted_at)) = granted.try_recv() {
                     pending.settled = true;
@@ -205,6 +244,7 @@ impl LockBackend for InProcessBackend {
                     return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
                 }
                 if let Some(grant) = grant.take() {
+                    state.used_at = now;
                     state.queue.push_back(Waiter {
                         owner,
                         // The lease the store keeps, not the one the holder is told of.
@@ -285,10 +325,14 @@ impl LockBackend for InProcessBackend {
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
         crate::service::check_floor(floor)?;
+        let now = Instant::now();
         let mut table = self.table();
-        let state = table.entry(key.to_owned()).or_default();
+        let state = table
+            .entry(key.to_owned())
+            .or_insert_with(|| KeyState::new(now));
         let fence = state.fence.unwrap_or_else(clock_us).max(floor.get());
         state.fence = Some(fence);
+        state.used_at = now;
         Ok(FencingToken::new(fence))
     }
 
@@ -304,6 +348,18 @@ impl LockBackend for InProcessBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         Ok(())
+    }
+
+    /// Forgets the keys nobody held or waited for in `idle_for`, fencing counters and
+    /// all: a key locked again starts its counter from the clock (see the crate docs),
+    /// and a lease from before — paused past its TTL and the idle time — finds no entry,
+    /// so it can neither release nor extend the new holder's lock.
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let before = table.len();
+        table.retain(|_, state| !state.idle_for(idle_for, now));
+        Ok(u64::try_from(before - table.len()).unwrap_or(u64::MAX))
     }
 }
 

@@ -38,7 +38,8 @@
 //! # How waiting works in Redis, and why this way
 //! A lock is four keys: the lock itself (`<owner>:<token>:<note>` with a TTL), a fencing
 //! counter, a queue of waiters scored by arrival (a sorted set) and each waiter's details
-//! (a hash). All four change only inside Lua scripts, so every step is atomic:
+//! (a hash). All four expire once the key goes unused (the counter [`RedisOptions::idle`]
+//! past its last lease), and change only inside Lua scripts, so every step is atomic:
 //! - *acquire* takes a free lock with an empty queue in one round trip (INCR the counter,
 //!   SET the lock). Otherwise a waiting caller joins the queue in the same script that
 //!   found the lock held — there is no gap between "saw it held" and "started waiting"
@@ -71,9 +72,11 @@
 //! # Fencing tokens that never repeat
 //! A key's counter starts from the store's clock in microseconds, then counts up by one
 //! per grant. A counter the store lost (Redis restarted without persistence; the embedded
-//! mode's process restarted) starts again from the clock — above every token it handed
-//! out before, since a key is granted at most once a microsecond — so no two grants carry
-//! the same token unless the store's clock steps back across the loss. The protected
+//! mode's process restarted) or forgot once its key went idle (Redis and memcached expire
+//! it, the in-process table prunes it: [`LockService::prune_idle`]) starts again from the
+//! clock — above every token it handed out before, since a key is granted at most once a
+//! microsecond — so no two grants carry the same token unless the store's clock steps back
+//! across the loss. The protected
 //! store refuses any token not newer than the last it accepted, whatever happens to the
 //! clock; [`LockService::raise_fencing`] then lifts the counter above it.
 //!

@@ -24,7 +24,13 @@
 //!   first after a release wins.
 //! - **Fencing token**: memcached loses the counter on a restart and may evict it; it
 //!   starts again from the clock, so tokens still grow unless the clock stepped back across
-//!   the loss, and `raise_fencing` lifts it — exactly as for Redis.
+//!   the loss, and `raise_fencing` lifts it — exactly as for Redis. It expires about the
+//!   idle time ([`MemcachedOptions::idle`]) after the last lease it counted ends, so keys
+//!   locked once leave nothing behind: it is created with that TTL, and when a grant finds
+//!   less than half the idle time left past its lease, the holder's next renewal or its
+//!   release renews it (`mg <counter> T…`; memcached 1.6's increment cannot) — one
+//!   request more, about once per half idle time for a key in constant use, none for a
+//!   key locked once.
 //! - **Lock-delay**: the item outlives the lease by the delay, so a holder that vanished
 //!   keeps its key that much longer; a release deletes it at once.
 
@@ -58,6 +64,11 @@ pub struct MemcachedOptions {
     pub lock_delay: Duration,
     /// The most waiters one key takes in this process; past it an acquire fails at once.
     pub max_waiters: usize,
+    /// How long a key's fencing counter outlives its last lease (or a raise) before it
+    /// expires, so keys locked once — one per order — leave nothing behind for longer
+    /// (payonce's `PAYONCE_LOCK_IDLE`); in whole seconds, at most 30 days. A counter
+    /// forgotten starts again from the clock. An hour by default.
+    pub idle: Duration,
 }
 
 impl Default for MemcachedOptions {
@@ -68,9 +79,14 @@ impl Default for MemcachedOptions {
             max_connections: 16,
             lock_delay: Duration::ZERO,
             max_waiters: crate::service::DEFAULT_MAX_WAITERS,
+            idle: Duration::from_secs(60 * 60),
         }
     }
 }
+
+/// The longest TTL memcached takes as seconds from now: 30 days. A larger number is read
+/// as a date (Unix time).
+const MAX_RELATIVE_TTL: u64 = 30 * 24 * 60 * 60;
 
 /// memcached's longest key.
 const MAX_KEY: usize = 250;
@@ -112,6 +128,10 @@ impl managed::Manager for Connector {
 struct Held {
     item: String,
     value: String,
+    /// The key's fencing counter, and a moment before which it surely has not expired:
+    /// a renewal that would come close to it renews the counter too.
+    counter: String,
+    counter_until: Instant,
 }
 
 /// The item a grant added, deleted again (if it still holds the grant's value) unless the
@@ -354,6 +374,45 @@ impl MemcachedBackend {
         ttl_flag(lease.saturating_add(self.options.lock_delay))
     }
 
+    /// The counter's TTL for a lease, in seconds: the lease, the lock-delay and the idle
+    /// time, rounded up, plus one for memcached's clock tick; at most 30 days.
+    fn counter_ttl(&self, lease: Duration) -> u64 {
+        let kept = lease
+            .saturating_add(self.options.lock_delay)
+            .saturating_add(self.options.idle);
+        (kept.as_secs() + u64::from(kept.subsec_nanos() > 0) + 1).min(MAX_RELATIVE_TTL)
+    }
+
+    /// Whether a counter that lives `left` more must be renewed for a lease: it would not
+    /// outlive the lease by half the idle time.
+    fn counter_runs_short(&self, left: Duration, lease: Duration) -> bool {
+        let wanted = lease
+            .saturating_add(self.options.lock_delay)
+            .saturating_add(self.options.idle / 2);
+        left < wanted.min(Duration::from_secs(MAX_RELATIVE_TTL / 2))
+    }
+
+    /// Renews the counter for a lease (`mg <counter> T…`): how long it lives now,
+    /// counted from before the request. Best effort: a counter that expires under a
+    /// held lock starts again from the clock, which fencing tolerates.
+    async fn keep_counter(&self, counter: &str, lease: Duration) -> Duration {
+        let ttl_secs = self.counter_ttl(lease);
+        let touched = self
+            .request(&Command::Get {
+                key: counter,
+                flags: &[&format!("T{ttl_secs}")],
+            })
+            .await;
+        match touched {
+            // Less the second memcached's clock may round off.
+            Ok(_) => Duration::from_secs(ttl_secs.saturating_sub(1)),
+            Err(_) => {
+                tracing::debug!(counter, "could not renew a memcached fencing counter");
+                Duration::ZERO
+            }
+        }
+    }
+
     /// Runs one command on a pooled connection, bounded by the op timeout, counted. A
     /// connection whose command did not complete is closed (the pool drops it). A pooled
     /// connection the server closed since its last use (a restart) fails before any answer:
@@ -438,32 +497,49 @@ impl MemcachedBackend {
         }
     }
 
-    /// Increments the key's counter (created from the clock if missing): the new value.
-    async fn next_token(&self, counter: &str) -> Result<u64, LockError> {
+    /// Increments the key's counter (created from the clock if missing, to live the
+    /// idle time past the lease): the new value, and how long the counter lives (zero if
+    /// it has no expiry: written before counters expired).
+    async fn next_token(
+        &self,
+        counter: &str,
+        lease: Duration,
+    ) -> Result<(u64, Duration), LockError> {
         let incremented = self
             .request(&Command::Increment {
                 key: counter,
                 flags: vec![
-                    "N0".to_owned(),
+                    format!("N{}", self.counter_ttl(lease)),
                     format!("J{}", clock_micros()),
                     "v".to_owned(),
+                    "t".to_owned(),
                 ],
             })
             .await?;
-        incremented
+        let lives = incremented
+            .as_ref()
+            .and_then(|value| u64::try_from(value.ttl_remaining?).ok())
+            .map_or(Duration::ZERO, |secs| {
+                Duration::from_secs(secs.saturating_sub(1))
+            });
+        let token = incremented
             .and_then(|value| value.data)
             .and_then(|data| std::str::from_utf8(&data).ok()?.trim().parse().ok())
-            .ok_or_else(|| LockError::unavailable("memcached returned no counter"))
+            .ok_or_else(|| LockError::unavailable("memcached returned no counter"))?;
+        Ok((token, lives))
     }
 
-    /// One attempt: the grant's token, or `None` when the lock is held.
+    /// One attempt: the grant's token and how long the counter lives from the attempt
+    /// on, or `None` when the lock is held. A counter that runs short is left to the
+    /// holder's renewal or release to renew: a request here could be cut off by the
+    /// caller's deadline with the lock granted.
     async fn grant(
         &self,
         item: &str,
         counter: &str,
         value: &str,
         ttl: Duration,
-    ) -> Result<Option<u64>, LockError> {
+    ) -> Result<Option<(u64, Duration)>, LockError> {
         let Some(cas) = self.add(item, value, ttl).await? else {
             return Ok(None);
         };
@@ -474,12 +550,12 @@ impl MemcachedBackend {
             op_timeout: self.options.op_timeout,
             done: false,
         };
-        let token = self.next_token(counter).await?;
+        let (token, counter_lives) = self.next_token(counter, ttl).await?;
         // Still ours after the increment? (If the lease ran out meanwhile, a successor may
         // hold a lower token already: this grant must not be used.)
         let rewritten = self.rewrite(item, cas, value, ttl).await?;
         added.done = true;
-        Ok(rewritten.map(|_| token))
+        Ok(rewritten.map(|_| (token, counter_lives)))
     }
 
     /// The item's CAS value now, if it still holds `value` (the grant is still ours).
@@ -557,8 +633,16 @@ impl MemcachedBackend {
                     .map_err(|_| timed_out())?,
                 None => self.grant(&item, &counter, &value, ttl).await,
             };
-            if let Some(token) = granted? {
-                self.held().insert(owner, Held { item, value });
+            if let Some((token, counter_lives)) = granted? {
+                self.held().insert(
+                    owner,
+                    Held {
+                        item,
+                        value,
+                        counter,
+                        counter_until: asked_at + counter_lives,
+                    },
+                );
                 return Ok(Some(Lease::new(
                     key,
                     owner,
@@ -635,6 +719,15 @@ impl LockBackend for MemcachedBackend {
         let deleted = self.delete_if_ours(&held).await;
         // The waiter whose turn it is (if any) polls again now, not at its next pause.
         self.turns.of(&held.item).released();
+        if deleted.is_ok()
+            && self.counter_runs_short(
+                held.counter_until.saturating_duration_since(Instant::now()),
+                Duration::ZERO,
+            )
+        {
+            // The key may be locked again at once: its counter lives the idle time on.
+            self.keep_counter(&held.counter, Duration::ZERO).await;
+        }
         deleted.inspect_err(|_| {
             // Not known released: keep it, so a retry can still release it (else it
             // expires with its TTL).
@@ -650,10 +743,22 @@ impl LockBackend for MemcachedBackend {
         let Some(cas) = self.still_ours(&held.item, &held.value).await? else {
             return Ok(false);
         };
-        Ok(self
+        let sent_at = Instant::now();
+        if self
             .rewrite(&held.item, cas, &held.value, ttl)
             .await?
-            .is_some())
+            .is_none()
+        {
+            return Ok(false);
+        }
+        // A lock held for about half the idle time keeps its counter alive as it renews.
+        if self.counter_runs_short(held.counter_until.saturating_duration_since(sent_at), ttl) {
+            let counter_lives = self.keep_counter(&held.counter, ttl).await;
+            if let Some(kept) = self.held().get_mut(&lease.owner()) {
+                kept.counter_until = sent_at + counter_lives;
+            }
+        }
+        Ok(true)
     }
 
     async fn raise_fencing(
@@ -690,11 +795,12 @@ impl LockBackend for MemcachedBackend {
                 None => "ME".to_owned(),
             };
             let target_text = target.to_string();
+            // Kept the idle time, as a counter is past a lease.
             let written = self
                 .request(&Command::Set {
                     key: &counter,
                     value: target_text.as_bytes(),
-                    flags: vec![mode],
+                    flags: vec![mode, format!("T{}", self.counter_ttl(Duration::ZERO))],
                 })
                 .await;
             match written.and_then(refused_by_status) {

@@ -40,6 +40,11 @@ pub struct RedisOptions {
     /// holder vanishes without releasing, nobody takes the key until the delay has passed
     /// too; a released lock is free at once. Zero by default.
     pub lock_delay: Duration,
+    /// How long a key's fencing counter outlives its last lease (or a raise) before the
+    /// server expires it, so keys locked once — one per order — leave nothing behind for
+    /// longer (payonce's `PAYONCE_LOCK_IDLE`). A counter forgotten starts again from the
+    /// clock (see the crate docs). An hour by default.
+    pub idle: Duration,
 }
 
 impl Default for RedisOptions {
@@ -49,9 +54,14 @@ impl Default for RedisOptions {
             op_timeout: Duration::from_secs(1),
             max_waiters: crate::service::DEFAULT_MAX_WAITERS,
             lock_delay: Duration::ZERO,
+            idle: Duration::from_secs(60 * 60),
         }
     }
 }
+
+/// The longest idle time a counter is kept, in milliseconds: 2^52 ms, 142,000 years —
+/// forever, as far as anyone can tell, and exact in the scripts' numbers.
+const MAX_IDLE_MS: u128 = 1 << 52;
 
 /// A script, called by its SHA; on NOSCRIPT (a restarted server, a replica promoted in a
 /// cluster) it is sent whole with EVAL, which also caches it on that node — rather than
@@ -167,6 +177,8 @@ struct Cleanup {
     scripts: Arc<Scripts>,
     keys: [String; 4],
     op_timeout: Duration,
+    /// The counter's idle time, ms, for a lease the cancel hands on.
+    idle_ms: String,
 }
 
 impl Cleanup {
@@ -184,7 +196,7 @@ impl Cleanup {
                 let mut connection = self.link.connect().await?;
                 self.scripts
                     .cancel
-                    .invoke::<i64>(&mut connection, &self.keys, &[&owner])
+                    .invoke::<i64>(&mut connection, &self.keys, &[&owner, &self.idle_ms])
                     .await
             };
             let cancelled = timeout_at(Instant::now() + self.op_timeout, cancel).await;
@@ -252,6 +264,8 @@ pub struct RedisBackend {
     /// Added to every lease on the server (see [`RedisOptions::lock_delay`]), never to
     /// the lease the holder is told of.
     lock_delay: Duration,
+    /// How long a counter outlives its last lease, ms (see [`RedisOptions::idle`]).
+    idle_ms: String,
     /// Round trips sent, for benchmarks and tests.
     round_trips: AtomicU64,
 }
@@ -338,6 +352,7 @@ impl RedisBackend {
             op_timeout: options.op_timeout,
             max_waiters: options.max_waiters.max(1),
             lock_delay: options.lock_delay,
+            idle_ms: millis(options.idle).min(MAX_IDLE_MS).to_string(),
             round_trips: AtomicU64::new(0),
         })
     }
@@ -472,7 +487,15 @@ impl RedisBackend {
             .script(
                 &self.scripts.acquire,
                 keys,
-                &[owner, &ttl_ms, &wait_ms, &channel, note, &max_waiters],
+                &[
+                    owner,
+                    &ttl_ms,
+                    &wait_ms,
+                    &channel,
+                    note,
+                    &max_waiters,
+                    &self.idle_ms,
+                ],
                 deadline,
             )
             .await?;
@@ -523,6 +546,7 @@ impl RedisBackend {
             scripts: Arc::clone(&self.scripts),
             keys: keys.clone(),
             op_timeout: self.op_timeout,
+            idle_ms: self.idle_ms.clone(),
         }
     }
 }
@@ -739,7 +763,7 @@ impl LockBackend for RedisBackend {
             .script(
                 &self.scripts.release,
                 &keys,
-                &[&lease.owner().to_hex()],
+                &[&lease.owner().to_hex(), &self.idle_ms],
                 None,
             )
             .await?;
@@ -748,13 +772,13 @@ impl LockBackend for RedisBackend {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
         validate(lease.key(), ttl)?;
-        let [lock_key, ..] = self.keys(lease.key());
+        let [lock_key, fence_key, ..] = self.keys(lease.key());
         let ttl_ms = millis(ttl + self.lock_delay).to_string();
         let extended: i64 = self
             .script(
                 &self.scripts.extend,
-                &[lock_key],
-                &[&lease.owner().to_hex(), &ttl_ms],
+                &[lock_key, fence_key],
+                &[&lease.owner().to_hex(), &ttl_ms, &self.idle_ms],
                 None,
             )
             .await?;
@@ -772,7 +796,7 @@ impl LockBackend for RedisBackend {
             .script(
                 &self.scripts.raise_fencing,
                 &[fence_key],
-                &[&floor.get().to_string()],
+                &[&floor.get().to_string(), &self.idle_ms],
                 None,
             )
             .await?;

@@ -32,6 +32,14 @@
 //!   there knows its predecessor's session ended without a release, and waits the delay
 //!   before using the lock (it holds it meanwhile, so nobody else can); a `try_acquire`
 //!   then answers that the lock is taken. One request more per grant.
+//! - **Idle keys are pruned.** A key's parent node outlives its locks (it carries the
+//!   base), so without pruning one persistent node stays per key ever locked — and
+//!   ZooKeeper keeps its whole tree in memory. [`LockBackend::prune_idle`] deletes the
+//!   parents that stayed empty and unchanged (no lock node created or deleted, no base
+//!   written) between two of its passes at least the idle time apart; a parent with a
+//!   raised base, or a lock-delay marker left by a holder that vanished, is kept. The
+//!   delete is conditioned on the parent being empty and its data unchanged, so a key in
+//!   use is never pruned; a process that remembered the parent creates it again.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -123,6 +131,21 @@ const RECONNECT_PAUSE: Duration = Duration::from_secs(1);
 /// key again), so a stream of distinct keys cannot grow it without bound.
 const MAX_KNOWN_PARENTS: usize = 10_000;
 
+/// Parents a pruning pass reads, or deletes, in one request.
+const PRUNE_BATCH: usize = 256;
+
+/// An empty key parent as a pruning pass saw it: a later pass that finds it the same
+/// (no lock node created or deleted since, no base written) knows it stayed unused.
+#[derive(Clone, Copy, Debug)]
+struct Sighting {
+    /// The parent's child version: counts every lock node created or deleted under it.
+    cversion: i32,
+    /// Its data version: counts every base written.
+    version: i32,
+    /// When a pass first saw it so.
+    since: Instant,
+}
+
 /// A lock this process holds.
 struct Held {
     session: Session,
@@ -167,6 +190,8 @@ pub struct ZooKeeperBackend {
     held: Arc<Mutex<HashMap<OwnerToken, Held>>>,
     /// Parents known to exist, so creating them costs requests once per key.
     parents: Mutex<HashSet<String>>,
+    /// The empty parents the last pruning pass saw, by path: at most one per parent.
+    sightings: Mutex<HashMap<String, Sighting>>,
     /// Ends the session watchers and node watches when the backend goes.
     closing: CancellationToken,
     /// Requests sent, for benchmarks and tests.
@@ -231,7 +256,7 @@ impl From<Failure> for LockError {
     }
 }
 
-use zookeeper_client::Error::{BadVersion, NoNode, SessionExpired};
+use zookeeper_client::Error::{BadVersion, NoNode, NotEmpty, SessionExpired};
 
 /// The lock-delay marker of the key under `parent`.
 fn marker(parent: &str) -> String {
@@ -287,6 +312,7 @@ impl ZooKeeperBackend {
             ),
             held: Arc::new(Mutex::new(HashMap::new())),
             parents: Mutex::new(HashSet::new()),
+            sightings: Mutex::new(HashMap::new()),
             closing: CancellationToken::new(),
             requests: AtomicU64::new(0),
         })
@@ -312,7 +338,12 @@ impl ZooKeeperBackend {
     }
 
     fn parent(&self, key: &str) -> String {
-        format!("{}/locks/{}", self.root, node_name(key))
+        format!("{}/{}", self.locks_node(), node_name(key))
+    }
+
+    /// The node every key's parent lives under.
+    fn locks_node(&self) -> String {
+        format!("{}/locks", self.root)
     }
 
     /// Bounds one request by the op timeout and by `deadline`, and counts it.
@@ -710,6 +741,123 @@ impl ZooKeeperBackend {
     }
 }
 
+/// Pruning idle keys (see the module docs).
+impl ZooKeeperBackend {
+    /// The parents under [`locks_node`](Self::locks_node) that are empty and carry no
+    /// base, with their child and data versions: a few requests of [`PRUNE_BATCH`] reads.
+    async fn empty_parents(&self, client: &Client) -> Result<Vec<(String, i32, i32)>, Failure> {
+        let locks = self.locks_node();
+        let names = match self.request(None, client.list_children(&locks)).await {
+            Ok(names) => names,
+            // Nothing was ever locked here.
+            Err(failure) if failure.is(&NoNode) => return Ok(Vec::new()),
+            Err(failure) => return Err(failure),
+        };
+        let mut empty = Vec::new();
+        for batch in names.chunks(PRUNE_BATCH) {
+            let mut reader = client.new_multi_reader();
+            let paths: Vec<String> = batch.iter().map(|name| format!("{locks}/{name}")).collect();
+            for path in &paths {
+                reader.add_get_data(path)?;
+            }
+            let results = self.request(None, reader.commit()).await?;
+            for (path, result) in paths.into_iter().zip(results) {
+                // A parent deleted meanwhile answers an error: nothing to prune.
+                if let MultiReadResult::Data { data, stat } = result
+                    && stat.num_children == 0
+                    && parse_base(&data) == 0
+                {
+                    empty.push((path, stat.cversion, stat.version));
+                }
+            }
+        }
+        Ok(empty)
+    }
+
+    /// Remembers this pass's empty parents, keeping when each was first seen so if it has
+    /// not changed since; returns those seen so for at least `idle_for`, with the data
+    /// version their delete is conditioned on.
+    fn sighted(&self, empty: Vec<(String, i32, i32)>, idle_for: Duration) -> Vec<(String, i32)> {
+        let now = Instant::now();
+        let mut sightings = self
+            .sightings
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let before = std::mem::take(&mut *sightings);
+        let mut idle = Vec::new();
+        for (path, cversion, version) in empty {
+            let since = before
+                .get(&path)
+                .filter(|seen| seen.cversion == cversion && seen.version == version)
+                .map_or(now, |seen| seen.since);
+            if now.saturating_duration_since(since) >= idle_for {
+                idle.push((path.clone(), version));
+            }
+            // Kept even when about to be deleted: a delete that fails for want of an
+            // answer is tried again at the next pass.
+            sightings.insert(
+                path,
+                Sighting {
+                    cversion,
+                    version,
+                    since,
+                },
+            );
+        }
+        idle
+    }
+
+    /// Deletes `idle` parents, each only if still empty with its data unchanged: one
+    /// multi-write per batch; a batch that fails because one of them is in use again (or
+    /// gone, or raised) is deleted one by one, skipping those. Returns how many went.
+    async fn delete_parents(
+        &self,
+        client: &Client,
+        idle: &[(String, i32)],
+    ) -> Result<u64, Failure> {
+        let mut deleted = 0;
+        for batch in idle.chunks(PRUNE_BATCH) {
+            let mut writer = client.new_multi_writer();
+            for (path, version) in batch {
+                writer.add_delete(path, Some(*version))?;
+            }
+            let committed = async {
+                match writer.commit().await {
+                    Ok(_) => Ok(true),
+                    Err(zookeeper_client::MultiWriteError::OperationFailed { .. }) => Ok(false),
+                    Err(zookeeper_client::MultiWriteError::RequestFailed { source }) => Err(source),
+                }
+            };
+            let gone: Vec<&String> = if self.request(None, committed).await? {
+                batch.iter().map(|(path, _)| path).collect()
+            } else {
+                let mut gone = Vec::new();
+                for (path, version) in batch {
+                    match self
+                        .request(None, client.delete(path, Some(*version)))
+                        .await
+                    {
+                        Ok(()) => gone.push(path),
+                        // In use again, raised, or deleted by another pass: not ours to go.
+                        Err(failure)
+                            if failure.is(&NotEmpty)
+                                || failure.is(&BadVersion)
+                                || failure.is(&NoNode) => {}
+                        Err(failure) => return Err(failure),
+                    }
+                }
+                gone
+            };
+            let mut known = self.known_parents();
+            for path in &gone {
+                known.remove(path.as_str());
+            }
+            deleted += u64::try_from(gone.len()).unwrap_or(u64::MAX);
+        }
+        Ok(deleted)
+    }
+}
+
 /// A lock node of ours that is not (yet) a held lock: handed to the session's cleaner when
 /// the acquire call ends without a grant — the deadline, an error, a try that found the
 /// lock held, or the call dropped — so it never holds up the line.
@@ -1022,6 +1170,19 @@ impl LockBackend for ZooKeeperBackend {
         let session = self.session(None).await?;
         self.request(None, session.client.check_stat("/")).await?;
         Ok(())
+    }
+
+    /// Deletes the key parents that stayed empty and unchanged between two passes at
+    /// least `idle_for` apart (the first pass only takes note). Lock nodes are ephemeral,
+    /// so an empty parent has no holder and no waiter; tokens are zxids, which only grow,
+    /// so a key locked again after its parent went still gets a larger token. Parents
+    /// that carry a raised base are kept: without it tokens would fall back below the
+    /// floor it was raised to.
+    async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
+        let session = self.session(None).await?;
+        let empty = self.empty_parents(&session.client).await?;
+        let idle = self.sighted(empty, idle_for);
+        Ok(self.delete_parents(&session.client, &idle).await?)
     }
 
     fn sessions(&self) -> Sessions {

@@ -193,7 +193,16 @@ on_both_backends!(
 /// 400; a refused body stores nothing. Keys are the client address's: another address's
 /// same key opens another account. Without a key every create opens an account.
 async fn an_account_create_with_a_key_answers_once(backend: Backend) {
-    let app = spawn_app_with(backend, &["--client-ip-header", "x-real-ip"]).await;
+    let app = spawn_app_with(
+        backend,
+        &[
+            "--client-ip-header",
+            "x-real-ip",
+            "--trusted-proxies",
+            "127.0.0.1",
+        ],
+    )
+    .await;
     let from = |address: &'static str, key: Option<&str>, body: &Value| {
         let mut request = app
             .client

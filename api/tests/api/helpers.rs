@@ -216,6 +216,12 @@ pub async fn spawn_config(shared: Arc<Shared>, config: Config) -> TestApp {
     let state = AppState::connect(&config)
         .await
         .expect("the service starts");
+    spawn_state(shared, state, &config).await
+}
+
+/// A server on state the test assembled itself (to keep a handle on a part of it), with
+/// `config`'s request timeout.
+pub async fn spawn_state(shared: Arc<Shared>, state: AppState, config: &Config) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("a port");

@@ -13,6 +13,7 @@ mod distributed;
 mod hardening;
 mod helpers;
 mod late_commit;
+mod lock_state;
 mod lock_state_sql;
 mod openapi;
 mod readme;

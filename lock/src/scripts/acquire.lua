@@ -7,34 +7,36 @@
 -- ARGV[4]  the caller's wake-up channel
 -- ARGV[5]  the caller's note: what it will be doing while it holds the lock (may be '')
 -- ARGV[6]  the most waiters the queue takes
+-- ARGV[7]  how long the counter outlives the lease, ms (the key's idle time)
 -- Returns {1, fencing token} when the lock is now the caller's,
 --         {0, ms until the current lease ends} when it is held (the caller is queued if
 --                                               it waits),
 --         {-1, ms until the current lease ends} when the queue is full (not queued).
 
 local lock_key, fence_key, queue_key, waiters_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local owner, ttl, wait_ms, channel, note, max_waiters =
-  ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6])
+local owner, ttl, wait_ms, channel, note, max_waiters, idle_ms =
+  ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], tonumber(ARGV[6]), ARGV[7]
 
 local current = redis.call('GET', lock_key)
 if current then
   if string.sub(current, 1, 32) == owner then
     -- Handed to us while our wake-up was still in flight: take it, with a full lease.
     redis.call('PEXPIRE', lock_key, ttl)
+    keep_counter(fence_key, ttl, idle_ms)
     return {1, tonumber(string.match(current, '^%x+:(%d+)'))}
   end
 elseif redis.call('ZCARD', queue_key) == 0 then
   -- The common case: free, nobody waiting.
-  return {1, grant(lock_key, fence_key, owner, ttl, note)}
+  return {1, grant(lock_key, fence_key, owner, ttl, note, idle_ms)}
 else
   -- Free, but others queued first (their holder expired without a release, or a wake-up
   -- was lost): serve the queue in order. The caller may be at its head.
-  local next_owner, fence = hand_off(lock_key, fence_key, queue_key, waiters_key, owner)
+  local next_owner, fence = hand_off(lock_key, fence_key, queue_key, waiters_key, owner, idle_ms)
   if next_owner == owner then
     return {1, fence}
   elseif not next_owner then
     -- Every queued waiter had given up.
-    return {1, grant(lock_key, fence_key, owner, ttl, note)}
+    return {1, grant(lock_key, fence_key, owner, ttl, note, idle_ms)}
   end
 end
 

@@ -6,7 +6,9 @@
 --                 the holder's owner token, always 32 hex digits; <note> is whatever the
 --                 holder said it is doing (may be empty)
 --   the counter   the fencing counter: starts from the clock (see grant), then INCR on
---                 every grant, never lowered
+--                 every grant, never lowered; expires the key's idle time after the
+--                 last lease it counted ends (or after a raise), so a key nobody locks
+--                 any more leaves nothing behind (see keep_counter)
 --   the queue     a sorted set of waiting owners, scored by arrival: first come, first
 --                 served; joining, leaving and serving cost O(log n), so a crowd of
 --                 waiters that gives up at once costs the server little
@@ -48,9 +50,18 @@ local function next_fence(fence_key)
   return fence
 end
 
-local function grant(lock_key, fence_key, owner, ttl, note)
+-- The counter lives `idle_ms` past the lease `ttl` just granted or renewed: a key locked
+-- once (an order) leaves no state for longer than that. Forgetting it is safe for the
+-- reason above: it starts again from the clock, and the protected store refuses a token
+-- that is not newer anyway.
+local function keep_counter(fence_key, ttl, idle_ms)
+  redis.call('PEXPIRE', fence_key, digits(tonumber(ttl) + tonumber(idle_ms)))
+end
+
+local function grant(lock_key, fence_key, owner, ttl, note, idle_ms)
   local fence = next_fence(fence_key)
   redis.call('SET', lock_key, owner .. ':' .. digits(fence) .. ':' .. note, 'PX', ttl)
+  keep_counter(fence_key, ttl, idle_ms)
   return fence
 end
 
@@ -70,9 +81,9 @@ end
 -- who learns from the script's reply). Publishing answers how many subscribers received
 -- the message: none means the waiter's process is gone (its connection closed), and the
 -- lock would sit with a dead waiter for a whole lease, so it is taken back and the next
--- waiter is served. Returns the new holder's owner token and fencing token, or nil when
--- nobody is waiting.
-local function hand_off(lock_key, fence_key, queue_key, waiters_key, quiet_owner)
+-- waiter is served. `idle_ms` is how long the counter outlives the new lease. Returns the
+-- new holder's owner token and fencing token, or nil when nobody is waiting.
+local function hand_off(lock_key, fence_key, queue_key, waiters_key, quiet_owner, idle_ms)
   local now
   while true do
     local first = redis.call('ZPOPMIN', queue_key)
@@ -88,7 +99,7 @@ local function hand_off(lock_key, fence_key, queue_key, waiters_key, quiet_owner
     end
     now = now or now_ms()
     if ttl and tonumber(deadline) > now then
-      local fence = grant(lock_key, fence_key, owner, ttl, note)
+      local fence = grant(lock_key, fence_key, owner, ttl, note, idle_ms)
       if owner == quiet_owner then
         return owner, fence
       end

@@ -5,6 +5,7 @@
 -- next_fence): the floor only says what was accepted, not what was handed out.
 -- KEYS[1]  the fencing counter
 -- ARGV[1]  the floor
+-- ARGV[2]  how long the counter is kept at least, ms (the key's idle time)
 -- Returns the counter afterwards. (Floors are at most 2^53 - 2^32, checked by the caller,
 -- so Lua's numbers hold them exactly.)
 
@@ -13,5 +14,7 @@ local floor = tonumber(ARGV[1])
 if current < floor then
   current = floor
 end
-redis.call('SET', KEYS[1], digits(current))
+-- Kept the idle time, or longer if a lease's grant already keeps it longer.
+local keep = math.max(redis.call('PTTL', KEYS[1]), tonumber(ARGV[2]), 1)
+redis.call('SET', KEYS[1], digits(current), 'PX', digits(keep))
 return current

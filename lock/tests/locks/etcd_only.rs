@@ -390,3 +390,68 @@ async fn a_waiter_whose_key_vanished_gives_up() {
     );
     assert!(released_at.elapsed() < SECOND);
 }
+
+/// The shared etcd under a root of the test's own, and a plain client of it for counting
+/// the keys under that root.
+async fn shared_with_root(root: &str) -> (LockService, etcd_client::Client) {
+    let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
+    let locks = LockService::etcd(&format!("{base}{root}"), EtcdOptions::default())
+        .expect("a valid etcd URL");
+    let endpoint = format!("http://{}", base.trim_start_matches("etcd://"));
+    let client = etcd_client::Client::connect([endpoint], None)
+        .await
+        .unwrap();
+    (locks, client)
+}
+
+/// How many keys etcd holds under `prefix`.
+async fn keys_under(client: &mut etcd_client::Client, prefix: &str) -> i64 {
+    client
+        .get(
+            prefix,
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_count_only(),
+            ),
+        )
+        .await
+        .unwrap()
+        .count()
+}
+
+fn test_root() -> String {
+    format!("/payonce-tests/{:016x}", rand::random::<u64>())
+}
+
+/// etcd keeps no state for a key nobody holds or waits for — a waiter's key lives from
+/// its create to its release, on the process's lease — so there is nothing to prune: the
+/// key locked again gets a larger token, and a lease from before can neither extend nor
+/// release the new lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_released_key_leaves_nothing_and_fencing_stays_whole() {
+    let root = test_root();
+    let (locks, client) = shared_with_root(&root).await;
+    let root = &root;
+    crate::suite::forgotten_key_keeps_fencing(&locks, move |key| async move {
+        let mut client = client;
+        assert_eq!(
+            keys_under(&mut client, &format!("{root}/locks/{key}/")).await,
+            0
+        );
+    })
+    .await;
+}
+
+/// 10,000 keys locked once each leave no key behind under the test's root. Bound: the
+/// keys under the root are at most one per waiter and holder at the moment (plus a
+/// fencing base per key raised, a lock-delay marker per holder that vanished, and a
+/// minute-long tombstone per create that was never answered) — here 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_of_10_000_keys_locked_once_is_nothing() {
+    let root = test_root();
+    let (locks, mut client) = shared_with_root(&root).await;
+    let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
+    eprintln!("10,000 keys locked in {took:?}");
+    assert_eq!(keys_under(&mut client, &format!("{root}/")).await, 0);
+}

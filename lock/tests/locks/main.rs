@@ -207,3 +207,39 @@ async fn in_process_lock_delay_keeps_a_vanished_holders_key() {
     )
     .await;
 }
+
+/// In process, pruning forgets a key nobody has held or waited for in the idle time —
+/// fencing stays whole — and keeps the key that is held and waited for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_pruned_key_keeps_fencing() {
+    let backend = std::sync::Arc::new(lock::InProcessBackend::new());
+    let locks = LockService::from_arc(backend.clone());
+    let idle = Duration::from_millis(200);
+    suite::forgotten_key_keeps_fencing(&locks, |_| async {
+        assert_eq!(
+            locks.prune_idle(idle).await.unwrap(),
+            0,
+            "pruned a key used less than the idle time ago"
+        );
+        tokio::time::sleep(idle).await;
+        assert_eq!(locks.prune_idle(idle).await.unwrap(), 1);
+        assert_eq!(backend.key_count(), 1, "the busy key is kept");
+    })
+    .await;
+}
+
+/// 10,000 keys locked once each leave 10,000 entries in the in-process table; a pruning
+/// pass the idle time later forgets them all. Bound: the table holds the keys held or
+/// waited for, plus those used within the idle time before the last pass — here 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_process_state_of_10_000_keys_locked_once_is_pruned() {
+    let backend = std::sync::Arc::new(lock::InProcessBackend::new());
+    let locks = LockService::from_arc(backend.clone());
+    let took = suite::lock_fresh_keys(&locks, 10_000).await;
+    assert_eq!(backend.key_count(), 10_000);
+    let idle = Duration::from_millis(100);
+    tokio::time::sleep(idle).await;
+    assert_eq!(locks.prune_idle(idle).await.unwrap(), 10_000);
+    assert_eq!(backend.key_count(), 0);
+    eprintln!("10,000 keys locked in {took:?}");
+}

@@ -181,3 +181,92 @@ async fn a_holder_from_before_a_restart_never_touches_the_next_holders_lock() {
     );
     assert!(new.release().await.unwrap());
 }
+
+/// The items of memcached at `address` that are still alive (`lru_crawler metadump all`
+/// skips expired ones), by key.
+async fn live_items(address: &str) -> Vec<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(b"lru_crawler metadump all\r\n")
+        .await
+        .unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    let mut keys = Vec::new();
+    while let Some(line) = lines.next_line().await.unwrap() {
+        if line == "END" {
+            break;
+        }
+        // A crawler still busy with an earlier dump answers BUSY: nothing to count yet.
+        assert!(line.starts_with("key="), "{line}");
+        keys.extend(
+            line.split(' ')
+                .next()
+                .map(|key| key["key=".len()..].to_owned()),
+        );
+    }
+    keys
+}
+
+/// A key's counter expires (in whole seconds) its idle time after the last lease ends,
+/// and with it the key's last item: the key locked again gets a token above every
+/// earlier one, a lease from before can neither extend nor release the new lock, and a
+/// key held all the while keeps its counter through its renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
+    let namespace = namespace();
+    let locks = LockService::memcached(
+        &memcached_url(),
+        MemcachedOptions {
+            idle: SECOND,
+            ..options(&namespace)
+        },
+    )
+    .unwrap();
+    crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
+        let gone_by = Instant::now() + 10 * SECOND;
+        for item in ["fence", "lock"] {
+            loop {
+                let answer = operator(&format!("mg {namespace}:{item}:{key} v\r\n")).await;
+                if answer.starts_with("EN") {
+                    break;
+                }
+                assert!(Instant::now() < gone_by, "{item} still kept: {answer}");
+                sleep(Duration::from_millis(100)).await;
+            }
+        }
+    })
+    .await;
+}
+
+/// 10,000 keys locked once each leave nothing behind once their counters' idle time has
+/// passed: the private server's live items fall from 10,000 (one counter per key) to 0.
+/// Bound: every counter lives its lease + the idle time (1 s + 1 s, whole seconds plus
+/// one: 3 s) past its key's last grant, so at most the keys granted in the last 3 s are
+/// kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_of_10_000_keys_locked_once_expires() {
+    let server = MemcachedServer::start().expect("a memcached starts");
+    let address = server.url().trim_start_matches("memcache://").to_owned();
+    let locks = LockService::memcached(
+        &server.url(),
+        MemcachedOptions {
+            idle: SECOND,
+            max_connections: 32,
+            ..options("t")
+        },
+    )
+    .unwrap();
+    let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
+    let kept = live_items(&address).await.len();
+    eprintln!("10,000 keys locked in {took:?}; {kept} items alive right after");
+    assert!(kept > 0 && kept <= 10_000, "{kept} items");
+    sleep(4 * SECOND).await;
+    let kept = live_items(&address).await;
+    assert!(
+        kept.is_empty(),
+        "{} items kept: {:?}",
+        kept.len(),
+        &kept[..kept.len().min(5)]
+    );
+}

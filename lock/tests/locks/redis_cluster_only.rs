@@ -333,3 +333,40 @@ async fn woken_promptly(
     next.release().await.unwrap();
     token
 }
+
+/// In a cluster too (the same scripts, on the key's master), an idle key's counter
+/// expires and fencing stays whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
+    let namespace = namespace();
+    let locks = LockService::redis(
+        &cluster_url(),
+        RedisOptions {
+            namespace: namespace.clone(),
+            op_timeout: Duration::from_secs(2),
+            idle: Duration::from_millis(200),
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
+        let gone_by = Instant::now() + 5 * SECOND;
+        loop {
+            let mut left = Vec::new();
+            for port in masters(&cluster_url()).await {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{namespace}:*{{{key}}}"))
+                    .query_async(&mut node(port).await)
+                    .await
+                    .unwrap();
+                left.extend(keys);
+            }
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < gone_by, "still kept: {left:?}");
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}

@@ -682,3 +682,89 @@ async fn lock_delay_keeps_a_vanished_holders_key() {
     )
     .await;
 }
+
+/// A key's fencing counter expires its idle time after the last lease ends, and with it
+/// the last of the key's state: the key locked again gets a token above every earlier
+/// one, a lease from before can neither extend nor release the new lock, and a key held
+/// (and waited for) all the while keeps its counter through its renewals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
+    let server = RedisServer::start().unwrap();
+    let locks = LockService::redis(
+        &server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: 2 * SECOND,
+            idle: Duration::from_millis(200),
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    let url = server.url();
+    crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
+        let mut raw = redis::Client::open(url)
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let gone_by = Instant::now() + 5 * SECOND;
+        loop {
+            let left: Vec<String> = raw.keys(format!("t:*{{{key}}}")).await.unwrap();
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < gone_by, "still kept: {left:?}");
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+}
+
+/// 10,000 keys locked once each leave nothing in Redis once their idle time has passed.
+/// Bound: every key the lock writes expires within a lease and the idle time (here
+/// 1 s + 1 s) of its last use, so `DBSIZE` is at most the keys used in that window — 0
+/// once it has passed (10,000 fencing counters, kept forever, without the expiry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_of_10_000_keys_locked_once_expires() {
+    let server = RedisServer::start().unwrap();
+    let locks = LockService::redis(
+        &server.url(),
+        RedisOptions {
+            namespace: "t".into(),
+            op_timeout: 2 * SECOND,
+            idle: SECOND,
+            ..RedisOptions::default()
+        },
+    )
+    .unwrap();
+    let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
+    let mut raw = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<String> = raw.keys("*").await.unwrap();
+    let mut ttls = redis::pipe();
+    for key in &keys {
+        ttls.cmd("PTTL").arg(key);
+    }
+    let ttls: Vec<i64> = ttls.query_async(&mut raw).await.unwrap();
+    let lasting = ttls
+        .iter()
+        .filter(|ttl| **ttl == -1 || **ttl > 2_000)
+        .count();
+    assert_eq!(lasting, 0, "of {} keys", keys.len());
+    let expired_by = Instant::now() + 10 * SECOND;
+    loop {
+        let size: i64 = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+        if size == 0 {
+            break;
+        }
+        assert!(Instant::now() < expired_by, "{size} keys kept");
+        sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "10,000 keys locked in {took:?}; {} keys right after",
+        keys.len()
+    );
+}

@@ -924,3 +924,109 @@ where
     }
     assert!(holder.release().await.unwrap());
 }
+
+/// A key's state forgotten once nobody holds or waits for it — pruned, or expired by the
+/// store — leaves fencing whole: the next grant's token is above every earlier one, and
+/// a lease from before (released, or run out while its holder paused) can neither extend
+/// nor release the new holder's lock. A key held and waited for all the while keeps its
+/// state: its next token follows on. `forget(key)` makes the store forget `key` —
+/// waiting out its idle time, pruning — and checks that it did.
+pub async fn forgotten_key_keeps_fencing<F, Fut>(locks: &LockService, forget: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (idle_key, busy_key) = (key(), key());
+    let mut earlier = Vec::new();
+    for _ in 0..3 {
+        let mut guard = locks.try_acquire(&idle_key, SECOND).await.unwrap().unwrap();
+        earlier.push(guard.fencing_token());
+        assert!(guard.release().await.unwrap());
+    }
+    let ttl = Duration::from_millis(300);
+    let mut last = locks.try_acquire(&idle_key, ttl).await.unwrap().unwrap();
+    earlier.push(last.fencing_token());
+    let stale = last.lease().clone();
+    if leases_are_sessions(locks) {
+        // A lease that is a session does not run out while this process lives.
+        assert!(last.release().await.unwrap());
+    } else {
+        last.abandon().await;
+        sleep(ttl + 2 * locks.backend().expiry_granularity()).await;
+    }
+
+    let mut busy = locks.try_acquire(&busy_key, ttl).await.unwrap().unwrap();
+    let waiter = {
+        let (locks, busy_key) = (locks.clone(), busy_key.clone());
+        tokio::spawn(async move { locks.acquire(&busy_key, SECOND, after(60_000)).await })
+    };
+    sleep(Duration::from_millis(100)).await;
+
+    forget(idle_key.clone()).await;
+
+    let mut again = locks
+        .try_acquire(&idle_key, 5 * SECOND)
+        .await
+        .unwrap()
+        .expect("free once forgotten");
+    let highest = earlier.iter().max().copied().unwrap();
+    assert!(
+        again.fencing_token() > highest,
+        "token {} after {highest}",
+        again.fencing_token()
+    );
+    assert!(
+        !locks.backend().extend(&stale, 5 * SECOND).await.unwrap(),
+        "a lease from before extended the new holder's lock"
+    );
+    assert!(
+        !locks.backend().release(&stale).await.unwrap(),
+        "a lease from before released the new holder's lock"
+    );
+    assert!(
+        locks
+            .try_acquire(&idle_key, SECOND)
+            .await
+            .unwrap()
+            .is_none(),
+        "the new holder lost its lock"
+    );
+    assert!(again.release().await.unwrap());
+
+    assert!(!busy.is_lost(), "the busy key's holder lost its lock");
+    let held = busy.fencing_token();
+    assert!(busy.release().await.unwrap());
+    let mut next = waiter.await.unwrap().expect("the waiter is served");
+    if tokens_are_counted(locks) {
+        assert_eq!(
+            next.fencing_token().get(),
+            held.get() + 1,
+            "the busy key's counter was forgotten"
+        );
+    } else {
+        assert!(next.fencing_token() > held);
+    }
+    assert!(next.release().await.unwrap());
+}
+
+/// Locks and releases `count` keys never locked before, 32 at a time, as a stream of
+/// orders does; returns how long it took.
+pub async fn lock_fresh_keys(locks: &LockService, count: usize) -> Duration {
+    const TASKS: usize = 32;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                for _ in (task..count).step_by(TASKS) {
+                    let mut guard = locks.acquire(&key(), SECOND, after(30_000)).await.unwrap();
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    started.elapsed()
+}

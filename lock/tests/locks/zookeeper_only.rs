@@ -398,3 +398,83 @@ async fn the_waiter_cap_holds_across_processes() {
     };
     crate::suite::the_waiter_cap_holds_across([capped(), capped()]).await;
 }
+
+/// The shared ZooKeeper under a root of the test's own, and a plain client of it for
+/// looking at the tree.
+async fn shared_with_root(root: &str) -> (LockService, zookeeper_client::Client) {
+    let base = std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
+    let locks = LockService::zookeeper(&format!("{base}{root}"), ZooKeeperOptions::default())
+        .expect("a valid ZooKeeper URL");
+    let hosts = base.trim_start_matches("zk://").to_owned();
+    let client = zookeeper_client::Client::connect(&hosts).await.unwrap();
+    (locks, client)
+}
+
+fn test_root() -> String {
+    format!("/payonce-tests/{:016x}", rand::random::<u64>())
+}
+
+/// Pruning deletes a key's parent node once it stayed empty for the idle time between
+/// two passes — the key locked again gets a larger token, a lease from before can
+/// neither extend nor release the new lock — and keeps the parents of a key held and
+/// waited for, and of a key whose fencing base was raised.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pruning_deletes_idle_parents_and_fencing_stays_whole() {
+    let root = test_root();
+    let (locks, client) = shared_with_root(&root).await;
+    let mut raised = locks.try_acquire("raised", SECOND).await.unwrap().unwrap();
+    raised.release().await.unwrap();
+    locks
+        .raise_fencing("raised", FencingToken::new(1 << 40))
+        .await
+        .unwrap();
+    let idle = Duration::from_millis(300);
+    let (service, client, root) = (&locks, &client, &root);
+    crate::suite::forgotten_key_keeps_fencing(&locks, move |key| async move {
+        let (locks, parent) = (service, format!("{root}/locks/{key}"));
+        assert!(client.check_stat(&parent).await.unwrap().is_some());
+        assert_eq!(
+            locks.prune_idle(idle).await.unwrap(),
+            0,
+            "the first pass only takes note"
+        );
+        sleep(idle).await;
+        assert_eq!(locks.prune_idle(idle).await.unwrap(), 1);
+        assert!(client.check_stat(&parent).await.unwrap().is_none());
+        let kept = client
+            .list_children(&format!("{root}/locks"))
+            .await
+            .unwrap();
+        assert_eq!(
+            kept.len(),
+            2,
+            "the busy and the raised key are kept: {kept:?}"
+        );
+    })
+    .await;
+    let mut again = locks.try_acquire("raised", SECOND).await.unwrap().unwrap();
+    assert!(again.fencing_token() > FencingToken::new(1 << 40));
+    again.release().await.unwrap();
+}
+
+/// 10,000 keys locked once each leave one parent node each (10,000 znodes under the
+/// test's root); two pruning passes the idle time apart delete them all. Bound: the
+/// znodes under the root are at most the keys used within the last two reaping passes,
+/// plus `<root>/locks` itself — here 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn state_of_10_000_keys_locked_once_is_pruned() {
+    let root = test_root();
+    let (locks, client) = shared_with_root(&root).await;
+    let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
+    let before = client.count_descendants_number(&root).await.unwrap();
+    assert_eq!(before, 10_001, "a parent per key, under <root>/locks");
+    let idle = Duration::from_millis(100);
+    let pruning = Instant::now();
+    locks.prune_idle(idle).await.unwrap();
+    sleep(idle).await;
+    let pruned = locks.prune_idle(idle).await.unwrap();
+    let pruning = pruning.elapsed();
+    let after = client.count_descendants_number(&root).await.unwrap();
+    eprintln!("10,000 keys locked in {took:?}, pruned in {pruning:?}");
+    assert_eq!((pruned, after), (10_000, 1));
+}
