@@ -327,15 +327,7 @@ async fn with_an_operator_key_only_the_operator_creates_money() {
     );
     let wrong = deposit(&app, &ada.id, &ticket, "not-the-operator-key-at-all", 50).await;
     assert_problem(wrong, StatusCode::UNAUTHORIZED, "unauthenticated").await;
-    let (_, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let shown = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(shown["state"], "issued", "{shown}");
     assert_eq!(app.balance(&ada).await, (100, 3));
 
@@ -369,15 +361,7 @@ async fn with_an_operator_key_only_the_operator_creates_money() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_names_the_operator_key_and_the_bad_key_limit() {
     let app = spawn_app(Backend::Embedded).await;
-    let spec: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.openapi().await;
     let schemes = &spec["components"]["securitySchemes"];
     assert_eq!(schemes["operator_key"]["scheme"], "bearer", "{schemes}");
     assert_eq!(

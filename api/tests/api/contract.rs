@@ -402,15 +402,7 @@ pub async fn unknown_foreign_or_expired_tickets_are_refused(backend: Backend) {
     tokio::time::sleep(Duration::from_millis(450)).await;
     let response = app.withdraw(&ada, &expiring, 1).await;
     assert_problem(response, StatusCode::GONE, "ticket-expired").await;
-    let (_, _, body) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{expiring}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let body = app.shown_ticket(&ada, &expiring).await;
     assert_eq!(body["state"], "expired");
     assert_eq!(app.balance(&ada).await, (1000, 0));
     assert_eq!(app.balance(&bob).await, (1000, 0));
@@ -701,15 +693,7 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
         "{metrics}"
     );
 
-    let (_, _, body) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let body = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(body["state"], "issued");
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 5).await).await;
     assert_eq!(
@@ -872,15 +856,7 @@ pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
     .await;
 
     assert_eq!(app.balance(&ada).await, (300, 0));
-    let (_, _, ticket) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{paused_ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let ticket = app.shown_ticket(&ada, &paused_ticket).await;
     assert_eq!(
         ticket["state"], "issued",
         "the paused request stored nothing"
@@ -930,15 +906,7 @@ pub async fn service_endpoints_answer(backend: Backend) {
             .starts_with("text/html")
     );
     assert!(page.text().await.unwrap().contains("payonce"));
-    let spec: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.openapi().await;
     assert!(
         spec["openapi"].as_str().unwrap().starts_with("3.1"),
         "{}",

@@ -6,21 +6,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
-    spawn_config,
+    Backend, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
+    spawn_behind_a_cutter,
 };
-
-/// An instance whose database connections pass through a
-/// [`ledger::testing::CommitCutter`].
-async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
-    let shared = Shared::new(Backend::Distributed).await;
-    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
-        .await
-        .unwrap();
-    let mut config = shared.config(&[]);
-    config.database_url = Some(cutter.url().to_owned());
-    (spawn_config(shared, config).await, cutter)
-}
 
 /// The answer to the statement that commits an order (one statement, committed on its
 /// own) is lost: the ledger sends it again on another connection, recognises the row the
@@ -28,7 +16,7 @@ async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
 /// for the primary key the repeat ran into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_answer_to_an_order_create_answers_the_order() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let description = format!("cut-{}", uuid::Uuid::new_v4().simple());
 
@@ -70,7 +58,7 @@ async fn a_lost_answer_to_an_order_create_answers_the_order() {
 /// `outcome-unknown` and a second try that opens a second account.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_to_an_account_create_answers_the_account() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
 
     cutter.arm();
     let (status, replayed, body) =
@@ -88,7 +76,7 @@ async fn a_lost_commit_answer_to_an_account_create_answers_the_account() {
 /// client's own resend replays that answer — one account, one order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_to_a_keyed_create_answers_it_once() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let key = uuid::Uuid::new_v4().to_string();
     let request = json!({ "name": "Ada", "balance": 500 });
 
@@ -498,15 +486,7 @@ async fn a_body_must_be_an_object(backend: Backend, endpoint: Endpoint) {
         (1, 1)
     );
     assert_eq!(app.balance(&ada).await, (1000, 5));
-    let (_, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let shown = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(shown["state"], "issued", "{shown}");
     let (status, replayed, body) = read(post(valid.to_string()).await.unwrap()).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");

@@ -192,15 +192,7 @@ async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
         (body["database"].as_str(), body["lock_store"].as_str()),
         (Some("ok"), Some("unavailable"))
     );
-    let (_, _, state) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let state = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(state["state"], "issued");
     assert_eq!(app.balance(&ada).await, (1000, 0));
 }
@@ -397,12 +389,11 @@ async fn a_grant_from_before_a_wipe_cannot_write_after_a_later_grant() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let (locks, ledger) = (app.state.locks(), app.state.ledger());
+    let locks = app.state.locks();
     let ttl = Duration::from_millis(300);
 
     for clock_stepped_back in [false, true] {
         let ada = app.create_account(1000, 0).await;
-        let account = ledger::AccountId(ada.id.parse().unwrap());
         let key = format!("lock:account:{}", ada.id);
         let paused_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
         let later_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
@@ -432,23 +423,13 @@ async fn a_grant_from_before_a_wipe_cannot_write_after_a_later_grant() {
         } else {
             assert!(later.fencing_token() > paused.fencing_token());
         }
-        let apply = |ticket, token| {
-            ledger.apply(
-                ledger::ApplyRequest {
-                    ticket_id: ticket,
-                    account_id: account,
-                    operation: ledger::Operation::Withdrawal(ledger::Amount::new(600).unwrap()),
-                    fingerprint: "withdraw 600",
-                    fencing_token: token,
-                },
-                &api::render::render,
-            )
-        };
-        let written = apply(later_ticket, later.fencing_token().get())
+        let written = app
+            .withdraw_under_token(&ada, later_ticket, 600, later.fencing_token().get())
             .await
             .unwrap();
         assert_eq!(written.response.status, 201);
-        let refused = apply(paused_ticket, paused.fencing_token().get())
+        let refused = app
+            .withdraw_under_token(&ada, paused_ticket, 600, paused.fencing_token().get())
             .await
             .unwrap_err();
         assert!(

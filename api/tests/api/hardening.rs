@@ -11,21 +11,8 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
-    spawn_config,
+    Backend, TestAccount, assert_problem, read, spawn_app, spawn_app_with, spawn_behind_a_cutter,
 };
-
-/// An instance whose database connections pass through a
-/// [`ledger::testing::CommitCutter`].
-pub(crate) async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
-    let shared = Shared::new(Backend::Distributed).await;
-    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
-        .await
-        .unwrap();
-    let mut config = shared.config(&[]);
-    config.database_url = Some(cutter.url().to_owned());
-    (spawn_config(shared, config).await, cutter)
-}
 
 /// The connection to PostgreSQL dies after COMMIT was sent and before its answer came
 /// back (here on the transaction path, which stores refusals): the client is told the
@@ -34,7 +21,7 @@ pub(crate) async fn behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter
 /// that follows the answer never learns a different outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_commit_answer_is_outcome_unknown() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 
@@ -50,16 +37,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
         "{problem}"
     );
 
-    let (status, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
+    let shown = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(shown["state"], "completed", "{shown}");
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 3000).await).await;
     assert_eq!(
@@ -77,7 +55,7 @@ async fn a_lost_commit_answer_is_outcome_unknown() {
 /// money moved once, not replayed — instead of an outcome it has to ask about.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_lost_spend_answer_is_asked_again() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 
@@ -285,15 +263,7 @@ async fn rate_limits_refuse_with_retry_after_and_store_nothing() {
     );
     let response = app.withdraw(ada, &second, 10).await;
     assert_problem(response, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
-    let (_, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{second}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let shown = app.shown_ticket(ada, &second).await;
     assert_eq!(shown["state"], "issued", "{shown}");
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (status, replayed, _) = read(app.withdraw(ada, &second, 10).await).await;

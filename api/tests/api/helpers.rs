@@ -205,6 +205,18 @@ pub async fn spawn_app_with(backend: Backend, extra: &[&str]) -> TestApp {
     spawn_with(Shared::new(backend).await, extra).await
 }
 
+/// An instance (PostgreSQL + Redis) whose database connections pass through a
+/// [`ledger::testing::CommitCutter`], to lose the answers a test chooses.
+pub async fn spawn_behind_a_cutter() -> (TestApp, ledger::testing::CommitCutter) {
+    let shared = Shared::new(Backend::Distributed).await;
+    let cutter = ledger::testing::CommitCutter::start(shared.database.url())
+        .await
+        .expect("a cutter");
+    let mut config = shared.config(&[]);
+    config.database_url = Some(cutter.url().to_owned());
+    (spawn_config(shared, config).await, cutter)
+}
+
 /// One more server on `shared`.
 pub async fn spawn_with(shared: Arc<Shared>, extra: &[&str]) -> TestApp {
     let config = shared.config(extra);
@@ -284,6 +296,61 @@ impl TestApp {
             id: body["id"].as_str().expect("id").to_owned(),
             key: body["api_key"].as_str().expect("key").to_owned(),
         }
+    }
+
+    /// The ticket as `GET /v1/tickets/{id}` shows it to its account (asserting a 200).
+    pub async fn shown_ticket(&self, account: &TestAccount, ticket: &str) -> Value {
+        let (status, _, shown) = read(
+            self.client
+                .get(self.url(&format!("/v1/tickets/{ticket}")))
+                .bearer_auth(&account.key)
+                .send()
+                .await
+                .expect("request"),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{shown}");
+        shown
+    }
+
+    /// The OpenAPI document the server serves.
+    pub async fn openapi(&self) -> Value {
+        self.client
+            .get(self.url("/openapi.json"))
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("json")
+    }
+
+    /// Withdraws `amount` straight through the ledger under a fencing `token` of the
+    /// test's choosing, as a lock holder granted it would: how tests show which grants
+    /// the ledger takes and which it refuses as stale.
+    pub async fn withdraw_under_token(
+        &self,
+        account: &TestAccount,
+        ticket: ledger::TicketId,
+        amount: i64,
+        token: u64,
+    ) -> Result<ledger::Applied, ledger::ApplyError> {
+        let fingerprint = format!("withdraw {amount}");
+        self.state
+            .ledger()
+            .apply(
+                ledger::ApplyRequest {
+                    ticket_id: ticket,
+                    account_id: ledger::AccountId(account.id.parse().expect("an account id")),
+                    operation: ledger::Operation::Withdrawal(
+                        ledger::Amount::new(amount).expect("an amount"),
+                    ),
+                    fingerprint: &fingerprint,
+                    fencing_token: token,
+                },
+                &api::render::render,
+            )
+            .await
     }
 
     pub async fn ticket(&self, account: &TestAccount) -> String {

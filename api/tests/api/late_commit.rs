@@ -9,30 +9,14 @@ use ledger::testing::PrivatePostgres;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::hardening::behind_a_cutter;
-use crate::helpers::{Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_config};
-
-/// The ticket as `GET /v1/tickets/{id}` shows it.
-async fn shown_ticket(app: &TestApp, account: &TestAccount, ticket: &str) -> Value {
-    let (status, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/tickets/{ticket}")))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK, "{shown}");
-    shown
-}
+use crate::helpers::{Backend, Shared, assert_problem, read, spawn_behind_a_cutter, spawn_config};
 
 /// The server answers the statement that spends a ticket with FATAL after it committed:
 /// the batch is sent again, finds the spend written under its own fencing token, and
 /// answers the first execution as one — 201, not replayed — with the money moved once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fatal_after_the_commit_is_answered_as_the_first_execution() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 
@@ -55,7 +39,7 @@ async fn a_fatal_after_the_commit_is_answered_as_the_first_execution() {
 /// shows the spend completed, and resending with the same ticket replays the stored 201.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fatal_on_every_try_is_outcome_unknown() {
-    let (app, cutter) = behind_a_cutter().await;
+    let (app, cutter) = spawn_behind_a_cutter().await;
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;
 
@@ -66,7 +50,7 @@ async fn fatal_on_every_try_is_outcome_unknown() {
     assert!(cutter.cuts() >= 1);
     cutter.arm_on(id.as_bytes(), 0);
 
-    let shown = shown_ticket(&app, &ada, &ticket).await;
+    let shown = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(shown["state"], "completed", "{shown}");
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true), "{body}");
@@ -216,7 +200,7 @@ async fn a_commit_waiting_for_a_standby_is_ended(ending: Ending) -> (StatusCode,
     )
     .await;
 
-    let shown = shown_ticket(&app, &ada, &ticket).await;
+    let shown = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(shown["state"], "completed", "{shown}");
     let (again, replayed, stored) = read(app.withdraw(&ada, &ticket, 300).await).await;
     assert_eq!((again, replayed), (StatusCode::CREATED, true), "{stored}");

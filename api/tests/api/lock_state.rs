@@ -86,8 +86,7 @@ async fn paused_holder_is_refused_once_its_key_was_forgotten<F, Fut>(
         app.withdraw_with_a_new_ticket(&ada, 100).await,
         StatusCode::CREATED
     );
-    let (locks, ledger) = (app.state.locks(), app.state.ledger());
-    let account = ledger::AccountId(ada.id.parse().unwrap());
+    let locks = app.state.locks();
     let key = format!("lock:account:{}", ada.id);
     let paused_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
     let later_ticket = ledger::TicketId(app.ticket(&ada).await.parse().unwrap());
@@ -104,23 +103,13 @@ async fn paused_holder_is_refused_once_its_key_was_forgotten<F, Fut>(
         .unwrap()
         .expect("the paused holder's lease ran out");
     assert!(later.fencing_token() > paused.fencing_token());
-    let apply = |ticket, token| {
-        ledger.apply(
-            ledger::ApplyRequest {
-                ticket_id: ticket,
-                account_id: account,
-                operation: ledger::Operation::Withdrawal(ledger::Amount::new(600).unwrap()),
-                fingerprint: "withdraw 600",
-                fencing_token: token,
-            },
-            &api::render::render,
-        )
-    };
-    let written = apply(later_ticket, later.fencing_token().get())
+    let written = app
+        .withdraw_under_token(&ada, later_ticket, 600, later.fencing_token().get())
         .await
         .unwrap();
     assert_eq!(written.response.status, 201);
-    let refused = apply(paused_ticket, paused.fencing_token().get())
+    let refused = app
+        .withdraw_under_token(&ada, paused_ticket, 600, paused.fencing_token().get())
         .await
         .unwrap_err();
     assert!(

@@ -11,23 +11,10 @@ use crate::helpers::{Backend, spawn_app};
 /// and refuses that of a grant from before it which never wrote.
 async fn the_ledger_accepts_the_next_token_after_pruning(backend: Backend) {
     let app = spawn_app(backend).await;
-    let (locks, ledger) = (app.state.locks(), app.state.ledger());
+    let locks = app.state.locks();
     let ada = app.create_account(1000, 0).await;
-    let account = ledger::AccountId(ada.id.parse().unwrap());
     let key = format!("lock:account:{}", ada.id);
     let ttl = Duration::from_secs(2);
-    let apply = |ticket, token| {
-        ledger.apply(
-            ledger::ApplyRequest {
-                ticket_id: ticket,
-                account_id: account,
-                operation: ledger::Operation::Withdrawal(ledger::Amount::new(300).unwrap()),
-                fingerprint: "withdraw 300",
-                fencing_token: token,
-            },
-            &api::render::render,
-        )
-    };
     let mut tickets = Vec::new();
     for _ in 0..3 {
         tickets.push(ledger::TicketId(app.ticket(&ada).await.parse().unwrap()));
@@ -35,7 +22,8 @@ async fn the_ledger_accepts_the_next_token_after_pruning(backend: Backend) {
 
     // A write under the first grant: the ledger records its token.
     let mut first = locks.try_acquire(&key, ttl).await.unwrap().expect("free");
-    let written = apply(tickets[0], first.fencing_token().get())
+    let written = app
+        .withdraw_under_token(&ada, tickets[0], 300, first.fencing_token().get())
         .await
         .unwrap();
     assert_eq!(written.response.status, 201);
@@ -51,11 +39,13 @@ async fn the_ledger_accepts_the_next_token_after_pruning(backend: Backend) {
 
     let mut later = locks.try_acquire(&key, ttl).await.unwrap().expect("free");
     assert!(later.fencing_token() > stale.fencing_token());
-    let written = apply(tickets[1], later.fencing_token().get())
+    let written = app
+        .withdraw_under_token(&ada, tickets[1], 300, later.fencing_token().get())
         .await
         .unwrap();
     assert_eq!(written.response.status, 201, "{backend:?}");
-    let refused = apply(tickets[2], stale.fencing_token().get())
+    let refused = app
+        .withdraw_under_token(&ada, tickets[2], 300, stale.fencing_token().get())
         .await
         .unwrap_err();
     assert!(

@@ -51,15 +51,7 @@ fn assert_fits(schema: &Value, body: &Value, what: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_matches_the_routes_and_the_bodies() {
     let app = spawn_app(Backend::Embedded).await;
-    let spec: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.openapi().await;
 
     let contract = [
         ("/v1/accounts", "post"),
@@ -250,15 +242,7 @@ async fn the_document_matches_the_routes_and_the_bodies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_document_says_what_the_server_enforces() {
     let app = spawn_app(Backend::Embedded).await;
-    let spec: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let spec = app.openapi().await;
     let parameter = |path: &str, method: &str, name: &str| -> Value {
         spec["paths"][path][method]["parameters"]
             .as_array()

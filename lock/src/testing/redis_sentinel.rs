@@ -179,9 +179,14 @@ impl RedisSentinels {
                 .extend(["--replicaof".into(), "127.0.0.1".into(), master.to_string()]);
             node.spawn()?;
         }
+        // The master the sentinels name, asked afresh each time: on a loaded machine they
+        // may fail over once more (a master that did not answer for their 1 s), and then
+        // reconfigure every node to follow the new one — the one named at the restart
+        // would never see its two replicas again.
         wait_for(limit, || {
-            let info = redis_cli(master, &["INFO", "replication"])?;
-            Ok(info.contains("connected_slaves:2")
+            let info = redis_cli(self.master()?, &["INFO", "replication"])?;
+            Ok(info.contains("role:master")
+                && info.contains("connected_slaves:2")
                 && info
                     .lines()
                     .filter(|line| line.starts_with("slave"))

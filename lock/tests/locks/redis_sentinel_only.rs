@@ -91,7 +91,7 @@ async fn a_killed_master_is_replaced_and_tokens_never_go_back() {
     // The old master comes back empty and the sentinels make it a replica: the lock stays
     // on the new master.
     let _sentinels = tokio::task::spawn_blocking(move || {
-        sentinels.restart_killed(Duration::from_secs(30))?;
+        sentinels.restart_killed(Duration::from_secs(60))?;
         Ok::<_, std::io::Error>(sentinels)
     })
     .await
