@@ -423,19 +423,14 @@ async fn a_grant_from_before_a_wipe_cannot_write_after_a_later_grant() {
         } else {
             assert!(later.fencing_token() > paused.fencing_token());
         }
-        let written = app
-            .withdraw_under_token(&ada, later_ticket, 600, later.fencing_token().get())
-            .await
-            .unwrap();
-        assert_eq!(written.response.status, 201);
-        let refused = app
-            .withdraw_under_token(&ada, paused_ticket, 600, paused.fencing_token().get())
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(refused, ledger::ApplyError::StaleToken { .. }),
-            "clock stepped back: {clock_stepped_back}: {refused:?}"
-        );
+        app.assert_later_grant_wins(
+            &ada,
+            (later_ticket, later.fencing_token().get()),
+            (paused_ticket, paused.fencing_token().get()),
+            600,
+            &format!("clock stepped back: {clock_stepped_back}"),
+        )
+        .await;
         later.release().await.unwrap();
         assert_eq!(app.balance(&ada).await, (400, 0));
     }

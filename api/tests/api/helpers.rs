@@ -353,6 +353,32 @@ impl TestApp {
             .await
     }
 
+    /// Fencing at the ledger: a withdrawal of `amount` under the later grant's token is
+    /// written, and one under the earlier grant's token (on another ticket) is refused as
+    /// stale. `what` names the case in a failure.
+    pub async fn assert_later_grant_wins(
+        &self,
+        account: &TestAccount,
+        later: (ledger::TicketId, u64),
+        earlier: (ledger::TicketId, u64),
+        amount: i64,
+        what: &str,
+    ) {
+        let written = self
+            .withdraw_under_token(account, later.0, amount, later.1)
+            .await
+            .expect("the later grant writes");
+        assert_eq!(written.response.status, 201, "{what}");
+        let refused = self
+            .withdraw_under_token(account, earlier.0, amount, earlier.1)
+            .await
+            .expect_err("the earlier grant is refused");
+        assert!(
+            matches!(refused, ledger::ApplyError::StaleToken { .. }),
+            "{what}: {refused:?}"
+        );
+    }
+
     pub async fn ticket(&self, account: &TestAccount) -> String {
         let response = self
             .client

@@ -103,19 +103,14 @@ async fn paused_holder_is_refused_once_its_key_was_forgotten<F, Fut>(
         .unwrap()
         .expect("the paused holder's lease ran out");
     assert!(later.fencing_token() > paused.fencing_token());
-    let written = app
-        .withdraw_under_token(&ada, later_ticket, 600, later.fencing_token().get())
-        .await
-        .unwrap();
-    assert_eq!(written.response.status, 201);
-    let refused = app
-        .withdraw_under_token(&ada, paused_ticket, 600, paused.fencing_token().get())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(refused, ledger::ApplyError::StaleToken { .. }),
-        "{refused:?}"
-    );
+    app.assert_later_grant_wins(
+        &ada,
+        (later_ticket, later.fencing_token().get()),
+        (paused_ticket, paused.fencing_token().get()),
+        600,
+        "a key forgotten meanwhile",
+    )
+    .await;
     later.release().await.unwrap();
     assert_eq!(app.balance(&ada).await, (300, 0));
     app.assert_audit_clean().await;
