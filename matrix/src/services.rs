@@ -14,9 +14,9 @@ use serde::Serialize;
 
 use crate::MatrixError;
 
-/// A lock service: a row of the matrix names the one its instances lock with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// A lock service: a row of the matrix names the one its instances lock with. Its name
+/// ([`Service::name`]) is the same in the JSON, on the command line and in the documents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Service {
     /// No lock service at all (the no-lock row; its instances are the Redis ones).
     None,
@@ -40,6 +40,12 @@ pub enum Service {
     MysqlRow,
     /// PostgreSQL session-level advisory locks.
     Postgres,
+}
+
+impl Serialize for Service {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
 }
 
 impl Service {
@@ -358,5 +364,22 @@ impl Servers {
     /// Ends the partition.
     pub fn heal(&self) {
         self.proxies.values().for_each(Proxy::heal);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The JSON names a service as the command line and the documents do (`zookeeper`,
+    /// never serde's `zoo-keeper`), and every name parses back.
+    #[test]
+    fn a_service_has_one_name_everywhere() {
+        for service in Service::ALL {
+            assert_eq!(serde_json::to_value(service).unwrap(), service.name());
+            assert_eq!(Service::parse(service.name()), Some(service));
+        }
     }
 }
