@@ -1,6 +1,7 @@
 //! Prometheus metrics (OpenMetrics text at `/metrics`), one registry per server so that
 //! several servers in one process (the tests) keep separate counts.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{MatchedPath, Request, State};
@@ -13,8 +14,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::time::Instant;
-
-use crate::state::AppState;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
@@ -249,7 +248,7 @@ pub async fn label_route(request: Request, next: Next) -> Response {
 /// Middleware outside the body limit, the timeout and the panic catcher: counts every
 /// request by its route, and those one of them answered before the router could (a 413
 /// by `Content-Length`, a 503 timeout, a 500 from a panic) under the route `(layer)`.
-pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let method = method_label(request.method()).to_owned();
     let response = next.run(request).await;
@@ -257,9 +256,7 @@ pub async fn track(State(state): State<AppState>, request: Request, next: Next) 
         .extensions()
         .get::<Route>()
         .map_or_else(|| "(layer)".to_owned(), |route| route.0.clone());
-    state
-        .metrics()
-        .observe(route, method, response.status().as_u16(), started.elapsed());
+    metrics.observe(route, method, response.status().as_u16(), started.elapsed());
     response
 }
 

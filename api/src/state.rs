@@ -106,7 +106,8 @@ struct Inner {
     ledger: Ledger,
     locks: LockService,
     settings: Settings,
-    metrics: Metrics,
+    /// Shared with the request-counting middleware, which holds it rather than the state.
+    metrics: Arc<Metrics>,
     /// How fast clients may open accounts, take tickets and spend.
     limits: RateLimits,
     /// Tickets this instance is executing: duplicates wait here, not on the lock.
@@ -138,7 +139,7 @@ impl AppState {
             ledger,
             locks,
             settings,
-            metrics: Metrics::new(),
+            metrics: Arc::new(Metrics::new()),
             limits,
             flights: Flights::default(),
             recipes,
@@ -211,6 +212,11 @@ impl AppState {
     /// The metrics.
     pub fn metrics(&self) -> &Metrics {
         &self.0.metrics
+    }
+
+    /// The metrics, for a part of the service that outlives a borrow of the state.
+    pub fn shared_metrics(&self) -> Arc<Metrics> {
+        Arc::clone(&self.0.metrics)
     }
 
     /// The rate limits.

@@ -213,7 +213,7 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
     });
     let instance = state.settings().instance.clone();
     let max_in_flight = state.settings().max_in_flight;
-    let track = middleware::from_fn_with_state(state.clone(), metrics::track);
+    let track = middleware::from_fn_with_state(state.shared_metrics(), metrics::track);
     routes
         .route(
             "/openapi.json",
