@@ -298,7 +298,7 @@ impl From<ApplyError> for ApiError {
 }
 
 /// Every problem name, its status and what it means: served at `/problems/<name>` and
-/// listed in the README's error table.
+/// listed in the error table of docs/api.md.
 pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "idempotency-key-missing",
