@@ -1,6 +1,7 @@
 //! The README and the documents behind it stay true: the README's walkthrough runs as
-//! written, and the tables of docs/configuration.md and docs/api.md name every setting and
-//! every problem the code has.
+//! written, its endpoint table and the contract's (docs/api.md) name every operation the
+//! OpenAPI document has, and the tables of docs/configuration.md and docs/api.md name every
+//! setting and every problem the code has.
 
 use api::config::Cli;
 use api::error::EXPLANATIONS;
@@ -89,4 +90,53 @@ fn the_tables_list_every_setting_and_problem() {
             "docs/api.md's error table lacks {status} {name}"
         );
     }
+}
+
+/// The section of `document` under the heading `heading`, up to the next heading of its
+/// level or above.
+fn section<'a>(document: &'a str, heading: &str) -> &'a str {
+    let start = document.find(heading).expect("the heading");
+    let level = heading.len() - heading.trim_start_matches('#').len();
+    let rest = &document[start + heading.len()..];
+    let end = rest
+        .match_indices("\n#")
+        .find(|(at, _)| {
+            let line = &rest[at + 1..];
+            line.len() - line.trim_start_matches('#').len() <= level
+        })
+        .map_or(rest.len(), |(at, _)| at);
+    &rest[..end]
+}
+
+/// The README's endpoint table and the contract's table in docs/api.md name every
+/// operation of the OpenAPI document the server serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_endpoint_tables_list_every_operation() {
+    let app = spawn_app(Backend::Embedded).await;
+    let spec = app.openapi().await;
+    let endpoints = section(README, "## Endpoints");
+    let contract = section(API, "## The contract");
+    let mut operations = 0;
+    for (path, item) in spec["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("a path item").keys() {
+            operations += 1;
+            let method = method.to_uppercase();
+            // A path may show its query (`…/entries?after=&limit=`); the service's own
+            // endpoints share one row: `GET /healthz` · `/readyz` · …
+            let named = |table: &str| {
+                table.contains(&format!("`{method} {path}`"))
+                    || table.contains(&format!("`{method} {path}?"))
+                    || (method == "GET" && table.contains(&format!("· `{path}`")))
+            };
+            assert!(
+                named(endpoints),
+                "README's endpoint table lacks {method} {path}"
+            );
+            assert!(
+                named(contract),
+                "docs/api.md's contract lacks {method} {path}"
+            );
+        }
+    }
+    assert!(operations > 0, "the document lists no operations");
 }
