@@ -5,8 +5,10 @@
 //! database. An empty result everywhere means clean.
 
 use serde::Serialize;
+use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 
-use crate::model::{AccountId, TicketId};
+use crate::error::LedgerError;
+use crate::model::{AccountId, OrderId, TicketId};
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -151,3 +153,205 @@ pub(crate) const ORDERS: &str = "
        OR e.fencing_token > o.fencing_token
        OR (SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) > 1
     LIMIT 1000";
+
+/// Checks every rule over the database behind `pool`.
+pub(crate) async fn run<D>(pool: &Pool<D>) -> Result<Vec<Violation>, LedgerError>
+where
+    D: Database,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'r> i64: Decode<'r, D> + Type<D>,
+    for<'r> i32: Decode<'r, D> + Type<D>,
+    for<'r> String: Decode<'r, D> + Type<D>,
+    for<'r> AccountId: Decode<'r, D> + Type<D>,
+    for<'r> TicketId: Decode<'r, D> + Type<D>,
+    for<'r> OrderId: Decode<'r, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+{
+    let mut found = Vec::new();
+    let mut report = |rule, account_id, ticket_id, detail: String| {
+        found.push(Violation {
+            rule,
+            account_id,
+            ticket_id,
+            detail,
+        });
+    };
+
+    let rows: Vec<(AccountId, i64, i64)> = sqlx::query_as(NEGATIVE).fetch_all(pool).await?;
+    for (account, balance, points) in rows {
+        report(
+            Rule::NonNegative,
+            Some(account),
+            None,
+            format!("balance {balance}, points {points}"),
+        );
+    }
+
+    let rows: Vec<(AccountId, i64, i64, i64, i64)> = sqlx::query_as(SUMS).fetch_all(pool).await?;
+    for (account, balance, points, sum_amount, sum_points) in rows {
+        report(
+            Rule::BalanceMatchesEntries,
+            Some(account),
+            None,
+            format!(
+                "balance {balance} but entries sum to {sum_amount}; points {points} but entries sum to {sum_points}"
+            ),
+        );
+    }
+
+    type Running = (
+        i64,
+        AccountId,
+        Option<TicketId>,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        Option<i64>,
+    );
+    let rows: Vec<Running> = sqlx::query_as(RUNNING).fetch_all(pool).await?;
+    for (
+        entry,
+        account,
+        ticket,
+        balance_after,
+        points_after,
+        running_balance,
+        running_points,
+        token,
+        previous,
+    ) in rows
+    {
+        if balance_after != running_balance || points_after != running_points {
+            report(
+                Rule::RunningTotals,
+                Some(account),
+                ticket,
+                format!(
+                    "entry {entry}: balance_after {balance_after} (running sum {running_balance}), points_after {points_after} (running sum {running_points})"
+                ),
+            );
+        }
+        if let Some(previous) = previous.filter(|previous| token < *previous) {
+            report(
+                Rule::FencingTokenOnlyGrows,
+                Some(account),
+                ticket,
+                format!("entry {entry}: fencing token {token} after {previous}"),
+            );
+        }
+    }
+
+    let rows: Vec<(TicketId, AccountId, i64)> =
+        sqlx::query_as(DUPLICATE_ENTRIES).fetch_all(pool).await?;
+    for (ticket, account, count) in rows {
+        report(
+            Rule::OneEntryPerTicket,
+            Some(account),
+            Some(ticket),
+            format!("{count} entries"),
+        );
+    }
+
+    type Pair = (
+        TicketId,
+        AccountId,
+        Option<i32>,
+        Option<String>,
+        Option<i64>,
+        Option<AccountId>,
+        Option<String>,
+    );
+    let rows: Vec<Pair> = sqlx::query_as(OUTCOME_VS_ENTRY).fetch_all(pool).await?;
+    for (ticket, account, status, operation, entry, entry_account, entry_kind) in rows {
+        let detail = match entry {
+            None => format!("stored status {status:?} but no entry"),
+            Some(entry) => format!(
+                "stored status {status:?} for {operation:?}, but entry {entry} is {entry_kind:?} on account {entry_account:?}"
+            ),
+        };
+        report(
+            Rule::OutcomeMatchesEntry,
+            Some(account),
+            Some(ticket),
+            detail,
+        );
+    }
+
+    let rows: Vec<(i64, AccountId, TicketId)> =
+        sqlx::query_as(ORPHAN_ENTRIES).fetch_all(pool).await?;
+    for (entry, account, ticket) in rows {
+        report(
+            Rule::EntryHasTicket,
+            Some(account),
+            Some(ticket),
+            format!("entry {entry} names a ticket that does not exist"),
+        );
+    }
+
+    let rows: Vec<(AccountId, i64, i64)> = sqlx::query_as(ACCOUNT_TOKENS).fetch_all(pool).await?;
+    for (account, recorded, highest) in rows {
+        report(
+            Rule::FencingTokenOnlyGrows,
+            Some(account),
+            None,
+            format!("account records token {recorded} but an entry carries {highest}"),
+        );
+    }
+
+    let rows: Vec<(AccountId, i64)> = sqlx::query_as(OPENING_COUNT).fetch_all(pool).await?;
+    for (account, count) in rows {
+        report(
+            Rule::OpeningEntry,
+            Some(account),
+            None,
+            format!("{count} opening entries"),
+        );
+    }
+    let rows: Vec<(i64, AccountId)> = sqlx::query_as(OPENING_FIRST).fetch_all(pool).await?;
+    for (entry, account) in rows {
+        report(
+            Rule::OpeningEntry,
+            Some(account),
+            None,
+            format!("opening entry {entry} is not the account's first"),
+        );
+    }
+
+    let rows: Vec<(i64, AccountId, Option<TicketId>, String, i64, i64)> =
+        sqlx::query_as(SIGNS).fetch_all(pool).await?;
+    for (entry, account, ticket, kind, amount, points) in rows {
+        report(
+            Rule::EntrySigns,
+            Some(account),
+            ticket,
+            format!("entry {entry}: {kind} with amount {amount}, points {points}"),
+        );
+    }
+
+    type Paid = (
+        OrderId,
+        AccountId,
+        Option<TicketId>,
+        Option<TicketId>,
+        i64,
+        Option<i64>,
+        i64,
+    );
+    let rows: Vec<Paid> = sqlx::query_as(ORDERS).fetch_all(pool).await?;
+    for (order, account, ticket, paid_by, amount, entry_amount, payments) in rows {
+        let state = paid_by.map_or("open".to_owned(), |paid_by| format!("paid by {paid_by}"));
+        report(
+            Rule::OrderPaidOnce,
+            Some(account),
+            ticket.or(paid_by),
+            format!(
+                "order {order} of {amount}, {state}: {payments} payment entries (this one's amount {entry_amount:?})"
+            ),
+        );
+    }
+
+    Ok(found)
+}

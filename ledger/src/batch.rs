@@ -15,7 +15,7 @@
 //! sizes sent.
 //!
 //! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
-//! stale token) comes back with its ticket and its account's token as found; `store.rs`
+//! stale token) comes back with its ticket and its account's token as found; `apply.rs`
 //! answers from those or settles it on the transaction path. Nothing here judges a ticket.
 
 use std::collections::HashSet;
@@ -31,7 +31,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, is_dead_connection};
 use crate::model::{AccountId, TicketId};
-use crate::store::TicketRow;
+use crate::rows::TicketRow;
 
 /// Where the balance after the spend goes in a body rendered before the database said it.
 /// No balance or points can be negative, so neither stand-in is ever a real value.
