@@ -11,7 +11,7 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
-use crate::audit::{self, Violation};
+use crate::audit::{Audit, Violation};
 use crate::batch::{Batcher, Batches};
 use crate::creates::{CreationRow, NewCreation};
 use crate::db_types::Timestamp;
@@ -277,7 +277,7 @@ where
     }
 
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {
-        audit::run(&self.pool).await
+        Audit::of(&self.pool).run().await
     }
 
     async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64, u64), LedgerError> {
