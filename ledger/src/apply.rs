@@ -18,6 +18,7 @@ use crate::model::{
 };
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
+use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, substitutable};
 
 /// An order payment's entry: [`INSERT_ENTRY`]'s parameters ($5, points, is 0) and $10
 /// the order.
@@ -208,12 +209,12 @@ where
         render: &Renderer,
     ) -> Option<Result<Applied, ApplyError>> {
         let stand_in = OperationResult::Applied {
-            balance: batch::BALANCE_STAND_IN,
-            points: batch::POINTS_STAND_IN,
+            balance: BALANCE_STAND_IN,
+            points: POINTS_STAND_IN,
             credit: planned.credit,
             prize: planned.prize,
         };
-        let body = batch::substitutable(&render(&request.execution(&stand_in)))?;
+        let body = substitutable(&render(&request.execution(&stand_in)))?;
         let spend = batch::Spend {
             ticket_id: request.ticket_id,
             account_id: request.account_id,
@@ -328,6 +329,12 @@ where
         if order.fencing_token >= token {
             return Err(stale(request, order.fencing_token));
         }
+        // Whatever follows records `token` on the order: only ever over an older one.
+        debug_assert!(
+            token > order.fencing_token,
+            "order {order_id}: token {token} recorded over {}",
+            order.fencing_token
+        );
         let result = match order.paid_by_ticket {
             Some(paid_by) => OperationResult::Refused(Refusal::OrderAlreadyPaid { paid_by }),
             None => {
@@ -431,6 +438,13 @@ where
         if recorded >= token {
             return Err(stale(request, recorded));
         }
+        // Whatever follows records `token` on the account — with the refusal, or by the
+        // move: only ever over an older one.
+        debug_assert!(
+            token > recorded,
+            "account {}: token {token} recorded over {recorded}",
+            request.account_id
+        );
         match planned.refusal(balance, points) {
             Some(refusal) => {
                 sqlx::query(RECORD_TOKEN)

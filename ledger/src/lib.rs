@@ -17,7 +17,8 @@
 //!   first on PostgreSQL, else lock and judge the ticket, move under the fencing check,
 //!   write the entry, store the outcome; an order payment under its order's lock.
 //! - `batch.rs`: PostgreSQL's group commit — concurrent spends gathered into one statement
-//!   ([`Batches`] counts their sizes).
+//!   ([`Batches`] counts their sizes); `stand_ins.rs`: the body rendered before the
+//!   statement said the numbers, with stand-ins it replaces.
 //! - `inserts.rs`: the creates' transactions (an account with its opening entry, an order),
 //!   each safe to run again after a lost answer.
 //! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
@@ -65,6 +66,7 @@ mod model;
 mod reaper;
 mod rows;
 mod sql_store;
+mod stand_ins;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
