@@ -319,48 +319,94 @@ where
             Ok(now) => now,
             Err(answer) => return answer,
         };
+        let order = Self::lock_order(&mut tx, request, order_id, amount, token).await?;
+        let result = match order.paid_by_ticket {
+            Some(paid_by) => OperationResult::Refused(Refusal::OrderAlreadyPaid { paid_by }),
+            None => Self::take_for_order(&mut tx, request, amount).await?,
+        };
+        Self::record_order_payment(&mut tx, request, order_id, amount, token, &result, now).await?;
+        let status = result.status();
+        let body = render(&request.execution(&result));
+        let kind = EntryKind::OrderPayment.as_str();
+        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
+        commit_or_unknown(tx).await?;
+        Ok(Applied {
+            response: StoredResponse { status, body },
+            replayed: false,
+        })
+    }
+
+    /// An order payment's order, locked: found with its account and of the amount the
+    /// request names (else [`ApplyError::UnknownOrder`]), and its recorded token older than
+    /// `token` (else stale).
+    async fn lock_order(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        order_id: OrderId,
+        amount: Amount,
+        token: i64,
+    ) -> Result<OrderRow, ApplyError> {
         let order: OrderRow = sqlx::query_as(D::LOCK_ORDER)
             .bind(order_id)
             .bind(request.account_id)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?
             .filter(|order: &OrderRow| order.amount == amount.get())
             .ok_or(ApplyError::UnknownOrder)?;
         if order.fencing_token >= token {
             return Err(stale(request, order.fencing_token));
         }
-        // Whatever follows records `token` on the order: only ever over an older one.
+        // What the payment goes on to do records `token` on the order: only ever over an
+        // older one.
         debug_assert!(
             token > order.fencing_token,
             "order {order_id}: token {token} recorded over {}",
             order.fencing_token
         );
-        let result = match order.paid_by_ticket {
-            Some(paid_by) => OperationResult::Refused(Refusal::OrderAlreadyPaid { paid_by }),
+        Ok(order)
+    }
+
+    /// An open order's amount taken from the account by a conditional update, or refused
+    /// (402) with the balance that did not cover it.
+    async fn take_for_order(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        amount: Amount,
+    ) -> Result<OperationResult, ApplyError> {
+        let moved: Option<(i64, i64)> = sqlx::query_as(MOVE_FOR_ORDER)
+            .bind(request.account_id)
+            .bind(amount.get())
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?;
+        Ok(match moved {
+            Some((balance, points)) => OperationResult::Applied {
+                balance,
+                points,
+                credit: 0,
+                prize: None,
+            },
             None => {
-                let moved: Option<(i64, i64)> = sqlx::query_as(MOVE_FOR_ORDER)
+                let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
                     .bind(request.account_id)
-                    .bind(amount.get())
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .or_constraint()?;
-                match moved {
-                    Some((balance, points)) => OperationResult::Applied {
-                        balance,
-                        points,
-                        credit: 0,
-                        prize: None,
-                    },
-                    None => {
-                        let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
-                            .bind(request.account_id)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                        OperationResult::Refused(Refusal::InsufficientFunds { balance })
-                    }
-                }
+                    .fetch_one(&mut **tx)
+                    .await?;
+                OperationResult::Refused(Refusal::InsufficientFunds { balance })
             }
-        };
+        })
+    }
+
+    /// The order's token recorded and, when `result` paid it, the order marked paid by this
+    /// ticket and the payment's entry, carrying the order.
+    async fn record_order_payment(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        order_id: OrderId,
+        amount: Amount,
+        token: i64,
+        result: &OperationResult,
+        now: Timestamp,
+    ) -> Result<(), ApplyError> {
         let paid = matches!(result, OperationResult::Applied { .. });
         sqlx::query(RECORD_ORDER)
             .bind(order_id)
@@ -368,20 +414,17 @@ where
             .bind(paid.then_some(request.ticket_id))
             .bind(paid.then_some(now))
             .bind(request.account_id)
-            .execute(&mut *tx)
+            .execute(&mut **tx)
             .await
             .or_constraint()?;
-        let status = result.status();
-        let body = render(&request.execution(&result));
-        let kind = EntryKind::OrderPayment.as_str();
         if let OperationResult::Applied {
             balance, points, ..
-        } = result
+        } = *result
         {
             sqlx::query(INSERT_ORDER_PAYMENT)
                 .bind(request.account_id)
                 .bind(request.ticket_id)
-                .bind(kind)
+                .bind(EntryKind::OrderPayment.as_str())
                 .bind(-amount.get())
                 .bind(0_i64)
                 .bind(balance)
@@ -389,16 +432,11 @@ where
                 .bind(token)
                 .bind(now)
                 .bind(order_id)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await
                 .or_constraint()?;
         }
-        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
-        commit_or_unknown(tx).await?;
-        Ok(Applied {
-            response: StoredResponse { status, body },
-            replayed: false,
-        })
+        Ok(())
     }
 
     /// Step 3: the conditional move.
