@@ -105,7 +105,7 @@ macro_rules! pg_clock {
     };
 }
 
-/// SQLite's clock, in the microseconds since the epoch that [`Timestamp`] stores there.
+/// SQLite's clock, in the microseconds since the epoch that [`Timestamp`](crate::db_types::Timestamp) stores there.
 /// (The embedded mode is one process, so this is that process's clock; what matters is
 /// that it is read inside the transaction, after the write lock was granted.)
 macro_rules! sqlite_clock {
