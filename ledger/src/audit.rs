@@ -2,11 +2,14 @@
 //!
 //! The SQL here runs unchanged on PostgreSQL and SQLite. Each query returns the rows that
 //! break one rule — at most 1,000 of them, enough to diagnose and bounded on a badly broken
-//! database. An empty result everywhere means clean.
+//! database. An empty result everywhere means clean. [`Audit::run`] runs them in turn, one
+//! named function a rule.
 
 use serde::Serialize;
+use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 
-use crate::model::{AccountId, TicketId};
+use crate::error::LedgerError;
+use crate::model::{AccountId, OrderId, TicketId};
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -52,12 +55,12 @@ pub enum Rule {
     EntrySigns,
 }
 
-pub(crate) const NEGATIVE: &str = "
+const NEGATIVE: &str = "
     SELECT id, balance, points FROM accounts
     WHERE balance < 0 OR points < 0
     LIMIT 1000";
 
-pub(crate) const SUMS: &str = "
+const SUMS: &str = "
     SELECT a.id, a.balance, a.points,
            CAST(COALESCE(SUM(e.amount), 0) AS BIGINT),
            CAST(COALESCE(SUM(e.points), 0) AS BIGINT)
@@ -66,7 +69,7 @@ pub(crate) const SUMS: &str = "
     HAVING a.balance <> COALESCE(SUM(e.amount), 0) OR a.points <> COALESCE(SUM(e.points), 0)
     LIMIT 1000";
 
-pub(crate) const RUNNING: &str = "
+const RUNNING: &str = "
     SELECT id, account_id, ticket_id, balance_after, points_after,
            running_balance, running_points, fencing_token, previous_token
     FROM (
@@ -86,7 +89,7 @@ pub(crate) const RUNNING: &str = "
        OR fencing_token < previous_token
     LIMIT 1000";
 
-pub(crate) const DUPLICATE_ENTRIES: &str = "
+const DUPLICATE_ENTRIES: &str = "
     SELECT e.ticket_id, e.account_id, d.entries
     FROM entries e JOIN (
         SELECT ticket_id, CAST(COUNT(*) AS BIGINT) AS entries FROM entries
@@ -96,7 +99,7 @@ pub(crate) const DUPLICATE_ENTRIES: &str = "
     ) d ON d.ticket_id = e.ticket_id
     LIMIT 1000";
 
-pub(crate) const OUTCOME_VS_ENTRY: &str = "
+const OUTCOME_VS_ENTRY: &str = "
     SELECT t.id, t.account_id, t.response_status, t.operation, e.id, e.account_id, e.kind
     FROM tickets t LEFT JOIN entries e ON e.ticket_id = t.id
     WHERE (COALESCE(t.response_status, 0) = 201) <> (e.id IS NOT NULL)
@@ -104,33 +107,33 @@ pub(crate) const OUTCOME_VS_ENTRY: &str = "
        OR e.kind <> t.operation
     LIMIT 1000";
 
-pub(crate) const ORPHAN_ENTRIES: &str = "
+const ORPHAN_ENTRIES: &str = "
     SELECT e.id, e.account_id, e.ticket_id
     FROM entries e LEFT JOIN tickets t ON t.id = e.ticket_id
     WHERE e.ticket_id IS NOT NULL AND t.id IS NULL
     LIMIT 1000";
 
-pub(crate) const ACCOUNT_TOKENS: &str = "
+const ACCOUNT_TOKENS: &str = "
     SELECT a.id, a.fencing_token, MAX(e.fencing_token)
     FROM accounts a JOIN entries e ON e.account_id = a.id AND e.kind <> 'order_payment'
     GROUP BY a.id, a.fencing_token
     HAVING MAX(e.fencing_token) > a.fencing_token
     LIMIT 1000";
 
-pub(crate) const OPENING_COUNT: &str = "
+const OPENING_COUNT: &str = "
     SELECT a.id, CAST(COUNT(e.id) AS BIGINT)
     FROM accounts a LEFT JOIN entries e ON e.account_id = a.id AND e.kind = 'opening'
     GROUP BY a.id
     HAVING COUNT(e.id) <> 1
     LIMIT 1000";
 
-pub(crate) const OPENING_FIRST: &str = "
+const OPENING_FIRST: &str = "
     SELECT e.id, e.account_id FROM entries e
     WHERE e.kind = 'opening'
       AND e.id <> (SELECT MIN(x.id) FROM entries x WHERE x.account_id = e.account_id)
     LIMIT 1000";
 
-pub(crate) const SIGNS: &str = "
+const SIGNS: &str = "
     SELECT id, account_id, ticket_id, kind, amount, points FROM entries
     WHERE (kind = 'withdrawal' AND (amount >= 0 OR points <> 0))
        OR (kind = 'deposit' AND (amount <= 0 OR points <> 0))
@@ -139,7 +142,7 @@ pub(crate) const SIGNS: &str = "
        OR (kind = 'order_payment' AND (amount >= 0 OR points <> 0))
     LIMIT 1000";
 
-pub(crate) const ORDERS: &str = "
+const ORDERS: &str = "
     SELECT o.id, o.account_id, e.ticket_id, o.paid_by_ticket, o.amount,
            e.amount, CAST((SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) AS BIGINT)
     FROM orders o LEFT JOIN entries e ON e.order_id = o.id
@@ -151,3 +154,301 @@ pub(crate) const ORDERS: &str = "
        OR e.fencing_token > o.fencing_token
        OR (SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) > 1
     LIMIT 1000";
+
+/// The audit of the database behind one pool.
+pub(crate) struct Audit<'p, D: Database> {
+    pool: &'p Pool<D>,
+}
+
+impl<'p, D: Database> Audit<'p, D> {
+    /// The audit of the database behind `pool`.
+    pub(crate) fn of(pool: &'p Pool<D>) -> Self {
+        Self { pool }
+    }
+}
+
+/// One violation of `rule`.
+fn violation(
+    rule: Rule,
+    account_id: AccountId,
+    ticket_id: Option<TicketId>,
+    detail: String,
+) -> Violation {
+    Violation {
+        rule,
+        account_id: Some(account_id),
+        ticket_id,
+        detail,
+    }
+}
+
+impl<D> Audit<'_, D>
+where
+    D: Database,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'r> i64: Decode<'r, D> + Type<D>,
+    for<'r> i32: Decode<'r, D> + Type<D>,
+    for<'r> String: Decode<'r, D> + Type<D>,
+    for<'r> AccountId: Decode<'r, D> + Type<D>,
+    for<'r> TicketId: Decode<'r, D> + Type<D>,
+    for<'r> OrderId: Decode<'r, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+{
+    /// Checks every rule; what breaks them, rule by rule in this order.
+    pub(crate) async fn run(&self) -> Result<Vec<Violation>, LedgerError> {
+        let mut found = self.non_negative().await?;
+        found.extend(self.balance_matches_entries().await?);
+        found.extend(self.running_totals_and_token_order().await?);
+        found.extend(self.one_entry_per_ticket().await?);
+        found.extend(self.outcome_matches_entry().await?);
+        found.extend(self.entry_has_ticket().await?);
+        found.extend(self.account_token_covers_entries().await?);
+        found.extend(self.opening_entry().await?);
+        found.extend(self.entry_signs().await?);
+        found.extend(self.order_paid_once().await?);
+        Ok(found)
+    }
+
+    /// [`Rule::NonNegative`].
+    async fn non_negative(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(AccountId, i64, i64)> =
+            sqlx::query_as(NEGATIVE).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(account, balance, points)| {
+                violation(
+                    Rule::NonNegative,
+                    account,
+                    None,
+                    format!("balance {balance}, points {points}"),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::BalanceMatchesEntries`].
+    async fn balance_matches_entries(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(AccountId, i64, i64, i64, i64)> =
+            sqlx::query_as(SUMS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(account, balance, points, sum_amount, sum_points)| {
+                violation(
+                    Rule::BalanceMatchesEntries,
+                    account,
+                    None,
+                    format!(
+                        "balance {balance} but entries sum to {sum_amount}; points {points} but entries sum to {sum_points}"
+                    ),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::RunningTotals`], and [`Rule::FencingTokenOnlyGrows`] along an account's
+    /// entries: one walk along each account's entries checks both, entry by entry.
+    async fn running_totals_and_token_order(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Running = (
+            i64,
+            AccountId,
+            Option<TicketId>,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+            Option<i64>,
+        );
+        let rows: Vec<Running> = sqlx::query_as(RUNNING).fetch_all(self.pool).await?;
+        let mut found = Vec::new();
+        for (
+            entry,
+            account,
+            ticket,
+            balance_after,
+            points_after,
+            running_balance,
+            running_points,
+            token,
+            previous,
+        ) in rows
+        {
+            if balance_after != running_balance || points_after != running_points {
+                found.push(violation(
+                    Rule::RunningTotals,
+                    account,
+                    ticket,
+                    format!(
+                        "entry {entry}: balance_after {balance_after} (running sum {running_balance}), points_after {points_after} (running sum {running_points})"
+                    ),
+                ));
+            }
+            if let Some(previous) = previous.filter(|previous| token < *previous) {
+                found.push(violation(
+                    Rule::FencingTokenOnlyGrows,
+                    account,
+                    ticket,
+                    format!("entry {entry}: fencing token {token} after {previous}"),
+                ));
+            }
+        }
+        Ok(found)
+    }
+
+    /// [`Rule::OneEntryPerTicket`].
+    async fn one_entry_per_ticket(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(TicketId, AccountId, i64)> = sqlx::query_as(DUPLICATE_ENTRIES)
+            .fetch_all(self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(ticket, account, count)| {
+                violation(
+                    Rule::OneEntryPerTicket,
+                    account,
+                    Some(ticket),
+                    format!("{count} entries"),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::OutcomeMatchesEntry`].
+    async fn outcome_matches_entry(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Pair = (
+            TicketId,
+            AccountId,
+            Option<i32>,
+            Option<String>,
+            Option<i64>,
+            Option<AccountId>,
+            Option<String>,
+        );
+        let rows: Vec<Pair> = sqlx::query_as(OUTCOME_VS_ENTRY)
+            .fetch_all(self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(ticket, account, status, operation, entry, entry_account, entry_kind)| {
+                    let detail = match entry {
+                        None => format!("stored status {status:?} but no entry"),
+                        Some(entry) => format!(
+                            "stored status {status:?} for {operation:?}, but entry {entry} is {entry_kind:?} on account {entry_account:?}"
+                        ),
+                    };
+                    violation(Rule::OutcomeMatchesEntry, account, Some(ticket), detail)
+                },
+            )
+            .collect())
+    }
+
+    /// [`Rule::EntryHasTicket`].
+    async fn entry_has_ticket(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(i64, AccountId, TicketId)> =
+            sqlx::query_as(ORPHAN_ENTRIES).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(entry, account, ticket)| {
+                violation(
+                    Rule::EntryHasTicket,
+                    account,
+                    Some(ticket),
+                    format!("entry {entry} names a ticket that does not exist"),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::FencingTokenOnlyGrows`] between an account and its entries: the token the
+    /// account records is at least every one its entries carry.
+    async fn account_token_covers_entries(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(AccountId, i64, i64)> =
+            sqlx::query_as(ACCOUNT_TOKENS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(account, recorded, highest)| {
+                violation(
+                    Rule::FencingTokenOnlyGrows,
+                    account,
+                    None,
+                    format!("account records token {recorded} but an entry carries {highest}"),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::OpeningEntry`]: exactly one opening entry per account, and it is the first.
+    async fn opening_entry(&self) -> Result<Vec<Violation>, LedgerError> {
+        let counts: Vec<(AccountId, i64)> =
+            sqlx::query_as(OPENING_COUNT).fetch_all(self.pool).await?;
+        let late: Vec<(i64, AccountId)> =
+            sqlx::query_as(OPENING_FIRST).fetch_all(self.pool).await?;
+        let miscounted = counts.into_iter().map(|(account, count)| {
+            violation(
+                Rule::OpeningEntry,
+                account,
+                None,
+                format!("{count} opening entries"),
+            )
+        });
+        let not_first = late.into_iter().map(|(entry, account)| {
+            violation(
+                Rule::OpeningEntry,
+                account,
+                None,
+                format!("opening entry {entry} is not the account's first"),
+            )
+        });
+        Ok(miscounted.chain(not_first).collect())
+    }
+
+    /// [`Rule::EntrySigns`].
+    async fn entry_signs(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(i64, AccountId, Option<TicketId>, String, i64, i64)> =
+            sqlx::query_as(SIGNS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(entry, account, ticket, kind, amount, points)| {
+                violation(
+                    Rule::EntrySigns,
+                    account,
+                    ticket,
+                    format!("entry {entry}: {kind} with amount {amount}, points {points}"),
+                )
+            })
+            .collect())
+    }
+
+    /// [`Rule::OrderPaidOnce`].
+    async fn order_paid_once(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Paid = (
+            OrderId,
+            AccountId,
+            Option<TicketId>,
+            Option<TicketId>,
+            i64,
+            Option<i64>,
+            i64,
+        );
+        let rows: Vec<Paid> = sqlx::query_as(ORDERS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(order, account, ticket, paid_by, amount, entry_amount, payments)| {
+                    let state =
+                        paid_by.map_or("open".to_owned(), |paid_by| format!("paid by {paid_by}"));
+                    violation(
+                        Rule::OrderPaidOnce,
+                        account,
+                        ticket.or(paid_by),
+                        format!(
+                            "order {order} of {amount}, {state}: {payments} payment entries (this one's amount {entry_amount:?})"
+                        ),
+                    )
+                },
+            )
+            .collect())
+    }
+}

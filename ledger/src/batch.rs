@@ -15,7 +15,7 @@
 //! sizes sent.
 //!
 //! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
-//! stale token) comes back with its ticket and its account's token as found; `store.rs`
+//! stale token) comes back with its ticket and its account's token as found; `apply.rs`
 //! answers from those or settles it on the transaction path. Nothing here judges a ticket.
 
 use std::collections::HashSet;
@@ -31,13 +31,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::error::{LedgerError, is_dead_connection};
 use crate::model::{AccountId, TicketId};
-use crate::store::TicketRow;
-
-/// Where the balance after the spend goes in a body rendered before the database said it.
-/// No balance or points can be negative, so neither stand-in is ever a real value.
-pub(crate) const BALANCE_STAND_IN: i64 = i64::MIN;
-/// Where the points after the spend go (see [`BALANCE_STAND_IN`]).
-pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
+use crate::rows::TicketRow;
+use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 
 /// A batch of spends, as parallel arrays, in one statement (one implicit transaction). For
 /// every spend it does what the ledger's transaction does on its usual path: judges the
@@ -70,7 +65,7 @@ pub(crate) const POINTS_STAND_IN: i64 = i64::MIN + 1;
 ///   returns the latest committed version of a row another transaction changed since the
 ///   snapshot, READ COMMITTED), and the update checks that they are still so.
 /// - **The body.** It arrives rendered with stand-in numbers where the balance and points
-///   after go (see [`substitutable`]), replaced by the spend's own. A written spend's
+///   after go (see [`substitutable`](crate::stand_ins::substitutable)), replaced by the spend's own. A written spend's
 ///   body is not sent back: the client fills in its copy the same way ([`filled`]), from
 ///   the balance and points the statement returns — a third of the batch's answer less to
 ///   format, send and parse.
@@ -176,35 +171,6 @@ const APPLY_SPENDS: &str = "
          CROSS JOIN judged AS j
     ORDER BY s.slot";
 
-/// `body` as text whose stand-ins the database can replace by plain text substitution, if
-/// it is one: every occurrence of a stand-in's digits is a whole number of the body,
-/// never part of a string or of a longer number.
-pub(crate) fn substitutable(body: &Value) -> Option<String> {
-    let text = serde_json::to_string(body).ok()?;
-    [BALANCE_STAND_IN, POINTS_STAND_IN]
-        .into_iter()
-        .all(|stand_in| text.matches(&stand_in.to_string()).count() == occurrences(body, stand_in))
-        .then_some(text)
-}
-
-/// `body` (text from [`substitutable`]) with the balance and points after the spend in place
-/// of the stand-ins: the text [`APPLY_SPENDS`] stores, made the same way — `replace`, the
-/// balance first.
-fn filled(body: &str, balance: i64, points: i64) -> String {
-    body.replace(&BALANCE_STAND_IN.to_string(), &balance.to_string())
-        .replace(&POINTS_STAND_IN.to_string(), &points.to_string())
-}
-
-/// How many numbers of `value` equal `number`.
-fn occurrences(value: &Value, number: i64) -> usize {
-    match value {
-        Value::Number(found) => usize::from(found.as_i64() == Some(number)),
-        Value::Array(items) => items.iter().map(|item| occurrences(item, number)).sum(),
-        Value::Object(fields) => fields.values().map(|item| occurrences(item, number)).sum(),
-        _ => 0,
-    }
-}
-
 /// One spend as [`APPLY_SPENDS`] takes it.
 #[derive(Debug)]
 pub(crate) struct Spend {
@@ -216,7 +182,8 @@ pub(crate) struct Spend {
     pub points: i64,
     pub token: i64,
     pub fingerprint: String,
-    /// The success body, with the stand-ins (see [`substitutable`]).
+    /// The success body, with the stand-ins (see
+    /// [`substitutable`](crate::stand_ins::substitutable)).
     pub body: String,
     /// The status the success is stored with.
     pub status: u16,
@@ -587,33 +554,25 @@ fn done(row: &PgRow, spend: &Spend) -> Result<Done, LedgerError> {
         Some(_) => Some(TicketRow::from_row(row)?),
         None => None,
     };
+    let recorded_token: Option<i64> = row.try_get("recorded_token")?;
+    // A written spend recorded its token on its account: the statement writes a spend only
+    // over an older token, never an equal or a newer one.
+    debug_assert!(
+        written.is_none() || recorded_token.is_some_and(|recorded| recorded < spend.token),
+        "ticket {}: written with token {} over the account's {recorded_token:?}",
+        spend.ticket_id,
+        spend.token
+    );
     Ok(Done {
         written,
         ticket,
-        recorded_token: row.try_get("recorded_token")?,
+        recorded_token,
     })
 }
 
 #[cfg(test)]
 mod tests {
-    use serde_json::json;
-
     use super::*;
-
-    #[test]
-    fn stand_ins_that_are_whole_numbers_can_be_substituted() {
-        let body = json!({"balance": BALANCE_STAND_IN, "nested": [{"points_after": POINTS_STAND_IN}], "amount": 5});
-        let text = substitutable(&body).unwrap();
-        let filled: Value = serde_json::from_str(&filled(&text, 700, 3)).unwrap();
-        assert_eq!(
-            filled,
-            json!({"balance": 700, "nested": [{"points_after": 3}], "amount": 5})
-        );
-        assert!(
-            substitutable(&json!({"amount": 5})).is_some(),
-            "no stand-in at all"
-        );
-    }
 
     fn queued(account: AccountId, ticket: TicketId, token: i64) -> Queued {
         Queued {
@@ -658,13 +617,5 @@ mod tests {
         let next = take_batch(&mut waiting);
         assert_eq!(tokens(&next), [3, 2]);
         assert!(waiting.is_empty());
-    }
-
-    #[test]
-    fn stand_ins_inside_text_cannot() {
-        let detail = format!("the balance is {BALANCE_STAND_IN}");
-        assert!(substitutable(&json!({"balance": BALANCE_STAND_IN, "detail": detail})).is_none());
-        let detail = format!("{POINTS_STAND_IN} points");
-        assert!(substitutable(&json!({"detail": detail})).is_none());
     }
 }

@@ -5,17 +5,32 @@
 //! - [`Ledger`] (this file): the handle the API holds — open (migrations run on open),
 //!   accounts and orders (once per idempotency key, with the `_once` creates), API keys,
 //!   tickets, entries, [`Ledger::apply`], [`Ledger::audit`], [`Ledger::reap`].
-//! - `store.rs`: the SQL, written once and generic over PostgreSQL and SQLite; `apply` is
-//!   there: through the group commit first on PostgreSQL, else as one transaction.
+//! - `store.rs`: the `Store` seam the handle holds, and its one implementation over
+//!   [`sqlx`], written once and generic over PostgreSQL and SQLite: the reads and the
+//!   simple writes; each longer step is in its own room below.
+//! - `sql_store.rs`: `SqlStore` — the pools, and running a statement or a whole write again
+//!   when its connection dies.
+//! - `dialect.rs`: what differs between the two databases (write transactions, the clock,
+//!   row locks, the reaper's statements). `rows.rs`: the rows as the databases hold them,
+//!   read into the model's types; the columns; an entry as every writer inserts it.
+//! - `apply.rs`: the transaction that applies an operation — through the group commit
+//!   first on PostgreSQL, else lock and judge the ticket, move under the fencing check,
+//!   write the entry, store the outcome; an order payment under its order's lock.
 //! - `batch.rs`: PostgreSQL's group commit — concurrent spends gathered into one statement
-//!   ([`Batches`] counts their sizes).
+//!   ([`Batches`] counts their sizes); `stand_ins.rs`: the body rendered before the
+//!   statement said the numbers, with stand-ins it replaces.
+//! - `inserts.rs`: the creates' transactions (an account with its opening entry, an order),
+//!   each safe to run again after a lost answer.
 //! - `model.rs`: identifiers, validated amounts ([`Amount`], [`PointsToSpend`],
 //!   [`NewAccount`], [`NewOrder`]), [`Ticket`], [`Order`], [`Entry`], [`Operation`],
 //!   outcomes.
 //! - `creates.rs`: creates sent with an idempotency key — [`CreateScope`], [`Created`],
 //!   where the first answer is kept and how an account's API key is sealed in it.
 //! - `lottery.rs`: the prize table.
-//! - `audit.rs`: the invariants and the queries that check them.
+//! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
+//! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records).
+//! - `demo/` (cargo feature `demo` only): the demonstration's unguarded read-check-write,
+//!   `Ledger::read_unguarded` and `Ledger::write_unguarded`.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
 //!   (unavailable vs. constraint vs. other).
 //! - `db_types.rs`, `api_key.rs`: timestamps across both databases; key generation and
@@ -36,13 +51,22 @@
 //! 409), and marks it paid with the entry.
 
 mod api_key;
+mod apply;
 mod audit;
 mod batch;
 mod creates;
 mod db_types;
+#[cfg(feature = "demo")]
+mod demo;
+mod dialect;
 mod error;
+mod inserts;
 pub mod lottery;
 mod model;
+mod reaper;
+mod rows;
+mod sql_store;
+mod stand_ins;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
@@ -59,6 +83,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 pub use audit::{Rule, Violation};
 pub use batch::Batches;
 pub use creates::{CreateRenderer, CreateScope, Created};
+#[cfg(feature = "demo")]
+pub use demo::UnguardedRead;
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
@@ -68,9 +94,8 @@ pub use model::{
 
 use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
-#[cfg(feature = "demo")]
-use store::UnguardedWrite;
-use store::{SqlStore, Store};
+use sql_store::SqlStore;
+use store::Store;
 
 static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
 static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
@@ -118,74 +143,6 @@ pub struct Reaped {
     /// Creation records deleted (made longer than the retention ago): their idempotency
     /// keys are free again.
     pub expired_creations: u64,
-}
-
-#[cfg(feature = "demo")]
-/// An account as an unguarded read saw it (see [`Ledger::read_unguarded`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct UnguardedRead {
-    /// The balance then.
-    pub balance: i64,
-    /// The points then.
-    pub points: i64,
-    /// The account's recorded fencing token then (written on the entry unchanged).
-    pub fencing_token: u64,
-}
-
-#[cfg(feature = "demo")]
-/// The decision the application makes from a read, for the demonstration's
-/// read-check-write: (result, debit, credit, points spent).
-fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, i64, i64) {
-    let (balance, points) = (read.balance, read.points);
-    match operation {
-        // (The API runs order payments fenced only; the arm keeps the match whole.)
-        Operation::Withdrawal(amount) | Operation::OrderPayment { amount, .. } => {
-            let amount = amount.get();
-            let result = if balance >= amount {
-                OperationResult::Applied {
-                    balance: balance - amount,
-                    points,
-                    credit: 0,
-                    prize: None,
-                }
-            } else {
-                OperationResult::Refused(Refusal::InsufficientFunds { balance })
-            };
-            (result, amount, 0, 0)
-        }
-        Operation::Deposit(amount) => {
-            let amount = amount.get();
-            let result = match balance.checked_add(amount) {
-                Some(after) => OperationResult::Applied {
-                    balance: after,
-                    points,
-                    credit: 0,
-                    prize: None,
-                },
-                None => OperationResult::Refused(Refusal::BalanceLimit { balance }),
-            };
-            (result, 0, amount, 0)
-        }
-        Operation::LotteryDraw(spend) => {
-            let spend = spend.get();
-            let prize = lottery::draw();
-            let credit = prize.credit_per_point.saturating_mul(spend);
-            let result = if points < spend {
-                OperationResult::Refused(Refusal::InsufficientPoints { points })
-            } else {
-                match balance.checked_add(credit) {
-                    Some(after) => OperationResult::Applied {
-                        balance: after,
-                        points: points - spend,
-                        credit,
-                        prize: Some(prize),
-                    },
-                    None => OperationResult::Refused(Refusal::BalanceLimit { balance }),
-                }
-            };
-            (result, 0, credit, spend)
-        }
-    }
 }
 
 /// The ledger. Cheap to clone; clones share one connection pool and one key cache.
@@ -576,61 +533,6 @@ impl Ledger {
     /// Checks that the database answers.
     pub async fn ping(&self) -> Result<(), LedgerError> {
         self.store.ping().await
-    }
-
-    #[cfg(feature = "demo")]
-    /// **Demonstration only** — the first half of the read-check-write that the classic
-    /// lock recipes rely on (payonce's lock services × faults demonstration): the account as
-    /// it is now, read without any lock. The `fenced` strategy never calls this.
-    pub async fn read_unguarded(
-        &self,
-        account_id: AccountId,
-    ) -> Result<UnguardedRead, LedgerError> {
-        let (balance, points, token) = self
-            .store
-            .holdings(account_id)
-            .await?
-            .ok_or_else(|| LedgerError::Corrupt(format!("account {account_id} vanished")))?;
-        Ok(UnguardedRead {
-            balance,
-            points,
-            fencing_token: token.max(0).unsigned_abs(),
-        })
-    }
-
-    #[cfg(feature = "demo")]
-    /// **Demonstration only** — the second half: decides the operation from `read` (which
-    /// may be stale by now) and writes the resulting balance and points as absolute values,
-    /// with the entry and the outcome, without any fencing check. Two requests that read
-    /// the same balance both succeed and the second write erases the first: the double
-    /// spend the demonstration exists to show. `None` means another request completed the
-    /// ticket first (the caller replays it).
-    pub async fn write_unguarded(
-        &self,
-        ticket_id: TicketId,
-        account_id: AccountId,
-        operation: Operation,
-        fingerprint: &str,
-        read: &UnguardedRead,
-        render: &Renderer,
-    ) -> Result<Option<Applied>, ApplyError> {
-        let (result, debit, credit, spend) = decide(operation, read);
-        let write = UnguardedWrite {
-            request: ApplyRequest {
-                ticket_id,
-                account_id,
-                operation,
-                fingerprint,
-                fencing_token: read.fencing_token,
-            },
-            result,
-            debit,
-            credit,
-            spend,
-        };
-        self.store
-            .write_unguarded(&write, render, Timestamp::now())
-            .await
     }
 
     /// Closes the connections (after in-flight work finishes).

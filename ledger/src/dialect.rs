@@ -1,0 +1,197 @@
+//! What differs between the two databases: how a write transaction opens, the clock, the
+//! statements that lock rows, and the reaper's statements — [`Dialect`], implemented for
+//! PostgreSQL and SQLite. Everything else is one text for both (`$1`-style parameters
+//! work in both).
+
+use sqlx::Database;
+
+use crate::rows::{order_columns, ticket_columns};
+
+/// What differs between the two databases.
+pub(crate) trait Dialect: Database {
+    /// Opens a transaction that will write. SQLite takes the write lock up front, so two
+    /// writers never deadlock upgrading from a read.
+    const BEGIN_WRITE: &'static str;
+    /// The database's clock, as the ticket statements read it.
+    const CLOCK: &'static str;
+    /// Reads a ticket, with the database's clock as `read_at`. Parameter: $1 ticket.
+    const TICKET: &'static str;
+    /// Issues a ticket, timed by the database's clock; a retry with the same id is a
+    /// no-op (the ticket is then read back). Parameters: $1 ticket, $2 account, $3 TTL in
+    /// microseconds. Returns the ticket's row as [`TICKET`](Self::TICKET) does.
+    const ISSUE_TICKET: &'static str;
+    /// Reads a ticket and locks it until the transaction ends (SQLite's write lock already
+    /// covers the whole database), with the database's clock read after the lock was
+    /// granted as `read_at`. Parameters: $1 ticket, $2 the account it must belong to
+    /// (another account's ticket is none: the statement names the account, as one routed
+    /// to the account's shard of a distributed database must).
+    const LOCK_TICKET: &'static str;
+    /// An account's balance, points and recorded fencing token, from its latest version,
+    /// locked until the transaction ends. Parameter: $1 account.
+    const LOCK_ACCOUNT: &'static str;
+    /// An order's account, amount, recorded fencing token and paying ticket, from its
+    /// latest version, locked until the transaction ends — found only with the account
+    /// it belongs to. Parameters: $1 order, $2 its account.
+    const LOCK_ORDER: &'static str;
+    /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 batch.
+    const DELETE_UNUSED: &'static str;
+    /// The reaper's pruning of old outcomes (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 now, $3 batch.
+    const PRUNE_OUTCOMES: &'static str;
+    /// The reaper's deletion of creation records (see `reap_statements!`). Parameters: $1
+    /// cutoff, $2 batch.
+    const DELETE_OLD_CREATIONS: &'static str;
+}
+
+/// The reaper's statements, the same text for both databases but for the row-locking
+/// clause of the subquery that picks the batch.
+///
+/// The outer WHERE repeats the subquery's conditions on purpose. On PostgreSQL, when the
+/// outer statement finds a picked row changed by a transaction that committed after the
+/// statement's snapshot (an `apply` that completed the ticket, another instance's reaper
+/// that pruned it), it re-checks only the outer WHERE on the row's latest version, not the
+/// subquery's: without the repetition it would delete a ticket that was just used (its
+/// entry orphaned, its outcome lost) or prune an outcome twice. `FOR UPDATE SKIP LOCKED`
+/// makes the subquery lock what it picks and pass over rows a transaction holds, so the
+/// reaper never queues behind an `apply` and concurrent reapers split the work. SQLite
+/// runs each statement under its single write lock, so nothing can change in between.
+macro_rules! reap_statements {
+    ($lock:literal) => {
+        (
+            concat!(
+                "DELETE FROM tickets
+                 WHERE id IN (
+                     SELECT id FROM tickets
+                     WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
+                     LIMIT $2 ",
+                $lock,
+                ")
+                   AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
+                 RETURNING id"
+            ),
+            concat!(
+                "UPDATE tickets SET response_body = NULL, pruned_at = $2
+                 WHERE id IN (
+                     SELECT id FROM tickets
+                     WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                     LIMIT $3 ",
+                $lock,
+                ")
+                   AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                 RETURNING id"
+            ),
+            concat!(
+                "DELETE FROM creations
+                 WHERE key_hash IN (
+                     SELECT key_hash FROM creations WHERE created_at < $1 LIMIT $2 ",
+                $lock,
+                ")
+                   AND created_at < $1
+                 RETURNING key_hash"
+            ),
+        )
+    };
+}
+
+const POSTGRES_REAP: (&str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
+const SQLITE_REAP: (&str, &str, &str) = reap_statements!("");
+
+/// PostgreSQL's clock. `clock_timestamp()`, not `now()`: `now()` is the transaction's
+/// start, which may precede a wait for a row lock by seconds.
+macro_rules! pg_clock {
+    () => {
+        "clock_timestamp()"
+    };
+}
+
+/// SQLite's clock, in the microseconds since the epoch that [`Timestamp`](crate::db_types::Timestamp) stores there.
+/// (The embedded mode is one process, so this is that process's clock; what matters is
+/// that it is read inside the transaction, after the write lock was granted.)
+macro_rules! sqlite_clock {
+    () => {
+        "CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER)"
+    };
+}
+
+impl Dialect for sqlx::Postgres {
+    const BEGIN_WRITE: &'static str = "BEGIN";
+    const CLOCK: &'static str = concat!("SELECT ", pg_clock!());
+    const TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        pg_clock!(),
+        " AS read_at FROM tickets WHERE id = $1"
+    );
+    const ISSUE_TICKET: &'static str = concat!(
+        "WITH clock AS (SELECT ",
+        pg_clock!(),
+        " AS at)
+         INSERT INTO tickets (id, account_id, created_at, expires_at)
+         SELECT $1, $2, at, at + $3::bigint * interval '1 microsecond' FROM clock
+         ON CONFLICT (id) DO NOTHING
+         RETURNING ",
+        ticket_columns!(),
+        ", created_at AS read_at"
+    );
+    const LOCK_TICKET: &'static str = concat!(
+        "WITH ticket AS (SELECT ",
+        ticket_columns!(),
+        " FROM tickets WHERE id = $1 AND account_id = $2 FOR UPDATE)
+         SELECT ticket.*, ",
+        pg_clock!(),
+        " AS read_at FROM ticket"
+    );
+    const LOCK_ACCOUNT: &'static str =
+        "SELECT balance, points, fencing_token FROM accounts WHERE id = $1 FOR UPDATE";
+    const LOCK_ORDER: &'static str = concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 AND account_id = $2 FOR UPDATE"
+    );
+    const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
+    const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
+    const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
+}
+
+impl Dialect for sqlx::Sqlite {
+    const BEGIN_WRITE: &'static str = "BEGIN IMMEDIATE";
+    const CLOCK: &'static str = concat!("SELECT ", sqlite_clock!());
+    const TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        sqlite_clock!(),
+        " AS read_at FROM tickets WHERE id = $1"
+    );
+    // `WHERE true` tells SQLite's parser that ON CONFLICT belongs to the INSERT.
+    const ISSUE_TICKET: &'static str = concat!(
+        "INSERT INTO tickets (id, account_id, created_at, expires_at)
+         SELECT $1, $2, at, at + $3 FROM (SELECT ",
+        sqlite_clock!(),
+        " AS at) WHERE true
+         ON CONFLICT (id) DO NOTHING
+         RETURNING ",
+        ticket_columns!(),
+        ", created_at AS read_at"
+    );
+    const LOCK_TICKET: &'static str = concat!(
+        "SELECT ",
+        ticket_columns!(),
+        ", ",
+        sqlite_clock!(),
+        " AS read_at FROM tickets WHERE id = $1 AND account_id = $2"
+    );
+    // The transaction's write lock covers the whole database.
+    const LOCK_ACCOUNT: &'static str =
+        "SELECT balance, points, fencing_token FROM accounts WHERE id = $1";
+    const LOCK_ORDER: &'static str = concat!(
+        "SELECT ",
+        order_columns!(),
+        " FROM orders WHERE id = $1 AND account_id = $2"
+    );
+    const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
+    const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
+    const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
+}
