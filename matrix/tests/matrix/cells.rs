@@ -182,11 +182,23 @@ async fn redis_cluster_rows_under_a_stop_and_a_failover() {
         .into_iter()
         .partition(|row| row.guard == Guard::Unfenced);
     assert_never_spent_twice(&fenced_rows);
-    let stopped = unfenced_rows
+    let mut stopped = unfenced_rows
         .iter()
         .find(|row| row.fault == Fault::Sigstop)
-        .unwrap();
-    assert_spent_twice(std::slice::from_ref(stopped));
+        .unwrap()
+        .clone();
+    // A stop shows the unfenced lock spending twice only if it finds a holder between its
+    // read and its write and a client of another instance takes that account before the
+    // stop ends: timing, which one cell in several misses on a loaded machine (a full CI
+    // run once did). Such a cell shows nothing either way, so the stop is run again — three
+    // cells at most — before the row is held to it.
+    for _ in 0..2 {
+        if stopped.double_spends > 0 {
+            break;
+        }
+        stopped = cells(&[unfenced], &[Fault::Sigstop]).await.remove(0);
+    }
+    assert_spent_twice(std::slice::from_ref(&stopped));
     for row in fenced_rows.iter().chain(&unfenced_rows) {
         if row.fault == Fault::StoreFailover {
             let unserved = row.unserved_ms.expect("the failover's length was measured");
