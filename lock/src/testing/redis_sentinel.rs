@@ -68,13 +68,16 @@ impl RedisSentinels {
         for &port in &ports[3..] {
             let node_dir = dir.path().join(format!("sentinel-{port}"));
             std::fs::create_dir(&node_dir)?;
+            // A master is down after 3 s without an answer: with 1 s, a loaded machine (the
+            // whole lock suite on two cores) starved a healthy master that long and the
+            // sentinels failed over again in the middle of a test.
             let config = node_dir.join("sentinel.conf");
             std::fs::write(
                 &config,
                 format!(
                     "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {master} 2\n\
-                     sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+                     sentinel down-after-milliseconds {MASTER_NAME} 3000\n\
                      sentinel failover-timeout {MASTER_NAME} 5000\n\
                      sentinel parallel-syncs {MASTER_NAME} 2\n",
                     dir = node_dir.display()
@@ -180,7 +183,7 @@ impl RedisSentinels {
             node.spawn()?;
         }
         // The master the sentinels name, asked afresh each time: on a loaded machine they
-        // may fail over once more (a master that did not answer for their 1 s), and then
+        // may fail over once more (a master that did not answer for their 3 s), and then
         // reconfigure every node to follow the new one — the one named at the restart
         // would never see its two replicas again.
         wait_for(limit, || {
