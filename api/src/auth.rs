@@ -8,46 +8,78 @@
 //! database is asked, so a flood of guessed keys costs a bounded number of look-ups a
 //! second. A key that proves right gives its share of the allowance back.
 
-use std::fmt;
 use std::net::IpAddr;
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, header};
 use ledger::AccountId;
-use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::extract::{AccountPath, ClientAddress, OwnAccount, bearer};
+use crate::extract::{AccountPath, ClientAddress};
 use crate::limits::KeyCheck;
 use crate::state::AppState;
 
-/// The operator key, kept only as its SHA-256 digest: nothing here can print or log the
-/// key, and comparing digests of equal length takes the same time whichever byte of a
-/// guess is wrong.
-#[derive(Clone)]
-pub struct OperatorKey([u8; 32]);
+/// The account whose API key authenticated the request.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller(pub AccountId);
 
-impl OperatorKey {
-    /// The key's digest.
-    pub fn new(key: &str) -> Self {
-        Self(Sha256::digest(key.as_bytes()).into())
-    }
+impl<S> FromRequestParts<S> for Caller
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
 
-    /// Whether `key` is the operator key, in constant time: every byte of the two digests
-    /// is compared, however early they differ.
-    pub fn matches(&self, key: &str) -> bool {
-        let offered: [u8; 32] = Sha256::digest(key.as_bytes()).into();
-        offered
-            .iter()
-            .zip(self.0)
-            .fold(0, |differ, (offered, own)| differ | (offered ^ own))
-            == 0
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let ClientAddress(client) = ClientAddress::from_request_parts(parts, state).await?;
+        let key = bearer(&parts.headers).ok_or(ApiError::Unauthenticated)?;
+        account(&AppState::from_ref(state), client, key)
+            .await
+            .map(Self)
     }
 }
 
-impl fmt::Debug for OperatorKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("OperatorKey(****)")
+impl Caller {
+    /// The caller may act on `account` only if it is its own.
+    pub fn must_be(self, account: AccountId) -> Result<(), ApiError> {
+        if self.0 == account {
+            Ok(())
+        } else {
+            Err(ApiError::Forbidden)
+        }
+    }
+}
+
+/// The key of `Authorization: Bearer <key>`, if there is one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, key) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| key.trim())
+        .filter(|key| !key.is_empty())
+}
+
+/// The account in the path, which must be the caller's: 401 without a valid key, then 404
+/// if the path does not hold an account id, then 403 if the key is another account's — in
+/// that order, before anything else about the request is looked at. (Authentication
+/// first: a caller without a key learns nothing, not even which paths name accounts.)
+#[derive(Debug, Clone, Copy)]
+pub struct OwnAccount(pub AccountId);
+
+impl<S> FromRequestParts<S> for OwnAccount
+where
+    AppState: FromRef<S>,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let caller = Caller::from_request_parts(parts, state).await?;
+        let AccountPath(account) = AccountPath::from_request_parts(parts, state).await?;
+        caller.must_be(account)?;
+        Ok(Self(account))
     }
 }
 
@@ -157,17 +189,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_the_operator_key_matches_and_it_never_shows() {
-        let key = OperatorKey::new("operator-key-3f9a81c2d7e4");
-        assert!(key.matches("operator-key-3f9a81c2d7e4"));
-        for other in [
-            "",
-            "operator-key-3f9a81c2d7e",
-            "operator-key-3f9a81c2d7e4 ",
-            "x",
-        ] {
-            assert!(!key.matches(other), "{other:?}");
-        }
-        assert_eq!(format!("{key:?}"), "OperatorKey(****)");
+    fn bearer_keys() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(bearer(&headers), None);
+        headers.insert(header::AUTHORIZATION, "Bearer po_abc".parse().unwrap());
+        assert_eq!(bearer(&headers), Some("po_abc"));
+        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
+        assert_eq!(bearer(&headers), None);
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use ipnet::IpNet;
+use sha2::{Digest, Sha256};
 
 /// `payonce --version`: the version, and whether this build has the demonstration's
 /// unsafe strategies (the matrix checks it before it starts instances).
@@ -184,8 +185,9 @@ pub struct Config {
     /// the cargo feature `demo`).
     #[arg(long, global = true, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
     pub lock_strategy: Strategy,
-    /// The demonstration mode: honour the `Payonce-Fault` request header, and
-    /// `Payonce-Strategy` in a build with the cargo feature `demo`. Never in production.
+    /// The demonstration mode: honour the `Payonce-Fault` and `Payonce-Strategy` request
+    /// headers. Only in a build with the cargo feature `demo` (one without it refuses to
+    /// start with this set). Never in production.
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
     /// The most spends one account may have waiting for its lock (or asking the lock
@@ -581,7 +583,7 @@ impl Config {
                 "PAYONCE_BATCH_MAX and PAYONCE_BATCH_WORKERS must be at least 1".into(),
             ));
         }
-        strategy_is_built(self.lock_strategy, cfg!(feature = "demo"))?;
+        demonstration_is_built(self.lock_strategy, self.demo, cfg!(feature = "demo"))?;
         let mode = self.mode()?;
         let needs_redis = !matches!(
             self.lock_strategy,
@@ -617,17 +619,62 @@ impl Config {
     }
 }
 
-/// Whether `strategy` is in this build: the unsafe ones only with the demonstration
-/// (`demo_built`, the cargo feature `demo`).
-fn strategy_is_built(strategy: Strategy, demo_built: bool) -> Result<(), ConfigError> {
-    if demo_built || strategy == Strategy::Fenced {
+/// Whether what the configuration asks of the demonstration is in this build
+/// (`demo_built`, the cargo feature `demo`): the unsafe strategies and the demonstration
+/// mode (`demo`) are; a build without it has neither, nor any fault injection.
+fn demonstration_is_built(
+    strategy: Strategy,
+    demo: bool,
+    demo_built: bool,
+) -> Result<(), ConfigError> {
+    if demo_built {
         return Ok(());
     }
-    Err(ConfigError::Invalid(format!(
-        "PAYONCE_LOCK_STRATEGY={} needs a build with the demonstration's strategies \
-         (cargo build -p api --features demo); this one has only the fenced strategy",
-        strategy.name()
-    )))
+    if strategy != Strategy::Fenced {
+        return Err(ConfigError::Invalid(format!(
+            "PAYONCE_LOCK_STRATEGY={} needs a build with the demonstration's strategies \
+             (cargo build -p api --features demo); this one has only the fenced strategy",
+            strategy.name()
+        )));
+    }
+    if demo {
+        return Err(ConfigError::Invalid(
+            "PAYONCE_DEMO=true needs a build with the demonstration (cargo build -p api \
+             --features demo); this one has no fault injection and no demonstration headers"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The operator key, kept only as its SHA-256 digest: nothing here can print or log the
+/// key, and comparing digests of equal length takes the same time whichever byte of a
+/// guess is wrong.
+#[derive(Clone)]
+pub struct OperatorKey([u8; 32]);
+
+impl OperatorKey {
+    /// The key's digest.
+    pub fn new(key: &str) -> Self {
+        Self(Sha256::digest(key.as_bytes()).into())
+    }
+
+    /// Whether `key` is the operator key, in constant time: every byte of the two digests
+    /// is compared, however early they differ.
+    pub fn matches(&self, key: &str) -> bool {
+        let offered: [u8; 32] = Sha256::digest(key.as_bytes()).into();
+        offered
+            .iter()
+            .zip(self.0)
+            .fold(0, |differ, (offered, own)| differ | (offered ^ own))
+            == 0
+    }
+}
+
+impl fmt::Debug for OperatorKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OperatorKey(****)")
+    }
 }
 
 /// A URL with its secrets replaced, for printing: the password in the authority, and
@@ -787,6 +834,21 @@ impl fmt::Display for Config {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_the_operator_key_matches_and_it_never_shows() {
+        let key = OperatorKey::new("operator-key-3f9a81c2d7e4");
+        assert!(key.matches("operator-key-3f9a81c2d7e4"));
+        for other in [
+            "",
+            "operator-key-3f9a81c2d7e",
+            "operator-key-3f9a81c2d7e4 ",
+            "x",
+        ] {
+            assert!(!key.matches(other), "{other:?}");
+        }
+        assert_eq!(format!("{key:?}"), "OperatorKey(****)");
+    }
+
     fn config(args: &[&str]) -> Config {
         let mut argv = vec!["payonce"];
         argv.extend_from_slice(args);
@@ -813,19 +875,35 @@ mod tests {
     }
 
     #[test]
-    fn a_build_without_the_demonstration_has_only_the_fenced_strategy() {
-        assert!(strategy_is_built(Strategy::Fenced, false).is_ok());
+    fn a_build_without_the_demonstration_has_only_the_fenced_strategy_and_no_demo_mode() {
+        assert!(demonstration_is_built(Strategy::Fenced, false, false).is_ok());
         for strategy in Strategy::ALL {
-            assert!(strategy_is_built(strategy, true).is_ok());
-            if strategy != Strategy::Fenced {
-                let refused = strategy_is_built(strategy, false).unwrap_err().to_string();
-                assert!(refused.contains("--features demo"), "{refused}");
+            for demo in [false, true] {
+                assert!(demonstration_is_built(strategy, demo, true).is_ok());
+                if strategy != Strategy::Fenced || demo {
+                    let refused = demonstration_is_built(strategy, demo, false)
+                        .unwrap_err()
+                        .to_string();
+                    assert!(refused.contains("--features demo"), "{refused}");
+                }
             }
         }
+        let refused = demonstration_is_built(Strategy::Fenced, true, false)
+            .unwrap_err()
+            .to_string();
+        assert!(refused.starts_with("PAYONCE_DEMO=true needs"), "{refused}");
         // This build's own answer, through the whole validation.
         let mut config = config(&["--lock-strategy", "none"]);
         (config.database_url, config.redis_url, config.lock_url) = (None, None, None);
         assert_eq!(config.validate().is_ok(), cfg!(feature = "demo"));
+        let mut demo_mode = self::config(&[]);
+        (
+            demo_mode.database_url,
+            demo_mode.redis_url,
+            demo_mode.lock_url,
+        ) = (None, None, None);
+        demo_mode.demo = true;
+        assert_eq!(demo_mode.validate().is_ok(), cfg!(feature = "demo"));
     }
 
     #[test]

@@ -1,35 +1,33 @@
-//! The demonstration: the lock strategies the classic write-ups get wrong, next to the
-//! fenced one, and the faults that expose them.
+//! The demonstration (cargo feature `demo`): the lock strategies the classic write-ups get
+//! wrong, next to the fenced one, and the faults that expose them.
 //!
 //! Every non-`fenced` strategy takes this module's own code path: take the strategy's lock
 //! (or none), read the balance, make the call-out (where faults strike), write the new
 //! balance as an absolute value, release. That read-check-write is what real code behind
 //! a lock does when it trusts the lock alone; here it runs against the ledger's
-//! clearly-marked `read_unguarded` / `write_unguarded`. The `fenced` path never comes here,
-//! and nothing here changes the ledger's guarantees for it.
+//! clearly-marked `read_unguarded` / `write_unguarded`. The `fenced` path never comes here
+//! except for [`Faults::strike`], and nothing here changes the ledger's guarantees for it.
 //!
 //! Reachable only when the instance is configured with an unsafe `PAYONCE_LOCK_STRATEGY`,
-//! or per request with `Payonce-Strategy` under `PAYONCE_DEMO`.
+//! or per request with `Payonce-Strategy` and `Payonce-Fault` under `PAYONCE_DEMO`. A build
+//! without the feature has none of this module: no fault injection, only the fenced
+//! strategy, and it refuses `PAYONCE_DEMO=true` and the unsafe strategies at start-up
+//! ([`crate::config::Config::validate`]).
 
 use std::time::Duration;
 
 use axum::http::HeaderMap;
-use ledger::{AccountId, Operation, TicketId};
-use lock::LockError;
-#[cfg(feature = "demo")]
+use ledger::{AccountId, Ledger, Operation, TicketId};
 use lock::recipes::{GetSetTimestamp, Recipe, RecipeGuard, SetnxExpire};
-#[cfg(feature = "demo")]
-use lock::{LockGuard, LockService, Redlock, RedlockGuard};
-#[cfg(feature = "demo")]
+use lock::{LockError, LockGuard, LockService, Redlock, RedlockGuard};
 use tokio::time::Instant;
+use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
+use utoipa::openapi::{Object, RefOr, Required, Type};
 
-use crate::config::Strategy;
+use crate::config::{Config, LockUrl, Mode, Strategy};
 use crate::error::ApiError;
-#[cfg(feature = "demo")]
 use crate::render::render;
-use crate::state::AppState;
 
-#[cfg(feature = "demo")]
 /// The unsafe strategies' locks. Present in the distributed mode; Redlock only with
 /// `PAYONCE_REDLOCK_URLS`.
 #[derive(Debug, Default)]
@@ -39,8 +37,19 @@ pub struct Recipes {
     redlock: Option<Redlock>,
 }
 
-#[cfg(feature = "demo")]
 impl Recipes {
+    /// The recipes `config` can run: they are recipes on one Redis server, so only in the
+    /// distributed mode on plain Redis (none on a cluster, a Sentinel or another store).
+    pub fn for_config(config: &Config) -> Result<Self, LockError> {
+        match config.mode() {
+            Ok(Mode::Distributed {
+                locks: LockUrl::Redis(url),
+                ..
+            }) => Self::open(&url, &config.redlock_urls, &config.redis_namespace),
+            _ => Ok(Self::default()),
+        }
+    }
+
     /// Connects (lazily) to the Redis the recipes use, and to the Redlock nodes.
     pub fn open(
         redis_url: &str,
@@ -57,26 +66,6 @@ impl Recipes {
                 Some(Redlock::open(redlock_urls, &demo_namespace)?)
             },
         })
-    }
-}
-
-/// Without the demonstration (cargo feature `demo`) there are no unsafe strategies and no
-/// locks for them.
-#[cfg(not(feature = "demo"))]
-#[derive(Debug, Default)]
-pub struct Recipes {
-    _none: (),
-}
-
-#[cfg(not(feature = "demo"))]
-impl Recipes {
-    /// Nothing to connect to: this build has only the fenced strategy.
-    pub fn open(
-        _redis_url: &str,
-        _redlock_urls: &[String],
-        _namespace: &str,
-    ) -> Result<Self, LockError> {
-        Ok(Self::default())
     }
 }
 
@@ -131,15 +120,39 @@ impl Faults {
     }
 }
 
-/// The strategy for a request: the instance's, or under the demonstration mode the one
-/// `Payonce-Strategy` names.
-pub fn strategy(state: &AppState, headers: &HeaderMap) -> Result<Strategy, ApiError> {
-    let settings = state.settings();
-    if !settings.demo {
-        return Ok(settings.strategy);
+impl Faults {
+    /// What the faults do inside the fenced critical section, with `guard` held. A pause
+    /// strikes in the first round only (`first_round`): the retry after a low token is
+    /// the spend going on, not a second pause.
+    pub async fn strike(&self, guard: &mut LockGuard, ticket_id: TicketId, first_round: bool) {
+        if let Some(pause) = self.pause.filter(|_| first_round) {
+            // What a stop-the-world pause does: nothing runs, renewal included.
+            tracing::warn!(%ticket_id, ?pause, "fault injection: pausing inside the critical section");
+            guard.stop_renewal().await;
+            tokio::time::sleep(pause).await;
+        }
+        if let Some(slow) = self.slow {
+            // A slow call-out: the watchdog keeps renewing meanwhile.
+            tokio::time::sleep(slow).await;
+        }
     }
-    match headers.get("payonce-strategy") {
-        None => Ok(settings.strategy),
+}
+
+/// The unsafe strategy a request runs under, if any: the instance's, or under the
+/// demonstration mode (`demo`) the one `Payonce-Strategy` names. `None` for the fenced
+/// strategy, and for order payments, which run fenced only (the strategies are for
+/// spends).
+pub fn unsafe_strategy(
+    instance: Strategy,
+    demo: bool,
+    operation: Operation,
+    headers: &HeaderMap,
+) -> Result<Option<Strategy>, ApiError> {
+    if matches!(operation, Operation::OrderPayment { .. }) {
+        return Ok(None);
+    }
+    let strategy = match headers.get("payonce-strategy").filter(|_| demo) {
+        None => instance,
         Some(value) => value
             .to_str()
             .ok()
@@ -148,12 +161,60 @@ pub fn strategy(state: &AppState, headers: &HeaderMap) -> Result<Strategy, ApiEr
                 ApiError::BadRequest(
                     "Payonce-Strategy: expected fenced, none, setnx-expire, getset, unfenced or redlock".into(),
                 )
-            }),
+            })?,
+    };
+    Ok(Some(strategy).filter(|strategy| *strategy != Strategy::Fenced))
+}
+
+/// What an unsafe strategy's spend works with: the instance's parts, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub struct Parts<'a> {
+    /// The ledger, read and written unguarded.
+    pub ledger: &'a Ledger,
+    /// The instance's lock service (the `unfenced` strategy).
+    pub locks: &'a LockService,
+    /// The other strategies' locks.
+    pub recipes: &'a Recipes,
+    /// The lease of a lock.
+    pub lock_ttl: Duration,
+    /// How long to wait for one.
+    pub lock_wait: Duration,
+}
+
+/// Says in the OpenAPI document which operations read the demonstration's headers: every
+/// spend reads `Payonce-Fault`, and those the strategies are for read `Payonce-Strategy`.
+pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
+    const STRATEGY: &str = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock";
+    const FAULT: &str = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated";
+    let header = |name: &str, description: &str| {
+        RefOr::T(
+            ParameterBuilder::new()
+                .name(name)
+                .parameter_in(ParameterIn::Header)
+                .required(Required::False)
+                .description(Some(description))
+                .schema(Some(Object::with_type(Type::String)))
+                .build(),
+        )
+    };
+    for (path, item) in openapi.paths.paths.iter_mut() {
+        let Some(operation) = item.post.as_mut() else {
+            continue;
+        };
+        let by_strategy = ["/withdrawals", "/deposits", "/lottery-draws"]
+            .iter()
+            .any(|spend| path.starts_with("/v1/accounts/") && path.ends_with(spend));
+        let parameters = operation.parameters.get_or_insert_with(Vec::new);
+        if by_strategy {
+            parameters.push(header("Payonce-Strategy", STRATEGY));
+        }
+        if by_strategy || path == "/v1/orders/{order_id}/payments" {
+            parameters.push(header("Payonce-Fault", FAULT));
+        }
     }
 }
 
 /// What a strategy holds during the critical section.
-#[cfg(feature = "demo")]
 enum Held<'a> {
     Nothing,
     /// The instance's own lock service, its fencing token ignored (the `unfenced`
@@ -163,7 +224,6 @@ enum Held<'a> {
     Redlock(&'a Redlock, RedlockGuard),
 }
 
-#[cfg(feature = "demo")]
 impl Held<'_> {
     async fn release(self, clock_offset_ms: i64) {
         let released = match self {
@@ -181,7 +241,6 @@ impl Held<'_> {
     }
 }
 
-#[cfg(feature = "demo")]
 fn unavailable(strategy: Strategy) -> ApiError {
     ApiError::BadRequest(format!(
         "strategy {} is not available on this instance (it needs Redis{})",
@@ -194,17 +253,19 @@ fn unavailable(strategy: Strategy) -> ApiError {
     ))
 }
 
-#[cfg(feature = "demo")]
 async fn take<'a>(
-    state: &'a AppState,
+    parts: Parts<'a>,
     strategy: Strategy,
     key: &str,
     deadline: Instant,
     faults: Faults,
 ) -> Result<Held<'a>, ApiError> {
-    let ttl = state.settings().lock_ttl;
-    let recipes = state.recipes();
-    let locks: &LockService = state.locks();
+    let Parts {
+        locks,
+        recipes,
+        lock_ttl: ttl,
+        ..
+    } = parts;
     Ok(match strategy {
         Strategy::None => Held::Nothing,
         Strategy::Unfenced => Held::Lock(locks.acquire(key, ttl, deadline).await?),
@@ -234,10 +295,9 @@ async fn take<'a>(
     })
 }
 
-#[cfg(feature = "demo")]
 /// A spend under an unsafe strategy: lock (or not), read, call out, write, release.
 pub async fn spend_unguarded(
-    state: &AppState,
+    parts: Parts<'_>,
     strategy: Strategy,
     account: AccountId,
     ticket_id: TicketId,
@@ -246,10 +306,10 @@ pub async fn spend_unguarded(
     faults: Faults,
 ) -> Result<Option<ledger::Applied>, ApiError> {
     let key = format!("lock:account:{account}");
-    let deadline = Instant::now() + state.settings().lock_wait;
-    let mut held = take(state, strategy, &key, deadline, faults).await?;
+    let deadline = Instant::now() + parts.lock_wait;
+    let mut held = take(parts, strategy, &key, deadline, faults).await?;
 
-    let read = state.ledger().read_unguarded(account).await;
+    let read = parts.ledger.read_unguarded(account).await;
     // The call-out between reading and writing, where a pause hurts.
     if let Some(pause) = faults.pause {
         if let Held::Lock(guard) = &mut held {
@@ -261,8 +321,8 @@ pub async fn spend_unguarded(
         tokio::time::sleep(slow).await;
     }
     let written = match read {
-        Ok(read) => state
-            .ledger()
+        Ok(read) => parts
+            .ledger
             .write_unguarded(ticket_id, account, operation, fingerprint, &read, &render)
             .await
             .map_err(ApiError::from),
@@ -270,24 +330,6 @@ pub async fn spend_unguarded(
     };
     held.release(faults.clock_offset_ms).await;
     written
-}
-
-/// Without the demonstration there is no unsafe strategy to run (the configuration refuses
-/// one at start-up, and the request headers are not read): refused, should one get here.
-#[cfg(not(feature = "demo"))]
-pub async fn spend_unguarded(
-    _state: &AppState,
-    strategy: Strategy,
-    _account: AccountId,
-    _ticket_id: TicketId,
-    _operation: Operation,
-    _fingerprint: &str,
-    _faults: Faults,
-) -> Result<Option<ledger::Applied>, ApiError> {
-    Err(ApiError::BadRequest(format!(
-        "strategy {} needs a build with the demonstration (cargo feature demo)",
-        strategy.name()
-    )))
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! Request extractors that speak the API's error format: the caller's account (from the
-//! bearer key), the path's ids, the `Idempotency-Key`, and JSON bodies.
+//! Request extractors that speak the API's error format: the client's address, the path's
+//! ids, the `Idempotency-Key`, and JSON bodies. (Who the caller is: `auth.rs`.)
 
 use axum::body::Bytes;
 use axum::extract::rejection::JsonRejection;
@@ -13,50 +13,8 @@ use ledger::{AccountId, OrderId, TicketId};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
-use crate::auth;
 use crate::error::ApiError;
 use crate::state::AppState;
-
-/// The account whose API key authenticated the request.
-#[derive(Debug, Clone, Copy)]
-pub struct Caller(pub AccountId);
-
-impl<S> FromRequestParts<S> for Caller
-where
-    AppState: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let ClientAddress(client) = ClientAddress::from_request_parts(parts, state).await?;
-        let key = bearer(&parts.headers).ok_or(ApiError::Unauthenticated)?;
-        auth::account(&AppState::from_ref(state), client, key)
-            .await
-            .map(Self)
-    }
-}
-
-/// The key of `Authorization: Bearer <key>`, if there is one.
-pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    let (scheme, key) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| key.trim())
-        .filter(|key| !key.is_empty())
-}
-
-impl Caller {
-    /// The caller may act on `account` only if it is its own.
-    pub fn must_be(self, account: AccountId) -> Result<(), ApiError> {
-        if self.0 == account {
-            Ok(())
-        } else {
-            Err(ApiError::Forbidden)
-        }
-    }
-}
 
 /// The client's address: the connection's peer — or, when the peer is a proxy named in
 /// `PAYONCE_TRUSTED_PROXIES`, the client that proxy names in `PAYONCE_CLIENT_IP_HEADER`.
@@ -124,28 +82,6 @@ fn client_address(
         }
     }
     client
-}
-
-/// The account in the path, which must be the caller's: 401 without a valid key, then 404
-/// if the path does not hold an account id, then 403 if the key is another account's — in
-/// that order, before anything else about the request is looked at. (Authentication
-/// first: a caller without a key learns nothing, not even which paths name accounts.)
-#[derive(Debug, Clone, Copy)]
-pub struct OwnAccount(pub AccountId);
-
-impl<S> FromRequestParts<S> for OwnAccount
-where
-    AppState: FromRef<S>,
-    S: Send + Sync,
-{
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        let AccountPath(account) = AccountPath::from_request_parts(parts, state).await?;
-        caller.must_be(account)?;
-        Ok(Self(account))
-    }
 }
 
 /// An account id from the path; one that is not a UUID names nothing (404).
@@ -445,16 +381,6 @@ mod tests {
             ip("198.51.100.7")
         );
         assert_eq!(client("::ffff:192.0.2.1", &[]), ip("192.0.2.1"));
-    }
-
-    #[test]
-    fn bearer_keys() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(bearer(&headers), None);
-        headers.insert(header::AUTHORIZATION, "Bearer po_abc".parse().unwrap());
-        assert_eq!(bearer(&headers), Some("po_abc"));
-        headers.insert(header::AUTHORIZATION, "Basic abc".parse().unwrap());
-        assert_eq!(bearer(&headers), None);
     }
 }
 

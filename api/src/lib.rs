@@ -9,18 +9,21 @@
 //! - `state.rs`: [`state::AppState`] — ledger, locks, settings, metrics.
 //! - `routes/`: the router and its OpenAPI document (`mod.rs`); accounts, tickets, the
 //!   spends and their idempotency protocol (`spends.rs`), and the service endpoints.
-//! - `extract.rs`: the caller's account and address, path ids, `Idempotency-Key`, JSON
-//!   bodies; `auth.rs`: account keys, the operator key, and what a wrong key costs.
+//! - `auth.rs`: who sends a request — the caller's account by its key (`Caller`,
+//!   `OwnAccount`), the operator key, and what a wrong key costs; `extract.rs`: the
+//!   client's address, path ids, `Idempotency-Key`, JSON bodies.
 //! - `limits.rs`: rate limits per client address and per account; `flights.rs`: the
 //!   tickets this instance is executing, so duplicates wait for the original locally.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
-//! - `demo.rs`: the demonstration — the injectable faults (under `PAYONCE_DEMO`) and,
-//!   with the cargo feature `demo` only, the unsafe lock strategies' read-check-write path
-//!   (reachable by configuration or, under `PAYONCE_DEMO`, per request).
+//! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
+//!   strategies' read-check-write path (reachable by configuration or, under
+//!   `PAYONCE_DEMO`, per request) and the injectable faults. A build without the feature
+//!   has no fault injection at all and refuses `PAYONCE_DEMO=true` at start-up.
 
 pub mod auth;
 pub mod config;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod error;
 pub mod extract;

@@ -47,7 +47,7 @@ async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::E
     );
     if config.demo {
         tracing::warn!(
-            "DEMONSTRATION MODE: the Payonce-Fault header (and, with the demo feature, Payonce-Strategy) is honoured. Never in production."
+            "DEMONSTRATION MODE: the Payonce-Fault and Payonce-Strategy headers are honoured. Never in production."
         );
     }
     if config.lock_strategy != api::config::Strategy::Fenced {

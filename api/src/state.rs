@@ -7,8 +7,10 @@ use axum::http::HeaderValue;
 use ledger::{Ledger, LedgerError, LedgerOptions};
 use lock::{LockService, RedisOptions};
 
-use crate::auth::OperatorKey;
-use crate::config::{Config, ConfigError, LockUrl, Mode, Strategy};
+#[cfg(feature = "demo")]
+use crate::config::Strategy;
+use crate::config::{Config, ConfigError, LockUrl, Mode, OperatorKey};
+#[cfg(feature = "demo")]
 use crate::demo::Recipes;
 use crate::flights::Flights;
 use crate::limits::{RateLimits, Rates};
@@ -29,9 +31,12 @@ pub struct Settings {
     pub reap_interval: Duration,
     /// How long a lock key goes unused before its state is pruned.
     pub lock_idle: Duration,
-    /// The instance's strategy.
+    /// The instance's strategy (the demonstration).
+    #[cfg(feature = "demo")]
     pub strategy: Strategy,
-    /// Whether the `Payonce-Strategy` and `Payonce-Fault` headers are honoured.
+    /// Whether the `Payonce-Strategy` and `Payonce-Fault` headers are honoured (the
+    /// demonstration).
+    #[cfg(feature = "demo")]
     pub demo: bool,
     /// This instance's name, sent as `Payonce-Instance`.
     pub instance: HeaderValue,
@@ -59,7 +64,9 @@ impl Settings {
             retention: config.retention,
             reap_interval: config.reap_interval,
             lock_idle: config.lock_idle,
+            #[cfg(feature = "demo")]
             strategy: config.lock_strategy,
+            #[cfg(feature = "demo")]
             demo: config.demo,
             instance: HeaderValue::from_str(&config.instance_name())
                 .unwrap_or_else(|_| HeaderValue::from_static("payonce")),
@@ -112,38 +119,36 @@ struct Inner {
     limits: RateLimits,
     /// Tickets this instance is executing: duplicates wait here, not on the lock.
     flights: Flights,
-    /// The unsafe strategies' locks, for the demonstration (distributed mode only).
+    /// The unsafe strategies' locks, for the demonstration (distributed mode on Redis
+    /// only).
+    #[cfg(feature = "demo")]
     recipes: Recipes,
 }
 
-impl AppState {
-    /// Assembles the state from its parts (no rate limits).
-    pub fn new(ledger: Ledger, locks: LockService, settings: Settings) -> Self {
-        Self::with_parts(
-            ledger,
-            locks,
-            settings,
-            RateLimits::none(),
-            Recipes::default(),
-        )
-    }
-
-    fn with_parts(
-        ledger: Ledger,
-        locks: LockService,
-        settings: Settings,
-        limits: RateLimits,
-        recipes: Recipes,
-    ) -> Self {
-        Self(Arc::new(Inner {
+impl Inner {
+    fn new(ledger: Ledger, locks: LockService, settings: Settings, limits: RateLimits) -> Self {
+        Self {
             ledger,
             locks,
             settings,
             metrics: Arc::new(Metrics::new()),
             limits,
             flights: Flights::default(),
-            recipes,
-        }))
+            #[cfg(feature = "demo")]
+            recipes: Recipes::default(),
+        }
+    }
+}
+
+impl AppState {
+    /// Assembles the state from its parts (no rate limits).
+    pub fn new(ledger: Ledger, locks: LockService, settings: Settings) -> Self {
+        Self(Arc::new(Inner::new(
+            ledger,
+            locks,
+            settings,
+            RateLimits::none(),
+        )))
     }
 
     /// Opens the ledger (retrying while the database is unreachable, up to the start-up
@@ -156,7 +161,7 @@ impl AppState {
             batch_workers: config.batch_workers,
             ..LedgerOptions::default()
         };
-        let (ledger, locks, recipes) = match config.mode()? {
+        let (ledger, locks) = match config.mode()? {
             Mode::Embedded { sqlite_path } => {
                 if let Some(dir) = sqlite_path.parent() {
                     std::fs::create_dir_all(dir)?;
@@ -166,7 +171,7 @@ impl AppState {
                     lock::InProcessBackend::new().with_lock_delay(config.lock_delay),
                 )
                 .with_max_waiters(config.lock_max_waiters);
-                (ledger, locks, Recipes::default())
+                (ledger, locks)
             }
             Mode::Distributed {
                 database_url,
@@ -174,8 +179,7 @@ impl AppState {
             } => {
                 let ledger =
                     open_with_retries(&database_url, &options, config.startup_timeout).await?;
-                let (locks, recipes) = lock_service(&locks, config)?;
-                (ledger, locks, recipes)
+                (ledger, lock_service(&locks, config)?)
             }
         };
         let limits = RateLimits::new(&Rates {
@@ -185,13 +189,13 @@ impl AppState {
             orders_per_second: config.orders_per_second,
             bad_keys_per_minute: config.bad_keys_per_minute,
         });
-        Ok(Self::with_parts(
-            ledger,
-            locks,
-            Settings::from_config(config),
-            limits,
-            recipes,
-        ))
+        let inner = Inner::new(ledger, locks, Settings::from_config(config), limits);
+        #[cfg(feature = "demo")]
+        let inner = Inner {
+            recipes: Recipes::for_config(config)?,
+            ..inner
+        };
+        Ok(Self(Arc::new(inner)))
     }
 
     /// The ledger.
@@ -230,6 +234,7 @@ impl AppState {
     }
 
     /// The unsafe strategies' locks.
+    #[cfg(feature = "demo")]
     pub fn recipes(&self) -> &Recipes {
         &self.0.recipes
     }
@@ -246,22 +251,14 @@ fn redis_options(config: &Config) -> RedisOptions {
     }
 }
 
-/// The lock service `url` names, and the demonstration's recipes where they can run (they
-/// are Redis recipes). ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
+/// The lock service `url` names. ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
 /// time after which a process that stopped heartbeating loses its locks, as a Redis lock
 /// without renewal does. PostgreSQL's advisory locks last as long as their connections,
 /// and are namespaced like Redis keys (`PAYONCE_REDIS_NAMESPACE`).
-fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes), StartError> {
+fn lock_service(url: &LockUrl, config: &Config) -> Result<LockService, StartError> {
     Ok(match url {
-        LockUrl::Redis(url) => {
-            let locks = LockService::redis(url, redis_options(config))?;
-            let recipes = Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?;
-            (locks, recipes)
-        }
-        LockUrl::RedisCluster(url) | LockUrl::RedisSentinel(url) => {
-            // The demonstration's recipes run on one Redis server of their own: none here.
-            let locks = LockService::redis(url, redis_options(config))?;
-            (locks, Recipes::default())
+        LockUrl::Redis(url) | LockUrl::RedisCluster(url) | LockUrl::RedisSentinel(url) => {
+            LockService::redis(url, redis_options(config))?
         }
         LockUrl::ZooKeeper(url) => {
             let options = lock::ZooKeeperOptions {
@@ -270,9 +267,9 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 lock_delay: config.lock_delay,
                 ..lock::ZooKeeperOptions::default()
             };
-            (LockService::zookeeper(url, options)?, Recipes::default())
+            LockService::zookeeper(url, options)?
         }
-        LockUrl::Etcd(url) => (etcd(url, config)?, Recipes::default()),
+        LockUrl::Etcd(url) => etcd(url, config)?,
         LockUrl::Postgres(url) => {
             let options = lock::PostgresOptions {
                 namespace: config.redis_namespace.clone(),
@@ -280,7 +277,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 lock_delay: config.lock_delay,
                 ..lock::PostgresOptions::default()
             };
-            (LockService::postgres(url, options)?, Recipes::default())
+            LockService::postgres(url, options)?
         }
         LockUrl::MySqlTable(url) => {
             let options = lock::MySqlTableOptions {
@@ -289,7 +286,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 lock_delay: config.lock_delay,
                 ..lock::MySqlTableOptions::default()
             };
-            (LockService::mysql_table(url, options)?, Recipes::default())
+            LockService::mysql_table(url, options)?
         }
         LockUrl::Memcached(url) => {
             let options = lock::MemcachedOptions {
@@ -299,7 +296,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 idle: config.lock_idle,
                 ..lock::MemcachedOptions::default()
             };
-            (LockService::memcached(url, options)?, Recipes::default())
+            LockService::memcached(url, options)?
         }
         LockUrl::MySqlRow(url) => {
             let options = lock::MySqlRowOptions {
@@ -308,7 +305,7 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes)
                 lock_delay: config.lock_delay,
                 ..lock::MySqlRowOptions::default()
             };
-            (LockService::mysql_row(url, options)?, Recipes::default())
+            LockService::mysql_row(url, options)?
         }
     })
 }

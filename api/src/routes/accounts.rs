@@ -10,9 +10,10 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::auth::Caller;
 use crate::auth::{self, Bearer};
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, ClientAddress, IdempotencyKey, JsonBody, integral};
+use crate::extract::{AccountPath, ClientAddress, IdempotencyKey, JsonBody, integral};
 use crate::routes::spends::{fingerprint, stored_response};
 use crate::state::AppState;
 

@@ -201,6 +201,8 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let (router, mut openapi) = routes.split_for_parts();
     // After the routes are in: the document's modifiers run before there are any paths.
     Enforced.modify(&mut openapi);
+    #[cfg(feature = "demo")]
+    crate::demo::document(&mut openapi);
     (router, openapi)
 }
 

@@ -17,8 +17,9 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, IdempotencyKey, JsonBody, OrderPath, integral};
+use crate::extract::{AccountPath, IdempotencyKey, JsonBody, OrderPath, integral};
 use crate::render::OrderPaid;
 use crate::routes::spends;
 use crate::state::AppState;
@@ -213,7 +214,6 @@ pub async fn get_order(
     params(
         ("order_id" = Uuid, Path, description = "The order"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of the order's account (a UUID, bare or quoted)"),
-        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body(content = PaymentRequest, description = "Empty, or `{}`"),

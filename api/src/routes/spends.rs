@@ -40,10 +40,11 @@ use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
 use crate::auth::DepositAccount;
-use crate::config::Strategy;
+use crate::auth::OwnAccount;
+#[cfg(feature = "demo")]
 use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
-use crate::extract::{IdempotencyKey, JsonBody, OwnAccount, integral};
+use crate::extract::{IdempotencyKey, JsonBody, integral};
 use crate::render::{Drawn, MoneyMoved, render};
 use crate::state::AppState;
 
@@ -79,8 +80,6 @@ pub struct DrawRequest {
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
-        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body = MoneyRequest,
@@ -121,8 +120,6 @@ pub async fn withdraw(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
-        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = []), ("operator_key" = [])),
     request_body = MoneyRequest,
@@ -162,8 +159,6 @@ pub async fn deposit(
     params(
         ("id" = uuid::Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Strategy" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: fenced, none, setnx-expire, getset, unfenced or redlock"),
-        ("Payonce-Fault" = Option<String>, Header, description = "Demonstration mode (PAYONCE_DEMO) only: pause=<duration>, slow=<duration>, clock-offset=[-]<duration>, comma-separated"),
     ),
     security(("api_key" = [])),
     request_body(content = DrawRequest, description = "May be empty: one point"),
@@ -227,6 +222,9 @@ struct Spend<'a> {
     /// The lock it runs under: its order's for an order payment (an order is paid once,
     /// whichever account lock or ticket a payment comes with), else its account's.
     lock_key: String,
+    /// The faults the request asks for (the demonstration, under `PAYONCE_DEMO`).
+    #[cfg(feature = "demo")]
+    faults: Faults,
 }
 
 /// The idempotency protocol (see the module docs).
@@ -237,7 +235,8 @@ pub(crate) async fn spend(
     operation: Operation,
     path: &str,
     request: &impl Serialize,
-    headers: &HeaderMap,
+    // Only the demonstration reads a spend's headers.
+    #[cfg_attr(not(feature = "demo"), expect(unused_variables))] headers: &HeaderMap,
 ) -> Result<Response, ApiError> {
     if let Err(limited) = state.limits().spend(account) {
         state.metrics().rate_limited();
@@ -247,6 +246,7 @@ pub(crate) async fn spend(
         Operation::OrderPayment { order, .. } => format!("lock:order:{order}"),
         _ => format!("lock:account:{account}"),
     };
+    let settings = state.settings();
     let spend = Spend {
         state,
         account,
@@ -254,20 +254,14 @@ pub(crate) async fn spend(
         operation,
         fingerprint: fingerprint(path, request),
         lock_key,
+        #[cfg(feature = "demo")]
+        faults: Faults::requested(settings.demo, headers)?,
     };
-    let settings = state.settings();
-    // Order payments run fenced only: the demonstration's strategies are for spends.
-    let strategy = match operation {
-        Operation::OrderPayment { .. } => Strategy::Fenced,
-        _ => demo::strategy(state, headers)?,
-    };
-    let faults = Faults::requested(settings.demo, headers)?;
-
-    if strategy != Strategy::Fenced {
-        if let Some(replay) = spend.replay_without_lock().await? {
-            return Ok(replay);
-        }
-        return spend.unguarded(strategy, faults).await;
+    #[cfg(feature = "demo")]
+    if let Some(strategy) =
+        demo::unsafe_strategy(settings.strategy, settings.demo, operation, headers)?
+    {
+        return spend.unguarded(strategy).await;
     }
     // Everything from here waits at most the lock wait: for a duplicate running in this
     // instance, then for the account's lock.
@@ -284,7 +278,7 @@ pub(crate) async fn spend(
     {
         return Ok(replay);
     }
-    spend.fenced(faults, deadline).await
+    spend.fenced(deadline).await
 }
 
 /// What asking for the account's lock came to.
@@ -298,16 +292,29 @@ enum Locked {
 }
 
 impl Spend<'_> {
-    /// The demonstration's unsafe strategies: their own read-check-write.
-    async fn unguarded(&self, strategy: Strategy, faults: Faults) -> Result<Response, ApiError> {
+    /// The demonstration's unsafe strategies: the ticket looked up first, then their own
+    /// read-check-write.
+    #[cfg(feature = "demo")]
+    async fn unguarded(&self, strategy: crate::config::Strategy) -> Result<Response, ApiError> {
+        if let Some(replay) = self.replay_without_lock().await? {
+            return Ok(replay);
+        }
+        let settings = self.state.settings();
+        let parts = demo::Parts {
+            ledger: self.state.ledger(),
+            locks: self.state.locks(),
+            recipes: self.state.recipes(),
+            lock_ttl: settings.lock_ttl,
+            lock_wait: settings.lock_wait,
+        };
         let written = demo::spend_unguarded(
-            self.state,
+            parts,
             strategy,
             self.account,
             self.ticket_id,
             self.operation,
             &self.fingerprint,
-            faults,
+            self.faults,
         )
         .await?;
         match written {
@@ -330,7 +337,7 @@ impl Spend<'_> {
     /// counters were lost and the clock it restarts them from stepped back). Nothing was
     /// written; the counter is raised above the ledger's before we release, so the next
     /// grant is accepted.
-    async fn fenced(&self, mut faults: Faults, deadline: Instant) -> Result<Response, ApiError> {
+    async fn fenced(&self, deadline: Instant) -> Result<Response, ApiError> {
         let lock_key = self.lock_key.as_str();
         let mut retried = false;
         loop {
@@ -338,16 +345,10 @@ impl Spend<'_> {
                 Locked::Held(guard) => guard,
                 Locked::Answered(answer) => return answer,
             };
-            if let Some(pause) = faults.pause.take() {
-                // What a stop-the-world pause does: nothing runs, renewal included.
-                tracing::warn!(ticket_id = %self.ticket_id, ?pause, "fault injection: pausing inside the critical section");
-                guard.stop_renewal().await;
-                tokio::time::sleep(pause).await;
-            }
-            if let Some(slow) = faults.slow {
-                // A slow call-out: the watchdog keeps renewing meanwhile.
-                tokio::time::sleep(slow).await;
-            }
+            #[cfg(feature = "demo")]
+            self.faults
+                .strike(&mut guard, self.ticket_id, !retried)
+                .await;
             if guard.is_lost() {
                 self.state.metrics().lock_lost();
                 let _ = guard.release().await;

@@ -10,8 +10,9 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, Caller, TicketPath};
+use crate::extract::{AccountPath, TicketPath};
 use crate::state::AppState;
 
 /// A fresh ticket: send its id as the `Idempotency-Key` of one spend.
