@@ -7,7 +7,8 @@
 //! - `config.rs`: flags and environment variables, the mode they select, the start-up
 //!   report.
 //! - `state.rs`: [`state::AppState`] — ledger, locks, settings, metrics.
-//! - `routes/`: the router and its OpenAPI document (`mod.rs`); accounts, tickets, the
+//! - `routes/`: the router and its OpenAPI document (`mod.rs`), with the error answers
+//!   many operations share (`responses.rs`); accounts, tickets, the
 //!   spends and their idempotency protocol (`spends.rs`), and the service endpoints.
 //! - `auth.rs`: who sends a request — the caller's account by its key (`Caller`,
 //!   `OwnAccount`), the operator key, and what a wrong key costs; `extract.rs`: the

@@ -14,6 +14,9 @@ use crate::auth::Caller;
 use crate::auth::{self, Bearer};
 use crate::error::{ApiError, Problem};
 use crate::extract::{AccountPath, ClientAddress, IdempotencyKey, JsonBody, integral};
+use crate::routes::responses::{
+    BodyTooLarge, MalformedCreate, NotAnAccount, NotJson, OthersAccount, Unauthenticated,
+};
 use crate::routes::spends::{fingerprint, stored_response};
 use crate::state::AppState;
 
@@ -111,11 +114,11 @@ pub struct CreatedAccount {
             ("TakeTicket" = (operation_id = "issue_ticket", parameters(("id" = "$response.body#/id")), description = "Take a ticket for the new account (authenticated with its api_key)")),
             ("GetAccount" = (operation_id = "get_account", parameters(("id" = "$response.body#/id")), description = "Read the new account back (authenticated with its api_key)")),
         )),
-        (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key (`idempotency-key-invalid`)", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedCreate),
         (status = 401, description = "A key that is not the operator key (only with PAYONCE_OPERATOR_KEY set, and a balance or points above zero)", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "A balance or points above zero without the operator key (only with PAYONCE_OPERATOR_KEY set): `operator-key-required`", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "Invalid name, balance or points, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many accounts opened from this address; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
@@ -180,9 +183,9 @@ fn opened_body(account: &Account) -> Value {
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The account", body = AccountView),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NotAnAccount),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -273,9 +276,9 @@ pub struct EntriesPage {
     responses(
         (status = 200, description = "A page of entries", body = EntriesPage),
         (status = 400, description = "Malformed paging parameters", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NotAnAccount),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )
 )]

@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod orders;
+pub mod responses;
 pub mod service;
 pub mod spends;
 pub mod tickets;
@@ -51,7 +52,20 @@ pub const BODY_LIMIT: usize = 16 * 1024;
         description = "An idempotent payment service: take a ticket, spend it once. \
                        Errors are RFC 9457 problem+json; see /problems/{name}."
     ),
-    components(schemas(Problem)),
+    components(
+        schemas(Problem),
+        responses(
+            responses::Unauthenticated,
+            responses::OthersAccount,
+            responses::NotAnAccount,
+            responses::NoSuchTicket,
+            responses::TicketGone,
+            responses::BodyTooLarge,
+            responses::NotJson,
+            responses::MalformedSpend,
+            responses::MalformedCreate,
+        )
+    ),
     modifiers(&BearerKey),
     tags(
         (name = "accounts", description = "Accounts, their keys and their ledger entries"),

@@ -21,6 +21,10 @@ use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
 use crate::extract::{AccountPath, IdempotencyKey, JsonBody, OrderPath, integral};
 use crate::render::OrderPaid;
+use crate::routes::responses::{
+    BodyTooLarge, MalformedCreate, MalformedSpend, NotAnAccount, NotJson, OthersAccount,
+    TicketGone, Unauthenticated,
+};
 use crate::routes::spends;
 use crate::state::AppState;
 
@@ -122,12 +126,12 @@ impl From<Order> for OrderView {
             ("PayOrder" = (operation_id = "pay_order", parameters(("order_id" = "$response.body#/order_id")), description = "Pay the order (with a ticket as Idempotency-Key)")),
             ("GetOrder" = (operation_id = "get_order", parameters(("order_id" = "$response.body#/order_id")), description = "Read the order back")),
         )),
-        (status = 400, description = "Malformed JSON, or a malformed Idempotency-Key (`idempotency-key-invalid`)", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedCreate),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NotAnAccount),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "An amount outside 1..=10^12, a description over 200 characters, or a body that is not an object (`invalid-request`: nothing stored); or the Idempotency-Key was used with another body (`idempotency-key-reuse`)", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many orders for this account; nothing stored — retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
@@ -189,7 +193,7 @@ fn placed_body(order: &Order) -> Value {
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The order", body = OrderView),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
         (status = 404, description = "No such order, or another account's", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )
@@ -219,14 +223,14 @@ pub async fn get_order(
     request_body(content = PaymentRequest, description = "Empty, or `{}`"),
     responses(
         (status = 201, description = "Paid (a replay carries `Idempotent-Replayed: true`)", body = OrderPaid),
-        (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedSpend),
+        (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed); the order stays open", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "No such order or ticket for this account", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "The order was paid already by another ticket (`order-already-paid`, stored; replayed), or a request in progress, or the order busy", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 410, response = TicketGone),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "A body other than `{}`, or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),

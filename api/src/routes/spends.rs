@@ -46,6 +46,9 @@ use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
 use crate::extract::{IdempotencyKey, JsonBody, integral};
 use crate::render::{Drawn, MoneyMoved, render};
+use crate::routes::responses::{
+    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
+};
 use crate::state::AppState;
 
 /// A withdrawal or a deposit.
@@ -85,15 +88,15 @@ pub struct DrawRequest {
     request_body = MoneyRequest,
     responses(
         (status = 201, description = "Withdrawn (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
-        (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedSpend),
+        (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such ticket for this account", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NoSuchTicket),
         (status = 409, description = "Request in progress, or account busy", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 410, response = TicketGone),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "Invalid amount, or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
@@ -125,14 +128,14 @@ pub async fn withdraw(
     request_body = MoneyRequest,
     responses(
         (status = 201, description = "Deposited (a replay carries `Idempotent-Replayed: true`)", body = MoneyMoved, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
-        (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedSpend),
+        (status = 401, response = Unauthenticated),
         (status = 403, description = "The key is another account's; or, with PAYONCE_OPERATOR_KEY set, any account's key (`operator-key-required`: nothing stored, the ticket stays usable)", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such ticket for this account", body = Problem, content_type = "application/problem+json"),
+        (status = 404, response = NoSuchTicket),
         (status = 409, description = "Request in progress, or account busy", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 410, response = TicketGone),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "Invalid amount, a balance that would overflow (stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have moved. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
@@ -164,15 +167,15 @@ pub async fn deposit(
     request_body(content = DrawRequest, description = "May be empty: one point"),
     responses(
         (status = 201, description = "Drawn (a replay carries `Idempotent-Replayed: true`)", body = Drawn, links(("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "What the ticket remembers: this answer")))),
-        (status = 400, description = "No or malformed Idempotency-Key, or malformed JSON", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedSpend),
+        (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient points (stored; replayed)", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "No such ticket for this account", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NoSuchTicket),
         (status = 409, description = "Request in progress, or account busy", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "Ticket expired unused, or outcome past retention", body = Problem, content_type = "application/problem+json"),
-        (status = 413, description = "Body over 16 KiB", body = Problem, content_type = "application/problem+json"),
-        (status = 415, description = "Not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 410, response = TicketGone),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
         (status = 422, description = "Invalid points, a balance that would overflow (stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the points may have been spent. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
 use crate::extract::{AccountPath, TicketPath};
+use crate::routes::responses::{NotAnAccount, OthersAccount, Unauthenticated};
 use crate::state::AppState;
 
 /// A fresh ticket: send its id as the `Idempotency-Key` of one spend.
@@ -86,9 +87,9 @@ pub struct TicketView {
             ("Draw" = (operation_id = "draw", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a lottery draw")),
             ("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "Read the ticket back")),
         )),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "The key is another account's", body = Problem, content_type = "application/problem+json"),
-        (status = 404, description = "Not an account id", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NotAnAccount),
         (status = 429, description = "Too many tickets for this account; retry after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable, or the instance is overloaded", body = Problem, content_type = "application/problem+json"),
     )
@@ -130,7 +131,7 @@ pub async fn issue_ticket(
     security(("api_key" = [])),
     responses(
         (status = 200, description = "The ticket", body = TicketView),
-        (status = 401, description = "Missing or unknown key", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
         (status = 404, description = "No such ticket, or another account's", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
     )

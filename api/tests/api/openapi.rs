@@ -17,9 +17,23 @@ fn schema<'a>(spec: &'a Value, reference: &Value) -> &'a Value {
     &spec["components"]["schemas"][name]
 }
 
+/// A response as written, or the shared one (`#/components/responses/…`) it refers to.
+fn resolved<'a>(spec: &'a Value, response: &'a Value) -> &'a Value {
+    match response["$ref"].as_str() {
+        Some(reference) => {
+            let name = reference
+                .strip_prefix("#/components/responses/")
+                .unwrap_or_else(|| panic!("not a response reference: {reference}"));
+            &spec["components"]["responses"][name]
+        }
+        None => response,
+    }
+}
+
 /// The documented response schema of an operation and status.
 fn response_schema<'a>(spec: &'a Value, path: &str, method: &str, status: u16) -> &'a Value {
-    let content = &spec["paths"][path][method]["responses"][status.to_string()]["content"];
+    let response = &spec["paths"][path][method]["responses"][status.to_string()];
+    let content = &resolved(spec, response)["content"];
     let media = content.as_object().unwrap().values().next().unwrap();
     schema(spec, &media["schema"])
 }
@@ -102,7 +116,7 @@ async fn the_document_matches_the_routes_and_the_bodies() {
         let responses = &spec["paths"][format!("/v1/accounts/{{id}}/{spend}")]["post"]["responses"];
         for status in [201, 400, 401, 403, 404, 409, 410, 413, 415, 422, 429, 503] {
             assert!(
-                responses[status.to_string()].is_object(),
+                resolved(&spec, &responses[status.to_string()])["description"].is_string(),
                 "{spend} does not document {status}"
             );
         }
@@ -278,12 +292,12 @@ async fn the_document_says_what_the_server_enforces() {
             ("422", "idempotency-key-reuse"),
             ("201", "Idempotent-Replayed"),
         ] {
+            let response = resolved(&spec, &responses[status]);
             assert!(
-                responses[status]["description"]
+                response["description"]
                     .as_str()
                     .is_some_and(|description| description.contains(mentions)),
-                "{create} {status}: {}",
-                responses[status]
+                "{create} {status}: {response}"
             );
         }
     }
@@ -373,4 +387,39 @@ async fn the_document_says_what_the_server_enforces() {
         }
     }
     assert!(declared > 10, "{declared}");
+}
+
+/// Every `$ref` in the document leads somewhere: the shared error answers
+/// (`#/components/responses/…`) and schemas that operations refer to are all there, and
+/// the shared 401 is the one every authenticated operation gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_reference_in_the_document_resolves() {
+    fn references<'a>(node: &'a Value, found: &mut Vec<&'a str>) {
+        match node {
+            Value::Object(object) => {
+                if let Some(Value::String(reference)) = object.get("$ref") {
+                    found.push(reference);
+                }
+                object.values().for_each(|value| references(value, found));
+            }
+            Value::Array(values) => values.iter().for_each(|value| references(value, found)),
+            _ => {}
+        }
+    }
+    let app = spawn_app(Backend::Embedded).await;
+    let spec = app.openapi().await;
+    let mut found = Vec::new();
+    references(&spec, &mut found);
+    for reference in &found {
+        let pointer = reference.strip_prefix('#').unwrap_or(reference);
+        assert!(
+            spec.pointer(pointer).is_some_and(Value::is_object),
+            "{reference} leads nowhere"
+        );
+    }
+    let shared_401 = found
+        .iter()
+        .filter(|reference| **reference == "#/components/responses/Unauthenticated")
+        .count();
+    assert!(shared_401 >= 10, "{shared_401}");
 }
