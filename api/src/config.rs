@@ -506,8 +506,18 @@ impl Config {
         }
     }
 
-    /// Checks the settings that have a range.
+    /// Checks the settings that have a range, and that go together.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.check_timings()?;
+        self.check_capacities()?;
+        self.check_client_address()?;
+        self.check_operator_key()?;
+        demonstration_is_built(self.lock_strategy, self.demo, cfg!(feature = "demo"))?;
+        self.check_strategy_can_run()
+    }
+
+    /// Durations that are positive, and that fit inside each other.
+    fn check_timings(&self) -> Result<(), ConfigError> {
         if self.lock_ttl < Duration::from_millis(100) {
             return Err(ConfigError::Invalid(
                 "PAYONCE_LOCK_TTL must be at least 100ms".into(),
@@ -531,17 +541,38 @@ impl Config {
                 "PAYONCE_LOCK_WAIT must be shorter than PAYONCE_REQUEST_TIMEOUT".into(),
             ));
         }
+        if self.header_read_timeout.is_zero() {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_HEADER_READ_TIMEOUT must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Limits and pools of at least one.
+    fn check_capacities(&self) -> Result<(), ConfigError> {
         if self.lock_max_waiters == 0 || self.max_in_flight == 0 || self.max_connections == 0 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_LOCK_MAX_WAITERS, PAYONCE_MAX_IN_FLIGHT and PAYONCE_MAX_CONNECTIONS must be at least 1"
                     .into(),
             ));
         }
-        if self.header_read_timeout.is_zero() {
+        if self.db_max_connections == 0 {
             return Err(ConfigError::Invalid(
-                "PAYONCE_HEADER_READ_TIMEOUT must be positive".into(),
+                "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
             ));
         }
+        if self.batch_max == 0 || self.batch_workers == 0 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_BATCH_MAX and PAYONCE_BATCH_WORKERS must be at least 1".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A client-address header is believed only from named proxies, and named proxies
+    /// come with the header they set.
+    fn check_client_address(&self) -> Result<(), ConfigError> {
         if let Some(header) = &self.client_ip_header
             && axum::http::HeaderName::from_bytes(header.as_bytes()).is_err()
         {
@@ -565,6 +596,11 @@ impl Config {
             }
             _ => {}
         }
+        Ok(())
+    }
+
+    /// An operator key long enough not to be guessed.
+    fn check_operator_key(&self) -> Result<(), ConfigError> {
         if let Some(key) = &self.operator_key
             && (key.expose().len() < MIN_OPERATOR_KEY
                 || !key.expose().bytes().all(|byte| byte.is_ascii_graphic()))
@@ -573,17 +609,11 @@ impl Config {
                 "PAYONCE_OPERATOR_KEY must be at least {MIN_OPERATOR_KEY} visible ASCII characters, without spaces"
             )));
         }
-        if self.db_max_connections == 0 {
-            return Err(ConfigError::Invalid(
-                "PAYONCE_DB_MAX_CONNECTIONS must be at least 1".into(),
-            ));
-        }
-        if self.batch_max == 0 || self.batch_workers == 0 {
-            return Err(ConfigError::Invalid(
-                "PAYONCE_BATCH_MAX and PAYONCE_BATCH_WORKERS must be at least 1".into(),
-            ));
-        }
-        demonstration_is_built(self.lock_strategy, self.demo, cfg!(feature = "demo"))?;
+        Ok(())
+    }
+
+    /// The strategy's lock service is there: the recipes need Redis, Redlock three.
+    fn check_strategy_can_run(&self) -> Result<(), ConfigError> {
         let mode = self.mode()?;
         let needs_redis = !matches!(
             self.lock_strategy,

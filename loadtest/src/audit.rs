@@ -672,6 +672,8 @@ fn double_spends(
     count + per_ticket.values().map(|n| n - 1).sum::<u64>()
 }
 
+/// An account's entries against what the run did: the opening entry, the sums, no
+/// negative balance, and one matching entry for each executed spend and none for any other.
 fn audit_entries(
     account: &AccountRecord,
     spends: &[&SpendRecord],
@@ -680,6 +682,43 @@ fn audit_entries(
     flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
 ) {
     let entries = &final_account.entries;
+    opening_matches(account, entries, flag);
+    entries_add_up(final_account, flag);
+    none_negative(entries, flag);
+    let mut by_ticket: HashMap<&str, Vec<&EntryRecord>> = HashMap::new();
+    for entry in entries {
+        if let Some(ticket) = entry.ticket_id.as_deref() {
+            by_ticket.entry(ticket).or_default().push(entry);
+        }
+    }
+    for spend in spends {
+        let ticket = spend.ticket.as_str();
+        let found = by_ticket.remove(ticket).unwrap_or_default();
+        match executed.get(ticket) {
+            Some((spend, body)) => one_matching_entry(ticket, spend, body, &found, flag),
+            None if !found.is_empty() => flag(
+                ViolationKind::EntryMismatch,
+                Some(ticket),
+                format!("did not execute, yet has {} entries", found.len()),
+            ),
+            None => {}
+        }
+    }
+    for (ticket, found) in by_ticket {
+        flag(
+            ViolationKind::UnknownEntry,
+            Some(ticket),
+            format!("{} entries for a ticket this run never sent", found.len()),
+        );
+    }
+}
+
+/// The first entry is the opening, with the money and points the account was opened with.
+fn opening_matches(
+    account: &AccountRecord,
+    entries: &[EntryRecord],
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) {
     match entries.first() {
         Some(first) if first.kind == "opening" => {
             if (first.amount, first.points) != (account.opening_balance, account.opening_points) {
@@ -699,10 +738,19 @@ fn audit_entries(
             "the first entry is not the opening".into(),
         ),
     }
+}
 
-    let (sum_amount, sum_points) = entries.iter().fold((0_i64, 0_i64), |(a, p), entry| {
-        (a + entry.amount, p + entry.points)
-    });
+/// The entries sum to what the account holds.
+fn entries_add_up(
+    final_account: &AccountState,
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) {
+    let (sum_amount, sum_points) = final_account
+        .entries
+        .iter()
+        .fold((0_i64, 0_i64), |(a, p), entry| {
+            (a + entry.amount, p + entry.points)
+        });
     if (sum_amount, sum_points) != (final_account.balance, final_account.points) {
         flag(
             ViolationKind::EntriesDoNotAddUp,
@@ -713,6 +761,13 @@ fn audit_entries(
             ),
         );
     }
+}
+
+/// No entry leaves the balance or the points below zero.
+fn none_negative(
+    entries: &[EntryRecord],
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) {
     for entry in entries {
         if entry.balance_after < 0 || entry.points_after < 0 {
             flag(
@@ -725,65 +780,47 @@ fn audit_entries(
             );
         }
     }
+}
 
-    let mut by_ticket: HashMap<&str, Vec<&EntryRecord>> = HashMap::new();
-    for entry in entries {
-        if let Some(ticket) = entry.ticket_id.as_deref() {
-            by_ticket.entry(ticket).or_default().push(entry);
-        }
-    }
-    for spend in spends {
-        let ticket = spend.ticket.as_str();
-        let found = by_ticket.remove(ticket).unwrap_or_default();
-        match executed.get(ticket) {
-            Some((spend, body)) => {
-                if found.len() != 1 {
-                    flag(
-                        ViolationKind::EntryMismatch,
-                        Some(ticket),
-                        format!("executed once, {} entries", found.len()),
-                    );
-                    continue;
-                }
-                let entry = found[0];
-                let (amount, points) = match spend.kind {
-                    SpendKind::Withdrawal | SpendKind::OrderPayment => (-spend.amount, 0),
-                    SpendKind::Deposit => (spend.amount, 0),
-                    SpendKind::LotteryDraw => (
-                        body.get("credit").and_then(Value::as_i64).unwrap_or(0),
-                        -spend.amount,
-                    ),
-                };
-                if entry.kind != spend.kind.entry_kind()
-                    || (entry.amount, entry.points) != (amount, points)
-                    || entry.order_id != spend.order
-                {
-                    flag(
-                        ViolationKind::EntryMismatch,
-                        Some(ticket),
-                        format!(
-                            "expected a {} entry of {amount} and {points} points, found {} of {} and {}",
-                            spend.kind.entry_kind(),
-                            entry.kind,
-                            entry.amount,
-                            entry.points
-                        ),
-                    );
-                }
-            }
-            None if !found.is_empty() => flag(
-                ViolationKind::EntryMismatch,
-                Some(ticket),
-                format!("did not execute, yet has {} entries", found.len()),
-            ),
-            None => {}
-        }
-    }
-    for (ticket, found) in by_ticket {
+/// An executed spend has exactly one entry, of its kind, amount, points and order (a
+/// draw's credit as its answer said).
+fn one_matching_entry(
+    ticket: &str,
+    spend: &SpendRecord,
+    body: &Value,
+    found: &[&EntryRecord],
+    flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
+) {
+    let [entry] = found else {
         flag(
-            ViolationKind::UnknownEntry,
+            ViolationKind::EntryMismatch,
             Some(ticket),
-            format!("{} entries for a ticket this run never sent", found.len()),
+            format!("executed once, {} entries", found.len()),
+        );
+        return;
+    };
+    let (amount, points) = match spend.kind {
+        SpendKind::Withdrawal | SpendKind::OrderPayment => (-spend.amount, 0),
+        SpendKind::Deposit => (spend.amount, 0),
+        SpendKind::LotteryDraw => (
+            body.get("credit").and_then(Value::as_i64).unwrap_or(0),
+            -spend.amount,
+        ),
+    };
+    if entry.kind != spend.kind.entry_kind()
+        || (entry.amount, entry.points) != (amount, points)
+        || entry.order_id != spend.order
+    {
+        flag(
+            ViolationKind::EntryMismatch,
+            Some(ticket),
+            format!(
+                "expected a {} entry of {amount} and {points} points, found {} of {} and {}",
+                spend.kind.entry_kind(),
+                entry.kind,
+                entry.amount,
+                entry.points
+            ),
         );
     }
 }

@@ -16,6 +16,17 @@ fn ms(latency: &Histogram<u64>, quantile: f64) -> f64 {
 
 /// The summary table, then the verdict and each violation.
 pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Result<()> {
+    writeln!(out, "{:-<72}", "")?;
+    for (name, value) in summary_rows(result) {
+        writeln!(out, "{name:<32} {value}")?;
+    }
+    print_metrics(result, out)?;
+    writeln!(out, "{:-<72}", "")?;
+    print_verdict(result, out)
+}
+
+/// The summary's table: what was sent, how it was answered, what the audit found.
+fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
     let counts = &result.counts;
     let seconds = result.elapsed.as_secs_f64().max(0.001);
     let executed_tickets = result
@@ -25,7 +36,7 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
         .filter(|spend| spend.attempts.iter().any(|a| a.status == Some(201)))
         .count();
     let unresolved = &result.unresolved;
-    let rows: Vec<(&str, String)> = vec![
+    vec![
         ("targets", result.history.targets.join(", ")),
         ("accounts", result.history.accounts.len().to_string()),
         ("duration", format!("{seconds:.1} s")),
@@ -93,11 +104,11 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
             ),
         ),
         ("violations", result.violations.len().to_string()),
-    ];
-    writeln!(out, "{:-<72}", "")?;
-    for (name, value) in rows {
-        writeln!(out, "{name:<32} {value}")?;
-    }
+    ]
+}
+
+/// What each instance's own metrics counted.
+fn print_metrics(result: &RunResult, out: &mut impl Write) -> std::io::Result<()> {
     for (target, metrics) in &result.metrics {
         let pick = |name: &str| {
             metrics
@@ -116,7 +127,11 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
             pick("payonce_lock_timeouts_total"),
         )?;
     }
-    writeln!(out, "{:-<72}", "")?;
+    Ok(())
+}
+
+/// The audit's verdict, and every violation it found.
+fn print_verdict(result: &RunResult, out: &mut impl Write) -> std::io::Result<()> {
     if result.violations.is_empty() {
         writeln!(
             out,

@@ -321,13 +321,9 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     rounds.round(0).await?;
 
     let started = Instant::now();
-    let stop_at = match options.limit {
-        Limit::Duration(duration) => Some(started + duration),
-        Limit::Requests(_) => None,
-    };
-    let budget = match options.limit {
-        Limit::Requests(requests) => Some(requests),
-        Limit::Duration(_) => None,
+    let (stop_at, budget) = match options.limit {
+        Limit::Duration(duration) => (Some(started + duration), None),
+        Limit::Requests(requests) => (None, Some(requests)),
     };
     let issued = Arc::new(AtomicU64::new(0));
     let live = Arc::new(Live::default());
@@ -355,30 +351,23 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     let tasks: Vec<_> = (0..options.clients)
         .map(|client| tokio::spawn(client_loop(client, shared.clone())))
         .collect();
+    let mut all = Gathered::new()?;
+    for task in tasks {
+        all.merge(task.await??)?;
+    }
+    let Gathered {
+        tickets,
+        spends,
+        counts,
+        latency,
+        timeline,
+    } = all;
     let mut history = History {
         targets: options.targets.clone(),
+        tickets,
+        spends,
         ..History::default()
     };
-    let mut counts = Counts::default();
-    let mut latency = histogram()?;
-    let mut timeline: Vec<Second> = Vec::new();
-    for task in tasks {
-        let gathered = task.await??;
-        history.tickets.extend(gathered.tickets);
-        history.spends.extend(gathered.spends);
-        counts.merge(&gathered.counts);
-        latency
-            .add(&gathered.latency)
-            .map_err(|error| RunError::Histogram(error.to_string()))?;
-        if timeline.len() < gathered.timeline.len() {
-            timeline.resize(gathered.timeline.len(), Second::default());
-        }
-        for (total, second) in timeline.iter_mut().zip(&gathered.timeline) {
-            total.ok += second.ok;
-            total.refused += second.refused;
-            total.failed += second.failed;
-        }
-    }
     let elapsed = started.elapsed();
     done.store(true, Ordering::Relaxed);
     let _ = ticker.await;
@@ -846,6 +835,26 @@ impl Gathered {
             latency: histogram()?,
             timeline: Vec::new(),
         })
+    }
+
+    /// Adds what another client gathered: its records, counts, latencies and seconds.
+    fn merge(&mut self, other: Gathered) -> Result<(), RunError> {
+        self.tickets.extend(other.tickets);
+        self.spends.extend(other.spends);
+        self.counts.merge(&other.counts);
+        self.latency
+            .add(&other.latency)
+            .map_err(|error| RunError::Histogram(error.to_string()))?;
+        if self.timeline.len() < other.timeline.len() {
+            self.timeline
+                .resize(other.timeline.len(), Second::default());
+        }
+        for (total, second) in self.timeline.iter_mut().zip(&other.timeline) {
+            total.ok += second.ok;
+            total.refused += second.refused;
+            total.failed += second.failed;
+        }
+        Ok(())
     }
 
     /// Counts a spend's attempts: by answer, latency, second of the run, and live.

@@ -354,7 +354,8 @@ pub struct Load {
     pub accounts: usize,
 }
 
-/// Runs one cell on a running cluster over `servers`.
+/// Runs one cell on a running cluster over `servers`: the load with the fault beside it,
+/// then the row that says what came of it.
 pub async fn run_cell(
     cluster: &mut Cluster,
     servers: &mut Servers,
@@ -363,19 +364,67 @@ pub async fn run_cell(
     load: Load,
 ) -> Result<Row, MatrixError> {
     let stall = stall(line);
-    let bound = bound(line);
     let base = Duration::from_secs_f64(load.seconds);
     let fault_at = base.mul_f64(0.3);
-    // Where one instance stalls, the others keep loading until its leases have ended and
-    // a second more, so that they take over its locks while it cannot write. (A pause
-    // needs no more: paused spends are spread over the run, and the run waits for them.)
-    // A failover goes on loading until well after the replica took over.
-    let seconds = match fault {
+    let seconds = cell_length(fault, base, fault_at, bound(line));
+    let run_options = load_options(
+        cluster,
+        line,
+        fault,
+        load,
+        seconds,
+        fault_plan(fault, stall),
+    );
+    let stale_before = stale_tokens(&cluster.targets()).await;
+    let mut unserved = None;
+    let result = match fault {
+        Fault::InstanceKill => {
+            let kill = cluster.kill_and_restart(STALLED, Duration::from_millis(300));
+            beside(run_options, fault_at, kill).await?
+        }
+        Fault::Sigstop => beside(run_options, fault_at, cluster.stop_for(STALLED, stall)).await?,
+        Fault::Partition => {
+            let cut = async {
+                servers.partition();
+                sleep(stall).await;
+                servers.heal();
+                Ok(())
+            };
+            beside(run_options, fault_at, cut).await?
+        }
+        Fault::StoreRestart => beside(run_options, seconds / 2, servers.restart()).await?,
+        Fault::StoreFailover => {
+            let fail_over = async {
+                unserved = Some(servers.fail_over().await?);
+                Ok(())
+            };
+            beside(run_options, fault_at, fail_over).await?
+        }
+        _ => run(run_options).await?,
+    };
+    let mut row = row(line, fault, &result);
+    row.seconds = seconds.as_secs_f64();
+    row.stale_fencing_tokens = stale_after(&result, &stale_before);
+    row.unserved_ms = unserved.map(|unserved| unserved.as_millis() as u64);
+    Ok(row)
+}
+
+/// How long a cell loads. Where one instance stalls, the others keep loading until its
+/// leases have ended and a second more, so that they take over its locks while it cannot
+/// write. (A pause needs no more: paused spends are spread over the run, and the run waits
+/// for them.) A failover goes on loading until well after the replica took over.
+fn cell_length(fault: Fault, base: Duration, fault_at: Duration, bound: Duration) -> Duration {
+    match fault {
         Fault::Sigstop | Fault::Partition => base.max(fault_at + bound + Duration::from_secs(1)),
         Fault::StoreFailover => base.max(fault_at + Duration::from_secs(6)),
         _ => base,
-    };
-    let plan = match fault {
+    }
+}
+
+/// The `Payonce-Fault` header a fault sends, to which share of requests and which
+/// instance; none for the faults done to processes and servers from outside.
+fn fault_plan(fault: Fault, stall: Duration) -> Option<FaultPlan> {
+    match fault {
         Fault::Pause => Some(FaultPlan {
             header: format!("pause={}ms", stall.as_millis()),
             share: 0.1,
@@ -408,9 +457,20 @@ pub async fn run_cell(
             target: Some(STALLED),
         }),
         Fault::None | Fault::InstanceKill | Fault::StoreRestart | Fault::StoreFailover => None,
-    };
+    }
+}
+
+/// The load test's options for a cell of `line` under `fault`.
+fn load_options(
+    cluster: &Cluster,
+    line: Line,
+    fault: Fault,
+    load: Load,
+    seconds: Duration,
+    plan: Option<FaultPlan>,
+) -> RunOptions {
     let stalls_one = matches!(fault, Fault::Sigstop | Fault::Partition);
-    let run_options = RunOptions {
+    RunOptions {
         targets: cluster.targets(),
         accounts: load.accounts,
         clients: load.clients,
@@ -448,39 +508,7 @@ pub async fn run_cell(
         // Each request is sent once: the table counts the errors each row and fault cause
         // (resends would hide them and stretch the cells past their time).
         retry: RetryPolicy::none(),
-    };
-    let stale_before = stale_tokens(&cluster.targets()).await;
-    let mut unserved = None;
-    let result = match fault {
-        Fault::InstanceKill => {
-            let kill = cluster.kill_and_restart(STALLED, Duration::from_millis(300));
-            beside(run_options, fault_at, kill).await?
-        }
-        Fault::Sigstop => beside(run_options, fault_at, cluster.stop_for(STALLED, stall)).await?,
-        Fault::Partition => {
-            let cut = async {
-                servers.partition();
-                sleep(stall).await;
-                servers.heal();
-                Ok(())
-            };
-            beside(run_options, fault_at, cut).await?
-        }
-        Fault::StoreRestart => beside(run_options, seconds / 2, servers.restart()).await?,
-        Fault::StoreFailover => {
-            let fail_over = async {
-                unserved = Some(servers.fail_over().await?);
-                Ok(())
-            };
-            beside(run_options, fault_at, fail_over).await?
-        }
-        _ => run(run_options).await?,
-    };
-    let mut row = row(line, fault, &result);
-    row.seconds = seconds.as_secs_f64();
-    row.stale_fencing_tokens = stale_after(&result, &stale_before);
-    row.unserved_ms = unserved.map(|unserved| unserved.as_millis() as u64);
-    Ok(row)
+    }
 }
 
 /// The load, with `fault` injected `after` its start beside it.

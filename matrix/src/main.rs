@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use matrix::{Fault, Guard, Line, MatrixOptions, Service, report};
+use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, report};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -82,36 +82,56 @@ fn parse_all<T: Copy>(
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let started = std::time::Instant::now();
-    let as_http = cli
-        .database_url
-        .replacen("postgres://", "http://", 1)
-        .replacen("postgresql://", "http://", 1);
-    if let Err(error) = loadtest::safety::check_targets(&[as_http], cli.allow_remote) {
-        eprintln!("payonce-matrix: {error}");
-        return ExitCode::from(2);
-    }
-    let chosen = parse_all(
-        &cli.services,
-        &Service::ALL,
-        Service::parse,
-        Service::name,
-        "service",
-    )
-    .and_then(|services| {
-        parse_all(&cli.guards, &Guard::ALL, Guard::parse, Guard::name, "guard")
-            .map(|guards| (services, guards))
-    })
-    .and_then(|chosen| {
-        parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")
-            .map(|faults| (chosen, faults))
-    });
-    let ((services, guards), faults) = match chosen {
-        Ok(chosen) => chosen,
+    let options = match options(&cli) {
+        Ok(options) => options,
         Err(error) => {
             eprintln!("payonce-matrix: {error}");
             return ExitCode::from(2);
         }
     };
+    eprintln!(
+        "payonce-matrix: {} rows × {} faults, {} s per cell",
+        options.lines.len(),
+        options.faults.len(),
+        options.seconds
+    );
+    let matrix = matrix::run_matrix(&options, |row| print_progress(row, started));
+    let rows = tokio::select! {
+        rows = matrix => match rows {
+            Ok(rows) => rows,
+            Err(error) => {
+                eprintln!("payonce-matrix: {error}");
+                return ExitCode::from(2);
+            }
+        },
+        () = interrupted() => {
+            eprintln!("payonce-matrix: interrupted; servers and instances stopped");
+            return ExitCode::from(2);
+        }
+    };
+    write_reports(&rows, &cli);
+    let verdict = verdict(&rows);
+    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
+    verdict
+}
+
+/// What the command line asks for: the rows and faults it names, against a loopback
+/// database (unless `--allow-remote`).
+fn options(cli: &Cli) -> Result<MatrixOptions, String> {
+    let as_http = cli
+        .database_url
+        .replacen("postgres://", "http://", 1)
+        .replacen("postgresql://", "http://", 1);
+    loadtest::safety::check_targets(&[as_http], cli.allow_remote).map_err(|e| e.to_string())?;
+    let services = parse_all(
+        &cli.services,
+        &Service::ALL,
+        Service::parse,
+        Service::name,
+        "service",
+    )?;
+    let guards = parse_all(&cli.guards, &Guard::ALL, Guard::parse, Guard::name, "guard")?;
+    let faults = parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")?;
     let lines: Vec<Line> = Line::all()
         .into_iter()
         .filter(|line| services.contains(&line.service) && guards.contains(&line.guard))
@@ -122,39 +142,21 @@ async fn main() -> ExitCode {
             .and_then(|exe| exe.parent().map(|dir| dir.join("payonce")))
             .unwrap_or_else(|| PathBuf::from("payonce"))
     });
-    let options = MatrixOptions {
+    Ok(MatrixOptions {
         payonce,
-        database_url: cli.database_url,
+        database_url: cli.database_url.clone(),
         seconds: cli.seconds.unwrap_or(if cli.quick { 1.0 } else { 4.0 }),
         clients: cli.clients,
         accounts: cli.accounts,
         lines,
         faults,
-    };
-    eprintln!(
-        "payonce-matrix: {} rows × {} faults, {} s per cell",
-        options.lines.len(),
-        options.faults.len(),
-        options.seconds
-    );
-    // Ended by a signal, the matrix is dropped — and with it every server and instance it
-    // started (the private PostgreSQL, run by pg_ctl, would outlive a plain exit).
-    let interrupted = async {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = async {
-                match terminate.as_mut() {
-                    Some(terminate) => { terminate.recv().await; }
-                    None => std::future::pending::<()>().await,
-                }
-            } => {}
-        }
-    };
-    let matrix = matrix::run_matrix(&options, |row| match &row.skipped {
-        Some(_) => {}
-        None => eprintln!(
+    })
+}
+
+/// One line per cell as it finishes.
+fn print_progress(row: &Row, started: std::time::Instant) {
+    if row.skipped.is_none() {
+        eprintln!(
             "  {:<10} {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens ({:.0} s)",
             row.service.name(),
             row.guard.name(),
@@ -163,33 +165,46 @@ async fn main() -> ExitCode {
             row.double_spends,
             row.stale_fencing_tokens,
             started.elapsed().as_secs_f64(),
-        ),
-    });
-    let rows = tokio::select! {
-        rows = matrix => match rows {
-            Ok(rows) => rows,
-            Err(error) => {
-                eprintln!("payonce-matrix: {error}");
-                return ExitCode::from(2);
+        );
+    }
+}
+
+/// Completes on ctrl-c or SIGTERM. Ended by a signal, the matrix is dropped — and with it
+/// every server and instance it started (the private PostgreSQL, run by pg_ctl, would
+/// outlive a plain exit).
+async fn interrupted() {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match terminate.as_mut() {
+                Some(terminate) => { terminate.recv().await; }
+                None => std::future::pending::<()>().await,
             }
-        },
-        () = interrupted => {
-            eprintln!("payonce-matrix: interrupted; servers and instances stopped");
-            return ExitCode::from(2);
-        }
-    };
+        } => {}
+    }
+}
+
+/// The table on stdout, the JSON where `--json` says, the chart where `--chart` says.
+fn write_reports(rows: &[Row], cli: &Cli) {
     let mut stdout = std::io::stdout().lock();
-    let _ = report::print_table(&rows, &mut stdout);
+    let _ = report::print_table(rows, &mut stdout);
     if let Some(path) = &cli.json {
-        match report::write_json(&rows, path) {
+        match report::write_json(rows, path) {
             Ok(()) => println!("json: {}", path.display()),
             Err(error) => eprintln!("payonce-matrix: cannot write {}: {error}", path.display()),
         }
     }
-    match report::draw_chart(&rows, &cli.chart) {
+    match report::draw_chart(rows, &cli.chart) {
         Ok(()) => println!("chart: {}", cli.chart.display()),
         Err(error) => eprintln!("payonce-matrix: cannot draw the chart: {error}"),
     }
+}
+
+/// The exit code, said in words: 2 if a cell could not run, 1 if a fenced row spent money
+/// twice, else 0.
+fn verdict(rows: &[Row]) -> ExitCode {
     let fenced_failed = rows
         .iter()
         .any(|row| row.guard == Guard::Fenced && row.spent_twice());
@@ -201,7 +216,7 @@ async fn main() -> ExitCode {
                 .is_some_and(|why| why.starts_with("failed"))
         })
         .count();
-    let verdict = if failed > 0 {
+    if failed > 0 {
         println!("VERDICT: {failed} cells could not be run (see the table)");
         ExitCode::from(2)
     } else if fenced_failed {
@@ -210,7 +225,5 @@ async fn main() -> ExitCode {
     } else {
         println!("VERDICT: no fenced row spent money twice; the table shows where the others do");
         ExitCode::SUCCESS
-    };
-    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
-    verdict
+    }
 }
