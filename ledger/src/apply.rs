@@ -84,7 +84,7 @@ fn prize_credit(prize: &lottery::Prize, points: i64) -> i64 {
 }
 
 /// What an operation would move, worked out before the transaction.
-struct Planned {
+pub(crate) struct Planned {
     debit: i64,
     credit: i64,
     spend: i64,
@@ -92,7 +92,7 @@ struct Planned {
 }
 
 impl Planned {
-    fn of(operation: Operation) -> Self {
+    pub(crate) fn of(operation: Operation) -> Self {
         match operation {
             Operation::Withdrawal(amount) => Self {
                 debit: amount.get(),
@@ -106,7 +106,7 @@ impl Planned {
                 spend: 0,
                 prize: None,
             },
-            Operation::OrderPayment { amount, .. } => Self {
+            Operation::OrderPayment { amount, .. } | Operation::Payout { amount, .. } => Self {
                 debit: amount.get(),
                 credit: 0,
                 spend: 0,
@@ -126,7 +126,7 @@ impl Planned {
     }
 
     /// The outcome once the move happened, leaving `balance` and `points`.
-    fn applied(&self, balance: i64, points: i64) -> OperationResult {
+    pub(crate) fn applied(&self, balance: i64, points: i64) -> OperationResult {
         OperationResult::Applied {
             balance,
             points,
@@ -287,7 +287,7 @@ where
     /// once the lock is ours; then judge it — a used one replays its stored outcome or
     /// refuses a different request, an expired one is refused. The clock's reading if the
     /// ticket is usable, else the answer.
-    async fn lock_and_judge(
+    pub(crate) async fn lock_and_judge(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
     ) -> Result<Result<Timestamp, Result<Applied, ApplyError>>, ApplyError> {
@@ -440,7 +440,7 @@ where
     }
 
     /// Step 3: the conditional move.
-    async fn try_move(
+    pub(crate) async fn try_move(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         planned: &Planned,
@@ -463,7 +463,7 @@ where
     /// — another writer committed in between, which only overlapping lock holders allow —
     /// the move is made now, since this transaction holds the row and the conditions
     /// cannot change again.
-    async fn settle_refused(
+    pub(crate) async fn settle_refused(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         planned: &Planned,
@@ -539,7 +539,7 @@ where
     }
 
     /// Stores the outcome under the ticket. Parameters as in [`COMPLETE_TICKET`].
-    async fn complete_ticket(
+    pub(crate) async fn complete_ticket(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         kind: &str,

@@ -10,6 +10,7 @@ use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 
 use crate::error::LedgerError;
 use crate::model::{AccountId, OrderId, TicketId};
+use crate::payouts::PayoutId;
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -36,8 +37,8 @@ pub enum Rule {
     RunningTotals,
     /// At most one entry per ticket.
     OneEntryPerTicket,
-    /// A ticket stored as 201 has its entry, on its account, of its kind; any other ticket
-    /// has none.
+    /// A ticket stored as 201 (202 for a payout) has its entry, on its account, of its
+    /// kind; any other ticket has none.
     OutcomeMatchesEntry,
     /// Every entry's ticket exists (used tickets are never deleted).
     EntryHasTicket,
@@ -50,6 +51,10 @@ pub enum Rule {
     OrderPaidOnce,
     /// Exactly one opening entry per account, and it comes first.
     OpeningEntry,
+    /// A payout's money moves once each way at most: exactly one debit entry (its ticket,
+    /// account and amount); a failed payout exactly one reversal of its amount, and no
+    /// other payout any.
+    PayoutMovedOnce,
     /// An entry's signs fit its kind (withdrawals take money, deposits add it, draws spend
     /// points and credit nothing negative).
     EntrySigns,
@@ -102,7 +107,7 @@ const DUPLICATE_ENTRIES: &str = "
 const OUTCOME_VS_ENTRY: &str = "
     SELECT t.id, t.account_id, t.response_status, t.operation, e.id, e.account_id, e.kind
     FROM tickets t LEFT JOIN entries e ON e.ticket_id = t.id
-    WHERE (COALESCE(t.response_status, 0) = 201) <> (e.id IS NOT NULL)
+    WHERE (COALESCE(t.response_status, 0) IN (201, 202)) <> (e.id IS NOT NULL)
        OR e.account_id <> t.account_id
        OR e.kind <> t.operation
     LIMIT 1000";
@@ -140,6 +145,32 @@ const SIGNS: &str = "
        OR (kind = 'lottery_draw' AND (amount < 0 OR points >= 0))
        OR (kind = 'opening' AND (amount < 0 OR points < 0))
        OR (kind = 'order_payment' AND (amount >= 0 OR points <> 0))
+       OR (kind = 'payout' AND (amount >= 0 OR points <> 0))
+       OR (kind = 'payout_reversal' AND (amount <= 0 OR points <> 0))
+    LIMIT 1000";
+
+const PAYOUTS: &str = "
+    SELECT id, account_id, ticket_id, status, amount, debits, all_debits, reversals,
+           all_reversals
+    FROM (
+        SELECT p.id, p.account_id, p.ticket_id, p.status, p.amount,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.payout_id = p.id AND e.kind = 'payout' AND e.ticket_id = p.ticket_id
+                       AND e.account_id = p.account_id AND e.amount = -p.amount) AS BIGINT)
+                   AS debits,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.payout_id = p.id AND e.kind = 'payout') AS BIGINT) AS all_debits,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.payout_id = p.id AND e.kind = 'payout_reversal'
+                       AND e.account_id = p.account_id AND e.amount = p.amount) AS BIGINT)
+                   AS reversals,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.payout_id = p.id AND e.kind = 'payout_reversal') AS BIGINT)
+                   AS all_reversals
+        FROM payouts p
+    ) moved
+    WHERE debits <> 1 OR all_debits <> 1 OR reversals <> all_reversals
+       OR all_reversals <> CASE WHEN status = 'failed' THEN 1 ELSE 0 END
     LIMIT 1000";
 
 const ORDERS: &str = "
@@ -193,6 +224,7 @@ where
     for<'r> AccountId: Decode<'r, D> + Type<D>,
     for<'r> TicketId: Decode<'r, D> + Type<D>,
     for<'r> OrderId: Decode<'r, D> + Type<D>,
+    for<'r> PayoutId: Decode<'r, D> + Type<D>,
     usize: ColumnIndex<D::Row>,
 {
     /// Checks every rule; what breaks them, rule by rule in this order.
@@ -207,6 +239,7 @@ where
         found.extend(self.opening_entry().await?);
         found.extend(self.entry_signs().await?);
         found.extend(self.order_paid_once().await?);
+        found.extend(self.payout_moved_once().await?);
         Ok(found)
     }
 
@@ -418,6 +451,37 @@ where
                     format!("entry {entry}: {kind} with amount {amount}, points {points}"),
                 )
             })
+            .collect())
+    }
+
+    /// [`Rule::PayoutMovedOnce`].
+    async fn payout_moved_once(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Moved = (
+            PayoutId,
+            AccountId,
+            TicketId,
+            String,
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        );
+        let rows: Vec<Moved> = sqlx::query_as(PAYOUTS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(payout, account, ticket, status, amount, debits, all_debits, reversals, all_reversals)| {
+                    violation(
+                        Rule::PayoutMovedOnce,
+                        account,
+                        Some(ticket),
+                        format!(
+                            "payout {payout} of {amount}, {status}: {all_debits} debit entries ({debits} matching), {all_reversals} reversals ({reversals} matching)"
+                        ),
+                    )
+                },
+            )
             .collect())
     }
 

@@ -5,6 +5,7 @@
 
 use sqlx::Database;
 
+use crate::outbox::claim_jobs;
 use crate::rows::{order_columns, ticket_columns};
 
 /// What differs between the two databases.
@@ -42,6 +43,8 @@ pub(crate) trait Dialect: Database {
     /// The reaper's deletion of creation records (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_OLD_CREATIONS: &'static str;
+    /// Claims due outbox jobs ([`claim_jobs`]).
+    const CLAIM_JOBS: &'static str;
 }
 
 /// The reaper's statements, the same text for both databases but for the row-locking
@@ -153,6 +156,8 @@ impl Dialect for sqlx::Postgres {
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
+    // Instances claim different jobs: a job another claim holds is skipped, not waited for.
+    const CLAIM_JOBS: &'static str = claim_jobs!("FOR UPDATE SKIP LOCKED");
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -194,4 +199,6 @@ impl Dialect for sqlx::Sqlite {
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
+    // One writer: claims never overlap.
+    const CLAIM_JOBS: &'static str = claim_jobs!("");
 }

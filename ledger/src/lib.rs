@@ -26,6 +26,9 @@
 //!   outcomes.
 //! - `creates.rs`: creates sent with an idempotency key — [`CreateScope`], [`Created`],
 //!   where the first answer is kept and how an account's API key is sealed in it.
+//! - `payouts.rs`: payouts — money leaving for an outside bank ([`payouts::Payout`], its
+//!   job, the bank's [`payouts::Settlement`]); `outbox.rs`: their transactions — the debit
+//!   with the payout and its outbox job, and claiming, settling and postponing jobs.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records).
@@ -63,6 +66,8 @@ mod error;
 mod inserts;
 pub mod lottery;
 mod model;
+mod outbox;
+pub mod payouts;
 mod reaper;
 mod rows;
 mod sql_store;
@@ -94,6 +99,7 @@ pub use model::{
 
 use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
+use payouts::{Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
 use sql_store::SqlStore;
 use store::Store;
 
@@ -495,6 +501,65 @@ impl Ledger {
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         self.store.apply(&request, render).await
+    }
+
+    /// A payout, pending or settled.
+    pub async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError> {
+        self.store.payout(id).await
+    }
+
+    /// Up to `limit` payouts in creation order after `after`, of `account` (every
+    /// account's without one) and in `status` where given.
+    pub async fn payouts(
+        &self,
+        account: Option<AccountId>,
+        status: Option<PayoutStatus>,
+        after: Option<PayoutId>,
+        limit: u32,
+    ) -> Result<Vec<Payout>, LedgerError> {
+        self.store
+            .payouts(account, status, after, i64::from(limit))
+            .await
+    }
+
+    /// How many payouts stand in each status, and since when the oldest pending one.
+    pub async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError> {
+        self.store.payout_counts().await
+    }
+
+    /// Claims up to `max` due payout jobs for `worker`, each for `lease` by the
+    /// database's clock: another claim takes a job only once its lease ran out.
+    pub async fn claim_payouts(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<PayoutJob>, LedgerError> {
+        self.store
+            .claim_payouts(worker, lease, i64::from(max))
+            .await
+    }
+
+    /// Records the bank's final word on a claimed job — the payout settled and, for a
+    /// refusal, the amount credited back with a reversal entry, in one transaction.
+    /// `false` when the job was claimed again or settled meanwhile: nothing was written.
+    pub async fn settle_payout(
+        &self,
+        job: &PayoutJob,
+        settlement: &Settlement,
+    ) -> Result<bool, LedgerError> {
+        self.store.settle_payout(job, settlement).await
+    }
+
+    /// Puts a claimed job back for another attempt `after` from now, noting `error`;
+    /// `false` as for [`settle_payout`](Self::settle_payout).
+    pub async fn postpone_payout(
+        &self,
+        job: &PayoutJob,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, LedgerError> {
+        self.store.postpone_payout(job, after, error).await
     }
 
     /// The sizes of the batches PostgreSQL's group commit sent so far; `None` on SQLite.

@@ -5,6 +5,8 @@ use serde_json::Value;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
+use crate::payouts::{Destination, PayoutId};
+
 use crate::lottery::Prize;
 
 /// The largest amount one request may move, in minor units (and the largest number of
@@ -212,6 +214,17 @@ pub enum Operation {
         /// Its amount.
         amount: Amount,
     },
+    /// Send money to an outside bank: the amount out now, and a payout (chosen beforehand,
+    /// its id included) that a worker sends to the bank after the commit. Stored as 202:
+    /// accepted, with the payout's live status at `GET /v1/payouts/{id}`.
+    Payout {
+        /// The payout's id.
+        payout: PayoutId,
+        /// Its amount.
+        amount: Amount,
+        /// The account at the bank.
+        destination: Destination,
+    },
 }
 
 impl Operation {
@@ -222,6 +235,7 @@ impl Operation {
             Self::Deposit(_) => EntryKind::Deposit,
             Self::LotteryDraw(_) => EntryKind::LotteryDraw,
             Self::OrderPayment { .. } => EntryKind::OrderPayment,
+            Self::Payout { .. } => EntryKind::Payout,
         }
     }
 }
@@ -240,6 +254,10 @@ pub enum EntryKind {
     LotteryDraw,
     /// Money out, paying an order.
     OrderPayment,
+    /// Money out, to an outside bank.
+    Payout,
+    /// A payout's money back: the bank refused it for good.
+    PayoutReversal,
 }
 
 impl EntryKind {
@@ -251,6 +269,8 @@ impl EntryKind {
             Self::Withdrawal => "withdrawal",
             Self::LotteryDraw => "lottery_draw",
             Self::OrderPayment => "order_payment",
+            Self::Payout => "payout",
+            Self::PayoutReversal => "payout_reversal",
         }
     }
 
@@ -261,6 +281,8 @@ impl EntryKind {
             Self::Withdrawal,
             Self::LotteryDraw,
             Self::OrderPayment,
+            Self::Payout,
+            Self::PayoutReversal,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)
@@ -385,7 +407,7 @@ pub struct Entry {
     pub id: i64,
     /// The account it belongs to.
     pub account_id: AccountId,
-    /// The ticket that wrote it; `None` for the opening entry.
+    /// The ticket that wrote it; `None` for the opening entry and a payout's reversal.
     pub ticket_id: Option<TicketId>,
     /// What it records.
     pub kind: EntryKind,
@@ -402,6 +424,8 @@ pub struct Entry {
     pub fencing_token: u64,
     /// The order an order payment paid.
     pub order_id: Option<OrderId>,
+    /// The payout a payout's debit or reversal belongs to.
+    pub payout_id: Option<PayoutId>,
     /// When it was written.
     pub created_at: OffsetDateTime,
 }

@@ -13,6 +13,7 @@ use crate::model::{
     Account, AccountId, Amount, Entry, EntryKind, Order, OrderId, Outcome, StoredResponse, Ticket,
     TicketId,
 };
+use crate::payouts::PayoutId;
 
 /// The columns of a ticket row, as [`TicketRow`] reads them (but `read_at`).
 macro_rules! ticket_columns {
@@ -155,6 +156,7 @@ pub(crate) struct EntryRow {
     fencing_token: i64,
     created_at: Timestamp,
     order_id: Option<OrderId>,
+    payout_id: Option<PayoutId>,
 }
 
 impl TryFrom<EntryRow> for Entry {
@@ -177,6 +179,7 @@ impl TryFrom<EntryRow> for Entry {
             })?,
             created_at: row.created_at.0,
             order_id: row.order_id,
+            payout_id: row.payout_id,
         })
     }
 }

@@ -21,10 +21,13 @@ use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt};
 use crate::inserts::{INSERT_ORDER, recognise_order};
 use crate::model::{
-    Account, AccountId, Applied, ApplyRequest, Entry, Order, OrderId, Renderer, Ticket, TicketId,
+    Account, AccountId, Applied, ApplyRequest, Entry, Operation, Order, OrderId, Renderer, Ticket,
+    TicketId,
 };
+use crate::outbox::PayoutRow;
+use crate::payouts::{Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
 use crate::reaper;
-use crate::rows::{AccountRow, EntryRow, OrderRow, TicketRow, order_columns};
+use crate::rows::{AccountRow, EntryRow, OrderRow, TicketRow, order_columns, token_to_sql};
 use crate::sql_store::SqlStore;
 
 /// The storage operations of the ledger, one atomic step each.
@@ -70,6 +73,38 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         render: &Renderer,
     ) -> Result<Applied, ApplyError>;
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
+    async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError>;
+    /// Up to `limit` payouts in creation order after `after`, of `account` and in `status`
+    /// where given.
+    async fn payouts(
+        &self,
+        account: Option<AccountId>,
+        status: Option<PayoutStatus>,
+        after: Option<PayoutId>,
+        limit: i64,
+    ) -> Result<Vec<Payout>, LedgerError>;
+    async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError>;
+    /// Claims up to `max` due payout jobs for `worker`, each for `lease` (`outbox.rs`).
+    async fn claim_payouts(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<PayoutJob>, LedgerError>;
+    /// Records the bank's final word on a claimed job; `false` if it was claimed again or
+    /// settled meanwhile.
+    async fn settle_payout(
+        &self,
+        job: &PayoutJob,
+        settlement: &Settlement,
+    ) -> Result<bool, LedgerError>;
+    /// Puts a claimed job back for a later attempt; `false` as for `settle_payout`.
+    async fn postpone_payout(
+        &self,
+        job: &PayoutJob,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, LedgerError>;
     /// Deletes unused tickets and prunes the outcomes of used ones, both expired more
     /// than `retention` ago by the database's clock (the clock that judges expiry, so a
     /// ticket is never reaped while a spend could still find it unexpired); at most
@@ -117,6 +152,17 @@ where
     for<'q> Vec<u8>: Decode<'q, D>,
     for<'r> CreationRow: FromRow<'r, D::Row>,
     for<'r> (String, Vec<u8>, Timestamp): FromRow<'r, D::Row>,
+    for<'q> Option<&'q str>: Encode<'q, D>,
+    for<'q> PayoutId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<PayoutId>: Encode<'q, D>,
+    for<'q> Option<Timestamp>: Decode<'q, D>,
+    for<'r> PayoutRow: FromRow<'r, D::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, PayoutId, i32): FromRow<'r, D::Row>,
+    for<'r> (AccountId, i64): FromRow<'r, D::Row>,
+    for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
+    for<'r> (PayoutId,): FromRow<'r, D::Row>,
+    for<'r> (Timestamp,): FromRow<'r, D::Row>,
 {
     async fn create_account(
         &self,
@@ -255,7 +301,7 @@ where
         let query = || {
             sqlx::query_as::<_, EntryRow>(
                 "SELECT id, account_id, ticket_id, kind, amount, points, balance_after, points_after,
-                        fencing_token, created_at, order_id
+                        fencing_token, created_at, order_id, payout_id
                  FROM entries WHERE account_id = $1 AND id > $2
                  ORDER BY id LIMIT $3",
             )
@@ -273,7 +319,64 @@ where
         request: &ApplyRequest<'_>,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
+        // A payout runs on a transaction path of its own: it writes the payout and its job
+        // with the debit (`outbox.rs`).
+        if let Operation::Payout {
+            payout,
+            amount,
+            destination,
+        } = request.operation
+        {
+            let token = token_to_sql(request.fencing_token)?;
+            return self
+                .pay_out_in_transaction(request, payout, amount, destination, token, render)
+                .await;
+        }
         self.apply_operation(request, render).await
+    }
+
+    async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError> {
+        self.find_payout(id).await
+    }
+
+    async fn payouts(
+        &self,
+        account: Option<AccountId>,
+        status: Option<PayoutStatus>,
+        after: Option<PayoutId>,
+        limit: i64,
+    ) -> Result<Vec<Payout>, LedgerError> {
+        self.list_payouts(account, status, after, limit).await
+    }
+
+    async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError> {
+        self.count_payouts().await
+    }
+
+    async fn claim_payouts(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<PayoutJob>, LedgerError> {
+        self.claim_jobs(worker, lease, max).await
+    }
+
+    async fn settle_payout(
+        &self,
+        job: &PayoutJob,
+        settlement: &Settlement,
+    ) -> Result<bool, LedgerError> {
+        self.settle_job(job, settlement).await
+    }
+
+    async fn postpone_payout(
+        &self,
+        job: &PayoutJob,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, LedgerError> {
+        self.postpone_job(job, after, error).await
     }
 
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {

@@ -34,8 +34,11 @@ pub struct UnguardedRead {
 fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, i64, i64) {
     let (balance, points) = (read.balance, read.points);
     match operation {
-        // (The API runs order payments fenced only; the arm keeps the match whole.)
-        Operation::Withdrawal(amount) | Operation::OrderPayment { amount, .. } => {
+        // (The API runs order payments and payouts fenced only; the arm keeps the match
+        // whole.)
+        Operation::Withdrawal(amount)
+        | Operation::OrderPayment { amount, .. }
+        | Operation::Payout { amount, .. } => {
             let amount = amount.get();
             let result = if balance >= amount {
                 OperationResult::Applied {

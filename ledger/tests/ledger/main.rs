@@ -2,15 +2,26 @@
 //! file per test: the same suite for both.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod payouts;
 mod postgres_races;
 mod suite;
 
 macro_rules! suite_for {
     ($database:ident, $open:expr) => {
         mod $database {
-            use super::suite;
+            use super::{payouts, suite};
 
-            suite_for!(@cases $open;
+            suite_for!(@cases $open, payouts;
+                a_payout_debits_once_and_waits_for_the_bank,
+                a_payout_the_balance_cannot_cover_is_refused_and_stored,
+                a_job_is_claimed_by_one_worker_until_its_lease_runs_out,
+                a_succeeded_payout_keeps_its_money_out,
+                a_failed_payout_is_credited_back_once,
+                a_postponed_job_waits_until_it_is_due,
+                payouts_are_listed_and_counted_by_status,
+                audit_finds_a_failed_payout_without_its_reversal
+            );
+            suite_for!(@cases $open, suite;
                 opening_an_account_writes_its_opening_entry,
                 api_keys_authenticate_only_their_account,
                 concurrent_distinct_tickets_succeed_exactly_as_far_as_the_money_goes,
@@ -45,12 +56,12 @@ macro_rules! suite_for {
             );
         }
     };
-    (@cases $open:expr; $($case:ident),* $(,)?) => {
+    (@cases $open:expr, $module:ident; $($case:ident),* $(,)?) => {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn $case() {
                 let database = ($open).await;
-                suite::$case(&database).await;
+                $module::$case(&database).await;
             }
         )*
     };

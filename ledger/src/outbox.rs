@@ -1,0 +1,475 @@
+//! Payouts in the database: the spend's transaction that debits the account and writes the
+//! payout with its outbox job, and the outbox's three steps — claim due jobs for a lease,
+//! settle a job with the bank's final word, postpone it to a later attempt.
+//!
+//! The outbox is a table of its own rather than a job-queue crate's: the job must be
+//! written in the money's transaction (so a job exists exactly when its payout committed),
+//! on PostgreSQL and on SQLite alike, and settled in one transaction with the payout's
+//! status and, for a refusal, the reversal entry. A claim takes due jobs whose lease ran
+//! out (`FOR UPDATE SKIP LOCKED` on PostgreSQL, so instances claim different jobs; on
+//! SQLite through the single writer) and counts the attempt; a worker settles or
+//! postpones a job only at the attempt it claimed, so a worker whose lease ran out while
+//! it waited on the bank records nothing once another worker claimed the job again. Times
+//! come from the database's clock, which every instance shares.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::types::Json;
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+
+use crate::db_types::Timestamp;
+use crate::dialect::Dialect;
+use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
+use crate::model::{
+    AccountId, Amount, Applied, ApplyRequest, EntryKind, OperationResult, OrderId, Renderer,
+    StoredResponse, TicketId,
+};
+use crate::payouts::{
+    Destination, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement,
+};
+use crate::rows::{OrderRow, TicketRow};
+use crate::sql_store::SqlStore;
+
+/// The status a payout's outcome is stored with when the money left the account: accepted,
+/// not yet done — the bank has not been asked.
+pub(crate) const ACCEPTED: u16 = 202;
+
+macro_rules! payout_columns {
+    () => {
+        "p.id, p.account_id, p.ticket_id, p.amount, p.destination, p.status,
+         p.bank_transfer_id, p.failure_reason, p.created_at, p.settled_at,
+         COALESCE(o.attempts, 0) AS attempts, o.last_error
+         FROM payouts p LEFT JOIN outbox o ON o.payout_id = p.id"
+    };
+}
+
+const PAYOUT: &str = concat!("SELECT ", payout_columns!(), " WHERE p.id = $1");
+
+/// Up to $4 payouts in creation order after the payout $3 (none: from the first), of
+/// account $1 (NULL: of every account) and status $2 (NULL: any).
+const PAYOUTS: &str = concat!(
+    "SELECT ",
+    payout_columns!(),
+    " WHERE ($1 IS NULL OR p.account_id = $1) AND ($2 IS NULL OR p.status = $2)
+       AND ($3 IS NULL OR (p.created_at, p.id) > (SELECT created_at, id FROM payouts WHERE id = $3))
+     ORDER BY p.created_at, p.id
+     LIMIT $4"
+);
+
+const COUNTS: &str = "
+    SELECT status, CAST(COUNT(*) AS BIGINT), MIN(created_at) FROM payouts GROUP BY status";
+
+/// Parameters: $1 id, $2 account, $3 ticket, $4 amount, $5 destination, $6 now.
+const INSERT_PAYOUT: &str = "
+    INSERT INTO payouts (id, account_id, ticket_id, amount, destination, status, created_at)
+    VALUES ($1, $2, $3, $4, $5, 'pending', $6)";
+
+/// A payout's debit or reversal: $1 account, $2 ticket (NULL for a reversal), $3 kind,
+/// $4 amount (signed), $5 balance after, $6 points after, $7 fencing token, $8 now,
+/// $9 the payout.
+const INSERT_PAYOUT_ENTRY: &str = "
+    INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                         points_after, fencing_token, created_at, payout_id)
+    VALUES ($1, $2, $3, $4, 0, $5, $6, $7, $8, $9)";
+
+/// Parameters: $1 the payout, $2 now (due at once).
+const INSERT_JOB: &str = "
+    INSERT INTO outbox (kind, payout_id, due_at, created_at) VALUES ('payout', $1, $2, $2)";
+
+/// Claims up to $4 due jobs whose lease ran out (or never was) at $1: leased to $3 until
+/// $2, the attempt counted. Returns each job's id, payout and attempt. (Each dialect's
+/// `CLAIM_JOBS`, with its row lock.)
+macro_rules! claim_jobs {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
+             WHERE id IN (
+                 SELECT id FROM outbox
+                 WHERE done_at IS NULL AND due_at <= $1
+                   AND (lease_until IS NULL OR lease_until <= $1)
+                 ORDER BY due_at, id
+                 LIMIT $4 ",
+            $lock,
+            ")
+               AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
+             RETURNING id, payout_id, attempts"
+        )
+    };
+}
+pub(crate) use claim_jobs;
+
+/// Ends job $1 at attempt $2 ($3 now): only if that is still the job's attempt and it is
+/// not done. Returns its payout.
+const FINISH_JOB: &str = "
+    UPDATE outbox SET done_at = $3, lease_until = NULL, last_error = NULL
+    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    RETURNING payout_id";
+
+/// Puts job $1 at attempt $2 back, due at $3, with $4 what went wrong.
+const POSTPONE_JOB: &str = "
+    UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4
+    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    RETURNING payout_id";
+
+/// Parameters: $1 payout, $2 status, $3 transfer id, $4 reason, $5 now. Only a pending
+/// payout is settled (a trigger refuses any change to a settled one, too).
+const SETTLE_PAYOUT: &str = "
+    UPDATE payouts SET status = $2, bank_transfer_id = $3, failure_reason = $4, settled_at = $5
+    WHERE id = $1 AND status = 'pending'
+    RETURNING account_id, amount";
+
+/// A reversal's credit: no lock and no fencing token — adding to a balance cannot make any
+/// spend's conditional update wrong — and the entry carries the token the account has.
+const CREDIT_BACK: &str = "
+    UPDATE accounts SET balance = balance + $2 WHERE id = $1
+    RETURNING balance, points, fencing_token";
+
+/// A payout as read, with its job's attempts and last error.
+#[derive(FromRow)]
+pub(crate) struct PayoutRow {
+    id: PayoutId,
+    account_id: AccountId,
+    ticket_id: TicketId,
+    amount: i64,
+    destination: String,
+    status: String,
+    bank_transfer_id: Option<String>,
+    failure_reason: Option<String>,
+    created_at: Timestamp,
+    settled_at: Option<Timestamp>,
+    attempts: i32,
+    last_error: Option<String>,
+}
+
+impl TryFrom<PayoutRow> for Payout {
+    type Error = LedgerError;
+
+    fn try_from(row: PayoutRow) -> Result<Self, LedgerError> {
+        let corrupt = |what: &str| LedgerError::Corrupt(format!("payout {}: {what}", row.id));
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            ticket_id: row.ticket_id,
+            amount: Amount::new(row.amount).map_err(|_| corrupt("amount"))?,
+            status: PayoutStatus::parse(&row.status).ok_or_else(|| corrupt("status"))?,
+            attempts: u32::try_from(row.attempts).map_err(|_| corrupt("attempts"))?,
+            destination: row.destination,
+            bank_transfer_id: row.bank_transfer_id,
+            failure_reason: row.failure_reason,
+            created_at: row.created_at.0,
+            settled_at: row.settled_at.map(|at| at.0),
+            last_error: row.last_error,
+        })
+    }
+}
+
+/// The payout steps.
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> String: Decode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D>,
+    for<'q> AccountId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<AccountId>: Encode<'q, D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> PayoutId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<PayoutId>: Encode<'q, D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<Timestamp>: Decode<'q, D>,
+    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+    for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> PayoutRow: FromRow<'r, D::Row>,
+    for<'r> (i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, PayoutId, i32): FromRow<'r, D::Row>,
+    for<'r> (AccountId, i64): FromRow<'r, D::Row>,
+    for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
+    for<'r> (PayoutId,): FromRow<'r, D::Row>,
+    for<'r> (Timestamp,): FromRow<'r, D::Row>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'q> OrderId: Encode<'q, D> + Type<D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
+{
+    /// A payout on the transaction path (both databases): the ticket locked and judged as
+    /// for every spend; the amount taken under the fencing check (402, stored, when the
+    /// balance does not cover it); and on success, in the same transaction, the payout
+    /// (pending), its debit entry and its outbox job, with the outcome stored as 202.
+    pub(crate) async fn pay_out_in_transaction(
+        &self,
+        request: &ApplyRequest<'_>,
+        payout: PayoutId,
+        amount: Amount,
+        destination: Destination,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
+            Err(answer) => return answer,
+        };
+        let planned = crate::apply::Planned::of(request.operation);
+        let result = match Self::try_move(&mut tx, request, &planned, token).await? {
+            Some((balance, points)) => planned.applied(balance, points),
+            None => Self::settle_refused(&mut tx, request, &planned, token).await?,
+        };
+        let status = match result {
+            OperationResult::Applied {
+                balance, points, ..
+            } => {
+                let debit = Debit {
+                    payout,
+                    amount,
+                    destination,
+                    balance,
+                    points,
+                    token,
+                };
+                Self::record_payout(&mut tx, request, &debit, now).await?;
+                ACCEPTED
+            }
+            OperationResult::Refused(_) => result.status(),
+        };
+        let body = render(&request.execution(&result));
+        let kind = EntryKind::Payout.as_str();
+        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
+        commit_or_unknown(tx).await?;
+        Ok(Applied {
+            response: StoredResponse { status, body },
+            replayed: false,
+        })
+    }
+
+    /// The payout, its debit entry and its job.
+    async fn record_payout(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        debit: &Debit,
+        now: Timestamp,
+    ) -> Result<(), ApplyError> {
+        sqlx::query(INSERT_PAYOUT)
+            .bind(debit.payout)
+            .bind(request.account_id)
+            .bind(request.ticket_id)
+            .bind(debit.amount.get())
+            .bind(debit.destination.as_str())
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        sqlx::query(INSERT_PAYOUT_ENTRY)
+            .bind(request.account_id)
+            .bind(Some(request.ticket_id))
+            .bind(EntryKind::Payout.as_str())
+            .bind(-debit.amount.get())
+            .bind(debit.balance)
+            .bind(debit.points)
+            .bind(debit.token)
+            .bind(now)
+            .bind(debit.payout)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        sqlx::query(INSERT_JOB)
+            .bind(debit.payout)
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        Ok(())
+    }
+
+    /// A payout by id.
+    pub(crate) async fn find_payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, PayoutRow>(PAYOUT)
+                .bind(id)
+                .fetch_optional(&self.pool)
+        };
+        self.on_live_connection(query)
+            .await?
+            .map(Payout::try_from)
+            .transpose()
+    }
+
+    /// Up to `limit` payouts in creation order after `after`, of `account` and in
+    /// `status` where given.
+    pub(crate) async fn list_payouts(
+        &self,
+        account: Option<AccountId>,
+        status: Option<PayoutStatus>,
+        after: Option<PayoutId>,
+        limit: i64,
+    ) -> Result<Vec<Payout>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, PayoutRow>(PAYOUTS)
+                .bind(account)
+                .bind(status.map(PayoutStatus::as_str))
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+        };
+        self.on_live_connection(query)
+            .await?
+            .into_iter()
+            .map(Payout::try_from)
+            .collect()
+    }
+
+    /// How many payouts stand in each status, and since when the oldest pending one.
+    pub(crate) async fn count_payouts(&self) -> Result<PayoutCounts, LedgerError> {
+        let query = || sqlx::query_as::<_, (String, i64, Timestamp)>(COUNTS).fetch_all(&self.pool);
+        let mut counts = PayoutCounts::default();
+        for (status, count, oldest) in self.on_live_connection(query).await? {
+            let count = u64::try_from(count).unwrap_or_default();
+            match PayoutStatus::parse(&status) {
+                Some(PayoutStatus::Pending) => {
+                    counts.pending = count;
+                    counts.oldest_pending = Some(oldest.0);
+                }
+                Some(PayoutStatus::Succeeded) => counts.succeeded = count,
+                Some(PayoutStatus::Failed) => counts.failed = count,
+                None => {
+                    return Err(LedgerError::Corrupt(format!("payout status {status:?}")));
+                }
+            }
+        }
+        Ok(counts)
+    }
+
+    /// Claims up to `max` due jobs for `worker`, each for `lease` by the database's clock.
+    pub(crate) async fn claim_jobs(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<PayoutJob>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let lease_until = Timestamp(now.0 + lease);
+        let claimed: Vec<(i64, PayoutId, i32)> = sqlx::query_as(D::CLAIM_JOBS)
+            .bind(now)
+            .bind(lease_until)
+            .bind(worker)
+            .bind(max)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut jobs = Vec::with_capacity(claimed.len());
+        for (job_id, payout, attempt) in claimed {
+            let payout: PayoutRow = sqlx::query_as(PAYOUT)
+                .bind(payout)
+                .fetch_one(&mut *tx)
+                .await?;
+            jobs.push(PayoutJob {
+                job_id,
+                payout: Payout::try_from(payout)?,
+                attempt: u32::try_from(attempt).unwrap_or_default(),
+                lease_until: lease_until.0,
+            });
+        }
+        tx.commit().await?;
+        Ok(jobs)
+    }
+
+    /// Records the bank's final word on `job`'s payout, if `job` is still at the attempt
+    /// it was claimed at: the payout settled, and for a refusal the amount credited back
+    /// with a reversal entry — all with the job's end, in one transaction. `false` when the
+    /// job was claimed again or settled meanwhile (nothing written).
+    pub(crate) async fn settle_job(
+        &self,
+        job: &PayoutJob,
+        settlement: &Settlement,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let finished: Option<(PayoutId,)> = sqlx::query_as(FINISH_JOB)
+            .bind(job.job_id)
+            .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if finished.is_none() {
+            return Ok(false);
+        }
+        let (status, transfer_id, reason) = match settlement {
+            Settlement::Succeeded { transfer_id } => {
+                (PayoutStatus::Succeeded, Some(transfer_id.as_str()), None)
+            }
+            Settlement::Failed { reason } => (PayoutStatus::Failed, None, Some(reason.as_str())),
+        };
+        let settled: Option<(AccountId, i64)> = sqlx::query_as(SETTLE_PAYOUT)
+            .bind(job.payout.id)
+            .bind(status.as_str())
+            .bind(transfer_id)
+            .bind(reason)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some((account, amount)) = settled else {
+            return Err(LedgerError::Corrupt(format!(
+                "payout {}: its job was open but the payout is settled",
+                job.payout.id
+            )));
+        };
+        if status == PayoutStatus::Failed {
+            let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
+                .bind(account)
+                .bind(amount)
+                .fetch_one(&mut *tx)
+                .await?;
+            sqlx::query(INSERT_PAYOUT_ENTRY)
+                .bind(account)
+                .bind(None::<TicketId>)
+                .bind(EntryKind::PayoutReversal.as_str())
+                .bind(amount)
+                .bind(balance)
+                .bind(points)
+                .bind(token)
+                .bind(now)
+                .bind(job.payout.id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_or_unknown(tx).await?;
+        Ok(true)
+    }
+
+    /// Puts `job` back for another attempt `after` from now, noting `error`, if it is
+    /// still at the attempt it was claimed at; `false` if not.
+    pub(crate) async fn postpone_job(
+        &self,
+        job: &PayoutJob,
+        after: Duration,
+        error: &str,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let postponed: Option<(PayoutId,)> = sqlx::query_as(POSTPONE_JOB)
+            .bind(job.job_id)
+            .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
+            .bind(Timestamp(now.0 + after))
+            .bind(error)
+            .fetch_optional(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(postponed.is_some())
+    }
+}
+
+/// What a successful payout writes besides its ticket's outcome.
+struct Debit {
+    payout: PayoutId,
+    amount: Amount,
+    destination: Destination,
+    balance: i64,
+    points: i64,
+    token: i64,
+}

@@ -1,0 +1,251 @@
+//! Payouts as the ledger holds them: money that leaves for an outside bank.
+//!
+//! A payout is a spend ([`Operation::Payout`](crate::Operation::Payout)): its ticket's
+//! transaction debits the account, writes the `payout` entry, the payout ([`Payout`],
+//! `pending`) and its outbox job ([`PayoutJob`]). The bank is called after that commit, by
+//! whichever instance claims the job; [`Settlement`] is what the bank's final word makes
+//! of it — `succeeded`, or `failed` with a reversal entry that credits the amount back, in
+//! one transaction (`outbox.rs`).
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::model::{AccountId, Amount, TicketId};
+
+/// A payout's identifier; the bank's idempotency key is derived from it
+/// ([`Payout::bank_key`]), so every attempt of one payout carries the same key.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
+)]
+#[serde(transparent)]
+#[sqlx(transparent)]
+pub struct PayoutId(pub Uuid);
+
+impl PayoutId {
+    /// A fresh random id.
+    pub fn random() -> Self {
+        Self(Uuid::new_v4())
+    }
+}
+
+impl fmt::Display for PayoutId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The most bytes a destination has.
+pub const MAX_DESTINATION: usize = 64;
+
+/// The account at the bank a payout goes to: 1 to [`MAX_DESTINATION`] of `A-Z a-z 0-9 .
+/// _ : -` (an IBAN, an account number, a provider's account id). Held inline, so an
+/// operation that carries one stays `Copy`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Destination {
+    bytes: [u8; MAX_DESTINATION],
+    len: u8,
+}
+
+/// A destination outside the rules of [`Destination`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "destination must be 1 to {MAX_DESTINATION} characters of A-Z, a-z, 0-9, '.', '_', ':' and '-'"
+)]
+pub struct InvalidDestination;
+
+impl Destination {
+    /// The pattern a destination matches, for documents that describe it.
+    pub const PATTERN: &'static str = "^[A-Za-z0-9._:-]{1,64}$";
+
+    /// `destination`, if it keeps the rules.
+    pub fn new(destination: &str) -> Result<Self, InvalidDestination> {
+        let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || b"._:-".contains(byte);
+        if destination.is_empty()
+            || destination.len() > MAX_DESTINATION
+            || !destination.bytes().all(|byte| allowed(&byte))
+        {
+            return Err(InvalidDestination);
+        }
+        let mut bytes = [0; MAX_DESTINATION];
+        bytes[..destination.len()].copy_from_slice(destination.as_bytes());
+        Ok(Self {
+            bytes,
+            // At most MAX_DESTINATION, checked above.
+            len: destination.len() as u8,
+        })
+    }
+
+    /// The destination as written.
+    pub fn as_str(&self) -> &str {
+        // Only ASCII is ever stored (checked in `new`).
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Destination").field(&self.as_str()).finish()
+    }
+}
+
+impl fmt::Display for Destination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a payout stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayoutStatus {
+    /// Debited here; the bank has not said yet that it made the transfer, or that it never
+    /// will.
+    Pending,
+    /// The bank made the transfer.
+    Succeeded,
+    /// The bank refused it for good; the amount was credited back.
+    Failed,
+}
+
+impl PayoutStatus {
+    /// Every status.
+    pub const ALL: [Self; 3] = [Self::Pending, Self::Succeeded, Self::Failed];
+
+    /// The name stored in the database and shown by the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// The status `name` names.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.as_str() == name)
+    }
+}
+
+/// A payout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Payout {
+    /// Its identifier.
+    pub id: PayoutId,
+    /// The account it was debited from.
+    pub account_id: AccountId,
+    /// The ticket it was sent with.
+    pub ticket_id: TicketId,
+    /// The amount, in minor units.
+    pub amount: Amount,
+    /// The account at the bank.
+    pub destination: String,
+    /// Where it stands.
+    pub status: PayoutStatus,
+    /// The bank's id of the transfer, once succeeded.
+    pub bank_transfer_id: Option<String>,
+    /// The bank's reason, once failed.
+    pub failure_reason: Option<String>,
+    /// How many times a worker claimed it to ask the bank.
+    pub attempts: u32,
+    /// What went wrong the last time, if anything (a timeout, the bank's 503).
+    pub last_error: Option<String>,
+    /// When it was debited.
+    pub created_at: OffsetDateTime,
+    /// When the bank's final word was recorded.
+    pub settled_at: Option<OffsetDateTime>,
+}
+
+impl Payout {
+    /// The idempotency key every call to the bank for this payout carries: the same on
+    /// every attempt, by every instance, forever.
+    pub fn bank_key(&self) -> String {
+        bank_key(self.id)
+    }
+}
+
+/// The bank's idempotency key for payout `id` (see [`Payout::bank_key`]).
+pub fn bank_key(id: PayoutId) -> String {
+    format!("payonce-payout-{id}")
+}
+
+/// A payout's job, claimed by one worker until `lease_until`: the worker asks the bank,
+/// then settles or postpones the job at `attempt` — and only there: once the lease ran
+/// out another worker may have claimed it (a later attempt), and the earlier one's word
+/// is not recorded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayoutJob {
+    /// The outbox row.
+    pub job_id: i64,
+    /// The payout, as claimed.
+    pub payout: Payout,
+    /// This claim's number: 1 for the first.
+    pub attempt: u32,
+    /// Until when the claim is this worker's.
+    pub lease_until: OffsetDateTime,
+}
+
+/// The bank's final word on a payout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// It made the transfer, under this id.
+    Succeeded {
+        /// The bank's id of the transfer.
+        transfer_id: String,
+    },
+    /// It will never make it (a final refusal, or a key it closed without a transfer):
+    /// the amount goes back to the account.
+    Failed {
+        /// The bank's reason.
+        reason: String,
+    },
+}
+
+/// What payouts the store holds, for the metrics and the operators: how many in each
+/// status, and the oldest pending one's creation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PayoutCounts {
+    /// Pending payouts.
+    pub pending: u64,
+    /// Succeeded payouts.
+    pub succeeded: u64,
+    /// Failed payouts.
+    pub failed: u64,
+    /// When the oldest pending payout was debited.
+    pub oldest_pending: Option<OffsetDateTime>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn destinations_keep_their_rules_and_read_back_as_written() {
+        for good in ["DE89370400440532013000", "acct_1:a-b.c", &"x".repeat(64)] {
+            assert_eq!(
+                Destination::new(good).map(|d| d.to_string()),
+                Ok(good.to_owned())
+            );
+        }
+        for bad in ["", "with space", "ümlaut", &"x".repeat(65), "semi;colon"] {
+            assert_eq!(Destination::new(bad), Err(InvalidDestination), "{bad:?}");
+        }
+        assert_eq!(
+            format!("{:?}", Destination::new("a1").unwrap()),
+            "Destination(\"a1\")"
+        );
+    }
+
+    #[test]
+    fn statuses_read_back_by_name_and_keys_are_one_per_payout() {
+        for status in PayoutStatus::ALL {
+            assert_eq!(PayoutStatus::parse(status.as_str()), Some(status));
+        }
+        assert_eq!(PayoutStatus::parse("done"), None);
+        let id = PayoutId::random();
+        assert_eq!(bank_key(id), bank_key(id));
+        assert_ne!(bank_key(id), bank_key(PayoutId::random()));
+    }
+}

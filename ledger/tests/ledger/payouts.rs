@@ -1,0 +1,351 @@
+//! Payouts: the debit with its payout and outbox job in the spend's transaction; the
+//! outbox's claims, leases and attempts; the bank's final word settled once; the audit.
+
+use std::time::Duration;
+
+use ledger::payouts::{Destination, PayoutId, PayoutJob, PayoutStatus, Settlement};
+use ledger::testing::TestDatabase;
+use ledger::{AccountId, Amount, EntryKind, Ledger, Operation, Rule};
+
+use crate::suite::{account, apply, assert_clean, open};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+fn payout(amount: i64, destination: &str) -> (PayoutId, Operation) {
+    let id = PayoutId::random();
+    let operation = Operation::Payout {
+        payout: id,
+        amount: Amount::new(amount).unwrap(),
+        destination: Destination::new(destination).unwrap(),
+    };
+    (id, operation)
+}
+
+/// A payout of `amount` from `account_id` with a fresh ticket, accepted.
+async fn paid_out(ledger: &Ledger, account_id: AccountId, amount: i64, token: u64) -> PayoutId {
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (id, operation) = payout(amount, "DE89370400440532013000");
+    let applied = apply(ledger, account_id, ticket, operation, "p", token)
+        .await
+        .unwrap();
+    assert_eq!(applied.response.status, 202);
+    id
+}
+
+async fn claim_one(ledger: &Ledger, worker: &str) -> PayoutJob {
+    let mut jobs = ledger.claim_payouts(worker, LEASE, 10).await.unwrap();
+    assert_eq!(jobs.len(), 1, "{jobs:#?}");
+    jobs.remove(0)
+}
+
+/// A payout takes the money at once, in the ticket's transaction, with a pending payout
+/// and a debit entry that carries it; its outcome is stored as 202 and replayed as such;
+/// the bank has not been asked (no attempt yet).
+pub async fn a_payout_debits_once_and_waits_for_the_bank(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (id, operation) = payout(300, "acct-7");
+    let first = apply(&ledger, account_id, ticket, operation, "p300", 1)
+        .await
+        .unwrap();
+    assert_eq!((first.response.status, first.replayed), (202, false));
+    // The same request again, even with another payout id chosen for it: the first's answer.
+    let (_, again) = payout(300, "acct-7");
+    let replay = apply(&ledger, account_id, ticket, again, "p300", 2)
+        .await
+        .unwrap();
+    assert_eq!((replay.response, replay.replayed), (first.response, true));
+
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    let stored = ledger.payout(id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            stored.account_id,
+            stored.ticket_id,
+            stored.amount.get(),
+            stored.destination.as_str(),
+            stored.status,
+            stored.attempts,
+        ),
+        (account_id, ticket, 300, "acct-7", PayoutStatus::Pending, 0)
+    );
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    let debit = entries.last().unwrap();
+    assert_eq!(
+        (debit.kind, debit.amount, debit.payout_id, debit.ticket_id),
+        (EntryKind::Payout, -300, Some(id), Some(ticket))
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A payout the balance cannot cover writes no payout and no job; its 402 is stored under
+/// the ticket like any refusal.
+pub async fn a_payout_the_balance_cannot_cover_is_refused_and_stored(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let (id, operation) = payout(300, "acct-7");
+    let refused = apply(&ledger, account_id, ticket, operation, "p300", 1)
+        .await
+        .unwrap();
+    assert_eq!(refused.response.status, 402);
+    let replay = apply(&ledger, account_id, ticket, operation, "p300", 2)
+        .await
+        .unwrap();
+    assert_eq!((replay.response.status, replay.replayed), (402, true));
+    assert_eq!(ledger.payout(id).await.unwrap(), None);
+    assert!(
+        ledger
+            .claim_payouts("w", LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        100
+    );
+    assert_clean(&ledger).await;
+}
+
+/// One worker holds a job for its lease: a second claim gets nothing. Once the lease ran
+/// out another worker claims it as the next attempt, and the first worker's word on its
+/// own attempt is no longer recorded — settling or postponing it writes nothing.
+pub async fn a_job_is_claimed_by_one_worker_until_its_lease_runs_out(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let id = paid_out(&ledger, account_id, 250, 1).await;
+
+    let first = ledger
+        .claim_payouts("first", Duration::from_millis(300), 10)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    let first = &first[0];
+    assert_eq!((first.payout.id, first.attempt), (id, 1));
+    assert!(
+        ledger
+            .claim_payouts("second", LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = claim_one(&ledger, "second").await;
+    assert_eq!((second.payout.id, second.attempt), (id, 2));
+    let late = Settlement::Failed {
+        reason: "destination-closed".into(),
+    };
+    assert!(!ledger.settle_payout(first, &late).await.unwrap());
+    assert!(
+        !ledger
+            .postpone_payout(first, Duration::ZERO, "timeout")
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        ledger.payout(id).await.unwrap().unwrap().status,
+        PayoutStatus::Pending
+    );
+    let done = Settlement::Succeeded {
+        transfer_id: "tr_1".into(),
+    };
+    assert!(ledger.settle_payout(&second, &done).await.unwrap());
+    assert_eq!(
+        ledger.payout(id).await.unwrap().unwrap().attempts,
+        2,
+        "the attempts are shown"
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The bank made the transfer: the payout is succeeded with the bank's id, the money stays
+/// out, and the job is done — claimed by nobody again, settled no second time.
+pub async fn a_succeeded_payout_keeps_its_money_out(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let id = paid_out(&ledger, account_id, 400, 1).await;
+    let job = claim_one(&ledger, "w").await;
+    let done = Settlement::Succeeded {
+        transfer_id: "tr_abc".into(),
+    };
+    assert!(ledger.settle_payout(&job, &done).await.unwrap());
+    assert!(!ledger.settle_payout(&job, &done).await.unwrap());
+    let settled = ledger.payout(id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            settled.status,
+            settled.bank_transfer_id.as_deref(),
+            settled.failure_reason
+        ),
+        (PayoutStatus::Succeeded, Some("tr_abc"), None)
+    );
+    assert!(settled.settled_at.is_some());
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        600
+    );
+    assert!(
+        ledger
+            .claim_payouts("w", LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_clean(&ledger).await;
+}
+
+/// The bank refused for good: the payout is failed with its reason and, in the same
+/// transaction, a reversal entry (no ticket, the payout's) credits the amount back —
+/// once, however often the refusal is recorded.
+pub async fn a_failed_payout_is_credited_back_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let id = paid_out(&ledger, account_id, 400, 1).await;
+    // A spend after the payout and before its reversal: the reversal adds to what is there.
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let withdrawal = Operation::Withdrawal(Amount::new(100).unwrap());
+    apply(&ledger, account_id, ticket, withdrawal, "w100", 2)
+        .await
+        .unwrap();
+    let job = claim_one(&ledger, "w").await;
+    let refused = Settlement::Failed {
+        reason: "destination-closed".into(),
+    };
+    assert!(ledger.settle_payout(&job, &refused).await.unwrap());
+    assert!(!ledger.settle_payout(&job, &refused).await.unwrap());
+    let settled = ledger.payout(id).await.unwrap().unwrap();
+    assert_eq!(
+        (settled.status, settled.failure_reason.as_deref()),
+        (PayoutStatus::Failed, Some("destination-closed"))
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        900
+    );
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    let reversal = entries.last().unwrap();
+    assert_eq!(
+        (
+            reversal.kind,
+            reversal.amount,
+            reversal.balance_after,
+            reversal.payout_id,
+            reversal.ticket_id
+        ),
+        (EntryKind::PayoutReversal, 400, 900, Some(id), None)
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A postponed job is not claimed before it is due, keeps its error for the operators, and
+/// comes back as the next attempt once due.
+pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let id = paid_out(&ledger, account_id, 100, 1).await;
+    let job = claim_one(&ledger, "w").await;
+    assert!(
+        ledger
+            .postpone_payout(&job, Duration::from_millis(400), "bank answered 503")
+            .await
+            .unwrap()
+    );
+    assert!(
+        ledger
+            .claim_payouts("w", LEASE, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let waiting = ledger.payout(id).await.unwrap().unwrap();
+    assert_eq!(
+        (waiting.attempts, waiting.last_error.as_deref()),
+        (1, Some("bank answered 503"))
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = claim_one(&ledger, "w").await;
+    assert_eq!((again.payout.id, again.attempt), (id, 2));
+}
+
+/// Payouts list in creation order, by account and by status, a page at a time; the counts
+/// say how many stand in each status and since when the oldest pending one waits.
+pub async fn payouts_are_listed_and_counted_by_status(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let mine = account(&ledger, 1000, 0).await;
+    let other = account(&ledger, 1000, 0).await;
+    let mut ids = Vec::new();
+    for (token, amount) in [(1, 10), (2, 20), (3, 30)] {
+        ids.push(paid_out(&ledger, mine, amount, token).await);
+    }
+    let others = paid_out(&ledger, other, 40, 1).await;
+    let job = ledger
+        .claim_payouts("w", LEASE, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|job| job.payout.id == ids[1])
+        .unwrap();
+    let done = Settlement::Succeeded {
+        transfer_id: "tr".into(),
+    };
+    assert!(ledger.settle_payout(&job, &done).await.unwrap());
+
+    let listed = |account, status, after, limit| {
+        let ledger = &ledger;
+        async move {
+            ledger
+                .payouts(account, status, after, limit)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|payout| payout.id)
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(listed(Some(mine), None, None, 10).await, ids);
+    assert_eq!(
+        listed(Some(mine), Some(PayoutStatus::Pending), None, 10).await,
+        vec![ids[0], ids[2]]
+    );
+    assert_eq!(
+        listed(Some(mine), None, Some(ids[0]), 1).await,
+        vec![ids[1]]
+    );
+    assert_eq!(
+        listed(None, Some(PayoutStatus::Pending), None, 10).await,
+        vec![ids[0], ids[2], others]
+    );
+    let counts = ledger.payout_counts().await.unwrap();
+    assert_eq!((counts.pending, counts.succeeded, counts.failed), (3, 1, 0));
+    let oldest = ledger.payout(ids[0]).await.unwrap().unwrap().created_at;
+    assert_eq!(counts.oldest_pending, Some(oldest));
+}
+
+/// A payout marked failed by hand, without the reversal its refusal writes, breaks the
+/// audit's payout rule.
+pub async fn audit_finds_a_failed_payout_without_its_reversal(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    paid_out(&ledger, account_id, 100, 1).await;
+    assert_clean(&ledger).await;
+    database
+        .execute(
+            "UPDATE payouts SET status = 'failed', failure_reason = 'made up', settled_at = created_at",
+        )
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.rule == Rule::PayoutMovedOnce && v.account_id == Some(account_id)),
+        "{violations:#?}"
+    );
+}
