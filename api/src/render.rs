@@ -60,6 +60,27 @@ pub struct OrderPaid {
     pub state: &'static str,
 }
 
+/// A payout accepted: the money left the account; the bank has not been asked yet. Its
+/// live status is at `GET /v1/payouts/{payout_id}` (the answer's `Location`).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PayoutAccepted {
+    /// The payout.
+    pub payout_id: Uuid,
+    /// The ticket spent.
+    pub ticket_id: Uuid,
+    /// The account.
+    pub account_id: Uuid,
+    /// The amount sent, in minor units.
+    pub amount: i64,
+    /// The account at the bank.
+    pub destination: String,
+    /// The balance after.
+    pub balance: i64,
+    /// Always `pending` here: the status when it was accepted.
+    #[schema(example = "pending")]
+    pub status: &'static str,
+}
+
 /// The body stored for an execution.
 pub fn render(execution: &Execution<'_>) -> Value {
     let ticket_id = execution.ticket_id.0;
@@ -101,6 +122,22 @@ pub fn render(execution: &Execution<'_>) -> Value {
                 state: "paid",
             })
         }
+        (
+            Operation::Payout {
+                payout,
+                amount,
+                destination,
+            },
+            OperationResult::Applied { balance, .. },
+        ) => serde_json::to_value(PayoutAccepted {
+            payout_id: payout.0,
+            ticket_id,
+            account_id,
+            amount: amount.get(),
+            destination: destination.to_string(),
+            balance,
+            status: "pending",
+        }),
         (operation, OperationResult::Refused(refusal)) => {
             return refused(execution, operation, refusal);
         }
@@ -135,6 +172,17 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
                 "insufficient-funds",
                 format!(
                     "the balance {balance} does not cover the order's {}; the order stays open",
+                    amount.get()
+                ),
+            )
+        }
+        (Refusal::InsufficientFunds { balance }, Operation::Payout { amount, .. }) => {
+            extra.insert("balance".into(), json!(balance));
+            extra.insert("amount".into(), json!(amount.get()));
+            (
+                "insufficient-funds",
+                format!(
+                    "the balance {balance} does not cover the payout of {}; nothing was sent",
                     amount.get()
                 ),
             )

@@ -219,14 +219,18 @@ pub struct EntriesQuery {
 pub struct EntryView {
     /// Increases in the order entries were written.
     pub id: i64,
-    /// The ticket that wrote it; null for the opening entry.
+    /// The ticket that wrote it; null for the opening entry and a payout's reversal.
     pub ticket_id: Option<Uuid>,
-    /// `opening`, `deposit`, `withdrawal`, `lottery_draw` or `order_payment`.
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout` or
+    /// `payout_reversal`.
     #[schema(value_type = String, example = "withdrawal")]
     pub kind: &'static str,
     /// The order an `order_payment` paid; absent for every other kind.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub order_id: Option<Uuid>,
+    /// The payout a `payout` or `payout_reversal` belongs to; absent for every other kind.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub payout_id: Option<Uuid>,
     /// Signed change to the balance (negative for a withdrawal).
     pub amount: i64,
     /// Signed change to the points (negative for a draw).
@@ -248,6 +252,7 @@ impl From<Entry> for EntryView {
             ticket_id: entry.ticket_id.map(|ticket| ticket.0),
             kind: entry.kind.as_str(),
             order_id: entry.order_id.map(|order| order.0),
+            payout_id: entry.payout_id.map(|payout| payout.0),
             amount: entry.amount,
             points: entry.points,
             balance_after: entry.balance_after,
