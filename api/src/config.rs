@@ -298,6 +298,50 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub redlock_urls: Vec<String>,
+    /// The bank payouts go to (`payonce-bank` or anything with its contract). Unset in
+    /// the embedded mode: payonce starts one in the process, on a loopback port of its own,
+    /// with its store beside the ledger's file. Unset in the distributed mode: payouts are
+    /// refused (503 `payouts-unavailable`), since instances must share one bank.
+    #[arg(long, global = true, env = "PAYONCE_BANK_URL")]
+    pub bank_url: Option<String>,
+    /// How long one call to the bank may take; past it the attempt's outcome is unknown
+    /// and the payout is sent again, with the same key.
+    #[arg(long, global = true, env = "PAYONCE_BANK_TIMEOUT", default_value = "2s", value_parser = duration)]
+    pub bank_timeout: Duration,
+    /// Payout workers in this instance: each claims due payouts and calls the bank.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_PAYOUT_WORKERS",
+        default_value_t = 4
+    )]
+    pub payout_workers: usize,
+    /// How long a claimed payout is a worker's before another instance may take it over
+    /// (a worker that died mid-call). At least three bank timeouts.
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_LEASE", default_value = "30s", value_parser = duration)]
+    pub payout_lease: Duration,
+    /// The first wait before a payout is sent again (a timeout, a 5xx, a 429); it doubles
+    /// with each attempt, with jitter, up to PAYONCE_PAYOUT_RETRY_MAX — or the bank's
+    /// `Retry-After`, when it says one.
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_RETRY_BASE", default_value = "200ms", value_parser = duration)]
+    pub payout_retry_base: Duration,
+    /// The longest wait between two attempts of a payout.
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_RETRY_MAX", default_value = "1m", value_parser = duration)]
+    pub payout_retry_max: Duration,
+    /// Attempts without the bank's word after which payonce asks the bank for the
+    /// transfer by its key — and, if the bank has none, closes the key there and credits
+    /// the money back. A bank that does not answer leaves the payout pending.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_PAYOUT_ATTEMPTS",
+        default_value_t = 10
+    )]
+    pub payout_attempts: u32,
+    /// How often idle payout workers look for due payouts (new ones of this instance wake
+    /// them at once).
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
+    pub payout_poll: Duration,
 }
 
 /// How spends on one account are kept apart.
@@ -510,6 +554,7 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.check_timings()?;
         self.check_capacities()?;
+        self.check_payouts()?;
         self.check_client_address()?;
         self.check_operator_key()?;
         demonstration_is_built(self.lock_strategy, self.demo, cfg!(feature = "demo"))?;
@@ -544,6 +589,46 @@ impl Config {
         if self.header_read_timeout.is_zero() {
             return Err(ConfigError::Invalid(
                 "PAYONCE_HEADER_READ_TIMEOUT must be positive".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A bank URL payonce can call, and a payout schedule that can work: a lease that
+    /// outlasts the calls it covers, waits that grow.
+    fn check_payouts(&self) -> Result<(), ConfigError> {
+        if let Some(url) = &self.bank_url {
+            match url::Url::parse(url) {
+                Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => {}
+                _ => {
+                    return Err(ConfigError::Invalid(format!(
+                        "PAYONCE_BANK_URL {} is not an http:// or https:// URL",
+                        mask(url)
+                    )));
+                }
+            }
+        }
+        if self.bank_timeout.is_zero() || self.payout_poll.is_zero() {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_BANK_TIMEOUT and PAYONCE_PAYOUT_POLL must be positive".into(),
+            ));
+        }
+        if self.payout_lease < self.bank_timeout * 3 {
+            // A lease runs the claim, the call (and the question after a lost answer) and
+            // the settlement; shorter, another instance takes a payout over mid-call.
+            return Err(ConfigError::Invalid(
+                "PAYONCE_PAYOUT_LEASE must be at least three PAYONCE_BANK_TIMEOUTs".into(),
+            ));
+        }
+        if self.payout_retry_base.is_zero() || self.payout_retry_base > self.payout_retry_max {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_PAYOUT_RETRY_BASE must be positive and at most PAYONCE_PAYOUT_RETRY_MAX"
+                    .into(),
+            ));
+        }
+        if self.payout_workers == 0 || self.payout_workers > 64 || self.payout_attempts == 0 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_PAYOUT_WORKERS must be 1 to 64, PAYONCE_PAYOUT_ATTEMPTS at least 1".into(),
             ));
         }
         Ok(())
@@ -852,6 +937,17 @@ impl fmt::Display for Config {
                         .join(",")
                 },
             ),
+            (
+                "PAYONCE_BANK_URL",
+                self.bank_url.as_deref().map_or_else(unset, mask),
+            ),
+            ("PAYONCE_BANK_TIMEOUT", human(self.bank_timeout)),
+            ("PAYONCE_PAYOUT_WORKERS", self.payout_workers.to_string()),
+            ("PAYONCE_PAYOUT_LEASE", human(self.payout_lease)),
+            ("PAYONCE_PAYOUT_RETRY_BASE", human(self.payout_retry_base)),
+            ("PAYONCE_PAYOUT_RETRY_MAX", human(self.payout_retry_max)),
+            ("PAYONCE_PAYOUT_ATTEMPTS", self.payout_attempts.to_string()),
+            ("PAYONCE_PAYOUT_POLL", human(self.payout_poll)),
         ];
         for (name, value) in rows {
             writeln!(f, "  {name:<28} {value}")?;

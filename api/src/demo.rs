@@ -140,15 +140,18 @@ impl Faults {
 
 /// The unsafe strategy a request runs under, if any: the instance's, or under the
 /// demonstration mode (`demo`) the one `Payonce-Strategy` names. `None` for the fenced
-/// strategy, and for order payments, which run fenced only (the strategies are for
-/// spends).
+/// strategy, and for order payments and payouts, which run fenced only (the strategies
+/// are for spends of the account's balance).
 pub fn unsafe_strategy(
     instance: Strategy,
     demo: bool,
     operation: Operation,
     headers: &HeaderMap,
 ) -> Result<Option<Strategy>, ApiError> {
-    if matches!(operation, Operation::OrderPayment { .. }) {
+    if matches!(
+        operation,
+        Operation::OrderPayment { .. } | Operation::Payout { .. }
+    ) {
         return Ok(None);
     }
     let strategy = match headers.get("payonce-strategy").filter(|_| demo) {

@@ -60,6 +60,8 @@ pub enum ApiError {
     TicketNotFound,
     #[error("no such order for this account")]
     OrderNotFound,
+    #[error("no such payout for this account")]
+    PayoutNotFound,
     #[error("this method is not allowed here")]
     MethodNotAllowed,
     #[error("the original request with this ticket is still executing; retry shortly")]
@@ -97,6 +99,10 @@ pub enum ApiError {
     LockStoreUnavailable(String),
     #[error("database unavailable: {0}")]
     DatabaseUnavailable(String),
+    #[error(
+        "payouts are not set up on this instance: set PAYONCE_BANK_URL (every instance the same bank); nothing was stored, the ticket is still usable"
+    )]
+    PayoutsUnavailable,
     #[error("this instance is working on as many requests as it takes; retry shortly")]
     Overloaded,
     #[error("the request took longer than the server allows")]
@@ -116,7 +122,10 @@ impl ApiError {
             | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden | Self::OperatorKeyRequired => StatusCode::FORBIDDEN,
-            Self::NotFound(_) | Self::TicketNotFound | Self::OrderNotFound => StatusCode::NOT_FOUND,
+            Self::NotFound(_)
+            | Self::TicketNotFound
+            | Self::OrderNotFound
+            | Self::PayoutNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -130,6 +139,7 @@ impl ApiError {
             | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
             | Self::DatabaseUnavailable(_)
+            | Self::PayoutsUnavailable
             | Self::Overloaded
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -149,6 +159,7 @@ impl ApiError {
             Self::NotFound(_) => "not-found",
             Self::TicketNotFound => "ticket-not-found",
             Self::OrderNotFound => "order-not-found",
+            Self::PayoutNotFound => "payout-not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::RequestInProgress => "request-in-progress",
             Self::AccountBusy => "account-busy",
@@ -163,6 +174,7 @@ impl ApiError {
             Self::OutcomeUnknown(_) => "outcome-unknown",
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
             Self::DatabaseUnavailable(_) => "database-unavailable",
+            Self::PayoutsUnavailable => "payouts-unavailable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
@@ -343,6 +355,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The order does not exist, or was placed by another account.",
     ),
     (
+        "payout-not-found",
+        404,
+        "The payout does not exist, or was sent from another account.",
+    ),
+    (
         "method-not-allowed",
         405,
         "The resource exists but not with this method.",
@@ -431,6 +448,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "database-unavailable",
         503,
         "The database cannot be reached. Nothing was executed; retry with the same ticket.",
+    ),
+    (
+        "payouts-unavailable",
+        503,
+        "This instance has no bank to send payouts to (a distributed instance without PAYONCE_BANK_URL). Nothing was stored; the ticket is still usable.",
     ),
     (
         "overloaded",

@@ -9,6 +9,7 @@ use axum::extract::{ConnectInfo, FromRef, FromRequest, FromRequestParts, Path, R
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
 use ipnet::IpNet;
+use ledger::payouts::PayoutId;
 use ledger::{AccountId, OrderId, TicketId};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
@@ -132,6 +133,23 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderPath {
         Uuid::try_parse(&id)
             .map(|id| Self(OrderId(id)))
             .map_err(|_| ApiError::OrderNotFound)
+    }
+}
+
+/// A payout id from the path; one that is not a UUID names nothing (404).
+#[derive(Debug, Clone, Copy)]
+pub struct PayoutPath(pub PayoutId);
+
+impl<S: Send + Sync> FromRequestParts<S> for PayoutPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::PayoutNotFound)?;
+        Uuid::try_parse(&id)
+            .map(|id| Self(PayoutId(id)))
+            .map_err(|_| ApiError::PayoutNotFound)
     }
 }
 

@@ -31,6 +31,7 @@ pub mod extract;
 pub mod flights;
 pub mod limits;
 pub mod metrics;
+pub mod payouts;
 pub mod render;
 pub mod routes;
 pub mod state;
@@ -66,11 +67,12 @@ pub async fn serve(
     let stopping = CancellationToken::new();
     let reaper = tokio::spawn(reap(state.clone(), stopping.clone()));
     let forgetter = tokio::spawn(forget_idle_clients(state.clone(), stopping.clone()));
+    let dispatcher = tokio::spawn(dispatch_payouts(state.clone(), stopping.clone()));
     let settings = state.settings().clone();
     let app = routes::app(state, request_timeout);
     let served = accept(listener, app, &settings, shutdown).await;
     stopping.cancel();
-    let _ = tokio::join!(reaper, forgetter);
+    let _ = tokio::join!(reaper, forgetter, dispatcher);
     served
 }
 
@@ -138,6 +140,47 @@ async fn accept(
     // Finishes in-flight requests and closes idle connections.
     graceful.shutdown().await;
     Ok(())
+}
+
+/// The payout workers (`payouts.rs`), and a count of the payouts by status for the
+/// metrics, until `stopping`. Nothing where the instance has no bank.
+async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
+    let Some(payouts) = state.payouts().cloned() else {
+        return;
+    };
+    let poll = payouts.settings().poll;
+    let workers = payouts::dispatch(
+        state.ledger().clone(),
+        payouts,
+        state.shared_metrics(),
+        state
+            .settings()
+            .instance
+            .to_str()
+            .unwrap_or("payonce")
+            .to_owned(),
+        stopping.clone(),
+    );
+    let counting = async {
+        loop {
+            match state.ledger().payout_counts().await {
+                Ok(counts) => {
+                    let oldest = counts.oldest_pending.map_or(Duration::ZERO, |at| {
+                        (time::OffsetDateTime::now_utc() - at)
+                            .try_into()
+                            .unwrap_or_default()
+                    });
+                    state.metrics().payouts_counted(&counts, oldest);
+                }
+                Err(error) => tracing::debug!(%error, "cannot count payouts"),
+            }
+            tokio::select! {
+                () = stopping.cancelled() => return,
+                () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
+            }
+        }
+    };
+    tokio::join!(workers, counting);
 }
 
 /// Rate limits of clients that went quiet are forgotten, so the limiters stay small.

@@ -11,8 +11,10 @@ use axum::response::Response;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
 use tokio::time::Instant;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -20,6 +22,16 @@ struct RequestLabels {
     route: String,
     method: String,
     status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,6 +60,9 @@ pub struct Metrics {
     lock_queue_full: Counter,
     rate_limited: Counter,
     key_lookups: Counter,
+    payout_attempts: Family<OutcomeLabels, Counter>,
+    payouts: Family<StatusLabels, Gauge>,
+    oldest_pending_payout: Gauge<f64, AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -73,6 +88,9 @@ impl Metrics {
         let lock_queue_full = Counter::default();
         let rate_limited = Counter::default();
         let key_lookups = Counter::default();
+        let payout_attempts = Family::<OutcomeLabels, Counter>::default();
+        let payouts = Family::<StatusLabels, Gauge>::default();
+        let oldest_pending_payout = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "http_requests",
             "HTTP requests by route, method and status",
@@ -128,6 +146,21 @@ impl Metrics {
             "API keys looked up in the database: keys this instance did not remember",
             key_lookups.clone(),
         );
+        registry.register(
+            "payout_attempts",
+            "Calls to the bank for payouts, by what came of them: made, refused, or no word",
+            payout_attempts.clone(),
+        );
+        registry.register(
+            "payouts",
+            "Payouts by status (pending, succeeded, failed), as last counted",
+            payouts.clone(),
+        );
+        registry.register(
+            "payout_oldest_pending_seconds",
+            "How long the oldest pending payout has waited for the bank's word (0: none pending)",
+            oldest_pending_payout.clone(),
+        );
         Self {
             registry,
             requests,
@@ -141,7 +174,31 @@ impl Metrics {
             lock_queue_full,
             rate_limited,
             key_lookups,
+            payout_attempts,
+            payouts,
+            oldest_pending_payout,
         }
+    }
+
+    /// A call to the bank for a payout, and what came of it.
+    pub fn payout_attempt(&self, outcome: &'static str) {
+        self.payout_attempts
+            .get_or_create(&OutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// The payouts as last counted, and the oldest pending one's age.
+    pub fn payouts_counted(&self, counts: &ledger::payouts::PayoutCounts, oldest_age: Duration) {
+        for (status, count) in [
+            ("pending", counts.pending),
+            ("succeeded", counts.succeeded),
+            ("failed", counts.failed),
+        ] {
+            self.payouts
+                .get_or_create(&StatusLabels { status })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+        self.oldest_pending_payout.set(oldest_age.as_secs_f64());
     }
 
     /// The OpenMetrics text exposition.

@@ -15,6 +15,7 @@ use crate::demo::Recipes;
 use crate::flights::Flights;
 use crate::limits::{RateLimits, Rates};
 use crate::metrics::Metrics;
+use crate::payouts::{PayoutSettings, Payouts};
 
 /// The settings handlers read.
 #[derive(Debug, Clone)]
@@ -99,6 +100,9 @@ pub enum StartError {
     /// The lock store could not be set up.
     #[error("cannot set up the locks: {0}")]
     Lock(#[from] lock::LockError),
+    /// The bank client could not be set up.
+    #[error("cannot set up the bank client: {0}")]
+    Bank(String),
     /// The data directory could not be created.
     #[error("cannot create the data directory: {0}")]
     DataDir(#[from] std::io::Error),
@@ -123,6 +127,8 @@ struct Inner {
     /// only).
     #[cfg(feature = "demo")]
     recipes: Recipes,
+    /// The bank and the payout workers' settings; `None` where payouts are refused.
+    payouts: Option<Arc<Payouts>>,
 }
 
 impl Inner {
@@ -136,6 +142,7 @@ impl Inner {
             flights: Flights::default(),
             #[cfg(feature = "demo")]
             recipes: Recipes::default(),
+            payouts: None,
         }
     }
 }
@@ -195,6 +202,14 @@ impl AppState {
             recipes: Recipes::for_config(config)?,
             ..inner
         };
+        let inner = Inner {
+            payouts: payout_settings(config)?
+                .map(Payouts::new)
+                .transpose()
+                .map_err(|error| StartError::Bank(error.to_string()))?
+                .map(Arc::new),
+            ..inner
+        };
         Ok(Self(Arc::new(inner)))
     }
 
@@ -226,6 +241,25 @@ impl AppState {
     /// The rate limits.
     pub fn limits(&self) -> &RateLimits {
         &self.0.limits
+    }
+
+    /// Payouts: the bank and the workers' settings, where this instance has a bank.
+    pub fn payouts(&self) -> Option<&Arc<Payouts>> {
+        self.0.payouts.as_ref()
+    }
+
+    /// The state with payouts to `payouts`; before it is shared (tests, and `connect`).
+    pub fn with_payouts(self, payouts: Payouts) -> Self {
+        match Arc::try_unwrap(self.0) {
+            Ok(inner) => Self(Arc::new(Inner {
+                payouts: Some(Arc::new(payouts)),
+                ..inner
+            })),
+            Err(shared) => {
+                tracing::warn!("payouts set up on a state already shared: ignored");
+                Self(shared)
+            }
+        }
     }
 
     /// The tickets being executed.
@@ -330,6 +364,25 @@ fn etcd(_url: &str, _config: &Config) -> Result<LockService, StartError> {
         "this payonce was built without etcd: build it with `--features etcd` (needs protoc)"
             .into(),
     )))
+}
+
+/// How payouts are sent, where there is a bank.
+fn payout_settings(config: &Config) -> Result<Option<PayoutSettings>, ConfigError> {
+    let Some(url) = &config.bank_url else {
+        return Ok(None);
+    };
+    let bank_url = url::Url::parse(url)
+        .map_err(|error| ConfigError::Invalid(format!("PAYONCE_BANK_URL: {error}")))?;
+    Ok(Some(PayoutSettings {
+        bank_url,
+        bank_timeout: config.bank_timeout,
+        workers: config.payout_workers,
+        lease: config.payout_lease,
+        retry_base: config.payout_retry_base,
+        retry_max: config.payout_retry_max,
+        attempts: config.payout_attempts,
+        poll: config.payout_poll,
+    }))
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

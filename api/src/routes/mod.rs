@@ -3,6 +3,7 @@
 
 pub mod accounts;
 pub mod orders;
+pub mod payouts;
 pub mod responses;
 pub mod service;
 pub mod spends;
@@ -72,6 +73,7 @@ pub const BODY_LIMIT: usize = 16 * 1024;
         (name = "tickets", description = "Tickets: the idempotency keys of spends"),
         (name = "spends", description = "Withdrawals, deposits and lottery draws, each sent with a ticket"),
         (name = "orders", description = "Orders, each paid once whatever the ticket: the lock is the order's"),
+        (name = "payouts", description = "Money sent to an outside bank, exactly once: debited with a ticket, sent after the commit with one idempotency key for every attempt"),
         (name = "service", description = "Health, readiness, metrics and documentation"),
     )
 )]
@@ -207,6 +209,9 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(orders::create_order))
         .routes(routes!(orders::get_order))
         .routes(routes!(orders::pay_order))
+        .routes(routes!(payouts::send_payout))
+        .routes(routes!(payouts::get_payout))
+        .routes(routes!(payouts::list_payouts))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))

@@ -542,12 +542,25 @@ pub(crate) fn stored_response(response: StoredResponse, replayed: bool) -> Respo
     } else {
         PROBLEM_JSON
     };
+    // An accepted payout says where to watch it: its payout, named in the stored body.
+    let location = (status == StatusCode::ACCEPTED)
+        .then(|| {
+            response
+                .body
+                .get("payout_id")
+                .and_then(serde_json::Value::as_str)
+        })
+        .flatten()
+        .and_then(|payout| HeaderValue::from_str(&format!("/v1/payouts/{payout}")).ok());
     let mut answer = (
         status,
         [(header::CONTENT_TYPE, content_type)],
         Json(response.body),
     )
         .into_response();
+    if let Some(location) = location {
+        answer.headers_mut().insert(header::LOCATION, location);
+    }
     if replayed {
         answer
             .headers_mut()

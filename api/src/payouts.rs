@@ -1,0 +1,542 @@
+//! Payouts after the commit: the workers that send each payout to the bank and record the
+//! bank's word ([`Dispatcher`]), and the bank's HTTP API as they use it ([`Bank`]).
+//!
+//! A payout's spend commits the debit, the payout and its outbox job together (the
+//! ledger's `outbox.rs`); only then is the bank called, by whichever instance's worker
+//! claims the job. Every call for one payout carries the same `Idempotency-Key`
+//! ([`ledger::payouts::bank_key`]), on every attempt, from every instance, so the bank
+//! executes it at most once however often it is sent. What comes back decides:
+//!
+//! - the transfer made (2xx, or the replay of one) → `succeeded`;
+//! - the bank's final refusal stored under the key (422 `destination-closed`), or the key
+//!   closed → `failed`, and the ledger credits the amount back in the same transaction;
+//! - no word (a timeout, a dropped connection, a 5xx, a 429) → sent again later with the
+//!   same key, after a backoff that doubles with jitter (or the bank's `Retry-After`);
+//! - a 4xx that left the key free (the bank found the request malformed) and, past
+//!   `PAYONCE_PAYOUT_ATTEMPTS`, every attempt without a word: the bank is asked for the
+//!   transfer by its key. It made or refused it → settled so. It has none → the key is
+//!   closed there (after which the bank never executes it), and only a `closed` answer
+//!   lets the payout fail and its money come back. A bank that does not answer leaves the
+//!   payout pending; `GET /v1/payouts?status=pending` and the metrics show it.
+//!
+//! A worker that dies mid-call leaves its job leased; once the lease runs out another
+//! instance's worker claims it as the next attempt and sends it again, with the same key.
+//! A worker settles or postpones a job only at the attempt it claimed, so a late answer to
+//! an old attempt records nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use ledger::Ledger;
+use ledger::payouts::{Payout, PayoutJob, Settlement, bank_key};
+use reqwest::StatusCode;
+use serde::Deserialize;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+
+/// How payouts are sent: where the bank is, and the schedule.
+#[derive(Debug, Clone)]
+pub struct PayoutSettings {
+    /// The bank's base URL.
+    pub bank_url: url::Url,
+    /// How long one call to the bank may take.
+    pub bank_timeout: Duration,
+    /// Workers in this instance.
+    pub workers: usize,
+    /// How long a claim lasts.
+    pub lease: Duration,
+    /// The first wait before an attempt is repeated.
+    pub retry_base: Duration,
+    /// The longest wait between attempts.
+    pub retry_max: Duration,
+    /// Attempts without the bank's word before the bank is asked by key.
+    pub attempts: u32,
+    /// How often idle workers look for due payouts.
+    pub poll: Duration,
+}
+
+impl PayoutSettings {
+    /// The wait before attempt `attempt + 1`: the base doubled per attempt, with jitter,
+    /// at most the maximum — or what the bank asked for, if longer (never past the
+    /// maximum). The schedule is `backon`'s; the attempts count lives in the outbox, so
+    /// it survives restarts and changes of instance.
+    fn backoff(&self, attempt: u32, retry_after: Option<Duration>) -> Duration {
+        let scheduled = ExponentialBuilder::new()
+            .with_min_delay(self.retry_base)
+            .with_max_delay(self.retry_max)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .nth(attempt.saturating_sub(1) as usize)
+            .unwrap_or(self.retry_max);
+        scheduled
+            .max(retry_after.unwrap_or_default())
+            .min(self.retry_max)
+    }
+}
+
+/// What payouts need beside the ledger: the bank, the settings, and the bell that wakes an
+/// idle worker when this instance accepted a payout.
+#[derive(Debug)]
+pub struct Payouts {
+    bank: Bank,
+    settings: PayoutSettings,
+    wake: Notify,
+}
+
+impl Payouts {
+    /// Payouts to the bank `settings` names.
+    pub fn new(settings: PayoutSettings) -> Result<Self, reqwest::Error> {
+        Ok(Self {
+            bank: Bank::new(settings.bank_url.clone(), settings.bank_timeout)?,
+            settings,
+            wake: Notify::new(),
+        })
+    }
+
+    /// Wakes an idle worker: a payout was accepted here.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &PayoutSettings {
+        &self.settings
+    }
+}
+
+/// Runs this instance's payout workers until `stopping`.
+pub async fn dispatch(
+    ledger: Ledger,
+    payouts: Arc<Payouts>,
+    metrics: Arc<Metrics>,
+    instance: String,
+    stopping: CancellationToken,
+) {
+    let workers: Vec<_> = (0..payouts.settings.workers)
+        .map(|number| {
+            let worker = Dispatcher {
+                ledger: ledger.clone(),
+                payouts: Arc::clone(&payouts),
+                metrics: Arc::clone(&metrics),
+                name: format!("{instance}/{number}"),
+            };
+            tokio::spawn(worker.run(stopping.clone()))
+        })
+        .collect();
+    for worker in workers {
+        let _ = worker.await;
+    }
+}
+
+/// One payout worker.
+struct Dispatcher {
+    ledger: Ledger,
+    payouts: Arc<Payouts>,
+    metrics: Arc<Metrics>,
+    name: String,
+}
+
+impl Dispatcher {
+    /// Claims due jobs and sends them, until `stopping`; idle, waits for the bell or the
+    /// poll interval.
+    async fn run(self, stopping: CancellationToken) {
+        let settings = &self.payouts.settings;
+        loop {
+            let claimed = self
+                .ledger
+                .claim_payouts(&self.name, settings.lease, 1)
+                .await;
+            match claimed {
+                Ok(jobs) if !jobs.is_empty() => {
+                    for job in jobs {
+                        self.send(&job).await;
+                    }
+                    if stopping.is_cancelled() {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(_) => {}
+                Err(error) => tracing::warn!(%error, worker = %self.name, "cannot claim payouts"),
+            }
+            tokio::select! {
+                () = stopping.cancelled() => return,
+                () = self.payouts.wake.notified() => {}
+                () = tokio::time::sleep(settings.poll) => {}
+            }
+        }
+    }
+
+    /// One attempt of `job`: the transfer sent, and what the bank said recorded.
+    async fn send(&self, job: &PayoutJob) {
+        let answer = self.payouts.bank.transfer(&job.payout).await;
+        self.metrics.payout_attempt(answer.outcome());
+        match answer {
+            Answer::Made { transfer_id } => {
+                self.settle(job, Settlement::Succeeded { transfer_id })
+                    .await;
+            }
+            Answer::Refused { reason } => self.settle(job, Settlement::Failed { reason }).await,
+            Answer::NoWord {
+                error,
+                key_left_free,
+                ..
+            } if key_left_free || job.attempt >= self.payouts.settings.attempts => {
+                self.ask(job, &error).await;
+            }
+            Answer::NoWord {
+                error, retry_after, ..
+            } => self.postpone(job, retry_after, &error).await,
+        }
+    }
+
+    /// No word for too long (or a request the bank will never take): ask the bank for the
+    /// transfer by its key; if it has none, close the key there and fail the payout only
+    /// on the bank's `closed`. Any other answer, or none, leaves it pending.
+    async fn ask(&self, job: &PayoutJob, error: &str) {
+        let key = bank_key(job.payout.id);
+        let found = match self.payouts.bank.look_up(&key).await {
+            Found::Nothing => self.payouts.bank.close(&key).await,
+            found => found,
+        };
+        match found {
+            Found::Made { transfer_id } => {
+                self.settle(job, Settlement::Succeeded { transfer_id })
+                    .await;
+            }
+            Found::Refused { reason } => {
+                self.settle(job, Settlement::Failed { reason }).await;
+            }
+            Found::Closed => {
+                let reason = format!("not made ({error}); the key is closed at the bank");
+                self.settle(job, Settlement::Failed { reason }).await;
+            }
+            Found::Nothing | Found::NoWord { .. } => {
+                let why = match found {
+                    Found::NoWord { error: asked } => format!("{error}; asking the bank: {asked}"),
+                    _ => format!("{error}; the bank had no transfer and did not close the key"),
+                };
+                self.postpone(job, None, &why).await;
+            }
+        }
+    }
+
+    async fn settle(&self, job: &PayoutJob, settlement: Settlement) {
+        match self.ledger.settle_payout(job, &settlement).await {
+            Ok(true) => {
+                tracing::info!(payout = %job.payout.id, attempt = job.attempt, ?settlement, "payout settled");
+            }
+            Ok(false) => {
+                tracing::info!(payout = %job.payout.id, attempt = job.attempt, "payout claimed again meanwhile; this attempt's word is not recorded");
+            }
+            // The lease runs out and another attempt asks the bank again: its answer for
+            // the key is the same.
+            Err(error) => {
+                tracing::warn!(%error, payout = %job.payout.id, "cannot record the bank's word; the payout will be sent again");
+            }
+        }
+    }
+
+    async fn postpone(&self, job: &PayoutJob, retry_after: Option<Duration>, error: &str) {
+        let wait = self.payouts.settings.backoff(job.attempt, retry_after);
+        tracing::info!(payout = %job.payout.id, attempt = job.attempt, ?wait, error, "payout not settled; sending it again later");
+        if let Err(failed) = self.ledger.postpone_payout(job, wait, error).await {
+            tracing::warn!(error = %failed, payout = %job.payout.id, "cannot postpone the payout; its lease will run out instead");
+        }
+    }
+}
+
+/// What the bank said to a transfer, as far as the payout goes.
+#[derive(Debug)]
+enum Answer {
+    /// It made the transfer (now, or before: a replay).
+    Made { transfer_id: String },
+    /// Its final refusal, stored under the key, or the key closed: it never will.
+    Refused { reason: String },
+    /// No word on this attempt. `key_left_free`: a 4xx that stored nothing — the same
+    /// request would be refused again, so the bank is asked rather than sent it again.
+    NoWord {
+        error: String,
+        retry_after: Option<Duration>,
+        key_left_free: bool,
+    },
+}
+
+impl Answer {
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::Made { .. } => "made",
+            Self::Refused { .. } => "refused",
+            Self::NoWord { .. } => "no_word",
+        }
+    }
+}
+
+/// What the bank holds under a key.
+#[derive(Debug)]
+enum Found {
+    Made {
+        transfer_id: String,
+    },
+    Refused {
+        reason: String,
+    },
+    /// The key is closed: no transfer, and never one.
+    Closed,
+    /// No transfer yet, and the key is free.
+    Nothing,
+    NoWord {
+        error: String,
+    },
+}
+
+/// A transfer as the bank shows it.
+#[derive(Debug, Deserialize)]
+struct Transfer {
+    id: serde_json::Value,
+    state: String,
+    #[serde(default)]
+    decline_reason: Option<String>,
+}
+
+impl Transfer {
+    fn found(self) -> Found {
+        match self.state.as_str() {
+            "executed" => Found::Made {
+                transfer_id: match self.id {
+                    serde_json::Value::String(id) => id,
+                    other => other.to_string(),
+                },
+            },
+            "declined" => Found::Refused {
+                reason: self.decline_reason.unwrap_or_else(|| "declined".to_owned()),
+            },
+            other => Found::NoWord {
+                error: format!("the bank showed a transfer in state {other:?}"),
+            },
+        }
+    }
+}
+
+/// A problem document's name, the last segment of its `type`.
+#[derive(Debug, Default, Deserialize)]
+struct Problem {
+    #[serde(rename = "type", default)]
+    kind: String,
+}
+
+impl Problem {
+    fn name(&self) -> &str {
+        self.kind.rsplit('/').next().unwrap_or_default()
+    }
+}
+
+/// The bank's API: transfers by idempotency key.
+#[derive(Debug, Clone)]
+pub struct Bank {
+    client: reqwest::Client,
+    base: url::Url,
+}
+
+impl Bank {
+    /// The bank at `base`, each call bounded by `timeout`.
+    pub fn new(base: url::Url, timeout: Duration) -> Result<Self, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .timeout(timeout)
+            .connect_timeout(timeout)
+            .build()?;
+        Ok(Self { client, base })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base.as_str().trim_end_matches('/'))
+    }
+
+    /// Sends `payout` as a transfer, under its key.
+    async fn transfer(&self, payout: &Payout) -> Answer {
+        let body = serde_json::json!({
+            "destination": payout.destination,
+            "amount": payout.amount.get(),
+            "reference": payout.id.to_string(),
+        });
+        let sent = self
+            .client
+            .post(self.url("/v1/transfers"))
+            .header("Idempotency-Key", payout.bank_key())
+            .json(&body)
+            .send()
+            .await;
+        let response = match sent {
+            Ok(response) => response,
+            Err(error) => return no_word(format!("sending: {error}"), None),
+        };
+        let status = response.status();
+        let retry_after = retry_after(&response);
+        if status.is_success() {
+            return match response.json::<Transfer>().await {
+                Ok(transfer) => match transfer.found() {
+                    Found::Made { transfer_id } => Answer::Made { transfer_id },
+                    Found::Refused { reason } => Answer::Refused { reason },
+                    _ => no_word(
+                        format!("the bank answered {status} without a made transfer"),
+                        None,
+                    ),
+                },
+                Err(error) => no_word(format!("reading the bank's {status}: {error}"), None),
+            };
+        }
+        let problem: Problem = response.json().await.unwrap_or_default();
+        match (status, problem.name()) {
+            (StatusCode::UNPROCESSABLE_ENTITY, "destination-closed") => Answer::Refused {
+                reason: "destination-closed".into(),
+            },
+            (StatusCode::CONFLICT, "idempotency-key-closed") => Answer::Refused {
+                reason: "idempotency-key-closed".into(),
+            },
+            (StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS, name) => {
+                no_word(format!("the bank answered {status} {name}"), retry_after)
+            }
+            // Another body under this key at the bank: not ours to judge by a refusal.
+            (_, "idempotency-key-reuse") => no_word(
+                format!("the bank answered {status} idempotency-key-reuse"),
+                None,
+            ),
+            (status, name) if status.is_client_error() => Answer::NoWord {
+                error: format!("the bank answered {status} {name}"),
+                retry_after: None,
+                key_left_free: true,
+            },
+            (status, name) => no_word(format!("the bank answered {status} {name}"), retry_after),
+        }
+    }
+
+    /// What the bank holds under `key`.
+    async fn look_up(&self, key: &str) -> Found {
+        let url = self.url(&format!("/v1/transfers/{}", encode(key)));
+        match self.client.get(url).send().await {
+            Ok(response) => held(response).await,
+            Err(error) => Found::NoWord {
+                error: format!("{error}"),
+            },
+        }
+    }
+
+    /// Closes `key` at the bank unless a transfer holds it: then the bank never executes
+    /// it. Answers what holds the key now.
+    async fn close(&self, key: &str) -> Found {
+        let url = self.url(&format!("/v1/transfers/{}/close", encode(key)));
+        match self.client.post(url).send().await {
+            Ok(response) => held(response).await,
+            Err(error) => Found::NoWord {
+                error: format!("{error}"),
+            },
+        }
+    }
+}
+
+/// A key in a path.
+fn encode(key: &str) -> String {
+    url::form_urlencoded::byte_serialize(key.as_bytes()).collect()
+}
+
+/// What a look-up or a close answered.
+async fn held(response: reqwest::Response) -> Found {
+    let status = response.status();
+    let body: serde_json::Value = match response.json().await {
+        Ok(body) => body,
+        Err(error) => {
+            return Found::NoWord {
+                error: format!("reading the bank's {status}: {error}"),
+            };
+        }
+    };
+    if status == StatusCode::OK {
+        if body.get("state").and_then(|state| state.as_str()) == Some("closed")
+            && body.get("id").is_none()
+        {
+            return Found::Closed;
+        }
+        return match serde_json::from_value::<Transfer>(body) {
+            Ok(transfer) => transfer.found(),
+            Err(error) => Found::NoWord {
+                error: format!("reading the bank's transfer: {error}"),
+            },
+        };
+    }
+    let name = body
+        .get("type")
+        .and_then(|kind| kind.as_str())
+        .and_then(|kind| kind.rsplit('/').next())
+        .unwrap_or_default();
+    match (status, name) {
+        (StatusCode::NOT_FOUND, "idempotency-key-closed") => Found::Closed,
+        (StatusCode::NOT_FOUND, "transfer-not-found") => Found::Nothing,
+        _ => Found::NoWord {
+            error: format!("the bank answered {status} {name}"),
+        },
+    }
+}
+
+fn no_word(error: String, retry_after: Option<Duration>) -> Answer {
+    Answer::NoWord {
+        error,
+        retry_after,
+        key_left_free: false,
+    }
+}
+
+/// The bank's `Retry-After`, in seconds.
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> PayoutSettings {
+        PayoutSettings {
+            bank_url: url::Url::parse("http://127.0.0.1:1").expect("a URL"),
+            bank_timeout: Duration::from_secs(1),
+            workers: 1,
+            lease: Duration::from_secs(3),
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_secs(5),
+            attempts: 5,
+            poll: Duration::from_millis(100),
+        }
+    }
+
+    #[test]
+    fn waits_grow_with_the_attempts_within_the_bounds_and_honour_the_bank() {
+        let settings = settings();
+        for attempt in 1..=20 {
+            let wait = settings.backoff(attempt, None);
+            assert!(
+                wait >= settings.retry_base.min(settings.retry_max),
+                "{attempt}: {wait:?}"
+            );
+            assert!(wait <= settings.retry_max, "{attempt}: {wait:?}");
+        }
+        // The tenth wait is past the base doubled eight times (over 25 s) but capped.
+        assert_eq!(settings.backoff(10, None), settings.retry_max);
+        // The bank's Retry-After is honoured when longer, and still capped.
+        assert!(settings.backoff(1, Some(Duration::from_secs(2))) >= Duration::from_secs(2));
+        assert_eq!(
+            settings.backoff(1, Some(Duration::from_secs(60))),
+            settings.retry_max
+        );
+    }
+}

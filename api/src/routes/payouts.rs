@@ -1,0 +1,269 @@
+//! `POST /v1/accounts/{id}/payouts`, `GET /v1/payouts/{payout_id}`, `GET /v1/payouts`.
+//!
+//! A payout is a spend: sent with a ticket, under the account's lock, by the same
+//! idempotency protocol (`spends.rs`). What it stores is 202 — the money left the account
+//! and the payout is pending; the bank is called after the commit (`crate::payouts`), and
+//! the payout's live status is read here.
+
+use axum::Json;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
+use ledger::{Amount, Operation};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::auth::{Caller, OwnAccount};
+use crate::error::{ApiError, Problem};
+use crate::extract::{IdempotencyKey, JsonBody, PayoutPath, integral};
+use crate::render::PayoutAccepted;
+use crate::routes::responses::{
+    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
+};
+use crate::routes::spends;
+use crate::state::AppState;
+
+/// A payout to send.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PayoutRequest {
+    /// Minor units, 1 to 10^12.
+    #[serde(deserialize_with = "integral")]
+    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 500)]
+    pub amount: i64,
+    /// The account at the bank: 1 to 64 of `A-Z a-z 0-9 . _ : -`.
+    #[schema(
+        min_length = 1,
+        max_length = 64,
+        pattern = "^[A-Za-z0-9._:-]{1,64}$",
+        example = "DE89370400440532013000"
+    )]
+    pub destination: String,
+}
+
+/// A payout and where it stands.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PayoutView {
+    /// Its id.
+    pub payout_id: Uuid,
+    /// The account it was sent from.
+    pub account_id: Uuid,
+    /// The ticket it was sent with.
+    pub ticket_id: Uuid,
+    /// The amount, in minor units.
+    pub amount: i64,
+    /// The account at the bank.
+    pub destination: String,
+    /// `pending` (the money left the account; the bank has not said yet), `succeeded` (the
+    /// bank made the transfer) or `failed` (the bank refused for good; the money came
+    /// back).
+    #[schema(value_type = String, example = "succeeded")]
+    pub status: &'static str,
+    /// The `Idempotency-Key` every call to the bank for this payout carries.
+    pub bank_key: String,
+    /// The bank's id of the transfer, once succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bank_transfer_id: Option<String>,
+    /// The bank's reason, once failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// How many times the bank was called for it (or is being called).
+    pub attempts: u32,
+    /// What went wrong the last time, while it is pending.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the money left the account (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+    /// When the bank's word was recorded (RFC 3339).
+    #[serde(
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub settled_at: Option<OffsetDateTime>,
+}
+
+impl From<Payout> for PayoutView {
+    fn from(payout: Payout) -> Self {
+        Self {
+            payout_id: payout.id.0,
+            account_id: payout.account_id.0,
+            ticket_id: payout.ticket_id.0,
+            amount: payout.amount.get(),
+            bank_key: bank_key(payout.id),
+            destination: payout.destination,
+            status: payout.status.as_str(),
+            bank_transfer_id: payout.bank_transfer_id,
+            failure_reason: payout.failure_reason,
+            attempts: payout.attempts,
+            last_error: payout.last_error,
+            created_at: payout.created_at,
+            settled_at: payout.settled_at,
+        }
+    }
+}
+
+/// Sends money out to an account at the bank: it leaves the balance at once, in the
+/// ticket's transaction, and the bank is called after — with one idempotency key for
+/// every attempt, so the bank moves it at most once. The answer (202, stored under the
+/// ticket and replayed) says where to watch the payout: `Location`.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{id}/payouts",
+    tag = "payouts",
+    params(
+        ("id" = Uuid, Path, description = "The account"),
+        ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+    ),
+    security(("api_key" = [])),
+    request_body = PayoutRequest,
+    responses(
+        (status = 202, description = "Accepted: the money left the account and the payout is pending (a replay carries `Idempotent-Replayed: true`); `Location` is the payout", body = PayoutAccepted,
+            headers(("Location" = String, description = "/v1/payouts/{payout_id}"))),
+        (status = 400, response = MalformedSpend),
+        (status = 401, response = Unauthenticated),
+        (status = 402, description = "Insufficient funds (stored; replayed); nothing was sent", body = Problem, content_type = "application/problem+json"),
+        (status = 403, response = OthersAccount),
+        (status = 404, response = NoSuchTicket),
+        (status = 409, description = "Request in progress, or account busy", body = Problem, content_type = "application/problem+json"),
+        (status = 410, response = TicketGone),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
+        (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, the instance overloaded, or no bank on this instance (`payouts-unavailable`) — nothing stored; or `outcome-unknown` — the money may have left. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn send_payout(
+    State(state): State<AppState>,
+    OwnAccount(account): OwnAccount,
+    key: IdempotencyKey,
+    headers: HeaderMap,
+    JsonBody(request): JsonBody<PayoutRequest>,
+) -> Result<Response, ApiError> {
+    let amount = Amount::new(request.amount)
+        .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let destination = Destination::new(&request.destination)
+        .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let Some(payouts) = state.payouts() else {
+        return Err(ApiError::PayoutsUnavailable);
+    };
+    let operation = Operation::Payout {
+        payout: PayoutId::random(),
+        amount,
+        destination,
+    };
+    let path = format!("/v1/accounts/{account}/payouts");
+    let answer = spends::spend(&state, account, key, operation, &path, &request, &headers).await?;
+    if answer.status() == StatusCode::ACCEPTED {
+        payouts.wake();
+    }
+    Ok(answer)
+}
+
+/// Reads a payout: where it stands, the bank's word once it came, and the attempts.
+#[utoipa::path(
+    get,
+    path = "/v1/payouts/{payout_id}",
+    tag = "payouts",
+    params(("payout_id" = Uuid, Path, description = "The payout")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The payout", body = PayoutView),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "No such payout, or another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_payout(
+    State(state): State<AppState>,
+    caller: Caller,
+    PayoutPath(payout): PayoutPath,
+) -> Result<Json<PayoutView>, ApiError> {
+    let payout = state
+        .ledger()
+        .payout(payout)
+        .await?
+        .filter(|payout| payout.account_id == caller.0)
+        .ok_or(ApiError::PayoutNotFound)?;
+    Ok(Json(payout.into()))
+}
+
+/// Listing payouts.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PayoutsQuery {
+    /// Only payouts in this status: `pending`, `succeeded` or `failed`.
+    #[param(pattern = "^(pending|succeeded|failed)$")]
+    pub status: Option<String>,
+    /// Payouts after this one (the `next_after` of the previous page).
+    pub after: Option<Uuid>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// A page of payouts, oldest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PayoutsPage {
+    /// The payouts.
+    pub payouts: Vec<PayoutView>,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Uuid>,
+}
+
+/// The caller's payouts, oldest first — `?status=pending` for those still waiting for the
+/// bank's word.
+#[utoipa::path(
+    get,
+    path = "/v1/payouts",
+    tag = "payouts",
+    params(PayoutsQuery),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of payouts", body = PayoutsPage),
+        (status = 400, description = "Malformed query parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_payouts(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<PayoutsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<PayoutsPage>, ApiError> {
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let status = query
+        .status
+        .as_deref()
+        .map(|name| {
+            PayoutStatus::parse(name).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "status must be pending, succeeded or failed, got {name:?}"
+                ))
+            })
+        })
+        .transpose()?;
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to 1000, got {limit}"
+        )));
+    }
+    let payouts = state
+        .ledger()
+        .payouts(Some(caller.0), status, query.after.map(PayoutId), limit)
+        .await?;
+    let next_after = (payouts.len() == limit as usize)
+        .then(|| payouts.last().map(|payout| payout.id.0))
+        .flatten();
+    Ok(Json(PayoutsPage {
+        payouts: payouts.into_iter().map(PayoutView::from).collect(),
+        next_after,
+    }))
+}
