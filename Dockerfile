@@ -2,13 +2,9 @@
 # Built by docker-compose.yml; the migrations are compiled into the binary.
 
 FROM rust:1.95-bookworm AS build
-# protoc builds the etcd client (the `etcd` feature).
-RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
- && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p api -p loadtest --features api/etcd
+RUN cargo build --release --locked -p api -p loadtest
 
 FROM debian:bookworm-slim
 RUN apt-get update \

@@ -215,9 +215,3 @@ if ! memcached_ok; then
   done
 fi
 memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1; }
-
-# --- protoc ------------------------------------------------------------------
-# The etcd client's gRPC code is generated when it is built (the `etcd` cargo feature).
-if ! command -v protoc >/dev/null || ! [ -f /usr/include/google/protobuf/descriptor.proto ]; then
-  install protobuf-compiler libprotobuf-dev
-fi

@@ -2,12 +2,12 @@
 //! lock services × faults matrix (`scripts/costs.sh` runs this).
 //!
 //! ```text
-//! cargo run --release -p api --features etcd,demo --example lock_costs -- --seconds 5 --rounds 3
+//! cargo run --release -p api --features demo --example lock_costs -- --seconds 5 --rounds 3
 //! ```
 //!
 //! For each service — Redis, Redlock (three private `redis-server`s; with the `demo`
-//! feature), ZooKeeper, etcd (with the `etcd` feature), memcached, the MariaDB lock table
-//! and row locks, PostgreSQL advisory locks — each round measures:
+//! feature), ZooKeeper, etcd, memcached, the MariaDB lock table and row locks, PostgreSQL
+//! advisory locks — each round measures:
 //! - uncontended acquire+release pairs/s: 32 clients on 10,000 keys, no hold; the acquire
 //!   p50/p99 and the requests each pair sent to the service (counted by the client; on
 //!   Redlock, by its servers' SET, EVALSHA and EVAL calls);
@@ -70,11 +70,14 @@ fn all_services() -> Vec<&'static str> {
     if cfg!(feature = "demo") {
         services.push("redlock");
     }
-    services.push("zookeeper");
-    if cfg!(feature = "etcd") {
-        services.push("etcd");
-    }
-    services.extend(["memcached", "mysql", "mysql-row", "postgres"]);
+    services.extend([
+        "zookeeper",
+        "etcd",
+        "memcached",
+        "mysql",
+        "mysql-row",
+        "postgres",
+    ]);
     services
 }
 

@@ -344,7 +344,6 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<LockService, StartErro
     })
 }
 
-#[cfg(feature = "etcd")]
 fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
     // etcd leases are whole seconds, two at least.
     let lease_ttl = Duration::from_secs(config.lock_ttl.as_secs_f64().ceil() as u64)
@@ -356,14 +355,6 @@ fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
         ..lock::EtcdOptions::default()
     };
     Ok(LockService::etcd(url, options)?)
-}
-
-#[cfg(not(feature = "etcd"))]
-fn etcd(_url: &str, _config: &Config) -> Result<LockService, StartError> {
-    Err(StartError::Config(ConfigError::Invalid(
-        "this payonce was built without etcd: build it with `--features etcd` (needs protoc)"
-            .into(),
-    )))
 }
 
 /// How payouts are sent, where there is a bank.

@@ -247,7 +247,6 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             )?,
             lock::ZooKeeperBackend::requests,
         ),
-        #[cfg(feature = "etcd")]
         "etcd" => counting(
             "etcd",
             lock::EtcdBackend::open(

@@ -17,7 +17,7 @@
 //!   of sequential PINGs.
 //!
 //! With `--backend redis-cluster` (the cluster `scripts/services.sh` runs), `zookeeper`,
-//! `etcd` (`--features etcd`), `postgres` (advisory locks), `mysql` (a lock table),
+//! `etcd`, `postgres` (advisory locks), `mysql` (a lock table),
 //! `mysql-row` (InnoDB row locks) or `memcached`, the backend runs
 //! beside payonce's Redis lock in alternating order, with the same clients and keys, and
 //! the summary prints both, their ratio, and the requests each sends per acquire+release
@@ -53,7 +53,7 @@ struct Args {
     /// Measurement rounds; figures are medians over rounds.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
-    /// `redis`, `redis-cluster`, `zookeeper`, `etcd` (with `--features etcd`), `postgres`, `mysql`,
+    /// `redis`, `redis-cluster`, `zookeeper`, `etcd`, `postgres`, `mysql`,
     /// `mysql-row`, `memcached` or `in-process` (no baselines).
     #[arg(long, default_value = "redis")]
     backend: String,

@@ -36,21 +36,21 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, sleep, sleep_until, timeout_at};
 use tokio_util::sync::CancellationToken;
 
+use self::client::pb::{Compare, RangeRequest, RequestOp, TxnRequest, TxnResponse};
+use self::client::{Etcd, Members, deleted_or_cancelled};
 use crate::error::LockError;
 use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
+
+pub(crate) mod client;
 
 /// Settings for [`EtcdBackend`].
 #[derive(Clone, Debug)]
@@ -81,6 +81,8 @@ impl Default for EtcdOptions {
 
 /// What one look at a lock saw.
 struct Look {
+    /// When the look was sent: a grant it shows counts its lease from then.
+    sent: Instant,
     /// The holder's create revision.
     holder: Option<i64>,
     /// How many keys are in line, the holder's included.
@@ -123,6 +125,12 @@ impl LeaseHealth {
             .unwrap_or_else(PoisonError::into_inner);
         *lives_until = (*lives_until).max(until);
     }
+
+    /// etcd answered that the lease is gone: its keys are deleted.
+    fn end(&self) {
+        tracing::warn!("etcd lease ended: its locks are released");
+        self.ended.store(true, Ordering::Release);
+    }
 }
 
 /// The lease slot: the current lease, and when granting one last failed (callers then fail
@@ -162,11 +170,13 @@ struct Held {
 pub struct EtcdBackend {
     /// `http://host:port` of every member given.
     endpoints: Vec<String>,
+    /// The same, checked, with the op timeout on connecting and on every request.
+    members: Members,
     /// Where this deployment's locks live: `<root>/locks/<key>/…`.
     root: String,
     options: EtcdOptions,
-    /// Connected lazily, once.
-    client: tokio::sync::OnceCell<Client>,
+    /// Connected lazily, once (connecting needs a Tokio runtime; opening does not).
+    client: OnceLock<Etcd>,
     /// The lease every lock of this process rides on; replaced once it ends.
     lease: tokio::sync::Mutex<LeaseSlot>,
     /// Locks held now, by owner token: release and extend find their key here.
@@ -251,13 +261,14 @@ impl EtcdBackend {
             ));
         }
         Ok(Self {
+            members: Members::new(&endpoints, options.op_timeout)?,
             endpoints,
             root: root.to_owned(),
             options: EtcdOptions {
                 max_waiters: options.max_waiters.max(1),
                 ..options
             },
-            client: tokio::sync::OnceCell::new(),
+            client: OnceLock::new(),
             lease: tokio::sync::Mutex::new(LeaseSlot::default()),
             held: Arc::new(Mutex::new(HashMap::new())),
             closing: CancellationToken::new(),
@@ -302,7 +313,7 @@ impl EtcdBackend {
     async fn request<T>(
         &self,
         deadline: Option<Instant>,
-        call: impl Future<Output = Result<T, etcd_client::Error>>,
+        call: impl Future<Output = Result<T, tonic::Status>>,
     ) -> Result<T, LockError> {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let op_limit = Instant::now() + self.options.op_timeout;
@@ -313,26 +324,19 @@ impl EtcdBackend {
         }
     }
 
-    async fn client(&self) -> Result<Client, LockError> {
-        let client = self
-            .client
-            .get_or_try_init(|| async {
-                let options = ConnectOptions::new()
-                    .with_connect_timeout(self.options.op_timeout)
-                    .with_timeout(self.options.op_timeout);
-                // The channel connects lazily: a cluster that is down shows on first use.
-                self.request(None, Client::connect(&self.endpoints, Some(options)))
-                    .await
-            })
-            .await?;
-        Ok(client.clone())
+    /// The connection, opened on first use (lazily: a cluster that is down shows on the
+    /// first request).
+    fn client(&self) -> Etcd {
+        self.client
+            .get_or_init(|| Etcd::connect(&self.members))
+            .clone()
     }
 
     /// The live lease, granting a new one (and keeping it alive) if there is none or it
     /// ended. Waits for a grant under way at most the op timeout, and not past `deadline`.
     async fn lease(
         &self,
-        client: &Client,
+        client: &Etcd,
         deadline: Option<Instant>,
     ) -> Result<Arc<LeaseHealth>, LockError> {
         let op_limit = Instant::now() + self.options.op_timeout;
@@ -354,11 +358,10 @@ impl EtcdBackend {
             ));
         }
         let ttl = i64::try_from(self.options.lease_ttl.as_secs()).unwrap_or(i64::MAX);
-        let mut granting = client.clone();
         let sent = Instant::now();
         // Bounded by the op timeout alone, so a failure is etcd's, not a caller's short
         // deadline; the caller gives up at its deadline all the same.
-        let grant = self.request(None, granting.lease_grant(ttl, None));
+        let grant = self.request(None, client.grant(ttl));
         let granted = match deadline {
             Some(deadline) => timeout_at(deadline, grant)
                 .await
@@ -374,12 +377,12 @@ impl EtcdBackend {
         };
         let (leftovers, to_clean) = mpsc::unbounded_channel();
         let lease = Arc::new(LeaseHealth {
-            id: granted.id(),
+            id: granted.id,
             lives_until: Mutex::new(sent),
             ended: AtomicBool::new(false),
             leftovers,
         });
-        lease.confirmed(sent, granted.ttl());
+        lease.confirmed(sent, granted.ttl);
         tokio::spawn(keep_alive(
             client.clone(),
             lease.clone(),
@@ -402,34 +405,32 @@ impl EtcdBackend {
 
     /// The reads of one look at the lock: the holder (and how many are in line), the
     /// base, with a lock-delay the marker, and (when given) our own key.
-    fn look_ops(&self, keys: &Keys, ours: Option<&str>) -> Vec<TxnOp> {
-        let mut ops = vec![oldest(&keys.waiters), TxnOp::get(keys.base.clone(), None)];
+    fn look_ops(&self, keys: &Keys, ours: Option<&str>) -> Vec<RequestOp> {
+        let mut ops = vec![
+            RequestOp::range(holder(&keys.waiters)),
+            RequestOp::range(RangeRequest::key(keys.base.clone())),
+        ];
         if !self.options.lock_delay.is_zero() {
-            ops.push(TxnOp::get(keys.marker.clone(), None));
+            ops.push(RequestOp::range(RangeRequest::key(keys.marker.clone())));
         }
         if let Some(ours) = ours {
-            ops.push(TxnOp::get(ours, Some(GetOptions::new().with_keys_only())));
+            ops.push(RequestOp::range(RangeRequest::key(ours).keys_only()));
         }
         ops
     }
 
     /// What the answers to [`Self::look_ops`] say (they are the last reads of a
     /// transaction).
-    fn read_look(&self, responses: &[TxnOpResponse], asked_ours: bool) -> Look {
-        let gets: Vec<_> = responses
-            .iter()
-            .filter_map(|response| match response {
-                TxnOpResponse::Get(get) => Some(get),
-                _ => None,
-            })
-            .collect();
-        let first = |index: usize| gets.get(index).and_then(|get| get.kvs().first());
+    fn read_look(&self, answer: &TxnResponse, asked_ours: bool, sent: Instant) -> Look {
+        let gets: Vec<_> = answer.ranges().collect();
+        let first = |index: usize| gets.get(index).and_then(|get| get.kvs.first());
         let delayed = !self.options.lock_delay.is_zero();
         let ours_at = if delayed { 3 } else { 2 };
         Look {
-            holder: first(0).map(|kv| kv.create_revision()),
-            in_line: gets.first().map_or(0, |get| get.count()),
-            base: parse_base(first(1).map(|kv| kv.value())),
+            sent,
+            holder: first(0).map(|kv| kv.create_revision),
+            in_line: gets.first().map_or(0, |get| get.count),
+            base: parse_base(first(1).map(|kv| kv.value.as_slice())),
             unreleased: delayed && first(2).is_some(),
             ours_kept: !asked_ours || first(ours_at).is_some(),
         }
@@ -438,15 +439,15 @@ impl EtcdBackend {
     /// One look at the lock, ours still in line, in one request.
     async fn look(
         &self,
-        client: &Client,
+        client: &Etcd,
         keys: &Keys,
         ours: &str,
         deadline: Option<Instant>,
     ) -> Result<Look, LockError> {
-        let txn = Txn::new().and_then(self.look_ops(keys, Some(ours)));
-        let mut client = client.clone();
-        let response = self.request(deadline, client.txn(txn)).await?;
-        Ok(self.read_look(&response.op_responses(), true))
+        let txn = TxnRequest::new([], self.look_ops(keys, Some(ours)));
+        let sent = Instant::now();
+        let answer = self.request(deadline, client.txn(txn)).await?;
+        Ok(self.read_look(&answer, true, sent))
     }
 
     /// Lock-delay at a grant: waits out the delay if the marker says the last holder
@@ -454,7 +455,7 @@ impl EtcdBackend {
     /// and leaves our own marker.
     async fn honour_lock_delay(
         &self,
-        client: &Client,
+        client: &Etcd,
         keys: &Keys,
         unreleased: bool,
         deadline: Option<Instant>,
@@ -479,14 +480,17 @@ impl EtcdBackend {
             );
             sleep_until(until).await;
         }
-        let mut client = client.clone();
-        self.request(None, client.put(keys.marker.clone(), "held", None))
+        self.request(None, client.put(keys.marker.clone(), "held", 0))
             .await?;
         Ok(true)
     }
 
-    /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
-    /// (then `Ok(None)` when it is held).
+    /// Takes the lock, in named steps: [join the queue](Self::join_queue) (our key, and a
+    /// look at the line, in one request), [check the cap](Self::check_cap) on waiters,
+    /// then — until our key is the oldest — [wait for the key ahead of
+    /// ours](Self::wait_for_predecessor) and look again, and [grant](Self::grant). Waits
+    /// until the call's deadline, or never when it has none (then `Ok(None)` when the lock
+    /// is held).
     async fn take(
         &self,
         key: &str,
@@ -496,37 +500,69 @@ impl EtcdBackend {
     ) -> Result<Option<Lease>, LockError> {
         validate(key, ttl)?;
         validate_note(note)?;
-        let started = Instant::now();
-        if deadline.is_some_and(|deadline| started >= deadline) {
+        let call = Call {
+            key,
+            ttl,
+            deadline,
+            started: Instant::now(),
+        };
+        if deadline.is_some_and(|deadline| call.started >= deadline) {
             // Nothing sent, so nothing to clean up.
             return Err(LockError::TimedOut {
                 key: key.to_owned(),
                 waited: Duration::ZERO,
             });
         }
-        let client = self.client().await?;
+        let client = self.client();
         let lease = self.lease(&client, deadline).await?;
         let keys = self.keys(key);
+        let (place, mut seen) = self.join_queue(&call, &client, &keys, lease, note).await?;
+        if deadline.is_some() {
+            self.check_cap(key, &place, &seen)?;
+        }
+        loop {
+            if !seen.ours_kept {
+                return Err(LockError::unavailable(
+                    "our etcd key vanished while queued (the lease ended)",
+                ));
+            }
+            if seen.holder == Some(place.revision) {
+                return self.grant(&call, &client, &keys, place, &seen).await;
+            }
+            let Some(deadline) = deadline else {
+                // Trying, not waiting: `place` leaves the queue as it drops.
+                return Ok(None);
+            };
+            self.wait_for_predecessor(&call, &client, &keys, &place, deadline)
+                .await?;
+            seen = self
+                .look(&client, &keys, &place.key, Some(deadline))
+                .await
+                .map_err(|error| call.waited_out(error))?;
+        }
+    }
+
+    /// Joins the lock's queue: our key, on the lease — unless a cleaner already buried it
+    /// — and a look at the holder and the base, in one request.
+    async fn join_queue(
+        &self,
+        call: &Call<'_>,
+        client: &Etcd,
+        keys: &Keys,
+        lease: Arc<LeaseHealth>,
+        note: &str,
+    ) -> Result<(Place, Look), LockError> {
         let owner = OwnerToken::random();
         let mine = format!("{}{}", keys.waiters, owner.to_hex());
         let tombstone = format!("{}{}", keys.tombstones, owner.to_hex());
-        // Our key, on the lease — unless a cleaner already buried it — and a look at the
-        // holder and the base: one request.
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(mine.clone(), CompareOp::Equal, 0),
-                Compare::create_revision(tombstone.clone(), CompareOp::Equal, 0),
-            ])
-            .and_then(
-                [TxnOp::put(
-                    mine.clone(),
-                    note,
-                    Some(PutOptions::new().with_lease(lease.id)),
-                )]
-                .into_iter()
-                .chain(self.look_ops(&keys, None))
-                .collect::<Vec<_>>(),
-            );
+        let txn = TxnRequest::new(
+            [
+                Compare::created_at(mine.clone(), 0),
+                Compare::created_at(tombstone.clone(), 0),
+            ],
+            std::iter::once(RequestOp::put(mine.clone(), note, lease.id))
+                .chain(self.look_ops(keys, None)),
+        );
         // Before the create is sent: if its answer never comes, the cleaner deletes it.
         let mut queued = Queued {
             leftovers: lease.leftovers.clone(),
@@ -535,9 +571,8 @@ impl EtcdBackend {
                 tombstone,
             }),
         };
-        let mut looked_at = Instant::now();
-        let mut writer = client.clone();
-        let created = match self.request(deadline, writer.txn(txn)).await {
+        let sent = Instant::now();
+        let created = match self.request(call.deadline, client.txn(txn)).await {
             Ok(created) => created,
             Err(error) => {
                 // etcd lost the lease (a cluster rebuilt from nothing): a new one for the
@@ -550,142 +585,127 @@ impl EtcdBackend {
             }
         };
         queued.created();
-        if !created.succeeded() {
+        if !created.succeeded {
             return Err(LockError::unavailable(
                 "etcd: our key was cleaned up before it was created",
             ));
         }
         let revision = created
-            .header()
-            .map(|header| header.revision())
+            .revision()
             .ok_or_else(|| LockError::unavailable("etcd answered without a revision"))?;
-        let mut seen = self.read_look(&created.op_responses(), false);
-        // Checked once, as we join: the line ahead of us only ever shrinks.
-        if deadline.is_some()
-            && seen.holder != Some(revision)
-            && usize::try_from(seen.in_line - 1).unwrap_or(usize::MAX) > self.options.max_waiters
-        {
+        let seen = self.read_look(&created, false, sent);
+        let place = Place {
+            owner,
+            key: mine,
+            revision,
+            lease,
+            queued,
+        };
+        Ok((place, seen))
+    }
+
+    /// Turns a waiter away when the line is full. Checked once, as it joins: the line
+    /// ahead of it only ever shrinks.
+    fn check_cap(&self, key: &str, place: &Place, seen: &Look) -> Result<(), LockError> {
+        // Everyone in line but the holder, us included.
+        let waiters = usize::try_from(seen.in_line - 1).unwrap_or(usize::MAX);
+        if seen.holder != Some(place.revision) && waiters > self.options.max_waiters {
             return Err(LockError::QueueFull {
                 key: key.to_owned(),
                 max_waiters: self.options.max_waiters,
             });
         }
-        loop {
-            if !seen.ours_kept {
-                return Err(LockError::unavailable(
-                    "our etcd key vanished while queued (the lease ended)",
-                ));
+        Ok(())
+    }
+
+    /// Waits until the key created just before ours is deleted (at once when there is
+    /// none), not past `deadline`: one request to find it, one to watch it.
+    async fn wait_for_predecessor(
+        &self,
+        call: &Call<'_>,
+        client: &Etcd,
+        keys: &Keys,
+        place: &Place,
+        deadline: Instant,
+    ) -> Result<(), LockError> {
+        let before = RangeRequest::prefix(keys.waiters.clone())
+            .keys_only()
+            .created_by(place.revision - 1)
+            .by_creation(true)
+            .limit(1);
+        let ahead = self
+            .request(Some(deadline), client.range(before))
+            .await
+            .map_err(|error| call.waited_out(error))?;
+        let Some(predecessor) = ahead.kvs.first() else {
+            return Ok(());
+        };
+        let after = ahead.revision().unwrap_or(0) + 1;
+        tokio::select! {
+            gone = self.deleted(client, predecessor.key.clone(), after) => {
+                gone.map_err(|error| call.waited_out(error))
             }
-            if seen.holder == Some(revision) {
-                if !self
-                    .honour_lock_delay(&client, &keys, seen.unreleased, deadline)
-                    .await?
-                {
-                    // Held by us, but not usable before the caller gives up: `queued`
-                    // hands it on as it drops.
-                    return match deadline {
-                        None => Ok(None),
-                        Some(_) => Err(LockError::TimedOut {
-                            key: key.to_owned(),
-                            waited: started.elapsed(),
-                        }),
-                    };
-                }
-                let deleted = self
-                    .watch_own(&client, &mine, revision, lease.clone())
-                    .await?;
-                queued.settle();
-                self.held().insert(
-                    owner,
-                    Held {
-                        key: mine,
-                        lease: lease.clone(),
-                        deleted,
-                    },
-                );
-                let token = seen.base.saturating_add(revision.max(0).unsigned_abs());
-                // The lease is the real one: the guard must not count on more.
-                let lease_ttl = ttl.min(self.options.lease_ttl / 2);
-                return Ok(Some(Lease::new(
-                    key,
-                    owner,
-                    FencingToken::new(token),
-                    lease_ttl,
-                    looked_at,
-                )));
-            }
-            let Some(deadline) = deadline else {
-                // Trying, not waiting: `queued` leaves the queue as it drops.
-                return Ok(None);
-            };
-            // The key created just before ours.
-            let before = GetOptions::new()
-                .with_prefix()
-                .with_keys_only()
-                .with_max_create_revision(revision - 1)
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(1);
-            // From here the lock is known to be held: running out of time is a wait that
-            // timed out, not a store that did not answer.
-            let timed_out = |error: LockError| {
-                if Instant::now() >= deadline {
-                    LockError::TimedOut {
-                        key: key.to_owned(),
-                        waited: started.elapsed(),
-                    }
-                } else {
-                    error
-                }
-            };
-            let mut reader = client.clone();
-            let ahead = self
-                .request(
-                    Some(deadline),
-                    reader.get(keys.waiters.clone(), Some(before)),
-                )
-                .await
-                .map_err(timed_out)?;
-            if let Some(predecessor) = ahead.kvs().first() {
-                let after = ahead.header().map_or(0, |header| header.revision()) + 1;
-                let gone = self.deleted(&client, predecessor.key().to_vec(), after);
-                tokio::select! {
-                    gone = gone => gone.map_err(timed_out)?,
-                    () = sleep_until(deadline) => {
-                        return Err(LockError::TimedOut {
-                            key: key.to_owned(),
-                            waited: started.elapsed(),
-                        });
-                    }
-                }
-            }
-            looked_at = Instant::now();
-            seen = self
-                .look(&client, &keys, &mine, Some(deadline))
-                .await
-                .map_err(timed_out)?;
+            () = sleep_until(deadline) => Err(call.timed_out()),
         }
+    }
+
+    /// Our key is the oldest: the lock is ours once any lock-delay is waited out. Watches
+    /// the key (so `extend` knows when it goes) and records it as held; the fencing token
+    /// is its create revision plus the base.
+    async fn grant(
+        &self,
+        call: &Call<'_>,
+        client: &Etcd,
+        keys: &Keys,
+        mut place: Place,
+        seen: &Look,
+    ) -> Result<Option<Lease>, LockError> {
+        if !self
+            .honour_lock_delay(client, keys, seen.unreleased, call.deadline)
+            .await?
+        {
+            // Held by us, but not usable before the caller gives up: `place` hands it on
+            // as it drops.
+            return match call.deadline {
+                None => Ok(None),
+                Some(_) => Err(call.timed_out()),
+            };
+        }
+        let deleted = self
+            .watch_own(client, &place.key, place.revision, place.lease.clone())
+            .await?;
+        place.queued.settle();
+        let token = seen
+            .base
+            .saturating_add(place.revision.max(0).unsigned_abs());
+        self.held().insert(
+            place.owner,
+            Held {
+                key: place.key,
+                lease: place.lease,
+                deleted,
+            },
+        );
+        // The lease is the real one: the guard must not count on more.
+        let lease_ttl = call.ttl.min(self.options.lease_ttl / 2);
+        Ok(Some(Lease::new(
+            call.key,
+            place.owner,
+            FencingToken::new(token),
+            lease_ttl,
+            seen.sent,
+        )))
     }
 
     /// Completes once `key` is deleted at or after revision `from` (one request: the
     /// watch's creation).
-    async fn deleted(&self, client: &Client, key: Vec<u8>, from: i64) -> Result<(), LockError> {
-        let mut watcher = client.clone();
-        let mut stream = self
-            .request(None, watcher.watch(key, Some(deletes_from(from))))
-            .await?;
+    async fn deleted(&self, client: &Etcd, key: Vec<u8>, from: i64) -> Result<(), LockError> {
+        let mut stream = self.request(None, client.watch_deletes(key, from)).await?;
         loop {
             match stream.message().await.map_err(failed)? {
                 // Deleted; or the watch was cancelled (its start compacted away): the
                 // caller looks at the queue again either way.
-                Some(response)
-                    if response.canceled()
-                        || response
-                            .events()
-                            .iter()
-                            .any(|event| event.event_type() == EventType::Delete) =>
-                {
-                    return Ok(());
-                }
+                Some(answer) if deleted_or_cancelled(&answer) => return Ok(()),
                 Some(_) => {}
                 None => return Err(LockError::unavailable("etcd ended a watch")),
             }
@@ -698,20 +718,17 @@ impl EtcdBackend {
     /// revision was compacted away can no longer tell, and counts as deleted.
     async fn watch_own(
         &self,
-        client: &Client,
+        client: &Etcd,
         key: &str,
         created: i64,
         lease: Arc<LeaseHealth>,
     ) -> Result<Arc<AtomicBool>, LockError> {
-        let mut watcher = client.clone();
         let mut from = created + 1;
-        let mut stream = self
-            .request(None, watcher.watch(key, Some(deletes_from(from))))
-            .await?;
+        let mut stream = self.request(None, client.watch_deletes(key, from)).await?;
         let deleted = Arc::new(AtomicBool::new(false));
         let flag = deleted.clone();
         let closing = self.closing.clone();
-        let (key, op_timeout) = (key.to_owned(), self.options.op_timeout);
+        let (client, key, op_timeout) = (client.clone(), key.to_owned(), self.options.op_timeout);
         tokio::spawn(async move {
             loop {
                 let message = tokio::select! {
@@ -719,18 +736,13 @@ impl EtcdBackend {
                     () = closing.cancelled() => return,
                 };
                 match message {
-                    Ok(Some(response)) => {
-                        let gone = response.canceled()
-                            || response
-                                .events()
-                                .iter()
-                                .any(|event| event.event_type() == EventType::Delete);
-                        if gone {
+                    Ok(Some(answer)) => {
+                        if deleted_or_cancelled(&answer) {
                             flag.store(true, Ordering::Release);
                             return;
                         }
-                        if let Some(header) = response.header() {
-                            from = from.max(header.revision() + 1);
+                        if let Some(header) = answer.header {
+                            from = from.max(header.revision + 1);
                         }
                     }
                     // Broken: open it again, until the lease (and the key with it) ends.
@@ -743,7 +755,7 @@ impl EtcdBackend {
                             () = sleep(Duration::from_millis(200)) => {}
                             () = closing.cancelled() => return,
                         }
-                        let reopened = watcher.watch(key.clone(), Some(deletes_from(from)));
+                        let reopened = client.watch_deletes(key.clone(), from);
                         if let Ok(Ok(reopened)) = tokio::time::timeout(op_timeout, reopened).await {
                             stream = reopened;
                             break;
@@ -756,23 +768,61 @@ impl EtcdBackend {
     }
 }
 
-/// Watch options for the deletes of one key from revision `from` on.
-fn deletes_from(from: i64) -> WatchOptions {
-    WatchOptions::new()
-        .with_start_revision(from)
-        .with_filters([WatchFilterType::NoPut])
+/// One acquire call: what it asked for, and since when it waits.
+struct Call<'a> {
+    key: &'a str,
+    ttl: Duration,
+    /// `None`: a try, which never waits.
+    deadline: Option<Instant>,
+    started: Instant,
 }
 
-/// A range over `prefix` that returns the oldest key (the holder).
-fn oldest(prefix: &str) -> TxnOp {
-    TxnOp::get(
-        prefix,
-        Some(
-            GetOptions::new()
-                .with_prefix()
-                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                .with_limit(1),
-        ),
+impl Call<'_> {
+    fn timed_out(&self) -> LockError {
+        LockError::TimedOut {
+            key: self.key.to_owned(),
+            waited: self.started.elapsed(),
+        }
+    }
+
+    /// Once the lock is known to be held, running out of time is a wait that timed out,
+    /// not a store that did not answer.
+    fn waited_out(&self, error: LockError) -> LockError {
+        if self
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
+            self.timed_out()
+        } else {
+            error
+        }
+    }
+}
+
+/// Our key in a lock's queue, from its create on.
+struct Place {
+    owner: OwnerToken,
+    /// `<waiters prefix><owner>`.
+    key: String,
+    /// Its create revision: our place in line and, plus the base, our fencing token.
+    revision: i64,
+    /// The lease the key is on.
+    lease: Arc<LeaseHealth>,
+    /// Hands the key to the lease's cleaner unless it is granted.
+    queued: Queued,
+}
+
+/// A range over `prefix` that returns the oldest key (the holder), and how many there are.
+fn holder(prefix: &str) -> RangeRequest {
+    RangeRequest::prefix(prefix).by_creation(false).limit(1)
+}
+
+/// Deletes a lock key — and with it its lock-delay marker, if given — only while the key
+/// is still there.
+fn delete_key(key: &str, marker: Option<&str>) -> TxnRequest {
+    TxnRequest::new(
+        [Compare::exists(key)],
+        std::iter::once(key).chain(marker).map(RequestOp::delete),
     )
 }
 
@@ -781,25 +831,25 @@ fn oldest(prefix: &str) -> TxnOp {
 /// `lives_until` on; unanswered ones (etcd unreachable) do not, and are retried on a new
 /// stream.
 async fn keep_alive(
-    client: Client,
+    client: Etcd,
     lease: Arc<LeaseHealth>,
     ttl: Duration,
     closing: CancellationToken,
 ) {
     let period = ttl / 3;
     loop {
-        let mut opening = client.clone();
+        // A new stream, and its first keep-alive.
+        let sent = Instant::now();
         let opened = tokio::select! {
-            opened = timeout_at(Instant::now() + period, opening.lease_keep_alive(lease.id)) => opened,
+            opened = timeout_at(Instant::now() + period, client.keep_alive(lease.id)) => opened,
             () = closing.cancelled() => return,
         };
-        let (mut keeper, mut answers) = match opened {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(etcd_client::Error::LeaseKeepAliveError(reason))) => {
-                tracing::warn!(%reason, "etcd lease ended: its locks are released");
-                lease.ended.store(true, Ordering::Release);
-                return;
+        let mut keeper = match opened {
+            Ok(Ok((keeper, Some(ttl)))) if ttl > 0 => {
+                lease.confirmed(sent, ttl);
+                keeper
             }
+            Ok(Ok((_, Some(_)))) => return lease.end(),
             _ => {
                 tokio::select! {
                     () = sleep(period / 4) => continue,
@@ -813,17 +863,9 @@ async fn keep_alive(
                 () = closing.cancelled() => return,
             }
             let sent = Instant::now();
-            let answered = async {
-                keeper.keep_alive().await?;
-                answers.message().await
-            };
-            match timeout_at(Instant::now() + period, answered).await {
-                Ok(Ok(Some(answer))) if answer.ttl() > 0 => lease.confirmed(sent, answer.ttl()),
-                Ok(Ok(Some(_))) => {
-                    tracing::warn!("etcd lease ended: its locks are released");
-                    lease.ended.store(true, Ordering::Release);
-                    return;
-                }
+            match timeout_at(Instant::now() + period, keeper.renew()).await {
+                Ok(Ok(Some(ttl))) if ttl > 0 => lease.confirmed(sent, ttl),
+                Ok(Ok(Some(_))) => return lease.end(),
                 // The stream broke or went quiet: open a new one.
                 _ => break,
             }
@@ -864,24 +906,16 @@ impl Drop for Queued {
 
 impl Leftover {
     /// One attempt at the delete; a key already gone counts as deleted.
-    async fn remove(&self, client: &mut Client, lease: i64) -> Result<(), etcd_client::Error> {
+    async fn remove(&self, client: &Etcd, lease: i64) -> Result<(), tonic::Status> {
         let txn = match self {
-            Self::Unanswered { key, tombstone } => Txn::new().and_then([
-                TxnOp::delete(key.clone(), None),
-                TxnOp::put(
-                    tombstone.clone(),
-                    "",
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-            ]),
-            Self::Created { key, marker } => Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Greater, 0)])
-                .and_then(
-                    std::iter::once(key)
-                        .chain(marker)
-                        .map(|key| TxnOp::delete(key.clone(), None))
-                        .collect::<Vec<_>>(),
-                ),
+            Self::Unanswered { key, tombstone } => TxnRequest::new(
+                [],
+                [
+                    RequestOp::delete(key.clone()),
+                    RequestOp::put(tombstone.clone(), "", lease),
+                ],
+            ),
+            Self::Created { key, marker } => delete_key(key, marker.as_deref()),
         };
         client.txn(txn).await?;
         Ok(())
@@ -892,7 +926,7 @@ impl Leftover {
 /// lease ends (its keys are deleted then anyway); deletes tombstones once they are no
 /// longer needed.
 async fn clean_up(
-    mut client: Client,
+    client: Etcd,
     lease: Arc<LeaseHealth>,
     mut leftovers: mpsc::UnboundedReceiver<Leftover>,
     op_timeout: Duration,
@@ -909,7 +943,7 @@ async fn clean_up(
             if lease.ended.load(Ordering::Acquire) {
                 return;
             }
-            match tokio::time::timeout(op_timeout, leftover.remove(&mut client, lease.id)).await {
+            match tokio::time::timeout(op_timeout, leftover.remove(&client, lease.id)).await {
                 Ok(Ok(())) => break,
                 failed => {
                     tracing::warn!(
@@ -926,13 +960,13 @@ async fn clean_up(
             pause = (pause * 2).min(Duration::from_secs(2));
         }
         if let Leftover::Unanswered { tombstone, .. } = leftover {
-            let mut client = client.clone();
+            let client = client.clone();
             let closing = closing.clone();
             tokio::spawn(async move {
                 tokio::select! {
                     () = sleep(TOMBSTONE_KEPT) => {
                         // Best effort: it goes with the lease otherwise.
-                        let _ = tokio::time::timeout(op_timeout, client.delete(tombstone, None)).await;
+                        let _ = tokio::time::timeout(op_timeout, client.delete(tombstone)).await;
                     }
                     () = closing.cancelled() => {}
                 }
@@ -969,19 +1003,14 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
-        let mut client = self.client().await?;
         let keys = self.keys(key);
-        let options = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
         let found = self
-            .request(None, client.get(keys.waiters, Some(options)))
+            .request(None, self.client().range(holder(&keys.waiters)))
             .await?;
         Ok(found
-            .kvs()
+            .kvs
             .first()
-            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned()))
     }
 
     async fn release(&self, lease: &Lease) -> Result<bool, LockError> {
@@ -993,7 +1022,6 @@ impl LockBackend for EtcdBackend {
         if held.lease.ended.load(Ordering::Acquire) {
             return Ok(false);
         }
-        let mut client = self.client().await?;
         // With a lock-delay, the key and the marker go together — and only while the key
         // is still there: a holder whose lease was revoked under it did not release, and
         // must not erase the marker that tells its successor so.
@@ -1004,24 +1032,10 @@ impl LockBackend for EtcdBackend {
                 .rsplit_once("/w/")
                 .map(|(prefix, _)| format!("{prefix}/held"))
         };
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                held.key.clone(),
-                CompareOp::Greater,
-                0,
-            )])
-            .and_then(
-                std::iter::once(&held.key)
-                    .chain(&marker)
-                    .map(|key| TxnOp::delete(key.clone(), None))
-                    .collect::<Vec<_>>(),
-            );
-        match self.request(None, client.txn(txn)).await {
+        let txn = delete_key(&held.key, marker.as_deref());
+        match self.request(None, self.client().txn(txn)).await {
             // Whether our key (the first delete) was still there.
-            Ok(done) => Ok(matches!(
-                done.op_responses().first(),
-                Some(TxnOpResponse::Delete(deleted)) if deleted.deleted() > 0
-            )),
+            Ok(done) => Ok(done.first_deleted().is_some_and(|deleted| deleted > 0)),
             Err(error) => {
                 // Not known released: the cleaner deletes it once etcd answers, so it does
                 // not hold the key for as long as this process lives.
@@ -1058,31 +1072,32 @@ impl LockBackend for EtcdBackend {
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
         check_floor(floor)?;
-        let mut client = self.client().await?;
+        let client = self.client();
         let keys = self.keys(key);
         loop {
             let found = self
-                .request(None, client.get(keys.base.clone(), None))
+                .request(None, client.range(RangeRequest::key(keys.base.clone())))
                 .await?;
-            let revision = found.header().map_or(0, |header| header.revision());
-            let stored = found.kvs().first();
-            let base = parse_base(stored.map(|kv| kv.value()));
+            let revision = found.revision().unwrap_or(0);
+            let stored = found.kvs.first();
+            let base = parse_base(stored.map(|kv| kv.value.as_slice()));
             // The next key's create revision is above every revision so far.
             let latest = revision.max(0).unsigned_abs();
             if base >= floor.get() {
                 return Ok(FencingToken::new(base.saturating_add(latest)));
             }
-            let seen = stored.map_or(0, |kv| kv.mod_revision());
-            let txn = Txn::new()
-                .when([Compare::mod_revision(
+            let seen = stored.map_or(0, |kv| kv.mod_revision);
+            let txn = TxnRequest::new(
+                [Compare::changed_at(keys.base.clone(), seen)],
+                [RequestOp::put(
                     keys.base.clone(),
-                    CompareOp::Equal,
-                    seen,
-                )])
-                .and_then([TxnOp::put(keys.base.clone(), floor.get().to_string(), None)]);
+                    floor.get().to_string(),
+                    0,
+                )],
+            );
             let written = self.request(None, client.txn(txn)).await?;
-            if written.succeeded() {
-                let revision = written.header().map_or(0, |header| header.revision());
+            if written.succeeded {
+                let revision = written.revision().unwrap_or(0);
                 return Ok(FencingToken::new(
                     floor.get().saturating_add(revision.max(0).unsigned_abs()),
                 ));
@@ -1092,8 +1107,7 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn ping(&self) -> Result<(), LockError> {
-        let mut client = self.client().await?;
-        self.request(None, client.status()).await?;
+        self.request(None, self.client().status()).await?;
         Ok(())
     }
 

@@ -395,7 +395,6 @@ impl LockService {
 
     /// Locks in the etcd cluster at `url` (`etcd://host:port[,host:port…][/root]`), with
     /// its cap on waiters per key in this process too. Connects lazily.
-    #[cfg(feature = "etcd")]
     pub fn etcd(url: &str, options: crate::etcd::EtcdOptions) -> Result<Self, LockError> {
         let max_waiters = options.max_waiters;
         Ok(Self::new(crate::etcd::EtcdBackend::open(url, options)?).with_max_waiters(max_waiters))

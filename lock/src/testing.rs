@@ -4,6 +4,7 @@
 //! must restart, wipe, pause, fail over or count the commands of a server nobody else
 //! uses; and a loopback [`Proxy`] that partitions its clients from a server.
 
+pub mod etcd_operator;
 mod redis_cluster;
 mod redis_sentinel;
 

@@ -51,7 +51,7 @@ pub fn check_payonce(payonce: &Path) -> Result<(), MatrixError> {
     } else {
         Err(MatrixError::Setup(format!(
             "{} is built without the demonstration's strategies: \
-             cargo build --release -p api --features demo,etcd",
+             cargo build --release -p api --features demo",
             payonce.display()
         )))
     }
@@ -145,7 +145,7 @@ impl Cluster {
             .map_err(|error| {
                 MatrixError::Setup(format!(
                     "cannot start {} ({error}); build it with \
-                     `cargo build --release -p api --features demo,etcd` or pass --payonce",
+                     `cargo build --release -p api --features demo` or pass --payonce",
                     self.payonce.display()
                 ))
             })

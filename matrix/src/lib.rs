@@ -69,7 +69,7 @@ pub enum MatrixError {
 /// How to run the matrix.
 #[derive(Clone, Debug)]
 pub struct MatrixOptions {
-    /// The `payonce` binary (built with the `demo` feature, and `etcd` for the etcd rows).
+    /// The `payonce` binary (built with the `demo` feature).
     pub payonce: PathBuf,
     /// PostgreSQL for the instances' ledger (a scratch database: the unsafe rows corrupt
     /// the accounts they touch, on purpose).
@@ -121,8 +121,8 @@ async fn stage(
 }
 
 /// Runs the matrix; one row per line × fault, in order. A service whose servers or
-/// instances cannot be started (a package missing, a payonce built without etcd) has its
-/// cells skipped with the reason, not the matrix.
+/// instances cannot be started (a package missing) has its cells skipped with the reason,
+/// not the matrix.
 pub async fn run_matrix(
     options: &MatrixOptions,
     mut on_row: impl FnMut(&Row),

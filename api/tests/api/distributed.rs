@@ -129,7 +129,6 @@ async fn unreachable_zookeeper_is_503_and_nothing_is_lost() {
 }
 
 /// The same with etcd unreachable.
-#[cfg(feature = "etcd")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreachable_etcd_is_503_and_nothing_is_lost() {
     let shared = Shared::new(Backend::Etcd).await;

@@ -24,7 +24,6 @@ pub enum Backend {
     /// PostgreSQL + ZooKeeper (`ZOOKEEPER_URL`, else 127.0.0.1:2181).
     ZooKeeper,
     /// PostgreSQL + etcd (`ETCD_URL`, else 127.0.0.1:2379).
-    #[cfg(feature = "etcd")]
     Etcd,
     /// PostgreSQL for the ledger and, as advisory locks, for the locks too.
     PostgresLocks,
@@ -96,7 +95,6 @@ impl Shared {
                     format!("{zookeeper}/payonce-tests/{}", self.namespace),
                 ]);
             }
-            #[cfg(feature = "etcd")]
             Backend::Etcd => {
                 let etcd =
                     std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());

@@ -99,7 +99,6 @@ macro_rules! other_lock_services {
                 }
             )*
         }
-        #[cfg(feature = "etcd")]
         mod on_etcd {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

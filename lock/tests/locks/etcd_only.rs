@@ -1,5 +1,5 @@
 //! What only an etcd server can show: tokens across a server restart and a wipe, a lease
-//! revoked from outside, a vanished process's lease running out, a waiter whose key
+//! kept alive past its TTL, a lease revoked from outside, a vanished process's lease running out, a waiter whose key
 //! vanished, a release the server never answered, the cap on waiters across processes,
 //! and the requests a hand-off costs. Private members on other ports; the shared one
 //! (127.0.0.1:2379) is never stopped.
@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock::testing::EtcdServer;
+use lock::testing::etcd_operator::EtcdOperator;
 use lock::{EtcdBackend, EtcdOptions, FencingToken, LockService};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -119,10 +120,8 @@ async fn lost_fires_when_the_lease_is_revoked_from_outside() {
     sleep(Duration::from_millis(200)).await;
 
     let lease = holder_backend.lease_id().await.unwrap();
-    let mut operator = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    operator.lease_revoke(lease).await.unwrap();
+    let operator = EtcdOperator::connect(&server.endpoint()).unwrap();
+    operator.revoke_lease(lease).await.unwrap();
     let revoked_at = Instant::now();
 
     timeout(2 * SECOND, holder.lost())
@@ -133,6 +132,20 @@ async fn lost_fires_when_the_lease_is_revoked_from_outside() {
     assert!(successor.fencing_token() > holder.fencing_token());
     assert!(!holder.release().await.unwrap());
     assert!(successor.release().await.unwrap());
+}
+
+/// The keep-alive stream keeps the process's lease, and its locks, alive: a lock held for
+/// three lease TTLs is neither lost nor taken, and its release finds its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_keep_alive_holds_a_lock_past_three_lease_ttls() {
+    let server = EtcdServer::start().unwrap();
+    let lease_ttl = 2 * SECOND;
+    let locks = LockService::from_arc(backend(&server, lease_ttl));
+    let mut holder = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+    let lost = timeout(3 * lease_ttl, holder.lost()).await;
+    assert!(lost.is_err(), "lost while its process kept the lease alive");
+    assert!(locks.try_acquire("k", SECOND).await.unwrap().is_none());
+    assert!(holder.release().await.unwrap());
 }
 
 /// A holder whose process vanishes — its keep-alives stop — keeps the lock until its lease
@@ -256,10 +269,8 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         |key| async move {
             let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
             let lease = holder_backend.lease_id().await.unwrap();
-            let mut operator = etcd_client::Client::connect([endpoint], None)
-                .await
-                .unwrap();
-            operator.lease_revoke(lease).await.unwrap();
+            let operator = EtcdOperator::connect(&endpoint).unwrap();
+            operator.revoke_lease(lease).await.unwrap();
             // Alive, and releasing after its lease was revoked: that is not a release.
             drop(guard);
             Duration::ZERO
@@ -360,24 +371,10 @@ async fn a_waiter_whose_key_vanished_gives_up() {
         })
     };
     sleep(Duration::from_millis(300)).await;
-    let mut operator = etcd_client::Client::connect([server.endpoint()], None)
-        .await
-        .unwrap();
-    let line = operator
-        .get(
-            "/t/locks/k/w/",
-            Some(etcd_client::GetOptions::new().with_prefix().with_sort(
-                etcd_client::SortTarget::Create,
-                etcd_client::SortOrder::Ascend,
-            )),
-        )
-        .await
-        .unwrap();
-    assert_eq!(line.kvs().len(), 2);
-    operator
-        .delete(line.kvs()[1].key().to_vec(), None)
-        .await
-        .unwrap();
+    let operator = EtcdOperator::connect(&server.endpoint()).unwrap();
+    let line = operator.keys_under("/t/locks/k/w/").await.unwrap();
+    assert_eq!(line.len(), 2);
+    assert!(operator.delete(&line[1]).await.unwrap());
     let released_at = Instant::now();
     holder.release().await.unwrap();
     let result = timeout(2 * SECOND, waiter)
@@ -391,33 +388,14 @@ async fn a_waiter_whose_key_vanished_gives_up() {
     assert!(released_at.elapsed() < SECOND);
 }
 
-/// The shared etcd under a root of the test's own, and a plain client of it for counting
+/// The shared etcd under a root of the test's own, and an operator of it for counting
 /// the keys under that root.
-async fn shared_with_root(root: &str) -> (LockService, etcd_client::Client) {
+fn shared_with_root(root: &str) -> (LockService, EtcdOperator) {
     let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
     let locks = LockService::etcd(&format!("{base}{root}"), EtcdOptions::default())
         .expect("a valid etcd URL");
     let endpoint = format!("http://{}", base.trim_start_matches("etcd://"));
-    let client = etcd_client::Client::connect([endpoint], None)
-        .await
-        .unwrap();
-    (locks, client)
-}
-
-/// How many keys etcd holds under `prefix`.
-async fn keys_under(client: &mut etcd_client::Client, prefix: &str) -> i64 {
-    client
-        .get(
-            prefix,
-            Some(
-                etcd_client::GetOptions::new()
-                    .with_prefix()
-                    .with_count_only(),
-            ),
-        )
-        .await
-        .unwrap()
-        .count()
+    (locks, EtcdOperator::connect(&endpoint).unwrap())
 }
 
 fn test_root() -> String {
@@ -431,14 +409,11 @@ fn test_root() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_released_key_leaves_nothing_and_fencing_stays_whole() {
     let root = test_root();
-    let (locks, client) = shared_with_root(&root).await;
+    let (locks, operator) = shared_with_root(&root);
     let root = &root;
     crate::suite::forgotten_key_keeps_fencing(&locks, move |key| async move {
-        let mut client = client;
-        assert_eq!(
-            keys_under(&mut client, &format!("{root}/locks/{key}/")).await,
-            0
-        );
+        let under = format!("{root}/locks/{key}/");
+        assert_eq!(operator.count_under(&under).await.unwrap(), 0);
     })
     .await;
 }
@@ -450,8 +425,9 @@ async fn a_released_key_leaves_nothing_and_fencing_stays_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn state_of_10_000_keys_locked_once_is_nothing() {
     let root = test_root();
-    let (locks, mut client) = shared_with_root(&root).await;
+    let (locks, operator) = shared_with_root(&root);
     let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
     eprintln!("10,000 keys locked in {took:?}");
-    assert_eq!(keys_under(&mut client, &format!("{root}/")).await, 0);
+    let under = format!("{root}/");
+    assert_eq!(operator.count_under(&under).await.unwrap(), 0);
 }

@@ -6,7 +6,6 @@
 
 #[cfg(feature = "demo")]
 mod demonstration;
-#[cfg(feature = "etcd")]
 mod etcd_only;
 mod memcached_only;
 mod mysql_only;
@@ -132,7 +131,6 @@ shared_suite!(
     zookeeper_only::shared_zookeeper,
     zookeeper_only::PrivateZooKeeper::start
 );
-#[cfg(feature = "etcd")]
 shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
 shared_suite!(
     memcached,

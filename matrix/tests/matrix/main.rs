@@ -16,7 +16,7 @@ use std::process::Command;
 pub(crate) static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The payonce binary beside this test's (cargo builds it for the workspace's tests —
-/// with the demonstration's strategies and etcd under `--all-features`, as
+/// with the demonstration's strategies under `--all-features`, as
 /// `scripts/test.sh` runs them); built here, with them, if a narrower `cargo test` did
 /// not.
 pub(crate) fn payonce() -> PathBuf {
@@ -41,7 +41,7 @@ pub(crate) fn payonce() -> PathBuf {
                 "-p",
                 "api",
                 "--features",
-                "demo,etcd",
+                "demo",
                 "--bin",
                 "payonce",
             ])
