@@ -58,7 +58,7 @@ const GRAND_TOTAL: &str = "SELECT 'all', total, transfers FROM bank_totals WHERE
 /// 201, a declined one 422 with a reason, both with their request; a closed key has
 /// neither request nor answer.
 const MISMATCHED_ANSWERS: &str =
-    "SELECT idempotency_key || ' (' || state || ')', id, COALESCE(answer_status, 0)
+    "SELECT idempotency_key || ' (' || state || ')', id, CAST(COALESCE(answer_status, 0) AS BIGINT)
      FROM bank_transfers
      WHERE NOT (
          (state = 'executed' AND answer_status = 201 AND answer_body IS NOT NULL

@@ -222,7 +222,7 @@ async fn create_transfer(
     } else {
         Verdict::Execute
     };
-    let answer = match app.store.execute(&key, &request, verdict, render).await {
+    let answer = match execute(&app, &key, &request, verdict).await {
         Ok(Execution::Fresh(record)) => stored(record.answer.as_ref(), false),
         Ok(Execution::Existing(record)) => repeat(&record, &request),
         Err(error) => Problem::from_store(&error, app.retry_after).into_response(),
@@ -238,6 +238,21 @@ async fn create_transfer(
         }
         _ => answer,
     }
+}
+
+/// Looks for the key first — a repeat then answers without the write transaction, which
+/// on PostgreSQL would queue behind every other transfer for the grand total's lock —
+/// and executes only a key not seen yet.
+async fn execute(
+    app: &App,
+    key: &IdempotencyKey,
+    request: &TransferRequest,
+    verdict: Verdict<'_>,
+) -> Result<Execution, StoreError> {
+    if let Some(existing) = app.store.find(key).await? {
+        return Ok(Execution::Existing(existing));
+    }
+    app.store.execute(key, request, verdict, render).await
 }
 
 /// Validates a create's key and body and picks its fault — all before anything is done.
@@ -516,7 +531,8 @@ async fn list_transfers(
     let Query(query) = match query {
         Ok(query) => query,
         Err(rejection) => {
-            return Problem::bad_request("malformed-request", rejection.body_text()).into_response();
+            return Problem::bad_request("malformed-request", rejection.body_text())
+                .into_response();
         }
     };
     if query.after < 0 || !(1..=MAX_PAGE).contains(&query.limit) {
