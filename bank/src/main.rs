@@ -80,7 +80,12 @@ struct ServeArgs {
     seed: Option<u64>,
     /// Heed the `Payonce-Bank-Fault: <fault>` request header (demonstrations and tests;
     /// a real bank has no such thing).
-    #[arg(long, env = "PAYONCE_BANK_DEMO_HEADER")]
+    #[arg(
+        long,
+        env = "PAYONCE_BANK_DEMO_HEADER",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     demo_header: bool,
 }
 
