@@ -137,9 +137,16 @@ impl Problem {
         .retry_after(retry_after)
     }
 
+    /// The store failed. Unlike the `unavailable` fault this cannot promise that nothing
+    /// was done: a COMMIT whose answer was lost may have committed.
     fn from_store(error: &StoreError, retry_after: Duration) -> Self {
         tracing::error!(%error, "the store failed");
-        Self::unavailable(retry_after)
+        Self {
+            detail: "the bank's store failed; a transfer under this key may or may not have \
+                     executed: send it again, or ask GET /v1/transfers/{key}"
+                .into(),
+            ..Self::unavailable(retry_after)
+        }
     }
 
     /// The problem's JSON body.

@@ -256,3 +256,21 @@ async fn rates_past_one_are_refused() {
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("add up to"));
 }
+
+/// A store that fails is a 503 `unavailable` with `Retry-After`, never a 500 or a hang;
+/// `/healthz` says so too.
+#[tokio::test]
+async fn a_failing_store_is_unavailable() {
+    let bank = Bank::start(Db::Postgres, &[]).await;
+    assert_eq!(
+        bank.transfer(&key(), &body("acct-1", 5, ""), None)
+            .await
+            .status,
+        201
+    );
+    bank.store.drop_database().await;
+    let refused = bank.transfer(&key(), &body("acct-1", 5, ""), None).await;
+    assert_eq!((refused.status, refused.problem()), (503, "unavailable"));
+    assert!(refused.headers.contains_key("retry-after"));
+    assert_eq!(bank.get("/healthz").await.status, 503);
+}

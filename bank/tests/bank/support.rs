@@ -100,6 +100,21 @@ impl Store {
     }
 }
 
+impl Store {
+    /// PostgreSQL: drops the database under the bank's feet (its connections are ended).
+    pub async fn drop_database(&self) {
+        let (admin, name) = self.postgres.as_ref().expect("a PostgreSQL store");
+        let mut connection = sqlx::PgConnection::connect(admin).await.expect("connect");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE {name} WITH (FORCE)"
+        )))
+        .execute(&mut connection)
+        .await
+        .expect("drop the database");
+        let _ = connection.close().await;
+    }
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
         let Some((admin, name)) = self.postgres.take() else {
