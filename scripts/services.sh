@@ -233,7 +233,7 @@ bank_ok() {
 }
 if ! bank_ok; then
   checkout=$(cd "$(dirname "$0")/.." && pwd)
-  (cd "$checkout" && cargo build --release --quiet -p bank)
+  (cd "$checkout" && cargo build --release --locked --quiet -p bank)
   bank_home=/var/lib/payonce/bank
   as_root mkdir -p "$bank_home" /var/log/payonce
   # Copied aside and renamed into place: a binary still running (not answering) keeps its

@@ -56,7 +56,7 @@ impl Store {
             }
             Db::Postgres => {
                 let admin = postgres_admin_url();
-                let name = format!("payonce_bank_test_{}", uuid::Uuid::new_v4().simple());
+                let name = format!("payonce_test_bank_{}", uuid::Uuid::new_v4().simple());
                 let mut connection = sqlx::PgConnection::connect(&admin)
                     .await
                     .expect("PostgreSQL at DATABASE_URL");
