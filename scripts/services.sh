@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure PostgreSQL, Redis, a Redis Cluster, ZooKeeper, etcd, MariaDB and memcached run
 # on 127.0.0.1 (5432, 6379, 7000-7005, 2181, 2379, 3306, 11211), installing them from
-# Debian's packages on a machine that lacks them. Idempotent: what already runs is left alone. Used by
+# Debian's packages on a machine that lacks them, and payonce-bank (built from this
+# checkout) on 127.0.0.1:7700. Idempotent: what already runs is left alone. Used by
 # scripts/test.sh, scripts/fuzz.sh and .ci/run.
 set -euo pipefail
 
@@ -215,3 +216,32 @@ if ! memcached_ok; then
   done
 fi
 memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1; }
+
+# --- The bank ----------------------------------------------------------------
+# payonce-bank (crate bank), the outside bank payouts go through, on 127.0.0.1:7700: built
+# from this checkout as the tests build the workspace (so the build is shared with them,
+# not a second one), the binary copied next to its SQLite store under
+# /var/lib/payonce/bank (so a cargo clean does not pull it away), no fault rates, and the
+# demonstration header on (tests aim a fault at one request with Payonce-Bank-Fault).
+bank_ok() {
+  curl -fsS --max-time 2 http://127.0.0.1:7700/healthz 2>/dev/null | grep -q '"status":"ok"'
+}
+if ! bank_ok; then
+  checkout=$(cd "$(dirname "$0")/.." && pwd)
+  (cd "$checkout" && cargo build --locked --quiet --workspace --all-features --bin payonce-bank)
+  bank_home=/var/lib/payonce/bank
+  as_root mkdir -p "$bank_home" /var/log/payonce
+  # Copied aside and renamed into place: a binary still running (not answering) keeps its
+  # old file. (Not `install`: that name is this script's apt-get step.)
+  as_root cp "${CARGO_TARGET_DIR:-$checkout/target}/debug/payonce-bank" "$bank_home/payonce-bank.new"
+  as_root mv -f "$bank_home/payonce-bank.new" "$bank_home/payonce-bank"
+  as_root start-stop-daemon --start --oknodo --background --make-pidfile \
+    --pidfile "$bank_home/payonce-bank.pid" --output /var/log/payonce/bank.log \
+    --exec "$bank_home/payonce-bank" -- \
+    --addr 127.0.0.1:7700 --database-url "sqlite:$bank_home/bank.db" --demo-header
+  for _ in $(seq 100); do
+    bank_ok && break
+    sleep 0.1
+  done
+fi
+bank_ok || { echo "payonce-bank did not start on 127.0.0.1:7700 (see /var/log/payonce/bank.log)" >&2; exit 1; }

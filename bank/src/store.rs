@@ -1,0 +1,351 @@
+//! [`Store`]: the bank's tables on SQLite or PostgreSQL. The statements are one text for
+//! both databases; [`on_pool!`] writes each operation once and runs it on whichever pool
+//! the store holds.
+
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+
+use crate::model::{IdempotencyKey, Record, State, StoredAnswer, TransferRequest, now_micros};
+
+/// The bank's migrations record themselves in a table of their own, so the bank can share
+/// a database with payonce's ledger (whose migrations use sqlx's default table) without
+/// either taking the other's history for its own.
+const MIGRATIONS_TABLE: &str = "_bank_migrations";
+
+/// A database error, as the store reports it.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused or could not be reached.
+    #[error("database: {0}")]
+    Database(#[from] sqlx::Error),
+    /// Opening: the migrations failed.
+    #[error("migrations: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A row the bank wrote does not read back as one (tampered with by hand).
+    #[error("a row of bank_transfers is malformed: {0}")]
+    Malformed(String),
+}
+
+/// The bank's tables.
+#[derive(Clone, Debug)]
+pub(crate) enum Store {
+    /// One connection: SQLite writes one transaction at a time anyway, and queueing in
+    /// the process (in arrival order) beats polling SQLite's file lock.
+    Sqlite(SqlitePool),
+    /// Row locks serialise the writers; see `bank_totals` in the migration.
+    Postgres(PgPool),
+}
+
+/// Runs `$body` with `$pool` bound to the store's pool, whichever database it is.
+macro_rules! on_pool {
+    ($store:expr, $pool:ident => $body:expr) => {
+        match $store {
+            Store::Sqlite($pool) => $body,
+            Store::Postgres($pool) => $body,
+        }
+    };
+}
+
+/// What [`Store::execute`] did.
+#[derive(Debug)]
+pub(crate) enum Execution {
+    /// The key was new: this request executed (or was declined) and its answer is stored.
+    Fresh(Record),
+    /// The key was taken already: its row, untouched.
+    Existing(Record),
+}
+
+/// What the first request under a new key does.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Verdict<'a> {
+    /// Move the money.
+    Execute,
+    /// Refuse for good, with this problem name.
+    Decline(&'a str),
+}
+
+/// One row of `bank_transfers` as the driver reads it (see [`Record`]).
+type Row = (
+    i64,
+    String,
+    String,
+    Option<String>,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<i32>,
+    Option<String>,
+    i64,
+);
+
+/// The columns of [`Row`], in its order.
+macro_rules! columns {
+    () => {
+        "id, idempotency_key, state, destination, amount, reference, fingerprint, \
+         decline_reason, answer_status, answer_body, created_at"
+    };
+}
+
+fn record(row: Row) -> Result<Record, StoreError> {
+    let (id, key, state, destination, amount, reference, fingerprint, reason, status, body, at) =
+        row;
+    let malformed = || StoreError::Malformed(format!("key {key:?}"));
+    let state = State::from_db(&state).ok_or_else(malformed)?;
+    let request = match (destination, amount, reference) {
+        (Some(destination), Some(amount), Some(reference)) => Some(
+            TransferRequest::parse(crate::model::TransferBody {
+                destination,
+                amount,
+                reference,
+            })
+            .map_err(|_| malformed())?,
+        ),
+        _ => None,
+    };
+    let answer = match (status, body) {
+        (Some(status), Some(body)) => Some(StoredAnswer {
+            status: u16::try_from(status).map_err(|_| malformed())?,
+            body,
+        }),
+        _ => None,
+    };
+    Ok(Record {
+        id,
+        idempotency_key: key,
+        state,
+        request,
+        fingerprint,
+        decline_reason: reason,
+        answer,
+        created_at_micros: at,
+    })
+}
+
+impl Store {
+    /// Opens `url` (`sqlite:path` or `postgres://…`) and applies the migrations. A SQLite
+    /// file (and its directory) is created when `create` is set.
+    pub(crate) async fn open(url: &str, create: bool) -> Result<Self, StoreError> {
+        let store = if url.starts_with("sqlite:") {
+            let options = SqliteConnectOptions::from_str(url)?
+                .create_if_missing(create)
+                .journal_mode(SqliteJournalMode::Wal)
+                // Another process (the audit, a test) may hold the file a moment.
+                .busy_timeout(Duration::from_secs(5));
+            if create
+                && let Some(parent) = options.get_filename().parent()
+                && parent != Path::new("")
+            {
+                std::fs::create_dir_all(parent).map_err(sqlx::Error::Io)?;
+            }
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options)
+                .await?;
+            Self::Sqlite(pool)
+        } else {
+            let pool = PgPoolOptions::new()
+                .max_connections(16)
+                .acquire_timeout(Duration::from_secs(5))
+                .connect(url)
+                .await?;
+            Self::Postgres(pool)
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        match self {
+            Self::Sqlite(pool) => {
+                let mut migrator = sqlx::migrate!("./migrations/sqlite");
+                migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+                migrator.run(pool).await?;
+            }
+            Self::Postgres(pool) => {
+                let mut migrator = sqlx::migrate!("./migrations/postgres");
+                migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+                migrator.run(pool).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the database answers.
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        on_pool!(self, pool => sqlx::query("SELECT 1").execute(pool).await.map(|_| ()))?;
+        Ok(())
+    }
+
+    /// The row under `key`, if any.
+    pub(crate) async fn find(&self, key: &IdempotencyKey) -> Result<Option<Record>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM bank_transfers WHERE idempotency_key = $1"
+        );
+        let row: Option<Row> = on_pool!(self, pool => {
+            sqlx::query_as(SQL).bind(key.as_str()).fetch_optional(pool).await
+        })?;
+        row.map(record).transpose()
+    }
+
+    /// The first request under `key` runs `verdict` in one transaction: the row under the
+    /// UNIQUE key, with the answer `render` makes of it and the request's fingerprint,
+    /// and (when it executes) the amount added to the destination's and the grand total.
+    /// When the key is taken already — by an earlier request, a concurrent one, or a
+    /// close — nothing is written and the existing row is returned.
+    pub(crate) async fn execute(
+        &self,
+        key: &IdempotencyKey,
+        request: &TransferRequest,
+        verdict: Verdict<'_>,
+        render: impl FnOnce(&Record) -> StoredAnswer,
+    ) -> Result<Execution, StoreError> {
+        let (state, reason, moved, counted) = match verdict {
+            Verdict::Execute => (State::Executed, None, request.amount(), 1_i64),
+            Verdict::Decline(reason) => (State::Declined, Some(reason), 0, 0),
+        };
+        let created_at = now_micros();
+        let fingerprint = request.fingerprint();
+        let inserted: Option<Record> = on_pool!(self, pool => {
+            let mut tx = pool.begin().await?;
+            // The grand total's row lock first, before the insert takes its id: ids are
+            // then handed out in commit order (see the migration).
+            sqlx::query(
+                "UPDATE bank_totals SET total = total + $1, transfers = transfers + $2 WHERE id = 1",
+            )
+            .bind(moved)
+            .bind(counted)
+            .execute(&mut *tx)
+            .await?;
+            let id: Option<(i64,)> = sqlx::query_as(
+                "INSERT INTO bank_transfers
+                     (idempotency_key, state, destination, amount, reference, fingerprint,
+                      decline_reason, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (idempotency_key) DO NOTHING
+                 RETURNING id",
+            )
+            .bind(key.as_str())
+            .bind(state.as_str())
+            .bind(request.destination())
+            .bind(request.amount())
+            .bind(request.reference())
+            .bind(&fingerprint)
+            .bind(reason)
+            .bind(created_at)
+            .fetch_optional(&mut *tx)
+            .await?;
+            match id {
+                None => {
+                    tx.rollback().await?;
+                    None
+                }
+                Some((id,)) => {
+                    if state == State::Executed {
+                        sqlx::query(
+                            "INSERT INTO bank_destinations (destination, total, transfers)
+                             VALUES ($1, $2, 1)
+                             ON CONFLICT (destination) DO UPDATE
+                             SET total = bank_destinations.total + excluded.total,
+                                 transfers = bank_destinations.transfers + 1",
+                        )
+                        .bind(request.destination())
+                        .bind(request.amount())
+                        .execute(&mut *tx)
+                        .await?;
+                    }
+                    let mut record = Record {
+                        id,
+                        idempotency_key: key.as_str().to_owned(),
+                        state,
+                        request: Some(request.clone()),
+                        fingerprint: Some(fingerprint.clone()),
+                        decline_reason: reason.map(str::to_owned),
+                        answer: None,
+                        created_at_micros: created_at,
+                    };
+                    let answer = render(&record);
+                    sqlx::query(
+                        "UPDATE bank_transfers SET answer_status = $1, answer_body = $2 WHERE id = $3",
+                    )
+                    .bind(i32::from(answer.status))
+                    .bind(&answer.body)
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
+                    record.answer = Some(answer);
+                    Some(record)
+                }
+            }
+        });
+        match inserted {
+            Some(record) => Ok(Execution::Fresh(record)),
+            None => {
+                // ON CONFLICT DO NOTHING skipped the insert only because a committed row
+                // holds the key, so this read finds it.
+                let existing = self.find(key).await?.ok_or_else(|| {
+                    StoreError::Malformed(format!("key {:?} conflicted but is gone", key.as_str()))
+                })?;
+                Ok(Execution::Existing(existing))
+            }
+        }
+    }
+
+    /// Closes `key` when no transfer holds it: the row under the UNIQUE key is written as
+    /// closed, so a create that comes later (or concurrently) finds the key taken and
+    /// executes nothing. Returns the key's row — the closed one, or the transfer that was
+    /// there first.
+    pub(crate) async fn close(&self, key: &IdempotencyKey) -> Result<Record, StoreError> {
+        let created_at = now_micros();
+        on_pool!(self, pool => {
+            sqlx::query(
+                "INSERT INTO bank_transfers (idempotency_key, state, created_at)
+                 VALUES ($1, 'closed', $2)
+                 ON CONFLICT (idempotency_key) DO NOTHING",
+            )
+            .bind(key.as_str())
+            .bind(created_at)
+            .execute(pool)
+            .await
+            .map(|_| ())
+        })?;
+        self.find(key).await?.ok_or_else(|| {
+            StoreError::Malformed(format!("key {:?} was closed but is gone", key.as_str()))
+        })
+    }
+
+    /// Transfers (executed and declined; closed keys are no transfers) with an id above
+    /// `after`, in id order, at most `limit`.
+    pub(crate) async fn list(&self, after: i64, limit: i64) -> Result<Vec<Record>, StoreError> {
+        const SQL: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM bank_transfers WHERE id > $1 AND state <> 'closed' ORDER BY id LIMIT $2"
+        );
+        let rows: Vec<Row> = on_pool!(self, pool => {
+            sqlx::query_as(SQL).bind(after).bind(limit).fetch_all(pool).await
+        })?;
+        rows.into_iter().map(record).collect()
+    }
+
+    /// Runs a read-only query of (text, integer, integer) rows — the audit's shape.
+    pub(crate) async fn triples(
+        &self,
+        sql: &'static str,
+    ) -> Result<Vec<(String, i64, i64)>, StoreError> {
+        Ok(on_pool!(self, pool => sqlx::query_as(sql).fetch_all(pool).await)?)
+    }
+
+    /// Closes the pool.
+    pub(crate) async fn close_pool(&self) {
+        on_pool!(self, pool => pool.close().await);
+    }
+}
