@@ -85,6 +85,9 @@ pub struct Payouts {
     bank: Bank,
     settings: PayoutSettings,
     wake: Notify,
+    /// The bank this process serves itself (the embedded mode), kept running as long as
+    /// payouts are.
+    in_process: Option<bank::ServerHandle>,
 }
 
 impl Payouts {
@@ -94,7 +97,44 @@ impl Payouts {
             bank: Bank::new(settings.bank_url.clone(), settings.bank_timeout)?,
             settings,
             wake: Notify::new(),
+            in_process: None,
         })
+    }
+
+    /// Payouts to a `payonce-bank` served in this process, on a loopback port of its own,
+    /// with its store at `database_url` (the embedded mode: a newcomer's payonce pays out
+    /// with nothing else running). The demonstration header is on: this bank is for
+    /// trying payonce out, not for money.
+    pub async fn in_process(settings: PayoutSettings, database_url: &str) -> Result<Self, String> {
+        let options = bank::BankOptions {
+            database_url: database_url.to_owned(),
+            demo_header: true,
+            ..bank::BankOptions::default()
+        };
+        let opened = bank::Bank::open(options)
+            .await
+            .map_err(|error| format!("cannot open the in-process bank: {error}"))?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|error| format!("cannot listen for the in-process bank: {error}"))?;
+        let server = opened
+            .serve(listener)
+            .map_err(|error| format!("cannot serve the in-process bank: {error}"))?;
+        let bank_url = url::Url::parse(&format!("http://{}", server.addr()))
+            .map_err(|error| error.to_string())?;
+        tracing::info!(%bank_url, "payouts go to a payonce-bank in this process");
+        let mut payouts = Self::new(PayoutSettings {
+            bank_url,
+            ..settings
+        })
+        .map_err(|error| error.to_string())?;
+        payouts.in_process = Some(server);
+        Ok(payouts)
+    }
+
+    /// Where the bank is.
+    pub fn bank_url(&self) -> &url::Url {
+        &self.settings.bank_url
     }
 
     /// Wakes an idle worker: a payout was accepted here.

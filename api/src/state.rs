@@ -203,11 +203,7 @@ impl AppState {
             ..inner
         };
         let inner = Inner {
-            payouts: payout_settings(config)?
-                .map(Payouts::new)
-                .transpose()
-                .map_err(|error| StartError::Bank(error.to_string()))?
-                .map(Arc::new),
+            payouts: payouts(config).await?.map(Arc::new),
             ..inner
         };
         Ok(Self(Arc::new(inner)))
@@ -357,14 +353,12 @@ fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
     Ok(LockService::etcd(url, options)?)
 }
 
-/// How payouts are sent, where there is a bank.
-fn payout_settings(config: &Config) -> Result<Option<PayoutSettings>, ConfigError> {
-    let Some(url) = &config.bank_url else {
-        return Ok(None);
-    };
-    let bank_url = url::Url::parse(url)
-        .map_err(|error| ConfigError::Invalid(format!("PAYONCE_BANK_URL: {error}")))?;
-    Ok(Some(PayoutSettings {
+/// Payouts as the configuration sets them up: to `PAYONCE_BANK_URL`; without one, in the
+/// embedded mode to a bank in this process (its store beside the ledger's file), and in
+/// the distributed mode none — instances must share one bank, and one in each would not
+/// be one.
+async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
+    let settings = |bank_url| PayoutSettings {
         bank_url,
         bank_timeout: config.bank_timeout,
         workers: config.payout_workers,
@@ -373,7 +367,29 @@ fn payout_settings(config: &Config) -> Result<Option<PayoutSettings>, ConfigErro
         retry_max: config.payout_retry_max,
         attempts: config.payout_attempts,
         poll: config.payout_poll,
-    }))
+    };
+    match (&config.bank_url, config.mode()?) {
+        (Some(url), _) => {
+            let bank_url = url::Url::parse(url)
+                .map_err(|error| ConfigError::Invalid(format!("PAYONCE_BANK_URL: {error}")))?;
+            Payouts::new(settings(bank_url))
+                .map(Some)
+                .map_err(|error| StartError::Bank(error.to_string()))
+        }
+        (None, Mode::Embedded { sqlite_path }) => {
+            let store = sqlite_path.with_file_name("payonce-bank.db");
+            let placeholder = url::Url::parse("http://127.0.0.1/")
+                .map_err(|error| StartError::Bank(error.to_string()))?;
+            Payouts::in_process(
+                settings(placeholder),
+                &format!("sqlite:{}", store.display()),
+            )
+            .await
+            .map(Some)
+            .map_err(StartError::Bank)
+        }
+        (None, Mode::Distributed { .. }) => Ok(None),
+    }
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

@@ -99,6 +99,13 @@ macro_rules! claim_jobs {
 }
 pub(crate) use claim_jobs;
 
+/// Whether a job is due at $1 whose lease ran out (or never was): read before a claim, so
+/// idle workers never take the writer.
+const ANY_DUE: &str = "
+    SELECT id FROM outbox
+    WHERE done_at IS NULL AND due_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
+    LIMIT 1";
+
 /// Ends job $1 at attempt $2 ($3 now): only if that is still the job's attempt and it is
 /// not done. Returns its payout.
 const FINISH_JOB: &str = "
@@ -194,6 +201,7 @@ where
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
     for<'r> OrderRow: FromRow<'r, D::Row>,
     for<'q> OrderId: Encode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Encode<'q, D>,
@@ -352,6 +360,18 @@ where
         lease: Duration,
         max: i64,
     ) -> Result<Vec<PayoutJob>, LedgerError> {
+        let look = || async {
+            let mut connection = self.pool.acquire().await?;
+            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
+            let due: Option<(i64,)> = sqlx::query_as(ANY_DUE)
+                .bind(now)
+                .fetch_optional(&mut *connection)
+                .await?;
+            Ok::<_, sqlx::Error>(due.is_some())
+        };
+        if !self.on_live_connection(look).await? {
+            return Ok(Vec::new());
+        }
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let lease_until = Timestamp(now.0 + lease);

@@ -163,6 +163,7 @@ where
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
 {
     async fn create_account(
         &self,

@@ -28,8 +28,8 @@ use pb::watch_client::WatchClient;
 use pb::watch_create_request::FilterType;
 use pb::{
     Compare, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest, LeaseGrantResponse,
-    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseRevokeRequest, PutRequest, PutResponse,
-    RangeRequest, RangeResponse, RequestOp, ResponseOp, StatusRequest, TxnRequest, TxnResponse,
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, RequestOp, ResponseOp, StatusRequest, TxnRequest, TxnResponse,
     WatchCreateRequest, WatchRequest, WatchResponse, request_op, response_op, watch_request,
 };
 
@@ -117,7 +117,7 @@ impl Etcd {
     pub(crate) async fn revoke(&self, id: i64) -> Result<(), Status> {
         self.lease
             .clone()
-            .lease_revoke(LeaseRevokeRequest { id })
+            .lease_revoke(pb::LeaseRevokeRequest { id })
             .await?;
         Ok(())
     }

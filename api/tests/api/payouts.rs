@@ -1,0 +1,574 @@
+//! Payouts against a real `payonce-bank` (the bank crate's server, on a port-0 listener
+//! with a store of its own): each payout moves money at the bank once, whatever the bank
+//! does to the answers; a payout fails and its money comes back only on the bank's word.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{
+    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
+};
+
+/// A bank for one test: its server, its store, and a client to ask it what it did.
+struct TestBank {
+    url: String,
+    bank: bank::Bank,
+    server: Option<bank::ServerHandle>,
+    client: reqwest::Client,
+    _store: tempfile::TempDir,
+}
+
+impl TestBank {
+    async fn start(options: bank::BankOptions) -> Self {
+        let store = tempfile::tempdir().expect("a directory");
+        let options = bank::BankOptions {
+            database_url: format!("sqlite:{}", store.path().join("bank.db").display()),
+            ..options
+        };
+        let bank = bank::Bank::open(options).await.expect("the bank opens");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let server = bank.serve(listener).expect("the bank serves");
+        Self {
+            url: format!("http://{}", server.addr()),
+            bank,
+            server: Some(server),
+            client: reqwest::Client::new(),
+            _store: store,
+        }
+    }
+
+    async fn plain() -> Self {
+        Self::start(bank::BankOptions::default()).await
+    }
+
+    /// Every transfer the bank holds.
+    async fn transfers(&self) -> Vec<Value> {
+        let page: Value = self
+            .client
+            .get(format!("{}/v1/transfers?limit=1000", self.url))
+            .send()
+            .await
+            .expect("the bank answers")
+            .json()
+            .await
+            .expect("a page");
+        page["transfers"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// The bank's own answer for `key`.
+    async fn transfer(&self, key: &str) -> (StatusCode, Value) {
+        let response = self
+            .client
+            .get(format!("{}/v1/transfers/{key}", self.url))
+            .send()
+            .await
+            .expect("the bank answers");
+        (
+            response.status(),
+            response.json().await.unwrap_or(Value::Null),
+        )
+    }
+
+    async fn assert_audit_clean(&self) {
+        let report = self.bank.audit().await.expect("the bank's audit runs");
+        assert!(report.is_clean(), "{report:?}");
+    }
+
+    async fn stop(mut self) {
+        if let Some(server) = self.server.take() {
+            server.shutdown().await;
+        }
+    }
+}
+
+/// The flags of an instance that pays out to `bank`, with a quick schedule: small
+/// backoffs, three attempts before the bank is asked by key; each call bounded by
+/// `timeout`, each claim by `lease`.
+fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
+    vec![
+        "--bank-url",
+        bank.url.as_str(),
+        "--bank-timeout",
+        timeout,
+        "--payout-lease",
+        lease,
+        "--payout-retry-base",
+        "20ms",
+        "--payout-retry-max",
+        "100ms",
+        "--payout-attempts",
+        "3",
+        "--payout-poll",
+        "50ms",
+    ]
+}
+
+impl TestApp {
+    async fn pay_out(&self, account: &TestAccount, ticket: &str, amount: i64) -> reqwest::Response {
+        self.spend(
+            account,
+            "payouts",
+            ticket,
+            json!({ "amount": amount, "destination": "DE89370400440532013000" }),
+        )
+        .await
+    }
+
+    async fn payout(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(&format!("/v1/payouts/{payout}")))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// The payout once the bank's word is recorded (bounded: 20 s).
+    async fn settled(&self, account: &TestAccount, payout: &str) -> Value {
+        for _ in 0..400 {
+            let (status, _, body) = read(self.payout(account, payout).await).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            if body["status"] != "pending" {
+                return body;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("payout {payout} still pending after 20 s");
+    }
+
+    /// Takes a ticket and pays out `amount`: the accepted payout's id.
+    async fn accepted_payout(&self, account: &TestAccount, amount: i64) -> String {
+        let ticket = self.ticket(account).await;
+        let (status, _, body) = read(self.pay_out(account, &ticket, amount).await).await;
+        assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+        body["payout_id"].as_str().expect("a payout id").to_owned()
+    }
+}
+
+/// The happy path on both backends: 202 with `Location` and the payout pending, a replay
+/// of the same 202, then `succeeded` with the bank's transfer id — one transfer at the
+/// bank under the payout's key, of its amount; the balance down once; the audits clean.
+pub async fn a_payout_reaches_the_bank_once(backend: Backend) {
+    let bank = TestBank::plain().await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    let first = app.pay_out(&account, &ticket, 300).await;
+    let location = first
+        .headers()
+        .get("location")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    let (status, replayed, body) = read(first).await;
+    assert_eq!((status, replayed), (StatusCode::ACCEPTED, false), "{body}");
+    let payout = body["payout_id"].as_str().expect("an id").to_owned();
+    assert_eq!(location, Some(format!("/v1/payouts/{payout}")));
+    assert_eq!(
+        (&body["status"], &body["amount"], &body["balance"]),
+        (&json!("pending"), &json!(300), &json!(700))
+    );
+    let again = app.pay_out(&account, &ticket, 300).await;
+    assert_eq!(
+        again
+            .headers()
+            .get("location")
+            .map(|value| value.as_bytes().to_vec()),
+        location.as_ref().map(|l| l.as_bytes().to_vec())
+    );
+    let (status, replayed, replay) = read(again).await;
+    assert_eq!(
+        (status, replayed, &replay),
+        (StatusCode::ACCEPTED, true, &body)
+    );
+
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    let key = settled["bank_key"].as_str().expect("the key").to_owned();
+    let (status, transfer) = bank.transfer(&key).await;
+    assert_eq!(
+        (status, &transfer["state"]),
+        (StatusCode::OK, &json!("executed"))
+    );
+    assert_eq!(transfer["amount"], 300);
+    assert_eq!(
+        settled["bank_transfer_id"].as_str(),
+        Some(transfer["id"].to_string().as_str())
+    );
+    assert_eq!(bank.transfers().await.len(), 1);
+    assert_eq!(app.balance(&account).await.0, 700);
+    app.assert_audit_clean().await;
+    bank.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// Every answer lost after the bank committed (`commit-then-drop`): the payout is sent
+/// again with the same key until the attempts run out, then the bank is asked by key —
+/// and the transfer it made once is the payout's. Never a second transfer.
+pub async fn lost_answers_after_the_commit_pay_once(backend: Backend) {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            commit_then_drop: 1.0,
+            ..bank::FaultRates::default()
+        },
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 250).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    assert_eq!(settled["attempts"], 3, "{settled}");
+    assert_eq!(bank.transfers().await.len(), 1);
+    assert_eq!(app.balance(&account).await.0, 750);
+    app.assert_audit_clean().await;
+    bank.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// Answers slower than the bank timeout (`commit-then-slow`): every attempt's outcome is
+/// unknown, yet the bank holds one transfer and the payout is succeeded.
+pub async fn slow_answers_after_the_commit_pay_once(backend: Backend) {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            commit_then_slow: 1.0,
+            ..bank::FaultRates::default()
+        },
+        slow_for: Duration::from_secs(2),
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    assert_eq!(bank.transfers().await.len(), 1);
+    assert_eq!(app.balance(&account).await.0, 900);
+    app.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// The bank's final refusal (422 `destination-closed`, stored under the key): the payout
+/// fails with that reason and its money comes back, once — one reversal entry.
+pub async fn a_declined_payout_is_credited_back(backend: Backend) {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            decline: 1.0,
+            ..bank::FaultRates::default()
+        },
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 400).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["failure_reason"]),
+        (&json!("failed"), &json!("destination-closed")),
+        "{settled}"
+    );
+    assert_eq!(app.balance(&account).await.0, 1000);
+    let transfers = bank.transfers().await;
+    assert_eq!(transfers.len(), 1, "{transfers:?}");
+    assert_eq!(
+        transfers[0]["state"], "declined",
+        "no money moved at the bank"
+    );
+    let entries: Value = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}/entries", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .expect("request")
+        .json()
+        .await
+        .expect("entries");
+    let kinds: Vec<&str> = entries["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|entry| entry["payout_id"] == json!(payout))
+        .map(|entry| entry["kind"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(kinds, ["payout", "payout_reversal"]);
+    app.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// A bank that never executes (`fail-before`, 500 every time): after the attempts the bank
+/// is asked, has nothing, and the key is closed there — only then does the payout fail
+/// and its money come back; the closed key takes no transfer later.
+pub async fn a_payout_the_bank_never_made_fails_only_once_its_key_is_closed(backend: Backend) {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            fail_before: 1.0,
+            ..bank::FaultRates::default()
+        },
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 600).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "failed", "{settled}");
+    assert!(
+        settled["failure_reason"]
+            .as_str()
+            .is_some_and(|reason| reason.contains("closed")),
+        "{settled}"
+    );
+    assert_eq!(app.balance(&account).await.0, 1000);
+    let key = settled["bank_key"].as_str().expect("the key");
+    let (status, closed) = bank.transfer(key).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{closed}");
+    assert!(
+        closed["type"]
+            .as_str()
+            .is_some_and(|kind| kind.ends_with("idempotency-key-closed"))
+    );
+    // The closed key takes nothing later, even from a request that gets through.
+    let late = bank
+        .client
+        .post(format!("{}/v1/transfers", bank.url))
+        .header("Idempotency-Key", key)
+        .json(
+            &json!({ "destination": "DE89370400440532013000", "amount": 600, "reference": payout }),
+        )
+        .send()
+        .await
+        .expect("the bank answers");
+    assert!(late.status() == StatusCode::CONFLICT || late.status().is_server_error());
+    assert!(bank.transfers().await.is_empty());
+    app.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// A bank that does not answer at all: the payout stays pending — no reversal without the
+/// bank's word — and shows in `?status=pending` and the metrics, with its last error.
+pub async fn a_payout_stays_pending_while_the_bank_is_away(backend: Backend) {
+    // A port nothing listens on.
+    let away = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}", away.local_addr().expect("an address"));
+    drop(away);
+    let app = spawn_app_with(
+        backend,
+        &[
+            "--bank-url",
+            &url,
+            "--payout-retry-base",
+            "20ms",
+            "--payout-retry-max",
+            "50ms",
+            "--payout-attempts",
+            "2",
+            "--payout-poll",
+            "50ms",
+        ],
+    )
+    .await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let mut shown = Value::Null;
+    for _ in 0..200 {
+        shown = read(app.payout(&account, &payout).await).await.2;
+        if shown["attempts"].as_u64().unwrap_or_default() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shown["status"], "pending", "{shown}");
+    assert!(
+        shown["attempts"].as_u64().unwrap_or_default() >= 4,
+        "{shown}"
+    );
+    assert!(shown["last_error"].is_string(), "{shown}");
+    assert_eq!(app.balance(&account).await.0, 900);
+    let (status, _, pending) = read(
+        app.client
+            .get(app.url("/v1/payouts?status=pending"))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        pending["payouts"][0]["payout_id"],
+        json!(payout),
+        "{pending}"
+    );
+    let mut counted = 0.0;
+    for _ in 0..100 {
+        counted = app.metric("payonce_payouts{status=\"pending\"}").await;
+        if counted == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(counted, 1.0);
+    app.assert_audit_clean().await;
+    app.stop().await;
+}
+
+/// A worker that stops mid-call (its instance shut down while the bank held the answer)
+/// leaves its payout leased; once the lease runs out the other instance sends it again
+/// with the same key, and the bank's one transfer is the payout's.
+pub async fn an_instance_that_stops_mid_call_is_taken_over() {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            commit_then_slow: 1.0,
+            ..bank::FaultRates::default()
+        },
+        slow_for: Duration::from_secs(30),
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let shared = Shared::new(Backend::Distributed).await;
+    // The first instance's call outlasts it: a long bank timeout, a long lease.
+    let first = spawn_with(shared.clone(), &paying_to(&bank, "20s", "1m")).await;
+    let account = first.create_account(1000, 0).await;
+    let payout = first.accepted_payout(&account, 300).await;
+    // The bank has executed it (the answer is held back): the first worker is mid-call.
+    for _ in 0..200 {
+        if !bank.transfers().await.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(bank.transfers().await.len(), 1);
+    first.stop().await;
+    // Its lease still runs a minute: shorten it by hand, as time passing would.
+    shared
+        .database
+        .execute("UPDATE outbox SET lease_until = now() - interval '1 second'")
+        .await
+        .expect("the lease ends");
+    let second = spawn_with(shared.clone(), &paying_to(&bank, "300ms", "2s")).await;
+    let settled = second.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    assert!(
+        settled["attempts"].as_u64().unwrap_or_default() >= 2,
+        "{settled}"
+    );
+    assert_eq!(bank.transfers().await.len(), 1);
+    second.assert_audit_clean().await;
+    second.stop().await;
+    bank.stop().await;
+}
+
+/// Bad payouts store nothing: an invalid destination or amount is 422, and a distributed
+/// instance without a bank refuses payouts (503 `payouts-unavailable`) with the ticket
+/// still usable; another account's payout is not found.
+pub async fn payouts_refuse_what_they_cannot_do() {
+    let app = spawn_app_with(Backend::Distributed, &[]).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    for body in [
+        json!({ "amount": 10, "destination": "has space" }),
+        json!({ "amount": 10, "destination": "" }),
+        json!({ "amount": 0, "destination": "acct" }),
+        json!({ "amount": 10 }),
+    ] {
+        let response = app.spend(&account, "payouts", &ticket, body).await;
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    let response = app.pay_out(&account, &ticket, 10).await;
+    assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "payouts-unavailable",
+    )
+    .await;
+    assert_eq!(app.shown_ticket(&account, &ticket).await["state"], "issued");
+    app.stop().await;
+
+    let bank = TestBank::plain().await;
+    let app = spawn_app_with(Backend::Embedded, &paying_to(&bank, "500ms", "2s")).await;
+    let mine = app.create_account(1000, 0).await;
+    let other = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&mine, 5).await;
+    let response = app.payout(&other, &payout).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
+    let response = app.payout(&mine, "not-a-uuid").await;
+    assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// The embedded mode without `PAYONCE_BANK_URL` pays out to a bank of its own, in the
+/// process: a newcomer's payout succeeds with nothing else running.
+pub async fn the_embedded_mode_pays_out_to_a_bank_of_its_own() {
+    let app = spawn_app_with(Backend::Embedded, &["--payout-poll", "50ms"]).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 123).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "succeeded", "{settled}");
+    assert_eq!(app.balance(&account).await.0, 877);
+    app.stop().await;
+}
+
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod on_postgres_and_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::$case(crate::helpers::Backend::Distributed).await;
+                }
+            )*
+        }
+        mod embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    super::$case(crate::helpers::Backend::Embedded).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    a_payout_reaches_the_bank_once,
+    lost_answers_after_the_commit_pay_once,
+    slow_answers_after_the_commit_pay_once,
+    a_declined_payout_is_credited_back,
+    a_payout_the_bank_never_made_fails_only_once_its_key_is_closed,
+    a_payout_stays_pending_while_the_bank_is_away,
+);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stopped_instances_payout_is_taken_over() {
+    an_instance_that_stops_mid_call_is_taken_over().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_payouts_store_nothing() {
+    payouts_refuse_what_they_cannot_do().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_embedded_mode_pays_out_without_a_bank_url() {
+    the_embedded_mode_pays_out_to_a_bank_of_its_own().await;
+}
