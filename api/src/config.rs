@@ -18,7 +18,7 @@ pub const VERSION: &str = if cfg!(feature = "demo") {
     env!("CARGO_PKG_VERSION")
 };
 
-/// `payonce [serve]` or `payonce audit`.
+/// `payonce [serve]`, `payonce audit` or `payonce reconcile`.
 #[derive(Parser, Debug, Clone)]
 #[command(name = "payonce", version = VERSION, about = "An idempotent payment service.")]
 pub struct Cli {
@@ -40,6 +40,13 @@ pub enum Command {
         /// Print the violations as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Compare the ledger's payouts with the bank's transfers; print what disagrees (and
+    /// the pending payouts, with their age) and exit 1 if anything does.
+    Reconcile {
+        /// The bank's base URL (default: PAYONCE_BANK_URL).
+        #[arg(long)]
+        bank: Option<String>,
     },
 }
 

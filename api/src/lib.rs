@@ -1,7 +1,7 @@
 //! The payonce HTTP service.
 //!
 //! # Map
-//! - `main.rs`: the binary — parses [`config::Cli`], then serves or audits.
+//! - `main.rs`: the binary — parses [`config::Cli`], then serves, audits or reconciles.
 //! - [`serve`] (this file): runs the app on a listener until the shutdown future completes,
 //!   with the reaper beside it. Tests call it with a port-0 listener.
 //! - `config.rs`: flags and environment variables, the mode they select, the start-up
@@ -15,6 +15,8 @@
 //!   client's address, path ids, `Idempotency-Key`, JSON bodies.
 //! - `limits.rs`: rate limits per client address and per account; `flights.rs`: the
 //!   tickets this instance is executing, so duplicates wait for the original locally.
+//! - `payouts.rs`: the workers that send payouts to the bank, one key per payout, and
+//!   record its word; `reconcile.rs`: `payonce reconcile`, the payouts against the bank.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
@@ -32,6 +34,7 @@ pub mod flights;
 pub mod limits;
 pub mod metrics;
 pub mod payouts;
+pub mod reconcile;
 pub mod render;
 pub mod routes;
 pub mod state;

@@ -1,4 +1,5 @@
-//! `payonce`: serve the API (the default), or `payonce audit` the ledger.
+//! `payonce`: serve the API (the default), `payonce audit` the ledger, or `payonce
+//! reconcile` its payouts with the bank.
 
 use std::process::ExitCode;
 
@@ -21,6 +22,7 @@ async fn main() -> ExitCode {
     let result = match cli.command.unwrap_or(Command::Serve) {
         Command::Serve => serve(&cli.config).await,
         Command::Audit { json } => return audit(&cli.config, json).await,
+        Command::Reconcile { bank } => return reconcile(&cli.config, bank).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -94,32 +96,89 @@ async fn shutdown_signal() {
 }
 
 /// Exit codes: 0 clean, 1 violations found, 2 the audit could not run.
-async fn audit(config: &api::config::Config, json: bool) -> ExitCode {
+/// The ledger a command reads: `DATABASE_URL`'s, or the embedded file — which must exist
+/// (opening would create an empty ledger, and an empty ledger is clean: better to say
+/// plainly that there is nothing here).
+async fn existing_ledger(config: &api::config::Config, command: &str) -> Result<Ledger, ExitCode> {
     let url = match (&config.database_url, config.mode()) {
         (Some(url), _) => url.clone(),
         (None, Ok(Mode::Embedded { sqlite_path })) => {
-            // Opening would create an empty ledger, and an empty ledger is clean: say
-            // plainly that there is nothing here instead.
             if !sqlite_path.exists() {
                 eprintln!(
-                    "payonce audit: no embedded ledger at {} (set PAYONCE_DATA_DIR, or DATABASE_URL)",
+                    "payonce {command}: no embedded ledger at {} (set PAYONCE_DATA_DIR, or DATABASE_URL)",
                     sqlite_path.display()
                 );
-                return ExitCode::from(2);
+                return Err(ExitCode::from(2));
             }
             format!("sqlite:{}", sqlite_path.display())
         }
         (None, _) => {
-            eprintln!("payonce audit: set DATABASE_URL (or run where the embedded data lives)");
+            eprintln!("payonce {command}: set DATABASE_URL (or run where the embedded data lives)");
+            return Err(ExitCode::from(2));
+        }
+    };
+    Ledger::open(&url, &LedgerOptions::default())
+        .await
+        .map_err(|error| {
+            eprintln!("payonce {command}: cannot open the ledger: {error}");
+            ExitCode::from(2)
+        })
+}
+
+/// `payonce reconcile`: exit 0 when the ledger's payouts and the bank's transfers agree,
+/// 1 listing what disagrees, 2 when either cannot be read.
+async fn reconcile(config: &api::config::Config, bank: Option<String>) -> ExitCode {
+    let Some(bank) = bank.or_else(|| config.bank_url.clone()) else {
+        eprintln!("payonce reconcile: name the bank: --bank URL (or PAYONCE_BANK_URL)");
+        return ExitCode::from(2);
+    };
+    let Ok(bank) = url::Url::parse(&bank) else {
+        eprintln!("payonce reconcile: {bank} is not a URL");
+        return ExitCode::from(2);
+    };
+    let ledger = match existing_ledger(config, "reconcile").await {
+        Ok(ledger) => ledger,
+        Err(code) => return code,
+    };
+    let found = match api::reconcile::reconcile(&ledger, &bank).await {
+        Ok(found) => found,
+        Err(error) => {
+            eprintln!("payonce reconcile: {error}");
             return ExitCode::from(2);
         }
     };
-    let ledger = match Ledger::open(&url, &LedgerOptions::default()).await {
+    for finding in &found.findings {
+        println!("MISMATCH {finding}");
+    }
+    for (payout, age) in &found.pending {
+        println!(
+            "pending {payout}: waiting {:.1} s for the bank's word",
+            age.as_secs_f64()
+        );
+    }
+    println!(
+        "{}: {} payouts, {} transfers executed at the bank, {} pending, {} mismatches",
+        if found.is_clean() {
+            "reconciled"
+        } else {
+            "NOT RECONCILED"
+        },
+        found.payouts,
+        found.executed,
+        found.pending.len(),
+        found.findings.len()
+    );
+    if found.is_clean() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+async fn audit(config: &api::config::Config, json: bool) -> ExitCode {
+    let ledger = match existing_ledger(config, "audit").await {
         Ok(ledger) => ledger,
-        Err(error) => {
-            eprintln!("payonce audit: cannot open the ledger: {error}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let violations = match ledger.audit().await {
         Ok(violations) => violations,
