@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use ledger::Ledger;
-use ledger::payouts::{Payout, PayoutJob, Settlement, bank_key};
+use ledger::payouts::{JobOutcome, Payout, PayoutJob, Settlement, bank_key};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use tokio::sync::Notify;
@@ -172,6 +172,11 @@ pub async fn dispatch(
     }
 }
 
+/// Jobs a worker claims at once and sends side by side: a claim is a write transaction,
+/// so taking a few per claim spares the database; a few, so one worker does not hold
+/// many jobs the others could send.
+const CLAIM_BATCH: u32 = 32;
+
 /// One payout worker.
 struct Dispatcher {
     ledger: Ledger,
@@ -188,13 +193,13 @@ impl Dispatcher {
         loop {
             let claimed = self
                 .ledger
-                .claim_payouts(&self.name, settings.lease, 1)
+                .claim_payouts(&self.name, settings.lease, CLAIM_BATCH)
                 .await;
             match claimed {
                 Ok(jobs) if !jobs.is_empty() => {
-                    for job in jobs {
-                        self.send(&job).await;
-                    }
+                    let outcomes =
+                        futures::future::join_all(jobs.iter().map(|job| self.send(job))).await;
+                    self.record(&jobs, &outcomes).await;
                     if stopping.is_cancelled() {
                         return;
                     }
@@ -211,33 +216,32 @@ impl Dispatcher {
         }
     }
 
-    /// One attempt of `job`: the transfer sent, and what the bank said recorded.
-    async fn send(&self, job: &PayoutJob) {
+    /// One attempt of `job`: the transfer sent, and what comes of it.
+    async fn send(&self, job: &PayoutJob) -> JobOutcome {
         let answer = self.payouts.bank.transfer(&job.payout).await;
         self.metrics.payout_attempt(answer.outcome());
         match answer {
             Answer::Made { transfer_id } => {
-                self.settle(job, Settlement::Succeeded { transfer_id })
-                    .await;
+                JobOutcome::Settled(Settlement::Succeeded { transfer_id })
             }
-            Answer::Refused { reason } => self.settle(job, Settlement::Failed { reason }).await,
+            Answer::Refused { reason } => JobOutcome::Settled(Settlement::Failed { reason }),
             Answer::NoWord {
                 error,
                 key_left_free,
                 ..
             } if key_left_free || job.attempt >= self.payouts.settings.attempts => {
-                self.ask(job, &error).await;
+                self.ask(job, &error).await
             }
             Answer::NoWord {
                 error, retry_after, ..
-            } => self.postpone(job, retry_after, &error).await,
+            } => self.postponed(job, retry_after, error),
         }
     }
 
     /// No word for too long (or a request the bank will never take): ask the bank for the
     /// transfer by its key; if it has none, close the key there and fail the payout only
     /// on the bank's `closed`. Any other answer, or none, leaves it pending.
-    async fn ask(&self, job: &PayoutJob, error: &str) {
+    async fn ask(&self, job: &PayoutJob, error: &str) -> JobOutcome {
         let key = bank_key(job.payout.id);
         let found = match self.payouts.bank.look_up(&key).await {
             Found::Nothing => self.payouts.bank.close(&key).await,
@@ -245,47 +249,60 @@ impl Dispatcher {
         };
         match found {
             Found::Made { transfer_id } => {
-                self.settle(job, Settlement::Succeeded { transfer_id })
-                    .await;
+                JobOutcome::Settled(Settlement::Succeeded { transfer_id })
             }
-            Found::Refused { reason } => {
-                self.settle(job, Settlement::Failed { reason }).await;
+            Found::Refused { reason } => JobOutcome::Settled(Settlement::Failed { reason }),
+            Found::Closed => JobOutcome::Settled(Settlement::Failed {
+                reason: format!("not made ({error}); the key is closed at the bank"),
+            }),
+            Found::NoWord { error: asked } => {
+                self.postponed(job, None, format!("{error}; asking the bank: {asked}"))
             }
-            Found::Closed => {
-                let reason = format!("not made ({error}); the key is closed at the bank");
-                self.settle(job, Settlement::Failed { reason }).await;
-            }
-            Found::Nothing | Found::NoWord { .. } => {
-                let why = match found {
-                    Found::NoWord { error: asked } => format!("{error}; asking the bank: {asked}"),
-                    _ => format!("{error}; the bank had no transfer and did not close the key"),
-                };
-                self.postpone(job, None, &why).await;
-            }
+            Found::Nothing => self.postponed(
+                job,
+                None,
+                format!("{error}; the bank had no transfer and did not close the key"),
+            ),
         }
     }
 
-    async fn settle(&self, job: &PayoutJob, settlement: Settlement) {
-        match self.ledger.settle_payout(job, &settlement).await {
-            Ok(true) => {
-                tracing::info!(payout = %job.payout.id, attempt = job.attempt, ?settlement, "payout settled");
+    /// Another attempt later, after the backoff (or the bank's `Retry-After`).
+    fn postponed(
+        &self,
+        job: &PayoutJob,
+        retry_after: Option<Duration>,
+        error: String,
+    ) -> JobOutcome {
+        JobOutcome::Postponed {
+            after: self.payouts.settings.backoff(job.attempt, retry_after),
+            error,
+        }
+    }
+
+    /// Records what came of a batch, in one transaction. If that fails, the jobs' leases
+    /// run out and another attempt asks the bank again: its answer for each key is the
+    /// same.
+    async fn record(&self, jobs: &[PayoutJob], outcomes: &[JobOutcome]) {
+        let pairs: Vec<(&PayoutJob, &JobOutcome)> = jobs.iter().zip(outcomes).collect();
+        match self.ledger.record_payouts(&pairs).await {
+            Ok(recorded) => {
+                for ((job, outcome), recorded) in pairs.iter().zip(recorded) {
+                    match (outcome, recorded) {
+                        (_, false) => {
+                            tracing::info!(payout = %job.payout.id, attempt = job.attempt, "payout claimed again meanwhile; this attempt's word is not recorded")
+                        }
+                        (JobOutcome::Settled(settlement), true) => {
+                            tracing::debug!(payout = %job.payout.id, attempt = job.attempt, ?settlement, "payout settled")
+                        }
+                        (JobOutcome::Postponed { after, error }, true) => {
+                            tracing::info!(payout = %job.payout.id, attempt = job.attempt, wait = ?after, error, "payout not settled; sending it again later")
+                        }
+                    }
+                }
             }
-            Ok(false) => {
-                tracing::info!(payout = %job.payout.id, attempt = job.attempt, "payout claimed again meanwhile; this attempt's word is not recorded");
-            }
-            // The lease runs out and another attempt asks the bank again: its answer for
-            // the key is the same.
             Err(error) => {
-                tracing::warn!(%error, payout = %job.payout.id, "cannot record the bank's word; the payout will be sent again");
+                tracing::warn!(%error, jobs = jobs.len(), "cannot record the payouts' outcomes; their leases will run out and they are sent again");
             }
-        }
-    }
-
-    async fn postpone(&self, job: &PayoutJob, retry_after: Option<Duration>, error: &str) {
-        let wait = self.payouts.settings.backoff(job.attempt, retry_after);
-        tracing::info!(payout = %job.payout.id, attempt = job.attempt, ?wait, error, "payout not settled; sending it again later");
-        if let Err(failed) = self.ledger.postpone_payout(job, wait, error).await {
-            tracing::warn!(error = %failed, payout = %job.payout.id, "cannot postpone the payout; its lease will run out instead");
         }
     }
 }

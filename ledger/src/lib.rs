@@ -99,7 +99,7 @@ pub use model::{
 
 use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
-use payouts::{Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
+use payouts::{JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
 use sql_store::SqlStore;
 use store::Store;
 
@@ -548,7 +548,9 @@ impl Ledger {
         job: &PayoutJob,
         settlement: &Settlement,
     ) -> Result<bool, LedgerError> {
-        self.store.settle_payout(job, settlement).await
+        let outcome = JobOutcome::Settled(settlement.clone());
+        let recorded = self.store.record_payouts(&[(job, &outcome)]).await?;
+        Ok(recorded.first().copied().unwrap_or(false))
     }
 
     /// Puts a claimed job back for another attempt `after` from now, noting `error`;
@@ -559,7 +561,21 @@ impl Ledger {
         after: Duration,
         error: &str,
     ) -> Result<bool, LedgerError> {
-        self.store.postpone_payout(job, after, error).await
+        let outcome = JobOutcome::Postponed {
+            after,
+            error: error.to_owned(),
+        };
+        let recorded = self.store.record_payouts(&[(job, &outcome)]).await?;
+        Ok(recorded.first().copied().unwrap_or(false))
+    }
+
+    /// Records what came of several claimed jobs, in one transaction (a worker's batch):
+    /// for each, whether it was recorded (`false`: claimed again or settled meanwhile).
+    pub async fn record_payouts(
+        &self,
+        outcomes: &[(&PayoutJob, &JobOutcome)],
+    ) -> Result<Vec<bool>, LedgerError> {
+        self.store.record_payouts(outcomes).await
     }
 
     /// The sizes of the batches PostgreSQL's group commit sent so far; `None` on SQLite.

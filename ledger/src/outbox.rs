@@ -12,6 +12,7 @@
 //! it waited on the bank records nothing once another worker claimed the job again. Times
 //! come from the database's clock, which every instance shares.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -26,7 +27,7 @@ use crate::model::{
     StoredResponse, TicketId,
 };
 use crate::payouts::{
-    Destination, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement,
+    Destination, JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement,
 };
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
@@ -382,39 +383,89 @@ where
             .bind(max)
             .fetch_all(&mut *tx)
             .await?;
-        let mut jobs = Vec::with_capacity(claimed.len());
-        for (job_id, payout, attempt) in claimed {
-            let payout: PayoutRow = sqlx::query_as(PAYOUT)
-                .bind(payout)
-                .fetch_one(&mut *tx)
-                .await?;
-            jobs.push(PayoutJob {
-                job_id,
-                payout: Payout::try_from(payout)?,
-                attempt: u32::try_from(attempt).unwrap_or_default(),
-                lease_until: lease_until.0,
-            });
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        // The claimed payouts in one statement: `… WHERE p.id IN ($1, …, $n)`.
+        let placeholders: Vec<String> = (1..=claimed.len()).map(|n| format!("${n}")).collect();
+        let select = format!(
+            "SELECT {} WHERE p.id IN ({})",
+            payout_columns!(),
+            placeholders.join(", ")
+        );
+        let mut query = sqlx::query_as::<_, PayoutRow>(sqlx::AssertSqlSafe(select));
+        for (_, payout, _) in &claimed {
+            query = query.bind(*payout);
+        }
+        let mut payouts: HashMap<PayoutId, Payout> = HashMap::new();
+        for row in query.fetch_all(&mut *tx).await? {
+            let payout = Payout::try_from(row)?;
+            payouts.insert(payout.id, payout);
         }
         tx.commit().await?;
-        Ok(jobs)
+        claimed
+            .into_iter()
+            .map(|(job_id, payout, attempt)| {
+                Ok(PayoutJob {
+                    job_id,
+                    payout: payouts.remove(&payout).ok_or_else(|| {
+                        LedgerError::Corrupt(format!(
+                            "outbox job {job_id}: payout {payout} is missing"
+                        ))
+                    })?,
+                    attempt: u32::try_from(attempt).unwrap_or_default(),
+                    lease_until: lease_until.0,
+                })
+            })
+            .collect()
     }
 
-    /// Records the bank's final word on `job`'s payout, if `job` is still at the attempt
-    /// it was claimed at: the payout settled, and for a refusal the amount credited back
-    /// with a reversal entry — all with the job's end, in one transaction. `false` when the
-    /// job was claimed again or settled meanwhile (nothing written).
-    pub(crate) async fn settle_job(
+    /// Records what came of each claimed job, in one transaction: the bank's final word
+    /// (the payout settled and, for a refusal, the amount credited back with a reversal
+    /// entry, with the job's end) or another attempt later. Each only if its job is still
+    /// at the attempt it was claimed at: `false` in its place when it was claimed again or
+    /// settled meanwhile (nothing written for it). One commit for a worker's batch.
+    pub(crate) async fn record_jobs(
         &self,
-        job: &PayoutJob,
-        settlement: &Settlement,
-    ) -> Result<bool, LedgerError> {
+        outcomes: &[(&PayoutJob, &JobOutcome)],
+    ) -> Result<Vec<bool>, LedgerError> {
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let mut recorded = Vec::with_capacity(outcomes.len());
+        for (job, outcome) in outcomes {
+            recorded.push(match outcome {
+                JobOutcome::Settled(settlement) => {
+                    Self::settle_in(&mut tx, job, settlement, now).await?
+                }
+                JobOutcome::Postponed { after, error } => {
+                    let postponed: Option<(PayoutId,)> = sqlx::query_as(POSTPONE_JOB)
+                        .bind(job.job_id)
+                        .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
+                        .bind(Timestamp(now.0 + *after))
+                        .bind(error.as_str())
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    postponed.is_some()
+                }
+            });
+        }
+        commit_or_unknown(tx).await?;
+        Ok(recorded)
+    }
+
+    /// One job's settlement, inside `tx`.
+    async fn settle_in(
+        tx: &mut sqlx::Transaction<'static, D>,
+        job: &PayoutJob,
+        settlement: &Settlement,
+        now: Timestamp,
+    ) -> Result<bool, LedgerError> {
         let finished: Option<(PayoutId,)> = sqlx::query_as(FINISH_JOB)
             .bind(job.job_id)
             .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
             .bind(now)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?;
         if finished.is_none() {
             return Ok(false);
@@ -431,7 +482,7 @@ where
             .bind(transfer_id)
             .bind(reason)
             .bind(now)
-            .fetch_optional(&mut *tx)
+            .fetch_optional(&mut **tx)
             .await?;
         let Some((account, amount)) = settled else {
             return Err(LedgerError::Corrupt(format!(
@@ -443,7 +494,7 @@ where
             let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
                 .bind(account)
                 .bind(amount)
-                .fetch_one(&mut *tx)
+                .fetch_one(&mut **tx)
                 .await?;
             sqlx::query(INSERT_PAYOUT_ENTRY)
                 .bind(account)
@@ -455,32 +506,10 @@ where
                 .bind(token)
                 .bind(now)
                 .bind(job.payout.id)
-                .execute(&mut *tx)
+                .execute(&mut **tx)
                 .await?;
         }
-        commit_or_unknown(tx).await?;
         Ok(true)
-    }
-
-    /// Puts `job` back for another attempt `after` from now, noting `error`, if it is
-    /// still at the attempt it was claimed at; `false` if not.
-    pub(crate) async fn postpone_job(
-        &self,
-        job: &PayoutJob,
-        after: Duration,
-        error: &str,
-    ) -> Result<bool, LedgerError> {
-        let mut tx = self.begin_write().await?;
-        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let postponed: Option<(PayoutId,)> = sqlx::query_as(POSTPONE_JOB)
-            .bind(job.job_id)
-            .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
-            .bind(Timestamp(now.0 + after))
-            .bind(error)
-            .fetch_optional(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(postponed.is_some())
     }
 }
 

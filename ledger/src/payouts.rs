@@ -8,6 +8,7 @@
 //! one transaction (`outbox.rs`).
 
 use std::fmt;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
@@ -200,6 +201,20 @@ pub enum Settlement {
     Failed {
         /// The bank's reason.
         reason: String,
+    },
+}
+
+/// What came of a claimed job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// The bank's final word.
+    Settled(Settlement),
+    /// No word yet: another attempt `after` from now; `error` is what went wrong.
+    Postponed {
+        /// How long until the next attempt.
+        after: Duration,
+        /// What went wrong this time.
+        error: String,
     },
 }
 

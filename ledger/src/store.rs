@@ -25,7 +25,7 @@ use crate::model::{
     TicketId,
 };
 use crate::outbox::PayoutRow;
-use crate::payouts::{Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
+use crate::payouts::{JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus};
 use crate::reaper;
 use crate::rows::{AccountRow, EntryRow, OrderRow, TicketRow, order_columns, token_to_sql};
 use crate::sql_store::SqlStore;
@@ -91,20 +91,12 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         lease: Duration,
         max: i64,
     ) -> Result<Vec<PayoutJob>, LedgerError>;
-    /// Records the bank's final word on a claimed job; `false` if it was claimed again or
-    /// settled meanwhile.
-    async fn settle_payout(
+    /// Records what came of claimed jobs, in one transaction; `false` for each that was
+    /// claimed again or settled meanwhile.
+    async fn record_payouts(
         &self,
-        job: &PayoutJob,
-        settlement: &Settlement,
-    ) -> Result<bool, LedgerError>;
-    /// Puts a claimed job back for a later attempt; `false` as for `settle_payout`.
-    async fn postpone_payout(
-        &self,
-        job: &PayoutJob,
-        after: Duration,
-        error: &str,
-    ) -> Result<bool, LedgerError>;
+        outcomes: &[(&PayoutJob, &JobOutcome)],
+    ) -> Result<Vec<bool>, LedgerError>;
     /// Deletes unused tickets and prunes the outcomes of used ones, both expired more
     /// than `retention` ago by the database's clock (the clock that judges expiry, so a
     /// ticket is never reaped while a spend could still find it unexpired); at most
@@ -363,21 +355,11 @@ where
         self.claim_jobs(worker, lease, max).await
     }
 
-    async fn settle_payout(
+    async fn record_payouts(
         &self,
-        job: &PayoutJob,
-        settlement: &Settlement,
-    ) -> Result<bool, LedgerError> {
-        self.settle_job(job, settlement).await
-    }
-
-    async fn postpone_payout(
-        &self,
-        job: &PayoutJob,
-        after: Duration,
-        error: &str,
-    ) -> Result<bool, LedgerError> {
-        self.postpone_job(job, after, error).await
+        outcomes: &[(&PayoutJob, &JobOutcome)],
+    ) -> Result<Vec<bool>, LedgerError> {
+        self.record_jobs(outcomes).await
     }
 
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {

@@ -1,0 +1,373 @@
+//! Payouts dispatched per second at the bank, beside the bank's own rate for transfers
+//! created with keys by the same load generator, in alternating rounds; and the time from
+//! a payout's 202 to `succeeded` with no faults.
+//!
+//! ```text
+//! cargo run --release -p api --example payout_bench -- --payouts 2000 --rounds 3
+//! ```
+//!
+//! Each round makes a fresh PostgreSQL database for payonce's ledger and a fresh
+//! `payonce-bank` (its SQLite store in a temporary directory, served in this process on a
+//! loopback port), and starts one payonce server in this process (PostgreSQL + Redis,
+//! `--workers` payout workers).
+//!
+//! - **Dispatch**: `--payouts` payouts are accepted through the API (`--clients` at once)
+//!   while the bank is not up yet, so they queue in the outbox (each tried once and put
+//!   back for ten minutes); then the bank starts on the port payonce was told, every job is
+//!   made due at once, and the clock runs until every payout is `succeeded` — the
+//!   workers' rate of transfers at the bank.
+//! - **Baseline**: the same number of transfers sent straight to a fresh bank by the same
+//!   client tasks (`--clients` at once), each with its own key — the bank's own rate.
+//! - **Latency**: then `--latency-payouts` payouts one after another on the idle, running
+//!   pair; each payout's time from its 202 to `succeeded` is read from the ledger's clock
+//!   (created and settled timestamps).
+//!
+//! The two rates alternate in order round by round; the summary gives medians and the
+//! median of the per-round ratios.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{Value, json};
+use sqlx::{Connection, PgConnection};
+use uuid::Uuid;
+
+#[path = "../bench/http.rs"]
+mod http;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Payouts (and baseline transfers) per round.
+    #[arg(long, default_value_t = 2000)]
+    payouts: usize,
+    /// Client tasks sending at once.
+    #[arg(long, default_value_t = 16)]
+    clients: usize,
+    /// payonce's payout workers.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Payouts sent one after another for the 202-to-succeeded latency.
+    #[arg(long, default_value_t = 300)]
+    latency_payouts: usize,
+    /// Rounds; the summary gives medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    database_url: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+}
+
+struct Round {
+    dispatched_per_sec: f64,
+    bank_per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// A bank in this process, its store in a temporary directory.
+struct Bank {
+    server: bank::ServerHandle,
+    _store: tempfile::TempDir,
+}
+
+async fn start_bank(on: SocketAddr) -> Result<Bank, http::BoxError> {
+    let store = tempfile::tempdir()?;
+    let opened = bank::Bank::open(bank::BankOptions {
+        database_url: format!("sqlite:{}", store.path().join("bank.db").display()),
+        ..bank::BankOptions::default()
+    })
+    .await?;
+    let listener = tokio::net::TcpListener::bind(on).await?;
+    Ok(Bank {
+        server: opened.serve(listener)?,
+        _store: store,
+    })
+}
+
+/// A loopback address free now.
+async fn free_address() -> Result<SocketAddr, http::BoxError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    Ok(listener.local_addr()?)
+}
+
+/// Runs `count` jobs on `clients` tasks; each job is `job(index)`.
+async fn on_clients<F, Fut>(count: usize, clients: usize, job: F) -> Result<(), http::BoxError>
+where
+    F: Fn(usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), http::BoxError>> + Send,
+{
+    let next = Arc::new(AtomicUsize::new(0));
+    let job = Arc::new(job);
+    let tasks: Vec<_> = (0..clients)
+        .map(|_| {
+            let next = Arc::clone(&next);
+            let job = Arc::clone(&job);
+            tokio::spawn(async move {
+                loop {
+                    let index = next.fetch_add(1, Ordering::Relaxed);
+                    if index >= count {
+                        return Ok::<_, http::BoxError>(());
+                    }
+                    job(index).await?;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+/// The bank's own rate: `count` transfers with fresh keys, `clients` at once.
+async fn baseline(args: &Args) -> Result<f64, http::BoxError> {
+    let bank = start_bank(free_address().await?).await?;
+    let url = format!("http://{}/v1/transfers", bank.server.addr());
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    on_clients(args.payouts, args.clients, move |index| {
+        let (client, url) = (client.clone(), url.clone());
+        async move {
+            let response = client
+                .post(&url)
+                .header("Idempotency-Key", format!("bench-{index}-{}", Uuid::new_v4()))
+                .json(&json!({ "destination": "DE89370400440532013000", "amount": 1, "reference": "bench" }))
+                .send()
+                .await?;
+            if response.status() != reqwest::StatusCode::CREATED {
+                return Err(format!("the bank answered {}", response.status()).into());
+            }
+            Ok(())
+        }
+    })
+    .await?;
+    let rate = args.payouts as f64 / started.elapsed().as_secs_f64();
+    bank.server.shutdown().await;
+    Ok(rate)
+}
+
+/// Sends one payout from `account` with a fresh ticket; its id.
+async fn pay_out(
+    client: &reqwest::Client,
+    address: &str,
+    (account, key): &(Uuid, String),
+) -> Result<String, http::BoxError> {
+    let ticket: Value = client
+        .post(format!("{address}/v1/accounts/{account}/tickets"))
+        .bearer_auth(key)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let ticket = ticket["ticket_id"].as_str().ok_or("no ticket")?.to_owned();
+    let answer = client
+        .post(format!("{address}/v1/accounts/{account}/payouts"))
+        .bearer_auth(key)
+        .header("Idempotency-Key", ticket)
+        .json(&json!({ "amount": 1, "destination": "DE89370400440532013000" }))
+        .send()
+        .await?;
+    if answer.status() != reqwest::StatusCode::ACCEPTED {
+        return Err(format!("payonce answered {}", answer.status()).into());
+    }
+    let body: Value = answer.json().await?;
+    Ok(body["payout_id"].as_str().ok_or("no payout id")?.to_owned())
+}
+
+/// Waits until `ledger` holds no pending payout (bounded: 10 minutes).
+async fn drained(ledger: &ledger::Ledger) -> Result<(), http::BoxError> {
+    let until = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < until {
+        if ledger.payout_counts().await?.pending == 0 {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err("payouts still pending after 10 minutes".into())
+}
+
+async fn dispatch_and_latency(
+    args: &Args,
+    database_url: &str,
+) -> Result<(f64, f64, f64), http::BoxError> {
+    let bank_address = free_address().await?;
+    let bank_url = format!("http://{bank_address}");
+    let workers = args.workers.to_string();
+    let server = http::Server::start(http::config(&[
+        "--database-url",
+        database_url,
+        "--redis-url",
+        &args.redis_url,
+        "--redis-namespace",
+        &format!("payout-bench-{}", Uuid::new_v4().simple()),
+        "--bank-url",
+        &bank_url,
+        "--payout-workers",
+        &workers,
+        // Queued while the bank is away, each payout is tried once and put back for ten
+        // minutes (not tried again and again: that churn is not what is measured); the
+        // drain then makes them all due at once.
+        "--payout-retry-base",
+        "10m",
+        "--payout-retry-max",
+        "10m",
+        "--payout-attempts",
+        "1000000",
+        "--payout-poll",
+        "20ms",
+        "--spends-per-second",
+        "1000000",
+        "--tickets-per-second",
+        "1000000",
+    ]))
+    .await?;
+    let accounts = Arc::new(http::open_accounts(&server.address, 100).await?);
+    let client = reqwest::Client::new();
+    // Queue them while the bank is away.
+    let address = server.address.clone();
+    let (queued_client, queued_accounts) = (client.clone(), Arc::clone(&accounts));
+    on_clients(args.payouts, args.clients, move |index| {
+        let (client, accounts, address) = (
+            queued_client.clone(),
+            Arc::clone(&queued_accounts),
+            address.clone(),
+        );
+        async move {
+            pay_out(&client, &address, &accounts[index % accounts.len()]).await?;
+            Ok(())
+        }
+    })
+    .await?;
+    let ledger = server.state.ledger().clone();
+    let mut database = PgConnection::connect(database_url).await?;
+    let until = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (untried,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM outbox WHERE attempts = 0 OR lease_until IS NOT NULL",
+        )
+        .fetch_one(&mut database)
+        .await?;
+        if untried == 0 {
+            break;
+        }
+        if Instant::now() > until {
+            return Err("payouts not tried once within 5 minutes".into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&mut database)
+        .await?;
+    let bank = start_bank(bank_address).await?;
+    let started = Instant::now();
+    sqlx::query("UPDATE outbox SET due_at = now() WHERE done_at IS NULL")
+        .execute(&mut database)
+        .await?;
+    drained(&ledger).await?;
+    let dispatched = args.payouts as f64 / started.elapsed().as_secs_f64();
+
+    // The latency, one payout at a time on the idle pair.
+    let mut ids = Vec::with_capacity(args.latency_payouts);
+    for index in 0..args.latency_payouts {
+        ids.push(pay_out(&client, &server.address, &accounts[index % accounts.len()]).await?);
+        drained(&ledger).await?;
+    }
+    let mut histogram = hdrhistogram::Histogram::<u64>::new_with_bounds(1, 600_000_000, 3)?;
+    for id in ids {
+        let payout = ledger
+            .payout(ledger::payouts::PayoutId(Uuid::parse_str(&id)?))
+            .await?
+            .ok_or("a payout went missing")?;
+        let settled = payout.settled_at.ok_or("a payout is not settled")?;
+        let micros = (settled - payout.created_at).whole_microseconds().max(1);
+        histogram.record(u64::try_from(micros)?)?;
+    }
+    server.stop().await?;
+    bank.server.shutdown().await;
+    Ok((
+        dispatched,
+        histogram.value_at_quantile(0.5) as f64 / 1000.0,
+        histogram.value_at_quantile(0.99) as f64 / 1000.0,
+    ))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), http::BoxError> {
+    let args = Args::parse();
+    println!(
+        "payout bench: payouts={} clients={} workers={} rounds={}",
+        args.payouts, args.clients, args.workers, args.rounds
+    );
+    let mut admin = PgConnection::connect(&args.database_url).await?;
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut admin)
+            .await?;
+        let mut url = url::Url::parse(&args.database_url)?;
+        url.set_path(&format!("/{name}"));
+        // Alternate which goes first, so neither always meets the cooler machine.
+        let measured = if round % 2 == 1 {
+            let bank_per_sec = baseline(&args).await?;
+            let (dispatched_per_sec, p50_ms, p99_ms) =
+                dispatch_and_latency(&args, url.as_str()).await?;
+            Round {
+                dispatched_per_sec,
+                bank_per_sec,
+                p50_ms,
+                p99_ms,
+            }
+        } else {
+            let (dispatched_per_sec, p50_ms, p99_ms) =
+                dispatch_and_latency(&args, url.as_str()).await?;
+            let bank_per_sec = baseline(&args).await?;
+            Round {
+                dispatched_per_sec,
+                bank_per_sec,
+                p50_ms,
+                p99_ms,
+            }
+        };
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+        )))
+        .execute(&mut admin)
+        .await?;
+        println!(
+            "round {round}: payonce dispatched {:>6.0} payouts/s   bank alone {:>6.0} transfers/s   ratio {:.2}   202→succeeded p50 {:.1} ms p99 {:.1} ms",
+            measured.dispatched_per_sec,
+            measured.bank_per_sec,
+            measured.dispatched_per_sec / measured.bank_per_sec,
+            measured.p50_ms,
+            measured.p99_ms
+        );
+        rounds.push(measured);
+    }
+    let median = |pick: fn(&Round) -> f64| {
+        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    println!("summary (medians over {} rounds):", args.rounds);
+    println!(
+        "  payonce dispatched {:>6.0} payouts/s   bank alone {:>6.0} transfers/s   ratio {:.2} (target >= 0.8)",
+        median(|r| r.dispatched_per_sec),
+        median(|r| r.bank_per_sec),
+        median(|r| r.dispatched_per_sec / r.bank_per_sec)
+    );
+    println!(
+        "  202 → succeeded p50 {:.1} ms   p99 {:.1} ms (target <= 50 ms)",
+        median(|r| r.p50_ms),
+        median(|r| r.p99_ms)
+    );
+    Ok(())
+}
