@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use ledger::{Ledger, LedgerError, LedgerOptions};
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 
 use crate::auth::OperatorKey;
 use crate::config::{Config, ConfigError, LockUrl, Mode, Strategy};
@@ -162,10 +162,7 @@ impl AppState {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                let locks = LockService::new(
-                    lock::InProcessBackend::new().with_lock_delay(config.lock_delay),
-                )
-                .with_max_waiters(config.lock_max_waiters);
+                let locks = lock::in_process(&lock_options(config));
                 (ledger, locks, Recipes::default())
             }
             Mode::Distributed {
@@ -235,104 +232,30 @@ impl AppState {
     }
 }
 
-/// The lock options for Redis, one server or a cluster.
-fn redis_options(config: &Config) -> RedisOptions {
-    RedisOptions {
+/// The lock options every lock service takes. ZooKeeper's session and etcd's lease last
+/// `PAYONCE_LOCK_TTL`: the time after which a process that stopped heartbeating loses its
+/// locks, as a Redis lock without renewal does. The stores that share a server or a
+/// database with others are namespaced by `PAYONCE_REDIS_NAMESPACE`.
+fn lock_options(config: &Config) -> LockOptions {
+    LockOptions {
         namespace: config.redis_namespace.clone(),
         max_waiters: config.lock_max_waiters,
         lock_delay: config.lock_delay,
         idle: config.lock_idle,
-        ..RedisOptions::default()
+        session: config.lock_ttl,
+        ..LockOptions::default()
     }
 }
 
 /// The lock service `url` names, and the demonstration's recipes where they can run (they
-/// are Redis recipes). ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
-/// time after which a process that stopped heartbeating loses its locks, as a Redis lock
-/// without renewal does. PostgreSQL's advisory locks last as long as their connections,
-/// and are namespaced like Redis keys (`PAYONCE_REDIS_NAMESPACE`).
+/// are Redis recipes, on one server of their own).
 fn lock_service(url: &LockUrl, config: &Config) -> Result<(LockService, Recipes), StartError> {
-    Ok(match url {
-        LockUrl::Redis(url) => {
-            let locks = LockService::redis(url, redis_options(config))?;
-            let recipes = Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?;
-            (locks, recipes)
-        }
-        LockUrl::RedisCluster(url) | LockUrl::RedisSentinel(url) => {
-            // The demonstration's recipes run on one Redis server of their own: none here.
-            let locks = LockService::redis(url, redis_options(config))?;
-            (locks, Recipes::default())
-        }
-        LockUrl::ZooKeeper(url) => {
-            let options = lock::ZooKeeperOptions {
-                session_timeout: config.lock_ttl,
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::ZooKeeperOptions::default()
-            };
-            (LockService::zookeeper(url, options)?, Recipes::default())
-        }
-        LockUrl::Etcd(url) => (etcd(url, config)?, Recipes::default()),
-        LockUrl::Postgres(url) => {
-            let options = lock::PostgresOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::PostgresOptions::default()
-            };
-            (LockService::postgres(url, options)?, Recipes::default())
-        }
-        LockUrl::MySqlTable(url) => {
-            let options = lock::MySqlTableOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::MySqlTableOptions::default()
-            };
-            (LockService::mysql_table(url, options)?, Recipes::default())
-        }
-        LockUrl::Memcached(url) => {
-            let options = lock::MemcachedOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                idle: config.lock_idle,
-                ..lock::MemcachedOptions::default()
-            };
-            (LockService::memcached(url, options)?, Recipes::default())
-        }
-        LockUrl::MySqlRow(url) => {
-            let options = lock::MySqlRowOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::MySqlRowOptions::default()
-            };
-            (LockService::mysql_row(url, options)?, Recipes::default())
-        }
-    })
-}
-
-#[cfg(feature = "etcd")]
-fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
-    // etcd leases are whole seconds, two at least.
-    let lease_ttl = Duration::from_secs(config.lock_ttl.as_secs_f64().ceil() as u64)
-        .max(Duration::from_secs(2));
-    let options = lock::EtcdOptions {
-        lease_ttl,
-        max_waiters: config.lock_max_waiters,
-        lock_delay: config.lock_delay,
-        ..lock::EtcdOptions::default()
+    let locks = lock::open(url.url(), &lock_options(config))?;
+    let recipes = match url {
+        LockUrl::Redis(url) => Recipes::open(url, &config.redlock_urls, &config.redis_namespace)?,
+        _ => Recipes::default(),
     };
-    Ok(LockService::etcd(url, options)?)
-}
-
-#[cfg(not(feature = "etcd"))]
-fn etcd(_url: &str, _config: &Config) -> Result<LockService, StartError> {
-    Err(StartError::Config(ConfigError::Invalid(
-        "this payonce was built without etcd: build it with `--features etcd` (needs protoc)"
-            .into(),
-    )))
+    Ok((locks, recipes))
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

@@ -2,26 +2,37 @@
 //! processes.
 //!
 //! # Map
+//! - [`open`] (`open.rs`): the one entry — the lock service a URL names (`redis://`,
+//!   `redis-cluster://`, `redis-sentinel://`, `zk://`, `etcd://`, `postgres://`,
+//!   `mysql://`, `mysql-row://`, `memcache://`), configured with the [`LockOptions`] every
+//!   store takes; [`in_process`] the same without a URL.
 //! - [`LockService`] (`service.rs`): what callers hold. `acquire(key, ttl, deadline)` returns
 //!   a [`LockGuard`]; `try_acquire` never waits; `raise_fencing` restores token order after
 //!   the store lost its data; `acquire_noted` / `holder_note` let a holder say what it is
-//!   doing, so a waiter that gives up can tell what it waited behind.
-//! - [`LockBackend`] (`service.rs`): the trait a store implements, one atomic step per
-//!   method, in terms of [`Lease`]s.
+//!   doing, so a waiter that gives up can tell what it waited behind. It validates every
+//!   request once, caps this process's waiters per key, and (in debug builds) checks that
+//!   every grant's token is above the key's last.
+//! - [`LockBackend`] (`backend.rs`): the trait a store implements, one atomic step per
+//!   method, in terms of [`Lease`]s — one `acquire(key, ttl, deadline, note)`, where no
+//!   deadline means never wait; [`LockOptions`], the limits (`MIN_TTL`, `MAX_NOTE`, …) and
+//!   the checks against them live beside it. Backends trust what they are given.
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
-//! - The stores, held to one test suite: [`RedisBackend`] (`redis_backend.rs`, scripts
-//!   in `scripts/*.lua`; one server, a Redis Cluster or the master Redis Sentinel names,
-//!   through `redis_link.rs`), [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`]
+//! - The stores, held to one test suite, each importing only the seam (`backend.rs`) and
+//!   helpers below it: [`RedisBackend`] (`redis_backend.rs`, scripts in `scripts/*.lua`;
+//!   one server, a Redis Cluster or the master Redis Sentinel names, through
+//!   `redis_link.rs`), [`InProcessBackend`] (`in_process.rs`), [`ZooKeeperBackend`]
 //!   (`zookeeper.rs`), `EtcdBackend` (`etcd.rs`, cargo feature `etcd`),
 //!   [`MemcachedBackend`] (`memcached.rs`), [`PostgresBackend`] (`postgres.rs`, advisory
-//!   locks), [`MySqlTableBackend`] (`mysql_table.rs`, a lock table) and
-//!   [`MySqlRowBackend`] (`mysql_row.rs`, InnoDB row locks). Redis, in-process,
-//!   memcached and lock-table leases are per grant (a TTL the guard renews); ZooKeeper's
-//!   and etcd's are the process's session or lease, with the store's own zxid or revision
-//!   as the fencing token; PostgreSQL's and the row lock's are the holder's connection
-//!   ([`Sessions`]). `turns.rs`: the per-key line a process keeps for the stores that
-//!   take one waiter per key per process.
+//!   locks), and in `mysql/` (`mod.rs`: the database, naming and upgrade code both share)
+//!   [`MySqlTableBackend`] (`table.rs`, a lock table) and [`MySqlRowBackend`] (`row.rs`,
+//!   InnoDB row locks). Redis, in-process, memcached and lock-table leases are per grant
+//!   (a TTL the guard renews); ZooKeeper's and etcd's are the process's session or lease,
+//!   with the store's own zxid or revision as the fencing token; PostgreSQL's and the row
+//!   lock's are the holder's connection ([`Sessions`]). `turns.rs`: the per-key line a
+//!   process keeps for the stores that take one waiter per key per process, and the
+//!   jittered polling of the two that poll (memcached, the lock table); `slot.rs`: a
+//!   connection whose lock state is unknown until it is handed on.
 //! - [`OwnerToken`] and [`FencingToken`] (`token.rs`); [`LockError`] (`error.rs`).
 //! - `Redlock` (`redlock.rs`): the quorum lock over independent Redis servers, and
 //!   `recipes` (`recipes.rs`): the classic recipes that fail. Both exist for payonce's
@@ -38,7 +49,7 @@
 //! # How waiting works in Redis, and why this way
 //! A lock is four keys: the lock itself (`<owner>:<token>:<note>` with a TTL), a fencing
 //! counter, a queue of waiters scored by arrival (a sorted set) and each waiter's details
-//! (a hash). All four expire once the key goes unused (the counter [`RedisOptions::idle`]
+//! (a hash). All four expire once the key goes unused (the counter [`LockOptions::idle`]
 //! past its last lease), and change only inside Lua scripts, so every step is atomic:
 //! - *acquire* takes a free lock with an empty queue in one round trip (INCR the counter,
 //!   SET the lock). Otherwise a waiting caller joins the queue in the same script that
@@ -88,14 +99,15 @@
 //! grants (replication is asynchronous): the same fencing check, and
 //! [`LockService::raise_fencing`], keep that safe too.
 
+mod backend;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod guard;
 mod in_process;
 mod memcached;
-mod mysql_row;
-mod mysql_table;
+mod mysql;
+mod open;
 mod postgres;
 #[cfg(feature = "demo")]
 pub mod recipes;
@@ -112,21 +124,23 @@ mod zookeeper;
 #[cfg(feature = "test-support")]
 pub mod testing;
 
+pub use backend::{
+    DEFAULT_MAX_WAITERS, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, MAX_FENCING_FLOOR,
+    MAX_NOTE, MAX_TTL, MIN_TTL, Sessions,
+};
 pub use error::LockError;
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdBackend, EtcdOptions};
+pub use etcd::EtcdBackend;
 pub use guard::LockGuard;
 pub use in_process::InProcessBackend;
 pub use memcached::{MemcachedBackend, MemcachedOptions};
-pub use mysql_row::{MySqlRowBackend, MySqlRowOptions};
-pub use mysql_table::{MySqlTableBackend, MySqlTableOptions};
+pub use mysql::row::{MySqlRowBackend, MySqlRowOptions};
+pub use mysql::table::{MySqlTableBackend, MySqlTableOptions};
+pub use open::{in_process, open};
 pub use postgres::{PostgresBackend, PostgresOptions};
-pub use redis_backend::{RedisBackend, RedisOptions};
+pub use redis_backend::RedisBackend;
 #[cfg(feature = "demo")]
 pub use redlock::{Redlock, RedlockGuard};
-pub use service::{
-    DEFAULT_MAX_WAITERS, Lease, LockBackend, LockService, MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL,
-    MIN_TTL, Sessions,
-};
+pub use service::LockService;
 pub use token::{FencingToken, OwnerToken};
-pub use zookeeper::{ZooKeeperBackend, ZooKeeperOptions};
+pub use zookeeper::ZooKeeperBackend;

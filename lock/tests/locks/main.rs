@@ -20,7 +20,7 @@ mod zookeeper_only;
 
 use std::time::Duration;
 
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 
 /// The shared Redis (CI starts one on 6379), under a namespace of the test's own so tests
 /// running in parallel never meet.
@@ -30,12 +30,12 @@ pub fn shared_redis() -> LockService {
 }
 
 pub fn redis_at(url: &str) -> LockService {
-    LockService::redis(
+    lock::open(
         url,
-        RedisOptions {
+        &LockOptions {
             namespace: format!("test-{:016x}", rand::random::<u64>()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
+            op_timeout: Some(Duration::from_secs(2)),
+            ..LockOptions::default()
         },
     )
     .expect("a valid Redis URL")
