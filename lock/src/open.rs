@@ -3,8 +3,6 @@
 //! a URL. Callers that need a store's own settings (say a pool's size) open its backend
 //! themselves and wrap it with [`LockService::from_arc`].
 
-use std::time::Duration;
-
 use crate::backend::LockOptions;
 use crate::error::LockError;
 use crate::in_process::InProcessBackend;
@@ -79,6 +77,7 @@ pub fn in_process(options: &LockOptions) -> LockService {
 /// etcd's lease is whole seconds, two at least: the session asked for, rounded up to that.
 #[cfg(feature = "etcd")]
 fn etcd(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
+    use std::time::Duration;
     let session = Duration::from_secs(options.session.as_secs_f64().ceil() as u64)
         .max(Duration::from_secs(2));
     let options = LockOptions {

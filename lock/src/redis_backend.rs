@@ -273,29 +273,11 @@ impl RedisBackend {
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
         let subscribed_slots = Arc::new(Mutex::new(HashSet::new()));
-        let (push_waiters, push_subscribed, push_slots) = (
+        let on_push = push_handler(
             Arc::clone(&waiters),
             Arc::clone(&subscribed),
             Arc::clone(&subscribed_slots),
         );
-        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            match push.kind {
-                PushKind::Message | PushKind::SMessage => {
-                    if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
-                        push_waiters.deliver(payload);
-                    }
-                }
-                PushKind::Disconnection | PushKind::SUnsubscribe => {
-                    push_subscribed.store(false, Ordering::Release);
-                    push_slots
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .clear();
-                }
-                _ => {}
-            }
-            Ok(())
-        };
         let link = if url.starts_with("redis-sentinel://") {
             let sentinels = sentinel_client(url)?;
             let subscribed = Arc::clone(&subscribed);
@@ -525,6 +507,34 @@ impl RedisBackend {
             op_timeout: self.op_timeout,
             idle_ms: self.idle_ms.clone(),
         }
+    }
+}
+
+/// What a connection does with a push: hands a hand-off message to its waiter; on a
+/// disconnection or an ended subscription, forgets what was subscribed, so the next waiter
+/// subscribes again.
+fn push_handler(
+    waiters: Arc<Waiters>,
+    subscribed: Arc<AtomicBool>,
+    subscribed_slots: Arc<Mutex<HashSet<u16>>>,
+) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Clone + Send + Sync + 'static {
+    move |push: PushInfo| {
+        match push.kind {
+            PushKind::Message | PushKind::SMessage => {
+                if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
+                    waiters.deliver(payload);
+                }
+            }
+            PushKind::Disconnection | PushKind::SUnsubscribe => {
+                subscribed.store(false, Ordering::Release);
+                subscribed_slots
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clear();
+            }
+            _ => {}
+        }
+        Ok(())
     }
 }
 

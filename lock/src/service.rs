@@ -14,6 +14,8 @@ use crate::backend::{
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::in_process::InProcessBackend;
+#[cfg(debug_assertions)]
+use crate::order::TokenOrder;
 use crate::token::FencingToken;
 
 /// This process's acquires that are still waiting, per key.
@@ -84,10 +86,10 @@ pub struct LockService {
     /// (thousands of concurrent requests on one account) is turned away here at no cost
     /// to the store, while the store's own cap (Redis) holds across processes.
     waiting: Arc<Waiting>,
-    /// The tokens this service was granted, to check at every grant that the store keeps
-    /// them in order (debug builds only).
+    /// The grants of this service and their releases, to check that a hand-off carries a
+    /// larger token (debug builds only).
     #[cfg(debug_assertions)]
-    granted: Arc<GrantedTokens>,
+    order: Arc<TokenOrder>,
 }
 
 impl LockService {
@@ -103,7 +105,7 @@ impl LockService {
             backend,
             waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITERS)),
             #[cfg(debug_assertions)]
-            granted: Arc::default(),
+            order: Arc::default(),
         }
     }
 
@@ -193,16 +195,22 @@ impl LockService {
         deadline: Option<Instant>,
         note: &str,
     ) -> Result<Option<Lease>, LockError> {
-        let taken = self.backend.acquire(key, ttl, deadline, note).await;
         #[cfg(debug_assertions)]
-        match &taken {
-            Ok(Some(lease)) => self.granted.check(lease),
-            Err(LockError::Unavailable { .. }) => self.granted.in_doubt(),
-            _ => {}
+        let asked_at = Instant::now();
+        let taken = self.backend.acquire(key, ttl, deadline, note).await?;
+        #[cfg(debug_assertions)]
+        if let Some(lease) = &taken {
+            self.order.granted(lease, asked_at);
         }
-        taken
+        Ok(taken)
     }
 
+    #[cfg(debug_assertions)]
+    fn guard(&self, lease: Lease) -> LockGuard {
+        LockGuard::start(lease, Arc::clone(&self.backend), Arc::clone(&self.order))
+    }
+
+    #[cfg(not(debug_assertions))]
     fn guard(&self, lease: Lease) -> LockGuard {
         LockGuard::start(lease, Arc::clone(&self.backend))
     }
@@ -220,10 +228,7 @@ impl LockService {
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
         check_floor(floor)?;
-        let raised = self.backend.raise_fencing(key, floor).await?;
-        #[cfg(debug_assertions)]
-        self.granted.raised(key, raised);
-        Ok(raised)
+        self.backend.raise_fencing(key, floor).await
     }
 
     /// See [`LockBackend::ping`].
@@ -234,95 +239,7 @@ impl LockService {
     /// See [`LockBackend::prune_idle`].
     pub async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
         #[cfg(debug_assertions)]
-        self.granted.forget_idle(idle_for);
+        self.order.forget_idle(idle_for);
         self.backend.prune_idle(idle_for).await
     }
-}
-
-/// The last token this service was granted per key, for the check that tokens grow: a
-/// grant carries a token strictly above every earlier one of its key — what the protected
-/// store's fencing check relies on. Debug builds only: it states the invariant where
-/// grants arrive and fails fast in every test.
-///
-/// What the stores guarantee, and so what is checked, has three edges:
-/// - a store that lost grants (a Redis failover to a replica that lacked them, a wiped
-///   ZooKeeper or etcd) may hand out lower tokens until [`LockService::raise_fencing`]
-///   lifts the counter. Such a loss shows here as [`LockError::Unavailable`] while the
-///   store changes hands, so that answer puts every key in doubt (forgets the map), and a
-///   raise sets the key's mark to the counter the store answers;
-/// - a counter raised past the clock and then forgotten (a key idle past Redis's or
-///   memcached's expiry, or pruned in process) starts again from the clock, below the
-///   raise: a mark above the clock is not checked against;
-/// - a grant whose lease ran out before it reached us may have been overtaken by the
-///   next holder's, which arrived first: an expired grant is not checked.
-///
-/// Pruning idle keys forgets their counters, which then start again from the clock —
-/// above every token handed out before unless raised past it (above) — and forgets their
-/// marks here too, which keeps the map as small as the keys in use.
-#[cfg(debug_assertions)]
-#[derive(Debug, Default)]
-struct GrantedTokens {
-    /// Never held across an await.
-    last: Mutex<HashMap<String, (FencingToken, Instant)>>,
-}
-
-#[cfg(debug_assertions)]
-impl GrantedTokens {
-    /// Marks kept at most: past it the map starts again (the check is then skipped once
-    /// per key), so a process that never prunes does not grow it without bound.
-    const KEPT: usize = 65_536;
-
-    fn map(&self) -> MutexGuard<'_, HashMap<String, (FencingToken, Instant)>> {
-        self.last
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn check(&self, lease: &Lease) {
-        let now = Instant::now();
-        let token = lease.fencing_token();
-        let mut last = self.map();
-        if last.len() >= Self::KEPT {
-            last.clear();
-        }
-        let expired = lease.acquired_at() + lease.ttl() <= now;
-        match last.get_mut(lease.key()) {
-            Some((mark, at)) => {
-                debug_assert!(
-                    token > *mark || expired || mark.get() > clock_us(),
-                    "key {:?} granted fencing token {token}, not above {mark}, an earlier grant's",
-                    lease.key()
-                );
-                *mark = (*mark).max(token);
-                *at = now;
-            }
-            None => {
-                last.insert(lease.key().to_owned(), (token, now));
-            }
-        }
-    }
-
-    fn raised(&self, key: &str, counter: FencingToken) {
-        self.map().insert(key.to_owned(), (counter, Instant::now()));
-    }
-
-    fn in_doubt(&self) {
-        self.map().clear();
-    }
-
-    fn forget_idle(&self, idle_for: Duration) {
-        let now = Instant::now();
-        self.map()
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) < idle_for);
-    }
-}
-
-/// The wall clock in microseconds, where the counting stores start a key's counter.
-#[cfg(debug_assertions)]
-fn clock_us() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |since| {
-            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
-        })
 }

@@ -378,6 +378,17 @@ impl ZooKeeperBackend {
                 return Err(failure.into());
             }
         };
+        let session = self.start_session(client);
+        *slot = SessionSlot {
+            current: Some(session.clone()),
+            failed_at: None,
+        };
+        Ok(session)
+    }
+
+    /// A session just connected: watches its state, starts its cleaner of leftover nodes,
+    /// and notes the timeout the server granted.
+    fn start_session(&self, client: Client) -> Session {
         let health = Arc::new(SessionHealth {
             connected: AtomicBool::new(true),
             ended: AtomicBool::new(false),
@@ -400,17 +411,12 @@ impl ZooKeeperBackend {
             u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        let session = Session {
+        Session {
             client,
             health,
             timeout,
             leftovers,
-        };
-        *slot = SessionSlot {
-            current: Some(session.clone()),
-            failed_at: None,
-        };
-        Ok(session)
+        }
     }
 
     fn known_parents(&self) -> MutexGuard<'_, HashSet<String>> {

@@ -690,39 +690,62 @@ impl MySqlRowBackend {
         self.run(None, sqlx::raw_sql(start).execute(&mut **slot.connection()))
             .await
             .map_err(|error| self.failed(&error))?;
-        let (after_used, after_key) = cursor.clone().unzip();
-        let candidates: Vec<(Vec<u8>, PrimitiveDateTime)> = self
-            .run(
-                None,
-                sqlx::query_as(IDLE_COUNTERS)
-                    .bind(idle_micros(idle_for))
-                    .bind(prefix.len() as u64)
-                    .bind(prefix)
-                    .bind(self.options.lock_delay.is_zero())
-                    .bind(after_used)
-                    .bind(after_used)
-                    .bind(after_used)
-                    .bind(after_key)
-                    .bind(PRUNE_BATCH)
-                    .fetch_all(&mut **slot.connection()),
-            )
-            .await
-            .map_err(|error| self.failed(&error))?;
-        let Some((last_key, last_used)) = candidates.last() else {
-            self.run(
-                None,
-                sqlx::raw_sql("COMMIT").execute(&mut **slot.connection()),
-            )
-            .await
-            .map_err(|error| self.failed(&error))?;
-            drop(slot.hand_on());
-            return Ok((0, 0));
+        let candidates = self
+            .idle_counters(&mut slot, idle_for, prefix, cursor.clone())
+            .await?;
+        let forgotten = match candidates.last() {
+            None => {
+                self.finish_batch(&mut slot, "COMMIT".to_owned()).await?;
+                0
+            }
+            Some((last_key, last_used)) => {
+                *cursor = Some((*last_used, last_key.clone()));
+                self.delete_unheld(&mut slot, &candidates).await?
+            }
         };
-        *cursor = Some((*last_used, last_key.clone()));
+        drop(slot.hand_on());
+        Ok((candidates.len() as u64, forgotten))
+    }
+
+    /// Locks up to [`PRUNE_BATCH`] of the namespace's counters idle for `idle_for`, past
+    /// `cursor`, in the order pruning walks them (last use, then key).
+    async fn idle_counters(
+        &self,
+        slot: &mut Slot<MySql>,
+        idle_for: Duration,
+        prefix: &str,
+        cursor: Option<(PrimitiveDateTime, Vec<u8>)>,
+    ) -> Result<Vec<(Vec<u8>, PrimitiveDateTime)>, LockError> {
+        let (after_used, after_key) = cursor.unzip();
+        self.run(
+            None,
+            sqlx::query_as(IDLE_COUNTERS)
+                .bind(idle_micros(idle_for))
+                .bind(prefix.len() as u64)
+                .bind(prefix)
+                .bind(self.options.lock_delay.is_zero())
+                .bind(after_used)
+                .bind(after_used)
+                .bind(after_used)
+                .bind(after_key)
+                .bind(PRUNE_BATCH)
+                .fetch_all(&mut **slot.connection()),
+        )
+        .await
+        .map_err(|error| self.failed(&error))
+    }
+
+    /// Deletes the candidates' rows that nobody holds, then the counters of the keys left
+    /// without a row, and commits. How many keys it forgot.
+    async fn delete_unheld(
+        &self,
+        slot: &mut Slot<MySql>,
+        candidates: &[(Vec<u8>, PrimitiveDateTime)],
+    ) -> Result<u64, LockError> {
         let keys = hex_list(candidates.iter().map(|(key, _)| key));
         let free = self
             .keys(
-                &mut slot,
+                slot,
                 format!(
                     "SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})
                      FOR UPDATE SKIP LOCKED"
@@ -744,7 +767,7 @@ impl MySqlRowBackend {
         // What is left of those rows is held (or was made since, for a grant to come).
         let kept: std::collections::HashSet<Vec<u8>> = self
             .keys(
-                &mut slot,
+                slot,
                 format!("SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})"),
             )
             .await?
@@ -763,14 +786,19 @@ impl MySqlRowBackend {
                 hex_list(forgotten.iter().copied())
             )
         };
+        self.finish_batch(slot, finish).await?;
+        Ok(forgotten.len() as u64)
+    }
+
+    /// Runs a batch's last statements, which commit it.
+    async fn finish_batch(&self, slot: &mut Slot<MySql>, finish: String) -> Result<(), LockError> {
         self.run(
             None,
             sqlx::raw_sql(AssertSqlSafe(finish)).execute(&mut **slot.connection()),
         )
         .await
-        .map_err(|error| self.failed(&error))?;
-        drop(slot.hand_on());
-        Ok((candidates.len() as u64, forgotten.len() as u64))
+        .map(drop)
+        .map_err(|error| self.failed(&error))
     }
 
     /// The keys a statement of `prune_batch` answers.
