@@ -92,7 +92,6 @@ fn etcd(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
 #[cfg(not(feature = "etcd"))]
 fn etcd(_url: &str, _options: &LockOptions) -> Result<LockService, LockError> {
     Err(LockError::Invalid(
-        "this build has no etcd backend: build it with the cargo feature `etcd` (needs protoc)"
-            .into(),
+        "this build has no etcd: build it with `--features etcd` (needs protoc)".into(),
     ))
 }
