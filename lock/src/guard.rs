@@ -11,8 +11,6 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
 use crate::backend::{Lease, LockBackend};
 use crate::error::LockError;
-#[cfg(debug_assertions)]
-use crate::order::TokenOrder;
 use crate::token::{FencingToken, OwnerToken};
 
 /// A held lock. While it lives, a watchdog task renews the lease every TTL/3; the moment a
@@ -47,10 +45,6 @@ struct Grant {
     watchdog: Mutex<Option<JoinHandle<()>>>,
     /// Guards holding the grant; the lock is released when this returns to zero.
     holds: AtomicUsize,
-    /// Told of a confirmed release, for the check that the next grant's token is larger
-    /// (debug builds only).
-    #[cfg(debug_assertions)]
-    order: Arc<TokenOrder>,
 }
 
 impl fmt::Debug for LockGuard {
@@ -84,11 +78,7 @@ impl Grant {
 }
 
 impl LockGuard {
-    pub(crate) fn start(
-        lease: Lease,
-        backend: Arc<dyn LockBackend>,
-        #[cfg(debug_assertions)] order: Arc<TokenOrder>,
-    ) -> Self {
+    pub(crate) fn start(lease: Lease, backend: Arc<dyn LockBackend>) -> Self {
         let lost = CancellationToken::new();
         let watchdog = tokio::spawn(renew(Arc::clone(&backend), lease.clone(), lost.clone()));
         Self {
@@ -98,8 +88,6 @@ impl LockGuard {
                 lost,
                 watchdog: Mutex::new(Some(watchdog)),
                 holds: AtomicUsize::new(1),
-                #[cfg(debug_assertions)]
-                order,
             }),
             finished: false,
         }
@@ -166,12 +154,7 @@ impl LockGuard {
             return Ok(!self.is_lost());
         }
         self.grant.stop_watchdog().await;
-        let released = self.grant.backend.release(&self.grant.lease).await;
-        #[cfg(debug_assertions)]
-        if matches!(released, Ok(true)) {
-            self.grant.order.released(&self.grant.lease);
-        }
-        released
+        self.grant.backend.release(&self.grant.lease).await
     }
 
     /// Stops renewing without releasing, as a crashed holder would: the lock stays taken
@@ -202,16 +185,11 @@ impl Drop for LockGuard {
         }
         // Without a runtime (process shutting down) the lease simply expires.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let grant = Arc::clone(&self.grant);
+            let backend = Arc::clone(&self.grant.backend);
+            let lease = self.grant.lease.clone();
             runtime.spawn(async move {
-                match grant.backend.release(&grant.lease).await {
-                    #[cfg(debug_assertions)]
-                    Ok(true) => grant.order.released(&grant.lease),
-                    Ok(_) => {}
-                    Err(error) => {
-                        let key = grant.lease.key();
-                        tracing::debug!(key, %error, "release on drop failed; the lease will expire");
-                    }
+                if let Err(error) = backend.release(&lease).await {
+                    tracing::debug!(key = lease.key(), %error, "release on drop failed; the lease will expire");
                 }
             });
         }

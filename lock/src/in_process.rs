@@ -100,6 +100,11 @@ impl KeyState {
 
     fn grant(&mut self, owner: OwnerToken, ttl: Duration, note: String, now: Instant) -> u64 {
         let fence = self.fence.map_or_else(clock_us, |fence| fence + 1);
+        debug_assert!(
+            self.fence.is_none_or(|last| fence > last),
+            "a grant's fencing token {fence} is not above the key's last, {:?}",
+            self.fence
+        );
         self.fence = Some(fence);
         self.used_at = now;
         self.holder = Some(Holder {

@@ -10,8 +10,7 @@
 //!   a [`LockGuard`]; `try_acquire` never waits; `raise_fencing` restores token order after
 //!   the store lost its data; `acquire_noted` / `holder_note` let a holder say what it is
 //!   doing, so a waiter that gives up can tell what it waited behind. It validates every
-//!   request once, caps this process's waiters per key, and in debug builds checks that
-//!   a hand-off carries a larger token than the holder it follows (`order.rs`).
+//!   request once and caps this process's waiters per key.
 //! - [`LockBackend`] (`backend.rs`): the trait a store implements, one atomic step per
 //!   method, in terms of [`Lease`]s — one `acquire(key, ttl, deadline, note)`, where no
 //!   deadline means never wait; [`LockOptions`], the limits (`MIN_TTL`, `MAX_NOTE`, …) and
@@ -108,8 +107,6 @@ mod in_process;
 mod memcached;
 mod mysql;
 mod open;
-#[cfg(debug_assertions)]
-mod order;
 mod postgres;
 #[cfg(feature = "demo")]
 pub mod recipes;

@@ -14,8 +14,6 @@ use crate::backend::{
 use crate::error::LockError;
 use crate::guard::LockGuard;
 use crate::in_process::InProcessBackend;
-#[cfg(debug_assertions)]
-use crate::order::TokenOrder;
 use crate::token::FencingToken;
 
 /// This process's acquires that are still waiting, per key.
@@ -86,10 +84,6 @@ pub struct LockService {
     /// (thousands of concurrent requests on one account) is turned away here at no cost
     /// to the store, while the store's own cap (Redis) holds across processes.
     waiting: Arc<Waiting>,
-    /// The grants of this service and their releases, to check that a hand-off carries a
-    /// larger token (debug builds only).
-    #[cfg(debug_assertions)]
-    order: Arc<TokenOrder>,
 }
 
 impl LockService {
@@ -104,8 +98,6 @@ impl LockService {
         Self {
             backend,
             waiting: Arc::new(Waiting::new(DEFAULT_MAX_WAITERS)),
-            #[cfg(debug_assertions)]
-            order: Arc::default(),
         }
     }
 
@@ -159,7 +151,7 @@ impl LockService {
             return Err(timed_out());
         }
         let place = self.waiting.enter(key)?;
-        let lease = self.take(key, ttl, Some(deadline), note).await?;
+        let lease = self.backend.acquire(key, ttl, Some(deadline), note).await?;
         drop(place);
         lease.map(|lease| self.guard(lease)).ok_or_else(timed_out)
     }
@@ -183,34 +175,10 @@ impl LockService {
     ) -> Result<Option<LockGuard>, LockError> {
         validate(key, ttl)?;
         validate_note(note)?;
-        let lease = self.take(key, ttl, None, note).await?;
+        let lease = self.backend.acquire(key, ttl, None, note).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 
-    /// The one call to the store's acquire, which every grant passes through.
-    async fn take(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        #[cfg(debug_assertions)]
-        let asked_at = Instant::now();
-        let taken = self.backend.acquire(key, ttl, deadline, note).await?;
-        #[cfg(debug_assertions)]
-        if let Some(lease) = &taken {
-            self.order.granted(lease, asked_at);
-        }
-        Ok(taken)
-    }
-
-    #[cfg(debug_assertions)]
-    fn guard(&self, lease: Lease) -> LockGuard {
-        LockGuard::start(lease, Arc::clone(&self.backend), Arc::clone(&self.order))
-    }
-
-    #[cfg(not(debug_assertions))]
     fn guard(&self, lease: Lease) -> LockGuard {
         LockGuard::start(lease, Arc::clone(&self.backend))
     }
@@ -238,8 +206,6 @@ impl LockService {
 
     /// See [`LockBackend::prune_idle`].
     pub async fn prune_idle(&self, idle_for: Duration) -> Result<u64, LockError> {
-        #[cfg(debug_assertions)]
-        self.order.forget_idle(idle_for);
         self.backend.prune_idle(idle_for).await
     }
 }

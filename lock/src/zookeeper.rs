@@ -573,7 +573,7 @@ impl ZooKeeperBackend {
             });
         }
         let session = self.session(ask.deadline).await?;
-        let place = self.join_queue(&session, &ask).await?;
+        let mut place = self.join_queue(&session, &ask).await?;
         // Once the lock was seen held, running out of time is a wait that timed out, not
         // a store that did not answer.
         let mut seen_held = false;
@@ -599,7 +599,7 @@ impl ZooKeeperBackend {
             }
             seen_held = true;
             let ahead = format!("{}/{}", place.parent, queue.names[position - 1]);
-            self.wait_for_predecessor(&session, &ahead, &ask, deadline)
+            self.wait_for_predecessor(&session, &mut place, &ahead, &ask, deadline)
                 .await?;
         }
     }
@@ -631,6 +631,7 @@ impl ZooKeeperBackend {
             name,
             path,
             czxid: stat.czxid,
+            waited_behind: 0,
             node,
         })
     }
@@ -661,6 +662,14 @@ impl ZooKeeperBackend {
                 Some(_) => Err(ask.timed_out()),
             };
         }
+        // The nodes we waited behind were created before ours, so the zxid that created
+        // ours — and with the base, which only rises, our token — is above theirs.
+        debug_assert!(
+            place.czxid > place.waited_behind,
+            "our node's czxid {} is not above that of a node ahead of it, {}",
+            place.czxid,
+            place.waited_behind
+        );
         let token = queue.base.saturating_add(place.czxid.max(0).unsigned_abs());
         let deleted = self.watch_own(&session, &place.path).await?;
         place.node.settle();
@@ -689,6 +698,7 @@ impl ZooKeeperBackend {
     async fn wait_for_predecessor(
         &self,
         session: &Session,
+        place: &mut Place,
         ahead: &str,
         ask: &Ask<'_>,
         deadline: Instant,
@@ -703,9 +713,10 @@ impl ZooKeeperBackend {
                     LockError::from(failure)
                 }
             })?;
-        if exists.is_none() {
+        let Some(ahead) = exists else {
             return Ok(());
-        }
+        };
+        place.waited_behind = place.waited_behind.max(ahead.czxid);
         tokio::select! {
             _ = watcher.changed() => Ok(()),
             () = sleep_until(deadline) => Err(ask.timed_out()),
@@ -866,6 +877,8 @@ struct Place {
     path: String,
     /// The zxid that created it: the fencing token, less the key's base.
     czxid: i64,
+    /// The highest creation zxid of a node it waited behind: below its own.
+    waited_behind: i64,
     /// Cleans the node up unless it became a held lock.
     node: Queued,
 }
