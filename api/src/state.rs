@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use ledger::{Ledger, LedgerError, LedgerOptions};
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 
 #[cfg(feature = "demo")]
 use crate::config::Strategy;
@@ -174,10 +174,7 @@ impl AppState {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                let locks = LockService::new(
-                    lock::InProcessBackend::new().with_lock_delay(config.lock_delay),
-                )
-                .with_max_waiters(config.lock_max_waiters);
+                let locks = lock::in_process(&lock_options(config));
                 (ledger, locks)
             }
             Mode::Distributed {
@@ -270,87 +267,24 @@ impl AppState {
     }
 }
 
-/// The lock options for Redis, one server or a cluster.
-fn redis_options(config: &Config) -> RedisOptions {
-    RedisOptions {
+/// The lock options every lock service takes. ZooKeeper's session and etcd's lease last
+/// `PAYONCE_LOCK_TTL`: the time after which a process that stopped heartbeating loses its
+/// locks, as a Redis lock without renewal does. The stores that share a server or a
+/// database with others are namespaced by `PAYONCE_REDIS_NAMESPACE`.
+fn lock_options(config: &Config) -> LockOptions {
+    LockOptions {
         namespace: config.redis_namespace.clone(),
         max_waiters: config.lock_max_waiters,
         lock_delay: config.lock_delay,
         idle: config.lock_idle,
-        ..RedisOptions::default()
+        session: config.lock_ttl,
+        ..LockOptions::default()
     }
 }
 
-/// The lock service `url` names. ZooKeeper's session and etcd's lease last `PAYONCE_LOCK_TTL`: the
-/// time after which a process that stopped heartbeating loses its locks, as a Redis lock
-/// without renewal does. PostgreSQL's advisory locks last as long as their connections,
-/// and are namespaced like Redis keys (`PAYONCE_REDIS_NAMESPACE`).
+/// The lock service `url` names.
 fn lock_service(url: &LockUrl, config: &Config) -> Result<LockService, StartError> {
-    Ok(match url {
-        LockUrl::Redis(url) | LockUrl::RedisCluster(url) | LockUrl::RedisSentinel(url) => {
-            LockService::redis(url, redis_options(config))?
-        }
-        LockUrl::ZooKeeper(url) => {
-            let options = lock::ZooKeeperOptions {
-                session_timeout: config.lock_ttl,
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::ZooKeeperOptions::default()
-            };
-            LockService::zookeeper(url, options)?
-        }
-        LockUrl::Etcd(url) => etcd(url, config)?,
-        LockUrl::Postgres(url) => {
-            let options = lock::PostgresOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::PostgresOptions::default()
-            };
-            LockService::postgres(url, options)?
-        }
-        LockUrl::MySqlTable(url) => {
-            let options = lock::MySqlTableOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::MySqlTableOptions::default()
-            };
-            LockService::mysql_table(url, options)?
-        }
-        LockUrl::Memcached(url) => {
-            let options = lock::MemcachedOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                idle: config.lock_idle,
-                ..lock::MemcachedOptions::default()
-            };
-            LockService::memcached(url, options)?
-        }
-        LockUrl::MySqlRow(url) => {
-            let options = lock::MySqlRowOptions {
-                namespace: config.redis_namespace.clone(),
-                max_waiters: config.lock_max_waiters,
-                lock_delay: config.lock_delay,
-                ..lock::MySqlRowOptions::default()
-            };
-            LockService::mysql_row(url, options)?
-        }
-    })
-}
-
-fn etcd(url: &str, config: &Config) -> Result<LockService, StartError> {
-    // etcd leases are whole seconds, two at least.
-    let lease_ttl = Duration::from_secs(config.lock_ttl.as_secs_f64().ceil() as u64)
-        .max(Duration::from_secs(2));
-    let options = lock::EtcdOptions {
-        lease_ttl,
-        max_waiters: config.lock_max_waiters,
-        lock_delay: config.lock_delay,
-        ..lock::EtcdOptions::default()
-    };
-    Ok(LockService::etcd(url, options)?)
+    Ok(lock::open(url.url(), &lock_options(config))?)
 }
 
 /// Payouts as the configuration sets them up: to `PAYONCE_BANK_URL`; without one, in the

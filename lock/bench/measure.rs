@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 use tokio::time::Instant;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -219,6 +219,10 @@ fn counting<B: lock::LockBackend + 'static>(
 /// own.
 pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
     let run = format!("bench-{:08x}", rand::random::<u32>());
+    let options = LockOptions {
+        namespace: run.clone(),
+        ..LockOptions::default()
+    };
     Ok(match name {
         // One backend type for both: the URL's scheme picks one server or the cluster.
         "redis" | "redis-cluster" => {
@@ -229,13 +233,7 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             };
             counting(
                 name,
-                lock::RedisBackend::open(
-                    url,
-                    RedisOptions {
-                        namespace: run,
-                        ..RedisOptions::default()
-                    },
-                )?,
+                lock::RedisBackend::open(url, &options)?,
                 lock::RedisBackend::round_trips,
             )
         }
@@ -243,7 +241,7 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "zookeeper",
             lock::ZooKeeperBackend::open(
                 &format!("{}/payonce-bench/{run}", urls.zookeeper),
-                lock::ZooKeeperOptions::default(),
+                &LockOptions::default(),
             )?,
             lock::ZooKeeperBackend::requests,
         ),
@@ -251,7 +249,7 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "etcd",
             lock::EtcdBackend::open(
                 &format!("{}/payonce-bench/{run}", urls.etcd),
-                lock::EtcdOptions::default(),
+                &LockOptions::default(),
             )?,
             lock::EtcdBackend::requests,
         ),
@@ -259,10 +257,8 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "postgres",
             lock::PostgresBackend::open(
                 &urls.postgres,
-                lock::PostgresOptions {
-                    namespace: run,
-                    ..lock::PostgresOptions::default()
-                },
+                &options,
+                lock::PostgresOptions::default(),
             )?,
             lock::PostgresBackend::requests,
         ),
@@ -270,10 +266,9 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "mysql",
             lock::MySqlTableBackend::open(
                 &urls.mysql,
+                &options,
                 lock::MySqlTableOptions {
-                    namespace: run,
                     max_connections: 32,
-                    ..lock::MySqlTableOptions::default()
                 },
             )?,
             lock::MySqlTableBackend::requests,
@@ -282,23 +277,16 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "memcached",
             lock::MemcachedBackend::open(
                 &urls.memcached,
+                &options,
                 lock::MemcachedOptions {
-                    namespace: run,
                     max_connections: 32,
-                    ..lock::MemcachedOptions::default()
                 },
             )?,
             lock::MemcachedBackend::requests,
         ),
         "mysql-row" => counting(
             "mysql-row",
-            lock::MySqlRowBackend::open(
-                &urls.mysql,
-                lock::MySqlRowOptions {
-                    namespace: run,
-                    ..lock::MySqlRowOptions::default()
-                },
-            )?,
+            lock::MySqlRowBackend::open(&urls.mysql, &options, lock::MySqlRowOptions::default())?,
             lock::MySqlRowBackend::requests,
         ),
         other => return Err(format!("no backend {other:?} in this build").into()),

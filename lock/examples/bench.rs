@@ -29,7 +29,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use clap::Parser;
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 use tokio::time::Instant;
 
 #[path = "../bench/measure.rs"]
@@ -83,7 +83,7 @@ async fn main() -> Result<(), BoxError> {
     }
     let redis = args.backend == "redis";
     let locks = if redis {
-        LockService::redis(&args.urls.redis, RedisOptions::default())?
+        lock::open(&args.urls.redis, &LockOptions::default())?
     } else {
         LockService::in_process()
     };

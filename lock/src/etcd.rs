@@ -46,35 +46,35 @@ use tokio_util::sync::CancellationToken;
 
 use self::client::pb::{Compare, RangeRequest, RequestOp, TxnRequest, TxnResponse};
 use self::client::{Etcd, Members, deleted_or_cancelled};
+use crate::backend::{DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
 pub(crate) mod client;
 
-/// Settings for [`EtcdBackend`].
+/// What [`EtcdBackend`] keeps of its [`LockOptions`].
 #[derive(Clone, Debug)]
-pub struct EtcdOptions {
+struct EtcdOptions {
     /// The lease's TTL (whole seconds, at least etcd's minimum of about 2 s): how long after
     /// this process stops keeping the lease alive its locks are released.
-    pub lease_ttl: Duration,
+    lease_ttl: Duration,
     /// Upper bound on connecting and on any one request.
-    pub op_timeout: Duration,
+    op_timeout: Duration,
     /// The most waiters one key's queue takes; past it an acquire fails at once.
-    pub max_waiters: usize,
+    max_waiters: usize,
     /// Chubby's lock-delay: after a holder's lease ended without a release, its successor
     /// holds the lock but waits this long before using it (see the module docs). Zero by
     /// default: no marker is kept.
-    pub lock_delay: Duration,
+    lock_delay: Duration,
 }
 
-impl Default for EtcdOptions {
-    fn default() -> Self {
+impl From<&LockOptions> for EtcdOptions {
+    fn from(options: &LockOptions) -> Self {
         Self {
-            lease_ttl: Duration::from_secs(10),
-            op_timeout: Duration::from_secs(2),
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
-            lock_delay: Duration::ZERO,
+            lease_ttl: options.session,
+            op_timeout: options.op_timeout_or(DEFAULT_OP_TIMEOUT),
+            max_waiters: options.max_waiters,
+            lock_delay: options.lock_delay,
         }
     }
 }
@@ -237,7 +237,8 @@ struct Keys {
 impl EtcdBackend {
     /// A backend for `url`: `etcd://host:port[,host:port…][/root]` (the root defaults to
     /// `/payonce`). Connects lazily; must be used inside a Tokio runtime.
-    pub fn open(url: &str, options: EtcdOptions) -> Result<Self, LockError> {
+    pub fn open(url: &str, options: &LockOptions) -> Result<Self, LockError> {
+        let options = EtcdOptions::from(options);
         let rest = url
             .strip_prefix("etcd://")
             .ok_or_else(|| LockError::Invalid(format!("not an etcd:// URL: {url}")))?;
@@ -498,8 +499,6 @@ impl EtcdBackend {
         deadline: Option<Instant>,
         note: &str,
     ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
         let call = Call {
             key,
             ttl,
@@ -977,29 +976,14 @@ async fn clean_up(
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, None, note).await
-    }
-
     async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Option<Instant>,
         note: &str,
-    ) -> Result<Lease, LockError> {
-        match self.take(key, ttl, Some(deadline), note).await? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            }),
-        }
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(key, ttl, deadline, note).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
@@ -1048,8 +1032,7 @@ impl LockBackend for EtcdBackend {
         }
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
+    async fn extend(&self, lease: &Lease, _ttl: Duration) -> Result<bool, LockError> {
         let held = self.held();
         let Some(held) = held.get(&lease.owner()) else {
             return Ok(false);
@@ -1071,7 +1054,6 @@ impl LockBackend for EtcdBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        check_floor(floor)?;
         let client = self.client();
         let keys = self.keys(key);
         loop {

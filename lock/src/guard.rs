@@ -9,8 +9,8 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
+use crate::backend::{Lease, LockBackend};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend};
 use crate::token::{FencingToken, OwnerToken};
 
 /// A held lock. While it lives, a watchdog task renews the lease every TTL/3; the moment a

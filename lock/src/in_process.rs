@@ -10,8 +10,8 @@ use async_trait::async_trait;
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until};
 
+use crate::backend::{Ask, Lease, LockBackend};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
 /// An in-process lock table.
@@ -100,6 +100,11 @@ impl KeyState {
 
     fn grant(&mut self, owner: OwnerToken, ttl: Duration, note: String, now: Instant) -> u64 {
         let fence = self.fence.map_or_else(clock_us, |fence| fence + 1);
+        debug_assert!(
+            self.fence.is_none_or(|last| fence > last),
+            "a grant's fencing token {fence} is not above the key's last, {:?}",
+            self.fence
+        );
         self.fence = Some(fence);
         self.used_at = now;
         self.holder = Some(Holder {
@@ -168,114 +173,18 @@ impl InProcessBackend {
 
 #[async_trait]
 impl LockBackend for InProcessBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        let owner = OwnerToken::random();
-        let now = Instant::now();
-        let mut table = self.table();
-        let state = table
-            .entry(key.to_owned())
-            .or_insert_with(|| KeyState::new(now));
-        state.expire(now);
-        if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
-            return Ok(None);
-        }
-        let fence = state.grant(owner, ttl + self.lock_delay, note.to_owned(), now);
-        Ok(Some(Lease::new(
-            key,
-            owner,
-            FencingToken::new(fence),
-            ttl,
-            now,
-        )))
-    }
-
     async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Option<Instant>,
         note: &str,
-    ) -> Result<Lease, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        let started = Instant::now();
-        let owner = OwnerToken::random();
-        let mut pending = Pending {
-            backend: self,
-            key,
-            owner,
-            settled: false,
-        };
-        let (grant, mut granted) = oneshot::channel();
-        let mut grant = Some(grant);
-        loop {
-            let now = Instant::now();
-            // Checking the lock and joining the queue happen under one lock of the table, so
-            // a release cannot slip in between and find nobody to wake.
-            let wake_at = {
-                let mut table = self.table();
-                let state = table
-                    .entry(key.to_owned())
-                    .or_insert_with(|| KeyState::new(now));
-                state.expire(now);
-                if let Ok((fence, granted_at)) = granted.try_recv() {
-                    pending.settled = true;
-                    return Ok(Lease::new(
-                        key,
-                        owner,
-                        FencingToken::new(fence),
-                        ttl,
-                        granted_at,
-                    ));
-                }
-                if state.held_by_other(owner, now).is_none()
-                    && grant.is_some()
-                    && !state.hand_off_pending(now)
-                {
-                    let fence = state.grant(owner, ttl + self.lock_delay, note.to_owned(), now);
-                    pending.settled = true;
-                    return Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, now));
-                }
-                if let Some(grant) = grant.take() {
-                    state.used_at = now;
-                    state.queue.push_back(Waiter {
-                        owner,
-                        // The lease the store keeps, not the one the holder is told of.
-                        ttl: ttl + self.lock_delay,
-                        note: note.to_owned(),
-                        grant,
-                    });
-                }
-                // Sleep until the hand-off, or until the current lease would expire (a holder
-                // that vanished never hands off).
-                state
-                    .holder
-                    .as_ref()
-                    .map_or(now + ttl, |holder| holder.expires_at)
-            };
-            if now >= deadline {
-                pending.settled = true;
-                return Err(self.give_up(key, owner, started));
-            }
-            tokio::select! {
-                biased;
-                grant = &mut granted => {
-                    pending.settled = true;
-                    return match grant {
-                        Ok((fence, granted_at)) => Ok(Lease::new(key, owner, FencingToken::new(fence), ttl, granted_at)),
-                        // Dropped without a grant: only giving up removes our entry, so this is
-                        // unreachable in practice; treat it as a timeout rather than guess.
-                        Err(_) => Err(self.give_up(key, owner, started)),
-                    };
-                }
-                () = sleep_until(wake_at.min(deadline)) => {}
+    ) -> Result<Option<Lease>, LockError> {
+        match deadline {
+            None => Ok(self.take_if_free(key, ttl, note)),
+            Some(deadline) => {
+                let ask = Ask::new(key, ttl, Some(deadline), note);
+                self.wait_in_line(ask, deadline).await.map(Some)
             }
         }
     }
@@ -303,7 +212,6 @@ impl LockBackend for InProcessBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
         let now = Instant::now();
         let mut table = self.table();
         let holder = table
@@ -324,7 +232,6 @@ impl LockBackend for InProcessBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        crate::service::check_floor(floor)?;
         let now = Instant::now();
         let mut table = self.table();
         let state = table
@@ -364,6 +271,124 @@ impl LockBackend for InProcessBackend {
 }
 
 impl InProcessBackend {
+    /// Takes the lock if it is free and nobody waits for it.
+    fn take_if_free(&self, key: &str, ttl: Duration, note: &str) -> Option<Lease> {
+        let owner = OwnerToken::random();
+        let now = Instant::now();
+        let mut table = self.table();
+        let state = table
+            .entry(key.to_owned())
+            .or_insert_with(|| KeyState::new(now));
+        state.expire(now);
+        if state.held_by_other(owner, now).is_some() || state.hand_off_pending(now) {
+            return None;
+        }
+        let fence = state.grant(owner, ttl + self.lock_delay, note.to_owned(), now);
+        Some(Lease::new(key, owner, FencingToken::new(fence), ttl, now))
+    }
+
+    /// Takes the lock, waiting in line until `deadline`: each look takes the lock if it is
+    /// free or joins the queue; between looks we sleep until the hand-off, or until the
+    /// holder's lease runs out.
+    async fn wait_in_line(&self, ask: Ask<'_>, deadline: Instant) -> Result<Lease, LockError> {
+        let owner = OwnerToken::random();
+        let mut pending = Pending {
+            backend: self,
+            key: ask.key,
+            owner,
+            settled: false,
+        };
+        let (grant, mut granted) = oneshot::channel();
+        let mut place = Place {
+            owner,
+            grant: Some(grant),
+        };
+        let lease = |(fence, granted_at)| {
+            Lease::new(
+                ask.key,
+                owner,
+                FencingToken::new(fence),
+                ask.ttl,
+                granted_at,
+            )
+        };
+        loop {
+            let now = Instant::now();
+            let wake_at = match self.take_or_join(&ask, &mut place, &mut granted, now) {
+                Ok(grant) => {
+                    pending.settled = true;
+                    return Ok(lease(grant));
+                }
+                Err(wake_at) => wake_at,
+            };
+            if now >= deadline {
+                pending.settled = true;
+                return Err(self.give_up(ask.key, owner, ask.started));
+            }
+            tokio::select! {
+                biased;
+                grant = &mut granted => {
+                    pending.settled = true;
+                    return match grant {
+                        Ok(grant) => Ok(lease(grant)),
+                        // Dropped without a grant: only giving up removes our entry, so this is
+                        // unreachable in practice; treat it as a timeout rather than guess.
+                        Err(_) => Err(self.give_up(ask.key, owner, ask.started)),
+                    };
+                }
+                () = sleep_until(wake_at.min(deadline)) => {}
+            }
+        }
+    }
+
+    /// One look, under one lock of the table — so a release cannot slip in between "saw it
+    /// held" and "joined the queue" and find nobody to wake: the grant (its token and
+    /// instant) if the lock came to us or is free, else when to look again.
+    fn take_or_join(
+        &self,
+        ask: &Ask<'_>,
+        place: &mut Place,
+        granted: &mut oneshot::Receiver<(u64, Instant)>,
+        now: Instant,
+    ) -> Result<(u64, Instant), Instant> {
+        let mut table = self.table();
+        let state = table
+            .entry(ask.key.to_owned())
+            .or_insert_with(|| KeyState::new(now));
+        state.expire(now);
+        if let Ok(grant) = granted.try_recv() {
+            return Ok(grant);
+        }
+        if state.held_by_other(place.owner, now).is_none()
+            && place.grant.is_some()
+            && !state.hand_off_pending(now)
+        {
+            let fence = state.grant(
+                place.owner,
+                ask.ttl + self.lock_delay,
+                ask.note.to_owned(),
+                now,
+            );
+            return Ok((fence, now));
+        }
+        if let Some(grant) = place.grant.take() {
+            state.used_at = now;
+            state.queue.push_back(Waiter {
+                owner: place.owner,
+                // The lease the store keeps, not the one the holder is told of.
+                ttl: ask.ttl + self.lock_delay,
+                note: ask.note.to_owned(),
+                grant,
+            });
+        }
+        // Sleep until the hand-off, or until the current lease would expire (a holder that
+        // vanished never hands off).
+        Err(state
+            .holder
+            .as_ref()
+            .map_or(now + ask.ttl, |holder| holder.expires_at))
+    }
+
     /// Leaves the queue after the deadline; a grant that raced with giving up is passed on.
     fn give_up(&self, key: &str, owner: OwnerToken, started: Instant) -> LockError {
         let now = Instant::now();
@@ -383,6 +408,13 @@ impl InProcessBackend {
             waited: now - started,
         }
     }
+}
+
+/// A waiter's side of its queue entry: the sender the entry takes when it joins, until
+/// then.
+struct Place {
+    owner: OwnerToken,
+    grant: Option<oneshot::Sender<(u64, Instant)>>,
 }
 
 /// Cleans up after an acquire call whose future was dropped before it settled: leaves the

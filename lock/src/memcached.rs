@@ -25,7 +25,7 @@
 //! - **Fencing token**: memcached loses the counter on a restart and may evict it; it
 //!   starts again from the clock, so tokens still grow unless the clock stepped back across
 //!   the loss, and `raise_fencing` lifts it — exactly as for Redis. It expires about the
-//!   idle time ([`MemcachedOptions::idle`]) after the last lease it counted ends, so keys
+//!   idle time ([`LockOptions::idle`]) after the last lease it counted ends, so keys
 //!   locked once leave nothing behind: it is created with that TTL, and when a grant finds
 //!   less than half the idle time left past its lease, the holder's next renewal or its
 //!   release renews it (`mg <counter> T…`; memcached 1.6's increment cannot) — one
@@ -43,43 +43,24 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_memcached::{Client, Error as MemcachedError, MetaProtocol, MetaValue, Status};
 use async_trait::async_trait;
 use deadpool::managed::{self, Metrics, Object, Pool, RecycleError, RecycleResult};
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 
+use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
-use crate::turns::Turns;
+use crate::turns::{Poll, Turns};
 
-/// Settings for [`MemcachedBackend`].
+/// What only [`MemcachedBackend`] is configured with (the rest is [`LockOptions`]).
 #[derive(Clone, Debug)]
 pub struct MemcachedOptions {
-    /// Prefixes every key, so deployments sharing a server never meet.
-    pub namespace: String,
-    /// Upper bound on connecting and on any one request.
-    pub op_timeout: Duration,
     /// The most connections this process opens.
     pub max_connections: usize,
-    /// Chubby's lock-delay: the item outlives the lease by this much, so a holder that
-    /// vanished keeps its key that much longer. Zero by default.
-    pub lock_delay: Duration,
-    /// The most waiters one key takes in this process; past it an acquire fails at once.
-    pub max_waiters: usize,
-    /// How long a key's fencing counter outlives its last lease (or a raise) before it
-    /// expires, so keys locked once — one per order — leave nothing behind for longer
-    /// (payonce's `PAYONCE_LOCK_IDLE`); in whole seconds, at most 30 days. A counter
-    /// forgotten starts again from the clock. An hour by default.
-    pub idle: Duration,
 }
 
 impl Default for MemcachedOptions {
     fn default() -> Self {
         Self {
-            namespace: "payonce".to_owned(),
-            op_timeout: Duration::from_secs(2),
             max_connections: 16,
-            lock_delay: Duration::ZERO,
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
-            idle: Duration::from_secs(60 * 60),
         }
     }
 }
@@ -90,9 +71,6 @@ const MAX_RELATIVE_TTL: u64 = 30 * 24 * 60 * 60;
 
 /// memcached's longest key.
 const MAX_KEY: usize = 250;
-
-/// The longest pause between two polls of one waiter.
-const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// Opens connections for the pool; a connection an operation left half done is closed,
 /// never reused.
@@ -188,7 +166,9 @@ impl Drop for Added {
 /// Locks in memcached. See the module docs.
 pub struct MemcachedBackend {
     pool: Pool<Connector>,
-    options: MemcachedOptions,
+    /// `idle` is counted in whole seconds, at most 30 days.
+    options: LockOptions,
+    op_timeout: Duration,
     turns: Turns,
     held: Mutex<HashMap<OwnerToken, Held>>,
     /// Requests sent, for benchmarks and tests.
@@ -320,7 +300,12 @@ impl Command<'_> {
 impl MemcachedBackend {
     /// A backend for `url` (`memcache://host:port`). Connects lazily; must be used inside
     /// a Tokio runtime.
-    pub fn open(url: &str, options: MemcachedOptions) -> Result<Self, LockError> {
+    pub fn open(
+        url: &str,
+        options: &LockOptions,
+        own: MemcachedOptions,
+    ) -> Result<Self, LockError> {
+        let op_timeout = options.op_timeout_or(DEFAULT_OP_TIMEOUT);
         let address = url
             .strip_prefix("memcache://")
             .or_else(|| url.strip_prefix("memcached://"))
@@ -332,15 +317,16 @@ impl MemcachedBackend {
         let pool = Pool::builder(Connector {
             address: format!("tcp://{address}"),
         })
-        .max_size(options.max_connections.max(1))
+        .max_size(own.max_connections.max(1))
         .runtime(deadpool::Runtime::Tokio1)
-        .wait_timeout(Some(options.op_timeout))
-        .create_timeout(Some(options.op_timeout))
+        .wait_timeout(Some(op_timeout))
+        .create_timeout(Some(op_timeout))
         .build()
         .map_err(|error| LockError::Invalid(format!("memcached pool: {error}")))?;
         Ok(Self {
             pool,
-            options,
+            options: options.clone(),
+            op_timeout,
             turns: Turns::default(),
             held: Mutex::new(HashMap::new()),
             requests: AtomicU64::new(0),
@@ -418,7 +404,7 @@ impl MemcachedBackend {
     /// connection the server closed since its last use (a restart) fails before any answer:
     /// the command is sent once more, on a new connection.
     async fn request(&self, command: &Command<'_>) -> Result<Option<MetaValue>, Refused> {
-        let limit = Instant::now() + self.options.op_timeout;
+        let limit = Instant::now() + self.op_timeout;
         let mut retried = false;
         loop {
             self.requests.fetch_add(1, Ordering::Relaxed);
@@ -547,7 +533,7 @@ impl MemcachedBackend {
             pool: self.pool.clone(),
             item: item.to_owned(),
             value: value.to_owned(),
-            op_timeout: self.options.op_timeout,
+            op_timeout: self.op_timeout,
             done: false,
         };
         let (token, counter_lives) = self.next_token(counter, ttl).await?;
@@ -597,101 +583,71 @@ impl MemcachedBackend {
         Ok(false)
     }
 
-    async fn take(
+    /// Takes the lock: waits for the key's turn in this process, then polls the store
+    /// until a grant (or once, without a deadline).
+    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        let (item, counter) = self.items(ask.key)?;
+        let Some((turn, _turn)) = self
+            .turns
+            .wait(&item, ask.deadline)
+            .await
+            .map_err(|()| ask.timed_out())?
+        else {
+            return Ok(None);
+        };
+        let owner = OwnerToken::random();
+        let value = format!("{} {}", owner.to_hex(), ask.note);
+        let (item_ref, counter_ref, value_ref) = (&item, &counter, &value);
+        let granted = turn
+            .poll(&ask, move || async move {
+                let asked_at = Instant::now();
+                let grant = self.grant(item_ref, counter_ref, value_ref, ask.ttl);
+                let granted = match ask.deadline {
+                    // Each step of a grant bounded by the deadline too, not only by the op
+                    // timeout: a grant cut short deletes what it added (`Added`).
+                    Some(deadline) => timeout_at(deadline, grant)
+                        .await
+                        .map_err(|_| ask.timed_out())?,
+                    None => grant.await,
+                };
+                Ok(match granted? {
+                    Some(granted) => Poll::Granted((granted, asked_at)),
+                    None => Poll::Held { left: None },
+                })
+            })
+            .await?;
+        let Some(((token, counter_lives), asked_at)) = granted else {
+            return Ok(None);
+        };
+        self.held().insert(
+            owner,
+            Held {
+                item,
+                value,
+                counter,
+                counter_until: asked_at + counter_lives,
+            },
+        );
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(token),
+            ask.ttl,
+            asked_at,
+        )))
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemcachedBackend {
+    async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
         deadline: Option<Instant>,
         note: &str,
     ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        let (item, counter) = self.items(key)?;
-        let started = Instant::now();
-        let timed_out = || LockError::TimedOut {
-            key: key.to_owned(),
-            waited: started.elapsed(),
-        };
-        let Some((turn, _turn)) = self
-            .turns
-            .wait(&item, deadline)
-            .await
-            .map_err(|()| timed_out())?
-        else {
-            return Ok(None);
-        };
-        let owner = OwnerToken::random();
-        let value = format!("{} {note}", owner.to_hex());
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let asked_at = Instant::now();
-            let granted = match deadline {
-                // Each step of a grant bounded by the deadline too, not only by the op
-                // timeout: a grant cut short deletes what it added (`Added`).
-                Some(deadline) => timeout_at(deadline, self.grant(&item, &counter, &value, ttl))
-                    .await
-                    .map_err(|_| timed_out())?,
-                None => self.grant(&item, &counter, &value, ttl).await,
-            };
-            if let Some((token, counter_lives)) = granted? {
-                self.held().insert(
-                    owner,
-                    Held {
-                        item,
-                        value,
-                        counter,
-                        counter_until: asked_at + counter_lives,
-                    },
-                );
-                return Ok(Some(Lease::new(
-                    key,
-                    owner,
-                    FencingToken::new(token),
-                    ttl,
-                    asked_at,
-                )));
-            }
-            let Some(deadline) = deadline else {
-                return Ok(None);
-            };
-            let jittered = pause.mul_f64(rand::random_range(0.5..1.5));
-            tokio::select! {
-                () = sleep_until((Instant::now() + jittered).min(deadline)) => {}
-                () = turn.next_release() => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(timed_out());
-            }
-            pause = (pause * 2).min(MAX_POLL);
-        }
-    }
-}
-
-#[async_trait]
-impl LockBackend for MemcachedBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, None, note).await
-    }
-
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Instant,
-        note: &str,
-    ) -> Result<Lease, LockError> {
-        match self.take(key, ttl, Some(deadline), note).await? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            }),
-        }
+        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
@@ -736,7 +692,6 @@ impl LockBackend for MemcachedBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
         let Some(held) = self.held().get(&lease.owner()).cloned() else {
             return Ok(false);
         };
@@ -766,7 +721,6 @@ impl LockBackend for MemcachedBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        check_floor(floor)?;
         let (_, counter) = self.items(key)?;
         loop {
             let found = self

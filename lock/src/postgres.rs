@@ -45,38 +45,25 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{PgPool, Postgres, Row};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
 use crate::turns::Turns;
 
-/// Settings for [`PostgresBackend`].
+/// What only [`PostgresBackend`] is configured with (the rest is [`LockOptions`]; its
+/// cap on waiters is this process's only: the server's queue holds one per process).
 #[derive(Clone, Debug)]
 pub struct PostgresOptions {
-    /// Prefixes every key, so deployments sharing a database never meet.
-    pub namespace: String,
-    /// Upper bound on connecting and on any one statement that does not wait for a lock.
-    pub op_timeout: Duration,
     /// The most connections this process opens for locks: one per held lock, one per key
     /// being waited for, a few for reads.
     pub max_connections: u32,
-    /// Chubby's lock-delay: after a holder's connection ended without a release, its
-    /// successor holds the lock but waits this long before using it. Zero by default.
-    pub lock_delay: Duration,
-    /// The most waiters one key takes in this process; past it an acquire fails at once.
-    /// (The server's queue holds one per process, so there is no cap across processes.)
-    pub max_waiters: usize,
 }
 
 impl Default for PostgresOptions {
     fn default() -> Self {
         Self {
-            namespace: "payonce".to_owned(),
-            op_timeout: Duration::from_secs(2),
             max_connections: 64,
-            lock_delay: Duration::ZERO,
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
         }
     }
 }
@@ -247,7 +234,8 @@ struct Held {
 /// Locks as PostgreSQL advisory locks. See the module docs.
 pub struct PostgresBackend {
     pool: PgPool,
-    options: PostgresOptions,
+    options: LockOptions,
+    op_timeout: Duration,
     /// The table was made (once per process, and again if it disappears).
     schema_made: AtomicBool,
     /// Held while making it, so a crowd of first calls makes it once.
@@ -282,14 +270,15 @@ fn sqlstate(error: &sqlx::Error) -> Option<String> {
 impl PostgresBackend {
     /// A backend for `url` (`postgres://…`). Connects lazily; must be used inside a Tokio
     /// runtime.
-    pub fn open(url: &str, options: PostgresOptions) -> Result<Self, LockError> {
+    pub fn open(url: &str, options: &LockOptions, own: PostgresOptions) -> Result<Self, LockError> {
+        let op_timeout = options.op_timeout_or(DEFAULT_OP_TIMEOUT);
         let connect: PgConnectOptions = url
             .parse()
             .map_err(|error| LockError::Invalid(format!("bad PostgreSQL URL: {error}")))?;
         let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections.max(2))
+            .max_connections(own.max_connections.max(2))
             .min_connections(0)
-            .acquire_timeout(options.op_timeout)
+            .acquire_timeout(op_timeout)
             .connect_lazy_with(
                 connect
                     .application_name("payonce-lock")
@@ -301,7 +290,8 @@ impl PostgresBackend {
             );
         Ok(Self {
             pool,
-            options,
+            options: options.clone(),
+            op_timeout,
             schema_made: AtomicBool::new(false),
             making_schema: tokio::sync::Mutex::new(()),
             turns: Turns::default(),
@@ -334,7 +324,7 @@ impl PostgresBackend {
         &self,
         deadline: Option<Instant>,
     ) -> Result<PoolConnection<Postgres>, LockError> {
-        let limit = Instant::now() + self.options.op_timeout;
+        let limit = Instant::now() + self.op_timeout;
         let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
         match timeout_at(limit, self.pool.acquire()).await {
             Ok(Ok(connection)) => Ok(connection),
@@ -348,18 +338,15 @@ impl PostgresBackend {
         if self.schema_made.load(Ordering::Acquire) {
             return Ok(());
         }
-        let _making = timeout_at(
-            Instant::now() + self.options.op_timeout,
-            self.making_schema.lock(),
-        )
-        .await
-        .map_err(|_| LockError::unavailable("PostgreSQL: still creating the lock table"))?;
+        let _making = timeout_at(Instant::now() + self.op_timeout, self.making_schema.lock())
+            .await
+            .map_err(|_| LockError::unavailable("PostgreSQL: still creating the lock table"))?;
         if self.schema_made.load(Ordering::Acquire) {
             return Ok(());
         }
         self.counted();
         let created = sqlx::query(SCHEMA).execute(&self.pool);
-        match timeout_at(Instant::now() + self.options.op_timeout, created).await {
+        match timeout_at(Instant::now() + self.op_timeout, created).await {
             Ok(Ok(_)) => {}
             // Two processes creating it at once: one of them loses a race on the catalog,
             // and the table is there all the same.
@@ -377,7 +364,7 @@ impl PostgresBackend {
     async fn upgrade(&self) -> Result<(), LockError> {
         self.counted();
         let asked = sqlx::query_scalar::<_, bool>(UPGRADED).fetch_one(&self.pool);
-        match timeout_at(Instant::now() + self.options.op_timeout, asked).await {
+        match timeout_at(Instant::now() + self.op_timeout, asked).await {
             Ok(Ok(true)) => return Ok(()),
             Ok(Ok(false)) => {}
             Ok(Err(error)) => return Err(failed(&error)),
@@ -405,94 +392,116 @@ impl PostgresBackend {
     }
 
     /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
-    /// `deadline` is `None` (then `Ok(None)` when it is held).
-    async fn take(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        if key.contains('\0') || note.contains('\0') {
+    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
+    /// in this process, a connection of its own, the advisory lock (the server's queue of
+    /// waiters) with the fencing token in the same statement, the lock-delay.
+    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        if ask.key.contains('\0') || ask.note.contains('\0') {
             return Err(LockError::Invalid(
                 "PostgreSQL text cannot hold a NUL character".to_owned(),
             ));
         }
-        let started = Instant::now();
-        let timed_out = || LockError::TimedOut {
-            key: key.to_owned(),
-            waited: started.elapsed(),
-        };
         self.ensure_schema().await?;
-        let name = self.name(key);
+        let name = self.name(ask.key);
         // Our turn to wait in the server (in arrival order, in this process).
         let Some(_turn) = self
             .turns
-            .wait(&name, deadline)
+            .wait(&name, ask.deadline)
             .await
-            .map_err(|()| timed_out())?
+            .map_err(|()| ask.timed_out())?
         else {
             // Someone of ours is waiting for it: it is held.
             return Ok(None);
         };
-        let connection = match self.connection(deadline).await {
-            Ok(connection) => connection,
-            // Our turn came too late to get a connection: the wait timed out.
-            Err(_) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
-                return Err(timed_out());
-            }
-            Err(error) => return Err(error),
-        };
         // Closed unless handed on: an acquire that ends early (its call dropped mid-wait,
         // an error after the lock may have been taken) leaves its lock state unknown.
-        let mut taken = Slot(Some(connection));
+        let mut taken = Slot(Some(self.take_connection(&ask).await?));
+        let Some((fence, last_released)) = self.lock_advisory(&mut taken, &name, &ask).await?
+        else {
+            return Ok(None);
+        };
+        // The lock has no expiry in the server: the lease the guard keeps starts now, with
+        // the grant known, however long the wait was.
+        let granted_at = Instant::now();
+        let held = Held {
+            key: name,
+            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
+        };
+        if !last_released && !self.honour_lock_delay(&held, &ask).await {
+            return ask.not_granted();
+        }
+        let owner = OwnerToken::random();
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(fence.max(0).unsigned_abs()),
+            ask.ttl,
+            granted_at,
+        )))
+    }
+
+    /// A connection of the lock's own, not past the deadline.
+    async fn take_connection(&self, ask: &Ask<'_>) -> Result<PoolConnection<Postgres>, LockError> {
+        match self.connection(ask.deadline).await {
+            Ok(connection) => Ok(connection),
+            // Our turn came too late to get a connection: the wait timed out.
+            Err(_)
+                if ask
+                    .deadline
+                    .is_some_and(|deadline| Instant::now() >= deadline) =>
+            {
+                Err(ask.timed_out())
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Waits in the server's queue for the key's advisory lock (or only asks, without a
+    /// deadline), bumping the fencing counter in the same statement: the token and
+    /// whether the last holder released, or `None` when a try found it held.
+    async fn lock_advisory(
+        &self,
+        taken: &mut Slot<Postgres>,
+        name: &str,
+        ask: &Ask<'_>,
+    ) -> Result<Option<(i64, bool)>, LockError> {
         self.counted();
-        let granted = match deadline {
+        let granted = match ask.deadline {
             Some(deadline) => {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
-                    return Err(timed_out());
+                    return Err(ask.timed_out());
                 }
                 // At least 1 ms: a lock_timeout of 0 would mean no limit at all.
                 let lock_timeout = format!("{}ms", left.as_millis().max(1));
                 let statement = sqlx::query(ACQUIRE)
-                    .bind(&name)
-                    .bind(note)
+                    .bind(name)
+                    .bind(ask.note)
                     .bind(lock_timeout)
                     .fetch_optional(&mut **taken.connection());
                 // The server gives up at the deadline; this bounds a server gone silent.
-                match timeout_at(deadline + self.options.op_timeout, statement).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        return Err(LockError::unavailable("PostgreSQL did not answer in time"));
-                    }
-                }
+                timeout_at(deadline + self.op_timeout, statement).await
             }
             None => {
                 let statement = sqlx::query(TRY_ACQUIRE)
-                    .bind(&name)
-                    .bind(note)
+                    .bind(name)
+                    .bind(ask.note)
                     .fetch_optional(&mut **taken.connection());
-                match timeout_at(Instant::now() + self.options.op_timeout, statement).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        return Err(LockError::unavailable("PostgreSQL did not answer in time"));
-                    }
-                }
+                timeout_at(Instant::now() + self.op_timeout, statement).await
             }
-        };
+        }
+        .map_err(|_| LockError::unavailable("PostgreSQL did not answer in time"))?;
         let row = match granted {
             Ok(Some(row)) => row,
             // Not taken: the connection holds nothing, back to the pool.
             Ok(None) => {
-                drop(taken.hand_on());
+                drop(taken.0.take());
                 return Ok(None);
             }
             Err(error) if sqlstate(&error).as_deref() == Some(LOCK_NOT_AVAILABLE) => {
-                drop(taken.hand_on());
-                return Err(timed_out());
+                drop(taken.0.take());
+                return Err(ask.timed_out());
             }
             // `taken` closes the connection: the lock may have been granted.
             Err(error) => return Err(self.failed(&error)),
@@ -501,44 +510,33 @@ impl PostgresBackend {
         let last_released: bool = row
             .try_get("last_released")
             .map_err(|error| failed(&error))?;
-        // The lock has no expiry in the server: the lease the guard keeps starts now, with
-        // the grant known, however long the wait was.
-        let granted_at = Instant::now();
-        let connection = taken.hand_on();
-        let owner = OwnerToken::random();
-        let held = Held {
-            key: name,
-            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(connection)))),
-        };
-        if !last_released && !self.options.lock_delay.is_zero() {
-            let until = Instant::now() + self.options.lock_delay;
-            let usable = deadline.is_some_and(|deadline| until <= deadline);
-            if !usable {
-                // Held, but not usable before the caller gives up: hand it on.
-                let _ = self.unlock(&held).await;
-                return match deadline {
-                    None => Ok(None),
-                    Some(deadline) => {
-                        sleep_until(deadline).await;
-                        Err(timed_out())
-                    }
-                };
-            }
-            tracing::info!(
-                key,
-                delay = ?self.options.lock_delay,
-                "the last holder never released: waiting out the lock-delay"
-            );
-            sleep_until(until).await;
+        Ok(Some((fence, last_released)))
+    }
+
+    /// Lock-delay at a grant whose last holder never released: waits the delay out,
+    /// holding the lock — unless that would pass the deadline, when the lock is handed on
+    /// (`false`, at the deadline).
+    async fn honour_lock_delay(&self, held: &Held, ask: &Ask<'_>) -> bool {
+        if self.options.lock_delay.is_zero() {
+            return true;
         }
-        self.held().insert(owner, held);
-        Ok(Some(Lease::new(
-            key,
-            owner,
-            FencingToken::new(fence.max(0).unsigned_abs()),
-            ttl,
-            granted_at,
-        )))
+        let until = Instant::now() + self.options.lock_delay;
+        let usable = ask.deadline.is_some_and(|deadline| until <= deadline);
+        if !usable {
+            // Held, but not usable before the caller gives up: hand it on.
+            let _ = self.unlock(held).await;
+            if let Some(deadline) = ask.deadline {
+                sleep_until(deadline).await;
+            }
+            return false;
+        }
+        tracing::info!(
+            key = ask.key,
+            delay = ?self.options.lock_delay,
+            "the last holder never released: waiting out the lock-delay"
+        );
+        sleep_until(until).await;
+        true
     }
 
     /// Gives the lock back on its own connection; the connection returns to the pool only
@@ -561,7 +559,7 @@ impl PostgresBackend {
         let unlocked = sqlx::query_scalar::<_, bool>(statement)
             .bind(&held.key)
             .fetch_optional(&mut **connection.connection());
-        match timeout_at(Instant::now() + self.options.op_timeout, unlocked).await {
+        match timeout_at(Instant::now() + self.op_timeout, unlocked).await {
             Ok(Ok(unlocked)) => {
                 drop(connection.hand_on());
                 Ok(unlocked.unwrap_or(false))
@@ -580,29 +578,14 @@ impl PostgresBackend {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, None, note).await
-    }
-
     async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Option<Instant>,
         note: &str,
-    ) -> Result<Lease, LockError> {
-        match self.take(key, ttl, Some(deadline), note).await? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            }),
-        }
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
@@ -611,7 +594,7 @@ impl LockBackend for PostgresBackend {
         let read = sqlx::query_scalar::<_, String>(HOLDER_NOTE)
             .bind(self.name(key))
             .fetch_optional(&self.pool);
-        match timeout_at(Instant::now() + self.options.op_timeout, read).await {
+        match timeout_at(Instant::now() + self.op_timeout, read).await {
             Ok(Ok(note)) => Ok(note),
             Ok(Err(error)) => Err(self.failed(&error)),
             Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
@@ -625,8 +608,7 @@ impl LockBackend for PostgresBackend {
         self.unlock(&held).await
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
+    async fn extend(&self, lease: &Lease, _ttl: Duration) -> Result<bool, LockError> {
         let (key, connection) = {
             let held = self.held();
             let Some(held) = held.get(&lease.owner()) else {
@@ -642,7 +624,7 @@ impl LockBackend for PostgresBackend {
         let asked = sqlx::query_scalar::<_, bool>(HOLDS)
             .bind(&key)
             .fetch_one(&mut **open);
-        match timeout_at(Instant::now() + self.options.op_timeout, asked).await {
+        match timeout_at(Instant::now() + self.op_timeout, asked).await {
             Ok(Ok(holds)) => Ok(holds),
             // The connection broke: whatever it held, the server frees with it, and we can
             // never use it again. Lost, for sure.
@@ -662,7 +644,6 @@ impl LockBackend for PostgresBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        check_floor(floor)?;
         self.ensure_schema().await?;
         self.counted();
         let floor = i64::try_from(floor.get()).unwrap_or(i64::MAX);
@@ -670,7 +651,7 @@ impl LockBackend for PostgresBackend {
             .bind(self.name(key))
             .bind(floor)
             .fetch_one(&self.pool);
-        match timeout_at(Instant::now() + self.options.op_timeout, raised).await {
+        match timeout_at(Instant::now() + self.op_timeout, raised).await {
             Ok(Ok(fence)) => Ok(FencingToken::new(fence.max(0).unsigned_abs())),
             Ok(Err(error)) => Err(self.failed(&error)),
             Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),
@@ -691,7 +672,7 @@ impl LockBackend for PostgresBackend {
                 .bind(&prefix)
                 .bind(!self.options.lock_delay.is_zero())
                 .execute(&self.pool);
-            let deleted = match timeout_at(Instant::now() + self.options.op_timeout, pruned).await {
+            let deleted = match timeout_at(Instant::now() + self.op_timeout, pruned).await {
                 Ok(Ok(done)) => done.rows_affected(),
                 Ok(Err(error)) => return Err(self.failed(&error)),
                 Err(_) => return Err(LockError::unavailable("PostgreSQL did not answer in time")),
@@ -707,7 +688,7 @@ impl LockBackend for PostgresBackend {
     async fn ping(&self) -> Result<(), LockError> {
         self.counted();
         let pinged = sqlx::query("SELECT 1").execute(&self.pool);
-        match timeout_at(Instant::now() + self.options.op_timeout, pinged).await {
+        match timeout_at(Instant::now() + self.op_timeout, pinged).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(error)) => Err(failed(&error)),
             Err(_) => Err(LockError::unavailable("PostgreSQL did not answer in time")),

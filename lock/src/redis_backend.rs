@@ -18,46 +18,16 @@ use redis::{
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use crate::backend::{Lease, LockBackend, LockOptions};
 use crate::error::LockError;
 use crate::redis_link::{self, ClusterLink, Connection, Link, SentinelLink};
-use crate::service::{Lease, LockBackend, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
 
 const HAND_OFF: &str = include_str!("scripts/hand_off.lua");
 
-/// Settings for [`RedisBackend`].
-#[derive(Clone, Debug)]
-pub struct RedisOptions {
-    /// Prefix of every key and channel the backend uses.
-    pub namespace: String,
-    /// Upper bound on connecting and on any one round trip: an unreachable Redis becomes
-    /// [`LockError::Unavailable`] within this time instead of a hang.
-    pub op_timeout: Duration,
-    /// The most waiters one key's queue takes, across every process sharing the server;
-    /// past it an acquire fails at once with [`LockError::QueueFull`].
-    pub max_waiters: usize,
-    /// Chubby's lock-delay: the server keeps a lock this long past its lease, so when a
-    /// holder vanishes without releasing, nobody takes the key until the delay has passed
-    /// too; a released lock is free at once. Zero by default.
-    pub lock_delay: Duration,
-    /// How long a key's fencing counter outlives its last lease (or a raise) before the
-    /// server expires it, so keys locked once — one per order — leave nothing behind for
-    /// longer (payonce's `PAYONCE_LOCK_IDLE`). A counter forgotten starts again from the
-    /// clock (see the crate docs). An hour by default.
-    pub idle: Duration,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            namespace: "payonce".to_owned(),
-            op_timeout: Duration::from_secs(1),
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
-            lock_delay: Duration::ZERO,
-            idle: Duration::from_secs(60 * 60),
-        }
-    }
-}
+/// How long one round trip may take unless configured otherwise: Redis answers from
+/// memory, so a second is long.
+const OP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The longest idle time a counter is kept, in milliseconds: 2^52 ms, 142,000 years —
 /// forever, as far as anyone can tell, and exact in the scripts' numbers.
@@ -207,6 +177,12 @@ impl Cleanup {
     }
 }
 
+/// A waiting acquire: where the hand-off message arrives, and its registration.
+struct Waiter {
+    granted: oneshot::Receiver<u64>,
+    pending: Pending,
+}
+
 impl Pending {
     /// The call was granted the lock: nothing to undo.
     fn settle(&mut self) {
@@ -261,10 +237,10 @@ pub struct RedisBackend {
     subscribing: tokio::sync::Mutex<()>,
     op_timeout: Duration,
     max_waiters: usize,
-    /// Added to every lease on the server (see [`RedisOptions::lock_delay`]), never to
+    /// Added to every lease on the server (see [`LockOptions::lock_delay`]), never to
     /// the lease the holder is told of.
     lock_delay: Duration,
-    /// How long a counter outlives its last lease, ms (see [`RedisOptions::idle`]).
+    /// How long a counter outlives its last lease, ms (see [`LockOptions::idle`]).
     idle_ms: String,
     /// Round trips sent, for benchmarks and tests.
     round_trips: AtomicU64,
@@ -285,7 +261,8 @@ impl RedisBackend {
     /// Cluster (`redis-cluster://host:port[,host:port…]`, any of its nodes), or the master
     /// Redis Sentinel names (`redis-sentinel://host:port[,host:port…]/<master name>`, the
     /// sentinels). Connects lazily; must be called inside a Tokio runtime.
-    pub fn open(url: &str, options: RedisOptions) -> Result<Self, LockError> {
+    pub fn open(url: &str, options: &LockOptions) -> Result<Self, LockError> {
+        let op_timeout = options.op_timeout_or(OP_TIMEOUT);
         if options.namespace.is_empty() || options.namespace.contains(['|', '{', '}']) {
             // '|' separates queue-entry fields; braces would break the keys' hash tags.
             return Err(LockError::Invalid(format!(
@@ -296,32 +273,14 @@ impl RedisBackend {
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
         let subscribed_slots = Arc::new(Mutex::new(HashSet::new()));
-        let (push_waiters, push_subscribed, push_slots) = (
+        let on_push = push_handler(
             Arc::clone(&waiters),
             Arc::clone(&subscribed),
             Arc::clone(&subscribed_slots),
         );
-        let on_push = move |push: PushInfo| -> Result<(), std::convert::Infallible> {
-            match push.kind {
-                PushKind::Message | PushKind::SMessage => {
-                    if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
-                        push_waiters.deliver(payload);
-                    }
-                }
-                PushKind::Disconnection | PushKind::SUnsubscribe => {
-                    push_subscribed.store(false, Ordering::Release);
-                    push_slots
-                        .lock()
-                        .unwrap_or_else(|poisoned| poisoned.into_inner())
-                        .clear();
-                }
-                _ => {}
-            }
-            Ok(())
-        };
         let link = if url.starts_with("redis-sentinel://") {
             let sentinels = sentinel_client(url)?;
-            let (op_timeout, subscribed) = (options.op_timeout, Arc::clone(&subscribed));
+            let subscribed = Arc::clone(&subscribed);
             let connect: redis_link::Connect = Box::new(move |master| {
                 ConnectionManager::new_lazy_with_config(
                     master,
@@ -331,25 +290,25 @@ impl RedisBackend {
             Link::Sentinel(Arc::new(SentinelLink::new(sentinels, connect, subscribed)))
         } else if url.starts_with("redis-cluster://") {
             let nodes = redis_link::cluster_nodes(url).map_err(LockError::Invalid)?;
-            let client = redis_link::cluster_client(&nodes, options.op_timeout, on_push)
+            let client = redis_link::cluster_client(&nodes, op_timeout, on_push)
                 .map_err(|error| LockError::Invalid(format!("bad Redis Cluster URL: {error}")))?;
             Link::Cluster(Arc::new(ClusterLink {
                 client,
                 connection: tokio::sync::OnceCell::new(),
             }))
         } else {
-            Link::Server(server_connection(url, &options, on_push)?)
+            Link::Server(server_connection(url, op_timeout, on_push)?)
         };
         Ok(Self {
             link,
             scripts: Arc::new(Scripts::new()),
             client_id: OwnerToken::random().to_hex(),
-            namespace: options.namespace,
+            namespace: options.namespace.clone(),
             waiters,
             subscribed,
             subscribed_slots,
             subscribing: tokio::sync::Mutex::new(()),
-            op_timeout: options.op_timeout,
+            op_timeout,
             max_waiters: options.max_waiters.max(1),
             lock_delay: options.lock_delay,
             idle_ms: millis(options.idle).min(MAX_IDLE_MS).to_string(),
@@ -551,11 +510,39 @@ impl RedisBackend {
     }
 }
 
+/// What a connection does with a push: hands a hand-off message to its waiter; on a
+/// disconnection or an ended subscription, forgets what was subscribed, so the next waiter
+/// subscribes again.
+fn push_handler(
+    waiters: Arc<Waiters>,
+    subscribed: Arc<AtomicBool>,
+    subscribed_slots: Arc<Mutex<HashSet<u16>>>,
+) -> impl Fn(PushInfo) -> Result<(), std::convert::Infallible> + Clone + Send + Sync + 'static {
+    move |push: PushInfo| {
+        match push.kind {
+            PushKind::Message | PushKind::SMessage => {
+                if let [_channel, Value::BulkString(payload)] = push.data.as_slice() {
+                    waiters.deliver(payload);
+                }
+            }
+            PushKind::Disconnection | PushKind::SUnsubscribe => {
+                subscribed.store(false, Ordering::Release);
+                subscribed_slots
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .clear();
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 /// The connection manager for the one server at `url` (`redis://host:port/db`): RESP3, so
 /// one multiplexed connection carries pub/sub pushes next to commands; connects lazily.
 fn server_connection(
     url: &str,
-    options: &RedisOptions,
+    op_timeout: Duration,
     on_push: impl redis::aio::AsyncPushSender,
 ) -> Result<ConnectionManager, LockError> {
     let info = url
@@ -567,7 +554,7 @@ fn server_connection(
         .set_protocol(ProtocolVersion::RESP3);
     let client = Client::open(info.set_redis_settings(settings))
         .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-    ConnectionManager::new_lazy_with_config(client, manager_config(options.op_timeout, on_push))
+    ConnectionManager::new_lazy_with_config(client, manager_config(op_timeout, on_push))
         .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
 }
 
@@ -618,16 +605,14 @@ fn millis(duration: Duration) -> u128 {
     duration.as_nanos().div_ceil(1_000_000)
 }
 
-#[async_trait]
-impl LockBackend for RedisBackend {
-    async fn try_acquire(
+impl RedisBackend {
+    /// Takes the lock if it is free and nobody is queued for it: one script round trip.
+    async fn take_if_free(
         &self,
         key: &str,
         ttl: Duration,
         note: &str,
     ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
         let keys = self.keys(key);
         let owner = OwnerToken::random();
         let owner_hex = owner.to_hex();
@@ -646,78 +631,50 @@ impl LockBackend for RedisBackend {
         }
     }
 
-    async fn acquire(
+    /// Takes the lock, waiting in the server's queue until `deadline`: each attempt takes
+    /// the lock or joins the queue in one script; between attempts we sleep until the
+    /// hand-off message, or until the lease we saw runs out.
+    async fn wait_in_line(
         &self,
         key: &str,
         ttl: Duration,
         deadline: Instant,
         note: &str,
     ) -> Result<Lease, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
         let started = Instant::now();
         let keys = self.keys(key);
         let owner = OwnerToken::random();
-        let owner_hex = owner.to_hex();
         self.ensure_subscribed(&keys[0], deadline).await?;
-
-        // Registered before the first attempt: the hand-off message may overtake the
-        // attempt's own reply.
-        let (grant, mut granted) = oneshot::channel();
-        self.waiters.map().insert(owner, grant);
-        let mut pending = Pending {
-            waiters: Arc::clone(&self.waiters),
-            owner,
-            cleanup: Some(self.cleanup(&keys)),
-        };
+        let mut waiter = self.register(owner, &keys);
         let timed_out = || LockError::TimedOut {
             key: key.to_owned(),
             waited: started.elapsed(),
         };
-
         // Whether Redis has told us the lock is held: only then is running out of time a
         // wait that timed out rather than a lock store that did not answer.
         let mut seen_held = false;
         loop {
             let sent_at = Instant::now();
             if sent_at >= deadline {
-                // `pending` cancels our queue entry as it drops.
+                // `waiter` cancels our queue entry as it drops.
                 return Err(timed_out());
             }
-            // Again before each attempt: a reconnect or a failover may have ended the
-            // subscription since the last one.
-            if let Err(error) = self.ensure_subscribed(&keys[0], deadline).await {
-                return Err(if seen_held && Instant::now() >= deadline {
-                    timed_out()
-                } else {
-                    error
-                });
-            }
             let attempt = self
-                .attempt(
-                    &keys,
-                    &owner_hex,
-                    (ttl, deadline - sent_at),
-                    note,
-                    Some(deadline),
-                )
-                .await;
-            let attempt = match attempt {
-                Ok(attempt) => attempt,
-                Err(error) => {
+                .attempt_in_line(&keys, owner, (ttl, deadline), sent_at, note)
+                .await
+                .map_err(|error| {
                     // The script may have run — queued us, or granted us the lock — before
-                    // the answer was lost or cut off at the deadline: `pending` undoes that
+                    // the answer was lost or cut off at the deadline: `waiter` undoes that
                     // as it drops, in the background, so we answer by the deadline.
-                    return Err(if seen_held && Instant::now() >= deadline {
+                    if seen_held && Instant::now() >= deadline {
                         timed_out()
                     } else {
                         error
-                    });
-                }
-            };
+                    }
+                })?;
             let remaining = match attempt {
                 Attempt::Granted(fence) => {
-                    pending.settle();
+                    waiter.pending.settle();
                     return Ok(Lease::new(key, owner, fence, ttl, sent_at));
                 }
                 Attempt::Held(remaining) => {
@@ -726,7 +683,7 @@ impl LockBackend for RedisBackend {
                 }
                 Attempt::QueueFull => {
                     // Not queued: nothing to undo.
-                    pending.settle();
+                    waiter.pending.settle();
                     return Err(LockError::QueueFull {
                         key: key.to_owned(),
                         max_waiters: self.max_waiters,
@@ -736,24 +693,82 @@ impl LockBackend for RedisBackend {
             // Woken by the hand-off, or when the lease we saw runs out (a holder that
             // vanished never releases), whichever is first.
             let look_again = (Instant::now() + remaining + Duration::from_millis(1)).min(deadline);
-            tokio::select! {
-                biased;
-                fence = &mut granted => {
-                    if let Ok(fence) = fence {
-                        // The grant came after our last attempt was sent, which is all we
-                        // know of when: the lease may be partly spent by now.
-                        let lease = Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at);
-                        let lease = self.fresh_lease(lease).await?;
-                        pending.settle();
-                        return Ok(lease);
-                    }
-                    // Our registration vanished, which only this call removes: look again.
-                    let (grant, fresh) = oneshot::channel();
-                    self.waiters.map().insert(owner, grant);
-                    granted = fresh;
-                }
-                () = sleep_until(look_again) => {}
+            if let Some(fence) = self.handed_over(&mut waiter, look_again).await {
+                // The grant came after our last attempt was sent, which is all we know of
+                // when: the lease may be partly spent by now.
+                let lease = Lease::new(key, owner, FencingToken::new(fence), ttl, sent_at);
+                let lease = self.fresh_lease(lease).await?;
+                waiter.pending.settle();
+                return Ok(lease);
             }
+        }
+    }
+
+    /// Registers a waiter for the hand-off message — before the first attempt: the
+    /// message may overtake the attempt's own reply.
+    fn register(&self, owner: OwnerToken, keys: &[String; 4]) -> Waiter {
+        let (grant, granted) = oneshot::channel();
+        self.waiters.map().insert(owner, grant);
+        Waiter {
+            granted,
+            pending: Pending {
+                waiters: Arc::clone(&self.waiters),
+                owner,
+                cleanup: Some(self.cleanup(keys)),
+            },
+        }
+    }
+
+    /// One attempt of a waiter: takes the lock, or joins (or keeps its place in) the
+    /// queue until `deadline` (its entry says it waits that long from `sent_at`).
+    /// Subscribes first, again each time: a reconnect or a failover may have ended the
+    /// subscription since the last attempt.
+    async fn attempt_in_line(
+        &self,
+        keys: &[String; 4],
+        owner: OwnerToken,
+        (ttl, deadline): (Duration, Instant),
+        sent_at: Instant,
+        note: &str,
+    ) -> Result<Attempt, LockError> {
+        self.ensure_subscribed(&keys[0], deadline).await?;
+        let wait = deadline - sent_at;
+        self.attempt(keys, &owner.to_hex(), (ttl, wait), note, Some(deadline))
+            .await
+    }
+
+    /// The fencing token of a hand-off to `waiter`, or `None` once `look_again` comes
+    /// first.
+    async fn handed_over(&self, waiter: &mut Waiter, look_again: Instant) -> Option<u64> {
+        tokio::select! {
+            biased;
+            fence = &mut waiter.granted => {
+                if let Ok(fence) = fence {
+                    return Some(fence);
+                }
+                // Our registration vanished, which only this call removes: look again.
+                let (grant, fresh) = oneshot::channel();
+                self.waiters.map().insert(waiter.pending.owner, grant);
+                waiter.granted = fresh;
+                None
+            }
+            () = sleep_until(look_again) => None,
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    async fn acquire(
+        &self,
+        key: &str,
+        ttl: Duration,
+        deadline: Option<Instant>,
+        note: &str,
+    ) -> Result<Option<Lease>, LockError> {
+        match deadline {
+            None => self.take_if_free(key, ttl, note).await,
+            Some(deadline) => self.wait_in_line(key, ttl, deadline, note).await.map(Some),
         }
     }
 
@@ -771,7 +786,6 @@ impl LockBackend for RedisBackend {
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
         let [lock_key, fence_key, ..] = self.keys(lease.key());
         let ttl_ms = millis(ttl + self.lock_delay).to_string();
         let extended: i64 = self
@@ -790,7 +804,6 @@ impl LockBackend for RedisBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        crate::service::check_floor(floor)?;
         let [_, fence_key, _, _] = self.keys(key);
         let counter: i64 = self
             .script(

@@ -86,17 +86,13 @@ impl RedisServer {
     }
 
     fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Err(std::io::Error::other(format!(
-            "redis-server on port {} did not start",
-            self.port
-        )))
+        wait_until_up(
+            "redis-server",
+            self.port,
+            limit,
+            Duration::from_millis(10),
+            listens,
+        )
     }
 }
 
@@ -176,6 +172,43 @@ fn wait_for(
     Err(std::io::Error::other(format!(
         "the servers did not settle within {limit:?}"
     )))
+}
+
+/// Polls `answers(port)` every `every` until it says yes, for at most `limit`: a server
+/// just started is up. `what` names it in the error.
+fn wait_until_up(
+    what: &str,
+    port: u16,
+    limit: Duration,
+    every: Duration,
+    answers: impl Fn(u16) -> bool,
+) -> std::io::Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if answers(port) {
+            return Ok(());
+        }
+        std::thread::sleep(every);
+    }
+    Err(std::io::Error::other(format!(
+        "{what} on port {port} did not start"
+    )))
+}
+
+/// Something accepts connections on the loopback `port`.
+fn listens(port: u16) -> bool {
+    std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+}
+
+/// The MariaDB on the loopback `port` answers a query.
+fn mariadb_answers(port: u16) -> bool {
+    Command::new("mysql")
+        .args(["-h", "127.0.0.1", "-P", &port.to_string(), "-u", "root"])
+        .args(["-e", "select 1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
 }
 
 /// A loopback port nothing listens on right now (bound, then released).
@@ -262,17 +295,8 @@ impl ZooKeeperServer {
     }
 
     fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if zookeeper_answers(self.port) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(std::io::Error::other(format!(
-            "ZooKeeper on port {} did not start",
-            self.port
-        )))
+        let every = Duration::from_millis(50);
+        wait_until_up("ZooKeeper", self.port, limit, every, zookeeper_answers)
     }
 }
 
@@ -371,17 +395,8 @@ impl EtcdServer {
     }
 
     fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if etcd_is_healthy(self.client_port) {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Err(std::io::Error::other(format!(
-            "etcd on port {} did not start",
-            self.client_port
-        )))
+        let every = Duration::from_millis(50);
+        wait_until_up("etcd", self.client_port, limit, every, etcd_is_healthy)
     }
 }
 
@@ -470,17 +485,13 @@ impl MemcachedServer {
     }
 
     fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        Err(std::io::Error::other(format!(
-            "memcached on port {} did not start",
-            self.port
-        )))
+        wait_until_up(
+            "memcached",
+            self.port,
+            limit,
+            Duration::from_millis(10),
+            listens,
+        )
     }
 }
 
@@ -593,31 +604,8 @@ impl MariaDbServer {
     }
 
     fn wait_until_up(&self, limit: Duration) -> std::io::Result<()> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            let answered = Command::new("mysql")
-                .args([
-                    "-h",
-                    "127.0.0.1",
-                    "-P",
-                    &self.port.to_string(),
-                    "-u",
-                    "root",
-                ])
-                .args(["-e", "select 1"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|status| status.success());
-            if answered {
-                return Ok(());
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Err(std::io::Error::other(format!(
-            "MariaDB on port {} did not start",
-            self.port
-        )))
+        let every = Duration::from_millis(100);
+        wait_until_up("MariaDB", self.port, limit, every, mariadb_answers)
     }
 }
 

@@ -7,9 +7,13 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::{Notify, OwnedMutexGuard};
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::backend::Ask;
+use crate::error::LockError;
 
 /// One key's turn, and the signal a local release gives the waiter whose turn it is.
 #[derive(Debug, Default)]
@@ -28,7 +32,53 @@ impl Turn {
     pub(crate) async fn next_release(&self) {
         self.released.notified().await;
     }
+
+    /// Polls the store with `attempt` until it grants, or once when `ask` has no
+    /// deadline (`Ok(None)` if the lock is held then). Between polls it backs off from
+    /// 1 ms to [`MAX_POLL`], jittered so pollers of several processes spread out, never
+    /// past the holder's lease (when the store says how long it has left) nor the
+    /// deadline — and polls again at once on a local release.
+    pub(crate) async fn poll<T, Fut>(
+        &self,
+        ask: &Ask<'_>,
+        mut attempt: impl FnMut() -> Fut,
+    ) -> Result<Option<T>, LockError>
+    where
+        Fut: Future<Output = Result<Poll<T>, LockError>>,
+    {
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let left = match attempt().await? {
+                Poll::Granted(granted) => return Ok(Some(granted)),
+                Poll::Held { left } => left,
+            };
+            let Some(deadline) = ask.deadline else {
+                return Ok(None);
+            };
+            let jittered = pause.mul_f64(rand::random_range(0.5..1.5));
+            let wait = left.map_or(jittered, |left| jittered.min(left));
+            tokio::select! {
+                () = sleep_until((Instant::now() + wait).min(deadline)) => {}
+                () = self.next_release() => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(ask.timed_out());
+            }
+            pause = (pause * 2).min(MAX_POLL);
+        }
+    }
 }
+
+/// What one poll of a store answered.
+pub(crate) enum Poll<T> {
+    /// The lock is ours.
+    Granted(T),
+    /// Another holds it, with `left` of its lease when the store says.
+    Held { left: Option<Duration> },
+}
+
+/// The longest pause between two polls of one waiter.
+const MAX_POLL: Duration = Duration::from_millis(100);
 
 /// The turns of the keys in use.
 #[derive(Debug, Default)]

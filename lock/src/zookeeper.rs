@@ -55,36 +55,9 @@ use zookeeper_client::{
     Acls, Client, CreateMode, CreateOptions, EventType, MultiReadResult, SessionState,
 };
 
+use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
-use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::token::{FencingToken, OwnerToken};
-
-/// Settings for [`ZooKeeperBackend`].
-#[derive(Clone, Debug)]
-pub struct ZooKeeperOptions {
-    /// The session timeout asked of the server (which clamps it between 2 and 20 ticks by
-    /// default): how long after this process stops heartbeating its locks are released.
-    pub session_timeout: Duration,
-    /// Upper bound on connecting and on any one request.
-    pub op_timeout: Duration,
-    /// The most waiters one key's queue takes; past it an acquire fails at once.
-    pub max_waiters: usize,
-    /// Chubby's lock-delay: after a holder's session ended without a release, its
-    /// successor holds the lock but waits this long before using it (see the module
-    /// docs). Zero by default: no marker is kept.
-    pub lock_delay: Duration,
-}
-
-impl Default for ZooKeeperOptions {
-    fn default() -> Self {
-        Self {
-            session_timeout: Duration::from_secs(10),
-            op_timeout: Duration::from_secs(2),
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
-            lock_delay: Duration::ZERO,
-        }
-    }
-}
 
 /// A key's queue as one multi-read saw it.
 struct Queue {
@@ -181,7 +154,10 @@ pub struct ZooKeeperBackend {
     cluster: String,
     /// Where this deployment's locks live: `<root>/locks/<key>/lock-<sequence>`.
     root: String,
-    options: ZooKeeperOptions,
+    /// `session` is the session timeout asked of the server; `lock_delay` is kept with a
+    /// marker (see the module docs).
+    options: LockOptions,
+    op_timeout: Duration,
     /// The session every lock of this process rides on; replaced once it ends.
     session: tokio::sync::Mutex<SessionSlot>,
     /// The granted session timeout in milliseconds (the one asked, before a session).
@@ -286,7 +262,7 @@ fn tagged(name: &str, tag: &str) -> bool {
 impl ZooKeeperBackend {
     /// A backend for `url`: `zk://host:port[,host:port…][/root]` (the root defaults to
     /// `/payonce`). Connects lazily; must be used inside a Tokio runtime.
-    pub fn open(url: &str, options: ZooKeeperOptions) -> Result<Self, LockError> {
+    pub fn open(url: &str, options: &LockOptions) -> Result<Self, LockError> {
         let rest = url
             .strip_prefix("zk://")
             .ok_or_else(|| LockError::Invalid(format!("not a zk:// URL: {url}")))?;
@@ -302,13 +278,14 @@ impl ZooKeeperBackend {
         Ok(Self {
             cluster: cluster.to_owned(),
             root: root.to_owned(),
-            options: ZooKeeperOptions {
+            options: LockOptions {
                 max_waiters: options.max_waiters.max(1),
-                ..options
+                ..options.clone()
             },
+            op_timeout: options.op_timeout_or(DEFAULT_OP_TIMEOUT),
             session: tokio::sync::Mutex::new(SessionSlot::default()),
             granted_timeout_ms: AtomicU64::new(
-                u64::try_from(options.session_timeout.as_millis()).unwrap_or(u64::MAX),
+                u64::try_from(options.session.as_millis()).unwrap_or(u64::MAX),
             ),
             held: Arc::new(Mutex::new(HashMap::new())),
             parents: Mutex::new(HashSet::new()),
@@ -353,7 +330,7 @@ impl ZooKeeperBackend {
         call: impl Future<Output = Result<T, zookeeper_client::Error>>,
     ) -> Result<T, Failure> {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        let op_limit = Instant::now() + self.options.op_timeout;
+        let op_limit = Instant::now() + self.op_timeout;
         let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
         match timeout_at(limit, call).await {
             Ok(result) => Ok(result?),
@@ -364,7 +341,7 @@ impl ZooKeeperBackend {
     /// The live session, connecting a new one if there is none or it ended. Waits for a
     /// connect under way at most the op timeout, and not past `deadline`.
     async fn session(&self, deadline: Option<Instant>) -> Result<Session, LockError> {
-        let op_limit = Instant::now() + self.options.op_timeout;
+        let op_limit = Instant::now() + self.op_timeout;
         let limit = deadline.map_or(op_limit, |deadline| deadline.min(op_limit));
         let mut slot = timeout_at(limit, self.session.lock())
             .await
@@ -383,8 +360,8 @@ impl ZooKeeperBackend {
             ));
         }
         let connecting = Client::connector()
-            .with_session_timeout(self.options.session_timeout)
-            .with_connection_timeout(self.options.op_timeout)
+            .with_session_timeout(self.options.session)
+            .with_connection_timeout(self.op_timeout)
             .connect(&self.cluster);
         // Bounded by the op timeout alone, so a failure is the ensemble's, not a caller's
         // short deadline; the caller gives up at its deadline all the same.
@@ -401,6 +378,17 @@ impl ZooKeeperBackend {
                 return Err(failure.into());
             }
         };
+        let session = self.start_session(client);
+        *slot = SessionSlot {
+            current: Some(session.clone()),
+            failed_at: None,
+        };
+        Ok(session)
+    }
+
+    /// A session just connected: watches its state, starts its cleaner of leftover nodes,
+    /// and notes the timeout the server granted.
+    fn start_session(&self, client: Client) -> Session {
         let health = Arc::new(SessionHealth {
             connected: AtomicBool::new(true),
             ended: AtomicBool::new(false),
@@ -415,7 +403,7 @@ impl ZooKeeperBackend {
             client.clone(),
             health.clone(),
             to_clean,
-            self.options.op_timeout,
+            self.op_timeout,
             self.closing.clone(),
         ));
         let timeout = client.session_timeout();
@@ -423,17 +411,12 @@ impl ZooKeeperBackend {
             u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        let session = Session {
+        Session {
             client,
             health,
             timeout,
             leftovers,
-        };
-        *slot = SessionSlot {
-            current: Some(session.clone()),
-            failed_at: None,
-        };
-        Ok(session)
+        }
     }
 
     fn known_parents(&self) -> MutexGuard<'_, HashSet<String>> {
@@ -578,27 +561,53 @@ impl ZooKeeperBackend {
     }
 
     /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
-    /// (then `Ok(None)` when it is held).
-    async fn take(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        let started = Instant::now();
-        if deadline.is_some_and(|deadline| started >= deadline) {
+    /// (then `Ok(None)` when it is held). The recipe's steps: join the queue (a node of
+    /// ours), then look at it until we are first — the grant — or, behind others, check
+    /// the cap and wait for the node just ahead of ours to go.
+    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        if ask.deadline.is_some_and(|deadline| ask.started >= deadline) {
             // Nothing sent, so nothing to clean up.
             return Err(LockError::TimedOut {
-                key: key.to_owned(),
+                key: ask.key.to_owned(),
                 waited: Duration::ZERO,
             });
         }
-        let session = self.session(deadline).await?;
-        let parent = self.parent(key);
-        self.ensure_parent(&session.client, &parent, deadline)
+        let session = self.session(ask.deadline).await?;
+        let mut place = self.join_queue(&session, &ask).await?;
+        // Once the lock was seen held, running out of time is a wait that timed out, not
+        // a store that did not answer.
+        let mut seen_held = false;
+        loop {
+            let looked_at = Instant::now();
+            let queue = self
+                .queue(&session.client, &place.parent, ask.deadline)
+                .await
+                .map_err(|failure| match ask.deadline {
+                    Some(deadline) if seen_held && Instant::now() >= deadline => ask.timed_out(),
+                    _ => failure.into(),
+                })?;
+            let position = place.position_in(&queue)?;
+            if position == 0 {
+                return self.grant(session, place, &ask, &queue, looked_at).await;
+            }
+            let Some(deadline) = ask.deadline else {
+                // Trying, not waiting: `place` leaves the queue as it drops.
+                return Ok(None);
+            };
+            if position > self.options.max_waiters {
+                return Err(ask.queue_full(self.options.max_waiters));
+            }
+            seen_held = true;
+            let ahead = format!("{}/{}", place.parent, queue.names[position - 1]);
+            self.wait_for_predecessor(&session, &mut place, &ahead, &ask, deadline)
+                .await?;
+        }
+    }
+
+    /// Joins the key's queue: an ephemeral sequential node of ours, its data the note.
+    async fn join_queue(&self, session: &Session, ask: &Ask<'_>) -> Result<Place, LockError> {
+        let parent = self.parent(ask.key);
+        self.ensure_parent(&session.client, &parent, ask.deadline)
             .await?;
         let owner = OwnerToken::random();
         let tag = owner.to_hex();
@@ -612,104 +621,105 @@ impl ZooKeeperBackend {
             }),
         };
         let (name, stat) = self
-            .create_node(&session.client, &parent, &tag, note, deadline)
+            .create_node(&session.client, &parent, &tag, ask.note, ask.deadline)
             .await?;
         let path = format!("{parent}/{name}");
         node.created(&path);
-        // Once the lock was seen held, running out of time is a wait that timed out, not
-        // a store that did not answer.
-        let mut seen_held = false;
-        let timed_out = |failure: Failure, seen_held: bool| match deadline {
-            Some(deadline) if seen_held && Instant::now() >= deadline => LockError::TimedOut {
-                key: key.to_owned(),
-                waited: started.elapsed(),
+        Ok(Place {
+            parent,
+            owner,
+            name,
+            path,
+            czxid: stat.czxid,
+            waited_behind: 0,
+            node,
+        })
+    }
+
+    /// We are first in line: the lock is ours once any lock-delay is honoured. The token
+    /// is our node's creation zxid plus the key's base.
+    async fn grant(
+        &self,
+        session: Session,
+        mut place: Place,
+        ask: &Ask<'_>,
+        queue: &Queue,
+        looked_at: Instant,
+    ) -> Result<Option<Lease>, LockError> {
+        if !self
+            .honour_lock_delay(
+                &session.client,
+                &place.parent,
+                queue.unreleased,
+                ask.deadline,
+            )
+            .await?
+        {
+            // Held by us, but not usable before the caller gives up: `place` hands it on
+            // as it drops.
+            return match ask.deadline {
+                None => Ok(None),
+                Some(_) => Err(ask.timed_out()),
+            };
+        }
+        // The nodes we waited behind were created before ours, so the zxid that created
+        // ours — and with the base, which only rises, our token — is above theirs.
+        debug_assert!(
+            place.czxid > place.waited_behind,
+            "our node's czxid {} is not above that of a node ahead of it, {}",
+            place.czxid,
+            place.waited_behind
+        );
+        let token = queue.base.saturating_add(place.czxid.max(0).unsigned_abs());
+        let deleted = self.watch_own(&session, &place.path).await?;
+        place.node.settle();
+        // The session is the real lease: the guard must not count on more.
+        let lease_ttl = ask.ttl.min(session.timeout / 2);
+        let Place { owner, path, .. } = place;
+        self.held().insert(
+            owner,
+            Held {
+                session,
+                path,
+                deleted,
             },
-            _ => failure.into(),
+        );
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(token),
+            lease_ttl,
+            looked_at,
+        )))
+    }
+
+    /// Waits until the node ahead of ours (`ahead`, a path) goes — released, given up,
+    /// its session ended — or our own session changes; then the queue is looked at again.
+    async fn wait_for_predecessor(
+        &self,
+        session: &Session,
+        place: &mut Place,
+        ahead: &str,
+        ask: &Ask<'_>,
+        deadline: Instant,
+    ) -> Result<(), LockError> {
+        let (exists, watcher) = self
+            .request(Some(deadline), session.client.check_and_watch_stat(ahead))
+            .await
+            .map_err(|failure| {
+                if Instant::now() >= deadline {
+                    ask.timed_out()
+                } else {
+                    LockError::from(failure)
+                }
+            })?;
+        let Some(ahead) = exists else {
+            return Ok(());
         };
-        loop {
-            let looked_at = Instant::now();
-            let Queue {
-                names: queue,
-                base,
-                unreleased,
-            } = self
-                .queue(&session.client, &parent, deadline)
-                .await
-                .map_err(|failure| timed_out(failure, seen_held))?;
-            let Some(position) = queue.iter().position(|queued| *queued == name) else {
-                return Err(LockError::unavailable(
-                    "our ZooKeeper node vanished while queued (the session ended)",
-                ));
-            };
-            if position == 0 {
-                if !self
-                    .honour_lock_delay(&session.client, &parent, unreleased, deadline)
-                    .await?
-                {
-                    // Held by us, but not usable before the caller gives up: `node` hands
-                    // it on as it drops.
-                    return match deadline {
-                        None => Ok(None),
-                        Some(_) => Err(LockError::TimedOut {
-                            key: key.to_owned(),
-                            waited: started.elapsed(),
-                        }),
-                    };
-                }
-                let token = base.saturating_add(stat.czxid.max(0).unsigned_abs());
-                let deleted = self.watch_own(&session, &path).await?;
-                node.settle();
-                // The session is the real lease: the guard must not count on more.
-                let lease_ttl = ttl.min(session.timeout / 2);
-                self.held().insert(
-                    owner,
-                    Held {
-                        session,
-                        path,
-                        deleted,
-                    },
-                );
-                return Ok(Some(Lease::new(
-                    key,
-                    owner,
-                    FencingToken::new(token),
-                    lease_ttl,
-                    looked_at,
-                )));
-            }
-            let Some(deadline) = deadline else {
-                // Trying, not waiting: `node` leaves the queue as it drops.
-                return Ok(None);
-            };
-            if position > self.options.max_waiters {
-                return Err(LockError::QueueFull {
-                    key: key.to_owned(),
-                    max_waiters: self.options.max_waiters,
-                });
-            }
-            seen_held = true;
-            let predecessor = format!("{parent}/{}", queue[position - 1]);
-            let (exists, watcher) = self
-                .request(
-                    Some(deadline),
-                    session.client.check_and_watch_stat(&predecessor),
-                )
-                .await
-                .map_err(|failure| timed_out(failure, seen_held))?;
-            if exists.is_none() {
-                continue;
-            }
-            tokio::select! {
-                // Deleted (released, given up, its session ended) — or our own session
-                // changed: look at the queue again either way.
-                _ = watcher.changed() => {}
-                () = sleep_until(deadline) => {
-                    return Err(LockError::TimedOut {
-                        key: key.to_owned(),
-                        waited: started.elapsed(),
-                    });
-                }
-            }
+        place.waited_behind = place.waited_behind.max(ahead.czxid);
+        tokio::select! {
+            _ = watcher.changed() => Ok(()),
+            () = sleep_until(deadline) => Err(ask.timed_out()),
         }
     }
 
@@ -855,6 +865,36 @@ impl ZooKeeperBackend {
             deleted += u64::try_from(gone.len()).unwrap_or(u64::MAX);
         }
         Ok(deleted)
+    }
+}
+
+/// Our node in a key's queue, from its create to the grant.
+struct Place {
+    parent: String,
+    owner: OwnerToken,
+    /// The node's name under `parent`, and its path.
+    name: String,
+    path: String,
+    /// The zxid that created it: the fencing token, less the key's base.
+    czxid: i64,
+    /// The highest creation zxid of a node it waited behind: below its own.
+    waited_behind: i64,
+    /// Cleans the node up unless it became a held lock.
+    node: Queued,
+}
+
+impl Place {
+    /// How many nodes are ahead of ours.
+    fn position_in(&self, queue: &Queue) -> Result<usize, LockError> {
+        queue
+            .names
+            .iter()
+            .position(|queued| *queued == self.name)
+            .ok_or_else(|| {
+                LockError::unavailable(
+                    "our ZooKeeper node vanished while queued (the session ended)",
+                )
+            })
     }
 }
 
@@ -1005,29 +1045,14 @@ fn parse_base(data: &[u8]) -> u64 {
 
 #[async_trait]
 impl LockBackend for ZooKeeperBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, None, note).await
-    }
-
     async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Option<Instant>,
         note: &str,
-    ) -> Result<Lease, LockError> {
-        match self.take(key, ttl, Some(deadline), note).await? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            }),
-        }
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
@@ -1102,8 +1127,7 @@ impl LockBackend for ZooKeeperBackend {
         }
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
+    async fn extend(&self, lease: &Lease, _ttl: Duration) -> Result<bool, LockError> {
         let held = self.held();
         let Some(held) = held.get(&lease.owner()) else {
             return Ok(false);
@@ -1125,7 +1149,6 @@ impl LockBackend for ZooKeeperBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        check_floor(floor)?;
         let session = self.session(None).await?;
         let parent = self.parent(key);
         self.ensure_parent(&session.client, &parent, None).await?;

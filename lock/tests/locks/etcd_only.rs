@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use lock::testing::EtcdServer;
 use lock::testing::etcd_operator::EtcdOperator;
-use lock::{EtcdBackend, EtcdOptions, FencingToken, LockService};
+use lock::{EtcdBackend, FencingToken, LockOptions, LockService};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::Store;
@@ -22,23 +22,23 @@ const SECOND: Duration = Duration::from_secs(1);
 pub fn shared_etcd() -> LockService {
     let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
     let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
-    LockService::etcd(&url, EtcdOptions::default()).expect("a valid etcd URL")
+    lock::open(&url, &LockOptions::default()).expect("a valid etcd URL")
 }
 
 fn backend(server: &EtcdServer, lease_ttl: Duration) -> Arc<EtcdBackend> {
     with_options(
         server,
-        EtcdOptions {
-            lease_ttl,
+        LockOptions {
+            session: lease_ttl,
             // Patient: a server of the test's own starts cold, beside the whole suite.
-            op_timeout: 5 * SECOND,
-            ..EtcdOptions::default()
+            op_timeout: Some(5 * SECOND),
+            ..LockOptions::default()
         },
     )
 }
 
-fn with_options(server: &EtcdServer, options: EtcdOptions) -> Arc<EtcdBackend> {
-    Arc::new(EtcdBackend::open(&server.url("/t"), options).unwrap())
+fn with_options(server: &EtcdServer, options: LockOptions) -> Arc<EtcdBackend> {
+    Arc::new(EtcdBackend::open(&server.url("/t"), &options).unwrap())
 }
 
 /// An etcd member of the test's own. Its "data loss" is a restart: etcd keeps its data
@@ -162,11 +162,11 @@ async fn a_vanished_process_is_succeeded_after_its_lease_runs_out() {
             .build()
             .unwrap();
         let granted_at = process.block_on(async {
-            let locks = LockService::etcd(
+            let locks = lock::open(
                 &url,
-                EtcdOptions {
-                    lease_ttl,
-                    ..EtcdOptions::default()
+                &LockOptions {
+                    session: lease_ttl,
+                    ..LockOptions::default()
                 },
             )
             .unwrap();
@@ -247,11 +247,11 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         Arc::new(
             EtcdBackend::open(
                 &server.url("/t"),
-                EtcdOptions {
-                    lease_ttl: 4 * SECOND,
-                    op_timeout: 5 * SECOND,
+                &LockOptions {
+                    session: 4 * SECOND,
+                    op_timeout: Some(5 * SECOND),
                     lock_delay: delay,
-                    ..EtcdOptions::default()
+                    ..LockOptions::default()
                 },
             )
             .unwrap(),
@@ -312,10 +312,10 @@ async fn a_release_the_server_missed_is_retried() {
     let mut server = EtcdServer::start().unwrap();
     let holders = LockService::from_arc(with_options(
         &server,
-        EtcdOptions {
-            lease_ttl: 30 * SECOND,
-            op_timeout: SECOND,
-            ..EtcdOptions::default()
+        LockOptions {
+            session: 30 * SECOND,
+            op_timeout: Some(SECOND),
+            ..LockOptions::default()
         },
     ));
     let others = LockService::from_arc(backend(&server, 4 * SECOND));
@@ -345,10 +345,10 @@ async fn the_waiter_cap_holds_across_processes() {
     let capped = || {
         LockService::from_arc(with_options(
             &server,
-            EtcdOptions {
-                op_timeout: 5 * SECOND,
+            LockOptions {
+                op_timeout: Some(5 * SECOND),
                 max_waiters: 8,
-                ..EtcdOptions::default()
+                ..LockOptions::default()
             },
         ))
     };
@@ -392,8 +392,8 @@ async fn a_waiter_whose_key_vanished_gives_up() {
 /// the keys under that root.
 fn shared_with_root(root: &str) -> (LockService, EtcdOperator) {
     let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
-    let locks = LockService::etcd(&format!("{base}{root}"), EtcdOptions::default())
-        .expect("a valid etcd URL");
+    let locks =
+        lock::open(&format!("{base}{root}"), &LockOptions::default()).expect("a valid etcd URL");
     let endpoint = format!("http://{}", base.trim_start_matches("etcd://"));
     (locks, EtcdOperator::connect(&endpoint).unwrap())
 }

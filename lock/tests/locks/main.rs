@@ -19,7 +19,7 @@ mod zookeeper_only;
 
 use std::time::Duration;
 
-use lock::{LockService, RedisOptions};
+use lock::{LockOptions, LockService};
 
 /// The shared Redis (CI starts one on 6379), under a namespace of the test's own so tests
 /// running in parallel never meet.
@@ -29,12 +29,12 @@ pub fn shared_redis() -> LockService {
 }
 
 pub fn redis_at(url: &str) -> LockService {
-    LockService::redis(
+    lock::open(
         url,
-        RedisOptions {
+        &LockOptions {
             namespace: format!("test-{:016x}", rand::random::<u64>()),
-            op_timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
+            op_timeout: Some(Duration::from_secs(2)),
+            ..LockOptions::default()
         },
     )
     .expect("a valid Redis URL")
@@ -240,4 +240,58 @@ async fn in_process_state_of_10_000_keys_locked_once_is_pruned() {
     assert_eq!(locks.prune_idle(idle).await.unwrap(), 10_000);
     assert_eq!(backend.key_count(), 0);
     eprintln!("10,000 keys locked in {took:?}");
+}
+
+/// `lock::open` refuses a URL whose scheme names no lock store, at once and without
+/// connecting; `lock::in_process` keeps the options' cap on waiters per key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn open_refuses_an_unknown_scheme_and_in_process_keeps_the_cap() {
+    for url in [
+        "http://127.0.0.1:6379",
+        "127.0.0.1:6379",
+        "zookeeper://127.0.0.1:2181",
+    ] {
+        assert!(
+            matches!(
+                lock::open(url, &LockOptions::default()),
+                Err(lock::LockError::Invalid(_))
+            ),
+            "{url} was taken for a lock store"
+        );
+    }
+    let locks = lock::in_process(&LockOptions {
+        max_waiters: 1,
+        ..LockOptions::default()
+    });
+    let mut holder = locks
+        .try_acquire("k", 10 * Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .acquire(
+                    "k",
+                    Duration::from_secs(1),
+                    tokio::time::Instant::now() + Duration::from_secs(5),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let crowded = locks
+        .acquire(
+            "k",
+            Duration::from_secs(1),
+            tokio::time::Instant::now() + Duration::from_secs(5),
+        )
+        .await;
+    assert!(matches!(
+        crowded,
+        Err(lock::LockError::QueueFull { max_waiters: 1, .. })
+    ));
+    assert!(holder.release().await.unwrap());
+    waiter.await.unwrap().unwrap().release().await.unwrap();
 }

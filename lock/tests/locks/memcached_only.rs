@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock::testing::MemcachedServer;
-use lock::{LockBackend, LockService, MemcachedBackend, MemcachedOptions};
+use lock::{LockBackend, LockOptions, LockService, MemcachedBackend, MemcachedOptions};
 use tokio::time::{Instant, sleep};
 
 use crate::Store;
@@ -22,17 +22,17 @@ fn namespace() -> String {
     format!("test-{:016x}", rand::random::<u64>())
 }
 
-fn options(namespace: &str) -> MemcachedOptions {
-    MemcachedOptions {
+fn options(namespace: &str) -> LockOptions {
+    LockOptions {
         namespace: namespace.to_owned(),
-        op_timeout: 5 * SECOND,
-        ..MemcachedOptions::default()
+        op_timeout: Some(5 * SECOND),
+        ..LockOptions::default()
     }
 }
 
 /// The shared memcached, under a namespace of the test's own.
 pub fn shared_memcached() -> LockService {
-    LockService::memcached(&memcached_url(), options(&namespace())).unwrap()
+    lock::open(&memcached_url(), &options(&namespace())).unwrap()
 }
 
 /// Sends one command in memcached's text protocol, as an operator would, and returns the
@@ -56,7 +56,7 @@ pub struct PrivateMemcached {
 impl PrivateMemcached {
     pub fn start() -> Self {
         let server = MemcachedServer::start().expect("a memcached starts");
-        let locks = LockService::memcached(&server.url(), options("t")).unwrap();
+        let locks = lock::open(&server.url(), &options("t")).unwrap();
         Self { server, locks }
     }
 }
@@ -80,8 +80,8 @@ impl Store for PrivateMemcached {
 async fn exclusion_holds_across_processes() {
     let namespace = namespace();
     let instances = [
-        LockService::memcached(&memcached_url(), options(&namespace)).unwrap(),
-        LockService::memcached(&memcached_url(), options(&namespace)).unwrap(),
+        lock::open(&memcached_url(), &options(&namespace)).unwrap(),
+        lock::open(&memcached_url(), &options(&namespace)).unwrap(),
     ];
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
 }
@@ -92,8 +92,8 @@ async fn exclusion_holds_across_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_evicted_lock_is_taken_and_its_holder_told() {
     let namespace = namespace();
-    let holders = LockService::memcached(&memcached_url(), options(&namespace)).unwrap();
-    let others = LockService::memcached(&memcached_url(), options(&namespace)).unwrap();
+    let holders = lock::open(&memcached_url(), &options(&namespace)).unwrap();
+    let others = lock::open(&memcached_url(), &options(&namespace)).unwrap();
     let mut holder = holders
         .try_acquire("k", Duration::from_millis(600))
         .await
@@ -129,9 +129,9 @@ async fn an_evicted_lock_is_taken_and_its_holder_told() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_delay_keeps_a_vanished_holders_item() {
     let delay = Duration::from_millis(700);
-    let locks = LockService::memcached(
+    let locks = lock::open(
         &memcached_url(),
-        MemcachedOptions {
+        &LockOptions {
             lock_delay: delay,
             ..options(&namespace())
         },
@@ -162,11 +162,13 @@ async fn lock_delay_keeps_a_vanished_holders_item() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_holder_from_before_a_restart_never_touches_the_next_holders_lock() {
     let mut server = MemcachedServer::start().expect("a memcached starts");
-    let backend = Arc::new(MemcachedBackend::open(&server.url(), options("t")).unwrap());
+    let backend = Arc::new(
+        MemcachedBackend::open(&server.url(), &options("t"), MemcachedOptions::default()).unwrap(),
+    );
     let before = LockService::from_arc(backend.clone());
     let mut old = before.try_acquire("k", 30 * SECOND).await.unwrap().unwrap();
     server.restart().expect("memcached restarts");
-    let after = LockService::memcached(&server.url(), options("t")).unwrap();
+    let after = lock::open(&server.url(), &options("t")).unwrap();
     let mut new = after
         .try_acquire("k", 30 * SECOND)
         .await
@@ -215,9 +217,9 @@ async fn live_items(address: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     let namespace = namespace();
-    let locks = LockService::memcached(
+    let locks = lock::open(
         &memcached_url(),
-        MemcachedOptions {
+        &LockOptions {
             idle: SECOND,
             ..options(&namespace)
         },
@@ -248,15 +250,19 @@ async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
 async fn state_of_10_000_keys_locked_once_expires() {
     let server = MemcachedServer::start().expect("a memcached starts");
     let address = server.url().trim_start_matches("memcache://").to_owned();
-    let locks = LockService::memcached(
-        &server.url(),
-        MemcachedOptions {
-            idle: SECOND,
-            max_connections: 32,
-            ..options("t")
-        },
-    )
-    .unwrap();
+    let locks = LockService::new(
+        MemcachedBackend::open(
+            &server.url(),
+            &LockOptions {
+                idle: SECOND,
+                ..options("t")
+            },
+            MemcachedOptions {
+                max_connections: 32,
+            },
+        )
+        .unwrap(),
+    );
     let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
     let kept = live_items(&address).await.len();
     eprintln!("10,000 keys locked in {took:?}; {kept} items alive right after");

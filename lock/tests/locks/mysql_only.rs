@@ -8,7 +8,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock::{LockService, MySqlRowOptions, MySqlTableBackend, MySqlTableOptions};
+use lock::{
+    LockOptions, LockService, MySqlRowBackend, MySqlRowOptions, MySqlTableBackend,
+    MySqlTableOptions,
+};
 use sqlx::MySqlPool;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -25,17 +28,17 @@ pub fn namespace() -> String {
     format!("test-{:016x}", rand::random::<u64>())
 }
 
-fn table_options(namespace: &str) -> MySqlTableOptions {
-    MySqlTableOptions {
+fn table_options(namespace: &str) -> LockOptions {
+    LockOptions {
         namespace: namespace.to_owned(),
-        op_timeout: 5 * SECOND,
-        ..MySqlTableOptions::default()
+        op_timeout: Some(5 * SECOND),
+        ..LockOptions::default()
     }
 }
 
 /// The shared server's lock table, under a namespace of the test's own.
 pub fn shared_mysql_table() -> LockService {
-    LockService::mysql_table(&mysql_url(), table_options(&namespace())).unwrap()
+    lock::open(&mysql_url(), &table_options(&namespace())).unwrap()
 }
 
 /// A connection of the test's own, to look and to act from outside.
@@ -53,7 +56,7 @@ pub struct TableRowsLost {
 impl Default for TableRowsLost {
     fn default() -> Self {
         let namespace = namespace();
-        let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+        let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
         Self { namespace, locks }
     }
 }
@@ -79,8 +82,8 @@ impl Store for TableRowsLost {
 async fn table_exclusion_holds_across_processes() {
     let namespace = namespace();
     let instances = [
-        LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap(),
-        LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap(),
+        lock::open(&mysql_url(), &table_options(&namespace)).unwrap(),
+        lock::open(&mysql_url(), &table_options(&namespace)).unwrap(),
     ];
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
 }
@@ -91,8 +94,8 @@ async fn table_exclusion_holds_across_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_row_is_taken_over_by_the_next_grant() {
     let namespace = namespace();
-    let holders = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
-    let others = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let holders = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
+    let others = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
     let mut holder = holders
         .try_acquire("k", 30 * SECOND)
         .await
@@ -132,8 +135,14 @@ async fn an_expired_row_is_taken_over_by_the_next_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hand_off_in_one_process_costs_about_two_statements() {
     let namespace = namespace();
-    let counted =
-        Arc::new(MySqlTableBackend::open(&mysql_url(), table_options(&namespace)).unwrap());
+    let counted = Arc::new(
+        MySqlTableBackend::open(
+            &mysql_url(),
+            &table_options(&namespace),
+            MySqlTableOptions::default(),
+        )
+        .unwrap(),
+    );
     let locks = LockService::from_arc(counted.clone());
     let mut holder = locks
         .try_acquire("hot", 10 * SECOND)
@@ -170,9 +179,9 @@ async fn a_hand_off_in_one_process_costs_about_two_statements() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_lock_delay_keeps_a_vanished_holders_row() {
     let delay = Duration::from_millis(700);
-    let locks = LockService::mysql_table(
+    let locks = lock::open(
         &mysql_url(),
-        MySqlTableOptions {
+        &LockOptions {
             lock_delay: delay,
             ..table_options(&namespace())
         },
@@ -196,11 +205,11 @@ async fn table_lock_delay_keeps_a_vanished_holders_row() {
     .await;
 }
 
-fn row_options(namespace: &str) -> MySqlRowOptions {
-    MySqlRowOptions {
+fn row_options(namespace: &str) -> LockOptions {
+    LockOptions {
         namespace: namespace.to_owned(),
-        op_timeout: 5 * SECOND,
-        ..MySqlRowOptions::default()
+        op_timeout: Some(5 * SECOND),
+        ..LockOptions::default()
     }
 }
 
@@ -210,7 +219,7 @@ fn row_url() -> String {
 
 /// The shared server's row locks, under a namespace of the test's own.
 pub fn shared_mysql_row() -> LockService {
-    LockService::mysql_row(&row_url(), row_options(&namespace())).unwrap()
+    lock::open(&row_url(), &row_options(&namespace())).unwrap()
 }
 
 /// The counters of one namespace lost, as [`TableRowsLost`] loses the table's rows.
@@ -222,7 +231,7 @@ pub struct RowCountersLost {
 impl Default for RowCountersLost {
     fn default() -> Self {
         let namespace = namespace();
-        let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+        let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
         Self { namespace, locks }
     }
 }
@@ -253,8 +262,8 @@ impl Store for RowCountersLost {
 async fn row_exclusion_and_arrival_order_hold_across_processes() {
     let namespace = namespace();
     let instances = [
-        LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap(),
-        LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap(),
+        lock::open(&row_url(), &row_options(&namespace)).unwrap(),
+        lock::open(&row_url(), &row_options(&namespace)).unwrap(),
     ];
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
     crate::suite::served_in_arrival_order(&instances, 8).await;
@@ -266,8 +275,8 @@ async fn row_exclusion_and_arrival_order_hold_across_processes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_holders_connection_is_killed() {
     let namespace = namespace();
-    let holders = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
-    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let holders = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let mut holder = holders
         .try_acquire("k", Duration::from_millis(600))
         .await
@@ -341,7 +350,7 @@ async fn row_waiters_in_server(operator: &MySqlPool, namespace: &str, key: &str)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_row_waiter_leaves_the_servers_queue() {
     let namespace = namespace();
-    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let operator = operator().await;
     crate::suite::a_dropped_waiter_leaves_the_servers_queue(&locks, || {
         row_waiters_in_server(&operator, &namespace, "k")
@@ -356,8 +365,8 @@ async fn a_dropped_row_waiter_leaves_the_servers_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_holder_loses_the_row_after_its_lease() {
     let namespace = namespace();
-    let holders = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
-    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let holders = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let mut holder = holders.try_acquire("k", SECOND).await.unwrap().unwrap();
     holder.stop_renewal().await;
     let paused_at = Instant::now();
@@ -383,11 +392,11 @@ async fn a_paused_holder_loses_the_row_after_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_lock_delay_holds_a_vanished_holders_row() {
     let delay = Duration::from_millis(700);
-    let delayed = MySqlRowOptions {
+    let delayed = LockOptions {
         lock_delay: delay,
         ..row_options(&namespace())
     };
-    let locks = LockService::mysql_row(&row_url(), delayed).unwrap();
+    let locks = lock::open(&row_url(), &delayed).unwrap();
     let holder = locks.clone();
     crate::suite::lock_delay_keeps_a_vanished_holders_key(
         &locks,
@@ -411,11 +420,11 @@ async fn row_lock_delay_holds_a_vanished_holders_row() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
     let namespace = namespace();
-    let delayed = MySqlRowOptions {
+    let delayed = LockOptions {
         lock_delay: 5 * SECOND,
         ..row_options(&namespace)
     };
-    let locks = LockService::mysql_row(&row_url(), delayed).unwrap();
+    let locks = lock::open(&row_url(), &delayed).unwrap();
     let operator = operator().await;
     let row = format!("{namespace}:k");
     let fence = || {
@@ -488,9 +497,9 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
             .as_str()
             .replacen("mysql://", &format!("{scheme}://"), 1);
         let locks = if scheme == "mysql" {
-            LockService::mysql_table(&named, table_options(&namespace())).unwrap()
+            lock::open(&named, &table_options(&namespace())).unwrap()
         } else {
-            LockService::mysql_row(&named, row_options(&namespace())).unwrap()
+            lock::open(&named, &row_options(&namespace())).unwrap()
         };
         let pinged = locks.ping().await;
         let operator = operator().await;
@@ -519,15 +528,15 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
     let namespace = namespace();
-    let stalled = LockService::mysql_row(
-        &row_url(),
-        MySqlRowOptions {
-            max_connections: 2,
-            ..row_options(&namespace)
-        },
-    )
-    .unwrap();
-    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let stalled = LockService::new(
+        MySqlRowBackend::open(
+            &row_url(),
+            &row_options(&namespace),
+            MySqlRowOptions { max_connections: 2 },
+        )
+        .unwrap(),
+    );
+    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     // K2's row exists, so the stalled grant needs no connection to make it.
     let mut first = others.try_acquire("k2", SECOND).await.unwrap().unwrap();
     let first_token = first.fencing_token();
@@ -604,7 +613,7 @@ const ROW_TABLES: &[&str] = &["payonce_lock_rows", "payonce_lock_fences"];
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_a_pruned_keys_tokens_still_grow() {
     let namespace = namespace();
-    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: LOCK_TABLE,
@@ -617,8 +626,8 @@ async fn table_a_pruned_keys_tokens_still_grow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_pruning_keeps_what_holders_and_waiters_need() {
     let namespace = namespace();
-    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
-    let others = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
+    let others = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: LOCK_TABLE,
@@ -631,7 +640,7 @@ async fn table_pruning_keeps_what_holders_and_waiters_need() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_state_stays_bounded_by_the_keys_in_use() {
     let namespace = namespace();
-    let locks = LockService::mysql_table(&mysql_url(), table_options(&namespace)).unwrap();
+    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: LOCK_TABLE,
@@ -644,7 +653,7 @@ async fn table_state_stays_bounded_by_the_keys_in_use() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_a_pruned_keys_tokens_still_grow() {
     let namespace = namespace();
-    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: ROW_TABLES,
@@ -657,8 +666,8 @@ async fn row_a_pruned_keys_tokens_still_grow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_pruning_keeps_what_holders_and_waiters_need() {
     let namespace = namespace();
-    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
-    let others = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: ROW_TABLES,
@@ -671,7 +680,7 @@ async fn row_pruning_keeps_what_holders_and_waiters_need() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_state_stays_bounded_by_the_keys_in_use() {
     let namespace = namespace();
-    let locks = LockService::mysql_row(&row_url(), row_options(&namespace)).unwrap();
+    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
     let tables = Rows {
         namespace,
         tables: ROW_TABLES,

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock::{LockService, PostgresBackend, PostgresOptions};
+use lock::{LockOptions, LockService, PostgresBackend, PostgresOptions};
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -20,11 +20,11 @@ fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
 }
 
-fn options(namespace: &str) -> PostgresOptions {
-    PostgresOptions {
+fn options(namespace: &str) -> LockOptions {
+    LockOptions {
         namespace: namespace.to_owned(),
-        op_timeout: 5 * SECOND,
-        ..PostgresOptions::default()
+        op_timeout: Some(5 * SECOND),
+        ..LockOptions::default()
     }
 }
 
@@ -32,14 +32,15 @@ fn namespace() -> String {
     format!("test-{:016x}", rand::random::<u64>())
 }
 
-fn backend(namespace: &str, options: PostgresOptions) -> Arc<PostgresBackend> {
+fn backend(namespace: &str, options: LockOptions) -> Arc<PostgresBackend> {
     Arc::new(
         PostgresBackend::open(
             &database_url(),
-            PostgresOptions {
+            &LockOptions {
                 namespace: namespace.to_owned(),
                 ..options
             },
+            PostgresOptions::default(),
         )
         .unwrap(),
     )
@@ -47,7 +48,7 @@ fn backend(namespace: &str, options: PostgresOptions) -> Arc<PostgresBackend> {
 
 /// The shared PostgreSQL, under a namespace of the test's own.
 pub fn shared_postgres() -> LockService {
-    LockService::postgres(&database_url(), options(&namespace())).unwrap()
+    lock::open(&database_url(), &options(&namespace())).unwrap()
 }
 
 /// A connection of the test's own, to look and to act from outside.
@@ -78,7 +79,7 @@ pub struct CountersLost {
 impl Default for CountersLost {
     fn default() -> Self {
         let namespace = namespace();
-        let locks = LockService::postgres(&database_url(), options(&namespace)).unwrap();
+        let locks = lock::open(&database_url(), &options(&namespace)).unwrap();
         Self { namespace, locks }
     }
 }
@@ -225,7 +226,7 @@ async fn exclusion_and_arrival_order_hold_across_processes() {
 async fn lock_delay_holds_a_vanished_holders_key() {
     let namespace = namespace();
     let delay = Duration::from_millis(700);
-    let delayed = PostgresOptions {
+    let delayed = LockOptions {
         lock_delay: delay,
         ..options(&namespace)
     };
@@ -252,7 +253,7 @@ async fn lock_delay_holds_a_vanished_holders_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
     let namespace = namespace();
-    let delayed = PostgresOptions {
+    let delayed = LockOptions {
         lock_delay: 5 * SECOND,
         ..options(&namespace)
     };

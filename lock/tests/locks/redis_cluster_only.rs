@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use lock::testing::RedisCluster;
-use lock::{FencingToken, LockError, LockService, RedisOptions};
+use lock::{FencingToken, LockError, LockOptions, LockService};
 use tokio::time::{Instant, sleep};
 
 use crate::Store;
@@ -24,12 +24,12 @@ fn namespace() -> String {
 }
 
 fn cluster_at(url: &str, namespace: &str) -> LockService {
-    LockService::redis(
+    lock::open(
         url,
-        RedisOptions {
+        &LockOptions {
             namespace: namespace.to_owned(),
-            op_timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
+            op_timeout: Some(Duration::from_secs(2)),
+            ..LockOptions::default()
         },
     )
     .expect("a valid Redis Cluster URL")
@@ -339,13 +339,13 @@ async fn woken_promptly(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     let namespace = namespace();
-    let locks = LockService::redis(
+    let locks = lock::open(
         &cluster_url(),
-        RedisOptions {
+        &LockOptions {
             namespace: namespace.clone(),
-            op_timeout: Duration::from_secs(2),
+            op_timeout: Some(Duration::from_secs(2)),
             idle: Duration::from_millis(200),
-            ..RedisOptions::default()
+            ..LockOptions::default()
         },
     )
     .unwrap();

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock::testing::{RedisServer, free_port};
-use lock::{LockError, LockService, RedisBackend, RedisOptions};
+use lock::{LockError, LockOptions, LockService, RedisBackend};
 use redis::AsyncCommands;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -77,10 +77,10 @@ impl PrivateRedis {
 fn instance(server: &RedisServer) -> RedisBackend {
     RedisBackend::open(
         &server.url(),
-        RedisOptions {
+        &LockOptions {
             namespace: "t".into(),
-            op_timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
+            op_timeout: Some(Duration::from_secs(2)),
+            ..LockOptions::default()
         },
     )
     .unwrap()
@@ -393,12 +393,12 @@ async fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
 async fn an_answer_after_the_deadline_leaves_no_ghost_holder() {
     let redis = PrivateRedis::start();
     let port = slow_proxy(redis.server.port(), Duration::from_millis(100)).await;
-    let locks = LockService::redis(
+    let locks = lock::open(
         &format!("redis://127.0.0.1:{port}"),
-        RedisOptions {
+        &LockOptions {
             namespace: "t".into(),
-            op_timeout: Duration::from_secs(2),
-            ..RedisOptions::default()
+            op_timeout: Some(Duration::from_secs(2)),
+            ..LockOptions::default()
         },
     )
     .unwrap();
@@ -436,11 +436,11 @@ fn crowd_instance(server: &RedisServer, max_waiters: usize) -> LockService {
     LockService::from_arc(Arc::new(
         RedisBackend::open(
             &server.url(),
-            RedisOptions {
+            &LockOptions {
                 namespace: "t".into(),
-                op_timeout: Duration::from_secs(2),
+                op_timeout: Some(Duration::from_secs(2)),
                 max_waiters,
-                ..RedisOptions::default()
+                ..LockOptions::default()
             },
         )
         .unwrap(),
@@ -608,9 +608,9 @@ async fn a_waiter_whose_process_died_is_skipped() {
             let doomed = LockService::from_arc(Arc::new(
                 RedisBackend::open(
                     &url,
-                    RedisOptions {
+                    &LockOptions {
                         namespace: "t".into(),
-                        ..RedisOptions::default()
+                        ..LockOptions::default()
                     },
                 )
                 .unwrap(),
@@ -655,12 +655,12 @@ async fn a_waiter_whose_process_died_is_skipped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_delay_keeps_a_vanished_holders_key() {
     let redis = PrivateRedis::start();
-    let locks = LockService::redis(
+    let locks = lock::open(
         &redis.server.url(),
-        RedisOptions {
+        &LockOptions {
             namespace: "t".into(),
             lock_delay: Duration::from_millis(700),
-            ..RedisOptions::default()
+            ..LockOptions::default()
         },
     )
     .unwrap();
@@ -690,13 +690,13 @@ async fn lock_delay_keeps_a_vanished_holders_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     let server = RedisServer::start().unwrap();
-    let locks = LockService::redis(
+    let locks = lock::open(
         &server.url(),
-        RedisOptions {
+        &LockOptions {
             namespace: "t".into(),
-            op_timeout: 2 * SECOND,
+            op_timeout: Some(2 * SECOND),
             idle: Duration::from_millis(200),
-            ..RedisOptions::default()
+            ..LockOptions::default()
         },
     )
     .unwrap();
@@ -727,13 +727,13 @@ async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn state_of_10_000_keys_locked_once_expires() {
     let server = RedisServer::start().unwrap();
-    let locks = LockService::redis(
+    let locks = lock::open(
         &server.url(),
-        RedisOptions {
+        &LockOptions {
             namespace: "t".into(),
-            op_timeout: 2 * SECOND,
+            op_timeout: Some(2 * SECOND),
             idle: SECOND,
-            ..RedisOptions::default()
+            ..LockOptions::default()
         },
     )
     .unwrap();

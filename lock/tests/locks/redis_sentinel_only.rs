@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use lock::testing::RedisSentinels;
-use lock::{FencingToken, LockService, RedisOptions};
+use lock::{FencingToken, LockOptions, LockService};
 use tokio::time::Instant;
 
 use crate::suite;
@@ -16,12 +16,12 @@ use crate::suite;
 const SECOND: Duration = Duration::from_secs(1);
 
 fn locks_on(sentinels: &RedisSentinels) -> LockService {
-    LockService::redis(
+    lock::open(
         &sentinels.url(),
-        RedisOptions {
+        &LockOptions {
             namespace: format!("test-{:016x}", rand::random::<u64>()),
-            op_timeout: SECOND,
-            ..RedisOptions::default()
+            op_timeout: Some(SECOND),
+            ..LockOptions::default()
         },
     )
     .expect("a valid Redis Sentinel URL")

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock::testing::{Proxy, ZooKeeperServer};
-use lock::{FencingToken, LockService, ZooKeeperBackend, ZooKeeperOptions};
+use lock::{FencingToken, LockOptions, LockService, ZooKeeperBackend};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::Store;
@@ -21,23 +21,23 @@ const SECOND: Duration = Duration::from_secs(1);
 pub fn shared_zookeeper() -> LockService {
     let base = std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
     let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
-    LockService::zookeeper(&url, ZooKeeperOptions::default()).expect("a valid ZooKeeper URL")
+    lock::open(&url, &LockOptions::default()).expect("a valid ZooKeeper URL")
 }
 
 fn backend(server: &ZooKeeperServer, session_timeout: Duration) -> Arc<ZooKeeperBackend> {
     with_options(
         server,
-        ZooKeeperOptions {
-            session_timeout,
+        LockOptions {
+            session: session_timeout,
             // Patient: a server of the test's own starts cold, beside the whole suite.
-            op_timeout: 5 * SECOND,
-            ..ZooKeeperOptions::default()
+            op_timeout: Some(5 * SECOND),
+            ..LockOptions::default()
         },
     )
 }
 
-fn with_options(server: &ZooKeeperServer, options: ZooKeeperOptions) -> Arc<ZooKeeperBackend> {
-    Arc::new(ZooKeeperBackend::open(&server.url("/t"), options).unwrap())
+fn with_options(server: &ZooKeeperServer, options: LockOptions) -> Arc<ZooKeeperBackend> {
+    Arc::new(ZooKeeperBackend::open(&server.url("/t"), &options).unwrap())
 }
 
 /// A ZooKeeper of the test's own. Its "data loss" is a restart: ZooKeeper keeps its data
@@ -111,11 +111,11 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
     let session_timeout = 4 * SECOND;
     let holder_backend = Arc::new(
         ZooKeeperBackend::open(
-            &format!("zk://127.0.0.1:{}/t", network.port()),
-            ZooKeeperOptions {
-                session_timeout,
-                op_timeout: 5 * SECOND,
-                ..ZooKeeperOptions::default()
+            &format!("zk://127.0.0.1:{}/t", &network.port()),
+            &LockOptions {
+                session: session_timeout,
+                op_timeout: Some(5 * SECOND),
+                ..LockOptions::default()
             },
         )
         .unwrap(),
@@ -175,11 +175,11 @@ async fn a_vanished_process_is_succeeded_after_its_session_timeout() {
             .build()
             .unwrap();
         let granted_at = process.block_on(async {
-            let locks = LockService::zookeeper(
+            let locks = lock::open(
                 &url,
-                ZooKeeperOptions {
-                    session_timeout,
-                    ..ZooKeeperOptions::default()
+                &LockOptions {
+                    session: session_timeout,
+                    ..LockOptions::default()
                 },
             )
             .unwrap();
@@ -261,11 +261,11 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         LockService::from_arc(Arc::new(
             ZooKeeperBackend::open(
                 url,
-                ZooKeeperOptions {
-                    session_timeout,
-                    op_timeout: 5 * SECOND,
+                &LockOptions {
+                    session: session_timeout,
+                    op_timeout: Some(5 * SECOND),
                     lock_delay: delay,
-                    ..ZooKeeperOptions::default()
+                    ..LockOptions::default()
                 },
             )
             .unwrap(),
@@ -356,10 +356,10 @@ async fn a_release_the_server_missed_is_retried() {
     let mut server = ZooKeeperServer::start().unwrap();
     let holders = LockService::from_arc(with_options(
         &server,
-        ZooKeeperOptions {
-            session_timeout: 30 * SECOND,
-            op_timeout: SECOND,
-            ..ZooKeeperOptions::default()
+        LockOptions {
+            session: 30 * SECOND,
+            op_timeout: Some(SECOND),
+            ..LockOptions::default()
         },
     ));
     let others = LockService::from_arc(backend(&server, 4 * SECOND));
@@ -389,10 +389,10 @@ async fn the_waiter_cap_holds_across_processes() {
     let capped = || {
         LockService::from_arc(with_options(
             &server,
-            ZooKeeperOptions {
-                op_timeout: 5 * SECOND,
+            LockOptions {
+                op_timeout: Some(5 * SECOND),
                 max_waiters: 8,
-                ..ZooKeeperOptions::default()
+                ..LockOptions::default()
             },
         ))
     };
@@ -403,7 +403,7 @@ async fn the_waiter_cap_holds_across_processes() {
 /// looking at the tree.
 async fn shared_with_root(root: &str) -> (LockService, zookeeper_client::Client) {
     let base = std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
-    let locks = LockService::zookeeper(&format!("{base}{root}"), ZooKeeperOptions::default())
+    let locks = lock::open(&format!("{base}{root}"), &LockOptions::default())
         .expect("a valid ZooKeeper URL");
     let hosts = base.trim_start_matches("zk://").to_owned();
     let client = zookeeper_client::Client::connect(&hosts).await.unwrap();

@@ -38,53 +38,36 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
-use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::pool::PoolConnection;
 use sqlx::types::time::PrimitiveDateTime;
 use sqlx::{AssertSqlSafe, MySql, MySqlPool, Row};
 use tokio::time::{Instant, timeout_at};
 
+use super::{Database, PRUNE_BATCH, PRUNE_MAX_BATCHES, failed, idle_micros, lock_name, too_slow};
+use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
-use crate::mysql_table::{
-    PRUNE_BATCH, PRUNE_MAX_BATCHES, add_last_used, create_database, failed, idle_micros, lock_name,
-    split_database, too_slow,
-};
-use crate::service::{Lease, LockBackend, Sessions, check_floor, validate, validate_note};
 use crate::slot::Slot;
 use crate::token::{FencingToken, OwnerToken};
 use crate::turns::Turns;
 
-/// Settings for [`MySqlRowBackend`].
+/// What only [`MySqlRowBackend`] is configured with (the rest is [`LockOptions`]).
 #[derive(Clone, Debug)]
 pub struct MySqlRowOptions {
-    /// Prefixes every key, so deployments sharing the tables never meet.
-    pub namespace: String,
-    /// Upper bound on connecting and on any one statement that does not wait for a lock.
-    pub op_timeout: Duration,
     /// The most connections this process opens for locks: one per held lock, one per key
     /// being waited for, a few for the counters.
     pub max_connections: u32,
-    /// The most waiters one key takes in this process; past it an acquire fails at once.
-    pub max_waiters: usize,
-    /// Chubby's lock-delay: after a holder's transaction ended without a release, its
-    /// successor holds the lock but waits this long before using it. Zero by default.
-    pub lock_delay: Duration,
 }
 
 impl Default for MySqlRowOptions {
     fn default() -> Self {
         Self {
-            namespace: "payonce".to_owned(),
-            op_timeout: Duration::from_secs(2),
             max_connections: 64,
-            max_waiters: crate::service::DEFAULT_MAX_WAITERS,
-            lock_delay: Duration::ZERO,
         }
     }
 }
@@ -181,22 +164,18 @@ enum Usable {
 
 /// Locks as InnoDB row locks. See the module docs.
 pub struct MySqlRowBackend {
-    pool: MySqlPool,
-    server: MySqlConnectOptions,
-    database: String,
-    options: MySqlRowOptions,
-    schema_made: AtomicBool,
-    making_schema: tokio::sync::Mutex<()>,
+    /// Its statements (round trips) counted for benchmarks and tests.
+    database: Database,
+    options: LockOptions,
+    op_timeout: Duration,
     turns: Turns,
     held: Mutex<HashMap<OwnerToken, Held>>,
-    /// Statements (round trips) sent, for benchmarks and tests.
-    requests: AtomicU64,
 }
 
 impl fmt::Debug for MySqlRowBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MySqlRowBackend")
-            .field("database", &self.database)
+            .field("database", &self.database.name)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -237,6 +216,11 @@ impl Taken {
         self.connection
             .take()
             .expect("a taken connection is handed on once")
+    }
+
+    /// Nothing is locked and no transaction is open: the connection goes back to the pool.
+    fn back_to_the_pool(&mut self) {
+        drop(self.connection.take());
     }
 }
 
@@ -291,37 +275,65 @@ fn is_wait_ended(error: &sqlx::Error) -> bool {
         .is_some_and(|error| matches!(error.number(), LOCK_WAIT_TIMEOUT | STATEMENT_TIMEOUT))
 }
 
+/// The statement that opens the transaction and waits for the key's row (its literal).
+/// With a deadline, the server ends the wait itself when it comes (`max_statement_time`,
+/// to the millisecond; `WAIT` counts only whole seconds), so an expired waiter leaves the
+/// server's queue at once and its connection goes back to the pool; the caller stops
+/// listening a moment later, should the server not answer. `None` once the deadline
+/// passed.
+fn lock_statement(key_literal: &str, ask: &Ask<'_>) -> Option<String> {
+    // The server's own lease on the holder: a transaction idle this long is killed. A
+    // second more than the lease, rounded up: the server's clock starts as the lock
+    // statement ends, a moment before the holder hears of it and starts its own.
+    let idle = ask.ttl.as_secs_f64().ceil().max(1.0) + 1.0;
+    match ask.deadline {
+        Some(deadline) => {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| {
+                format!(
+                    "SELECT CONNECTION_ID();
+                     SET SESSION idle_transaction_timeout = {idle};
+                     START TRANSACTION;
+                     SET STATEMENT max_statement_time = {:.3} FOR
+                     SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
+                     FOR UPDATE WAIT {}",
+                    left.as_secs_f64().max(0.001),
+                    left.as_secs_f64().ceil().max(1.0)
+                )
+            })
+        }
+        None => Some(format!(
+            "SELECT CONNECTION_ID();
+             SET SESSION idle_transaction_timeout = {idle};
+             START TRANSACTION;
+             SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
+             FOR UPDATE NOWAIT"
+        )),
+    }
+}
+
 impl MySqlRowBackend {
     /// A backend for `url` (`mysql-row://user[:password]@host[:port]/<database>`, or
     /// `mysql://…`; the database and its tables are created on first use). Connects
     /// lazily; must be used inside a Tokio runtime.
-    pub fn open(url: &str, options: MySqlRowOptions) -> Result<Self, LockError> {
+    pub fn open(url: &str, options: &LockOptions, own: MySqlRowOptions) -> Result<Self, LockError> {
         let url = match url.strip_prefix("mysql-row://") {
             Some(rest) => format!("mysql://{rest}"),
             None => url.to_owned(),
         };
-        let (connect, server, database) = split_database(&url)?;
-        let pool = MySqlPoolOptions::new()
-            .max_connections(options.max_connections.max(2))
-            .min_connections(0)
-            .acquire_timeout(options.op_timeout)
-            .connect_lazy_with(connect);
+        let op_timeout = options.op_timeout_or(DEFAULT_OP_TIMEOUT);
         Ok(Self {
-            pool,
-            server,
-            database,
-            options,
-            schema_made: AtomicBool::new(false),
-            making_schema: tokio::sync::Mutex::new(()),
+            database: Database::open(&url, own.max_connections.max(2), op_timeout)?,
+            options: options.clone(),
+            op_timeout,
             turns: Turns::default(),
             held: Mutex::new(HashMap::new()),
-            requests: AtomicU64::new(0),
         })
     }
 
     /// Statements (round trips) sent so far.
     pub fn requests(&self) -> u64 {
-        self.requests.load(Ordering::Relaxed)
+        self.database.requests()
     }
 
     fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Held>> {
@@ -339,8 +351,8 @@ impl MySqlRowBackend {
         limit: Option<Instant>,
         statement: impl Future<Output = Result<T, sqlx::Error>>,
     ) -> Result<T, sqlx::Error> {
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        let limit = limit.unwrap_or_else(|| Instant::now() + self.options.op_timeout);
+        self.database.count();
+        let limit = limit.unwrap_or_else(|| Instant::now() + self.op_timeout);
         match timeout_at(limit, statement).await {
             Ok(answer) => answer,
             Err(_) => Err(sqlx::Error::PoolTimedOut),
@@ -351,38 +363,13 @@ impl MySqlRowBackend {
         if matches!(error, sqlx::Error::PoolTimedOut) {
             return too_slow();
         }
-        // The tables are gone (dropped by hand, a restore without them): made again next.
-        if error
-            .as_database_error()
-            .and_then(|error| error.code())
-            .is_some_and(|code| code == "42S02")
-        {
-            self.schema_made.store(false, Ordering::Release);
-        }
-        failed(error)
+        self.database.failed(error)
     }
 
     async fn ensure_schema(&self) -> Result<(), LockError> {
-        if self.schema_made.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        let limit = Instant::now() + self.options.op_timeout;
-        let _making = timeout_at(limit, self.making_schema.lock())
+        self.database
+            .ensure_schema(&SCHEMA, "payonce_lock_fences", self.op_timeout)
             .await
-            .map_err(|_| too_slow())?;
-        if self.schema_made.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        create_database(&self.server, &self.database, limit).await?;
-        for table in SCHEMA {
-            self.run(None, sqlx::query(table).execute(&self.pool))
-                .await
-                .map_err(|error| self.failed(&error))?;
-        }
-        self.requests.fetch_add(1, Ordering::Relaxed);
-        add_last_used(&self.pool, "payonce_lock_fences", self.options.op_timeout).await?;
-        self.schema_made.store(true, Ordering::Release);
-        Ok(())
     }
 
     /// A connection from the pool, not past `deadline` nor the op timeout.
@@ -390,9 +377,9 @@ impl MySqlRowBackend {
         &self,
         deadline: Option<Instant>,
     ) -> Result<PoolConnection<MySql>, LockError> {
-        let limit = Instant::now() + self.options.op_timeout;
+        let limit = Instant::now() + self.op_timeout;
         let limit = deadline.map_or(limit, |deadline| deadline.min(limit));
-        match timeout_at(limit, self.pool.acquire()).await {
+        match timeout_at(limit, self.database.pool.acquire()).await {
             Ok(Ok(connection)) => Ok(connection),
             Ok(Err(error)) => Err(failed(&error)),
             Err(_) => Err(LockError::unavailable("MySQL: no connection in time")),
@@ -400,78 +387,78 @@ impl MySqlRowBackend {
     }
 
     /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
-    /// `deadline` is `None` (then `Ok(None)` when it is held).
-    async fn take(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        validate(key, ttl)?;
-        validate_note(note)?;
-        let name = self.name(key)?;
-        let started = Instant::now();
-        let timed_out = || LockError::TimedOut {
-            key: key.to_owned(),
-            waited: started.elapsed(),
-        };
+    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
+    /// in this process, a connection of its own, the row's lock (the server's queue of
+    /// waiters), the fencing token, the lock-delay.
+    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        let name = self.name(ask.key)?;
         self.ensure_schema().await?;
         let Some(_turn) = self
             .turns
-            .wait(&name, deadline)
+            .wait(&name, ask.deadline)
             .await
-            .map_err(|()| timed_out())?
+            .map_err(|()| ask.timed_out())?
         else {
             return Ok(None);
         };
-        let connection = match self.connection(deadline).await {
+        let mut taken = self.take_connection(&ask).await?;
+        let Some(locked_at) = self.lock_row(&mut taken, &name, &ask).await? else {
+            return ask.not_granted();
+        };
+        let (held, token) = self.draw_token(taken, name, ask.note).await?;
+        // The lease runs from when the server locked the row (its idle clock started
+        // then), or from the last heartbeat of a lock-delay wait.
+        let granted_at = if self.options.lock_delay.is_zero() {
+            locked_at
+        } else {
+            match self.usable(&held, ask.ttl, ask.deadline).await? {
+                Usable::AtOnce => locked_at,
+                Usable::After(heartbeat) => heartbeat,
+                Usable::HandedOn => return ask.not_granted(),
+            }
+        };
+        let owner = OwnerToken::random();
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(token),
+            ask.ttl,
+            granted_at,
+        )))
+    }
+
+    /// A connection of the lock's own, not past the deadline.
+    async fn take_connection(&self, ask: &Ask<'_>) -> Result<Taken, LockError> {
+        let connection = match self.connection(ask.deadline).await {
             Ok(connection) => connection,
-            Err(_) if deadline.is_some_and(|deadline| Instant::now() >= deadline) => {
-                return Err(timed_out());
+            Err(_)
+                if ask
+                    .deadline
+                    .is_some_and(|deadline| Instant::now() >= deadline) =>
+            {
+                return Err(ask.timed_out());
             }
             Err(error) => return Err(error),
         };
-        let mut taken = Taken::new(connection, &self.pool, self.options.op_timeout);
-        // The server's own lease on the holder: a transaction idle this long is killed.
-        // A second more than the lease, rounded up: the server's clock starts as the lock
-        // statement ends, a moment before the holder hears of it and starts its own.
-        let idle = ttl.as_secs_f64().ceil().max(1.0) + 1.0;
-        let key_literal = hex_literal(&name);
-        // The statement that opens the transaction and waits for the row. With a
-        // deadline, the server ends the wait itself when it comes (`max_statement_time`,
-        // to the millisecond; `WAIT` counts only whole seconds), so an expired waiter
-        // leaves the server's queue at once and its connection goes back to the pool; the
-        // caller stops listening a moment later, should the server not answer.
-        let lock_statement = || match deadline {
-            Some(deadline) => {
-                let left = deadline.saturating_duration_since(Instant::now());
-                (!left.is_zero()).then(|| {
-                    format!(
-                        "SELECT CONNECTION_ID();
-                         SET SESSION idle_transaction_timeout = {idle};
-                         START TRANSACTION;
-                         SET STATEMENT max_statement_time = {:.3} FOR
-                         SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
-                         FOR UPDATE WAIT {}",
-                        left.as_secs_f64().max(0.001),
-                        left.as_secs_f64().ceil().max(1.0)
-                    )
-                })
-            }
-            None => Some(format!(
-                "SELECT CONNECTION_ID();
-                 SET SESSION idle_transaction_timeout = {idle};
-                 START TRANSACTION;
-                 SELECT 1 FROM payonce_lock_rows WHERE lock_key = {key_literal}
-                 FOR UPDATE NOWAIT"
-            )),
-        };
-        let limit = deadline.map(|deadline| deadline + DEADLINE_GRACE);
+        Ok(Taken::new(connection, &self.database.pool, self.op_timeout))
+    }
+
+    /// Waits in the row's queue until the server locks it for us (making the key's row
+    /// first if it has none): when it did, or `None` when the wait ended without the lock
+    /// (held, for a try; the deadline, for a waiter).
+    async fn lock_row(
+        &self,
+        taken: &mut Taken,
+        name: &str,
+        ask: &Ask<'_>,
+    ) -> Result<Option<Instant>, LockError> {
+        let key_literal = hex_literal(name);
+        let limit = ask.deadline.map(|deadline| deadline + DEADLINE_GRACE);
         let mut made_row = false;
-        let locked_at = loop {
-            let Some(lock) = lock_statement() else {
-                return Err(timed_out());
+        loop {
+            let Some(lock) = lock_statement(&key_literal, ask) else {
+                return Err(ask.timed_out());
             };
             let thread = taken.thread.clone();
             let locked = self
@@ -486,23 +473,18 @@ impl MySqlRowBackend {
                 })
                 .await;
             match locked {
-                Ok(Some(_)) => break Instant::now(),
+                Ok(Some(_)) => return Ok(Some(Instant::now())),
                 // No row for the key yet: make it, and lock it.
                 Ok(None) if !made_row => {
                     made_row = true;
-                    let rolled_back = self
-                        .run(
-                            None,
-                            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
-                        )
-                        .await;
-                    if let Err(error) = rolled_back {
-                        return Err(self.failed(&error));
-                    }
+                    self.roll_back(taken).await?;
                     let make = make_row(&key_literal);
-                    self.run(None, sqlx::raw_sql(AssertSqlSafe(make)).execute(&self.pool))
-                        .await
-                        .map_err(|error| self.failed(&error))?;
+                    self.run(
+                        None,
+                        sqlx::raw_sql(AssertSqlSafe(make)).execute(&self.database.pool),
+                    )
+                    .await
+                    .map_err(|error| self.failed(&error))?;
                 }
                 Ok(None) => {
                     return Err(LockError::unavailable(
@@ -512,28 +494,39 @@ impl MySqlRowBackend {
                 Err(error) if is_wait_ended(&error) => {
                     // Nothing locked; the transaction is still open: roll it back, and
                     // the connection can go back to the pool.
-                    let rolled_back = self
-                        .run(
-                            None,
-                            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
-                        )
-                        .await;
-                    if rolled_back.is_ok() {
-                        drop(taken.hand_on());
+                    if self.roll_back(taken).await.is_ok() {
+                        taken.back_to_the_pool();
                     }
-                    return match deadline {
-                        None => Ok(None),
-                        Some(_) => Err(timed_out()),
-                    };
+                    return Ok(None);
                 }
                 // Our own deadline, hit mid-wait: `taken` closes the connection.
-                Err(sqlx::Error::PoolTimedOut) if deadline.is_some() => {
-                    return Err(timed_out());
+                Err(sqlx::Error::PoolTimedOut) if ask.deadline.is_some() => {
+                    return Err(ask.timed_out());
                 }
                 Err(error) => return Err(self.failed(&error)),
             }
-        };
-        // The row is ours: bump the counter on another connection, committed at once.
+        }
+    }
+
+    /// Rolls back the transaction a lock statement opened without locking anything.
+    async fn roll_back(&self, taken: &mut Taken) -> Result<(), LockError> {
+        self.run(
+            None,
+            sqlx::raw_sql("ROLLBACK").execute(&mut **taken.connection()),
+        )
+        .await
+        .map(drop)
+        .map_err(|error| self.failed(&error))
+    }
+
+    /// The row is ours: bumps the key's counter on another connection, committed at
+    /// once, and confirms that the row is ours still. Returns the held lock and its token.
+    async fn draw_token(
+        &self,
+        taken: Taken,
+        name: String,
+        note: &str,
+    ) -> Result<(Held, u64), LockError> {
         let bumped = self
             .run(
                 None,
@@ -541,7 +534,7 @@ impl MySqlRowBackend {
                     .bind(&name)
                     .bind(note)
                     .bind(note)
-                    .execute(&self.pool),
+                    .execute(&self.database.pool),
             )
             .await
             .map_err(|error| self.failed(&error))?;
@@ -564,31 +557,7 @@ impl MySqlRowBackend {
                 "MySQL: the row's transaction ended before its fencing token was drawn",
             ));
         }
-        // The lease runs from when the server locked the row (its idle clock started
-        // then), or from the last heartbeat of a lock-delay wait.
-        let granted_at = if self.options.lock_delay.is_zero() {
-            locked_at
-        } else {
-            match self.usable(&held, ttl, deadline).await? {
-                Usable::AtOnce => locked_at,
-                Usable::After(heartbeat) => heartbeat,
-                Usable::HandedOn => {
-                    return match deadline {
-                        None => Ok(None),
-                        Some(_) => Err(timed_out()),
-                    };
-                }
-            }
-        };
-        let owner = OwnerToken::random();
-        self.held().insert(owner, held);
-        Ok(Some(Lease::new(
-            key,
-            owner,
-            FencingToken::new(bumped.last_insert_id()),
-            ttl,
-            granted_at,
-        )))
+        Ok((held, bumped.last_insert_id()))
     }
 
     /// Lock-delay at a grant: if the last holder never released, waits the delay holding
@@ -605,7 +574,7 @@ impl MySqlRowBackend {
                 None,
                 sqlx::query_scalar(LAST_RELEASED)
                     .bind(&held.key)
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&self.database.pool),
             )
             .await
             .map_err(|error| self.failed(&error))?;
@@ -721,39 +690,62 @@ impl MySqlRowBackend {
         self.run(None, sqlx::raw_sql(start).execute(&mut **slot.connection()))
             .await
             .map_err(|error| self.failed(&error))?;
-        let (after_used, after_key) = cursor.clone().unzip();
-        let candidates: Vec<(Vec<u8>, PrimitiveDateTime)> = self
-            .run(
-                None,
-                sqlx::query_as(IDLE_COUNTERS)
-                    .bind(idle_micros(idle_for))
-                    .bind(prefix.len() as u64)
-                    .bind(prefix)
-                    .bind(self.options.lock_delay.is_zero())
-                    .bind(after_used)
-                    .bind(after_used)
-                    .bind(after_used)
-                    .bind(after_key)
-                    .bind(PRUNE_BATCH)
-                    .fetch_all(&mut **slot.connection()),
-            )
-            .await
-            .map_err(|error| self.failed(&error))?;
-        let Some((last_key, last_used)) = candidates.last() else {
-            self.run(
-                None,
-                sqlx::raw_sql("COMMIT").execute(&mut **slot.connection()),
-            )
-            .await
-            .map_err(|error| self.failed(&error))?;
-            drop(slot.hand_on());
-            return Ok((0, 0));
+        let candidates = self
+            .idle_counters(&mut slot, idle_for, prefix, cursor.clone())
+            .await?;
+        let forgotten = match candidates.last() {
+            None => {
+                self.finish_batch(&mut slot, "COMMIT".to_owned()).await?;
+                0
+            }
+            Some((last_key, last_used)) => {
+                *cursor = Some((*last_used, last_key.clone()));
+                self.delete_unheld(&mut slot, &candidates).await?
+            }
         };
-        *cursor = Some((*last_used, last_key.clone()));
+        drop(slot.hand_on());
+        Ok((candidates.len() as u64, forgotten))
+    }
+
+    /// Locks up to [`PRUNE_BATCH`] of the namespace's counters idle for `idle_for`, past
+    /// `cursor`, in the order pruning walks them (last use, then key).
+    async fn idle_counters(
+        &self,
+        slot: &mut Slot<MySql>,
+        idle_for: Duration,
+        prefix: &str,
+        cursor: Option<(PrimitiveDateTime, Vec<u8>)>,
+    ) -> Result<Vec<(Vec<u8>, PrimitiveDateTime)>, LockError> {
+        let (after_used, after_key) = cursor.unzip();
+        self.run(
+            None,
+            sqlx::query_as(IDLE_COUNTERS)
+                .bind(idle_micros(idle_for))
+                .bind(prefix.len() as u64)
+                .bind(prefix)
+                .bind(self.options.lock_delay.is_zero())
+                .bind(after_used)
+                .bind(after_used)
+                .bind(after_used)
+                .bind(after_key)
+                .bind(PRUNE_BATCH)
+                .fetch_all(&mut **slot.connection()),
+        )
+        .await
+        .map_err(|error| self.failed(&error))
+    }
+
+    /// Deletes the candidates' rows that nobody holds, then the counters of the keys left
+    /// without a row, and commits. How many keys it forgot.
+    async fn delete_unheld(
+        &self,
+        slot: &mut Slot<MySql>,
+        candidates: &[(Vec<u8>, PrimitiveDateTime)],
+    ) -> Result<u64, LockError> {
         let keys = hex_list(candidates.iter().map(|(key, _)| key));
         let free = self
             .keys(
-                &mut slot,
+                slot,
                 format!(
                     "SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})
                      FOR UPDATE SKIP LOCKED"
@@ -775,7 +767,7 @@ impl MySqlRowBackend {
         // What is left of those rows is held (or was made since, for a grant to come).
         let kept: std::collections::HashSet<Vec<u8>> = self
             .keys(
-                &mut slot,
+                slot,
                 format!("SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})"),
             )
             .await?
@@ -794,14 +786,19 @@ impl MySqlRowBackend {
                 hex_list(forgotten.iter().copied())
             )
         };
+        self.finish_batch(slot, finish).await?;
+        Ok(forgotten.len() as u64)
+    }
+
+    /// Runs a batch's last statements, which commit it.
+    async fn finish_batch(&self, slot: &mut Slot<MySql>, finish: String) -> Result<(), LockError> {
         self.run(
             None,
             sqlx::raw_sql(AssertSqlSafe(finish)).execute(&mut **slot.connection()),
         )
         .await
-        .map_err(|error| self.failed(&error))?;
-        drop(slot.hand_on());
-        Ok((candidates.len() as u64, forgotten.len() as u64))
+        .map(drop)
+        .map_err(|error| self.failed(&error))
     }
 
     /// The keys a statement of `prune_batch` answers.
@@ -828,8 +825,8 @@ impl MySqlRowBackend {
     async fn is_locked(&self, name: &str) -> Result<bool, LockError> {
         let mut taken = Taken::new(
             self.connection(None).await?,
-            &self.pool,
-            self.options.op_timeout,
+            &self.database.pool,
+            self.op_timeout,
         );
         let probe = format!(
             "START TRANSACTION;
@@ -860,29 +857,14 @@ impl MySqlRowBackend {
 
 #[async_trait]
 impl LockBackend for MySqlRowBackend {
-    async fn try_acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, None, note).await
-    }
-
     async fn acquire(
         &self,
         key: &str,
         ttl: Duration,
-        deadline: Instant,
+        deadline: Option<Instant>,
         note: &str,
-    ) -> Result<Lease, LockError> {
-        match self.take(key, ttl, Some(deadline), note).await? {
-            Some(lease) => Ok(lease),
-            None => Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            }),
-        }
+    ) -> Result<Option<Lease>, LockError> {
+        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {
@@ -896,7 +878,7 @@ impl LockBackend for MySqlRowBackend {
                 None,
                 sqlx::query_scalar("SELECT note FROM payonce_lock_fences WHERE lock_key = ?")
                     .bind(&name)
-                    .fetch_optional(&self.pool),
+                    .fetch_optional(&self.database.pool),
             )
             .await
             .map_err(|error| self.failed(&error))?;
@@ -910,8 +892,7 @@ impl LockBackend for MySqlRowBackend {
         self.commit(&held, true).await
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<bool, LockError> {
-        validate(lease.key(), ttl)?;
+    async fn extend(&self, lease: &Lease, _ttl: Duration) -> Result<bool, LockError> {
         let connection = {
             let held = self.held();
             let Some(held) = held.get(&lease.owner()) else {
@@ -931,7 +912,6 @@ impl LockBackend for MySqlRowBackend {
         key: &str,
         floor: FencingToken,
     ) -> Result<FencingToken, LockError> {
-        check_floor(floor)?;
         let name = self.name(key)?;
         self.ensure_schema().await?;
         let floor = i64::try_from(floor.get()).unwrap_or(i64::MAX);
@@ -942,7 +922,7 @@ impl LockBackend for MySqlRowBackend {
                     .bind(name)
                     .bind(floor)
                     .bind(floor)
-                    .execute(&self.pool),
+                    .execute(&self.database.pool),
             )
             .await
             .map_err(|error| self.failed(&error))?;
@@ -970,7 +950,7 @@ impl LockBackend for MySqlRowBackend {
         // The database is made on first use, and a ping may be the first: without it the
         // pool's connections (which name the database) could never be opened.
         self.ensure_schema().await?;
-        self.run(None, sqlx::query("SELECT 1").execute(&self.pool))
+        self.run(None, sqlx::query("SELECT 1").execute(&self.database.pool))
             .await
             .map_err(|error| self.failed(&error))?;
         Ok(())
