@@ -5,7 +5,6 @@
 
 use sqlx::Database;
 
-use crate::outbox::claim_jobs;
 use crate::rows::{order_columns, ticket_columns};
 
 /// What differs between the two databases.
@@ -93,6 +92,27 @@ macro_rules! reap_statements {
                    AND created_at < $1
                  RETURNING key_hash"
             ),
+        )
+    };
+}
+
+/// Claims up to $4 due jobs whose lease ran out (or never was) at $1: leased to $3 until
+/// $2, the attempt counted. Returns each job's id, payout and attempt. (Each dialect's
+/// `CLAIM_JOBS`, with its row lock.)
+macro_rules! claim_jobs {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
+             WHERE id IN (
+                 SELECT id FROM outbox
+                 WHERE done_at IS NULL AND due_at <= $1
+                   AND (lease_until IS NULL OR lease_until <= $1)
+                 ORDER BY due_at, id
+                 LIMIT $4 ",
+            $lock,
+            ")
+               AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
+             RETURNING id, payout_id, attempts"
         )
     };
 }

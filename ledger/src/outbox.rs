@@ -78,28 +78,6 @@ const INSERT_PAYOUT_ENTRY: &str = "
 const INSERT_JOB: &str = "
     INSERT INTO outbox (kind, payout_id, due_at, created_at) VALUES ('payout', $1, $2, $2)";
 
-/// Claims up to $4 due jobs whose lease ran out (or never was) at $1: leased to $3 until
-/// $2, the attempt counted. Returns each job's id, payout and attempt. (Each dialect's
-/// `CLAIM_JOBS`, with its row lock.)
-macro_rules! claim_jobs {
-    ($lock:literal) => {
-        concat!(
-            "UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
-             WHERE id IN (
-                 SELECT id FROM outbox
-                 WHERE done_at IS NULL AND due_at <= $1
-                   AND (lease_until IS NULL OR lease_until <= $1)
-                 ORDER BY due_at, id
-                 LIMIT $4 ",
-            $lock,
-            ")
-               AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
-             RETURNING id, payout_id, attempts"
-        )
-    };
-}
-pub(crate) use claim_jobs;
-
 /// Whether a job is due at $1 whose lease ran out (or never was): read before a claim, so
 /// idle workers never take the writer.
 const ANY_DUE: &str = "

@@ -7,96 +7,13 @@
 //! of it — `succeeded`, or `failed` with a reversal entry that credits the amount back, in
 //! one transaction (`outbox.rs`).
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::model::{AccountId, Amount, TicketId};
-
-/// A payout's identifier; the bank's idempotency key is derived from it
-/// ([`Payout::bank_key`]), so every attempt of one payout carries the same key.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
-#[serde(transparent)]
-#[sqlx(transparent)]
-pub struct PayoutId(pub Uuid);
-
-impl PayoutId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
-}
-
-impl fmt::Display for PayoutId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// The most bytes a destination has.
-pub const MAX_DESTINATION: usize = 64;
-
-/// The account at the bank a payout goes to: 1 to [`MAX_DESTINATION`] of `A-Z a-z 0-9 .
-/// _ : -` (an IBAN, an account number, a provider's account id). Held inline, so an
-/// operation that carries one stays `Copy`.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Destination {
-    bytes: [u8; MAX_DESTINATION],
-    len: u8,
-}
-
-/// A destination outside the rules of [`Destination`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "destination must be 1 to {MAX_DESTINATION} characters of A-Z, a-z, 0-9, '.', '_', ':' and '-'"
-)]
-pub struct InvalidDestination;
-
-impl Destination {
-    /// The pattern a destination matches, for documents that describe it.
-    pub const PATTERN: &'static str = "^[A-Za-z0-9._:-]{1,64}$";
-
-    /// `destination`, if it keeps the rules.
-    pub fn new(destination: &str) -> Result<Self, InvalidDestination> {
-        let allowed = |byte: &u8| byte.is_ascii_alphanumeric() || b"._:-".contains(byte);
-        if destination.is_empty()
-            || destination.len() > MAX_DESTINATION
-            || !destination.bytes().all(|byte| allowed(&byte))
-        {
-            return Err(InvalidDestination);
-        }
-        let mut bytes = [0; MAX_DESTINATION];
-        bytes[..destination.len()].copy_from_slice(destination.as_bytes());
-        Ok(Self {
-            bytes,
-            // At most MAX_DESTINATION, checked above.
-            len: destination.len() as u8,
-        })
-    }
-
-    /// The destination as written.
-    pub fn as_str(&self) -> &str {
-        // Only ASCII is ever stored (checked in `new`).
-        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
-    }
-}
-
-impl fmt::Debug for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("Destination").field(&self.as_str()).finish()
-    }
-}
-
-impl fmt::Display for Destination {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use crate::model::{Destination, InvalidDestination, MAX_DESTINATION, PayoutId};
 
 /// Where a payout stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
