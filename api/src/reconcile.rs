@@ -14,7 +14,7 @@
 //! - `pending` payouts are listed with their age (not a fault by themselves: the bank's
 //!   word has not come yet).
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::time::Duration;
 
 use ledger::Ledger;
@@ -135,52 +135,11 @@ fn compare(payouts: &[Payout], transfers: &[Transfer], now: OffsetDateTime) -> R
     let mut found = Reconciliation {
         payouts: payouts.len(),
         executed: executed.len(),
+        findings: unknown_transfers(payouts, &executed),
         ..Reconciliation::default()
     };
-    // A payout's transfers: under its key, or naming it as their reference.
-    let mut by_payout: HashMap<String, Vec<&Transfer>> = HashMap::new();
-    for transfer in &executed {
-        by_payout
-            .entry(transfer.reference.clone())
-            .or_default()
-            .push(transfer);
-    }
-    let keys: HashMap<String, &Payout> = payouts
-        .iter()
-        .map(|payout| (bank_key(payout.id), payout))
-        .collect();
-    for transfer in &executed {
-        let known = keys.contains_key(&transfer.idempotency_key)
-            || payouts
-                .iter()
-                .any(|payout| payout.id.to_string() == transfer.reference);
-        if !known {
-            found.findings.push(format!(
-                "transfer {} under key {:?} ({} to {}): no payout of payonce's",
-                transfer_id(transfer),
-                transfer.idempotency_key,
-                transfer.amount,
-                transfer.destination
-            ));
-        }
-    }
     for payout in payouts {
-        let key = bank_key(payout.id);
-        let mut its: Vec<&Transfer> = by_payout
-            .get(&payout.id.to_string())
-            .cloned()
-            .unwrap_or_default();
-        for transfer in executed
-            .iter()
-            .filter(|transfer| transfer.idempotency_key == key)
-        {
-            if !its
-                .iter()
-                .any(|seen| transfer_id(seen) == transfer_id(transfer))
-            {
-                its.push(transfer);
-            }
-        }
+        let its = transfers_of(payout, &executed);
         if its.len() > 1 {
             found.findings.push(format!(
                 "payout {}: executed {} times at the bank (transfers {})",
@@ -193,30 +152,7 @@ fn compare(payouts: &[Payout], transfers: &[Transfer], now: OffsetDateTime) -> R
             ));
         }
         match payout.status {
-            PayoutStatus::Succeeded => match its.as_slice() {
-                [transfer] => {
-                    let id = transfer_id(transfer);
-                    if transfer.idempotency_key != key
-                        || transfer.amount != payout.amount.get()
-                        || transfer.destination != payout.destination
-                        || payout.bank_transfer_id.as_deref() != Some(id.as_str())
-                    {
-                        found.findings.push(format!(
-                            "payout {} succeeded as transfer {:?}, but the bank's transfer {id} is {} to {} under {:?}",
-                            payout.id,
-                            payout.bank_transfer_id,
-                            transfer.amount,
-                            transfer.destination,
-                            transfer.idempotency_key
-                        ));
-                    }
-                }
-                [] => found.findings.push(format!(
-                    "payout {} succeeded, but the bank has no transfer for it",
-                    payout.id
-                )),
-                _ => {}
-            },
+            PayoutStatus::Succeeded => found.findings.extend(succeeded_once(payout, &its)),
             PayoutStatus::Failed if !its.is_empty() => found.findings.push(format!(
                 "payout {} failed and its money came back, but the bank executed it",
                 payout.id
@@ -229,4 +165,67 @@ fn compare(payouts: &[Payout], transfers: &[Transfer], now: OffsetDateTime) -> R
         }
     }
     found
+}
+
+/// The executed transfers no payout of payonce's sent: neither under a payout's key nor
+/// naming one as their reference.
+fn unknown_transfers(payouts: &[Payout], executed: &[&Transfer]) -> Vec<String> {
+    let keys: HashSet<String> = payouts.iter().map(|payout| bank_key(payout.id)).collect();
+    let ids: HashSet<String> = payouts.iter().map(|payout| payout.id.to_string()).collect();
+    executed
+        .iter()
+        .filter(|transfer| {
+            !keys.contains(&transfer.idempotency_key) && !ids.contains(&transfer.reference)
+        })
+        .map(|transfer| {
+            format!(
+                "transfer {} under key {:?} ({} to {}): no payout of payonce's",
+                transfer_id(transfer),
+                transfer.idempotency_key,
+                transfer.amount,
+                transfer.destination
+            )
+        })
+        .collect()
+}
+
+/// A payout's executed transfers: under its key, or naming it as their reference (a
+/// transfer sent for it under another key), each once.
+fn transfers_of<'t>(payout: &Payout, executed: &[&'t Transfer]) -> Vec<&'t Transfer> {
+    let key = bank_key(payout.id);
+    let id = payout.id.to_string();
+    executed
+        .iter()
+        .filter(|transfer| transfer.idempotency_key == key || transfer.reference == id)
+        .copied()
+        .collect()
+}
+
+/// A succeeded payout's one transfer: under its key, of its amount and destination, the
+/// transfer it recorded. (More than one is reported by the caller.)
+fn succeeded_once(payout: &Payout, its: &[&Transfer]) -> Option<String> {
+    match its {
+        [] => Some(format!(
+            "payout {} succeeded, but the bank has no transfer for it",
+            payout.id
+        )),
+        [transfer] => {
+            let id = transfer_id(transfer);
+            let agrees = transfer.idempotency_key == bank_key(payout.id)
+                && transfer.amount == payout.amount.get()
+                && transfer.destination == payout.destination
+                && payout.bank_transfer_id.as_deref() == Some(id.as_str());
+            (!agrees).then(|| {
+                format!(
+                    "payout {} succeeded as transfer {:?}, but the bank's transfer {id} is {} to {} under {:?}",
+                    payout.id,
+                    payout.bank_transfer_id,
+                    transfer.amount,
+                    transfer.destination,
+                    transfer.idempotency_key
+                )
+            })
+        }
+        _ => None,
+    }
 }
