@@ -60,6 +60,8 @@ async fn the_walkthrough_runs_as_written() {
         "\"state\":\"paid\"",
         "/problems/order-already-paid",
         "\"kind\": \"order_payment\"",
+        "\"status\": \"succeeded\"",
+        "\"kind\": \"payout\"",
         "payonce_replays_total",
         "/v1/accounts/{id}/withdrawals",
     ] {
