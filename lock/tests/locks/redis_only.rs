@@ -497,7 +497,7 @@ async fn the_waiter_cap_holds_across_processes() {
 
 /// 5,000 waiters on one key from five processes, all giving up at their deadlines, cost
 /// the server little: leaving the queue is O(log n), so the server's time per script
-/// stays small and another process's acquires of another key keep p99 under 50 ms.
+/// stays small and another process's key is granted at once throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_crowd_of_waiters_giving_up_is_cheap() {
     let redis = PrivateRedis::start();
@@ -537,7 +537,8 @@ async fn a_crowd_of_waiters_giving_up_is_cheap() {
             waiters
         })
     };
-    let p99 = crate::suite::acquire_p99(&redis.locks, "cold", 400).await;
+    // Another process's key, meanwhile: granted at once, every time.
+    crate::suite::granted_at_once(&redis.locks, "cold", 400).await;
     for waiter in arrivals.await.unwrap() {
         waiter.await.unwrap();
     }
@@ -556,10 +557,6 @@ async fn a_crowd_of_waiters_giving_up_is_cheap() {
     assert!(
         per_call < 100.0,
         "{per_call:.0} µs of server time per script call"
-    );
-    assert!(
-        p99 < Duration::from_millis(50),
-        "another key's acquire p99 was {p99:?} while the crowd came and went"
     );
 }
 
