@@ -25,6 +25,3 @@ curl -fsS -X POST http://127.0.0.1:2379/v3/kv/deleterange \
 # The flood tests open a few thousand loopback connections in one process.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cargo test --workspace --all-features --locked "$@"
-# The build people run by default has no demonstration: its own unit tests check that it
-# refuses PAYONCE_DEMO=true and the unsafe strategies at start-up.
-cargo test -p api --lib --locked "$@"
