@@ -153,8 +153,10 @@ fuzz() {
     database="payonce_fuzz_$(date +%s)_$$"
     namespace="fuzz-$database"
     createdb -h 127.0.0.1 -U postgres "$database"
+    # Payouts go to the bank services.sh keeps on 7700 (the embedded mode serves its own).
     with_store+=(DATABASE_URL="postgres://postgres@127.0.0.1:5432/$database"
-      REDIS_URL="redis://127.0.0.1:6379" PAYONCE_REDIS_NAMESPACE="$namespace")
+      REDIS_URL="redis://127.0.0.1:6379" PAYONCE_REDIS_NAMESPACE="$namespace"
+      PAYONCE_BANK_URL="http://127.0.0.1:7700")
   else
     with_store+=(PAYONCE_DATA_DIR="$dir/data")
   fi

@@ -123,7 +123,8 @@ impl From<Payout> for PayoutView {
     request_body = PayoutRequest,
     responses(
         (status = 202, description = "Accepted: the money left the account and the payout is pending (a replay carries `Idempotent-Replayed: true`); `Location` is the payout", body = PayoutAccepted,
-            headers(("Location" = String, description = "/v1/payouts/{payout_id}"))),
+            headers(("Location" = String, description = "/v1/payouts/{payout_id}")),
+            links(("GetPayout" = (operation_id = "get_payout", parameters(("payout_id" = "$response.body#/payout_id")), description = "The payout, as it goes on")))),
         (status = 400, response = MalformedSpend),
         (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed); nothing was sent", body = Problem, content_type = "application/problem+json"),
