@@ -132,10 +132,6 @@ impl Payouts {
         Ok(payouts)
     }
 
-    /// Where the bank is.
-    pub fn bank_url(&self) -> &url::Url {
-        &self.settings.bank_url
-    }
 
     /// Wakes an idle worker: a payout was accepted here.
     pub fn wake(&self) {

@@ -241,20 +241,6 @@ impl AppState {
         self.0.payouts.as_ref()
     }
 
-    /// The state with payouts to `payouts`; before it is shared (tests, and `connect`).
-    pub fn with_payouts(self, payouts: Payouts) -> Self {
-        match Arc::try_unwrap(self.0) {
-            Ok(inner) => Self(Arc::new(Inner {
-                payouts: Some(Arc::new(payouts)),
-                ..inner
-            })),
-            Err(shared) => {
-                tracing::warn!("payouts set up on a state already shared: ignored");
-                Self(shared)
-            }
-        }
-    }
-
     /// The tickets being executed.
     pub fn flights(&self) -> &Flights {
         &self.0.flights
