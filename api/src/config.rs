@@ -349,6 +349,31 @@ pub struct Config {
     /// them at once).
     #[arg(long, global = true, env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
     pub payout_poll: Duration,
+    /// The bank's idempotency key per payout: `one-key`, the same on every attempt (the
+    /// only safe one), or `fresh-key-per-attempt`, a new key each retry as clients without
+    /// a key scheme send — it pays twice; the demonstration's (only in a build with the
+    /// cargo feature `demo`).
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_KEYS", value_enum, default_value_t = PayoutKeys::OneKey)]
+    pub payout_keys: PayoutKeys,
+}
+
+/// Which idempotency key each call to the bank for a payout carries.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PayoutKeys {
+    /// The payout's key, on every attempt: the bank executes it once.
+    OneKey,
+    /// A new key on every attempt: a retry after a lost answer pays again.
+    FreshKeyPerAttempt,
+}
+
+impl PayoutKeys {
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::OneKey => "one-key",
+            Self::FreshKeyPerAttempt => "fresh-key-per-attempt",
+        }
+    }
 }
 
 /// How spends on one account are kept apart.
@@ -630,6 +655,12 @@ impl Config {
         if self.payout_retry_base.is_zero() || self.payout_retry_base > self.payout_retry_max {
             return Err(ConfigError::Invalid(
                 "PAYONCE_PAYOUT_RETRY_BASE must be positive and at most PAYONCE_PAYOUT_RETRY_MAX"
+                    .into(),
+            ));
+        }
+        if self.payout_keys != PayoutKeys::OneKey && !cfg!(feature = "demo") {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_PAYOUT_KEYS=fresh-key-per-attempt needs a build with the demonstration (cargo build -p api --features demo); this one sends one key per payout"
                     .into(),
             ));
         }
@@ -955,6 +986,7 @@ impl fmt::Display for Config {
             ("PAYONCE_PAYOUT_RETRY_MAX", human(self.payout_retry_max)),
             ("PAYONCE_PAYOUT_ATTEMPTS", self.payout_attempts.to_string()),
             ("PAYONCE_PAYOUT_POLL", human(self.payout_poll)),
+            ("PAYONCE_PAYOUT_KEYS", self.payout_keys.name().to_owned()),
         ];
         for (name, value) in rows {
             writeln!(f, "  {name:<28} {value}")?;
@@ -1037,6 +1069,13 @@ mod tests {
         ) = (None, None, None);
         demo_mode.demo = true;
         assert_eq!(demo_mode.validate().is_ok(), cfg!(feature = "demo"));
+        let mut fresh_keys = self::config(&["--payout-keys", "fresh-key-per-attempt"]);
+        (
+            fresh_keys.database_url,
+            fresh_keys.redis_url,
+            fresh_keys.lock_url,
+        ) = (None, None, None);
+        assert_eq!(fresh_keys.validate().is_ok(), cfg!(feature = "demo"));
     }
 
     #[test]

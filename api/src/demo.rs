@@ -184,6 +184,13 @@ pub struct Parts<'a> {
     pub lock_wait: Duration,
 }
 
+/// The bank key a client without a key scheme sends: a new one on every attempt, so a
+/// retry after a lost answer is a new transfer at the bank — the unsafe recipe beside
+/// payonce's one key per payout (`PAYONCE_PAYOUT_KEYS=fresh-key-per-attempt`).
+pub fn fresh_bank_key(payout: &ledger::payouts::Payout, attempt: u32) -> String {
+    format!("{}-attempt-{attempt}", payout.bank_key())
+}
+
 /// Says in the OpenAPI document which operations read the demonstration's headers: every
 /// spend reads `Payonce-Fault`, and those the strategies are for read `Payonce-Strategy`.
 pub fn document(openapi: &mut utoipa::openapi::OpenApi) {

@@ -56,6 +56,10 @@ pub struct PayoutSettings {
     pub attempts: u32,
     /// How often idle workers look for due payouts.
     pub poll: Duration,
+    /// A new bank key on every attempt (the demonstration's unsafe recipe) instead of the
+    /// payout's one key.
+    #[cfg(feature = "demo")]
+    pub fresh_key_per_attempt: bool,
 }
 
 impl PayoutSettings {
@@ -131,7 +135,6 @@ impl Payouts {
         payouts.in_process = Some(server);
         Ok(payouts)
     }
-
 
     /// Wakes an idle worker: a payout was accepted here.
     pub fn wake(&self) {
@@ -214,7 +217,14 @@ impl Dispatcher {
 
     /// One attempt of `job`: the transfer sent, and what comes of it.
     async fn send(&self, job: &PayoutJob) -> JobOutcome {
-        let answer = self.payouts.bank.transfer(&job.payout).await;
+        let key = job.payout.bank_key();
+        #[cfg(feature = "demo")]
+        let key = if self.payouts.settings.fresh_key_per_attempt {
+            crate::demo::fresh_bank_key(&job.payout, job.attempt)
+        } else {
+            key
+        };
+        let answer = self.payouts.bank.transfer(&job.payout, &key).await;
         self.metrics.payout_attempt(answer.outcome());
         match answer {
             Answer::Made { transfer_id } => {
@@ -409,8 +419,8 @@ impl Bank {
         format!("{}{path}", self.base.as_str().trim_end_matches('/'))
     }
 
-    /// Sends `payout` as a transfer, under its key.
-    async fn transfer(&self, payout: &Payout) -> Answer {
+    /// Sends `payout` as a transfer, under `key`.
+    async fn transfer(&self, payout: &Payout, key: &str) -> Answer {
         let body = serde_json::json!({
             "destination": payout.destination,
             "amount": payout.amount.get(),
@@ -419,7 +429,7 @@ impl Bank {
         let sent = self
             .client
             .post(self.url("/v1/transfers"))
-            .header("Idempotency-Key", payout.bank_key())
+            .header("Idempotency-Key", key)
             .json(&body)
             .send()
             .await;
@@ -569,6 +579,8 @@ mod tests {
             retry_max: Duration::from_secs(5),
             attempts: 5,
             poll: Duration::from_millis(100),
+            #[cfg(feature = "demo")]
+            fresh_key_per_attempt: false,
         }
     }
 

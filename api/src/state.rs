@@ -287,6 +287,8 @@ async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
         retry_max: config.payout_retry_max,
         attempts: config.payout_attempts,
         poll: config.payout_poll,
+        #[cfg(feature = "demo")]
+        fresh_key_per_attempt: config.payout_keys == crate::config::PayoutKeys::FreshKeyPerAttempt,
     };
     match (&config.bank_url, config.mode()?) {
         (Some(url), _) => {

@@ -659,3 +659,48 @@ async fn reconcile_finds_what_the_ledger_and_the_bank_disagree_on() {
         bank.stop().await;
     }
 }
+
+/// The demonstration's unsafe recipe (`PAYONCE_PAYOUT_KEYS=fresh-key-per-attempt`): a new
+/// key on every attempt, every answer dropped after the bank committed — the bank pays on
+/// each attempt, and when payonce then asks for the payout's own key it finds nothing and
+/// gives the money back too. `payonce reconcile` says both. (The one-key dispatcher under
+/// the same bank: `lost_answers_after_the_commit_pay_once`.)
+#[cfg(feature = "demo")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fresh_key_per_attempt_pays_on_every_attempt() {
+    let bank = TestBank::start(bank::BankOptions {
+        faults: bank::FaultRates {
+            commit_then_drop: 1.0,
+            ..bank::FaultRates::default()
+        },
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let mut flags = paying_to(&bank, "500ms", "2s");
+    flags.extend(["--payout-keys", "fresh-key-per-attempt"]);
+    let app = spawn_app_with(Backend::Distributed, &flags).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let settled = app.settled(&account, &payout).await;
+    let transfers = bank.transfers().await;
+    assert_eq!(transfers.len(), 3, "one per attempt: {transfers:?}");
+    assert!(transfers.iter().all(|t| t["reference"] == json!(payout)));
+    assert_eq!(settled["status"], "failed", "{settled}");
+    assert_eq!(
+        app.balance(&account).await.0,
+        1000,
+        "and the money came back too"
+    );
+    let bank_url = url::Url::parse(&bank.url).expect("a URL");
+    let found = api::reconcile::reconcile(app.state.ledger(), &bank_url)
+        .await
+        .expect("it reconciles");
+    let said = found.findings.join("\n");
+    assert!(said.contains("executed 3 times at the bank"), "{said}");
+    assert!(
+        said.contains("failed and its money came back, but the bank executed it"),
+        "{said}"
+    );
+    app.stop().await;
+    bank.stop().await;
+}
