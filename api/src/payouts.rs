@@ -357,32 +357,28 @@ enum Found {
     },
 }
 
-/// A transfer as the bank shows it.
-#[derive(Debug, Deserialize)]
-struct Transfer {
-    id: serde_json::Value,
-    state: String,
-    #[serde(default)]
-    decline_reason: Option<String>,
+/// What the bank's transfer says of the payout.
+fn found(transfer: bank::TransferView) -> Found {
+    match transfer.state {
+        bank::State::Executed => Found::Made {
+            transfer_id: transfer.id.to_string(),
+        },
+        bank::State::Declined => Found::Refused {
+            reason: transfer
+                .decline_reason
+                .unwrap_or_else(|| "declined".to_owned()),
+        },
+        bank::State::Closed => Found::Closed,
+    }
 }
 
-impl Transfer {
-    fn found(self) -> Found {
-        match self.state.as_str() {
-            "executed" => Found::Made {
-                transfer_id: match self.id {
-                    serde_json::Value::String(id) => id,
-                    other => other.to_string(),
-                },
-            },
-            "declined" => Found::Refused {
-                reason: self.decline_reason.unwrap_or_else(|| "declined".to_owned()),
-            },
-            other => Found::NoWord {
-                error: format!("the bank showed a transfer in state {other:?}"),
-            },
-        }
-    }
+/// What a look-up or a close answers with 200: the transfer that holds the key, or the
+/// key closed with none.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum Held {
+    Transfer(bank::TransferView),
+    Closed(bank::ClosedKey),
 }
 
 /// A problem document's name, the last segment of its `type`.
@@ -440,8 +436,8 @@ impl Bank {
         let status = response.status();
         let retry_after = retry_after(&response);
         if status.is_success() {
-            return match response.json::<Transfer>().await {
-                Ok(transfer) => match transfer.found() {
+            return match response.json::<bank::TransferView>().await {
+                Ok(transfer) => match found(transfer) {
                     Found::Made { transfer_id } => Answer::Made { transfer_id },
                     Found::Refused { reason } => Answer::Refused { reason },
                     _ => no_word(
@@ -518,27 +514,25 @@ async fn held(response: reqwest::Response) -> Found {
         }
     };
     if status == StatusCode::OK {
-        if body.get("state").and_then(|state| state.as_str()) == Some("closed")
-            && body.get("id").is_none()
-        {
-            return Found::Closed;
-        }
-        return match serde_json::from_value::<Transfer>(body) {
-            Ok(transfer) => transfer.found(),
+        return match serde_json::from_value::<Held>(body) {
+            Ok(Held::Transfer(transfer)) => found(transfer),
+            Ok(Held::Closed(key)) if key.state == bank::State::Closed => Found::Closed,
+            Ok(Held::Closed(key)) => Found::NoWord {
+                error: format!(
+                    "the bank answered key {} as {:?}",
+                    key.idempotency_key, key.state
+                ),
+            },
             Err(error) => Found::NoWord {
                 error: format!("reading the bank's transfer: {error}"),
             },
         };
     }
-    let name = body
-        .get("type")
-        .and_then(|kind| kind.as_str())
-        .and_then(|kind| kind.rsplit('/').next())
-        .unwrap_or_default();
-    match (status, name) {
+    let problem: Problem = serde_json::from_value(body).unwrap_or_default();
+    match (status, problem.name()) {
         (StatusCode::NOT_FOUND, "idempotency-key-closed") => Found::Closed,
         (StatusCode::NOT_FOUND, "transfer-not-found") => Found::Nothing,
-        _ => Found::NoWord {
+        (status, name) => Found::NoWord {
             error: format!("the bank answered {status} {name}"),
         },
     }

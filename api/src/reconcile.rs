@@ -17,27 +17,10 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use bank::{State, TransferPage, TransferView as Transfer};
 use ledger::Ledger;
 use ledger::payouts::{Payout, PayoutId, PayoutStatus, bank_key};
-use serde::Deserialize;
 use time::OffsetDateTime;
-
-/// A transfer as the bank lists it.
-#[derive(Debug, Clone, Deserialize)]
-struct Transfer {
-    id: serde_json::Value,
-    idempotency_key: String,
-    state: String,
-    destination: String,
-    amount: i64,
-    reference: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct TransferPage {
-    transfers: Vec<Transfer>,
-    next_after: Option<serde_json::Value>,
-}
 
 /// What reconciling found.
 #[derive(Debug, Default)]
@@ -89,7 +72,7 @@ async fn all_transfers(bank: &url::Url) -> Result<Vec<Transfer>, String> {
         .map_err(|error| error.to_string())?;
     let base = bank.as_str().trim_end_matches('/');
     let mut all = Vec::new();
-    let mut after: Option<String> = None;
+    let mut after: Option<i64> = None;
     loop {
         let mut url = format!("{base}/v1/transfers?limit=1000");
         if let Some(after) = &after {
@@ -109,28 +92,20 @@ async fn all_transfers(bank: &url::Url) -> Result<Vec<Transfer>, String> {
             .map_err(|error| format!("reading the bank's transfers: {error}"))?;
         all.extend(page.transfers);
         match page.next_after {
-            Some(next) if !next.is_null() => {
-                after = Some(match next {
-                    serde_json::Value::String(text) => text,
-                    other => other.to_string(),
-                });
-            }
-            _ => return Ok(all),
+            Some(next) => after = Some(next),
+            None => return Ok(all),
         }
     }
 }
 
 fn transfer_id(transfer: &Transfer) -> String {
-    match &transfer.id {
-        serde_json::Value::String(id) => id.clone(),
-        other => other.to_string(),
-    }
+    transfer.id.to_string()
 }
 
 fn compare(payouts: &[Payout], transfers: &[Transfer], now: OffsetDateTime) -> Reconciliation {
     let executed: Vec<&Transfer> = transfers
         .iter()
-        .filter(|transfer| transfer.state == "executed")
+        .filter(|transfer| transfer.state == State::Executed)
         .collect();
     let mut found = Reconciliation {
         payouts: payouts.len(),
