@@ -186,7 +186,7 @@ async fn pay_out(
 async fn drained(ledger: &ledger::Ledger) -> Result<(), http::BoxError> {
     let until = Instant::now() + Duration::from_secs(600);
     while Instant::now() < until {
-        if ledger.payout_counts().await?.pending == 0 {
+        if ledger.pending_payouts().await?.0 == 0 {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

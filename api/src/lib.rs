@@ -145,8 +145,8 @@ async fn accept(
     Ok(())
 }
 
-/// The payout workers (`payouts.rs`), and a count of the payouts by status for the
-/// metrics, until `stopping`. Nothing where the instance has no bank.
+/// The payout workers (`payouts.rs`), and a count of the pending payouts for the metrics,
+/// until `stopping`. Nothing where the instance has no bank.
 async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
     let Some(payouts) = state.payouts().cloned() else {
         return;
@@ -166,14 +166,16 @@ async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
     );
     let counting = async {
         loop {
-            match state.ledger().payout_counts().await {
-                Ok(counts) => {
-                    let oldest = counts.oldest_pending.map_or(Duration::ZERO, |at| {
+            // Pending ones only: they are few and indexed, where counting every payout
+            // every second would cost more as the table grows.
+            match state.ledger().pending_payouts().await {
+                Ok((pending, oldest)) => {
+                    let oldest = oldest.map_or(Duration::ZERO, |at| {
                         (time::OffsetDateTime::now_utc() - at)
                             .try_into()
                             .unwrap_or_default()
                     });
-                    state.metrics().payouts_counted(&counts, oldest);
+                    state.metrics().pending_payouts(pending, oldest);
                 }
                 Err(error) => tracing::debug!(%error, "cannot count payouts"),
             }

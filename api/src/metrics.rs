@@ -62,6 +62,7 @@ pub struct Metrics {
     key_lookups: Counter,
     payout_attempts: Family<OutcomeLabels, Counter>,
     payouts: Family<StatusLabels, Gauge>,
+    payouts_settled: Family<StatusLabels, Counter>,
     oldest_pending_payout: Gauge<f64, AtomicU64>,
 }
 
@@ -90,6 +91,7 @@ impl Metrics {
         let key_lookups = Counter::default();
         let payout_attempts = Family::<OutcomeLabels, Counter>::default();
         let payouts = Family::<StatusLabels, Gauge>::default();
+        let payouts_settled = Family::<StatusLabels, Counter>::default();
         let oldest_pending_payout = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "http_requests",
@@ -153,8 +155,13 @@ impl Metrics {
         );
         registry.register(
             "payouts",
-            "Payouts by status (pending, succeeded, failed), as last counted",
+            "Payouts pending (status=\"pending\"), as last counted",
             payouts.clone(),
+        );
+        registry.register(
+            "payouts_settled",
+            "Payouts this instance settled, by status: succeeded or failed",
+            payouts_settled.clone(),
         );
         registry.register(
             "payout_oldest_pending_seconds",
@@ -176,6 +183,7 @@ impl Metrics {
             key_lookups,
             payout_attempts,
             payouts,
+            payouts_settled,
             oldest_pending_payout,
         }
     }
@@ -188,17 +196,18 @@ impl Metrics {
     }
 
     /// The payouts as last counted, and the oldest pending one's age.
-    pub fn payouts_counted(&self, counts: &ledger::payouts::PayoutCounts, oldest_age: Duration) {
-        for (status, count) in [
-            ("pending", counts.pending),
-            ("succeeded", counts.succeeded),
-            ("failed", counts.failed),
-        ] {
-            self.payouts
-                .get_or_create(&StatusLabels { status })
-                .set(i64::try_from(count).unwrap_or(i64::MAX));
-        }
+    pub fn pending_payouts(&self, pending: u64, oldest_age: Duration) {
+        self.payouts
+            .get_or_create(&StatusLabels { status: "pending" })
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
         self.oldest_pending_payout.set(oldest_age.as_secs_f64());
+    }
+
+    /// A payout this instance settled: `succeeded` or `failed`.
+    pub fn payout_settled(&self, status: &'static str) {
+        self.payouts_settled
+            .get_or_create(&StatusLabels { status })
+            .inc();
     }
 
     /// The OpenMetrics text exposition.

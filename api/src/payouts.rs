@@ -108,8 +108,12 @@ impl Payouts {
     /// Payouts to a `payonce-bank` served in this process, on a loopback port of its own,
     /// with its store at `database_url` (the embedded mode: a newcomer's payonce pays out
     /// with nothing else running). The demonstration header is on: this bank is for
-    /// trying payonce out, not for money.
-    pub async fn in_process(settings: PayoutSettings, database_url: &str) -> Result<Self, String> {
+    /// trying payonce out, not for money. `settings` are made for the bank's address once
+    /// it listens.
+    pub async fn in_process(
+        settings: impl FnOnce(url::Url) -> PayoutSettings,
+        database_url: &str,
+    ) -> Result<Self, String> {
         let options = bank::BankOptions {
             database_url: database_url.to_owned(),
             demo_header: true,
@@ -127,11 +131,7 @@ impl Payouts {
         let bank_url = url::Url::parse(&format!("http://{}", server.addr()))
             .map_err(|error| error.to_string())?;
         tracing::info!(%bank_url, "payouts go to a payonce-bank in this process");
-        let mut payouts = Self::new(PayoutSettings {
-            bank_url,
-            ..settings
-        })
-        .map_err(|error| error.to_string())?;
+        let mut payouts = Self::new(settings(bank_url)).map_err(|error| error.to_string())?;
         payouts.in_process = Some(server);
         Ok(payouts)
     }
@@ -298,6 +298,10 @@ impl Dispatcher {
                             tracing::info!(payout = %job.payout.id, attempt = job.attempt, "payout claimed again meanwhile; this attempt's word is not recorded")
                         }
                         (JobOutcome::Settled(settlement), true) => {
+                            self.metrics.payout_settled(match settlement {
+                                Settlement::Succeeded { .. } => "succeeded",
+                                Settlement::Failed { .. } => "failed",
+                            });
                             tracing::debug!(payout = %job.payout.id, attempt = job.attempt, ?settlement, "payout settled")
                         }
                         (JobOutcome::Postponed { after, error }, true) => {

@@ -300,15 +300,10 @@ async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
         }
         (None, Mode::Embedded { sqlite_path }) => {
             let store = sqlite_path.with_file_name("payonce-bank.db");
-            let placeholder = url::Url::parse("http://127.0.0.1/")
-                .map_err(|error| StartError::Bank(error.to_string()))?;
-            Payouts::in_process(
-                settings(placeholder),
-                &format!("sqlite:{}", store.display()),
-            )
-            .await
-            .map(Some)
-            .map_err(StartError::Bank)
+            Payouts::in_process(settings, &format!("sqlite:{}", store.display()))
+                .await
+                .map(Some)
+                .map_err(StartError::Bank)
         }
         (None, Mode::Distributed { .. }) => Ok(None),
     }

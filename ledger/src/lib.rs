@@ -522,6 +522,15 @@ impl Ledger {
             .await
     }
 
+    /// How many payouts are pending, and since when the oldest: what a metric reads every
+    /// few seconds, on the partial index of pending payouts (`payout_counts` counts every
+    /// payout).
+    pub async fn pending_payouts(
+        &self,
+    ) -> Result<(u64, Option<time::OffsetDateTime>), LedgerError> {
+        self.store.pending_payouts().await
+    }
+
     /// How many payouts stand in each status, and since when the oldest pending one.
     pub async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError> {
         self.store.payout_counts().await

@@ -58,6 +58,11 @@ const PAYOUTS: &str = concat!(
      LIMIT $4"
 );
 
+/// The pending payouts' count and the oldest one's creation, on the partial index of
+/// pending payouts: cheap however many settled ones the table holds.
+const PENDING: &str = "
+    SELECT CAST(COUNT(*) AS BIGINT), MIN(created_at) FROM payouts WHERE status = 'pending'";
+
 const COUNTS: &str = "
     SELECT status, CAST(COUNT(*) AS BIGINT), MIN(created_at) FROM payouts GROUP BY status";
 
@@ -181,6 +186,7 @@ where
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'r> (i64, Option<Timestamp>): FromRow<'r, D::Row>,
     for<'r> OrderRow: FromRow<'r, D::Row>,
     for<'q> OrderId: Encode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Encode<'q, D>,
@@ -312,6 +318,18 @@ where
     }
 
     /// How many payouts stand in each status, and since when the oldest pending one.
+    /// How many payouts are pending, and since when the oldest.
+    pub(crate) async fn count_pending(
+        &self,
+    ) -> Result<(u64, Option<time::OffsetDateTime>), LedgerError> {
+        let query = || sqlx::query_as::<_, (i64, Option<Timestamp>)>(PENDING).fetch_one(&self.pool);
+        let (count, oldest) = self.on_live_connection(query).await?;
+        Ok((
+            u64::try_from(count).unwrap_or_default(),
+            oldest.map(|at| at.0),
+        ))
+    }
+
     pub(crate) async fn count_payouts(&self) -> Result<PayoutCounts, LedgerError> {
         let query = || sqlx::query_as::<_, (String, i64, Timestamp)>(COUNTS).fetch_all(&self.pool);
         let mut counts = PayoutCounts::default();

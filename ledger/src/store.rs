@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use time::OffsetDateTime;
 
 use crate::audit::{Audit, Violation};
 use crate::batch::{Batcher, Batches};
@@ -84,6 +85,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         limit: i64,
     ) -> Result<Vec<Payout>, LedgerError>;
     async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError>;
+    /// How many payouts are pending, and since when the oldest (cheap: the partial index).
+    async fn pending_payouts(&self) -> Result<(u64, Option<OffsetDateTime>), LedgerError>;
     /// Claims up to `max` due payout jobs for `worker`, each for `lease` (`outbox.rs`).
     async fn claim_payouts(
         &self,
@@ -156,6 +159,7 @@ where
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'r> (i64, Option<Timestamp>): FromRow<'r, D::Row>,
 {
     async fn create_account(
         &self,
@@ -344,6 +348,10 @@ where
 
     async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError> {
         self.count_payouts().await
+    }
+
+    async fn pending_payouts(&self) -> Result<(u64, Option<OffsetDateTime>), LedgerError> {
+        self.count_pending().await
     }
 
     async fn claim_payouts(
