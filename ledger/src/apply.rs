@@ -126,7 +126,7 @@ impl Planned {
     }
 
     /// The outcome once the move happened, leaving `balance` and `points`.
-    pub(crate) fn applied(&self, balance: i64, points: i64) -> OperationResult {
+    fn applied(&self, balance: i64, points: i64) -> OperationResult {
         OperationResult::Applied {
             balance,
             points,
@@ -267,12 +267,8 @@ where
             Ok(now) => now,
             Err(answer) => return answer,
         };
-        // 3. Move money and points under the fencing check, in one conditional update;
-        //    if it was refused, find out why on the account's latest version.
-        let result = match Self::try_move(&mut tx, request, planned, token).await? {
-            Some((balance, points)) => planned.applied(balance, points),
-            None => Self::settle_refused(&mut tx, request, planned, token).await?,
-        };
+        // 3. Move money and points under the fencing check.
+        let result = Self::move_or_refuse(&mut tx, request, planned, token).await?;
         // 4. The entry (only when something moved) and the outcome, in this transaction.
         let response = Self::record(&mut tx, request, planned, &result, token, now, render).await?;
         commit_or_unknown(tx).await?;
@@ -439,8 +435,23 @@ where
         Ok(())
     }
 
+    /// Step 3 of a spend on the transaction path: money and points moved under the
+    /// fencing check, in one conditional update; if it was refused, why, found on the
+    /// account's latest version.
+    pub(crate) async fn move_or_refuse(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        planned: &Planned,
+        token: i64,
+    ) -> Result<OperationResult, ApplyError> {
+        Ok(match Self::try_move(tx, request, planned, token).await? {
+            Some((balance, points)) => planned.applied(balance, points),
+            None => Self::settle_refused(tx, request, planned, token).await?,
+        })
+    }
+
     /// Step 3: the conditional move.
-    pub(crate) async fn try_move(
+    async fn try_move(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         planned: &Planned,
@@ -463,7 +474,7 @@ where
     /// — another writer committed in between, which only overlapping lock holders allow —
     /// the move is made now, since this transaction holds the row and the conditions
     /// cannot change again.
-    pub(crate) async fn settle_refused(
+    async fn settle_refused(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         planned: &Planned,

@@ -210,10 +210,7 @@ where
             Err(answer) => return answer,
         };
         let planned = crate::apply::Planned::of(request.operation);
-        let result = match Self::try_move(&mut tx, request, &planned, token).await? {
-            Some((balance, points)) => planned.applied(balance, points),
-            None => Self::settle_refused(&mut tx, request, &planned, token).await?,
-        };
+        let result = Self::move_or_refuse(&mut tx, request, &planned, token).await?;
         let status = match result {
             OperationResult::Applied {
                 balance, points, ..
