@@ -45,6 +45,26 @@ impl TestBank {
         Self::start(bank::BankOptions::default()).await
     }
 
+    /// A bank that meets every transfer request with `fault`; a slow answer takes
+    /// `slow_for`.
+    async fn always(fault: bank::Fault, slow_for: Duration) -> Self {
+        let mut faults = bank::FaultRates::default();
+        *match fault {
+            bank::Fault::FailBefore => &mut faults.fail_before,
+            bank::Fault::CommitThenDrop => &mut faults.commit_then_drop,
+            bank::Fault::CommitThenSlow => &mut faults.commit_then_slow,
+            bank::Fault::Decline => &mut faults.decline,
+            bank::Fault::Unavailable => &mut faults.unavailable,
+            bank::Fault::Down => &mut faults.down,
+        } = 1.0;
+        Self::start(bank::BankOptions {
+            faults,
+            slow_for,
+            ..bank::BankOptions::default()
+        })
+        .await
+    }
+
     /// Every transfer the bank holds.
     async fn transfers(&self) -> Vec<Value> {
         let page: Value = self
@@ -210,14 +230,7 @@ pub async fn a_payout_reaches_the_bank_once(backend: Backend) {
 /// again with the same key until the attempts run out, then the bank is asked by key —
 /// and the transfer it made once is the payout's. Never a second transfer.
 pub async fn lost_answers_after_the_commit_pay_once(backend: Backend) {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            commit_then_drop: 1.0,
-            ..bank::FaultRates::default()
-        },
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::CommitThenDrop, Duration::ZERO).await;
     let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
     let account = app.create_account(1000, 0).await;
     let payout = app.accepted_payout(&account, 250).await;
@@ -235,15 +248,7 @@ pub async fn lost_answers_after_the_commit_pay_once(backend: Backend) {
 /// Answers slower than the bank timeout (`commit-then-slow`): every attempt's outcome is
 /// unknown, yet the bank holds one transfer and the payout is succeeded.
 pub async fn slow_answers_after_the_commit_pay_once(backend: Backend) {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            commit_then_slow: 1.0,
-            ..bank::FaultRates::default()
-        },
-        slow_for: Duration::from_secs(2),
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::CommitThenSlow, Duration::from_secs(2)).await;
     let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
     let account = app.create_account(1000, 0).await;
     let payout = app.accepted_payout(&account, 100).await;
@@ -259,14 +264,7 @@ pub async fn slow_answers_after_the_commit_pay_once(backend: Backend) {
 /// The bank's final refusal (422 `destination-closed`, stored under the key): the payout
 /// fails with that reason and its money comes back, once — one reversal entry.
 pub async fn a_declined_payout_is_credited_back(backend: Backend) {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            decline: 1.0,
-            ..bank::FaultRates::default()
-        },
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::Decline, Duration::ZERO).await;
     let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
     let account = app.create_account(1000, 0).await;
     let payout = app.accepted_payout(&account, 400).await;
@@ -310,14 +308,7 @@ pub async fn a_declined_payout_is_credited_back(backend: Backend) {
 /// is asked, has nothing, and the key is closed there — only then does the payout fail
 /// and its money come back; the closed key takes no transfer later.
 pub async fn a_payout_the_bank_never_made_fails_only_once_its_key_is_closed(backend: Backend) {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            fail_before: 1.0,
-            ..bank::FaultRates::default()
-        },
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::FailBefore, Duration::ZERO).await;
     let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
     let account = app.create_account(1000, 0).await;
     let payout = app.accepted_payout(&account, 600).await;
@@ -430,15 +421,7 @@ pub async fn a_payout_stays_pending_while_the_bank_is_away(backend: Backend) {
 /// leaves its payout leased; once the lease runs out the other instance sends it again
 /// with the same key, and the bank's one transfer is the payout's.
 pub async fn an_instance_that_stops_mid_call_is_taken_over() {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            commit_then_slow: 1.0,
-            ..bank::FaultRates::default()
-        },
-        slow_for: Duration::from_secs(30),
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::CommitThenSlow, Duration::from_secs(30)).await;
     let shared = Shared::new(Backend::Distributed).await;
     // The first instance's call outlasts it: a long bank timeout, a long lease.
     let first = spawn_with(shared.clone(), &paying_to(&bank, "20s", "1m")).await;
@@ -668,14 +651,7 @@ async fn reconcile_finds_what_the_ledger_and_the_bank_disagree_on() {
 #[cfg(feature = "demo")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fresh_key_per_attempt_pays_on_every_attempt() {
-    let bank = TestBank::start(bank::BankOptions {
-        faults: bank::FaultRates {
-            commit_then_drop: 1.0,
-            ..bank::FaultRates::default()
-        },
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::always(bank::Fault::CommitThenDrop, Duration::ZERO).await;
     let mut flags = paying_to(&bank, "500ms", "2s");
     flags.extend(["--payout-keys", "fresh-key-per-attempt"]);
     let app = spawn_app_with(Backend::Distributed, &flags).await;
