@@ -29,6 +29,9 @@
 //!   older state and overwrote what was written since (a lost update);
 //! - no balance or points ever below zero, in any entry or answer.
 //!
+//! - payouts: a failed one's money comes back once, and the bank executed each at most
+//!   once — see [`payouts`](crate::payouts).
+//!
 //! It also counts, per account, the double spends ([`AccountTally::double_spends`]).
 
 use std::collections::HashMap;
@@ -40,6 +43,7 @@ use crate::history::{
     AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
     SpendRecord, TicketAttempt,
 };
+pub use crate::payouts::PayoutTally;
 
 /// One broken expectation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -97,14 +101,21 @@ pub enum ViolationKind {
     OrderMismatch,
     /// The run has no final state for something it must judge.
     Missing,
+    /// A payout the bank executed more than once (under any keys).
+    PaidTwice,
+    /// A `succeeded` payout with no executed transfer of its amount at the bank.
+    MissingAtBank,
+    /// A `failed` payout — its money given back — that the bank executed.
+    ReversedButExecuted,
 }
 
-const DECLARED_503: [&str; 5] = [
+const DECLARED_503: [&str; 6] = [
     "lock-lost",
     "lock-store-unavailable",
     "database-unavailable",
     "timeout",
     "outcome-unknown",
+    "payouts-unavailable",
 ];
 const DECLARED_409: [&str; 2] = ["request-in-progress", "account-busy"];
 const DECLARED_429: [&str; 1] = ["rate-limited"];
@@ -116,10 +127,11 @@ fn named(attempt: &Attempt, names: &[&str]) -> bool {
         .is_some_and(|kind| names.iter().any(|name| kind.ends_with(name)))
 }
 
-/// An answer that settles the ticket's outcome: success, or a stored refusal.
-fn is_definitive(attempt: &Attempt) -> bool {
+/// An answer that settles the ticket's outcome of a spend of `kind`: it executed (201, or
+/// 202 for a payout), or a stored refusal.
+fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
     match attempt.status {
-        Some(201) => true,
+        Some(status) if status == kind.executed_status() => true,
         Some(402) => named(attempt, &STORED_REFUSALS),
         Some(409) => named(attempt, &["order-already-paid"]),
         Some(422) => named(attempt, &["balance-limit"]),
@@ -178,6 +190,8 @@ pub struct Audit {
     pub tallies: Vec<AccountTally>,
     /// The requests that ended without a definitive answer, and what their tickets show.
     pub unresolved: Unresolved,
+    /// The payouts, and what the bank holds for them.
+    pub payouts: PayoutTally,
 }
 
 /// Requests that ended without a definitive answer: every attempt got no answer or a
@@ -204,10 +218,9 @@ fn unresolved(history: &History, state: &FinalState) -> Unresolved {
             .final_attempts()
             .filter(|last| last.status.is_none() || is_transient(last))
             .count() as u64;
-        let settled = spend
-            .attempts
-            .iter()
-            .any(|attempt| attempt.role != Role::ChangedDuplicate && is_definitive(attempt));
+        let settled = spend.attempts.iter().any(|attempt| {
+            attempt.role != Role::ChangedDuplicate && is_definitive(spend.kind, attempt)
+        });
         if !settled {
             unresolved.tickets += 1;
             let stored = state.tickets.get(&spend.ticket);
@@ -283,10 +296,12 @@ pub fn audit_with(history: &History, state: &FinalState, options: &AuditOptions)
             });
         }
     }
+    let payouts = crate::payouts::reconcile(state, &mut violations);
     Audit {
         violations,
         tallies,
         unresolved: unresolved(history, state),
+        payouts,
     }
 }
 
@@ -332,7 +347,7 @@ fn audit_ticket_request(
 }
 
 /// The auditor's way of recording a finding: kind, ticket, particulars.
-type Flag<'a> = dyn FnMut(ViolationKind, Option<&str>, String) + 'a;
+pub(crate) type Flag<'a> = dyn FnMut(ViolationKind, Option<&str>, String) + 'a;
 
 fn audit_account(
     account: &AccountRecord,
@@ -374,11 +389,14 @@ fn audit_account(
         }) {
             refused_as_paid.push(spend);
         }
-        if let Some(outcome) = outcome.filter(|outcome| outcome.status == 201) {
+        if let Some(outcome) =
+            outcome.filter(|outcome| outcome.status == spend.kind.executed_status())
+        {
             apply(spend, &outcome.body, &mut expected, &mut flag);
             executed.insert(spend.ticket.as_str(), (spend, outcome.body));
         }
     }
+    crate::payouts::audit_reversals(&executed, final_account, state, &mut expected, &mut flag);
     audit_orders(
         spends,
         &executed,
@@ -446,7 +464,7 @@ fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_
                 (status == 422 && named(attempt, &["idempotency-key-reuse"]))
                     || is_transient(attempt)
             }
-            _ => is_definitive(attempt) || is_transient(attempt),
+            _ => is_definitive(spend.kind, attempt) || is_transient(attempt),
         };
         if !declared {
             let what = if attempt.role == Role::ChangedDuplicate {
@@ -479,7 +497,9 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
     let same_request: Vec<&Attempt> = spend
         .attempts
         .iter()
-        .filter(|attempt| attempt.role != Role::ChangedDuplicate && is_definitive(attempt))
+        .filter(|attempt| {
+            attempt.role != Role::ChangedDuplicate && is_definitive(spend.kind, attempt)
+        })
         .collect();
     let originals = same_request
         .iter()
@@ -558,6 +578,7 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
     let number = |name: &str| body.get(name).and_then(Value::as_i64);
     let (field, what) = match spend.kind {
         SpendKind::Withdrawal | SpendKind::Deposit => ("amount", "201 for"),
+        SpendKind::Payout => ("amount", "payout of"),
         SpendKind::OrderPayment => ("amount", "payment of an order of"),
         SpendKind::LotteryDraw => ("points", "draw of"),
     };
@@ -573,7 +594,9 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
         );
     }
     match spend.kind {
-        SpendKind::Withdrawal | SpendKind::OrderPayment => expected.0 -= spend.amount,
+        SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => {
+            expected.0 -= spend.amount;
+        }
         SpendKind::Deposit => expected.0 += spend.amount,
         SpendKind::LotteryDraw => {
             expected.1 -= spend.amount;
@@ -595,7 +618,7 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
 fn is_spend(entry: &EntryRecord) -> bool {
     matches!(
         entry.kind.as_str(),
-        "withdrawal" | "lottery_draw" | "order_payment"
+        "withdrawal" | "lottery_draw" | "order_payment" | "payout"
     )
 }
 
@@ -800,16 +823,18 @@ fn one_matching_entry(
         return;
     };
     let (amount, points) = match spend.kind {
-        SpendKind::Withdrawal | SpendKind::OrderPayment => (-spend.amount, 0),
+        SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => (-spend.amount, 0),
         SpendKind::Deposit => (spend.amount, 0),
         SpendKind::LotteryDraw => (
             body.get("credit").and_then(Value::as_i64).unwrap_or(0),
             -spend.amount,
         ),
     };
+    let payout = body.get("payout_id").and_then(Value::as_str);
     if entry.kind != spend.kind.entry_kind()
         || (entry.amount, entry.points) != (amount, points)
         || entry.order_id != spend.order
+        || entry.payout_id.as_deref() != payout.filter(|_| spend.kind == SpendKind::Payout)
     {
         flag(
             ViolationKind::EntryMismatch,

@@ -7,7 +7,9 @@ use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::history::{AccountState, EntryRecord, SpendKind, TicketState};
+use crate::history::{
+    AccountState, BankTransfer, EntryRecord, PayoutState, SpendKind, TicketState,
+};
 
 /// Errors setting up or reading back (not the answers under test: those are recorded).
 #[derive(Debug, thiserror::Error)]
@@ -356,6 +358,79 @@ impl Api {
                 .and_then(|status| u16::try_from(status).ok()),
             body: stored.and_then(|stored| stored.get("body")).cloned(),
         })
+    }
+
+    /// An account's payouts (`GET /v1/payouts`, every page), or only those in `status`.
+    pub async fn payouts(
+        &self,
+        target: usize,
+        key: &str,
+        status: Option<&str>,
+    ) -> Result<Vec<PayoutState>, ClientError> {
+        let mut payouts = Vec::new();
+        let mut after: Option<String> = None;
+        loop {
+            // A status name and a payout id need no escaping.
+            let mut path = "/v1/payouts?limit=1000".to_owned();
+            if let Some(status) = status {
+                path.push_str(&format!("&status={status}"));
+            }
+            if let Some(after) = after.take() {
+                path.push_str(&format!("&after={after}"));
+            }
+            let response = self
+                .client
+                .get(self.url(target, &path))
+                .bearer_auth(key)
+                .send()
+                .await?;
+            let mut page = Self::json(response, "list payouts", StatusCode::OK).await?;
+            let listed: Vec<PayoutState> = serde_json::from_value(
+                page.get_mut("payouts").map(Value::take).unwrap_or_default(),
+            )
+            .map_err(|error| ClientError::Unexpected {
+                what: "read payouts",
+                status: StatusCode::OK,
+                body: error.to_string(),
+            })?;
+            payouts.extend(listed);
+            match page.get("next_after").and_then(Value::as_str) {
+                Some(next) => after = Some(next.to_owned()),
+                None => return Ok(payouts),
+            }
+        }
+    }
+
+    /// Every transfer the bank at `bank` holds, in the order it committed them
+    /// (`GET /v1/transfers`, every page).
+    pub async fn bank_transfers(&self, bank: &str) -> Result<Vec<BankTransfer>, ClientError> {
+        let bank = bank.trim_end_matches('/');
+        let mut transfers = Vec::new();
+        let mut after = 0_i64;
+        loop {
+            let response = self
+                .client
+                .get(format!("{bank}/v1/transfers?after={after}&limit=1000"))
+                .send()
+                .await?;
+            let mut page =
+                Self::json(response, "list the bank's transfers", StatusCode::OK).await?;
+            let listed: Vec<BankTransfer> = serde_json::from_value(
+                page.get_mut("transfers")
+                    .map(Value::take)
+                    .unwrap_or_default(),
+            )
+            .map_err(|error| ClientError::Unexpected {
+                what: "read the bank's transfers",
+                status: StatusCode::OK,
+                body: error.to_string(),
+            })?;
+            transfers.extend(listed);
+            match page.get("next_after").and_then(Value::as_i64) {
+                Some(next) => after = next,
+                None => return Ok(transfers),
+            }
+        }
     }
 
     /// A target's `/metrics`, as (name, summed value) for the payonce counters.

@@ -33,6 +33,8 @@ pub enum SpendKind {
     LotteryDraw,
     /// `POST /v1/orders/{order}/payments`; the amount is the order's.
     OrderPayment,
+    /// `POST …/payouts`; the amount is money, sent on to the bank after the answer.
+    Payout,
 }
 
 impl SpendKind {
@@ -43,6 +45,16 @@ impl SpendKind {
             Self::Deposit => "deposits",
             Self::LotteryDraw => "lottery-draws",
             Self::OrderPayment => "payments",
+            Self::Payout => "payouts",
+        }
+    }
+
+    /// The status of an answer that executed it (and of its replays): 202 for a payout,
+    /// which the bank has yet to carry out, 201 for everything else.
+    pub fn executed_status(self) -> u16 {
+        match self {
+            Self::Payout => 202,
+            _ => 201,
         }
     }
 
@@ -53,6 +65,7 @@ impl SpendKind {
             Self::LotteryDraw => serde_json::json!({ "points": amount }),
             // The amount is the order's: a payment's body is empty.
             Self::OrderPayment => serde_json::json!({}),
+            Self::Payout => serde_json::json!({ "amount": amount, "destination": DESTINATION }),
         }
     }
 
@@ -63,9 +76,13 @@ impl SpendKind {
             Self::Deposit => "deposit",
             Self::LotteryDraw => "lottery_draw",
             Self::OrderPayment => "order_payment",
+            Self::Payout => "payout",
         }
     }
 }
+
+/// The account at the bank every payout of a run goes to.
+pub const DESTINATION: &str = "loadtest:destination";
 
 /// Why an attempt was sent.
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -214,11 +231,15 @@ pub struct EntryRecord {
     pub id: i64,
     /// The ticket that wrote it; `None` for the opening entry.
     pub ticket_id: Option<String>,
-    /// `opening`, `deposit`, `withdrawal`, `lottery_draw` or `order_payment`.
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout` or
+    /// `payout_reversal`.
     pub kind: String,
     /// The order an `order_payment` paid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order_id: Option<String>,
+    /// The payout a `payout` or `payout_reversal` belongs to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payout_id: Option<String>,
     /// Signed change to the balance.
     pub amount: i64,
     /// Signed change to the points.
@@ -260,4 +281,48 @@ pub struct FinalState {
     pub accounts: HashMap<String, AccountState>,
     /// By ticket id, for the tickets without a definitive answer and those resent.
     pub tickets: HashMap<String, TicketState>,
+    /// By payout id: every payout of the run's accounts, after the queue drained (or the
+    /// drain gave up).
+    #[serde(default)]
+    pub payouts: HashMap<String, PayoutState>,
+    /// What the bank holds for the run's payouts, when the run was given the bank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bank: Option<Vec<BankTransfer>>,
+}
+
+/// A payout as `GET /v1/payouts` shows it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PayoutState {
+    /// Its id.
+    pub payout_id: String,
+    /// The account it left.
+    pub account_id: String,
+    /// The ticket that sent it.
+    pub ticket_id: String,
+    /// Minor units.
+    pub amount: i64,
+    /// `pending`, `succeeded` or `failed`.
+    pub status: String,
+    /// The key every call to the bank carried.
+    pub bank_key: String,
+    /// The bank's transfer, once succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bank_transfer_id: Option<String>,
+    /// Calls made to the bank.
+    pub attempts: u32,
+}
+
+/// A transfer at the bank that names one of the run's payouts as its reference.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct BankTransfer {
+    /// The bank's id.
+    pub id: i64,
+    /// The key it was sent with.
+    pub idempotency_key: String,
+    /// `executed` or `declined`.
+    pub state: String,
+    /// Minor units.
+    pub amount: i64,
+    /// The payout it was for.
+    pub reference: String,
 }

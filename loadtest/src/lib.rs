@@ -7,6 +7,8 @@
 //! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the read-back.
 //! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
 //!   state, so tests can plant faults in recorded histories.
+//! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's
+//!   transfers reconciled with them.
 //! - [`history`] (`history.rs`): what was sent and answered, and the final state.
 //! - [`client`] (`client.rs`): the HTTP calls, nothing more.
 //! - [`retry`] (`retry.rs`): clients that resend, with the same ticket, what got no answer
@@ -24,6 +26,7 @@ pub mod audit;
 pub mod client;
 pub mod healthz;
 pub mod history;
+pub mod payouts;
 pub mod report;
 pub mod retry;
 pub mod run;

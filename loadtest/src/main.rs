@@ -44,6 +44,9 @@ fn fraction(text: &str) -> Result<f64, String> {
     }
 }
 
+/// The share of spends that are withdrawals or payouts.
+const WITHDRAWALS_AND_PAYOUTS: f64 = 0.45;
+
 #[derive(Args, Debug)]
 struct RunArgs {
     /// Base URLs of the instances, comma-separated.
@@ -86,6 +89,18 @@ struct RunArgs {
     /// Send each request once: an unanswered one is then a violation (as before retries).
     #[arg(long)]
     no_retry: bool,
+    /// Fraction of spends that are payouts to the bank (0 for none: a target without a
+    /// bank answers them 503 `payouts-unavailable`).
+    #[arg(long, default_value = "0.05", value_parser = fraction)]
+    payouts: f64,
+    /// The bank the targets pay out to (their PAYONCE_BANK_URL): after the run its
+    /// transfers are reconciled with the payouts — none executed twice, none succeeded
+    /// yet missing, none given back yet executed. Loopback only, like the targets.
+    #[arg(long)]
+    bank: Option<String>,
+    /// After the load, wait at most this long for the pending payouts to be settled.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    drain: Duration,
     /// Allow targets that are not loopback addresses.
     #[arg(long)]
     allow_remote: bool,
@@ -145,6 +160,18 @@ async fn run_command(args: RunArgs) -> ExitCode {
         eprintln!("loadtest: {error}");
         return ExitCode::from(2);
     }
+    if let Some(bank) = &args.bank
+        && let Err(error) = safety::check_targets(std::slice::from_ref(bank), args.allow_remote)
+    {
+        eprintln!("loadtest: --bank: {error}");
+        return ExitCode::from(2);
+    }
+    if args.payouts > WITHDRAWALS_AND_PAYOUTS {
+        eprintln!(
+            "loadtest: --payouts is at most {WITHDRAWALS_AND_PAYOUTS} (the withdrawals' share)"
+        );
+        return ExitCode::from(2);
+    }
     if args.accounts == 0 || args.clients == 0 {
         eprintln!("loadtest: --accounts and --clients must be at least 1");
         return ExitCode::from(2);
@@ -158,11 +185,18 @@ async fn run_command(args: RunArgs) -> ExitCode {
         duplicate_fraction: args.duplicates,
         changed_fraction: args.changed,
         progress: !args.no_progress,
-        mix: Mix::default(),
+        // Payouts take their share from the withdrawals' (the default mix's 45% in all).
+        mix: Mix {
+            withdrawal: WITHDRAWALS_AND_PAYOUTS - args.payouts,
+            payout: args.payouts,
+            ..Mix::default()
+        },
         headers: Vec::new(),
         fault: None,
         sticky: false,
         expect_unanswered: false,
+        bank: args.bank,
+        drain: args.drain,
     };
     let result = match run::run(options).await {
         Ok(result) => result,

@@ -33,7 +33,10 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
         .history
         .spends
         .iter()
-        .filter(|spend| spend.attempts.iter().any(|a| a.status == Some(201)))
+        .filter(|spend| {
+            let executed = spend.kind.executed_status();
+            spend.attempts.iter().any(|a| a.status == Some(executed))
+        })
         .count();
     let unresolved = &result.unresolved;
     vec![
@@ -62,6 +65,7 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
             format!("{:.0} spend requests/s", counts.requests as f64 / seconds),
         ),
         ("201 created", counts.created.to_string()),
+        ("202 payout accepted", counts.accepted.to_string()),
         ("402 refused (stored)", counts.payment_required.to_string()),
         (
             "409 paid already / busy / in progress",
@@ -103,8 +107,45 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
                 result.latency.max() as f64 / 1000.0
             ),
         ),
+        ("payouts", payouts(result)),
+        ("payouts at the bank", bank(result)),
         ("violations", result.violations.len().to_string()),
     ]
+}
+
+/// Where the payouts ended, and how long they took to.
+fn payouts(result: &RunResult) -> String {
+    let tally = &result.payouts;
+    let Some(drained) = result.drained else {
+        return "none sent".to_owned();
+    };
+    format!(
+        "{} ({} succeeded, {} failed and given back, {} still pending after {:.1} s; at most {} calls to the bank for one)",
+        tally.payouts,
+        tally.succeeded,
+        tally.failed,
+        tally.pending,
+        drained.waited.as_secs_f64(),
+        tally.most_attempts
+    )
+}
+
+/// The reconciliation with the bank.
+fn bank(result: &RunResult) -> String {
+    let tally = &result.payouts;
+    if result.drained.is_none() {
+        return "-".to_owned();
+    }
+    if !tally.bank_read {
+        return "not read (give --bank)".to_owned();
+    }
+    format!(
+        "{} executed; {} executed twice, {} succeeded but missing, {} given back but executed",
+        tally.executed_at_bank,
+        tally.executed_twice,
+        tally.missing_at_bank,
+        tally.reversed_but_executed
+    )
 }
 
 /// What each instance's own metrics counted.
@@ -185,6 +226,8 @@ pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
         },
         "counts": result.counts,
         "unresolved": result.unresolved,
+        "payouts": result.payouts,
+        "drained": result.drained,
         "latency_ms": {
             "p50": ms(latency, 0.5),
             "p90": ms(latency, 0.9),
@@ -347,6 +390,8 @@ mod tests {
             tallies: Vec::new(),
             unresolved: Default::default(),
             retry: Default::default(),
+            payouts: Default::default(),
+            drained: None,
             counts: Counts::default(),
             latency: Histogram::new_with_bounds(1, 120_000_000, 3).unwrap(),
             timeline: vec![second; 5],

@@ -32,7 +32,7 @@ use rand::RngExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::audit::{AccountTally, AuditOptions, Unresolved, Violation, audit_with};
+use crate::audit::{AccountTally, AuditOptions, PayoutTally, Unresolved, Violation, audit_with};
 use crate::client::{Answer, Api, ClientError};
 use crate::history::{
     AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord, TicketAttempt,
@@ -83,6 +83,12 @@ pub struct RunOptions {
     /// With retries, an unanswered attempt is not a violation: the request's final answer
     /// is judged, or, if it never got one, what its ticket shows.
     pub retry: RetryPolicy,
+    /// The bank the targets pay out to: its transfers are read after the run and
+    /// reconciled with the payouts (none: payouts are audited against the ledger only).
+    pub bank: Option<String>,
+    /// How long to wait, after the load, for the payouts still pending to be settled by
+    /// the bank's word.
+    pub drain: Duration,
 }
 
 /// Spends (originals) per account per round: each round's accounts are funded for this
@@ -114,10 +120,11 @@ fn mean(range: &std::ops::RangeInclusive<i64>) -> f64 {
 /// exactly half would refuse somewhat fewer than half; a simulation of the generator's
 /// amounts puts 45% at about half refused, for 20 to 1,000 spends per account.
 pub fn opening(spends: f64, mix: Mix) -> (i64, i64) {
-    let deposit = (1.0 - mix.withdrawal - mix.draw - mix.order).max(0.0);
+    let deposit = (1.0 - mix.withdrawal - mix.draw - mix.order - mix.payout).max(0.0);
     let draws = spends * mix.draw;
-    // An order is paid once, however many payments it gets: a withdrawal's worth.
-    let asked = spends * (mix.withdrawal + mix.order) * mean(&WITHDRAWAL);
+    // An order is paid once, however many payments it gets: a withdrawal's worth; so is a
+    // payout.
+    let asked = spends * (mix.withdrawal + mix.order + mix.payout) * mean(&WITHDRAWAL);
     let income = spends * deposit * mean(&DEPOSIT) + draws * mean(&DRAW_POINTS) * PRIZE_PER_POINT;
     let balance = (0.45 * asked - income).max(0.0).round() as i64;
     let points = (0.5 * draws * mean(&DRAW_POINTS)).round() as i64;
@@ -134,14 +141,17 @@ pub struct Mix {
     /// Orders placed and paid: with one ticket, or — a duplicated one — with two or three
     /// distinct tickets at once, each to another target (two tabs, two taps on "pay").
     pub order: f64,
+    /// Payouts to the bank: money leaves like a withdrawal, and the bank is called after.
+    pub payout: f64,
 }
 
 impl Default for Mix {
     fn default() -> Self {
         Self {
-            withdrawal: 0.45,
+            withdrawal: 0.4,
             draw: 0.25,
             order: 0.05,
+            payout: 0.05,
         }
     }
 }
@@ -188,6 +198,8 @@ pub struct Counts {
     pub order_errors: u64,
     /// 201 answers (executions and replays).
     pub created: u64,
+    /// 202 answers: payouts accepted (executions and replays).
+    pub accepted: u64,
     /// 402.
     pub payment_required: u64,
     /// 409.
@@ -214,6 +226,7 @@ impl Counts {
         }
         match attempt.status {
             Some(201) => self.created += 1,
+            Some(202) => self.accepted += 1,
             Some(402) => self.payment_required += 1,
             Some(409) => self.conflict += 1,
             Some(422) => self.unprocessable += 1,
@@ -236,6 +249,7 @@ impl Counts {
         self.orders += other.orders;
         self.order_errors += other.order_errors;
         self.created += other.created;
+        self.accepted += other.accepted;
         self.payment_required += other.payment_required;
         self.conflict += other.conflict;
         self.unprocessable += other.unprocessable;
@@ -262,6 +276,10 @@ pub struct RunResult {
     pub unresolved: Unresolved,
     /// How the clients resent.
     pub retry: RetryPolicy,
+    /// The payouts, and what the bank holds for them.
+    pub payouts: PayoutTally,
+    /// How long the payouts took to drain after the load (none: the run sent none).
+    pub drained: Option<Drained>,
     /// Counts by answer.
     pub counts: Counts,
     /// Spend latency, µs.
@@ -374,7 +392,25 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     progress.finish_and_clear();
     history.accounts = rounds.all().await;
 
-    let final_state = read_back(&api, &history).await?;
+    let paid_out = history
+        .spends
+        .iter()
+        .any(|spend| spend.kind == SpendKind::Payout);
+    let drained = if paid_out {
+        Some(drain_payouts(&api, &history.accounts, options.drain).await)
+    } else {
+        None
+    };
+    let mut final_state = read_back(&api, &history).await?;
+    if paid_out {
+        read_payouts(
+            &api,
+            &history.accounts,
+            options.bank.as_deref(),
+            &mut final_state,
+        )
+        .await?;
+    }
     let mut metrics = Vec::new();
     for (index, target) in options.targets.iter().enumerate() {
         metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
@@ -394,6 +430,8 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         tallies: audit.tallies,
         unresolved: audit.unresolved,
         retry: options.retry,
+        payouts: audit.payouts,
+        drained,
         counts,
         latency,
         timeline,
@@ -588,13 +626,17 @@ impl Shared {
             SpendKind::LotteryDraw
         } else if roll < mix.withdrawal + mix.draw + mix.order {
             SpendKind::OrderPayment
+        } else if roll < mix.withdrawal + mix.draw + mix.order + mix.payout {
+            SpendKind::Payout
         } else {
             SpendKind::Deposit
         };
         // The funding of each round counts on these ranges (see `opening`).
         let amount = match kind {
             SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
-            SpendKind::Withdrawal | SpendKind::OrderPayment => rng.random_range(WITHDRAWAL),
+            SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => {
+                rng.random_range(WITHDRAWAL)
+            }
             SpendKind::Deposit => rng.random_range(DEPOSIT),
         };
         let duplicate = rng.random::<f64>() < options.duplicate_fraction;
@@ -683,9 +725,10 @@ impl Shared {
                     .request(Role::LateDuplicate, target + 2, amount)
                     .await,
             );
+            let executed = plan.kind.executed_status();
             let settled = attempts
                 .iter()
-                .any(|attempt| matches!(attempt.status, Some(201 | 402)));
+                .any(|attempt| attempt.status == Some(executed) || attempt.status == Some(402));
             if plan.changed && settled {
                 attempts.extend(
                     spending
@@ -877,7 +920,7 @@ impl Gathered {
                 live.retries.fetch_add(1, Ordering::Relaxed);
             }
             match attempt.status {
-                Some(201) => live.created.fetch_add(1, Ordering::Relaxed),
+                Some(201 | 202) => live.created.fetch_add(1, Ordering::Relaxed),
                 Some(400..=499) => live.refused.fetch_add(1, Ordering::Relaxed),
                 _ => live.errors.fetch_add(1, Ordering::Relaxed),
             };
@@ -943,7 +986,8 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         .filter(|spend| {
             let settled = spend.attempts.iter().any(|attempt| {
                 attempt.role != Role::ChangedDuplicate
-                    && matches!(attempt.status, Some(201 | 402 | 422))
+                    && (attempt.status == Some(spend.kind.executed_status())
+                        || matches!(attempt.status, Some(402 | 422)))
             });
             let resent = spend.attempts.iter().any(|attempt| attempt.attempt > 1);
             !settled || resent
@@ -971,6 +1015,81 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         state.tickets.insert(id, read);
     }
     Ok(state)
+}
+
+/// How the wait for the payouts to settle ended.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Drained {
+    /// How long it waited.
+    #[serde(rename = "waited_ms", serialize_with = "as_millis")]
+    pub waited: Duration,
+    /// Payouts still pending when it stopped: 0 unless the bank never gave its word for
+    /// them within the run's `drain`.
+    pub pending: usize,
+}
+
+fn as_millis<S: serde::Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_u64(duration.as_millis() as u64)
+}
+
+/// Waits, at most `drain`, until none of the run's accounts has a payout pending: after
+/// the load the dispatcher goes on sending them to the bank, and a failed one's money
+/// comes back only when the bank's word is recorded — the audit must see the end.
+async fn drain_payouts(api: &Api, accounts: &[AccountRecord], drain: Duration) -> Drained {
+    let started = Instant::now();
+    loop {
+        let pending = futures::stream::iter(accounts.iter().enumerate())
+            .map(|(index, account)| async move {
+                on_any_target(api, index, |target| {
+                    api.payouts(target, &account.key, Some("pending"))
+                })
+                .await
+                // An account that cannot be read counts as pending: the wait goes on.
+                .map_or(1, |pending| pending.len())
+            })
+            .buffer_unordered(8)
+            .fold(0, |total, pending| async move { total + pending })
+            .await;
+        if pending == 0 || started.elapsed() >= drain {
+            return Drained {
+                waited: started.elapsed(),
+                pending,
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads every payout of the run's accounts into `state`, and, given the bank, the
+/// bank's transfers whose reference is one of them.
+async fn read_payouts(
+    api: &Api,
+    accounts: &[AccountRecord],
+    bank: Option<&str>,
+    state: &mut FinalState,
+) -> Result<(), RunError> {
+    let read = futures::stream::iter(accounts.iter().enumerate())
+        .map(|(index, account)| async move {
+            on_any_target(api, index, |target| api.payouts(target, &account.key, None)).await
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for payouts in read {
+        for payout in payouts? {
+            state.payouts.insert(payout.payout_id.clone(), payout);
+        }
+    }
+    if let Some(bank) = bank {
+        let transfers = api.bank_transfers(bank).await?;
+        state.bank = Some(
+            transfers
+                .into_iter()
+                .filter(|transfer| state.payouts.contains_key(&transfer.reference))
+                .collect(),
+        );
+    }
+    Ok(())
 }
 
 /// Asks `first`, then the other targets in turn, until one answers: an instance that was

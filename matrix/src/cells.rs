@@ -494,6 +494,8 @@ fn load_options(
             } else {
                 0.0
             },
+            // The instances have no bank: the dispatcher has rows of its own.
+            payout: 0.0,
         },
         headers: vec![(
             "payonce-strategy".to_owned(),
@@ -508,6 +510,8 @@ fn load_options(
         // Each request is sent once: the table counts the errors each row and fault cause
         // (resends would hide them and stretch the cells past their time).
         retry: RetryPolicy::none(),
+        bank: None,
+        drain: Duration::ZERO,
     }
 }
 

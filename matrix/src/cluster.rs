@@ -222,3 +222,92 @@ impl Cluster {
         signal("-CONT")
     }
 }
+
+/// A `payonce-bank` on a free loopback port, with a store of its own (SQLite in a
+/// directory removed with it) and the fault flags it was given. Killed when dropped.
+#[derive(Debug)]
+pub struct BankProcess {
+    process: Process,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl BankProcess {
+    /// Starts `binary` with `flags` (e.g. `--fault-commit-then-drop 0.3`) and waits until
+    /// it answers `/healthz`.
+    pub async fn start(binary: &Path, flags: &[String]) -> Result<Self, MatrixError> {
+        let port = free_port()?;
+        let dir = std::env::temp_dir().join(format!(
+            "payonce-matrix-bank-{port}-{:08x}",
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir)
+            .map_err(|error| MatrixError::Setup(format!("{}: {error}", dir.display())))?;
+        let log = dir.join("bank.log");
+        let stderr = std::fs::File::create(&log)
+            .map_err(|error| MatrixError::Setup(format!("{}: {error}", log.display())))?;
+        let child = Command::new(binary)
+            .env_clear()
+            .env("RUST_LOG", "error")
+            .arg("--addr")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--database-url")
+            .arg(format!("sqlite:{}", dir.join("bank.db").display()))
+            .args(flags)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .map_err(|error| {
+                MatrixError::Setup(format!(
+                    "cannot start {} ({error}); build it with \
+                     `cargo build --release -p bank` or pass --bank",
+                    binary.display()
+                ))
+            })?;
+        let mut bank = Self {
+            process: Process(child, log),
+            port,
+            dir,
+        };
+        bank.wait_ready().await?;
+        Ok(bank)
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), MatrixError> {
+        let client = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let ready = client.get(format!("{}/healthz", self.url())).send().await;
+            if ready.is_ok_and(|answer| answer.status().is_success()) {
+                return Ok(());
+            }
+            if let Ok(Some(_)) = self.process.0.try_wait() {
+                let why = std::fs::read_to_string(&self.process.1).unwrap_or_default();
+                return Err(MatrixError::Setup(format!(
+                    "payonce-bank on port {} exited: {}",
+                    self.port,
+                    why.lines().last().unwrap_or("no message").trim()
+                )));
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+        Err(MatrixError::Setup(format!(
+            "payonce-bank on port {} did not become ready",
+            self.port
+        )))
+    }
+
+    /// Its base URL.
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+impl Drop for BankProcess {
+    fn drop(&mut self) {
+        // The process first (its drop deletes the log), then the store.
+        let _ = self.process.0.kill();
+        let _ = self.process.0.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

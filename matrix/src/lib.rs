@@ -39,11 +39,15 @@
 //! - [`services`] (`services.rs`): the lock services, their private servers and proxies.
 //! - [`cluster`] (`cluster.rs`): payonce instances as child processes.
 //! - [`cells`] (`cells.rs`): rows, faults, one cell's run and count.
+//! - [`dispatcher`] (`dispatcher.rs`): the payout dispatcher's row pair — one key per
+//!   payout against a fresh key per attempt — under the bank's faults and an instance
+//!   kill, reconciled at a real `payonce-bank`.
 //! - [`report`] (`report.rs`): the table, the JSON, the grid chart.
 //! - `main.rs`: the `payonce-matrix` binary (`scripts/matrix.sh` runs it).
 
 pub mod cells;
 pub mod cluster;
+pub mod dispatcher;
 pub mod report;
 pub mod services;
 

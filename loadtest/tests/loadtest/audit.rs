@@ -47,6 +47,7 @@ fn entry(
         balance_after,
         points_after,
         order_id: None,
+        payout_id: None,
     }
 }
 

@@ -4,3 +4,4 @@
 
 mod audit;
 mod end_to_end;
+mod payouts;

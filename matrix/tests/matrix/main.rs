@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod cells;
+mod dispatcher;
 mod failover;
 mod retries;
 
@@ -45,6 +46,26 @@ pub(crate) fn payonce() -> PathBuf {
                 "--bin",
                 "payonce",
             ])
+            .status()
+            .unwrap();
+        assert!(built.success());
+    }
+    binary
+}
+
+/// The payonce-bank binary beside this test's (cargo builds it for the workspace's tests);
+/// built here if a narrower `cargo test` did not.
+pub(crate) fn bank() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("payonce-bank");
+    if !binary.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = Command::new(cargo)
+            .args(["build", "-p", "bank", "--bin", "payonce-bank"])
             .status()
             .unwrap();
         assert!(built.success());

@@ -1,6 +1,8 @@
 //! Clients that retry: an instance killed (SIGKILL) mid-run and restarted costs no
 //! violation when the clients resend, with the same ticket, what got no answer; without
-//! resends, every request the dead instance left unanswered is one.
+//! resends, every request the dead instance left unanswered is one. The load pays out too,
+//! to a `payonce-bank` of the test's own: the payouts the killed instance had claimed are
+//! taken over by the others, and the bank holds each once.
 
 use std::time::Duration;
 
@@ -9,7 +11,7 @@ use loadtest::audit::ViolationKind;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
 use lock::testing::RedisServer;
-use matrix::cluster::{Cluster, base_environment};
+use matrix::cluster::{BankProcess, Cluster, base_environment};
 
 /// How long the load lasts; the kill comes a third of the way in.
 const LOAD: Duration = Duration::from_secs(3);
@@ -17,13 +19,26 @@ const LOAD: Duration = Duration::from_secs(3);
 /// Three payonce instances (fenced, on a private Redis, 1 s lock lease: a lock the killed instance held is
 /// free again before another instance's wait for it, 2 s, runs out), a short load with
 /// `retry`, and the third instance killed with SIGKILL a second in and restarted 300 ms
-/// later.
+/// later. Every transfer is answered 200 ms after the bank made it, so the kill finds calls
+/// in flight.
 async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
     let _turn = crate::ONE_AT_A_TIME.lock().await;
     let database = TestDatabase::postgres().await.unwrap();
     let redis = RedisServer::start().unwrap();
+    let slow = ["--fault-commit-then-slow", "1", "--slow-for", "200ms"].map(str::to_owned);
+    let bank = BankProcess::start(&crate::bank(), &slow).await.unwrap();
     let mut environment = base_environment(database.url(), Duration::from_secs(1));
     environment.push(("PAYONCE_LOCK_URL".to_owned(), redis.url()));
+    environment.extend(
+        [
+            ("PAYONCE_BANK_URL", bank.url()),
+            ("PAYONCE_BANK_TIMEOUT", "1s".to_owned()),
+            ("PAYONCE_PAYOUT_LEASE", "3s".to_owned()),
+            ("PAYONCE_PAYOUT_RETRY_BASE", "50ms".to_owned()),
+            ("PAYONCE_PAYOUT_POLL", "100ms".to_owned()),
+        ]
+        .map(|(name, value)| (name.to_owned(), value)),
+    );
     let mut cluster = Cluster::start(&crate::payonce(), vec![environment; 3])
         .await
         .unwrap();
@@ -35,12 +50,18 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
         duplicate_fraction: 0.3,
         changed_fraction: 0.2,
         progress: false,
-        mix: Mix::default(),
+        mix: Mix {
+            withdrawal: 0.3,
+            payout: 0.15,
+            ..Mix::default()
+        },
         headers: Vec::new(),
         fault: None,
         sticky: false,
         expect_unanswered: false,
         retry,
+        bank: Some(bank.url()),
+        drain: Duration::from_secs(30),
     };
     let kill = async {
         tokio::time::sleep(LOAD / 3).await;
@@ -96,6 +117,12 @@ async fn with_retries_an_instance_kill_leaves_no_violation() {
         result.tallies
     );
     assert!(result.counts.created > 0, "{:?}", result.counts);
+    let payouts = &result.payouts;
+    assert!(
+        payouts.bank_read && payouts.payouts > 0 && payouts.pending == 0,
+        "{payouts:?}"
+    );
+    assert_eq!(payouts.succeeded, payouts.executed_at_bank, "{payouts:?}");
 }
 
 /// The same kill with retries off: the requests the dead instance left unanswered are

@@ -1,0 +1,235 @@
+//! Payouts through the auditor: a failed payout's money comes back once, and the bank's
+//! transfers are reconciled with the payouts — planted faults are found.
+
+use loadtest::audit::{AuditOptions, ViolationKind, audit_with};
+use loadtest::history::{
+    AccountRecord, AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History,
+    PayoutState, Role, SpendKind, SpendRecord,
+};
+use serde_json::json;
+
+const ACCOUNT: &str = "a1";
+
+fn accepted(ticket: &str, payout: &str, amount: i64, balance: i64) -> Attempt {
+    Attempt {
+        role: Role::Original,
+        attempt: 1,
+        target: 0,
+        amount,
+        status: Some(202),
+        replayed: false,
+        body: Some(json!({
+            "payout_id": payout, "ticket_id": ticket, "account_id": ACCOUNT, "amount": amount,
+            "destination": "d", "balance": balance, "status": "pending"
+        })),
+        sent_at_ms: 0,
+        latency_us: 1000,
+        error: None,
+        retry_after: None,
+    }
+}
+
+fn entry(
+    id: i64,
+    ticket: Option<&str>,
+    kind: &str,
+    payout: &str,
+    amount: i64,
+    after: i64,
+) -> EntryRecord {
+    EntryRecord {
+        id,
+        ticket_id: ticket.map(str::to_owned),
+        kind: kind.into(),
+        order_id: None,
+        payout_id: (!payout.is_empty()).then(|| payout.to_owned()),
+        amount,
+        points: 0,
+        balance_after: after,
+        points_after: 0,
+    }
+}
+
+fn payout(id: &str, ticket: &str, amount: i64, status: &str) -> PayoutState {
+    PayoutState {
+        payout_id: id.into(),
+        account_id: ACCOUNT.into(),
+        ticket_id: ticket.into(),
+        amount,
+        status: status.into(),
+        bank_key: format!("payonce-{id}"),
+        bank_transfer_id: None,
+        attempts: 1,
+    }
+}
+
+fn transfer(id: i64, key: &str, state: &str, amount: i64, reference: &str) -> BankTransfer {
+    BankTransfer {
+        id,
+        idempotency_key: key.into(),
+        state: state.into(),
+        amount,
+        reference: reference.into(),
+    }
+}
+
+/// Opened with 100: p1 pays out 20 and succeeds, the bank executed it; p2 pays out 10,
+/// the bank declined it, and its 10 came back in one reversal.
+fn clean() -> (History, FinalState) {
+    let spend = |ticket: &str, amount, attempt| SpendRecord {
+        ticket: ticket.into(),
+        account: ACCOUNT.into(),
+        kind: SpendKind::Payout,
+        amount,
+        order: None,
+        attempts: vec![attempt],
+    };
+    let history = History {
+        targets: vec!["http://127.0.0.1:1".into()],
+        accounts: vec![AccountRecord {
+            id: ACCOUNT.into(),
+            key: "k".into(),
+            opening_balance: 100,
+            opening_points: 0,
+        }],
+        tickets: Vec::new(),
+        spends: vec![
+            spend("t1", 20, accepted("t1", "p1", 20, 80)),
+            spend("t2", 10, accepted("t2", "p2", 10, 70)),
+        ],
+    };
+    let mut state = FinalState::default();
+    state.accounts.insert(
+        ACCOUNT.into(),
+        AccountState {
+            balance: 80,
+            points: 0,
+            entries: vec![
+                entry(1, None, "opening", "", 100, 100),
+                entry(2, Some("t1"), "payout", "p1", -20, 80),
+                entry(3, Some("t2"), "payout", "p2", -10, 70),
+                entry(4, None, "payout_reversal", "p2", 10, 80),
+            ],
+        },
+    );
+    state
+        .payouts
+        .insert("p1".into(), payout("p1", "t1", 20, "succeeded"));
+    state
+        .payouts
+        .insert("p2".into(), payout("p2", "t2", 10, "failed"));
+    state.bank = Some(vec![
+        transfer(1, "payonce-p1", "executed", 20, "p1"),
+        transfer(2, "payonce-p2", "declined", 10, "p2"),
+    ]);
+    (history, state)
+}
+
+fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
+    audit_with(history, state, &AuditOptions::default())
+        .violations
+        .into_iter()
+        .map(|violation| violation.kind)
+        .collect()
+}
+
+/// The consistent history passes, and the tally says where each payout ended.
+#[test]
+fn a_clean_payout_history_passes() {
+    let (history, state) = clean();
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    assert_eq!(audited.violations, vec![]);
+    let tally = audited.payouts;
+    assert_eq!(
+        (tally.payouts, tally.succeeded, tally.failed, tally.pending),
+        (2, 1, 1, 0)
+    );
+    assert_eq!((tally.executed_at_bank, tally.executed_twice), (1, 0));
+    assert!(tally.bank_read);
+}
+
+/// A second transfer for one payout — another key, as a fresh key per attempt makes it —
+/// is money paid out twice.
+#[test]
+fn a_payout_executed_twice_at_the_bank_is_flagged() {
+    let (history, mut state) = clean();
+    if let Some(bank) = state.bank.as_mut() {
+        bank.push(transfer(3, "fresh-key", "executed", 20, "p1"));
+    }
+    assert_eq!(kinds(&history, &state), vec![ViolationKind::PaidTwice]);
+    let tally = audit_with(&history, &state, &AuditOptions::default()).payouts;
+    assert_eq!(tally.executed_twice, 1);
+}
+
+/// A failed payout whose money came back, yet the bank executed it.
+#[test]
+fn a_reversed_payout_the_bank_executed_is_flagged() {
+    let (history, mut state) = clean();
+    if let Some(bank) = state.bank.as_mut() {
+        bank[1].state = "executed".into();
+    }
+    assert_eq!(
+        kinds(&history, &state),
+        vec![ViolationKind::ReversedButExecuted]
+    );
+}
+
+/// A succeeded payout the bank does not hold — or holds for another amount.
+#[test]
+fn a_succeeded_payout_missing_at_the_bank_is_flagged() {
+    let (history, mut state) = clean();
+    if let Some(bank) = state.bank.as_mut() {
+        bank[0].amount = 21;
+    }
+    assert_eq!(kinds(&history, &state), vec![ViolationKind::MissingAtBank]);
+    if let Some(bank) = state.bank.as_mut() {
+        bank.remove(0);
+    }
+    assert_eq!(kinds(&history, &state), vec![ViolationKind::MissingAtBank]);
+}
+
+/// A failed payout without its reversal: the money did not come back.
+#[test]
+fn a_failed_payout_without_its_reversal_is_flagged() {
+    let (history, mut state) = clean();
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.entries.pop();
+    account.balance = 70;
+    let found = kinds(&history, &state);
+    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+}
+
+/// A reversal for a payout that succeeded gives money back that left: flagged, as is one
+/// naming no payout of the run.
+#[test]
+fn a_reversal_of_a_succeeded_payout_is_flagged() {
+    let (history, mut state) = clean();
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account
+        .entries
+        .push(entry(5, None, "payout_reversal", "p1", 20, 100));
+    account.balance = 100;
+    let found = kinds(&history, &state);
+    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+    let (history, mut state) = clean();
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account
+        .entries
+        .push(entry(5, None, "payout_reversal", "p9", 5, 85));
+    account.balance = 85;
+    let found = kinds(&history, &state);
+    assert!(found.contains(&ViolationKind::UnknownEntry), "{found:?}");
+}
+
+/// A payout's answer is 202: a withdrawal answered 202 is not declared, nor a payout
+/// answered 201.
+#[test]
+fn a_payout_is_answered_202_and_nothing_else_is() {
+    let (mut history, state) = clean();
+    history.spends[0].attempts[0].status = Some(201);
+    assert!(kinds(&history, &state).contains(&ViolationKind::UndeclaredAnswer));
+    let (mut history, state) = clean();
+    history.spends[0].kind = SpendKind::Withdrawal;
+    assert!(kinds(&history, &state).contains(&ViolationKind::UndeclaredAnswer));
+}
