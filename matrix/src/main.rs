@@ -5,10 +5,12 @@
 //! Exit codes: 0 no fenced row spent money twice, 1 one did (a bug), 2 the matrix could
 //! not run.
 
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use matrix::dispatcher::{BankFault, DispatchOptions, DispatchRow, Keys};
 use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, report};
 
 #[derive(Parser, Debug)]
@@ -48,6 +50,14 @@ struct Cli {
     /// this program).
     #[arg(long)]
     payonce: Option<PathBuf>,
+    /// The payonce-bank binary the dispatcher's rows pay out to (default: the one beside
+    /// this program).
+    #[arg(long)]
+    bank: Option<PathBuf>,
+    /// The lock services' table, the payout dispatcher's row pair (one key per payout
+    /// against a fresh key per attempt, under the bank's faults), or both.
+    #[arg(long, value_enum, default_value_t = Tables::Both)]
+    tables: Tables,
     /// PostgreSQL for the instances' ledger; use a scratch database — the unsafe rows
     /// corrupt the accounts they touch, on purpose.
     #[arg(long, env = "DATABASE_URL")]
@@ -55,6 +65,17 @@ struct Cli {
     /// Allow a DATABASE_URL that is not on a loopback address.
     #[arg(long)]
     allow_remote: bool,
+}
+
+/// Which tables to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Tables {
+    /// The lock services × faults.
+    Locks,
+    /// The payout dispatcher's row pair.
+    Dispatcher,
+    /// Both.
+    Both,
 }
 
 fn parse_all<T: Copy>(
@@ -95,10 +116,34 @@ async fn main() -> ExitCode {
         options.faults.len(),
         options.seconds
     );
-    let matrix = matrix::run_matrix(&options, |row| print_progress(row, started));
-    let rows = tokio::select! {
-        rows = matrix => match rows {
-            Ok(rows) => rows,
+    let tables = async {
+        let rows = if cli.tables == Tables::Dispatcher {
+            Vec::new()
+        } else {
+            matrix::run_matrix(&options, |row| print_progress(row, started)).await?
+        };
+        let dispatcher = if cli.tables == Tables::Locks {
+            Vec::new()
+        } else {
+            let bank = beside_this_program(cli.bank.as_ref(), "payonce-bank");
+            let dispatch = DispatchOptions {
+                payonce: &options.payonce,
+                bank: &bank,
+                database_url: &options.database_url,
+                seconds: options.seconds.max(2.0),
+                clients: options.clients,
+                accounts: options.accounts.max(4),
+            };
+            matrix::dispatcher::run_dispatcher(&dispatch, &BankFault::ALL, |row| {
+                print_dispatch_progress(row, started);
+            })
+            .await
+        };
+        Ok::<_, matrix::MatrixError>((rows, dispatcher))
+    };
+    let (rows, dispatcher) = tokio::select! {
+        tables = tables => match tables {
+            Ok(tables) => tables,
             Err(error) => {
                 eprintln!("payonce-matrix: {error}");
                 return ExitCode::from(2);
@@ -109,8 +154,8 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    write_reports(&rows, &cli);
-    let verdict = verdict(&rows);
+    write_reports(&rows, &dispatcher, &cli);
+    let verdict = verdict(&rows, &dispatcher);
     println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
     verdict
 }
@@ -136,12 +181,7 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
         .into_iter()
         .filter(|line| services.contains(&line.service) && guards.contains(&line.guard))
         .collect();
-    let payonce = cli.payonce.clone().unwrap_or_else(|| {
-        std::env::current_exe()
-            .ok()
-            .and_then(|exe| exe.parent().map(|dir| dir.join("payonce")))
-            .unwrap_or_else(|| PathBuf::from("payonce"))
-    });
+    let payonce = beside_this_program(cli.payonce.as_ref(), "payonce");
     Ok(MatrixOptions {
         payonce,
         database_url: cli.database_url.clone(),
@@ -151,6 +191,31 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
         lines,
         faults,
     })
+}
+
+/// `given`, or the program `name` in this one's directory.
+fn beside_this_program(given: Option<&PathBuf>, name: &str) -> PathBuf {
+    given.cloned().unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
+            .unwrap_or_else(|| PathBuf::from(name))
+    })
+}
+
+/// One line per dispatcher cell as it finishes.
+fn print_dispatch_progress(row: &DispatchRow, started: std::time::Instant) {
+    match &row.skipped {
+        None => eprintln!(
+            "  {:<22} {:<17} {:>5} payouts, {} paid twice at the bank ({:.0} s)",
+            row.keys.name(),
+            row.fault.name(),
+            row.payouts,
+            row.paid_twice,
+            started.elapsed().as_secs_f64(),
+        ),
+        Some(why) => eprintln!("  {:<22} {:<17} {why}", row.keys.name(), row.fault.name()),
+    }
 }
 
 /// One line per cell as it finishes.
@@ -187,11 +252,17 @@ async fn interrupted() {
 }
 
 /// The table on stdout, the JSON where `--json` says, the chart where `--chart` says.
-fn write_reports(rows: &[Row], cli: &Cli) {
+fn write_reports(rows: &[Row], dispatcher: &[DispatchRow], cli: &Cli) {
     let mut stdout = std::io::stdout().lock();
-    let _ = report::print_table(rows, &mut stdout);
+    if !rows.is_empty() {
+        let _ = report::print_table(rows, &mut stdout);
+    }
+    if !dispatcher.is_empty() {
+        let _ = writeln!(stdout);
+        let _ = report::print_dispatcher(dispatcher, &mut stdout);
+    }
     if let Some(path) = &cli.json {
-        match report::write_json(rows, path) {
+        match report::write_json(rows, dispatcher, path) {
             Ok(()) => println!("json: {}", path.display()),
             Err(error) => eprintln!("payonce-matrix: cannot write {}: {error}", path.display()),
         }
@@ -203,11 +274,14 @@ fn write_reports(rows: &[Row], cli: &Cli) {
 }
 
 /// The exit code, said in words: 2 if a cell could not run, 1 if a fenced row spent money
-/// twice, else 0.
-fn verdict(rows: &[Row]) -> ExitCode {
+/// twice or payonce's one key paid out wrongly, else 0.
+fn verdict(rows: &[Row], dispatcher: &[DispatchRow]) -> ExitCode {
     let fenced_failed = rows
         .iter()
         .any(|row| row.guard == Guard::Fenced && row.spent_twice());
+    let one_key_failed = dispatcher
+        .iter()
+        .any(|row| row.keys == Keys::OneKey && row.paid_wrongly());
     let failed = rows
         .iter()
         .filter(|row| {
@@ -215,15 +289,24 @@ fn verdict(rows: &[Row]) -> ExitCode {
                 .as_deref()
                 .is_some_and(|why| why.starts_with("failed"))
         })
-        .count();
+        .count()
+        + dispatcher
+            .iter()
+            .filter(|row| row.skipped.is_some())
+            .count();
     if failed > 0 {
         println!("VERDICT: {failed} cells could not be run (see the table)");
         ExitCode::from(2)
-    } else if fenced_failed {
-        println!("VERDICT: a fenced row spent money twice — a bug");
+    } else if fenced_failed || one_key_failed {
+        println!(
+            "VERDICT: a fenced row spent money twice, or one key per payout paid out wrongly — a bug"
+        );
         ExitCode::from(1)
     } else {
-        println!("VERDICT: no fenced row spent money twice; the table shows where the others do");
+        println!(
+            "VERDICT: no fenced row spent money twice and one key per payout never paid out twice; \
+             the tables show where the others do"
+        );
         ExitCode::SUCCESS
     }
 }

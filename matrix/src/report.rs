@@ -1,10 +1,12 @@
-//! The matrix's outputs: the table, `{"rows": [...]}` JSON, and the grid chart.
+//! The matrix's outputs: the table, the dispatcher's table, `{"rows": [...],
+//! "dispatcher": [...]}` JSON, and the grid chart.
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
 use crate::cells::{Fault, Line, Row};
+use crate::dispatcher::DispatchRow;
 
 /// The table.
 pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
@@ -90,12 +92,68 @@ fn create_parent(path: &Path) -> std::io::Result<()> {
     }
 }
 
-/// `{"rows": [...]}`.
-pub fn write_json(rows: &[Row], path: &Path) -> std::io::Result<()> {
+/// The dispatcher's table: each key scheme under each fault, as the bank saw it.
+pub fn print_dispatcher(
+    rows: &[DispatchRow],
+    out: &mut impl std::io::Write,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<22} {:<17} {:>7} {:>9} {:>6} {:>7} {:>8} {:>10} {:>7} {:>9} {:>9} {:>7}  note",
+        "dispatcher keys",
+        "fault",
+        "payouts",
+        "succeeded",
+        "failed",
+        "pending",
+        "at bank",
+        "paid twice",
+        "missing",
+        "reversed+",
+        "attempts",
+        "drain s",
+    )?;
+    writeln!(out, "{}", "-".repeat(140))?;
+    for row in rows {
+        if let Some(why) = &row.skipped {
+            writeln!(
+                out,
+                "{:<22} {:<17} {why}",
+                row.keys.name(),
+                row.fault.name()
+            )?;
+            continue;
+        }
+        let note = match row.other_violations {
+            0 => String::new(),
+            other => format!("{other} other audit findings"),
+        };
+        writeln!(
+            out,
+            "{:<22} {:<17} {:>7} {:>9} {:>6} {:>7} {:>8} {:>10} {:>7} {:>9} {:>9} {:>7.1}  {note}",
+            row.keys.name(),
+            row.fault.name(),
+            row.payouts,
+            row.succeeded,
+            row.failed,
+            row.pending,
+            row.executed_at_bank,
+            row.paid_twice,
+            row.missing_at_bank,
+            row.reversed_but_executed,
+            row.most_attempts,
+            row.drain_seconds,
+        )?;
+    }
+    Ok(())
+}
+
+/// `{"rows": [...], "dispatcher": [...]}`.
+pub fn write_json(rows: &[Row], dispatcher: &[DispatchRow], path: &Path) -> std::io::Result<()> {
     create_parent(path)?;
     std::fs::write(
         path,
-        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows }))?,
+        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows, "dispatcher": dispatcher }))?,
     )
 }
 
