@@ -33,6 +33,8 @@ else
   export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
 fi
 export PAYONCE_REDIS_NAMESPACE="$database"
+# The instances pay out to the bank services.sh runs; the load test reconciles with it.
+export PAYONCE_BANK_URL="${PAYONCE_BANK_URL:-http://127.0.0.1:7700}"
 psql -h 127.0.0.1 -U postgres -d postgres -qc "create database $database"
 
 pids=()
@@ -65,6 +67,7 @@ done
 status=0
 target/release/loadtest --targets "$(IFS=,; echo "${targets[*]}")" \
   --accounts "$ACCOUNTS" --clients "$CLIENTS" --duration "$DURATION" \
+  --bank "$PAYONCE_BANK_URL" \
   --report "$OUT/report.json" --chart "$OUT/chart.svg" || status=$?
 
 echo

@@ -120,7 +120,7 @@ fn payouts(result: &RunResult) -> String {
         return "none sent".to_owned();
     };
     format!(
-        "{} ({} succeeded, {} failed and given back, {} still pending after {:.1} s; at most {} calls to the bank for one)",
+        "{} ({} succeeded, {} failed and given back, {} still pending after {:.1} s; most calls to the bank for one: {})",
         tally.payouts,
         tally.succeeded,
         tally.failed,
