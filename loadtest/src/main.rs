@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions};
+use loadtest::run::{BankFaultPlan, Limit, Mix, RunOptions};
 use loadtest::{healthz, report, run, safety};
 
 #[derive(Parser, Debug)]
@@ -46,6 +46,16 @@ fn fraction(text: &str) -> Result<f64, String> {
 
 /// The share of spends that are withdrawals or payouts.
 const WITHDRAWALS_AND_PAYOUTS: f64 = 0.45;
+
+fn bank_fault(text: &str) -> Result<BankFaultPlan, String> {
+    let (fault, share) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=SHARE"))?;
+    Ok(BankFaultPlan {
+        fault: fault.to_owned(),
+        share: fraction(share)?,
+    })
+}
 
 #[derive(Args, Debug)]
 struct RunArgs {
@@ -98,6 +108,12 @@ struct RunArgs {
     /// yet missing, none given back yet executed. Loopback only, like the targets.
     #[arg(long)]
     bank: Option<String>,
+    /// Ask for a fault of the bank's on a share of the payouts, as NAME=SHARE (e.g.
+    /// commit-then-drop=0.3): sent as `Payonce-Bank-Fault`, which only an embedded-mode
+    /// payonce heeds (its in-process bank plays it on the payout's first call); a bank of
+    /// your own takes its faults on its command line.
+    #[arg(long, value_parser = bank_fault)]
+    bank_fault: Option<BankFaultPlan>,
     /// After the load, wait at most this long for the pending payouts to be settled.
     #[arg(long, default_value = "30s", value_parser = duration)]
     drain: Duration,
@@ -193,6 +209,7 @@ async fn run_command(args: RunArgs) -> ExitCode {
         },
         headers: Vec::new(),
         fault: None,
+        bank_fault: args.bank_fault,
         sticky: false,
         expect_unanswered: false,
         bank: args.bank,

@@ -71,6 +71,9 @@ pub struct RunOptions {
     pub headers: Vec<(String, String)>,
     /// A fault to ask for on some spends (the demonstration's `Payonce-Fault`).
     pub fault: Option<FaultPlan>,
+    /// A fault of the bank's to ask for on some payouts (`Payonce-Bank-Fault`, which an
+    /// embedded-mode payonce passes to its in-process bank on the payout's first call).
+    pub bank_fault: Option<BankFaultPlan>,
     /// Each client sends every spend to one target (client number modulo the targets), as
     /// behind a balancer with sticky sessions, instead of turning through them: an
     /// instance that stops answering then holds up only its own clients.
@@ -165,6 +168,15 @@ pub struct FaultPlan {
     pub share: f64,
     /// Only spends sent to this target (index), if set.
     pub target: Option<usize>,
+}
+
+/// A `Payonce-Bank-Fault` header to send with a share of the payouts.
+#[derive(Clone, Debug)]
+pub struct BankFaultPlan {
+    /// The bank's fault, e.g. `commit-then-drop`.
+    pub fault: String,
+    /// The share of payouts that carry it.
+    pub share: f64,
 }
 
 /// Per-second counts, for the throughput chart.
@@ -711,6 +723,14 @@ impl Shared {
                 .fault
                 .as_ref()
                 .filter(|fault| rand::random::<f64>() < fault.share),
+            bank_fault: self
+                .options
+                .bank_fault
+                .as_ref()
+                .filter(|faulty| {
+                    plan.kind == SpendKind::Payout && rand::random::<f64>() < faulty.share
+                })
+                .map(|plan| plan.fault.as_str()),
         };
         let (target, amount) = (plan.target, plan.amount);
         let mut attempts = Vec::new();
@@ -786,6 +806,7 @@ impl Shared {
                 ticket,
                 order: Some(&order),
                 fault: None,
+                bank_fault: None,
             };
             async move {
                 spending
@@ -818,6 +839,10 @@ struct Spending<'a> {
     order: Option<&'a str>,
     /// The `Payonce-Fault` this spend asks for, if it is one of the faulty share.
     fault: Option<&'a FaultPlan>,
+    /// The `Payonce-Bank-Fault` this payout asks for, if it is one of the faulty share:
+    /// sent with every request of the ticket (payonce heeds it once, for the payout the
+    /// ticket's execution made).
+    bank_fault: Option<&'a str>,
 }
 
 impl Spending<'_> {
@@ -844,6 +869,9 @@ impl Spending<'_> {
             .iter()
             .map(|(name, value)| (name.as_str(), value.as_str()))
             .collect();
+        if let Some(fault) = self.bank_fault {
+            headers.push(("payonce-bank-fault", fault));
+        }
         if let Some(fault) = self
             .fault
             .filter(|fault| fault.target.is_none_or(|only| only == target))

@@ -502,6 +502,7 @@ fn load_options(
             line.strategy().name().to_owned(),
         )],
         fault: plan,
+        bank_fault: None,
         // Where one instance stalls, only its own clients wait for it: the others go on,
         // take over its locks and write while it cannot.
         sticky: stalls_one,

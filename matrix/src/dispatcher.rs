@@ -279,6 +279,7 @@ async fn run_cell(
         },
         headers: Vec::new(),
         fault: None,
+        bank_fault: None,
         sticky: false,
         expect_unanswered: fault == BankFault::InstanceKill,
         // Clients resend what the killed instance left unanswered; the table counts the

@@ -7,7 +7,7 @@ use api::state::AppState;
 use clap::Parser;
 use ledger::testing::TestDatabase;
 use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, RunOptions, run};
+use loadtest::run::{BankFaultPlan, Limit, RunOptions, run};
 
 fn config(args: &[&str]) -> Config {
     let mut argv = vec!["payonce"];
@@ -43,6 +43,7 @@ fn options(targets: Vec<String>) -> RunOptions {
         mix: loadtest::run::Mix::default(),
         headers: Vec::new(),
         fault: None,
+        bank_fault: None,
         sticky: false,
         expect_unanswered: false,
         retry: RetryPolicy::default(),
@@ -147,7 +148,9 @@ async fn a_run_against_two_instances_passes_the_audit() {
     );
 }
 
-/// The embedded mode passes too, its payouts going to the bank it serves itself.
+/// The embedded mode passes too, its payouts going to the bank it serves itself — asked to
+/// commit and then drop its answer on half of their first calls: each of those is sent
+/// again with its key, met with the bank's stored answer, and paid once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_against_the_embedded_mode_passes_the_audit() {
     let dir = tempfile::tempdir().unwrap();
@@ -155,9 +158,18 @@ async fn a_run_against_the_embedded_mode_passes_the_audit() {
     // The test command exports DATABASE_URL and REDIS_URL; the embedded mode needs neither.
     embedded.database_url = None;
     embedded.redis_url = None;
-    let result = run(options(vec![serve(embedded).await])).await.unwrap();
+    let result = run(RunOptions {
+        bank_fault: Some(BankFaultPlan {
+            fault: "commit-then-drop".into(),
+            share: 0.5,
+        }),
+        ..options(vec![serve(embedded).await])
+    })
+    .await
+    .unwrap();
     assert!(result.violations.is_empty(), "{:#?}", result.violations);
     assert!(result.counts.replays > 0);
+    assert!(result.payouts.most_attempts >= 2, "{:?}", result.payouts);
     assert_eq!(result.counts.ticket_errors, 0, "{:?}", result.counts);
     assert!(
         result.payouts.payouts > 0 && result.payouts.pending == 0,

@@ -47,6 +47,7 @@ async fn a_master_killed_under_load(service: Service) {
         },
         headers: Vec::new(),
         fault: None,
+        bank_fault: None,
         sticky: false,
         expect_unanswered: false,
         retry: RetryPolicy::default(),

@@ -57,6 +57,7 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
         },
         headers: Vec::new(),
         fault: None,
+        bank_fault: None,
         sticky: false,
         expect_unanswered: false,
         retry,
