@@ -103,6 +103,12 @@ pub enum ApiError {
         "payouts are not set up on this instance: set PAYONCE_BANK_URL (every instance the same bank); nothing was stored, the ticket is still usable"
     )]
     PayoutsUnavailable,
+    #[error("{0}")]
+    BankFaultUnknown(String),
+    #[error(
+        "Payonce-Bank-Fault is for the demonstration bank of the embedded mode; this instance pays out to the bank at PAYONCE_BANK_URL, which is never asked to fail. Nothing was stored, the ticket is still usable: send the payout without the header"
+    )]
+    BankFaultRefused,
     #[error("this instance is working on as many requests as it takes; retry shortly")]
     Overloaded,
     #[error("the request took longer than the server allows")]
@@ -119,7 +125,8 @@ impl ApiError {
             | Self::IdempotencyKeyInvalid
             | Self::IdempotencyKeyRepeated
             | Self::MalformedJson(_)
-            | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            | Self::BadRequest(_)
+            | Self::BankFaultUnknown(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden | Self::OperatorKeyRequired => StatusCode::FORBIDDEN,
             Self::NotFound(_)
@@ -132,9 +139,10 @@ impl ApiError {
             Self::TicketExpired | Self::OutcomePruned => StatusCode::GONE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InvalidRequest(_) | Self::IdempotencyKeyReuse | Self::CreateKeyReuse => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            Self::InvalidRequest(_)
+            | Self::IdempotencyKeyReuse
+            | Self::CreateKeyReuse
+            | Self::BankFaultRefused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::LockLost
             | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
@@ -175,6 +183,8 @@ impl ApiError {
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
             Self::DatabaseUnavailable(_) => "database-unavailable",
             Self::PayoutsUnavailable => "payouts-unavailable",
+            Self::BankFaultUnknown(_) => "bank-fault-unknown",
+            Self::BankFaultRefused => "bank-fault-refused",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
@@ -329,6 +339,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     ),
     ("bad-request", 400, "A query parameter is malformed."),
     (
+        "bank-fault-unknown",
+        400,
+        "A payout's `Payonce-Bank-Fault` header names no fault the demonstration bank plays (fail-before, commit-then-drop, commit-then-slow, decline, unavailable, down), or came twice. Nothing was stored; the ticket is still usable.",
+    ),
+    (
         "unauthenticated",
         401,
         "No API key, or an unknown one. Send `Authorization: Bearer <api_key>` with the key shown when the account was created.",
@@ -418,6 +433,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "invalid-request",
         422,
         "The body is JSON but not a valid request (an amount outside 1..=10^12, a missing field, an unknown field). Nothing was stored; the ticket is still usable.",
+    ),
+    (
+        "bank-fault-refused",
+        422,
+        "A payout carried `Payonce-Bank-Fault`, but this instance pays out to the bank at PAYONCE_BANK_URL: only the demonstration bank of the embedded mode is ever asked to fail. Nothing was stored; the ticket is still usable — send the payout without the header.",
     ),
     (
         "balance-limit",

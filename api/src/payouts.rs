@@ -35,6 +35,7 @@ use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::bank_fault::FirstAttemptFaults;
 use crate::metrics::Metrics;
 
 /// How payouts are sent: where the bank is, and the schedule.
@@ -92,6 +93,9 @@ pub struct Payouts {
     /// The bank this process serves itself (the embedded mode), kept running as long as
     /// payouts are.
     in_process: Option<bank::ServerHandle>,
+    /// The demonstration faults payouts asked of that bank, for their first attempts; none
+    /// for a bank at a URL, which is never asked to fail.
+    first_attempt_faults: Option<FirstAttemptFaults>,
 }
 
 impl Payouts {
@@ -102,6 +106,7 @@ impl Payouts {
             settings,
             wake: Notify::new(),
             in_process: None,
+            first_attempt_faults: None,
         })
     }
 
@@ -133,6 +138,7 @@ impl Payouts {
         tracing::info!(%bank_url, "payouts go to a payonce-bank in this process");
         let mut payouts = Self::new(settings(bank_url)).map_err(|error| error.to_string())?;
         payouts.in_process = Some(server);
+        payouts.first_attempt_faults = Some(FirstAttemptFaults::default());
         Ok(payouts)
     }
 
@@ -144,6 +150,12 @@ impl Payouts {
     /// The settings.
     pub fn settings(&self) -> &PayoutSettings {
         &self.settings
+    }
+
+    /// Where a payout's demonstration fault waits for its first attempt: only when the
+    /// bank is the one this process serves.
+    pub fn first_attempt_faults(&self) -> Option<&FirstAttemptFaults> {
+        self.first_attempt_faults.as_ref()
     }
 }
 
@@ -224,7 +236,12 @@ impl Dispatcher {
         } else {
             key
         };
-        let answer = self.payouts.bank.transfer(&job.payout, &key).await;
+        let fault = self
+            .payouts
+            .first_attempt_faults
+            .as_ref()
+            .and_then(|faults| faults.take(job.payout.id, job.attempt));
+        let answer = self.payouts.bank.transfer(&job.payout, &key, fault).await;
         self.metrics.payout_attempt(answer.outcome());
         match answer {
             Answer::Made { transfer_id } => {
@@ -419,20 +436,23 @@ impl Bank {
         format!("{}{path}", self.base.as_str().trim_end_matches('/'))
     }
 
-    /// Sends `payout` as a transfer, under `key`.
-    async fn transfer(&self, payout: &Payout, key: &str) -> Answer {
+    /// Sends `payout` as a transfer, under `key` — asking the bank to play `fault` on it
+    /// (the demonstration bank only: `crate::bank_fault`).
+    async fn transfer(&self, payout: &Payout, key: &str, fault: Option<bank::Fault>) -> Answer {
         let body = serde_json::json!({
             "destination": payout.destination,
             "amount": payout.amount.get(),
             "reference": payout.id.to_string(),
         });
-        let sent = self
+        let mut request = self
             .client
             .post(self.url("/v1/transfers"))
             .header("Idempotency-Key", key)
-            .json(&body)
-            .send()
-            .await;
+            .json(&body);
+        if let Some(fault) = fault {
+            request = request.header(bank::FAULT_HEADER, fault.name());
+        }
+        let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => return no_word(format!("sending: {error}"), None),

@@ -106,7 +106,9 @@ impl Modify for BearerKey {
 
 /// What the server enforces on parameters that the handlers' annotations cannot say:
 /// `Idempotency-Key` is a hyphenated UUID, bare or quoted; a problem's name is one of
-/// those the server explains (taken from the same table the server answers from). That
+/// those the server explains (taken from the same table the server answers from);
+/// `Payonce-Bank-Fault` is one of the faults the bank crate knows (the list the server
+/// parses it with). That
 /// every operation that takes a key may answer 429: an unknown key spends the client's
 /// allowance of bad keys (`crate::auth`). And what every answer of a kind carries: 409,
 /// 429 and 503 say when to retry (`Retry-After`, as
@@ -122,6 +124,10 @@ impl Modify for Enforced {
         let names = ObjectBuilder::new()
             .schema_type(Type::String)
             .enum_values(Some(EXPLANATIONS.iter().map(|(name, _, _)| *name)))
+            .build();
+        let faults = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(crate::bank_fault::names()))
             .build();
         let retry_after = HeaderBuilder::new()
             .schema(Some(
@@ -163,6 +169,8 @@ impl Modify for Enforced {
                 }) {
                     if parameter.name == "Idempotency-Key" {
                         parameter.schema = Some(Schema::Object(key.clone()).into());
+                    } else if parameter.name == "Payonce-Bank-Fault" {
+                        parameter.schema = Some(Schema::Object(faults.clone()).into());
                     } else if path == "/problems/{name}" && parameter.name == "name" {
                         parameter.schema = Some(Schema::Object(names.clone()).into());
                     }

@@ -7,7 +7,7 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
 use ledger::{Amount, Operation};
@@ -16,11 +16,12 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::auth::{Caller, OwnAccount};
+use crate::bank_fault;
 use crate::error::{ApiError, Problem};
 use crate::extract::{IdempotencyKey, JsonBody, PayoutPath, integral};
 use crate::render::PayoutAccepted;
 use crate::routes::responses::{
-    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
+    BodyTooLarge, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
 };
 use crate::routes::spends;
 use crate::state::AppState;
@@ -111,6 +112,12 @@ impl From<Payout> for PayoutView {
 /// ticket's transaction, and the bank is called after — with one idempotency key for
 /// every attempt, so the bank moves it at most once. The answer (202, stored under the
 /// ticket and replayed) says where to watch the payout: `Location`.
+///
+/// In the embedded mode, whose bank is a demonstration in the same process,
+/// `Payonce-Bank-Fault` asks that bank to play a fault on the payout's first attempt
+/// (`commit-then-drop`: it makes the transfer, then drops the answer; the retry, under
+/// the same key, gets the stored answer). An instance paying out to `PAYONCE_BANK_URL`
+/// refuses the header.
 #[utoipa::path(
     post,
     path = "/v1/accounts/{id}/payouts",
@@ -118,6 +125,7 @@ impl From<Payout> for PayoutView {
     params(
         ("id" = Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+        ("Payonce-Bank-Fault" = Option<String>, Header, description = "The embedded mode only: a fault its demonstration bank plays on this payout's first attempt (the retries, under the same key, go without). Sent to an instance paying out to PAYONCE_BANK_URL: 422 `bank-fault-refused`. Ignored by a replay: the payout it replays was sent already"),
     ),
     security(("api_key" = [])),
     request_body = PayoutRequest,
@@ -125,7 +133,7 @@ impl From<Payout> for PayoutView {
         (status = 202, description = "Accepted: the money left the account and the payout is pending (a replay carries `Idempotent-Replayed: true`); `Location` is the payout", body = PayoutAccepted,
             headers(("Location" = String, description = "/v1/payouts/{payout_id}")),
             links(("GetPayout" = (operation_id = "get_payout", parameters(("payout_id" = "$response.body#/payout_id")), description = "The payout, as it goes on")))),
-        (status = 400, response = MalformedSpend),
+        (status = 400, description = "No or a malformed `Idempotency-Key`, a body that is not JSON, or a `Payonce-Bank-Fault` that names no fault (`bank-fault-unknown`) — nothing stored", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed); nothing was sent", body = Problem, content_type = "application/problem+json"),
         (status = 403, response = OthersAccount),
@@ -134,7 +142,7 @@ impl From<Payout> for PayoutView {
         (status = 410, response = TicketGone),
         (status = 413, response = BodyTooLarge),
         (status = 415, response = NotJson),
-        (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), `Payonce-Bank-Fault` sent to an instance whose bank is at PAYONCE_BANK_URL (`bank-fault-refused`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, the instance overloaded, or no bank on this instance (`payouts-unavailable`) — nothing stored; or `outcome-unknown` — the money may have left. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
     )
@@ -150,11 +158,23 @@ pub async fn send_payout(
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
     let destination = Destination::new(&request.destination)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let fault = bank_fault::requested(&headers)?;
     let Some(payouts) = state.payouts() else {
         return Err(ApiError::PayoutsUnavailable);
     };
+    let payout = PayoutId::random();
+    // Remembered before the transaction: a worker may claim the payout as it commits.
+    let remembered = match fault {
+        None => None,
+        Some(fault) => {
+            let faults = payouts
+                .first_attempt_faults()
+                .ok_or(ApiError::BankFaultRefused)?;
+            Some(faults.remember(payout, fault))
+        }
+    };
     let operation = Operation::Payout {
-        payout: PayoutId::random(),
+        payout,
         amount,
         destination,
     };
@@ -162,6 +182,17 @@ pub async fn send_payout(
     let answer = spends::spend(&state, account, key, operation, &path, &request, &headers).await?;
     if answer.status() == StatusCode::ACCEPTED {
         payouts.wake();
+    }
+    // The fault is kept only for the payout this request made, which the answer names. A
+    // replay names the payout sent before, whose first attempt is its own business: this
+    // request's fault, under an id nothing was made with, is forgotten as the guard drops.
+    let made_here = format!("/v1/payouts/{payout}");
+    let names_ours = answer
+        .headers()
+        .get(header::LOCATION)
+        .is_some_and(|location| location.as_bytes() == made_here.as_bytes());
+    if let Some(remembered) = remembered.filter(|_| names_ours) {
+        remembered.keep();
     }
     Ok(answer)
 }

@@ -250,7 +250,8 @@ async fn the_document_matches_the_routes_and_the_bodies() {
 }
 
 /// What the server enforces is in the document: the `Idempotency-Key` pattern (exactly
-/// the forms the server accepts), `limit` 1–1000, every problem name, a name without NUL —
+/// the forms the server accepts), a payout's `Payonce-Bank-Fault` (one of the bank's
+/// faults), `limit` 1–1000, every problem name, a name without NUL —
 /// and links lead from an account to a ticket, from a ticket to each spend and to its own
 /// lookup, and from a spend to the ticket that remembers it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,6 +301,32 @@ async fn the_document_says_what_the_server_enforces() {
                 "{create} {status}: {response}"
             );
         }
+    }
+    // A payout's demonstration fault: optional, one of the bank's faults (the list the
+    // server parses it with), and its two refusals documented.
+    let fault = parameter("/v1/accounts/{id}/payouts", "post", "Payonce-Bank-Fault");
+    let faults: Vec<&str> = bank::Fault::ALL
+        .into_iter()
+        .map(bank::Fault::name)
+        .collect();
+    assert_eq!(
+        (
+            &fault["in"],
+            fault["required"].as_bool().unwrap_or(false),
+            &fault["schema"]["enum"]
+        ),
+        (&json!("header"), false, &json!(faults)),
+        "{fault}"
+    );
+    let responses = &spec["paths"]["/v1/accounts/{id}/payouts"]["post"]["responses"];
+    for (status, mentions) in [("400", "bank-fault-unknown"), ("422", "bank-fault-refused")] {
+        let response = resolved(&spec, &responses[status]);
+        assert!(
+            response["description"]
+                .as_str()
+                .is_some_and(|description| description.contains(mentions)),
+            "payouts {status}: {response}"
+        );
     }
     let limit = parameter("/v1/accounts/{id}/entries", "get", "limit");
     assert_eq!(

@@ -105,26 +105,32 @@ impl TestBank {
     }
 }
 
-/// The flags of an instance that pays out to `bank`, with a quick schedule: small
-/// backoffs, three attempts before the bank is asked by key; each call bounded by
-/// `timeout`, each claim by `lease`.
+/// A quick payout schedule: small backoffs, three attempts before the bank is asked by
+/// key, idle workers looking every 50 ms.
+const QUICK_SCHEDULE: [&str; 8] = [
+    "--payout-retry-base",
+    "20ms",
+    "--payout-retry-max",
+    "100ms",
+    "--payout-attempts",
+    "3",
+    "--payout-poll",
+    "50ms",
+];
+
+/// The flags of an instance that pays out to `bank`, on the quick schedule; each call
+/// bounded by `timeout`, each claim by `lease`.
 fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
-    vec![
+    let mut flags = vec![
         "--bank-url",
         bank.url.as_str(),
         "--bank-timeout",
         timeout,
         "--payout-lease",
         lease,
-        "--payout-retry-base",
-        "20ms",
-        "--payout-retry-max",
-        "100ms",
-        "--payout-attempts",
-        "3",
-        "--payout-poll",
-        "50ms",
-    ]
+    ];
+    flags.extend(QUICK_SCHEDULE);
+    flags
 }
 
 impl TestApp {
@@ -136,6 +142,33 @@ impl TestApp {
             json!({ "amount": amount, "destination": "DE89370400440532013000" }),
         )
         .await
+    }
+
+    /// A payout that asks the bank to play `fault` (`Payonce-Bank-Fault`).
+    async fn pay_out_with_fault(
+        &self,
+        account: &TestAccount,
+        ticket: &str,
+        amount: i64,
+        fault: &str,
+    ) -> reqwest::Response {
+        self.client
+            .post(self.url(&format!("/v1/accounts/{}/payouts", account.id)))
+            .bearer_auth(&account.key)
+            .header("Idempotency-Key", ticket)
+            .header("Payonce-Bank-Fault", fault)
+            .json(&json!({ "amount": amount, "destination": "DE89370400440532013000" }))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// How many demonstration faults wait for a payout's first attempt.
+    fn faults_waiting(&self) -> usize {
+        self.state
+            .payouts()
+            .and_then(|payouts| payouts.first_attempt_faults())
+            .map_or(0, api::bank_fault::FirstAttemptFaults::waiting)
     }
 
     async fn payout(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
@@ -509,6 +542,111 @@ pub async fn the_embedded_mode_pays_out_to_a_bank_of_its_own() {
     assert_eq!(settled["status"], "succeeded", "{settled}");
     assert_eq!(app.balance(&account).await.0, 877);
     app.stop().await;
+}
+
+/// The embedded mode's demonstration: `Payonce-Bank-Fault: commit-then-drop` on a payout
+/// makes its in-process bank execute the first attempt and drop the answer; the second
+/// attempt, under the same key, gets the stored answer — succeeded at attempt 2, the
+/// balance down once. A replay of the request adds no fault, and the next payout without
+/// the header goes through at its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demonstration_fault_strikes_the_first_attempt_only() {
+    let app = spawn_app_with(Backend::Embedded, &QUICK_SCHEDULE).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    let (status, replayed, accepted) = read(
+        app.pay_out_with_fault(&account, &ticket, 300, "commit-then-drop")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::ACCEPTED, false),
+        "{accepted}"
+    );
+    let payout = accepted["payout_id"].as_str().expect("an id").to_owned();
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(2)),
+        "one attempt struck, the next replayed: {settled}"
+    );
+    assert!(settled["last_error"].is_null(), "{settled}");
+    assert_eq!(app.balance(&account).await.0, 700);
+    assert_eq!(app.faults_waiting(), 0, "the first attempt took the fault");
+
+    let (status, replayed, replay) = read(
+        app.pay_out_with_fault(&account, &ticket, 300, "decline")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, replayed, &replay),
+        (StatusCode::ACCEPTED, true, &accepted)
+    );
+    assert_eq!(app.faults_waiting(), 0, "a replay's fault is not kept");
+    let plain = app.accepted_payout(&account, 100).await;
+    let settled = app.settled(&account, &plain).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(1)),
+        "{settled}"
+    );
+    assert_eq!(app.balance(&account).await.0, 600);
+    app.assert_audit_clean().await;
+    app.stop().await;
+}
+
+/// `Payonce-Bank-Fault` is refused before anything is stored: a name the bank does not
+/// know (400 `bank-fault-unknown`), and any fault at all on an instance whose bank is at
+/// `PAYONCE_BANK_URL` (422 `bank-fault-refused`) — that bank, though it would heed the
+/// header, never gets it; the ticket then pays out plainly, at the first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demonstration_fault_is_refused_unless_the_bank_is_in_process() {
+    let app = spawn_app_with(Backend::Embedded, &QUICK_SCHEDULE).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    for bad in ["explode", "", "commit-then-drop, decline"] {
+        let response = app.pay_out_with_fault(&account, &ticket, 10, bad).await;
+        assert_problem(response, StatusCode::BAD_REQUEST, "bank-fault-unknown").await;
+    }
+    assert_eq!(app.shown_ticket(&account, &ticket).await["state"], "issued");
+    assert_eq!(app.faults_waiting(), 0);
+    app.stop().await;
+
+    let bank = TestBank::start(bank::BankOptions {
+        demo_header: true,
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(Backend::Embedded, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    let response = app
+        .pay_out_with_fault(&account, &ticket, 10, "commit-then-drop")
+        .await;
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "bank-fault-refused",
+    )
+    .await;
+    assert_eq!(app.shown_ticket(&account, &ticket).await["state"], "issued");
+    assert_eq!(app.balance(&account).await.0, 1000);
+    assert!(bank.transfers().await.is_empty());
+    let (status, _, accepted) = read(app.pay_out(&account, &ticket, 10).await).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let payout = accepted["payout_id"].as_str().expect("an id");
+    let settled = app.settled(&account, payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(1)),
+        "{settled}"
+    );
+    assert_eq!(bank.transfers().await.len(), 1);
+    app.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
 }
 
 macro_rules! on_both_backends {
