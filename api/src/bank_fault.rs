@@ -35,12 +35,12 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<bank::Fault>, ApiError> {
     name.trim()
         .parse()
         .map(Some)
-        .map_err(|_| unknown(&format!("{name:?} names no fault")))
+        .map_err(|_| unknown(&format!("{name:?} is no fault of the bank's")))
 }
 
 fn unknown(what: &str) -> ApiError {
     ApiError::BankFaultUnknown(format!(
-        "Payonce-Bank-Fault {what}: it names one of {}; nothing was stored, the ticket is still usable",
+        "Payonce-Bank-Fault {what}: a fault is one of {}; nothing was stored, the ticket is still usable",
         names().collect::<Vec<_>>().join(", ")
     ))
 }

@@ -109,6 +109,8 @@ pub enum ApiError {
         "Payonce-Bank-Fault is for the demonstration bank of the embedded mode; this instance pays out to the bank at PAYONCE_BANK_URL, which is never asked to fail. Nothing was stored, the ticket is still usable: send the payout without the header"
     )]
     BankFaultRefused,
+    #[error("the bank did not answer: {0}")]
+    BankUnavailable(String),
     #[error("this instance is working on as many requests as it takes; retry shortly")]
     Overloaded,
     #[error("the request took longer than the server allows")]
@@ -148,6 +150,7 @@ impl ApiError {
             | Self::LockStoreUnavailable(_)
             | Self::DatabaseUnavailable(_)
             | Self::PayoutsUnavailable
+            | Self::BankUnavailable(_)
             | Self::Overloaded
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -185,6 +188,7 @@ impl ApiError {
             Self::PayoutsUnavailable => "payouts-unavailable",
             Self::BankFaultUnknown(_) => "bank-fault-unknown",
             Self::BankFaultRefused => "bank-fault-refused",
+            Self::BankUnavailable(_) => "bank-unavailable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
@@ -216,6 +220,10 @@ impl ApiError {
             }
             Self::DatabaseUnavailable(_) => {
                 "the database is unavailable; nothing was executed, retry with the same ticket"
+                    .into()
+            }
+            Self::BankUnavailable(_) => {
+                "the bank did not answer, or not as its contract says; nothing changed — ask again shortly"
                     .into()
             }
             Self::Internal(_) => "an internal error occurred; it has been logged".into(),
@@ -473,6 +481,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "payouts-unavailable",
         503,
         "This instance has no bank to send payouts to (a distributed instance without PAYONCE_BANK_URL). Nothing was stored; the ticket is still usable.",
+    ),
+    (
+        "bank-unavailable",
+        503,
+        "Asked what it holds for a payout, the bank did not answer in time, or not as its contract says. Nothing changed; ask again after `Retry-After` seconds.",
     ),
     (
         "overloaded",

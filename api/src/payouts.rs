@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use ledger::Ledger;
-use ledger::payouts::{JobOutcome, Payout, PayoutJob, Settlement, bank_key};
+use ledger::payouts::{JobOutcome, Payout, PayoutId, PayoutJob, Settlement, bank_key};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use tokio::sync::Notify;
@@ -150,6 +150,18 @@ impl Payouts {
     /// The settings.
     pub fn settings(&self) -> &PayoutSettings {
         &self.settings
+    }
+
+    /// The bank's transfers for `payout`, under whichever keys: those that carry its id
+    /// as their reference (every transfer payonce sends for it does), in the bank's order
+    /// of commits.
+    pub async fn transfers_at_bank(
+        &self,
+        payout: PayoutId,
+    ) -> Result<Vec<bank::TransferView>, String> {
+        self.bank
+            .transfers_with_reference(&payout.to_string())
+            .await
     }
 
     /// Where a payout's demonstration fault waits for its first attempt: only when the
@@ -494,6 +506,48 @@ impl Bank {
                 key_left_free: true,
             },
             (status, name) => no_word(format!("the bank answered {status} {name}"), retry_after),
+        }
+    }
+
+    /// The transfers with `reference`, page by page (the list's `reference` filter).
+    async fn transfers_with_reference(
+        &self,
+        reference: &str,
+    ) -> Result<Vec<bank::TransferView>, String> {
+        let mut transfers = Vec::new();
+        let mut after = 0;
+        loop {
+            let url = format!(
+                "{}?reference={}&after={after}&limit={}",
+                self.url("/v1/transfers"),
+                encode(reference),
+                bank::MAX_PAGE
+            );
+            let response = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|error| format!("asking the bank: {error}"))?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(format!("the bank answered {status} to its list"));
+            }
+            let page: bank::TransferPage = response
+                .json()
+                .await
+                .map_err(|error| format!("reading the bank's transfers: {error}"))?;
+            // Checked again here: a bank that ignored the filter would list every
+            // transfer it holds.
+            transfers.extend(
+                page.transfers
+                    .into_iter()
+                    .filter(|transfer| transfer.reference == reference),
+            );
+            match page.next_after {
+                Some(next) => after = next,
+                None => return Ok(transfers),
+            }
         }
     }
 

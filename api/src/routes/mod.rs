@@ -219,6 +219,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(orders::pay_order))
         .routes(routes!(payouts::send_payout))
         .routes(routes!(payouts::get_payout))
+        .routes(routes!(payouts::get_payout_at_bank))
         .routes(routes!(payouts::list_payouts))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))

@@ -1,9 +1,11 @@
-//! `POST /v1/accounts/{id}/payouts`, `GET /v1/payouts/{payout_id}`, `GET /v1/payouts`.
+//! `POST /v1/accounts/{id}/payouts`, `GET /v1/payouts/{payout_id}`, `GET /v1/payouts`,
+//! `GET /v1/payouts/{payout_id}/bank`.
 //!
 //! A payout is a spend: sent with a ticket, under the account's lock, by the same
 //! idempotency protocol (`spends.rs`). What it stores is 202 — the money left the account
 //! and the payout is pending; the bank is called after the commit (`crate::payouts`), and
-//! the payout's live status is read here.
+//! the payout's live status is read here — and what the bank holds for it, asked of the
+//! bank.
 
 use axum::Json;
 use axum::extract::{Query, State};
@@ -125,7 +127,7 @@ impl From<Payout> for PayoutView {
     params(
         ("id" = Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
-        ("Payonce-Bank-Fault" = Option<String>, Header, description = "The embedded mode only: a fault its demonstration bank plays on this payout's first attempt (the retries, under the same key, go without). Sent to an instance paying out to PAYONCE_BANK_URL: 422 `bank-fault-refused`. Ignored by a replay: the payout it replays was sent already"),
+        ("Payonce-Bank-Fault" = Option<String>, Header, description = "The embedded mode only: a fault its demonstration bank plays on this payout's first attempt (the retries, under the same key, go without). Sent to an instance paying out to PAYONCE_BANK_URL: 422 `bank-fault-refused`. A replay (the same ticket) adds no fault: the payout it answers was sent already"),
     ),
     security(("api_key" = [])),
     request_body = PayoutRequest,
@@ -216,13 +218,76 @@ pub async fn get_payout(
     caller: Caller,
     PayoutPath(payout): PayoutPath,
 ) -> Result<Json<PayoutView>, ApiError> {
-    let payout = state
+    Ok(Json(own_payout(&state, &caller, payout).await?.into()))
+}
+
+/// The caller's payout; another account's is not found, as one that does not exist.
+async fn own_payout(
+    state: &AppState,
+    caller: &Caller,
+    payout: PayoutId,
+) -> Result<Payout, ApiError> {
+    state
         .ledger()
         .payout(payout)
         .await?
         .filter(|payout| payout.account_id == caller.0)
-        .ok_or(ApiError::PayoutNotFound)?;
-    Ok(Json(payout.into()))
+        .ok_or(ApiError::PayoutNotFound)
+}
+
+/// What the bank holds for a payout, in the bank's own words.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PayoutAtBank {
+    /// The payout.
+    pub payout_id: Uuid,
+    /// The `Idempotency-Key` every call to the bank for this payout carries.
+    pub bank_key: String,
+    /// How many of `transfers` the bank executed: 1 once the payout's money left, never
+    /// more.
+    pub executed: usize,
+    /// Every transfer the bank holds with this payout's id as its reference, under
+    /// whichever key, in the bank's order of commits: none while the bank has not made it,
+    /// then one, under `bank_key` — `executed`, or `declined` for a refusal.
+    pub transfers: Vec<bank::TransferView>,
+}
+
+/// Asks the bank what it holds for a payout: its transfers with the payout's id as their
+/// reference, under whichever key — how to see that money left once, under the one key,
+/// however many attempts it took.
+#[utoipa::path(
+    get,
+    path = "/v1/payouts/{payout_id}/bank",
+    tag = "payouts",
+    params(("payout_id" = Uuid, Path, description = "The payout")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The bank's transfers for the payout", body = PayoutAtBank),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "No such payout, or another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The bank did not answer (`bank-unavailable`), the database is unavailable, or this instance has no bank (`payouts-unavailable`); nothing changed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_payout_at_bank(
+    State(state): State<AppState>,
+    caller: Caller,
+    PayoutPath(payout): PayoutPath,
+) -> Result<Json<PayoutAtBank>, ApiError> {
+    let payout = own_payout(&state, &caller, payout).await?;
+    let payouts = state.payouts().ok_or(ApiError::PayoutsUnavailable)?;
+    let transfers = payouts
+        .transfers_at_bank(payout.id)
+        .await
+        .map_err(ApiError::BankUnavailable)?;
+    let executed = transfers
+        .iter()
+        .filter(|transfer| transfer.state == bank::State::Executed)
+        .count();
+    Ok(Json(PayoutAtBank {
+        payout_id: payout.id.0,
+        bank_key: bank_key(payout.id),
+        executed,
+        transfers,
+    }))
 }
 
 /// Listing payouts.

@@ -235,6 +235,45 @@ async fn the_document_matches_the_routes_and_the_bodies() {
         &response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200)["properties"]["entries"]["items"],
     );
     assert_fits(entry_schema, &page["entries"][0], "entry");
+    // A payout, once the in-process bank made it, and what the bank holds for it.
+    let payout_ticket = app.ticket(&account).await;
+    let accepted: Value = app
+        .spend(
+            &account,
+            "payouts",
+            &payout_ticket,
+            json!({ "amount": 5, "destination": "DE89370400440532013000" }),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let payout_id = accepted["payout_id"].as_str().unwrap();
+    let get = |path: String| {
+        let request = app.client.get(app.url(&path)).bearer_auth(&account.key);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let mut payout = Value::Null;
+    for _ in 0..200 {
+        payout = get(format!("/v1/payouts/{payout_id}")).await;
+        if payout["status"] != "pending" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_fits(
+        response_schema(&spec, "/v1/payouts/{payout_id}", "get", 200),
+        &payout,
+        "payout",
+    );
+    let held = get(format!("/v1/payouts/{payout_id}/bank")).await;
+    let held_schema = response_schema(&spec, "/v1/payouts/{payout_id}/bank", "get", 200);
+    assert_fits(held_schema, &held, "payout at the bank");
+    assert_fits(
+        schema(&spec, &held_schema["properties"]["transfers"]["items"]),
+        &held["transfers"][0],
+        "the bank's transfer",
+    );
     let broke = app.ticket(&account).await;
     let refused: Value = app
         .withdraw(&account, &broke, 1_000_000)
