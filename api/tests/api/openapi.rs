@@ -5,7 +5,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, spawn_app};
+use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
 fn schema<'a>(spec: &'a Value, reference: &Value) -> &'a Value {
     let name = reference["$ref"]
@@ -290,7 +290,7 @@ async fn the_document_matches_the_routes_and_the_bodies() {
 
 /// What the server enforces is in the document: the `Idempotency-Key` pattern (exactly
 /// the forms the server accepts), a payout's `Payonce-Bank-Fault` (one of the bank's
-/// faults), `limit` 1–1000, every problem name, a name without NUL —
+/// faults, where the bank takes them; absent where it does not), `limit` 1–1000, every problem name, a name without NUL —
 /// and links lead from an account to a ticket, from a ticket to each spend and to its own
 /// lookup, and from a spend to the ticket that remembers it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,6 +367,18 @@ async fn the_document_says_what_the_server_enforces() {
             "payouts {status}: {response}"
         );
     }
+    // An instance that pays out to a bank at a URL refuses the header: it does not offer it.
+    let paying_to_a_url =
+        spawn_app_with(Backend::Embedded, &["--bank-url", "http://127.0.0.1:9"]).await;
+    let its = paying_to_a_url.openapi().await;
+    let names: Vec<&Value> = its["paths"]["/v1/accounts/{id}/payouts"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|parameter| &parameter["name"])
+        .collect();
+    assert_eq!(names, [&json!("id"), &json!("Idempotency-Key")]);
+    paying_to_a_url.stop().await;
     let limit = parameter("/v1/accounts/{id}/entries", "get", "limit");
     assert_eq!(
         (
