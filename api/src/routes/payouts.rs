@@ -242,8 +242,8 @@ pub struct PayoutAtBank {
     pub payout_id: Uuid,
     /// The `Idempotency-Key` every call to the bank for this payout carries.
     pub bank_key: String,
-    /// How many of `transfers` the bank executed: 1 once the payout's money left, never
-    /// more.
+    /// How many of `transfers` the bank executed: 1 once the payout's money left; more
+    /// would mean it left more than once (what a fresh key per attempt does).
     pub executed: usize,
     /// Every transfer the bank holds with this payout's id as its reference, under
     /// whichever key, in the bank's order of commits: none while the bank has not made it,
