@@ -103,6 +103,14 @@ pub enum ApiError {
         "payouts are not set up on this instance: set PAYONCE_BANK_URL (every instance the same bank); nothing was stored, the ticket is still usable"
     )]
     PayoutsUnavailable,
+    #[error("{0}")]
+    BankFaultUnknown(String),
+    #[error(
+        "Payonce-Bank-Fault is for the demonstration bank of the embedded mode; this instance pays out to the bank at PAYONCE_BANK_URL, which is never asked to fail. Nothing was stored, the ticket is still usable: send the payout without the header"
+    )]
+    BankFaultRefused,
+    #[error("the bank did not answer: {0}")]
+    BankUnavailable(String),
     #[error("this instance is working on as many requests as it takes; retry shortly")]
     Overloaded,
     #[error("the request took longer than the server allows")]
@@ -119,7 +127,8 @@ impl ApiError {
             | Self::IdempotencyKeyInvalid
             | Self::IdempotencyKeyRepeated
             | Self::MalformedJson(_)
-            | Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            | Self::BadRequest(_)
+            | Self::BankFaultUnknown(_) => StatusCode::BAD_REQUEST,
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden | Self::OperatorKeyRequired => StatusCode::FORBIDDEN,
             Self::NotFound(_)
@@ -132,14 +141,16 @@ impl ApiError {
             Self::TicketExpired | Self::OutcomePruned => StatusCode::GONE,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InvalidRequest(_) | Self::IdempotencyKeyReuse | Self::CreateKeyReuse => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
+            Self::InvalidRequest(_)
+            | Self::IdempotencyKeyReuse
+            | Self::CreateKeyReuse
+            | Self::BankFaultRefused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::LockLost
             | Self::OutcomeUnknown(_)
             | Self::LockStoreUnavailable(_)
             | Self::DatabaseUnavailable(_)
             | Self::PayoutsUnavailable
+            | Self::BankUnavailable(_)
             | Self::Overloaded
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -175,6 +186,9 @@ impl ApiError {
             Self::LockStoreUnavailable(_) => "lock-store-unavailable",
             Self::DatabaseUnavailable(_) => "database-unavailable",
             Self::PayoutsUnavailable => "payouts-unavailable",
+            Self::BankFaultUnknown(_) => "bank-fault-unknown",
+            Self::BankFaultRefused => "bank-fault-refused",
+            Self::BankUnavailable(_) => "bank-unavailable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
@@ -206,6 +220,10 @@ impl ApiError {
             }
             Self::DatabaseUnavailable(_) => {
                 "the database is unavailable; nothing was executed, retry with the same ticket"
+                    .into()
+            }
+            Self::BankUnavailable(_) => {
+                "the bank did not answer, or not as its contract says; nothing changed — ask again shortly"
                     .into()
             }
             Self::Internal(_) => "an internal error occurred; it has been logged".into(),
@@ -329,6 +347,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     ),
     ("bad-request", 400, "A query parameter is malformed."),
     (
+        "bank-fault-unknown",
+        400,
+        "A payout's `Payonce-Bank-Fault` header names no fault the demonstration bank plays (fail-before, commit-then-drop, commit-then-slow, decline, unavailable, down), or came twice. Nothing was stored; the ticket is still usable.",
+    ),
+    (
         "unauthenticated",
         401,
         "No API key, or an unknown one. Send `Authorization: Bearer <api_key>` with the key shown when the account was created.",
@@ -420,6 +443,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The body is JSON but not a valid request (an amount outside 1..=10^12, a missing field, an unknown field). Nothing was stored; the ticket is still usable.",
     ),
     (
+        "bank-fault-refused",
+        422,
+        "A payout carried `Payonce-Bank-Fault`, but this instance pays out to the bank at PAYONCE_BANK_URL: only the demonstration bank of the embedded mode is ever asked to fail. Nothing was stored; the ticket is still usable — send the payout without the header.",
+    ),
+    (
         "balance-limit",
         422,
         "The deposit or prize would overflow the balance. Stored and replayed like any outcome.",
@@ -453,6 +481,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "payouts-unavailable",
         503,
         "This instance has no bank to send payouts to (a distributed instance without PAYONCE_BANK_URL). Nothing was stored; the ticket is still usable.",
+    ),
+    (
+        "bank-unavailable",
+        503,
+        "Asked what it holds for a payout, the bank did not answer in time, or not as its contract says. Nothing changed; ask again after `Retry-After` seconds.",
     ),
     (
         "overloaded",

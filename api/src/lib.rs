@@ -16,15 +16,20 @@
 //! - `limits.rs`: rate limits per client address and per account; `flights.rs`: the
 //!   tickets this instance is executing, so duplicates wait for the original locally.
 //! - `payouts.rs`: the workers that send payouts to the bank, one key per payout, and
-//!   record its word; `reconcile.rs`: `payonce reconcile`, the payouts against the bank.
+//!   record its word; `reconcile.rs`: `payonce reconcile`, the payouts against the bank;
+//!   `bank_fault.rs`: the fault a payout may ask of the embedded mode's demonstration
+//!   bank, carried on its first attempt.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
 //!   strategies' read-check-write path (reachable by configuration or, under
 //!   `PAYONCE_DEMO`, per request) and the injectable faults. A build without the feature
-//!   has no fault injection at all and refuses `PAYONCE_DEMO=true` at start-up.
+//!   injects no fault of payonce's own and refuses `PAYONCE_DEMO=true` at start-up (the
+//!   one fault it carries is a payout's to the demonstration bank in its own process,
+//!   `bank_fault.rs`).
 
 pub mod auth;
+pub mod bank_fault;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;

@@ -29,12 +29,13 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use ledger::Ledger;
-use ledger::payouts::{JobOutcome, Payout, PayoutJob, Settlement, bank_key};
+use ledger::payouts::{JobOutcome, Payout, PayoutId, PayoutJob, Settlement, bank_key};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::bank_fault::FirstAttemptFaults;
 use crate::metrics::Metrics;
 
 /// How payouts are sent: where the bank is, and the schedule.
@@ -92,6 +93,9 @@ pub struct Payouts {
     /// The bank this process serves itself (the embedded mode), kept running as long as
     /// payouts are.
     in_process: Option<bank::ServerHandle>,
+    /// The demonstration faults payouts asked of that bank, for their first attempts; none
+    /// for a bank at a URL, which is never asked to fail.
+    first_attempt_faults: Option<FirstAttemptFaults>,
 }
 
 impl Payouts {
@@ -102,6 +106,7 @@ impl Payouts {
             settings,
             wake: Notify::new(),
             in_process: None,
+            first_attempt_faults: None,
         })
     }
 
@@ -133,6 +138,7 @@ impl Payouts {
         tracing::info!(%bank_url, "payouts go to a payonce-bank in this process");
         let mut payouts = Self::new(settings(bank_url)).map_err(|error| error.to_string())?;
         payouts.in_process = Some(server);
+        payouts.first_attempt_faults = Some(FirstAttemptFaults::default());
         Ok(payouts)
     }
 
@@ -144,6 +150,24 @@ impl Payouts {
     /// The settings.
     pub fn settings(&self) -> &PayoutSettings {
         &self.settings
+    }
+
+    /// The bank's transfers for `payout`, under whichever keys: those that carry its id
+    /// as their reference (every transfer payonce sends for it does), in the bank's order
+    /// of commits.
+    pub async fn transfers_at_bank(
+        &self,
+        payout: PayoutId,
+    ) -> Result<Vec<bank::TransferView>, String> {
+        self.bank
+            .transfers_with_reference(&payout.to_string())
+            .await
+    }
+
+    /// Where a payout's demonstration fault waits for its first attempt: only when the
+    /// bank is the one this process serves.
+    pub fn first_attempt_faults(&self) -> Option<&FirstAttemptFaults> {
+        self.first_attempt_faults.as_ref()
     }
 }
 
@@ -224,7 +248,12 @@ impl Dispatcher {
         } else {
             key
         };
-        let answer = self.payouts.bank.transfer(&job.payout, &key).await;
+        let fault = self
+            .payouts
+            .first_attempt_faults
+            .as_ref()
+            .and_then(|faults| faults.take(job.payout.id, job.attempt));
+        let answer = self.payouts.bank.transfer(&job.payout, &key, fault).await;
         self.metrics.payout_attempt(answer.outcome());
         match answer {
             Answer::Made { transfer_id } => {
@@ -419,20 +448,23 @@ impl Bank {
         format!("{}{path}", self.base.as_str().trim_end_matches('/'))
     }
 
-    /// Sends `payout` as a transfer, under `key`.
-    async fn transfer(&self, payout: &Payout, key: &str) -> Answer {
+    /// Sends `payout` as a transfer, under `key` — asking the bank to play `fault` on it
+    /// (the demonstration bank only: `crate::bank_fault`).
+    async fn transfer(&self, payout: &Payout, key: &str, fault: Option<bank::Fault>) -> Answer {
         let body = serde_json::json!({
             "destination": payout.destination,
             "amount": payout.amount.get(),
             "reference": payout.id.to_string(),
         });
-        let sent = self
+        let mut request = self
             .client
             .post(self.url("/v1/transfers"))
             .header("Idempotency-Key", key)
-            .json(&body)
-            .send()
-            .await;
+            .json(&body);
+        if let Some(fault) = fault {
+            request = request.header(bank::FAULT_HEADER, fault.name());
+        }
+        let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
             Err(error) => return no_word(format!("sending: {error}"), None),
@@ -474,6 +506,48 @@ impl Bank {
                 key_left_free: true,
             },
             (status, name) => no_word(format!("the bank answered {status} {name}"), retry_after),
+        }
+    }
+
+    /// The transfers with `reference`, page by page (the list's `reference` filter).
+    async fn transfers_with_reference(
+        &self,
+        reference: &str,
+    ) -> Result<Vec<bank::TransferView>, String> {
+        let mut transfers = Vec::new();
+        let mut after = 0;
+        loop {
+            let url = format!(
+                "{}?reference={}&after={after}&limit={}",
+                self.url("/v1/transfers"),
+                encode(reference),
+                bank::MAX_PAGE
+            );
+            let response = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|error| format!("asking the bank: {error}"))?;
+            let status = response.status();
+            if !status.is_success() {
+                return Err(format!("the bank answered {status} to its list"));
+            }
+            let page: bank::TransferPage = response
+                .json()
+                .await
+                .map_err(|error| format!("reading the bank's transfers: {error}"))?;
+            // Checked again here: a bank that ignored the filter would list every
+            // transfer it holds.
+            transfers.extend(
+                page.transfers
+                    .into_iter()
+                    .filter(|transfer| transfer.reference == reference),
+            );
+            match page.next_after {
+                Some(next) => after = next,
+                None => return Ok(transfers),
+            }
         }
     }
 

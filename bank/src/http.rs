@@ -514,6 +514,9 @@ struct ListQuery {
     after: i64,
     #[serde(default = "default_page")]
     limit: i64,
+    /// Only the transfers whose reference is this (a caller's view of one payment of its
+    /// own, under whatever keys it was sent).
+    reference: Option<String>,
 }
 
 fn default_page() -> i64 {
@@ -529,8 +532,8 @@ pub struct TransferPage {
     pub next_after: Option<i64>,
 }
 
-/// `GET /v1/transfers?after=<id>&limit=<n>`: transfers (executed and declined) in the
-/// order they committed.
+/// `GET /v1/transfers?after=<id>&limit=<n>[&reference=<text>]`: transfers (executed and
+/// declined) in the order they committed — all of them, or those with that reference.
 async fn list_transfers(
     State(app): State<Arc<App>>,
     query: Result<Query<ListQuery>, QueryRejection>,
@@ -546,7 +549,11 @@ async fn list_transfers(
         return Problem::invalid(format!("after is 0 or more; limit is 1 to {MAX_PAGE}"))
             .into_response();
     }
-    match app.store.list(query.after, query.limit).await {
+    let listed = app
+        .store
+        .list(query.after, query.limit, query.reference.as_deref())
+        .await;
+    match listed {
         Ok(records) => {
             let transfers: Vec<TransferView> = records.iter().filter_map(Record::view).collect();
             let full = i64::try_from(records.len()).unwrap_or(i64::MAX) == query.limit;

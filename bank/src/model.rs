@@ -134,6 +134,11 @@ impl TransferRequest {
 
 /// What the bank did under a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "openapi",
+    derive(utoipa::ToSchema),
+    schema(as = BankTransferState)
+)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The money moved.
@@ -196,8 +201,9 @@ pub struct Record {
     pub created_at_micros: i64,
 }
 
-/// A transfer as `GET /v1/transfers/{key}` and the list show it.
+/// A transfer, as the bank shows it (`GET /v1/transfers/{key}`, and its list).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = BankTransfer))]
 pub struct TransferView {
     /// Position in the bank's order of commits.
     pub id: i64,

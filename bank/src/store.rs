@@ -323,15 +323,36 @@ impl Store {
     }
 
     /// Transfers (executed and declined; closed keys are no transfers) with an id above
-    /// `after`, in id order, at most `limit`.
-    pub(crate) async fn list(&self, after: i64, limit: i64) -> Result<Vec<Record>, StoreError> {
-        const SQL: &str = concat!(
+    /// `after`, in id order, at most `limit` — all, or only those with `reference`.
+    pub(crate) async fn list(
+        &self,
+        after: i64,
+        limit: i64,
+        reference: Option<&str>,
+    ) -> Result<Vec<Record>, StoreError> {
+        const ALL: &str = concat!(
             "SELECT ",
             columns!(),
             " FROM bank_transfers WHERE id > $1 AND state <> 'closed' ORDER BY id LIMIT $2"
         );
-        let rows: Vec<Row> = on_pool!(self, pool => {
-            sqlx::query_as(SQL).bind(after).bind(limit).fetch_all(pool).await
+        // On the reference's index (migration 0002): a payment's few transfers, not a
+        // scan of every transfer.
+        const BY_REFERENCE: &str = concat!(
+            "SELECT ",
+            columns!(),
+            " FROM bank_transfers WHERE reference = $1 AND id > $2 AND state <> 'closed' \
+             ORDER BY id LIMIT $3"
+        );
+        let rows: Vec<Row> = on_pool!(self, pool => match reference {
+            None => sqlx::query_as(ALL).bind(after).bind(limit).fetch_all(pool).await,
+            Some(reference) => {
+                sqlx::query_as(BY_REFERENCE)
+                    .bind(reference)
+                    .bind(after)
+                    .bind(limit)
+                    .fetch_all(pool)
+                    .await
+            }
         })?;
         rows.into_iter().map(record).collect()
     }

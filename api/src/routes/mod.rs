@@ -106,12 +106,19 @@ impl Modify for BearerKey {
 
 /// What the server enforces on parameters that the handlers' annotations cannot say:
 /// `Idempotency-Key` is a hyphenated UUID, bare or quoted; a problem's name is one of
-/// those the server explains (taken from the same table the server answers from). That
+/// those the server explains (taken from the same table the server answers from); a
+/// payout's `Payonce-Bank-Fault` is one of the faults the bank crate knows (the list the
+/// server parses it with) — and is no parameter at all of an instance whose bank takes no
+/// faults, which refuses it. That
 /// every operation that takes a key may answer 429: an unknown key spends the client's
 /// allowance of bad keys (`crate::auth`). And what every answer of a kind carries: 409,
 /// 429 and 503 say when to retry (`Retry-After`, as
 /// [`crate::error::ApiError::retry_after`] sets it).
-struct Enforced;
+struct Enforced {
+    /// Whether this instance's bank is the in-process demonstration, which takes a
+    /// payout's fault.
+    bank_takes_faults: bool,
+}
 
 impl Modify for Enforced {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -122,6 +129,10 @@ impl Modify for Enforced {
         let names = ObjectBuilder::new()
             .schema_type(Type::String)
             .enum_values(Some(EXPLANATIONS.iter().map(|(name, _, _)| *name)))
+            .build();
+        let faults = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(crate::bank_fault::names()))
             .build();
         let retry_after = HeaderBuilder::new()
             .schema(Some(
@@ -156,6 +167,13 @@ impl Modify for Enforced {
                             .insert("Retry-After".to_owned(), retry_after.clone().into());
                     }
                 }
+                if !self.bank_takes_faults
+                    && let Some(parameters) = &mut operation.parameters
+                {
+                    parameters.retain(|parameter| {
+                        !matches!(parameter, RefOr::T(parameter) if parameter.name == "Payonce-Bank-Fault")
+                    });
+                }
                 let parameters = operation.parameters.iter_mut().flatten();
                 for parameter in parameters.filter_map(|parameter| match parameter {
                     RefOr::T(parameter) => Some(parameter),
@@ -163,6 +181,8 @@ impl Modify for Enforced {
                 }) {
                     if parameter.name == "Idempotency-Key" {
                         parameter.schema = Some(Schema::Object(key.clone()).into());
+                    } else if parameter.name == "Payonce-Bank-Fault" {
+                        parameter.schema = Some(Schema::Object(faults.clone()).into());
                     } else if path == "/problems/{name}" && parameter.name == "name" {
                         parameter.schema = Some(Schema::Object(names.clone()).into());
                     }
@@ -195,8 +215,9 @@ fn bad_keys_may_be_limited(responses: &mut BTreeMap<String, RefOr<utoipa::openap
     }
 }
 
-/// The routes and their OpenAPI document.
-pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
+/// The routes and their OpenAPI document — for an instance whose bank takes a payout's
+/// demonstration fault or not (`crate::bank_fault`).
+pub fn routes(bank_takes_faults: bool) -> (Router<AppState>, utoipa::openapi::OpenApi) {
     let routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(accounts::create_account))
         .routes(routes!(accounts::get_account))
@@ -211,6 +232,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(orders::pay_order))
         .routes(routes!(payouts::send_payout))
         .routes(routes!(payouts::get_payout))
+        .routes(routes!(payouts::get_payout_at_bank))
         .routes(routes!(payouts::list_payouts))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
@@ -219,7 +241,7 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
         .routes(routes!(service::index));
     let (router, mut openapi) = routes.split_for_parts();
     // After the routes are in: the document's modifiers run before there are any paths.
-    Enforced.modify(&mut openapi);
+    Enforced { bank_takes_faults }.modify(&mut openapi);
     #[cfg(feature = "demo")]
     crate::demo::document(&mut openapi);
     (router, openapi)
@@ -227,7 +249,10 @@ pub fn routes() -> (Router<AppState>, utoipa::openapi::OpenApi) {
 
 /// The whole application: routes, `/openapi.json`, `/`, and the layers.
 pub fn app(state: AppState, request_timeout: Duration) -> Router {
-    let (routes, openapi) = routes();
+    let bank_takes_faults = state
+        .payouts()
+        .is_some_and(|payouts| payouts.first_attempt_faults().is_some());
+    let (routes, openapi) = routes(bank_takes_faults);
     let openapi = openapi.to_pretty_json().unwrap_or_else(|error| {
         tracing::error!(%error, "cannot render the OpenAPI document");
         "{}".to_owned()

@@ -1,13 +1,15 @@
-//! `POST /v1/accounts/{id}/payouts`, `GET /v1/payouts/{payout_id}`, `GET /v1/payouts`.
+//! `POST /v1/accounts/{id}/payouts`, `GET /v1/payouts/{payout_id}`, `GET /v1/payouts`,
+//! `GET /v1/payouts/{payout_id}/bank`.
 //!
 //! A payout is a spend: sent with a ticket, under the account's lock, by the same
 //! idempotency protocol (`spends.rs`). What it stores is 202 — the money left the account
 //! and the payout is pending; the bank is called after the commit (`crate::payouts`), and
-//! the payout's live status is read here.
+//! the payout's live status is read here — and what the bank holds for it, asked of the
+//! bank.
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
 use ledger::{Amount, Operation};
@@ -16,11 +18,12 @@ use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::auth::{Caller, OwnAccount};
+use crate::bank_fault;
 use crate::error::{ApiError, Problem};
 use crate::extract::{IdempotencyKey, JsonBody, PayoutPath, integral};
 use crate::render::PayoutAccepted;
 use crate::routes::responses::{
-    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
+    BodyTooLarge, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
 };
 use crate::routes::spends;
 use crate::state::AppState;
@@ -111,6 +114,12 @@ impl From<Payout> for PayoutView {
 /// ticket's transaction, and the bank is called after — with one idempotency key for
 /// every attempt, so the bank moves it at most once. The answer (202, stored under the
 /// ticket and replayed) says where to watch the payout: `Location`.
+///
+/// In the embedded mode, whose bank is a demonstration in the same process,
+/// `Payonce-Bank-Fault` asks that bank to play a fault on the payout's first attempt
+/// (`commit-then-drop`: it makes the transfer, then drops the answer; the retry, under
+/// the same key, gets the stored answer). An instance paying out to `PAYONCE_BANK_URL`
+/// refuses the header.
 #[utoipa::path(
     post,
     path = "/v1/accounts/{id}/payouts",
@@ -118,6 +127,7 @@ impl From<Payout> for PayoutView {
     params(
         ("id" = Uuid, Path, description = "The account"),
         ("Idempotency-Key" = String, Header, description = "A ticket id of this account (a UUID, bare or quoted)"),
+        ("Payonce-Bank-Fault" = Option<String>, Header, description = "The embedded mode only: a fault its demonstration bank plays on this payout's first attempt (the retries, under the same key, go without). Sent to an instance paying out to PAYONCE_BANK_URL: 422 `bank-fault-refused`. A replay (the same ticket) adds no fault: the payout it answers was sent already"),
     ),
     security(("api_key" = [])),
     request_body = PayoutRequest,
@@ -125,7 +135,7 @@ impl From<Payout> for PayoutView {
         (status = 202, description = "Accepted: the money left the account and the payout is pending (a replay carries `Idempotent-Replayed: true`); `Location` is the payout", body = PayoutAccepted,
             headers(("Location" = String, description = "/v1/payouts/{payout_id}")),
             links(("GetPayout" = (operation_id = "get_payout", parameters(("payout_id" = "$response.body#/payout_id")), description = "The payout, as it goes on")))),
-        (status = 400, response = MalformedSpend),
+        (status = 400, description = "No or a malformed `Idempotency-Key`, a body that is not JSON, or a `Payonce-Bank-Fault` that names no fault (`bank-fault-unknown`) — nothing stored", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed); nothing was sent", body = Problem, content_type = "application/problem+json"),
         (status = 403, response = OthersAccount),
@@ -134,7 +144,7 @@ impl From<Payout> for PayoutView {
         (status = 410, response = TicketGone),
         (status = 413, response = BodyTooLarge),
         (status = 415, response = NotJson),
-        (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), `Payonce-Bank-Fault` sent to an instance whose bank is at PAYONCE_BANK_URL (`bank-fault-refused`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database or lock store unavailable, lock lost, the instance overloaded, or no bank on this instance (`payouts-unavailable`) — nothing stored; or `outcome-unknown` — the money may have left. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
     )
@@ -150,11 +160,23 @@ pub async fn send_payout(
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
     let destination = Destination::new(&request.destination)
         .map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))?;
+    let fault = bank_fault::requested(&headers)?;
     let Some(payouts) = state.payouts() else {
         return Err(ApiError::PayoutsUnavailable);
     };
+    let payout = PayoutId::random();
+    // Remembered before the transaction: a worker may claim the payout as it commits.
+    let remembered = match fault {
+        None => None,
+        Some(fault) => {
+            let faults = payouts
+                .first_attempt_faults()
+                .ok_or(ApiError::BankFaultRefused)?;
+            Some(faults.remember(payout, fault))
+        }
+    };
     let operation = Operation::Payout {
-        payout: PayoutId::random(),
+        payout,
         amount,
         destination,
     };
@@ -162,6 +184,17 @@ pub async fn send_payout(
     let answer = spends::spend(&state, account, key, operation, &path, &request, &headers).await?;
     if answer.status() == StatusCode::ACCEPTED {
         payouts.wake();
+    }
+    // The fault is kept only for the payout this request made, which the answer names. A
+    // replay names the payout sent before, whose first attempt is its own business: this
+    // request's fault, under an id nothing was made with, is forgotten as the guard drops.
+    let made_here = format!("/v1/payouts/{payout}");
+    let names_ours = answer
+        .headers()
+        .get(header::LOCATION)
+        .is_some_and(|location| location.as_bytes() == made_here.as_bytes());
+    if let Some(remembered) = remembered.filter(|_| names_ours) {
+        remembered.keep();
     }
     Ok(answer)
 }
@@ -185,13 +218,76 @@ pub async fn get_payout(
     caller: Caller,
     PayoutPath(payout): PayoutPath,
 ) -> Result<Json<PayoutView>, ApiError> {
-    let payout = state
+    Ok(Json(own_payout(&state, &caller, payout).await?.into()))
+}
+
+/// The caller's payout; another account's is not found, as one that does not exist.
+async fn own_payout(
+    state: &AppState,
+    caller: &Caller,
+    payout: PayoutId,
+) -> Result<Payout, ApiError> {
+    state
         .ledger()
         .payout(payout)
         .await?
         .filter(|payout| payout.account_id == caller.0)
-        .ok_or(ApiError::PayoutNotFound)?;
-    Ok(Json(payout.into()))
+        .ok_or(ApiError::PayoutNotFound)
+}
+
+/// What the bank holds for a payout, in the bank's own words.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PayoutAtBank {
+    /// The payout.
+    pub payout_id: Uuid,
+    /// The `Idempotency-Key` every call to the bank for this payout carries.
+    pub bank_key: String,
+    /// How many of `transfers` the bank executed: 1 once the payout's money left; more
+    /// would mean it left more than once (what a fresh key per attempt does).
+    pub executed: usize,
+    /// Every transfer the bank holds with this payout's id as its reference, under
+    /// whichever key, in the bank's order of commits: none while the bank has not made it,
+    /// then one, under `bank_key` — `executed`, or `declined` for a refusal.
+    pub transfers: Vec<bank::TransferView>,
+}
+
+/// Asks the bank what it holds for a payout: its transfers with the payout's id as their
+/// reference, under whichever key — how to see that money left once, under the one key,
+/// however many attempts it took.
+#[utoipa::path(
+    get,
+    path = "/v1/payouts/{payout_id}/bank",
+    tag = "payouts",
+    params(("payout_id" = Uuid, Path, description = "The payout")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The bank's transfers for the payout", body = PayoutAtBank),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "No such payout, or another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "The bank did not answer (`bank-unavailable`), the database is unavailable, or this instance has no bank (`payouts-unavailable`); nothing changed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_payout_at_bank(
+    State(state): State<AppState>,
+    caller: Caller,
+    PayoutPath(payout): PayoutPath,
+) -> Result<Json<PayoutAtBank>, ApiError> {
+    let payout = own_payout(&state, &caller, payout).await?;
+    let payouts = state.payouts().ok_or(ApiError::PayoutsUnavailable)?;
+    let transfers = payouts
+        .transfers_at_bank(payout.id)
+        .await
+        .map_err(ApiError::BankUnavailable)?;
+    let executed = transfers
+        .iter()
+        .filter(|transfer| transfer.state == bank::State::Executed)
+        .count();
+    Ok(Json(PayoutAtBank {
+        payout_id: payout.id.0,
+        bank_key: bank_key(payout.id),
+        executed,
+        transfers,
+    }))
 }
 
 /// Listing payouts.

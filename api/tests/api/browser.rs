@@ -1,8 +1,8 @@
 //! The web page in a real browser: headless Chromium (Debian's `chromium` and
 //! `chromium-driver`, which `scripts/services.sh` installs) opens an account, withdraws,
-//! replays, bursts, races and draws through the page under its content security policy,
-//! checks what a person reads there, and saves screenshots (wide and narrow) under the
-//! target directory.
+//! replays, bursts, races, draws and pays out through the page under its content security
+//! policy, checks what a person reads there, and saves screenshots (wide and narrow) under
+//! the target directory.
 
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -214,8 +214,9 @@ async fn screenshot(browser: &Client, width: u32, name: &str) {
     println!("screenshot: {}", path.display());
 }
 
-/// A person opens an account, withdraws, replays, fires a burst and a race and draws
-/// through the page, and sees one execution per ticket and no overdraft.
+/// A person opens an account, withdraws, replays, fires a burst and a race, draws, and
+/// pays out to a bank that drops its first answer, through the page — and sees one
+/// execution per ticket, no overdraft, and one transfer at the bank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_page_shows_replays_bursts_and_races() {
     let app = spawn_app(Backend::Embedded).await;
@@ -498,6 +499,59 @@ async fn walkthrough(app: &TestApp, browser: &Client) {
     contains(&paid, "Order of 60, paid twice with two tickets: ");
     contains(&paid, "409 order-already-paid");
     contains(&paid, "— paid exactly once.");
+
+    // A payout whose first answer the bank drops after it made the transfer (offered by
+    // default): two attempts under one key, one transfer at the bank, the balance down
+    // once, with one ledger entry under the payout's ticket.
+    let dropped: bool = js(
+        browser,
+        "return document.getElementById('payout-drop').checked",
+    )
+    .await;
+    assert!(dropped, "the lost answer is not offered by default");
+    let before: i64 = text(browser, "balance").await.parse().unwrap();
+    fill(browser, "payout-amount", "25").await;
+    press(browser, "pay-out").await;
+    assert_eq!(focused(browser).await, "pay-out");
+    assert_eq!(
+        text(browser, "payout-status").await,
+        "Paid out 25 once: 2 attempts, one key, one transfer at the bank."
+    );
+    assert_eq!(text(browser, "payout-state").await, "succeeded");
+    assert_eq!(text(browser, "payout-attempts").await, "2");
+    let key = text(browser, "payout-key").await;
+    assert!(key.starts_with("payonce-payout-"), "{key}");
+    contains(
+        &text(browser, "payout-bank").await,
+        "The bank holds 1 transfer for this payout (its reference), 1 executed",
+    );
+    let transfers: Vec<Vec<String>> = js(
+        browser,
+        "return [...document.querySelectorAll('#payout-transfers li')].map(item => \
+         [...item.querySelectorAll('dd')].map(value => value.textContent))",
+    )
+    .await;
+    assert_eq!(transfers.len(), 1, "{transfers:?}");
+    assert_eq!(transfers[0][1..], [key.as_str(), "25", "executed"]);
+    contains(
+        &text(browser, "payout-why").await,
+        "the bank, finding the key, replayed its stored answer instead of paying again",
+    );
+    assert_eq!(text(browser, "balance").await, (before - 25).to_string());
+    let payout_ticket = text(browser, "payout-ticket").await;
+    let entries: Vec<Vec<String>> = js(
+        browser,
+        &format!(
+            "return [...document.querySelectorAll('#entries [data-ticket=\"{payout_ticket}\"]')] \
+             .map(code => [...code.closest('tr').cells].slice(0, 3).map(cell => cell.textContent.trim()))"
+        ),
+    )
+    .await;
+    assert_eq!(
+        entries,
+        [["payout", &payout_ticket[..8], "-25"]],
+        "one entry for the payout's ticket"
+    );
 
     let violations: Vec<String> = js(browser, "return window.violations").await;
     assert!(violations.is_empty(), "{violations:?}");

@@ -5,7 +5,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, spawn_app};
+use crate::helpers::{Backend, spawn_app, spawn_app_with};
 
 fn schema<'a>(spec: &'a Value, reference: &Value) -> &'a Value {
     let name = reference["$ref"]
@@ -235,6 +235,45 @@ async fn the_document_matches_the_routes_and_the_bodies() {
         &response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200)["properties"]["entries"]["items"],
     );
     assert_fits(entry_schema, &page["entries"][0], "entry");
+    // A payout, once the in-process bank made it, and what the bank holds for it.
+    let payout_ticket = app.ticket(&account).await;
+    let accepted: Value = app
+        .spend(
+            &account,
+            "payouts",
+            &payout_ticket,
+            json!({ "amount": 5, "destination": "DE89370400440532013000" }),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let payout_id = accepted["payout_id"].as_str().unwrap();
+    let get = |path: String| {
+        let request = app.client.get(app.url(&path)).bearer_auth(&account.key);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let mut payout = Value::Null;
+    for _ in 0..200 {
+        payout = get(format!("/v1/payouts/{payout_id}")).await;
+        if payout["status"] != "pending" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_fits(
+        response_schema(&spec, "/v1/payouts/{payout_id}", "get", 200),
+        &payout,
+        "payout",
+    );
+    let held = get(format!("/v1/payouts/{payout_id}/bank")).await;
+    let held_schema = response_schema(&spec, "/v1/payouts/{payout_id}/bank", "get", 200);
+    assert_fits(held_schema, &held, "payout at the bank");
+    assert_fits(
+        schema(&spec, &held_schema["properties"]["transfers"]["items"]),
+        &held["transfers"][0],
+        "the bank's transfer",
+    );
     let broke = app.ticket(&account).await;
     let refused: Value = app
         .withdraw(&account, &broke, 1_000_000)
@@ -250,7 +289,8 @@ async fn the_document_matches_the_routes_and_the_bodies() {
 }
 
 /// What the server enforces is in the document: the `Idempotency-Key` pattern (exactly
-/// the forms the server accepts), `limit` 1–1000, every problem name, a name without NUL —
+/// the forms the server accepts), a payout's `Payonce-Bank-Fault` (one of the bank's
+/// faults, where the bank takes them; absent where it does not), `limit` 1–1000, every problem name, a name without NUL —
 /// and links lead from an account to a ticket, from a ticket to each spend and to its own
 /// lookup, and from a spend to the ticket that remembers it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -301,6 +341,44 @@ async fn the_document_says_what_the_server_enforces() {
             );
         }
     }
+    // A payout's demonstration fault: optional, one of the bank's faults (the list the
+    // server parses it with), and its two refusals documented.
+    let fault = parameter("/v1/accounts/{id}/payouts", "post", "Payonce-Bank-Fault");
+    let faults: Vec<&str> = bank::Fault::ALL
+        .into_iter()
+        .map(bank::Fault::name)
+        .collect();
+    assert_eq!(
+        (
+            &fault["in"],
+            fault["required"].as_bool().unwrap_or(false),
+            &fault["schema"]["enum"]
+        ),
+        (&json!("header"), false, &json!(faults)),
+        "{fault}"
+    );
+    let responses = &spec["paths"]["/v1/accounts/{id}/payouts"]["post"]["responses"];
+    for (status, mentions) in [("400", "bank-fault-unknown"), ("422", "bank-fault-refused")] {
+        let response = resolved(&spec, &responses[status]);
+        assert!(
+            response["description"]
+                .as_str()
+                .is_some_and(|description| description.contains(mentions)),
+            "payouts {status}: {response}"
+        );
+    }
+    // An instance that pays out to a bank at a URL refuses the header: it does not offer it.
+    let paying_to_a_url =
+        spawn_app_with(Backend::Embedded, &["--bank-url", "http://127.0.0.1:9"]).await;
+    let its = paying_to_a_url.openapi().await;
+    let names: Vec<&Value> = its["paths"]["/v1/accounts/{id}/payouts"]["post"]["parameters"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|parameter| &parameter["name"])
+        .collect();
+    assert_eq!(names, [&json!("id"), &json!("Idempotency-Key")]);
+    paying_to_a_url.stop().await;
     let limit = parameter("/v1/accounts/{id}/entries", "get", "limit");
     assert_eq!(
         (

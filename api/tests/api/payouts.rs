@@ -105,26 +105,32 @@ impl TestBank {
     }
 }
 
-/// The flags of an instance that pays out to `bank`, with a quick schedule: small
-/// backoffs, three attempts before the bank is asked by key; each call bounded by
-/// `timeout`, each claim by `lease`.
+/// A quick payout schedule: small backoffs, three attempts before the bank is asked by
+/// key, idle workers looking every 50 ms.
+const QUICK_SCHEDULE: [&str; 8] = [
+    "--payout-retry-base",
+    "20ms",
+    "--payout-retry-max",
+    "100ms",
+    "--payout-attempts",
+    "3",
+    "--payout-poll",
+    "50ms",
+];
+
+/// The flags of an instance that pays out to `bank`, on the quick schedule; each call
+/// bounded by `timeout`, each claim by `lease`.
 fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
-    vec![
+    let mut flags = vec![
         "--bank-url",
         bank.url.as_str(),
         "--bank-timeout",
         timeout,
         "--payout-lease",
         lease,
-        "--payout-retry-base",
-        "20ms",
-        "--payout-retry-max",
-        "100ms",
-        "--payout-attempts",
-        "3",
-        "--payout-poll",
-        "50ms",
-    ]
+    ];
+    flags.extend(QUICK_SCHEDULE);
+    flags
 }
 
 impl TestApp {
@@ -136,6 +142,78 @@ impl TestApp {
             json!({ "amount": amount, "destination": "DE89370400440532013000" }),
         )
         .await
+    }
+
+    /// A payout that asks the bank to play `fault` (`Payonce-Bank-Fault`).
+    async fn pay_out_with_fault(
+        &self,
+        account: &TestAccount,
+        ticket: &str,
+        amount: i64,
+        fault: &str,
+    ) -> reqwest::Response {
+        self.client
+            .post(self.url(&format!("/v1/accounts/{}/payouts", account.id)))
+            .bearer_auth(&account.key)
+            .header("Idempotency-Key", ticket)
+            .header("Payonce-Bank-Fault", fault)
+            .json(&json!({ "amount": amount, "destination": "DE89370400440532013000" }))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// What the bank holds for a payout, as payonce asks it.
+    async fn at_bank(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
+        self.client
+            .get(self.url(&format!("/v1/payouts/{payout}/bank")))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// The bank's one executed transfer for a settled `payout`, under its key, of its
+    /// amount — the transfer the payout recorded.
+    async fn assert_one_transfer_at_bank(&self, account: &TestAccount, payout: &Value) {
+        let id = payout["payout_id"].as_str().expect("an id");
+        let (status, _, held) = read(self.at_bank(account, id).await).await;
+        assert_eq!(status, StatusCode::OK, "{held}");
+        assert_eq!(
+            (&held["payout_id"], &held["bank_key"], &held["executed"]),
+            (&payout["payout_id"], &payout["bank_key"], &json!(1)),
+            "{held}"
+        );
+        let transfers = held["transfers"].as_array().expect("transfers");
+        assert_eq!(transfers.len(), 1, "{held}");
+        let transfer = &transfers[0];
+        assert_eq!(
+            (
+                &transfer["idempotency_key"],
+                &transfer["state"],
+                &transfer["amount"],
+                &transfer["reference"]
+            ),
+            (
+                &payout["bank_key"],
+                &json!("executed"),
+                &payout["amount"],
+                &payout["payout_id"]
+            ),
+            "{held}"
+        );
+        assert_eq!(
+            payout["bank_transfer_id"].as_str(),
+            Some(transfer["id"].to_string().as_str())
+        );
+    }
+
+    /// How many demonstration faults wait for a payout's first attempt.
+    fn faults_waiting(&self) -> usize {
+        self.state
+            .payouts()
+            .and_then(|payouts| payouts.first_attempt_faults())
+            .map_or(0, api::bank_fault::FirstAttemptFaults::waiting)
     }
 
     async fn payout(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
@@ -238,6 +316,7 @@ pub async fn lost_answers_after_the_commit_pay_once(backend: Backend) {
     assert_eq!(settled["status"], "succeeded", "{settled}");
     assert_eq!(settled["attempts"], 3, "{settled}");
     assert_eq!(bank.transfers().await.len(), 1);
+    app.assert_one_transfer_at_bank(&account, &settled).await;
     assert_eq!(app.balance(&account).await.0, 750);
     app.assert_audit_clean().await;
     bank.assert_audit_clean().await;
@@ -511,6 +590,177 @@ pub async fn the_embedded_mode_pays_out_to_a_bank_of_its_own() {
     app.stop().await;
 }
 
+/// The embedded mode's demonstration: `Payonce-Bank-Fault: commit-then-drop` on a payout
+/// makes its in-process bank execute the first attempt and drop the answer; the second
+/// attempt, under the same key, gets the stored answer — succeeded at attempt 2, the
+/// balance down once. A replay of the request adds no fault, and the next payout without
+/// the header goes through at its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demonstration_fault_strikes_the_first_attempt_only() {
+    let app = spawn_app_with(Backend::Embedded, &QUICK_SCHEDULE).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    let (status, replayed, accepted) = read(
+        app.pay_out_with_fault(&account, &ticket, 300, "commit-then-drop")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::ACCEPTED, false),
+        "{accepted}"
+    );
+    let payout = accepted["payout_id"].as_str().expect("an id").to_owned();
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(2)),
+        "one attempt struck, the next replayed: {settled}"
+    );
+    assert!(settled["last_error"].is_null(), "{settled}");
+    app.assert_one_transfer_at_bank(&account, &settled).await;
+    assert_eq!(app.balance(&account).await.0, 700);
+    assert_eq!(app.faults_waiting(), 0, "the first attempt took the fault");
+
+    let (status, replayed, replay) = read(
+        app.pay_out_with_fault(&account, &ticket, 300, "decline")
+            .await,
+    )
+    .await;
+    assert_eq!(
+        (status, replayed, &replay),
+        (StatusCode::ACCEPTED, true, &accepted)
+    );
+    assert_eq!(app.faults_waiting(), 0, "a replay's fault is not kept");
+    let plain = app.accepted_payout(&account, 100).await;
+    let settled = app.settled(&account, &plain).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(1)),
+        "{settled}"
+    );
+    assert_eq!(app.balance(&account).await.0, 600);
+    app.assert_audit_clean().await;
+    app.stop().await;
+}
+
+/// `Payonce-Bank-Fault` is refused before anything is stored: a name the bank does not
+/// know (400 `bank-fault-unknown`), and any fault at all on an instance whose bank is at
+/// `PAYONCE_BANK_URL` (422 `bank-fault-refused`) — that bank, though it would heed the
+/// header, never gets it; the ticket then pays out plainly, at the first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_demonstration_fault_is_refused_unless_the_bank_is_in_process() {
+    let app = spawn_app_with(Backend::Embedded, &QUICK_SCHEDULE).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    for bad in ["explode", "", "commit-then-drop, decline"] {
+        let response = app.pay_out_with_fault(&account, &ticket, 10, bad).await;
+        assert_problem(response, StatusCode::BAD_REQUEST, "bank-fault-unknown").await;
+    }
+    assert_eq!(app.shown_ticket(&account, &ticket).await["state"], "issued");
+    assert_eq!(app.faults_waiting(), 0);
+    app.stop().await;
+
+    let bank = TestBank::start(bank::BankOptions {
+        demo_header: true,
+        ..bank::BankOptions::default()
+    })
+    .await;
+    let app = spawn_app_with(Backend::Embedded, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&account).await;
+    let response = app
+        .pay_out_with_fault(&account, &ticket, 10, "commit-then-drop")
+        .await;
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "bank-fault-refused",
+    )
+    .await;
+    assert_eq!(app.shown_ticket(&account, &ticket).await["state"], "issued");
+    assert_eq!(app.balance(&account).await.0, 1000);
+    assert!(bank.transfers().await.is_empty());
+    let (status, _, accepted) = read(app.pay_out(&account, &ticket, 10).await).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{accepted}");
+    let payout = accepted["payout_id"].as_str().expect("an id");
+    let settled = app.settled(&account, payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(1)),
+        "{settled}"
+    );
+    assert_eq!(bank.transfers().await.len(), 1);
+    app.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// `GET /v1/payouts/{id}/bank` is the payout's account's: another account's payout, or
+/// none, is 404, no key 401; a bank that does not answer is 503 `bank-unavailable`, and
+/// while the bank has not made the payout it holds nothing for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_bank_view_is_the_payouts_account_and_says_when_the_bank_is_away() {
+    let bank = TestBank::plain().await;
+    let app = spawn_app_with(Backend::Embedded, &paying_to(&bank, "500ms", "2s")).await;
+    let mine = app.create_account(1000, 0).await;
+    let other = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&mine, 5).await;
+    let settled = app.settled(&mine, &payout).await;
+    app.assert_one_transfer_at_bank(&mine, &settled).await;
+    let response = app.at_bank(&other, &payout).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
+    let response = app.at_bank(&mine, &uuid::Uuid::new_v4().to_string()).await;
+    assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
+    let response = app
+        .client
+        .get(app.url(&format!("/v1/payouts/{payout}/bank")))
+        .send()
+        .await
+        .expect("request");
+    assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
+    app.stop().await;
+    bank.stop().await;
+
+    // A port nothing listens on: the payout stays pending, and the bank cannot be asked.
+    let away = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}", away.local_addr().expect("an address"));
+    drop(away);
+    let mut flags = vec!["--bank-url", url.as_str()];
+    flags.extend(QUICK_SCHEDULE);
+    let app = spawn_app_with(Backend::Embedded, &flags).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let response = app.at_bank(&account, &payout).await;
+    assert_problem(
+        response,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "bank-unavailable",
+    )
+    .await;
+    assert_eq!(
+        read(app.payout(&account, &payout).await).await.2["status"],
+        "pending"
+    );
+    app.stop().await;
+
+    // A bank that never made it (every request fails before anything is done): nothing.
+    let refusing = TestBank::always(bank::Fault::FailBefore, Duration::ZERO).await;
+    let app = spawn_app_with(Backend::Embedded, &paying_to(&refusing, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let (status, _, held) = read(app.at_bank(&account, &payout).await).await;
+    assert_eq!(
+        (status, &held["executed"], &held["transfers"]),
+        (StatusCode::OK, &json!(0), &json!([])),
+        "{held}"
+    );
+    app.stop().await;
+    refusing.stop().await;
+}
+
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {
         mod on_postgres_and_redis {
@@ -661,6 +911,8 @@ async fn a_fresh_key_per_attempt_pays_on_every_attempt() {
     let transfers = bank.transfers().await;
     assert_eq!(transfers.len(), 3, "one per attempt: {transfers:?}");
     assert!(transfers.iter().all(|t| t["reference"] == json!(payout)));
+    let (_, _, held) = read(app.at_bank(&account, &payout).await).await;
+    assert_eq!(held["executed"], 3, "the bank's view shows each: {held}");
     assert_eq!(settled["status"], "failed", "{settled}");
     assert_eq!(
         app.balance(&account).await.0,

@@ -226,3 +226,61 @@ async fn the_list_pages_through_every_transfer_in_order(db: Db) {
     );
 }
 on_both_stores!(the_list_pages_through_every_transfer_in_order);
+
+/// The list with `reference=` holds exactly the transfers with that reference, under
+/// whichever keys, executed or declined, paged like the whole list — and no other's.
+async fn the_list_filters_by_reference(db: Db) {
+    let bank = Bank::start(db, &[]).await;
+    let mine: Vec<String> = (0..5).map(|_| key()).collect();
+    for (at, key) in mine.iter().enumerate() {
+        let fault = (at == 4).then_some("decline");
+        let answer = bank
+            .transfer(key, &body("acct-1", 10, "payout-7"), fault)
+            .await;
+        assert!(matches!(answer.status, 201 | 422), "{answer:?}");
+        let theirs = bank
+            .transfer(
+                &crate::support::key(),
+                &body("acct-1", 10, "payout-8"),
+                None,
+            )
+            .await;
+        assert_eq!(theirs.status, 201, "{theirs:?}");
+    }
+    bank.close(&key()).await;
+    let mut listed = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = bank
+            .get(&format!(
+                "/v1/transfers?reference=payout-7&after={after}&limit=2"
+            ))
+            .await;
+        assert_eq!(page.status, 200, "{page:?}");
+        listed.extend(
+            page.body["transfers"]
+                .as_array()
+                .expect("transfers")
+                .clone(),
+        );
+        match page.body["next_after"].as_i64() {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    let keys: Vec<&str> = listed
+        .iter()
+        .map(|t| t["idempotency_key"].as_str().expect("a key"))
+        .collect();
+    assert_eq!(keys, mine.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(listed.iter().all(|t| t["reference"] == json!("payout-7")));
+    assert_eq!(listed[4]["state"], "declined");
+    let none = bank.get("/v1/transfers?reference=nobody").await;
+    assert_eq!(
+        (none.status, &none.body["transfers"]),
+        (200, &json!([])),
+        "{none:?}"
+    );
+    assert_eq!(bank.all_transfers().await.len(), 10);
+}
+on_both_stores!(the_list_filters_by_reference);
