@@ -222,18 +222,24 @@ memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1;
 # from this checkout as the tests build the workspace (so the build is shared with them,
 # not a second one), the binary copied next to its SQLite store under
 # /var/lib/payonce/bank (so a cargo clean does not pull it away), no fault rates, and the
-# demonstration header on (tests aim a fault at one request with Payonce-Bank-Fault).
+# demonstration header on (tests aim a fault at one request with Payonce-Bank-Fault). A
+# bank already running from another build of it is replaced (its store stays), so the
+# tests meet the bank of the checkout they test.
 bank_ok() {
   curl -fsS --max-time 2 http://127.0.0.1:7700/healthz 2>/dev/null | grep -q '"status":"ok"'
 }
+checkout=$(cd "$(dirname "$0")/.." && pwd)
+(cd "$checkout" && cargo build --locked --quiet --workspace --all-features --bin payonce-bank)
+bank_home=/var/lib/payonce/bank
+bank_built="${CARGO_TARGET_DIR:-$checkout/target}/debug/payonce-bank"
+if bank_ok && ! cmp -s "$bank_built" "$bank_home/payonce-bank"; then
+  as_root start-stop-daemon --stop --oknodo --retry 5 --pidfile "$bank_home/payonce-bank.pid" >/dev/null
+fi
 if ! bank_ok; then
-  checkout=$(cd "$(dirname "$0")/.." && pwd)
-  (cd "$checkout" && cargo build --locked --quiet --workspace --all-features --bin payonce-bank)
-  bank_home=/var/lib/payonce/bank
   as_root mkdir -p "$bank_home" /var/log/payonce
   # Copied aside and renamed into place: a binary still running (not answering) keeps its
   # old file. (Not `install`: that name is this script's apt-get step.)
-  as_root cp "${CARGO_TARGET_DIR:-$checkout/target}/debug/payonce-bank" "$bank_home/payonce-bank.new"
+  as_root cp "$bank_built" "$bank_home/payonce-bank.new"
   as_root mv -f "$bank_home/payonce-bank.new" "$bank_home/payonce-bank"
   as_root start-stop-daemon --start --oknodo --background --make-pidfile \
     --pidfile "$bank_home/payonce-bank.pid" --output /var/log/payonce/bank.log \
