@@ -1,4 +1,4 @@
-//! Payouts against a real `payonce-bank` (the bank crate's server, on a port-0 listener
+//! Payouts against a real `payonce-bank` (a process of its own, on a free loopback port,
 //! with a store of its own): each payout moves money at the bank once, whatever the bank
 //! does to the answers; a payout fails and its money comes back only on the bank's word.
 
@@ -11,58 +11,83 @@ use crate::helpers::{
     Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
 };
 
-/// A bank for one test: its server, its store, and a client to ask it what it did.
+/// A bank for one test: a `payonce-bank` process on a free loopback port (`--addr
+/// 127.0.0.1:0`; it says where it listens), its store in a directory of its own, and a
+/// client to ask it what it did. Killed when dropped.
 struct TestBank {
     url: String,
-    bank: bank::Bank,
-    server: Option<bank::ServerHandle>,
+    child: Option<tokio::process::Child>,
+    store: tempfile::TempDir,
     client: reqwest::Client,
-    _store: tempfile::TempDir,
+}
+
+/// The payonce-bank binary beside this test's (cargo builds it for the workspace's
+/// tests); built here if a narrower `cargo test` did not.
+fn bank_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("the test's path");
+    let binary = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("the target directory")
+        .join("payonce-bank");
+    if !binary.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let built = std::process::Command::new(cargo)
+            .args(["build", "-p", "bank", "--bin", "payonce-bank"])
+            .status()
+            .expect("cargo runs");
+        assert!(built.success(), "payonce-bank builds");
+    }
+    binary
 }
 
 impl TestBank {
-    async fn start(options: bank::BankOptions) -> Self {
+    /// Starts a bank with `flags` beside its address and store.
+    async fn start(flags: &[&str]) -> Self {
+        use tokio::io::AsyncBufReadExt;
         let store = tempfile::tempdir().expect("a directory");
-        let options = bank::BankOptions {
-            database_url: format!("sqlite:{}", store.path().join("bank.db").display()),
-            ..options
-        };
-        let bank = bank::Bank::open(options).await.expect("the bank opens");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a port");
-        let server = bank.serve(listener).expect("the bank serves");
+        let mut child = tokio::process::Command::new(bank_binary())
+            .args(["--addr", "127.0.0.1:0", "--database-url"])
+            .arg(format!("sqlite:{}", store.path().join("bank.db").display()))
+            .args(flags)
+            .env("RUST_LOG", "warn")
+            .env_remove("PAYONCE_BANK_DATABASE_URL")
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("payonce-bank starts");
+        let stdout = child.stdout.take().expect("its stdout");
+        let mut line = String::new();
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            tokio::io::BufReader::new(stdout).read_line(&mut line),
+        )
+        .await
+        .expect("payonce-bank says where it listens in time")
+        .expect("its stdout reads");
+        let address = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("payonce-bank printed {line:?}, not `listening on ADDR`"))
+            .to_owned();
         Self {
-            url: format!("http://{}", server.addr()),
-            bank,
-            server: Some(server),
+            url: format!("http://{address}"),
+            child: Some(child),
+            store,
             client: reqwest::Client::new(),
-            _store: store,
         }
     }
 
     async fn plain() -> Self {
-        Self::start(bank::BankOptions::default()).await
+        Self::start(&[]).await
     }
 
     /// A bank that meets every transfer request with `fault`; a slow answer takes
     /// `slow_for`.
     async fn always(fault: bank::Fault, slow_for: Duration) -> Self {
-        let mut faults = bank::FaultRates::default();
-        *match fault {
-            bank::Fault::FailBefore => &mut faults.fail_before,
-            bank::Fault::CommitThenDrop => &mut faults.commit_then_drop,
-            bank::Fault::CommitThenSlow => &mut faults.commit_then_slow,
-            bank::Fault::Decline => &mut faults.decline,
-            bank::Fault::Unavailable => &mut faults.unavailable,
-            bank::Fault::Down => &mut faults.down,
-        } = 1.0;
-        Self::start(bank::BankOptions {
-            faults,
-            slow_for,
-            ..bank::BankOptions::default()
-        })
-        .await
+        let rate = format!("--fault-{}", fault.name());
+        let slow = format!("{}ms", slow_for.as_millis());
+        Self::start(&[rate.as_str(), "1", "--slow-for", slow.as_str()]).await
     }
 
     /// Every transfer the bank holds.
@@ -93,14 +118,30 @@ impl TestBank {
         )
     }
 
+    /// `payonce-bank audit` on its store: no key executed twice, the totals add up.
     async fn assert_audit_clean(&self) {
-        let report = self.bank.audit().await.expect("the bank's audit runs");
-        assert!(report.is_clean(), "{report:?}");
+        let audit = tokio::process::Command::new(bank_binary())
+            .arg("audit")
+            .arg("--database-url")
+            .arg(format!(
+                "sqlite:{}",
+                self.store.path().join("bank.db").display()
+            ))
+            .output()
+            .await
+            .expect("payonce-bank audit runs");
+        assert!(
+            audit.status.success(),
+            "{}{}",
+            String::from_utf8_lossy(&audit.stdout),
+            String::from_utf8_lossy(&audit.stderr)
+        );
     }
 
+    /// The bank goes away: its process is killed.
     async fn stop(mut self) {
-        if let Some(server) = self.server.take() {
-            server.shutdown().await;
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill().await;
         }
     }
 }
@@ -661,11 +702,7 @@ async fn a_demonstration_fault_is_refused_unless_the_bank_is_in_process() {
     assert_eq!(app.faults_waiting(), 0);
     app.stop().await;
 
-    let bank = TestBank::start(bank::BankOptions {
-        demo_header: true,
-        ..bank::BankOptions::default()
-    })
-    .await;
+    let bank = TestBank::start(&["--demo-header"]).await;
     let app = spawn_app_with(Backend::Embedded, &paying_to(&bank, "500ms", "2s")).await;
     let account = app.create_account(1000, 0).await;
     let ticket = app.ticket(&account).await;
