@@ -404,25 +404,7 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     progress.finish_and_clear();
     history.accounts = rounds.all().await;
 
-    let paid_out = history
-        .spends
-        .iter()
-        .any(|spend| spend.kind == SpendKind::Payout);
-    let drained = if paid_out {
-        Some(drain_payouts(&api, &history.accounts, options.drain).await)
-    } else {
-        None
-    };
-    let mut final_state = read_back(&api, &history).await?;
-    if paid_out {
-        read_payouts(
-            &api,
-            &history.accounts,
-            options.bank.as_deref(),
-            &mut final_state,
-        )
-        .await?;
-    }
+    let (final_state, drained) = the_end(&api, &history, &options).await?;
     let mut metrics = Vec::new();
     for (index, target) in options.targets.iter().enumerate() {
         metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
@@ -1043,6 +1025,30 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         state.tickets.insert(id, read);
     }
     Ok(state)
+}
+
+/// The final state, once the payouts (if the run sent any) have drained: every account,
+/// the tickets to judge, the payouts, and the bank's transfers for them.
+async fn the_end(
+    api: &Api,
+    history: &History,
+    options: &RunOptions,
+) -> Result<(FinalState, Option<Drained>), RunError> {
+    let paid_out = history
+        .spends
+        .iter()
+        .any(|spend| spend.kind == SpendKind::Payout);
+    let drained = if paid_out {
+        Some(drain_payouts(api, &history.accounts, options.drain).await)
+    } else {
+        None
+    };
+    let mut final_state = read_back(api, history).await?;
+    if paid_out {
+        let bank = options.bank.as_deref();
+        read_payouts(api, &history.accounts, bank, &mut final_state).await?;
+    }
+    Ok((final_state, drained))
 }
 
 /// How the wait for the payouts to settle ended.
