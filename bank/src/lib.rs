@@ -15,6 +15,8 @@
 //! - `model.rs`: [`IdempotencyKey`], [`TransferRequest`], [`TransferView`], the bounds.
 //! - `audit.rs`: the invariants and [`AuditReport`].
 //! - `main.rs`: the `payonce-bank` command line.
+//! - [`testing`] (`testing.rs`, feature `test-support`): the binary started as a process
+//!   for other crates' tests and tools.
 //!
 //! # Once per key
 //! A transfer executes in one database transaction that inserts its row under the UNIQUE
@@ -31,6 +33,8 @@ mod http;
 mod model;
 mod server;
 mod store;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 use std::sync::Arc;
 use std::time::Duration;

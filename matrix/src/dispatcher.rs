@@ -23,8 +23,10 @@ use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
 use serde::Serialize;
 use tokio::time::sleep;
 
+use bank::testing::BankProcess;
+
 use crate::MatrixError;
-use crate::cluster::{BankProcess, Cluster, base_environment};
+use crate::cluster::{Cluster, base_environment};
 use crate::services::{Servers, Service};
 
 /// Which key the dispatcher sends each attempt with.
@@ -243,7 +245,14 @@ async fn run_cell(
     keys: Keys,
     fault: BankFault,
 ) -> Result<DispatchRow, MatrixError> {
-    let bank = BankProcess::start(options.bank, &fault.bank_flags()).await?;
+    let store = tempfile::tempdir()
+        .map_err(|error| MatrixError::Setup(format!("a directory for the bank: {error}")))?;
+    let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
+    let flags = fault.bank_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let bank = BankProcess::start(options.bank, &store_url, &flags)
+        .await
+        .map_err(MatrixError::Setup)?;
     let servers = Servers::start(Service::Redis.servers()).await?;
     let (timeout, lease) = fault.timeout_and_lease();
     let mut environment = base_environment(options.database_url, Duration::from_secs(1));

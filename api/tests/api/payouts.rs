@@ -11,69 +11,28 @@ use crate::helpers::{
     Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
 };
 
-/// A bank for one test: a `payonce-bank` process on a free loopback port (`--addr
-/// 127.0.0.1:0`; it says where it listens), its store in a directory of its own, and a
-/// client to ask it what it did. Killed when dropped.
+/// A bank for one test: a `payonce-bank` process of its own (killed when dropped), its
+/// store in a directory of its own, and a client to ask it what it did.
 struct TestBank {
     url: String,
-    child: Option<tokio::process::Child>,
-    store: tempfile::TempDir,
+    process: bank::testing::BankProcess,
+    _store: tempfile::TempDir,
     client: reqwest::Client,
-}
-
-/// The payonce-bank binary beside this test's (cargo builds it for the workspace's
-/// tests); built here if a narrower `cargo test` did not.
-fn bank_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("the test's path");
-    let binary = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("the target directory")
-        .join("payonce-bank");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let built = std::process::Command::new(cargo)
-            .args(["build", "-p", "bank", "--bin", "payonce-bank"])
-            .status()
-            .expect("cargo runs");
-        assert!(built.success(), "payonce-bank builds");
-    }
-    binary
 }
 
 impl TestBank {
     /// Starts a bank with `flags` beside its address and store.
     async fn start(flags: &[&str]) -> Self {
-        use tokio::io::AsyncBufReadExt;
         let store = tempfile::tempdir().expect("a directory");
-        let mut child = tokio::process::Command::new(bank_binary())
-            .args(["--addr", "127.0.0.1:0", "--database-url"])
-            .arg(format!("sqlite:{}", store.path().join("bank.db").display()))
-            .args(flags)
-            .env("RUST_LOG", "warn")
-            .env_remove("PAYONCE_BANK_DATABASE_URL")
-            .stdout(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
+        let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
+        let binary = bank::testing::binary_for_tests();
+        let process = bank::testing::BankProcess::start(&binary, &store_url, flags)
+            .await
             .expect("payonce-bank starts");
-        let stdout = child.stdout.take().expect("its stdout");
-        let mut line = String::new();
-        tokio::time::timeout(
-            Duration::from_secs(30),
-            tokio::io::BufReader::new(stdout).read_line(&mut line),
-        )
-        .await
-        .expect("payonce-bank says where it listens in time")
-        .expect("its stdout reads");
-        let address = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("payonce-bank printed {line:?}, not `listening on ADDR`"))
-            .to_owned();
         Self {
-            url: format!("http://{address}"),
-            child: Some(child),
-            store,
+            url: process.url(),
+            process,
+            _store: store,
             client: reqwest::Client::new(),
         }
     }
@@ -120,13 +79,10 @@ impl TestBank {
 
     /// `payonce-bank audit` on its store: no key executed twice, the totals add up.
     async fn assert_audit_clean(&self) {
-        let audit = tokio::process::Command::new(bank_binary())
+        let audit = tokio::process::Command::new(bank::testing::binary_for_tests())
             .arg("audit")
             .arg("--database-url")
-            .arg(format!(
-                "sqlite:{}",
-                self.store.path().join("bank.db").display()
-            ))
+            .arg(self.process.database_url())
             .output()
             .await
             .expect("payonce-bank audit runs");
@@ -140,9 +96,7 @@ impl TestBank {
 
     /// The bank goes away: its process is killed.
     async fn stop(mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill().await;
-        }
+        self.process.kill().await;
     }
 }
 

@@ -53,22 +53,7 @@ pub(crate) fn payonce() -> PathBuf {
     binary
 }
 
-/// The payonce-bank binary beside this test's (cargo builds it for the workspace's tests);
-/// built here if a narrower `cargo test` did not.
+/// The payonce-bank binary beside this test's.
 pub(crate) fn bank() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let binary = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .unwrap()
-        .join("payonce-bank");
-    if !binary.exists() {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let built = Command::new(cargo)
-            .args(["build", "-p", "bank", "--bin", "payonce-bank"])
-            .status()
-            .unwrap();
-        assert!(built.success());
-    }
-    binary
+    bank::testing::binary_for_tests()
 }

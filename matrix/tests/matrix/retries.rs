@@ -6,12 +6,13 @@
 
 use std::time::Duration;
 
+use bank::testing::BankProcess;
 use ledger::testing::TestDatabase;
 use loadtest::audit::ViolationKind;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
 use lock::testing::RedisServer;
-use matrix::cluster::{BankProcess, Cluster, base_environment};
+use matrix::cluster::{Cluster, base_environment};
 
 /// How long the load lasts; the kill comes a third of the way in.
 const LOAD: Duration = Duration::from_secs(3);
@@ -25,8 +26,12 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
     let _turn = crate::ONE_AT_A_TIME.lock().await;
     let database = TestDatabase::postgres().await.unwrap();
     let redis = RedisServer::start().unwrap();
-    let slow = ["--fault-commit-then-slow", "1", "--slow-for", "200ms"].map(str::to_owned);
-    let bank = BankProcess::start(&crate::bank(), &slow).await.unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
+    let slow = ["--fault-commit-then-slow", "1", "--slow-for", "200ms"];
+    let bank = BankProcess::start(&crate::bank(), &store_url, &slow)
+        .await
+        .unwrap();
     let mut environment = base_environment(database.url(), Duration::from_secs(1));
     environment.push(("PAYONCE_LOCK_URL".to_owned(), redis.url()));
     environment.extend(
