@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::history::{
-    AccountState, BankTransfer, EntryRecord, PayoutState, SpendKind, TicketState,
+    AccountState, BankTransfer, EntryRecord, PayoutState, PayoutStatus, SpendKind, TicketState,
 };
 
 /// Errors setting up or reading back (not the answers under test: those are recorded).
@@ -365,7 +365,7 @@ impl Api {
         &self,
         target: usize,
         key: &str,
-        status: Option<&str>,
+        status: Option<PayoutStatus>,
     ) -> Result<Vec<PayoutState>, ClientError> {
         let mut payouts = Vec::new();
         let mut after: Option<String> = None;
@@ -373,7 +373,7 @@ impl Api {
             // A status name and a payout id need no escaping.
             let mut path = "/v1/payouts?limit=1000".to_owned();
             if let Some(status) = status {
-                path.push_str(&format!("&status={status}"));
+                path.push_str(&format!("&status={}", status.name()));
             }
             if let Some(after) = after.take() {
                 path.push_str(&format!("&after={after}"));

@@ -301,8 +301,8 @@ pub struct PayoutState {
     pub ticket_id: String,
     /// Minor units.
     pub amount: i64,
-    /// `pending`, `succeeded` or `failed`.
-    pub status: String,
+    /// Where it stands.
+    pub status: PayoutStatus,
     /// The key every call to the bank carried.
     pub bank_key: String,
     /// The bank's transfer, once succeeded.
@@ -312,6 +312,39 @@ pub struct PayoutState {
     pub attempts: u32,
 }
 
+/// A payout's status, as the contract names them.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PayoutStatus {
+    /// The money left the account; the bank has not given its word yet.
+    Pending,
+    /// The bank made the transfer.
+    Succeeded,
+    /// The bank refused for good; the money came back.
+    Failed,
+}
+
+impl PayoutStatus {
+    /// Its name in the contract (and in `GET /v1/payouts?status=`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+        }
+    }
+}
+
+/// A transfer's state at the bank.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TransferState {
+    /// The money moved.
+    Executed,
+    /// Refused for good; nothing moved.
+    Declined,
+}
+
 /// A transfer at the bank that names one of the run's payouts as its reference.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 pub struct BankTransfer {
@@ -319,8 +352,8 @@ pub struct BankTransfer {
     pub id: i64,
     /// The key it was sent with.
     pub idempotency_key: String,
-    /// `executed` or `declined`.
-    pub state: String,
+    /// Whether the money moved.
+    pub state: TransferState,
     /// Minor units.
     pub amount: i64,
     /// The payout it was for.

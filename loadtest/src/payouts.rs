@@ -16,7 +16,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::audit::{Flag, Violation, ViolationKind};
-use crate::history::{AccountState, FinalState, SpendKind, SpendRecord};
+use crate::history::{
+    AccountState, FinalState, PayoutState, PayoutStatus, SpendKind, SpendRecord, TransferState,
+};
 
 /// The run's payouts as they ended, and what the bank holds for them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -84,20 +86,17 @@ pub(crate) fn audit_reversals(
             );
             continue;
         };
-        if read.status == "failed" {
+        let failed = read.status == PayoutStatus::Failed;
+        if failed {
             expected.0 += spend.amount;
         }
-        let due: &[i64] = if read.status == "failed" {
-            &[spend.amount]
-        } else {
-            &[]
-        };
+        let due: &[i64] = if failed { &[spend.amount] } else { &[] };
         if found != due {
             flag(
                 ViolationKind::EntryMismatch,
                 Some(ticket),
                 format!(
-                    "payout {payout} is {} and has reversals {found:?}, expected {due:?}",
+                    "payout {payout} is {:?} and has reversals {found:?}, expected {due:?}",
                     read.status
                 ),
             );
@@ -125,7 +124,7 @@ pub(crate) fn reconcile(state: &FinalState, violations: &mut Vec<Violation>) -> 
     };
     let mut executed: HashMap<&str, Vec<i64>> = HashMap::new();
     for transfer in state.bank.iter().flatten() {
-        if transfer.state == "executed" {
+        if transfer.state == TransferState::Executed {
             tally.executed_at_bank += 1;
             executed
                 .entry(transfer.reference.as_str())
@@ -133,7 +132,7 @@ pub(crate) fn reconcile(state: &FinalState, violations: &mut Vec<Violation>) -> 
                 .push(transfer.amount);
         }
     }
-    let mut flag = |kind, payout: &crate::history::PayoutState, detail: String| {
+    let mut flag = |kind, payout: &PayoutState, detail: String| {
         violations.push(Violation {
             kind,
             account: payout.account_id.clone(),
@@ -143,10 +142,10 @@ pub(crate) fn reconcile(state: &FinalState, violations: &mut Vec<Violation>) -> 
     };
     for payout in state.payouts.values() {
         tally.most_attempts = tally.most_attempts.max(payout.attempts);
-        match payout.status.as_str() {
-            "succeeded" => tally.succeeded += 1,
-            "failed" => tally.failed += 1,
-            _ => tally.pending += 1,
+        match payout.status {
+            PayoutStatus::Succeeded => tally.succeeded += 1,
+            PayoutStatus::Failed => tally.failed += 1,
+            PayoutStatus::Pending => tally.pending += 1,
         }
         if !tally.bank_read {
             continue;
@@ -162,8 +161,8 @@ pub(crate) fn reconcile(state: &FinalState, violations: &mut Vec<Violation>) -> 
                 format!("the bank executed {} transfers for it", at_bank.len()),
             );
         }
-        match payout.status.as_str() {
-            "succeeded" if !at_bank.contains(&payout.amount) => {
+        match payout.status {
+            PayoutStatus::Succeeded if !at_bank.contains(&payout.amount) => {
                 tally.missing_at_bank += 1;
                 flag(
                     ViolationKind::MissingAtBank,
@@ -174,7 +173,7 @@ pub(crate) fn reconcile(state: &FinalState, violations: &mut Vec<Violation>) -> 
                     ),
                 );
             }
-            "failed" if !at_bank.is_empty() => {
+            PayoutStatus::Failed if !at_bank.is_empty() => {
                 tally.reversed_but_executed += 1;
                 flag(
                     ViolationKind::ReversedButExecuted,

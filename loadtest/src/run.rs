@@ -35,7 +35,8 @@ use tokio::time::Instant;
 use crate::audit::{AccountTally, AuditOptions, PayoutTally, Unresolved, Violation, audit_with};
 use crate::client::{Answer, Api, ClientError};
 use crate::history::{
-    AccountRecord, Attempt, FinalState, History, Role, SpendKind, SpendRecord, TicketAttempt,
+    AccountRecord, Attempt, FinalState, History, PayoutStatus, Role, SpendKind, SpendRecord,
+    TicketAttempt,
 };
 use crate::retry::RetryPolicy;
 
@@ -1075,7 +1076,7 @@ async fn drain_payouts(api: &Api, accounts: &[AccountRecord], drain: Duration) -
         let pending = futures::stream::iter(accounts.iter().enumerate())
             .map(|(index, account)| async move {
                 on_any_target(api, index, |target| {
-                    api.payouts(target, &account.key, Some("pending"))
+                    api.payouts(target, &account.key, Some(PayoutStatus::Pending))
                 })
                 .await
                 // An account that cannot be read counts as pending: the wait goes on.

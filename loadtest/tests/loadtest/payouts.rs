@@ -4,7 +4,7 @@
 use loadtest::audit::{AuditOptions, ViolationKind, audit_with};
 use loadtest::history::{
     AccountRecord, AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History,
-    PayoutState, Role, SpendKind, SpendRecord,
+    PayoutState, PayoutStatus, Role, SpendKind, SpendRecord, TransferState,
 };
 use serde_json::json;
 
@@ -50,24 +50,30 @@ fn entry(
     }
 }
 
-fn payout(id: &str, ticket: &str, amount: i64, status: &str) -> PayoutState {
+fn payout(id: &str, ticket: &str, amount: i64, status: PayoutStatus) -> PayoutState {
     PayoutState {
         payout_id: id.into(),
         account_id: ACCOUNT.into(),
         ticket_id: ticket.into(),
         amount,
-        status: status.into(),
+        status,
         bank_key: format!("payonce-{id}"),
         bank_transfer_id: None,
         attempts: 1,
     }
 }
 
-fn transfer(id: i64, key: &str, state: &str, amount: i64, reference: &str) -> BankTransfer {
+fn transfer(
+    id: i64,
+    key: &str,
+    state: TransferState,
+    amount: i64,
+    reference: &str,
+) -> BankTransfer {
     BankTransfer {
         id,
         idempotency_key: key.into(),
-        state: state.into(),
+        state,
         amount,
         reference: reference.into(),
     }
@@ -114,13 +120,13 @@ fn clean() -> (History, FinalState) {
     );
     state
         .payouts
-        .insert("p1".into(), payout("p1", "t1", 20, "succeeded"));
+        .insert("p1".into(), payout("p1", "t1", 20, PayoutStatus::Succeeded));
     state
         .payouts
-        .insert("p2".into(), payout("p2", "t2", 10, "failed"));
+        .insert("p2".into(), payout("p2", "t2", 10, PayoutStatus::Failed));
     state.bank = Some(vec![
-        transfer(1, "payonce-p1", "executed", 20, "p1"),
-        transfer(2, "payonce-p2", "declined", 10, "p2"),
+        transfer(1, "payonce-p1", TransferState::Executed, 20, "p1"),
+        transfer(2, "payonce-p2", TransferState::Declined, 10, "p2"),
     ]);
     (history, state)
 }
@@ -154,7 +160,7 @@ fn a_clean_payout_history_passes() {
 fn a_payout_executed_twice_at_the_bank_is_flagged() {
     let (history, mut state) = clean();
     if let Some(bank) = state.bank.as_mut() {
-        bank.push(transfer(3, "fresh-key", "executed", 20, "p1"));
+        bank.push(transfer(3, "fresh-key", TransferState::Executed, 20, "p1"));
     }
     assert_eq!(kinds(&history, &state), vec![ViolationKind::PaidTwice]);
     let tally = audit_with(&history, &state, &AuditOptions::default()).payouts;
@@ -166,7 +172,7 @@ fn a_payout_executed_twice_at_the_bank_is_flagged() {
 fn a_reversed_payout_the_bank_executed_is_flagged() {
     let (history, mut state) = clean();
     if let Some(bank) = state.bank.as_mut() {
-        bank[1].state = "executed".into();
+        bank[1].state = TransferState::Executed;
     }
     assert_eq!(
         kinds(&history, &state),
