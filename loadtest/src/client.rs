@@ -401,16 +401,25 @@ impl Api {
         }
     }
 
-    /// Every transfer the bank at `bank` holds, in the order it committed them
-    /// (`GET /v1/transfers`, every page).
-    pub async fn bank_transfers(&self, bank: &str) -> Result<Vec<BankTransfer>, ClientError> {
+    /// The transfers the bank at `bank` holds with `reference` — a payout's id — under
+    /// whichever keys, in the order it committed them (`GET /v1/transfers?reference=`,
+    /// every page). Those of another reference are left out here too, should a bank not
+    /// filter.
+    pub async fn bank_transfers(
+        &self,
+        bank: &str,
+        reference: &str,
+    ) -> Result<Vec<BankTransfer>, ClientError> {
         let bank = bank.trim_end_matches('/');
         let mut transfers = Vec::new();
         let mut after = 0_i64;
         loop {
+            // A payout's id (a UUID) needs no escaping.
             let response = self
                 .client
-                .get(format!("{bank}/v1/transfers?after={after}&limit=1000"))
+                .get(format!(
+                    "{bank}/v1/transfers?reference={reference}&after={after}&limit=1000"
+                ))
                 .send()
                 .await?;
             let mut page =
@@ -425,7 +434,11 @@ impl Api {
                 status: StatusCode::OK,
                 body: error.to_string(),
             })?;
-            transfers.extend(listed);
+            transfers.extend(
+                listed
+                    .into_iter()
+                    .filter(|transfer| transfer.reference == reference),
+            );
             match page.get("next_after").and_then(Value::as_i64) {
                 Some(next) => after = next,
                 None => return Ok(transfers),

@@ -1096,7 +1096,7 @@ async fn drain_payouts(api: &Api, accounts: &[AccountRecord], drain: Duration) -
 }
 
 /// Reads every payout of the run's accounts into `state`, and, given the bank, the
-/// bank's transfers whose reference is one of them.
+/// bank's transfers whose reference is one of them (asked payout by payout).
 async fn read_payouts(
     api: &Api,
     accounts: &[AccountRecord],
@@ -1116,13 +1116,18 @@ async fn read_payouts(
         }
     }
     if let Some(bank) = bank {
-        let transfers = api.bank_transfers(bank).await?;
-        state.bank = Some(
-            transfers
-                .into_iter()
-                .filter(|transfer| state.payouts.contains_key(&transfer.reference))
-                .collect(),
-        );
+        // Payout by payout: the bank may hold many other callers' transfers.
+        let read = futures::stream::iter(state.payouts.keys())
+            .map(|payout| api.bank_transfers(bank, payout))
+            .buffer_unordered(8)
+            .collect::<Vec<_>>()
+            .await;
+        let mut transfers = Vec::new();
+        for found in read {
+            transfers.extend(found?);
+        }
+        transfers.sort_by_key(|transfer| transfer.id);
+        state.bank = Some(transfers);
     }
     Ok(())
 }
