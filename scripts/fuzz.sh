@@ -84,7 +84,7 @@ import re
 
 import schemathesis
 
-SPENDS = ("/withdrawals", "/deposits", "/lottery-draws", "/payments")
+SPENDS = ("/withdrawals", "/deposits", "/lottery-draws", "/payments", "/payouts")
 CREATES = ("/v1/accounts", "/v1/accounts/{id}/orders")
 STATE_REFUSALS = {
     402: {"/problems/insufficient-funds", "/problems/insufficient-points"},

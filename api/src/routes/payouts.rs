@@ -134,7 +134,10 @@ impl From<Payout> for PayoutView {
     responses(
         (status = 202, description = "Accepted: the money left the account and the payout is pending (a replay carries `Idempotent-Replayed: true`); `Location` is the payout", body = PayoutAccepted,
             headers(("Location" = String, description = "/v1/payouts/{payout_id}")),
-            links(("GetPayout" = (operation_id = "get_payout", parameters(("payout_id" = "$response.body#/payout_id")), description = "The payout, as it goes on")))),
+            links(
+                ("GetPayout" = (operation_id = "get_payout", parameters(("payout_id" = "$response.body#/payout_id")), description = "The payout, as it goes on")),
+                ("GetPayoutAtBank" = (operation_id = "get_payout_at_bank", parameters(("payout_id" = "$response.body#/payout_id")), description = "What the bank holds for the payout")),
+            )),
         (status = 400, description = "No or a malformed `Idempotency-Key`, a body that is not JSON, or a `Payonce-Bank-Fault` that names no fault (`bank-fault-unknown`) — nothing stored", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 402, description = "Insufficient funds (stored; replayed); nothing was sent", body = Problem, content_type = "application/problem+json"),

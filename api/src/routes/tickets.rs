@@ -85,6 +85,7 @@ pub struct TicketView {
             ("Withdraw" = (operation_id = "withdraw", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a withdrawal")),
             ("Deposit" = (operation_id = "deposit", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a deposit")),
             ("Draw" = (operation_id = "draw", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a lottery draw")),
+            ("PayOut" = (operation_id = "send_payout", parameters(("id" = "$request.path.id"), ("header.Idempotency-Key" = "$response.body#/ticket_id")), description = "Spend the ticket on a payout to the bank")),
             ("GetTicket" = (operation_id = "get_ticket", parameters(("ticket_id" = "$response.body#/ticket_id")), description = "Read the ticket back")),
         )),
         (status = 401, response = Unauthenticated),

@@ -427,7 +427,10 @@ async fn the_document_says_what_the_server_enforces() {
     };
     let mut from_ticket = links("/v1/accounts/{id}/tickets", "post");
     from_ticket.sort();
-    assert_eq!(from_ticket, ["deposit", "draw", "get_ticket", "withdraw"]);
+    assert_eq!(
+        from_ticket,
+        ["deposit", "draw", "get_ticket", "send_payout", "withdraw"]
+    );
     assert!(links("/v1/accounts", "post").contains(&"issue_ticket".to_owned()));
     for spend in ["withdrawals", "deposits", "lottery-draws"] {
         assert_eq!(
