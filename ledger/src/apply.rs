@@ -270,12 +270,8 @@ where
         // 3. Move money and points under the fencing check.
         let result = Self::move_or_refuse(&mut tx, request, planned, token).await?;
         // 4. The entry (only when something moved) and the outcome, in this transaction.
-        let response = Self::record(&mut tx, request, planned, &result, token, now, render).await?;
-        commit_or_unknown(tx).await?;
-        Ok(Applied {
-            response,
-            replayed: false,
-        })
+        Self::record_entry(&mut tx, request, planned, &result, token, now).await?;
+        Self::conclude(tx, request, &result, result.status(), now, render).await
     }
 
     /// Steps 1 and 2 of every transaction that spends a ticket: lock the ticket, so
@@ -321,15 +317,7 @@ where
             None => Self::take_for_order(&mut tx, request, amount).await?,
         };
         Self::record_order_payment(&mut tx, request, order_id, amount, token, &result, now).await?;
-        let status = result.status();
-        let body = render(&request.execution(&result));
-        let kind = EntryKind::OrderPayment.as_str();
-        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
-        commit_or_unknown(tx).await?;
-        Ok(Applied {
-            response: StoredResponse { status, body },
-            replayed: false,
-        })
+        Self::conclude(tx, request, &result, result.status(), now, render).await
     }
 
     /// An order payment's order, locked: found with its account and of the amount the
@@ -514,19 +502,15 @@ where
         }
     }
 
-    /// Step 4: the entry (only when something moved) and the outcome under the ticket.
-    async fn record(
+    /// Step 4, first half: the entry, only when something moved.
+    async fn record_entry(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         planned: &Planned,
         result: &OperationResult,
         token: i64,
         now: Timestamp,
-        render: &Renderer,
-    ) -> Result<StoredResponse, ApplyError> {
-        let status = result.status();
-        let body = render(&request.execution(result));
-        let kind = request.operation.kind().as_str();
+    ) -> Result<(), ApplyError> {
         if let OperationResult::Applied {
             balance, points, ..
         } = *result
@@ -534,7 +518,7 @@ where
             sqlx::query(INSERT_ENTRY)
                 .bind(request.account_id)
                 .bind(request.ticket_id)
-                .bind(kind)
+                .bind(request.operation.kind().as_str())
                 .bind(planned.credit - planned.debit)
                 .bind(-planned.spend)
                 .bind(balance)
@@ -545,8 +529,28 @@ where
                 .await
                 .or_constraint()?;
         }
-        Self::complete_ticket(tx, request, kind, status, &body, now).await?;
-        Ok(StoredResponse { status, body })
+        Ok(())
+    }
+
+    /// The last step of every transaction that spends a ticket: the outcome rendered and
+    /// stored under the ticket with `status` (the result's own, but for a payout's
+    /// acceptance), and the transaction committed.
+    pub(crate) async fn conclude(
+        mut tx: sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        result: &OperationResult,
+        status: u16,
+        now: Timestamp,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let body = render(&request.execution(result));
+        let kind = request.operation.kind().as_str();
+        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
+        commit_or_unknown(tx).await?;
+        Ok(Applied {
+            response: StoredResponse { status, body },
+            replayed: false,
+        })
     }
 
     /// Stores the outcome under the ticket. Parameters as in [`COMPLETE_TICKET`].

@@ -24,7 +24,7 @@ use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, OperationResult, OrderId, Renderer,
-    StoredResponse, TicketId,
+    TicketId,
 };
 use crate::payouts::{
     Destination, JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement,
@@ -228,14 +228,7 @@ where
             }
             OperationResult::Refused(_) => result.status(),
         };
-        let body = render(&request.execution(&result));
-        let kind = EntryKind::Payout.as_str();
-        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
-        commit_or_unknown(tx).await?;
-        Ok(Applied {
-            response: StoredResponse { status, body },
-            replayed: false,
-        })
+        Self::conclude(tx, request, &result, status, now, render).await
     }
 
     /// The payout, its debit entry and its job.
