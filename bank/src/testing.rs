@@ -13,21 +13,26 @@ use tokio::process::{Child, Command};
 /// How long the bank may take to say where it listens.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-/// A running `payonce-bank`.
+/// A running `payonce-bank`, with a store of its own.
 #[derive(Debug)]
 pub struct BankProcess {
     addr: SocketAddr,
     database_url: String,
     child: Child,
+    /// Where its SQLite store lives; removed when this is dropped.
+    _store: tempfile::TempDir,
 }
 
 impl BankProcess {
     /// Starts `binary` on `127.0.0.1:0` — the port it picks is read back from the
-    /// `listening on ADDR` it prints — with its store at `database_url` and `args` added
-    /// (fault rates, `--slow-for`, `--demo-header`...).
-    pub async fn start(binary: &Path, database_url: &str, args: &[&str]) -> Result<Self, String> {
+    /// `listening on ADDR` it prints — on a fresh SQLite store in a temporary directory,
+    /// with `args` added (fault rates, `--slow-for`, `--demo-header`...).
+    pub async fn start(binary: &Path, args: &[&str]) -> Result<Self, String> {
+        let store =
+            tempfile::tempdir().map_err(|error| format!("a directory for the store: {error}"))?;
+        let database_url = format!("sqlite:{}", store.path().join("bank.db").display());
         let mut child = Command::new(binary)
-            .args(["--addr", "127.0.0.1:0", "--database-url", database_url])
+            .args(["--addr", "127.0.0.1:0", "--database-url", &database_url])
             .args(args)
             .env("RUST_LOG", "warn")
             .env_remove("PAYONCE_BANK_DATABASE_URL")
@@ -56,8 +61,9 @@ impl BankProcess {
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
         Ok(Self {
             addr,
-            database_url: database_url.to_owned(),
+            database_url,
             child,
+            _store: store,
         })
     }
 

@@ -331,6 +331,20 @@ impl Api {
         }
     }
 
+    /// The array `field` of a page of a list, read as `T`s (taken out of the page).
+    fn listed<T: serde::de::DeserializeOwned>(
+        page: &mut Value,
+        field: &str,
+        what: &'static str,
+    ) -> Result<Vec<T>, ClientError> {
+        let items = page.get_mut(field).map(Value::take).unwrap_or_default();
+        serde_json::from_value(items).map_err(|error| ClientError::Unexpected {
+            what,
+            status: StatusCode::OK,
+            body: error.to_string(),
+        })
+    }
+
     /// A ticket's state and stored response.
     pub async fn ticket_state(
         &self,
@@ -385,15 +399,11 @@ impl Api {
                 .send()
                 .await?;
             let mut page = Self::json(response, "list payouts", StatusCode::OK).await?;
-            let listed: Vec<PayoutState> = serde_json::from_value(
-                page.get_mut("payouts").map(Value::take).unwrap_or_default(),
-            )
-            .map_err(|error| ClientError::Unexpected {
-                what: "read payouts",
-                status: StatusCode::OK,
-                body: error.to_string(),
-            })?;
-            payouts.extend(listed);
+            payouts.extend(Self::listed::<PayoutState>(
+                &mut page,
+                "payouts",
+                "read payouts",
+            )?);
             match page.get("next_after").and_then(Value::as_str) {
                 Some(next) => after = Some(next.to_owned()),
                 None => return Ok(payouts),
@@ -424,16 +434,8 @@ impl Api {
                 .await?;
             let mut page =
                 Self::json(response, "list the bank's transfers", StatusCode::OK).await?;
-            let listed: Vec<BankTransfer> = serde_json::from_value(
-                page.get_mut("transfers")
-                    .map(Value::take)
-                    .unwrap_or_default(),
-            )
-            .map_err(|error| ClientError::Unexpected {
-                what: "read the bank's transfers",
-                status: StatusCode::OK,
-                body: error.to_string(),
-            })?;
+            let listed: Vec<BankTransfer> =
+                Self::listed(&mut page, "transfers", "read the bank's transfers")?;
             transfers.extend(
                 listed
                     .into_iter()

@@ -245,12 +245,9 @@ async fn run_cell(
     keys: Keys,
     fault: BankFault,
 ) -> Result<DispatchRow, MatrixError> {
-    let store = tempfile::tempdir()
-        .map_err(|error| MatrixError::Setup(format!("a directory for the bank: {error}")))?;
-    let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
     let flags = fault.bank_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let bank = BankProcess::start(options.bank, &store_url, &flags)
+    let bank = BankProcess::start(options.bank, &flags)
         .await
         .map_err(MatrixError::Setup)?;
     let servers = Servers::start(Service::Redis.servers()).await?;

@@ -16,23 +16,19 @@ use crate::helpers::{
 struct TestBank {
     url: String,
     process: bank::testing::BankProcess,
-    _store: tempfile::TempDir,
     client: reqwest::Client,
 }
 
 impl TestBank {
     /// Starts a bank with `flags` beside its address and store.
     async fn start(flags: &[&str]) -> Self {
-        let store = tempfile::tempdir().expect("a directory");
-        let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
         let binary = bank::testing::binary_for_tests();
-        let process = bank::testing::BankProcess::start(&binary, &store_url, flags)
+        let process = bank::testing::BankProcess::start(&binary, flags)
             .await
             .expect("payonce-bank starts");
         Self {
             url: process.url(),
             process,
-            _store: store,
             client: reqwest::Client::new(),
         }
     }

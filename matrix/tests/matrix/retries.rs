@@ -26,12 +26,8 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
     let _turn = crate::ONE_AT_A_TIME.lock().await;
     let database = TestDatabase::postgres().await.unwrap();
     let redis = RedisServer::start().unwrap();
-    let store = tempfile::tempdir().unwrap();
-    let store_url = format!("sqlite:{}", store.path().join("bank.db").display());
     let slow = ["--fault-commit-then-slow", "1", "--slow-for", "200ms"];
-    let bank = BankProcess::start(&crate::bank(), &store_url, &slow)
-        .await
-        .unwrap();
+    let bank = BankProcess::start(&crate::bank(), &slow).await.unwrap();
     let mut environment = base_environment(database.url(), Duration::from_secs(1));
     environment.push(("PAYONCE_LOCK_URL".to_owned(), redis.url()));
     environment.extend(
