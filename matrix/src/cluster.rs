@@ -78,6 +78,23 @@ pub fn base_environment(database_url: &str, lock_ttl: Duration) -> Vec<(String, 
     ]
 }
 
+/// The environment of an instance that pays out to the bank at `bank_url`: each call
+/// bounded by `timeout`, each claim by `lease`, on a quick schedule (50 ms first backoff,
+/// 500 ms at most, idle workers looking every 100 ms) so that a short run drains.
+pub fn paying_out_to(bank_url: &str, timeout: Duration, lease: Duration) -> Vec<(String, String)> {
+    let human = |duration: Duration| format!("{}ms", duration.as_millis());
+    [
+        ("PAYONCE_BANK_URL", bank_url.to_owned()),
+        ("PAYONCE_BANK_TIMEOUT", human(timeout)),
+        ("PAYONCE_PAYOUT_LEASE", human(lease)),
+        ("PAYONCE_PAYOUT_RETRY_BASE", "50ms".to_owned()),
+        ("PAYONCE_PAYOUT_RETRY_MAX", "500ms".to_owned()),
+        ("PAYONCE_PAYOUT_POLL", "100ms".to_owned()),
+    ]
+    .map(|(name, value)| (name.to_owned(), value))
+    .into()
+}
+
 /// payonce instances on free loopback ports, each with an environment of its own (and
 /// nothing of this process's but `PATH` and `HOME`: a `REDIS_URL` here must not reach
 /// them). Killed when dropped. Public so that tests can kill an instance under load too.

@@ -26,7 +26,7 @@ use tokio::time::sleep;
 use bank::testing::BankProcess;
 
 use crate::MatrixError;
-use crate::cluster::{Cluster, base_environment};
+use crate::cluster::{Cluster, base_environment, paying_out_to};
 use crate::services::{Servers, Service};
 
 /// Which key the dispatcher sends each attempt with.
@@ -82,15 +82,14 @@ impl BankFault {
     }
 
     /// The bank's flags for it.
-    fn bank_flags(self) -> Vec<String> {
-        let flags: &[&str] = match self {
+    fn bank_flags(self) -> &'static [&'static str] {
+        match self {
             Self::CommitThenDrop => &["--fault-commit-then-drop", "0.3"],
             Self::CommitThenSlow => &["--fault-commit-then-slow", "0.3", "--slow-for", "1s"],
             // Every call stays in flight for 600 ms after the money moved: the kill finds
             // some.
             Self::InstanceKill => &["--fault-commit-then-slow", "1", "--slow-for", "600ms"],
-        };
-        flags.iter().map(|flag| (*flag).to_owned()).collect()
+        }
     }
 
     /// The instances' bank timeout and payout lease (at least three timeouts, as payonce
@@ -245,28 +244,15 @@ async fn run_cell(
     keys: Keys,
     fault: BankFault,
 ) -> Result<DispatchRow, MatrixError> {
-    let flags = fault.bank_flags();
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let bank = BankProcess::start(options.bank, &flags)
+    let bank = BankProcess::start(options.bank, fault.bank_flags())
         .await
         .map_err(MatrixError::Setup)?;
     let servers = Servers::start(Service::Redis.servers()).await?;
     let (timeout, lease) = fault.timeout_and_lease();
     let mut environment = base_environment(options.database_url, Duration::from_secs(1));
     environment.extend(servers.environment(Service::Redis, false));
-    let human = |duration: Duration| format!("{}ms", duration.as_millis());
-    environment.extend(
-        [
-            ("PAYONCE_BANK_URL", bank.url()),
-            ("PAYONCE_PAYOUT_KEYS", keys.name().to_owned()),
-            ("PAYONCE_BANK_TIMEOUT", human(timeout)),
-            ("PAYONCE_PAYOUT_LEASE", human(lease)),
-            ("PAYONCE_PAYOUT_RETRY_BASE", "50ms".to_owned()),
-            ("PAYONCE_PAYOUT_RETRY_MAX", "500ms".to_owned()),
-            ("PAYONCE_PAYOUT_POLL", "100ms".to_owned()),
-        ]
-        .map(|(name, value)| (name.to_owned(), value)),
-    );
+    environment.extend(paying_out_to(&bank.url(), timeout, lease));
+    environment.push(("PAYONCE_PAYOUT_KEYS".to_owned(), keys.name().to_owned()));
     let mut cluster = Cluster::start(options.payonce, vec![environment; 3]).await?;
     let load = Duration::from_secs_f64(options.seconds);
     let run_options = RunOptions {

@@ -12,7 +12,7 @@ use loadtest::audit::ViolationKind;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
 use lock::testing::RedisServer;
-use matrix::cluster::{Cluster, base_environment};
+use matrix::cluster::{Cluster, base_environment, paying_out_to};
 
 /// How long the load lasts; the kill comes a third of the way in.
 const LOAD: Duration = Duration::from_secs(3);
@@ -30,16 +30,11 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
     let bank = BankProcess::start(&crate::bank(), &slow).await.unwrap();
     let mut environment = base_environment(database.url(), Duration::from_secs(1));
     environment.push(("PAYONCE_LOCK_URL".to_owned(), redis.url()));
-    environment.extend(
-        [
-            ("PAYONCE_BANK_URL", bank.url()),
-            ("PAYONCE_BANK_TIMEOUT", "1s".to_owned()),
-            ("PAYONCE_PAYOUT_LEASE", "3s".to_owned()),
-            ("PAYONCE_PAYOUT_RETRY_BASE", "50ms".to_owned()),
-            ("PAYONCE_PAYOUT_POLL", "100ms".to_owned()),
-        ]
-        .map(|(name, value)| (name.to_owned(), value)),
-    );
+    environment.extend(paying_out_to(
+        &bank.url(),
+        Duration::from_secs(1),
+        Duration::from_secs(3),
+    ));
     let mut cluster = Cluster::start(&crate::payonce(), vec![environment; 3])
         .await
         .unwrap();
