@@ -154,7 +154,7 @@ impl Cluster {
                     .map(|(name, value)| (name.as_str(), value.as_str())),
             )
             .env("PAYONCE_ADDR", format!("127.0.0.1:{port}"))
-            .env("PAYONCE_INSTANCE", format!("matrix-{port}"))
+            .env("PAYONCE_INSTANCE", self.instance(index))
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
@@ -193,6 +193,12 @@ impl Cluster {
         Err(MatrixError::Setup(format!(
             "the instance on port {port} did not become ready"
         )))
+    }
+
+    /// The name an instance (an index into [`targets`](Self::targets)) goes by
+    /// (`PAYONCE_INSTANCE`): its payout workers' leases carry it.
+    pub fn instance(&self, index: usize) -> String {
+        format!("matrix-{}", self.ports[index])
     }
 
     /// The instances' base URLs.
