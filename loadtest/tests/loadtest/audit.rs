@@ -29,7 +29,7 @@ fn problem(status: u16, name: &str) -> Value {
     json!({ "type": format!("/problems/{name}"), "title": name, "status": status, "detail": name })
 }
 
-fn entry(
+pub(crate) fn entry(
     id: i64,
     ticket: Option<&str>,
     kind: &str,
@@ -200,7 +200,7 @@ fn unanswered(role: Role) -> Attempt {
     }
 }
 
-fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
+pub(crate) fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
     audit(history, state)
         .into_iter()
         .map(|violation| violation.kind)

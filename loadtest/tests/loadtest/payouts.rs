@@ -8,6 +8,8 @@ use loadtest::history::{
 };
 use serde_json::json;
 
+use crate::audit::kinds;
+
 const ACCOUNT: &str = "a1";
 
 fn accepted(ticket: &str, payout: &str, amount: i64, balance: i64) -> Attempt {
@@ -29,6 +31,7 @@ fn accepted(ticket: &str, payout: &str, amount: i64, balance: i64) -> Attempt {
     }
 }
 
+/// An entry of money only; `payout` names its payout (empty: none).
 fn entry(
     id: i64,
     ticket: Option<&str>,
@@ -38,15 +41,8 @@ fn entry(
     after: i64,
 ) -> EntryRecord {
     EntryRecord {
-        id,
-        ticket_id: ticket.map(str::to_owned),
-        kind: kind.into(),
-        order_id: None,
         payout_id: (!payout.is_empty()).then(|| payout.to_owned()),
-        amount,
-        points: 0,
-        balance_after: after,
-        points_after: 0,
+        ..crate::audit::entry(id, ticket, kind, amount, 0, after, 0)
     }
 }
 
@@ -129,14 +125,6 @@ fn clean() -> (History, FinalState) {
         transfer(2, "payonce-p2", TransferState::Declined, 10, "p2"),
     ]);
     (history, state)
-}
-
-fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind> {
-    audit_with(history, state, &AuditOptions::default())
-        .violations
-        .into_iter()
-        .map(|violation| violation.kind)
-        .collect()
 }
 
 /// The consistent history passes, and the tally says where each payout ended.
