@@ -319,7 +319,7 @@ impl Dispatcher {
     /// same.
     async fn record(&self, jobs: &[PayoutJob], outcomes: &[JobOutcome]) {
         let pairs: Vec<(&PayoutJob, &JobOutcome)> = jobs.iter().zip(outcomes).collect();
-        match self.ledger.record_payouts(&pairs).await {
+        match self.ledger.record_payouts(&pairs, &render_payout).await {
             Ok(recorded) => {
                 for ((job, outcome), recorded) in pairs.iter().zip(recorded) {
                     match (outcome, recorded) {
@@ -344,6 +344,13 @@ impl Dispatcher {
             }
         }
     }
+}
+
+/// A settled payout as its event (`payout.succeeded`, `payout.failed`) shows it: as
+/// `GET /v1/payouts/{payout_id}` does.
+fn render_payout(payout: &Payout) -> serde_json::Value {
+    serde_json::to_value(crate::routes::payouts::PayoutView::from(payout.clone()))
+        .unwrap_or(serde_json::Value::Null)
 }
 
 /// What the bank said to a transfer, as far as the payout goes.

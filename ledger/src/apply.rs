@@ -11,6 +11,7 @@ use crate::batch::{self, Batcher};
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
+use crate::events::record_event;
 use crate::lottery;
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, Judgement, Operation, OperationResult,
@@ -19,6 +20,7 @@ use crate::model::{
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
 use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, substitutable};
+use crate::webhooks::{EventId, EventType, outcome_data};
 
 /// An order payment's entry: [`INSERT_ENTRY`]'s parameters ($5, points, is 0) and $10
 /// the order.
@@ -170,6 +172,7 @@ where
     for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
 {
     /// [`Store::apply`](crate::store::Store::apply): an order payment on the transaction
     /// path; any other spend through the group commit first where there is one, else (or
@@ -226,6 +229,8 @@ where
             fingerprint: request.fingerprint.to_owned(),
             body,
             status: stand_in.status(),
+            event: EventType::of_outcome(request.operation.kind(), stand_in.status())
+                .map(EventType::as_str),
         };
         let done = match batcher.apply(spend).await {
             Ok(done) => done,
@@ -544,8 +549,25 @@ where
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         let body = render(&request.execution(result));
-        let kind = request.operation.kind().as_str();
-        Self::complete_ticket(&mut tx, request, kind, status, &body, now).await?;
+        let kind = request.operation.kind();
+        Self::complete_ticket(&mut tx, request, kind.as_str(), status, &body, now).await?;
+        if let Some(event) = EventType::of_outcome(kind, status) {
+            let data = outcome_data(
+                request.account_id,
+                request.ticket_id,
+                status,
+                &body.to_string(),
+            );
+            record_event(
+                &mut tx,
+                request.account_id,
+                request.ticket_id,
+                event,
+                &data,
+                now,
+            )
+            .await?;
+        }
         commit_or_unknown(tx).await?;
         Ok(Applied {
             response: StoredResponse { status, body },

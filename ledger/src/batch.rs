@@ -72,7 +72,10 @@ use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 ///
 /// Parameters: $1 tickets, $2 accounts, $3 kinds, $4 debits, $5 credits, $6 points spent,
 /// $7 fencing tokens, $8 fingerprints, $9 bodies, $10 and $11 the balance's and points'
-/// stand-ins, $12 the statuses the spends are stored with if written. Returns, in the
+/// stand-ins, $12 the statuses the spends are stored with if written, $13 the event each
+/// announces if written (NULL: none; its `data` is built here as
+/// [`outcome_data`](crate::webhooks::outcome_data) builds it, and it is queued for the
+/// account's endpoints that want it, as on the transaction path). Returns, in the
 /// order given, whether the spend was written; if it was, the balance and points after it
 /// (`balance_after`, `points_after`); if not, its ticket's columns as found (NULL when
 /// there is no such ticket); `read_at`; and the fencing token its account had recorded
@@ -82,9 +85,10 @@ const APPLY_SPENDS: &str = "
     WITH spends AS (
         SELECT *
         FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::bigint[],
-                    $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::integer[])
+                    $6::bigint[], $7::bigint[], $8::text[], $9::text[], $12::integer[],
+                    $13::text[])
              WITH ORDINALITY AS s (ticket_id, account_id, kind, debit, credit, spent, token,
-                                   fingerprint, body, status, slot)
+                                   fingerprint, body, status, event_type, slot)
     ), locked_tickets AS (
         SELECT t.id, t.account_id, t.expires_at FROM tickets AS t
         WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
@@ -137,7 +141,9 @@ const APPLY_SPENDS: &str = "
           AND a.points = last.points_found AND a.fencing_token = last.token_found
         RETURNING a.id
     ), written AS (
-        SELECT s.*, f.balance_after, f.points_after
+        SELECT s.*, f.balance_after, f.points_after,
+               replace(replace(s.body, $10, f.balance_after::text),
+                       $11, f.points_after::text) AS body_after
         FROM affordable AS f JOIN moved AS m ON m.id = f.account_id JOIN spends AS s USING (slot)
     ), entries_written AS (
         INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
@@ -149,12 +155,27 @@ const APPLY_SPENDS: &str = "
     ), completed AS (
         UPDATE tickets AS t
         SET operation = w.kind, fingerprint = w.fingerprint, response_status = w.status,
-            response_body = replace(replace(w.body, $10, w.balance_after::text),
-                                    $11, w.points_after::text)::json,
-            completed_at = j.read_at
+            response_body = w.body_after::json, completed_at = j.read_at
         FROM written AS w CROSS JOIN judged AS j
         WHERE t.id = w.ticket_id
         RETURNING t.id, w.balance_after, w.points_after
+    ), events_written AS (
+        INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
+        SELECT gen_random_uuid(), w.account_id, w.event_type, w.ticket_id,
+               '{\"account_id\":\"' || w.account_id || '\",\"ticket_id\":\"' || w.ticket_id
+                   || '\",\"outcome\":{\"status\":' || w.status || ',\"body\":' || w.body_after
+                   || '}}',
+               j.read_at
+        FROM written AS w CROSS JOIN judged AS j
+        WHERE w.event_type IS NOT NULL
+        RETURNING id, account_id, type
+    ), deliveries_queued AS (
+        INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
+        SELECT 'webhook', e.id, s.endpoint_id, j.read_at, j.read_at
+        FROM events_written AS e
+             JOIN webhook_subscriptions AS s
+                  ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
+             CROSS JOIN judged AS j
     )
     SELECT c.id IS NOT NULL AS applied, c.balance_after, c.points_after,
            f.id, f.account_id, f.created_at, f.expires_at, f.operation, f.fingerprint,
@@ -187,6 +208,8 @@ pub(crate) struct Spend {
     pub body: String,
     /// The status the success is stored with.
     pub status: u16,
+    /// The event the success announces, if any.
+    pub event: Option<&'static str>,
 }
 
 /// What [`APPLY_SPENDS`] did with one spend.
@@ -404,6 +427,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
     let fingerprints: Vec<&str> = spends().map(|spend| spend.fingerprint.as_str()).collect();
     let bodies: Vec<&str> = spends().map(|spend| spend.body.as_str()).collect();
     let statuses: Vec<i32> = spends().map(|spend| i32::from(spend.status)).collect();
+    let events: Vec<Option<&str>> = spends().map(|spend| spend.event).collect();
     let mut maybe_sent: Option<sqlx::Error> = None;
     for _ in 0..tries.max(1) {
         let mut connection = match pool.acquire().await {
@@ -429,6 +453,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
             .bind(BALANCE_STAND_IN.to_string())
             .bind(POINTS_STAND_IN.to_string())
             .bind(&statuses)
+            .bind(&events)
             .fetch(&mut *connection);
         // Row by row, to know whether any came before an error (see below).
         let mut rows = Vec::with_capacity(batch.len());
@@ -587,6 +612,7 @@ mod tests {
                 fingerprint: String::new(),
                 body: String::new(),
                 status: 201,
+                event: None,
             },
             answer: oneshot::channel().0,
         }

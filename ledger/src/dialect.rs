@@ -44,6 +44,9 @@ pub(crate) trait Dialect: Database {
     const DELETE_OLD_CREATIONS: &'static str;
     /// Claims due outbox jobs ([`claim_jobs`]).
     const CLAIM_JOBS: &'static str;
+    /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
+    /// each one's id, event, endpoint and attempt.
+    const CLAIM_DELIVERIES: &'static str;
 }
 
 /// The reaper's statements, the same text for both databases but for the row-locking
@@ -100,19 +103,22 @@ macro_rules! reap_statements {
 /// $2, the attempt counted. Returns each job's id, payout and attempt. (Each dialect's
 /// `CLAIM_JOBS`, with its row lock.)
 macro_rules! claim_jobs {
-    ($lock:literal) => {
+    ($kind:literal, $returning:literal, $lock:literal) => {
         concat!(
             "UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
              WHERE id IN (
                  SELECT id FROM outbox
-                 WHERE done_at IS NULL AND due_at <= $1
+                 WHERE kind = '",
+            $kind,
+            "' AND done_at IS NULL AND due_at <= $1
                    AND (lease_until IS NULL OR lease_until <= $1)
-                 ORDER BY due_at, id
+                 ORDER BY kind, due_at, id
                  LIMIT $4 ",
             $lock,
             ")
                AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
-             RETURNING id, payout_id, attempts"
+             RETURNING ",
+            $returning
         )
     };
 }
@@ -177,7 +183,16 @@ impl Dialect for sqlx::Postgres {
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
-    const CLAIM_JOBS: &'static str = claim_jobs!("FOR UPDATE SKIP LOCKED");
+    const CLAIM_JOBS: &'static str = claim_jobs!(
+        "payout",
+        "id, payout_id, attempts",
+        "FOR UPDATE SKIP LOCKED"
+    );
+    const CLAIM_DELIVERIES: &'static str = claim_jobs!(
+        "webhook",
+        "id, event_id, endpoint_id, attempts",
+        "FOR UPDATE SKIP LOCKED"
+    );
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -220,5 +235,7 @@ impl Dialect for sqlx::Sqlite {
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
     // One writer: claims never overlap.
-    const CLAIM_JOBS: &'static str = claim_jobs!("");
+    const CLAIM_JOBS: &'static str = claim_jobs!("payout", "id, payout_id, attempts", "");
+    const CLAIM_DELIVERIES: &'static str =
+        claim_jobs!("webhook", "id, event_id, endpoint_id, attempts", "");
 }

@@ -63,6 +63,7 @@ mod db_types;
 mod demo;
 mod dialect;
 mod error;
+mod events;
 mod inserts;
 pub mod lottery;
 mod model;
@@ -75,6 +76,7 @@ mod stand_ins;
 mod store;
 #[cfg(feature = "test-support")]
 pub mod testing;
+pub mod webhooks;
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -99,7 +101,9 @@ pub use model::{
 
 use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
-use payouts::{JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement};
+use payouts::{
+    JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutRenderer, PayoutStatus, Settlement,
+};
 use sql_store::SqlStore;
 use store::Store;
 
@@ -552,13 +556,18 @@ impl Ledger {
     /// Records the bank's final word on a claimed job — the payout settled and, for a
     /// refusal, the amount credited back with a reversal entry, in one transaction.
     /// `false` when the job was claimed again or settled meanwhile: nothing was written.
+    /// `render` makes the payout as the settlement's event shows it.
     pub async fn settle_payout(
         &self,
         job: &PayoutJob,
         settlement: &Settlement,
+        render: &PayoutRenderer,
     ) -> Result<bool, LedgerError> {
         let outcome = JobOutcome::Settled(settlement.clone());
-        let recorded = self.store.record_payouts(&[(job, &outcome)]).await?;
+        let recorded = self
+            .store
+            .record_payouts(&[(job, &outcome)], render)
+            .await?;
         Ok(recorded.first().copied().unwrap_or(false))
     }
 
@@ -574,17 +583,133 @@ impl Ledger {
             after,
             error: error.to_owned(),
         };
-        let recorded = self.store.record_payouts(&[(job, &outcome)]).await?;
+        let recorded = self
+            .store
+            .record_payouts(&[(job, &outcome)], &|_: &Payout| serde_json::Value::Null)
+            .await?;
         Ok(recorded.first().copied().unwrap_or(false))
     }
 
     /// Records what came of several claimed jobs, in one transaction (a worker's batch):
     /// for each, whether it was recorded (`false`: claimed again or settled meanwhile).
+    /// `render` makes a settled payout as its event (`payout.succeeded`, `payout.failed`)
+    /// shows it: as the API does.
     pub async fn record_payouts(
         &self,
         outcomes: &[(&PayoutJob, &JobOutcome)],
+        render: &PayoutRenderer,
     ) -> Result<Vec<bool>, LedgerError> {
-        self.store.record_payouts(outcomes).await
+        self.store.record_payouts(outcomes, render).await
+    }
+
+    /// Creates a webhook endpoint, unless its account has
+    /// [`MAX_ENDPOINTS_PER_ACCOUNT`](webhooks::MAX_ENDPOINTS_PER_ACCOUNT) already (`None`).
+    pub async fn create_endpoint(
+        &self,
+        new: &webhooks::NewEndpoint,
+    ) -> Result<Option<webhooks::Endpoint>, LedgerError> {
+        self.store
+            .create_endpoint(new, webhooks::MAX_ENDPOINTS_PER_ACCOUNT)
+            .await
+    }
+
+    /// A webhook endpoint, unless deleted.
+    pub async fn endpoint(
+        &self,
+        id: webhooks::EndpointId,
+    ) -> Result<Option<webhooks::Endpoint>, LedgerError> {
+        self.store.endpoint(id).await
+    }
+
+    /// An account's webhook endpoints, oldest first.
+    pub async fn endpoints(
+        &self,
+        account: AccountId,
+    ) -> Result<Vec<webhooks::Endpoint>, LedgerError> {
+        self.store.endpoints(account).await
+    }
+
+    /// Rotates an endpoint's secret: `sealed` signs from now on, and the secret before it
+    /// signs too for `window`. `None` if `account` has no such endpoint.
+    pub async fn rotate_endpoint_secret(
+        &self,
+        account: AccountId,
+        id: webhooks::EndpointId,
+        sealed: &[u8],
+        window: Duration,
+    ) -> Result<Option<webhooks::Endpoint>, LedgerError> {
+        self.store
+            .rotate_endpoint_secret(account, id, sealed, window)
+            .await
+    }
+
+    /// Deletes an endpoint of `account`: it gets no more events, and its deliveries not
+    /// yet made end. `false` if there was none.
+    pub async fn delete_endpoint(
+        &self,
+        account: AccountId,
+        id: webhooks::EndpointId,
+    ) -> Result<bool, LedgerError> {
+        self.store.delete_endpoint(account, id).await
+    }
+
+    /// Claims up to `max` due webhook deliveries for `worker`, each for `lease` by the
+    /// database's clock.
+    pub async fn claim_deliveries(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Vec<webhooks::DeliveryJob>, LedgerError> {
+        self.store
+            .claim_deliveries(worker, lease, i64::from(max))
+            .await
+    }
+
+    /// Records claimed deliveries' attempts and what comes of them, in one transaction:
+    /// for each, whether it was recorded (`false`: claimed again or ended meanwhile).
+    pub async fn record_deliveries(
+        &self,
+        outcomes: &[(
+            &webhooks::DeliveryJob,
+            &webhooks::AttemptAnswer,
+            &webhooks::DeliveryOutcome,
+        )],
+    ) -> Result<Vec<bool>, LedgerError> {
+        self.store.record_deliveries(outcomes).await
+    }
+
+    /// Up to `limit` deliveries of an endpoint before delivery `before`, newest first,
+    /// with their attempts.
+    pub async fn deliveries(
+        &self,
+        endpoint: webhooks::EndpointId,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<webhooks::Delivery>, LedgerError> {
+        self.store
+            .deliveries(endpoint, before, i64::from(limit))
+            .await
+    }
+
+    /// Sends a delivery of `endpoint` again, now, whatever became of it.
+    pub async fn retry_delivery(
+        &self,
+        endpoint: webhooks::EndpointId,
+        delivery: i64,
+    ) -> Result<Result<(), webhooks::RetryRefused>, LedgerError> {
+        self.store.retry_delivery(endpoint, delivery).await
+    }
+
+    /// How many deliveries are not done, and since when the oldest one's event.
+    pub async fn webhook_backlog(&self) -> Result<webhooks::WebhookBacklog, LedgerError> {
+        self.store.webhook_backlog().await
+    }
+
+    /// The key stored under `name` in the database; `fresh` is stored first when there
+    /// is none, so every instance on one database reads the same.
+    pub async fn sealing_key(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>, LedgerError> {
+        self.store.sealing_key(name, fresh).await
     }
 
     /// The sizes of the batches PostgreSQL's group commit sent so far; `None` on SQLite.

@@ -22,15 +22,18 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
+use crate::events::record_event;
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, OperationResult, OrderId, Renderer,
     TicketId,
 };
 use crate::payouts::{
-    Destination, JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus, Settlement,
+    Destination, JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutRenderer,
+    PayoutStatus, Settlement,
 };
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
+use crate::webhooks::{EventId, EventType, payout_data};
 
 /// The status a payout's outcome is stored with when the money left the account: accepted,
 /// not yet done — the bank has not been asked.
@@ -87,7 +90,7 @@ const INSERT_JOB: &str = "
 /// idle workers never take the writer.
 const ANY_DUE: &str = "
     SELECT id FROM outbox
-    WHERE done_at IS NULL AND due_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
+    WHERE kind = 'payout' AND done_at IS NULL AND due_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
     LIMIT 1";
 
 /// Ends job $1 at attempt $2 ($3 now): only if that is still the job's attempt and it is
@@ -190,6 +193,7 @@ where
     for<'r> OrderRow: FromRow<'r, D::Row>,
     for<'q> OrderId: Encode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Encode<'q, D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
 {
     /// A payout on the transaction path (both databases): the ticket locked and judged as
     /// for every spend; the amount taken under the fencing check (402, stored, when the
@@ -415,6 +419,7 @@ where
     pub(crate) async fn record_jobs(
         &self,
         outcomes: &[(&PayoutJob, &JobOutcome)],
+        render: &PayoutRenderer,
     ) -> Result<Vec<bool>, LedgerError> {
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
@@ -422,7 +427,7 @@ where
         for (job, outcome) in outcomes {
             recorded.push(match outcome {
                 JobOutcome::Settled(settlement) => {
-                    Self::settle_in(&mut tx, job, settlement, now).await?
+                    Self::settle_in(&mut tx, job, settlement, now, render).await?
                 }
                 JobOutcome::Postponed { after, error } => {
                     let postponed: Option<(PayoutId,)> = sqlx::query_as(POSTPONE_JOB)
@@ -446,6 +451,7 @@ where
         job: &PayoutJob,
         settlement: &Settlement,
         now: Timestamp,
+        render: &PayoutRenderer,
     ) -> Result<bool, LedgerError> {
         let finished: Option<(PayoutId,)> = sqlx::query_as(FINISH_JOB)
             .bind(job.job_id)
@@ -495,6 +501,22 @@ where
                 .execute(&mut **tx)
                 .await?;
         }
+        // The settlement's event, in its transaction: the payout as it now stands.
+        let settled = Payout {
+            status,
+            bank_transfer_id: transfer_id.map(str::to_owned),
+            failure_reason: reason.map(str::to_owned),
+            attempts: job.attempt,
+            last_error: None,
+            settled_at: Some(now.0),
+            ..job.payout.clone()
+        };
+        let event = match status {
+            PayoutStatus::Failed => EventType::PayoutFailed,
+            _ => EventType::PayoutSucceeded,
+        };
+        let data = payout_data(account, job.payout.ticket_id, &render(&settled).to_string());
+        record_event(tx, account, job.payout.ticket_id, event, &data, now).await?;
         Ok(true)
     }
 }

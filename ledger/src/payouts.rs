@@ -135,6 +135,9 @@ pub enum JobOutcome {
     },
 }
 
+/// Renders a payout as its settlement's event shows it (as the API shows the payout).
+pub type PayoutRenderer = dyn Fn(&Payout) -> serde_json::Value + Send + Sync;
+
 /// What payouts the store holds, for the metrics and the operators: how many in each
 /// status, and the oldest pending one's creation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -20,16 +20,23 @@ use crate::db_types::Timestamp;
 use crate::demo::unguarded::Unguarded;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt};
+use crate::events::{AttemptRow, ClaimedRow, DeliveryRow, DeliveryStateRow, EndpointRow, EventRow};
 use crate::inserts::{INSERT_ORDER, recognise_order};
 use crate::model::{
     Account, AccountId, Applied, ApplyRequest, Entry, Operation, Order, OrderId, Renderer, Ticket,
     TicketId,
 };
 use crate::outbox::PayoutRow;
-use crate::payouts::{JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutStatus};
+use crate::payouts::{
+    JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutRenderer, PayoutStatus,
+};
 use crate::reaper;
 use crate::rows::{AccountRow, EntryRow, OrderRow, TicketRow, order_columns, token_to_sql};
 use crate::sql_store::SqlStore;
+use crate::webhooks::{
+    AttemptAnswer, Delivery, DeliveryJob, DeliveryOutcome, Endpoint, EndpointId, EventId,
+    NewEndpoint, RetryRefused, WebhookBacklog,
+};
 
 /// The storage operations of the ledger, one atomic step each.
 #[async_trait]
@@ -99,7 +106,59 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     async fn record_payouts(
         &self,
         outcomes: &[(&PayoutJob, &JobOutcome)],
+        render: &PayoutRenderer,
     ) -> Result<Vec<bool>, LedgerError>;
+    /// Creates an endpoint unless its account has `max` already (`None`).
+    async fn create_endpoint(
+        &self,
+        new: &NewEndpoint,
+        max: usize,
+    ) -> Result<Option<Endpoint>, LedgerError>;
+    /// A live endpoint.
+    async fn endpoint(&self, id: EndpointId) -> Result<Option<Endpoint>, LedgerError>;
+    /// An account's live endpoints, oldest first.
+    async fn endpoints(&self, account: AccountId) -> Result<Vec<Endpoint>, LedgerError>;
+    /// Starts a rotation of an endpoint's secret (`events.rs`).
+    async fn rotate_endpoint_secret(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+        sealed: &[u8],
+        window: Duration,
+    ) -> Result<Option<Endpoint>, LedgerError>;
+    async fn delete_endpoint(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+    ) -> Result<bool, LedgerError>;
+    /// Claims up to `max` due deliveries for `worker`, each for `lease`.
+    async fn claim_deliveries(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<DeliveryJob>, LedgerError>;
+    /// Records claimed deliveries' attempts and outcomes, in one transaction.
+    async fn record_deliveries(
+        &self,
+        outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
+    ) -> Result<Vec<bool>, LedgerError>;
+    /// An endpoint's deliveries, newest first.
+    async fn deliveries(
+        &self,
+        endpoint: EndpointId,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Delivery>, LedgerError>;
+    /// Sends a delivery again now.
+    async fn retry_delivery(
+        &self,
+        endpoint: EndpointId,
+        delivery: i64,
+    ) -> Result<Result<(), RetryRefused>, LedgerError>;
+    async fn webhook_backlog(&self) -> Result<WebhookBacklog, LedgerError>;
+    /// The sealing key stored under `name`, `fresh` stored first if there is none.
+    async fn sealing_key(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>, LedgerError>;
     /// Deletes unused tickets and prunes the outcomes of used ones, both expired more
     /// than `retention` ago by the database's clock (the clock that judges expiry, so a
     /// ticket is never reaped while a spend could still find it unexpired); at most
@@ -160,6 +219,18 @@ where
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
     for<'r> (i64, Option<Timestamp>): FromRow<'r, D::Row>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> EndpointId: Encode<'q, D> + Type<D>,
+    for<'q> Option<i32>: Encode<'q, D>,
+    for<'q> Option<i64>: Encode<'q, D>,
+    for<'r> EndpointRow: FromRow<'r, D::Row>,
+    for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> ClaimedRow: FromRow<'r, D::Row>,
+    for<'r> DeliveryRow: FromRow<'r, D::Row>,
+    for<'r> AttemptRow: FromRow<'r, D::Row>,
+    for<'r> DeliveryStateRow: FromRow<'r, D::Row>,
+    for<'r> (EndpointId,): FromRow<'r, D::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, D::Row>,
 {
     async fn create_account(
         &self,
@@ -366,8 +437,84 @@ where
     async fn record_payouts(
         &self,
         outcomes: &[(&PayoutJob, &JobOutcome)],
+        render: &PayoutRenderer,
     ) -> Result<Vec<bool>, LedgerError> {
-        self.record_jobs(outcomes).await
+        self.record_jobs(outcomes, render).await
+    }
+
+    async fn create_endpoint(
+        &self,
+        new: &NewEndpoint,
+        max: usize,
+    ) -> Result<Option<Endpoint>, LedgerError> {
+        self.insert_endpoint(new, max).await
+    }
+
+    async fn endpoint(&self, id: EndpointId) -> Result<Option<Endpoint>, LedgerError> {
+        self.find_endpoint(id).await
+    }
+
+    async fn endpoints(&self, account: AccountId) -> Result<Vec<Endpoint>, LedgerError> {
+        self.list_endpoints(account).await
+    }
+
+    async fn rotate_endpoint_secret(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+        sealed: &[u8],
+        window: Duration,
+    ) -> Result<Option<Endpoint>, LedgerError> {
+        SqlStore::rotate_endpoint_secret(self, account, id, sealed, window).await
+    }
+
+    async fn delete_endpoint(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+    ) -> Result<bool, LedgerError> {
+        SqlStore::delete_endpoint(self, account, id).await
+    }
+
+    async fn claim_deliveries(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<DeliveryJob>, LedgerError> {
+        SqlStore::claim_deliveries(self, worker, lease, max).await
+    }
+
+    async fn record_deliveries(
+        &self,
+        outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
+    ) -> Result<Vec<bool>, LedgerError> {
+        SqlStore::record_deliveries(self, outcomes).await
+    }
+
+    async fn deliveries(
+        &self,
+        endpoint: EndpointId,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Delivery>, LedgerError> {
+        self.list_deliveries(endpoint, before, limit).await
+    }
+
+    async fn retry_delivery(
+        &self,
+        endpoint: EndpointId,
+        delivery: i64,
+    ) -> Result<Result<(), RetryRefused>, LedgerError> {
+        self.reopen_delivery(endpoint, delivery).await
+    }
+
+    async fn webhook_backlog(&self) -> Result<WebhookBacklog, LedgerError> {
+        SqlStore::webhook_backlog(self).await
+    }
+
+    async fn sealing_key(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>, LedgerError> {
+        SqlStore::sealing_key(self, name, fresh).await
     }
 
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError> {

@@ -5,11 +5,12 @@
 mod payouts;
 mod postgres_races;
 mod suite;
+mod webhooks;
 
 macro_rules! suite_for {
     ($database:ident, $open:expr) => {
         mod $database {
-            use super::{payouts, suite};
+            use super::{payouts, suite, webhooks};
 
             suite_for!(@cases $open, payouts;
                 a_payout_debits_once_and_waits_for_the_bank,
@@ -20,6 +21,14 @@ macro_rules! suite_for {
                 a_postponed_job_waits_until_it_is_due,
                 payouts_are_listed_and_counted_by_status,
                 audit_finds_a_failed_payout_without_its_reversal
+            );
+            suite_for!(@cases $open, webhooks;
+                every_outcome_announces_its_event_to_the_endpoints_that_want_it,
+                a_delivery_is_recorded_only_at_the_attempt_it_was_claimed_at,
+                retries_wait_and_an_exhausted_delivery_is_sent_again_by_hand,
+                gone_disables_the_endpoint_and_ends_its_deliveries,
+                endpoints_are_bounded_deleted_and_rotated,
+                a_payout_announces_its_settlement_once
             );
             suite_for!(@cases $open, suite;
                 opening_an_account_writes_its_opening_entry,

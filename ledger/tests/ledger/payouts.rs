@@ -12,6 +12,11 @@ use crate::suite::{account, apply, assert_clean, open};
 const HOUR: Duration = Duration::from_secs(3600);
 const LEASE: Duration = Duration::from_secs(30);
 
+/// The payout as a settlement's event shows it: its id and status are enough here.
+fn render_payout(payout: &ledger::payouts::Payout) -> serde_json::Value {
+    serde_json::json!({"payout_id": payout.id.0, "status": payout.status.as_str()})
+}
+
 fn payout(amount: i64, destination: &str) -> (PayoutId, Operation) {
     let id = PayoutId::random();
     let operation = Operation::Payout {
@@ -142,7 +147,12 @@ pub async fn a_job_is_claimed_by_one_worker_until_its_lease_runs_out(database: &
     let late = Settlement::Failed {
         reason: "destination-closed".into(),
     };
-    assert!(!ledger.settle_payout(first, &late).await.unwrap());
+    assert!(
+        !ledger
+            .settle_payout(first, &late, &render_payout)
+            .await
+            .unwrap()
+    );
     assert!(
         !ledger
             .postpone_payout(first, Duration::ZERO, "timeout")
@@ -156,7 +166,12 @@ pub async fn a_job_is_claimed_by_one_worker_until_its_lease_runs_out(database: &
     let done = Settlement::Succeeded {
         transfer_id: "tr_1".into(),
     };
-    assert!(ledger.settle_payout(&second, &done).await.unwrap());
+    assert!(
+        ledger
+            .settle_payout(&second, &done, &render_payout)
+            .await
+            .unwrap()
+    );
     assert_eq!(
         ledger.payout(id).await.unwrap().unwrap().attempts,
         2,
@@ -175,8 +190,18 @@ pub async fn a_succeeded_payout_keeps_its_money_out(database: &TestDatabase) {
     let done = Settlement::Succeeded {
         transfer_id: "tr_abc".into(),
     };
-    assert!(ledger.settle_payout(&job, &done).await.unwrap());
-    assert!(!ledger.settle_payout(&job, &done).await.unwrap());
+    assert!(
+        ledger
+            .settle_payout(&job, &done, &render_payout)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !ledger
+            .settle_payout(&job, &done, &render_payout)
+            .await
+            .unwrap()
+    );
     let settled = ledger.payout(id).await.unwrap().unwrap();
     assert_eq!(
         (
@@ -218,8 +243,18 @@ pub async fn a_failed_payout_is_credited_back_once(database: &TestDatabase) {
     let refused = Settlement::Failed {
         reason: "destination-closed".into(),
     };
-    assert!(ledger.settle_payout(&job, &refused).await.unwrap());
-    assert!(!ledger.settle_payout(&job, &refused).await.unwrap());
+    assert!(
+        ledger
+            .settle_payout(&job, &refused, &render_payout)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !ledger
+            .settle_payout(&job, &refused, &render_payout)
+            .await
+            .unwrap()
+    );
     let settled = ledger.payout(id).await.unwrap().unwrap();
     assert_eq!(
         (settled.status, settled.failure_reason.as_deref()),
@@ -295,7 +330,12 @@ pub async fn payouts_are_listed_and_counted_by_status(database: &TestDatabase) {
     let done = Settlement::Succeeded {
         transfer_id: "tr".into(),
     };
-    assert!(ledger.settle_payout(&job, &done).await.unwrap());
+    assert!(
+        ledger
+            .settle_payout(&job, &done, &render_payout)
+            .await
+            .unwrap()
+    );
 
     let listed = |account, status, after, limit| {
         let ledger = &ledger;

@@ -1,0 +1,831 @@
+//! Webhooks in the database (the model is `webhooks.rs`): an event written and queued for
+//! its endpoints inside the transaction of the outcome it announces; the endpoints'
+//! creation, rotation and deletion; and the outbox's steps for deliveries — claim due ones
+//! for a lease, record each attempt's answer and what comes of it, send one again by hand.
+//!
+//! Deliveries are outbox jobs of kind `webhook`, so they share the payouts' guarantees: a
+//! job exists exactly when its event committed, a claim counts the attempt, and a worker
+//! records only at the attempt it claimed (a worker whose lease ran out while its receiver
+//! dawdled records nothing once another claimed the delivery again).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+
+use crate::db_types::Timestamp;
+use crate::dialect::Dialect;
+use crate::error::{LedgerError, commit_or_unknown};
+use crate::model::{AccountId, TicketId};
+use crate::sql_store::SqlStore;
+use crate::webhooks::{
+    Attempt, AttemptAnswer, Delivery, DeliveryJob, DeliveryOutcome, DeliveryStatus, Endpoint,
+    EndpointId, Event, EventId, EventType, NewEndpoint, RetryRefused, Subscription, WebhookBacklog,
+};
+
+/// Parameters: $1 id, $2 account, $3 type, $4 ticket, $5 data, $6 now.
+const INSERT_EVENT: &str = "
+    INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Event $1 of account $2 and type $3, queued at $4 for each live endpoint that wants it.
+const QUEUE_DELIVERIES: &str = "
+    INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
+    SELECT 'webhook', $1, s.endpoint_id, $4, $4 FROM webhook_subscriptions s
+    WHERE s.account_id = $2 AND s.event_type IN ($3, '*')";
+
+macro_rules! endpoint_columns {
+    () => {
+        "id, account_id, url, event_types, secret_sealed, previous_secret_sealed,
+         previous_secret_until, disabled_at, disabled_reason, created_at"
+    };
+}
+
+const ENDPOINT: &str = concat!(
+    "SELECT ",
+    endpoint_columns!(),
+    " FROM webhook_endpoints WHERE id = $1 AND deleted_at IS NULL"
+);
+
+const ENDPOINTS_OF: &str = concat!(
+    "SELECT ",
+    endpoint_columns!(),
+    " FROM webhook_endpoints WHERE account_id = $1 AND deleted_at IS NULL
+      ORDER BY created_at, id"
+);
+
+const COUNT_ENDPOINTS: &str = "
+    SELECT CAST(COUNT(*) AS BIGINT) FROM webhook_endpoints
+    WHERE account_id = $1 AND deleted_at IS NULL";
+
+/// Parameters: $1 id, $2 account, $3 url, $4 types, $5 sealed secret, $6 now.
+const INSERT_ENDPOINT: &str = "
+    INSERT INTO webhook_endpoints (id, account_id, url, event_types, secret_sealed, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6)";
+
+const SUBSCRIBE: &str = "
+    INSERT INTO webhook_subscriptions (account_id, event_type, endpoint_id) VALUES ($1, $2, $3)";
+
+const UNSUBSCRIBE: &str = "DELETE FROM webhook_subscriptions WHERE endpoint_id = $1";
+
+/// Endpoint $1 of account $2: the secret $3 signs from now; the one before signs too until
+/// $4. A rotation during a rotation drops the oldest.
+const ROTATE: &str = concat!(
+    "UPDATE webhook_endpoints
+     SET previous_secret_sealed = secret_sealed, previous_secret_until = $4, secret_sealed = $3
+     WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
+     RETURNING ",
+    endpoint_columns!()
+);
+
+const DELETE_ENDPOINT: &str = "
+    UPDATE webhook_endpoints SET deleted_at = $3
+    WHERE id = $1 AND account_id = $2 AND deleted_at IS NULL
+    RETURNING id";
+
+const DISABLE_ENDPOINT: &str = "
+    UPDATE webhook_endpoints SET disabled_at = $2, disabled_reason = $3
+    WHERE id = $1 AND disabled_at IS NULL";
+
+/// Ends endpoint $1's open deliveries at $2 with outcome $3.
+const END_OPEN_DELIVERIES: &str = "
+    UPDATE outbox SET done_at = $2, outcome = $3, lease_until = NULL
+    WHERE endpoint_id = $1 AND done_at IS NULL";
+
+/// Whether a delivery is due at $1 whose lease ran out (or never was): read before a
+/// claim, so idle workers never take the writer.
+const ANY_DUE: &str = "
+    SELECT id FROM outbox
+    WHERE kind = 'webhook' AND done_at IS NULL AND due_at <= $1
+      AND (lease_until IS NULL OR lease_until <= $1)
+    LIMIT 1";
+
+macro_rules! event_columns {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            ".id AS event_id, ",
+            $alias,
+            ".account_id, ",
+            $alias,
+            ".type AS event_type, ",
+            $alias,
+            ".ticket_id, ",
+            $alias,
+            ".data, ",
+            $alias,
+            ".created_at AS event_created_at"
+        )
+    };
+}
+
+/// Ends delivery $1 at attempt $2 ($3 now) with outcome $4 and error $5.
+const FINISH_DELIVERY: &str = "
+    UPDATE outbox SET done_at = $3, outcome = $4, last_error = $5, lease_until = NULL
+    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    RETURNING id";
+
+/// Puts delivery $1 at attempt $2 back, due at $3, with $4 what went wrong.
+const POSTPONE_DELIVERY: &str = "
+    UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4
+    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    RETURNING id";
+
+/// Parameters: $1 delivery, $2 attempt, $3 now, $4 duration (ms), $5 status, $6 error,
+/// $7 body.
+const INSERT_ATTEMPT: &str = "
+    INSERT INTO webhook_attempts (job_id, attempt, recorded_at, duration_ms, response_status,
+                                  error, response_body)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// Up to $3 deliveries of endpoint $1 before delivery $2 (none: from the newest), newest
+/// first.
+const DELIVERIES: &str = concat!(
+    "SELECT o.id, o.endpoint_id, o.done_at, o.outcome, o.due_at, ",
+    event_columns!("e"),
+    " FROM outbox o JOIN events e ON e.id = o.event_id
+      WHERE o.endpoint_id = $1 AND o.kind = 'webhook' AND ($2 IS NULL OR o.id < $2)
+      ORDER BY o.id DESC
+      LIMIT $3"
+);
+
+const DELIVERY_STATE: &str = "
+    SELECT o.done_at, o.lease_until, ep.disabled_at, ep.deleted_at
+    FROM outbox o JOIN webhook_endpoints ep ON ep.id = o.endpoint_id
+    WHERE o.id = $1 AND o.endpoint_id = $2 AND o.kind = 'webhook'";
+
+const REOPEN_DELIVERY: &str = "
+    UPDATE outbox SET done_at = NULL, outcome = NULL, due_at = $2, lease_until = NULL,
+                      leased_by = NULL
+    WHERE id = $1";
+
+const BACKLOG: &str = "
+    SELECT CAST(COUNT(*) AS BIGINT), MIN(e.created_at)
+    FROM outbox o JOIN events e ON e.id = o.event_id
+    WHERE o.kind = 'webhook' AND o.done_at IS NULL";
+
+const KEEP_SEALING_KEY: &str = "
+    INSERT INTO sealing_keys (name, key, created_at) VALUES ($1, $2, $3)
+    ON CONFLICT (name) DO NOTHING";
+
+/// The outcome names stored for a delivery that ended.
+fn outcome_name(status: DeliveryStatus) -> Option<&'static str> {
+    (status != DeliveryStatus::Pending).then(|| status.as_str())
+}
+
+/// An endpoint as read.
+#[derive(FromRow)]
+pub(crate) struct EndpointRow {
+    id: EndpointId,
+    account_id: AccountId,
+    url: String,
+    event_types: String,
+    secret_sealed: Vec<u8>,
+    previous_secret_sealed: Option<Vec<u8>>,
+    previous_secret_until: Option<Timestamp>,
+    disabled_at: Option<Timestamp>,
+    disabled_reason: Option<String>,
+    created_at: Timestamp,
+}
+
+impl TryFrom<EndpointRow> for Endpoint {
+    type Error = LedgerError;
+
+    fn try_from(row: EndpointRow) -> Result<Self, LedgerError> {
+        let subscription = Subscription::parse_stored(&row.event_types).ok_or_else(|| {
+            LedgerError::Corrupt(format!(
+                "webhook endpoint {}: event types {:?}",
+                row.id, row.event_types
+            ))
+        })?;
+        Ok(Self {
+            id: row.id,
+            account_id: row.account_id,
+            url: row.url,
+            subscription,
+            secret_sealed: row.secret_sealed,
+            previous_secret: row
+                .previous_secret_sealed
+                .zip(row.previous_secret_until)
+                .map(|(sealed, until)| (sealed, until.0)),
+            disabled: row
+                .disabled_at
+                .zip(row.disabled_reason)
+                .map(|(at, reason)| (at.0, reason)),
+            created_at: row.created_at.0,
+        })
+    }
+}
+
+/// An event as read (the columns of `event_columns!`).
+#[derive(FromRow)]
+pub(crate) struct EventRow {
+    event_id: EventId,
+    account_id: AccountId,
+    event_type: String,
+    ticket_id: TicketId,
+    data: String,
+    event_created_at: Timestamp,
+}
+
+impl TryFrom<EventRow> for Event {
+    type Error = LedgerError;
+
+    fn try_from(row: EventRow) -> Result<Self, LedgerError> {
+        Ok(Self {
+            event_type: EventType::parse(&row.event_type).ok_or_else(|| {
+                LedgerError::Corrupt(format!("event {}: type {:?}", row.event_id, row.event_type))
+            })?,
+            id: row.event_id,
+            account_id: row.account_id,
+            ticket_id: row.ticket_id,
+            data: row.data,
+            created_at: row.event_created_at.0,
+        })
+    }
+}
+
+/// A claimed delivery's outbox columns.
+#[derive(FromRow)]
+pub(crate) struct ClaimedRow {
+    id: i64,
+    event_id: EventId,
+    endpoint_id: EndpointId,
+    attempts: i32,
+}
+
+/// A delivery as listed.
+#[derive(FromRow)]
+pub(crate) struct DeliveryRow {
+    id: i64,
+    endpoint_id: EndpointId,
+    done_at: Option<Timestamp>,
+    outcome: Option<String>,
+    due_at: Timestamp,
+    #[sqlx(flatten)]
+    event: EventRow,
+}
+
+/// An attempt as read.
+#[derive(FromRow)]
+pub(crate) struct AttemptRow {
+    job_id: i64,
+    attempt: i32,
+    recorded_at: Timestamp,
+    duration_ms: i64,
+    response_status: Option<i32>,
+    error: Option<String>,
+    response_body: Option<String>,
+}
+
+impl From<AttemptRow> for Attempt {
+    fn from(row: AttemptRow) -> Self {
+        Self {
+            attempt: u32::try_from(row.attempt).unwrap_or_default(),
+            recorded_at: row.recorded_at.0,
+            answer: AttemptAnswer {
+                duration: Duration::from_millis(u64::try_from(row.duration_ms).unwrap_or(0)),
+                status: row.response_status.and_then(|s| u16::try_from(s).ok()),
+                error: row.error,
+                body: row.response_body,
+            },
+        }
+    }
+}
+
+/// A delivery's state, for a retry by hand.
+#[derive(FromRow)]
+pub(crate) struct DeliveryStateRow {
+    done_at: Option<Timestamp>,
+    lease_until: Option<Timestamp>,
+    disabled_at: Option<Timestamp>,
+    deleted_at: Option<Timestamp>,
+}
+
+/// Writes the event of an outcome committed in `tx`, and queues it for each of its
+/// account's live endpoints that want it. (A function of its own, not a step of the store:
+/// every transaction that commits an outcome calls it, whatever else it needs.)
+pub(crate) async fn record_event<D>(
+    tx: &mut sqlx::Transaction<'static, D>,
+    account: AccountId,
+    ticket: TicketId,
+    kind: EventType,
+    data: &str,
+    now: Timestamp,
+) -> Result<(), sqlx::Error>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+{
+    let id = EventId::random();
+    sqlx::query(INSERT_EVENT)
+        .bind(id)
+        .bind(account)
+        .bind(kind.as_str())
+        .bind(ticket)
+        .bind(data)
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    sqlx::query(QUEUE_DELIVERIES)
+        .bind(id)
+        .bind(account)
+        .bind(kind.as_str())
+        .bind(now)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// `… IN ($first, …)` for `count` parameters.
+fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The webhook steps.
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<i32>: Encode<'q, D>,
+    for<'q> Option<i64>: Encode<'q, D>,
+    for<'q> String: Decode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> Option<&'q str>: Encode<'q, D>,
+    for<'q> Vec<u8>: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> EndpointId: Encode<'q, D> + Type<D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+    for<'r> EndpointRow: FromRow<'r, D::Row>,
+    for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> ClaimedRow: FromRow<'r, D::Row>,
+    for<'r> DeliveryRow: FromRow<'r, D::Row>,
+    for<'r> AttemptRow: FromRow<'r, D::Row>,
+    for<'r> DeliveryStateRow: FromRow<'r, D::Row>,
+    for<'r> (Timestamp,): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'r> (EndpointId,): FromRow<'r, D::Row>,
+    for<'r> (Vec<u8>,): FromRow<'r, D::Row>,
+    for<'r> (i64, Option<Timestamp>): FromRow<'r, D::Row>,
+{
+    /// Creates an endpoint and its subscriptions, unless its account has `max` already
+    /// (`None`). Two creates of one account at once may each see room for one more.
+    pub(crate) async fn insert_endpoint(
+        &self,
+        new: &NewEndpoint,
+        max: usize,
+    ) -> Result<Option<Endpoint>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let (live,): (i64,) = sqlx::query_as(COUNT_ENDPOINTS)
+            .bind(new.account_id)
+            .fetch_one(&mut *tx)
+            .await?;
+        if usize::try_from(live).unwrap_or(usize::MAX) >= max {
+            return Ok(None);
+        }
+        sqlx::query(INSERT_ENDPOINT)
+            .bind(new.id)
+            .bind(new.account_id)
+            .bind(new.url.as_str())
+            .bind(new.subscription.stored().as_str())
+            .bind(new.secret_sealed.clone())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        for name in new.subscription.names() {
+            sqlx::query(SUBSCRIBE)
+                .bind(new.account_id)
+                .bind(name)
+                .bind(new.id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_or_unknown(tx).await?;
+        Ok(Some(Endpoint {
+            id: new.id,
+            account_id: new.account_id,
+            url: new.url.clone(),
+            subscription: new.subscription.clone(),
+            secret_sealed: new.secret_sealed.clone(),
+            previous_secret: None,
+            disabled: None,
+            created_at: now.0,
+        }))
+    }
+
+    /// A live endpoint by id.
+    pub(crate) async fn find_endpoint(
+        &self,
+        id: EndpointId,
+    ) -> Result<Option<Endpoint>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, EndpointRow>(ENDPOINT)
+                .bind(id)
+                .fetch_optional(&self.pool)
+        };
+        self.on_live_connection(query)
+            .await?
+            .map(Endpoint::try_from)
+            .transpose()
+    }
+
+    /// An account's live endpoints, oldest first.
+    pub(crate) async fn list_endpoints(
+        &self,
+        account: AccountId,
+    ) -> Result<Vec<Endpoint>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, EndpointRow>(ENDPOINTS_OF)
+                .bind(account)
+                .fetch_all(&self.pool)
+        };
+        self.on_live_connection(query)
+            .await?
+            .into_iter()
+            .map(Endpoint::try_from)
+            .collect()
+    }
+
+    /// Rotates endpoint `id`'s secret: `sealed` signs from now, the one before until
+    /// `window` from now. `None` if the account has no such endpoint.
+    pub(crate) async fn rotate_endpoint_secret(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+        sealed: &[u8],
+        window: Duration,
+    ) -> Result<Option<Endpoint>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let row: Option<EndpointRow> = sqlx::query_as(ROTATE)
+            .bind(id)
+            .bind(account)
+            .bind(sealed.to_vec())
+            .bind(Timestamp(now.0 + window))
+            .fetch_optional(&mut *tx)
+            .await?;
+        commit_or_unknown(tx).await?;
+        row.map(Endpoint::try_from).transpose()
+    }
+
+    /// Deletes endpoint `id` of `account`: no more events for it, and its deliveries not
+    /// yet made end. `false` if there was no such endpoint.
+    pub(crate) async fn delete_endpoint(
+        &self,
+        account: AccountId,
+        id: EndpointId,
+    ) -> Result<bool, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let deleted: Option<(EndpointId,)> = sqlx::query_as(DELETE_ENDPOINT)
+            .bind(id)
+            .bind(account)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if deleted.is_none() {
+            return Ok(false);
+        }
+        Self::stop_endpoint(&mut tx, id, DeliveryStatus::EndpointDeleted, now).await?;
+        commit_or_unknown(tx).await?;
+        Ok(true)
+    }
+
+    /// An endpoint gets no more events, and its deliveries not yet made end as `status`.
+    async fn stop_endpoint(
+        tx: &mut sqlx::Transaction<'static, D>,
+        id: EndpointId,
+        status: DeliveryStatus,
+        now: Timestamp,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(UNSUBSCRIBE).bind(id).execute(&mut **tx).await?;
+        sqlx::query(END_OPEN_DELIVERIES)
+            .bind(id)
+            .bind(now)
+            .bind(outcome_name(status))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Claims up to `max` due deliveries for `worker`, each for `lease` by the database's
+    /// clock, with their events and endpoints.
+    pub(crate) async fn claim_deliveries(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: i64,
+    ) -> Result<Vec<DeliveryJob>, LedgerError> {
+        let look = || async {
+            let mut connection = self.pool.acquire().await?;
+            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
+            let due: Option<(i64,)> = sqlx::query_as(ANY_DUE)
+                .bind(now)
+                .fetch_optional(&mut *connection)
+                .await?;
+            Ok::<_, sqlx::Error>(due.is_some())
+        };
+        if !self.on_live_connection(look).await? {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let lease_until = Timestamp(now.0 + lease);
+        let claimed: Vec<ClaimedRow> = sqlx::query_as(D::CLAIM_DELIVERIES)
+            .bind(now)
+            .bind(lease_until)
+            .bind(worker)
+            .bind(max)
+            .fetch_all(&mut *tx)
+            .await?;
+        if claimed.is_empty() {
+            tx.commit().await?;
+            return Ok(Vec::new());
+        }
+        let mut events = HashMap::new();
+        let mut endpoints = HashMap::new();
+        {
+            let mut event_ids: Vec<EventId> = claimed.iter().map(|row| row.event_id).collect();
+            event_ids.sort();
+            event_ids.dedup();
+            let select = format!(
+                "SELECT {} FROM events e WHERE e.id IN ({})",
+                event_columns!("e"),
+                placeholders(1, event_ids.len())
+            );
+            let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
+            for id in &event_ids {
+                query = query.bind(*id);
+            }
+            for row in query.fetch_all(&mut *tx).await? {
+                let event = Event::try_from(row)?;
+                events.insert(event.id, event);
+            }
+            let mut endpoint_ids: Vec<EndpointId> =
+                claimed.iter().map(|row| row.endpoint_id).collect();
+            endpoint_ids.sort();
+            endpoint_ids.dedup();
+            let select = format!(
+                "SELECT {} FROM webhook_endpoints WHERE id IN ({})",
+                endpoint_columns!(),
+                placeholders(1, endpoint_ids.len())
+            );
+            let mut query = sqlx::query_as::<_, EndpointRow>(sqlx::AssertSqlSafe(select));
+            for id in &endpoint_ids {
+                query = query.bind(*id);
+            }
+            for row in query.fetch_all(&mut *tx).await? {
+                let endpoint = Endpoint::try_from(row)?;
+                endpoints.insert(endpoint.id, endpoint);
+            }
+        }
+        tx.commit().await?;
+        claimed
+            .into_iter()
+            .map(|row| {
+                let missing = |what: &str| {
+                    LedgerError::Corrupt(format!("delivery {}: its {what} is missing", row.id))
+                };
+                Ok(DeliveryJob {
+                    job_id: row.id,
+                    attempt: u32::try_from(row.attempts).unwrap_or_default(),
+                    lease_until: lease_until.0,
+                    event: events
+                        .get(&row.event_id)
+                        .cloned()
+                        .ok_or_else(|| missing("event"))?,
+                    endpoint: endpoints
+                        .get(&row.endpoint_id)
+                        .cloned()
+                        .ok_or_else(|| missing("endpoint"))?,
+                })
+            })
+            .collect()
+    }
+
+    /// Records each claimed delivery's attempt and what comes of it, in one transaction —
+    /// each only if it is still at the attempt it was claimed at (`false` in its place
+    /// otherwise, nothing written for it). A receiver gone for good (410) disables its
+    /// endpoint and ends the endpoint's other deliveries.
+    pub(crate) async fn record_deliveries(
+        &self,
+        outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
+    ) -> Result<Vec<bool>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let mut recorded = Vec::with_capacity(outcomes.len());
+        for (job, answer, outcome) in outcomes {
+            let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
+            let error = answer.error.as_deref();
+            let ended = |status: DeliveryStatus| {
+                sqlx::query_as::<_, (i64,)>(FINISH_DELIVERY)
+                    .bind(job.job_id)
+                    .bind(attempt)
+                    .bind(now)
+                    .bind(outcome_name(status))
+                    .bind(error)
+            };
+            let row: Option<(i64,)> = match outcome {
+                DeliveryOutcome::Delivered => {
+                    ended(DeliveryStatus::Delivered)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+                DeliveryOutcome::Exhausted => {
+                    ended(DeliveryStatus::Exhausted)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+                DeliveryOutcome::EndpointGone => {
+                    let row = ended(DeliveryStatus::EndpointDisabled)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                    if row.is_some() {
+                        sqlx::query(DISABLE_ENDPOINT)
+                            .bind(job.endpoint.id)
+                            .bind(now)
+                            .bind("the receiver answered 410 Gone")
+                            .execute(&mut *tx)
+                            .await?;
+                        Self::stop_endpoint(
+                            &mut tx,
+                            job.endpoint.id,
+                            DeliveryStatus::EndpointDisabled,
+                            now,
+                        )
+                        .await?;
+                    }
+                    row
+                }
+                DeliveryOutcome::Retry { after } => {
+                    sqlx::query_as(POSTPONE_DELIVERY)
+                        .bind(job.job_id)
+                        .bind(attempt)
+                        .bind(Timestamp(now.0 + *after))
+                        .bind(error)
+                        .fetch_optional(&mut *tx)
+                        .await?
+                }
+            };
+            if row.is_some() {
+                sqlx::query(INSERT_ATTEMPT)
+                    .bind(job.job_id)
+                    .bind(attempt)
+                    .bind(now)
+                    .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
+                    .bind(answer.status.map(i32::from))
+                    .bind(error)
+                    .bind(answer.body.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            recorded.push(row.is_some());
+        }
+        commit_or_unknown(tx).await?;
+        Ok(recorded)
+    }
+
+    /// Up to `limit` deliveries of `endpoint` before `before` (none: from the newest),
+    /// newest first, each with its attempts.
+    pub(crate) async fn list_deliveries(
+        &self,
+        endpoint: EndpointId,
+        before: Option<i64>,
+        limit: i64,
+    ) -> Result<Vec<Delivery>, LedgerError> {
+        let query = || {
+            sqlx::query_as::<_, DeliveryRow>(DELIVERIES)
+                .bind(endpoint)
+                .bind(before)
+                .bind(limit)
+                .fetch_all(&self.pool)
+        };
+        let rows = self.on_live_connection(query).await?;
+        let mut attempts: HashMap<i64, Vec<Attempt>> = HashMap::new();
+        if !rows.is_empty() {
+            let select = format!(
+                "SELECT job_id, attempt, recorded_at, duration_ms, response_status, error,
+                        response_body
+                 FROM webhook_attempts WHERE job_id IN ({}) ORDER BY job_id, attempt",
+                placeholders(1, rows.len())
+            );
+            let query = || {
+                let mut query =
+                    sqlx::query_as::<_, AttemptRow>(sqlx::AssertSqlSafe(select.clone()));
+                for row in &rows {
+                    query = query.bind(row.id);
+                }
+                query.fetch_all(&self.pool)
+            };
+            for row in self.on_live_connection(query).await? {
+                attempts.entry(row.job_id).or_default().push(row.into());
+            }
+        }
+        rows.into_iter()
+            .map(|row| {
+                let status = match (row.done_at, row.outcome.as_deref()) {
+                    (None, _) => DeliveryStatus::Pending,
+                    (Some(_), Some(name)) => DeliveryStatus::parse(name).ok_or_else(|| {
+                        LedgerError::Corrupt(format!("delivery {}: outcome {name:?}", row.id))
+                    })?,
+                    (Some(_), None) => {
+                        return Err(LedgerError::Corrupt(format!(
+                            "delivery {}: done without an outcome",
+                            row.id
+                        )));
+                    }
+                };
+                Ok(Delivery {
+                    id: row.id,
+                    endpoint_id: row.endpoint_id,
+                    event: Event::try_from(row.event)?,
+                    status,
+                    next_attempt_at: (status == DeliveryStatus::Pending).then_some(row.due_at.0),
+                    attempts: attempts.remove(&row.id).unwrap_or_default(),
+                })
+            })
+            .collect()
+    }
+
+    /// Sends delivery `delivery` of `endpoint` again, now: whether it was delivered, ran
+    /// out of attempts or waits for a later one. Refused while a worker holds it, and once
+    /// its endpoint gets no more events.
+    pub(crate) async fn reopen_delivery(
+        &self,
+        endpoint: EndpointId,
+        delivery: i64,
+    ) -> Result<Result<(), RetryRefused>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let state: Option<DeliveryStateRow> = sqlx::query_as(DELIVERY_STATE)
+            .bind(delivery)
+            .bind(endpoint)
+            .fetch_optional(&mut *tx)
+            .await?;
+        let Some(state) = state else {
+            return Ok(Err(RetryRefused::NotFound));
+        };
+        if state.disabled_at.is_some() || state.deleted_at.is_some() {
+            return Ok(Err(RetryRefused::EndpointDisabled));
+        }
+        if state.done_at.is_none() && state.lease_until.is_some_and(|until| until > now) {
+            return Ok(Err(RetryRefused::InFlight));
+        }
+        sqlx::query(REOPEN_DELIVERY)
+            .bind(delivery)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        commit_or_unknown(tx).await?;
+        Ok(Ok(()))
+    }
+
+    /// How many deliveries are not done, and when the oldest one's event committed.
+    pub(crate) async fn webhook_backlog(&self) -> Result<WebhookBacklog, LedgerError> {
+        let query = || sqlx::query_as::<_, (i64, Option<Timestamp>)>(BACKLOG).fetch_one(&self.pool);
+        let (pending, oldest) = self.on_live_connection(query).await?;
+        Ok(WebhookBacklog {
+            pending: u64::try_from(pending).unwrap_or_default(),
+            oldest_pending: oldest.map(|at| at.0),
+        })
+    }
+
+    /// The sealing key stored under `name`; `fresh` is stored first if there is none (the
+    /// first instance to ask makes it, every other reads the same).
+    pub(crate) async fn sealing_key(
+        &self,
+        name: &str,
+        fresh: &[u8],
+    ) -> Result<Vec<u8>, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        sqlx::query(KEEP_SEALING_KEY)
+            .bind(name)
+            .bind(fresh.to_vec())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        let (key,): (Vec<u8>,) = sqlx::query_as("SELECT key FROM sealing_keys WHERE name = $1")
+            .bind(name)
+            .fetch_one(&mut *tx)
+            .await?;
+        commit_or_unknown(tx).await?;
+        Ok(key)
+    }
+}

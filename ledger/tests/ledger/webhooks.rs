@@ -1,0 +1,392 @@
+//! Webhooks in the ledger: an event per committed outcome, in its transaction, queued for
+//! the endpoints that want it (and never for a replay or a refusal before execution);
+//! deliveries claimed, fenced by their attempts, ended, sent again by hand; endpoints
+//! rotated, disabled by a 410 and deleted.
+
+use std::time::Duration;
+
+use ledger::payouts::{Destination, PayoutId, Settlement};
+use ledger::testing::TestDatabase;
+use ledger::webhooks::{
+    AttemptAnswer, DeliveryJob, DeliveryOutcome, DeliveryStatus, EndpointId, EventType,
+    NewEndpoint, RetryRefused, Subscription,
+};
+use ledger::{AccountId, Amount, ApplyError, Ledger, Operation};
+use serde_json::Value;
+
+use crate::suite::{account, apply, assert_clean, open, withdrawal};
+
+const HOUR: Duration = Duration::from_secs(3600);
+const LEASE: Duration = Duration::from_secs(30);
+
+async fn endpoint(
+    ledger: &Ledger,
+    account_id: AccountId,
+    types: Option<Vec<EventType>>,
+) -> EndpointId {
+    let new = NewEndpoint {
+        id: EndpointId::random(),
+        account_id,
+        url: "http://127.0.0.1:9/hooks".to_owned(),
+        subscription: Subscription::of(types),
+        secret_sealed: vec![7; 40],
+    };
+    ledger.create_endpoint(&new).await.unwrap().unwrap().id
+}
+
+async fn claim_all(ledger: &Ledger, worker: &str) -> Vec<DeliveryJob> {
+    ledger.claim_deliveries(worker, LEASE, 100).await.unwrap()
+}
+
+fn answered(status: u16) -> AttemptAnswer {
+    AttemptAnswer {
+        duration: Duration::from_millis(3),
+        status: Some(status),
+        error: (!(200..300).contains(&status)).then(|| format!("the receiver answered {status}")),
+        body: Some("ok".to_owned()),
+    }
+}
+
+async fn record(ledger: &Ledger, job: &DeliveryJob, status: u16, outcome: DeliveryOutcome) -> bool {
+    ledger
+        .record_deliveries(&[(job, &answered(status), &outcome)])
+        .await
+        .unwrap()[0]
+}
+
+fn payload(job: &DeliveryJob) -> Value {
+    serde_json::from_str(&job.event.payload()).unwrap()
+}
+
+/// Each committed outcome writes one event, in its transaction, queued for every endpoint
+/// of the account that wants its type; the event carries the stored outcome. A replay, a
+/// stale token and another account's endpoints get nothing.
+pub async fn every_outcome_announces_its_event_to_the_endpoints_that_want_it(
+    database: &TestDatabase,
+) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let other = account(&ledger, 1000, 0).await;
+    let everything = endpoint(&ledger, account_id, None).await;
+    let refusals = endpoint(
+        &ledger,
+        account_id,
+        Some(vec![EventType::WithdrawalRefused]),
+    )
+    .await;
+    let others = endpoint(&ledger, other, None).await;
+
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let executed = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 1)
+        .await
+        .unwrap();
+    let replay = apply(&ledger, account_id, ticket, withdrawal(100), "w100", 2)
+        .await
+        .unwrap();
+    assert!(replay.replayed);
+    let refused_ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let refused = apply(
+        &ledger,
+        account_id,
+        refused_ticket,
+        withdrawal(5000),
+        "w5000",
+        3,
+    )
+    .await
+    .unwrap();
+    assert_eq!(refused.response.status, 402);
+    // Refused before execution: nothing committed, nothing announced.
+    let stale_ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let stale = apply(&ledger, account_id, stale_ticket, withdrawal(1), "w1", 2).await;
+    assert!(
+        matches!(stale, Err(ApplyError::StaleToken { .. })),
+        "{stale:?}"
+    );
+
+    let jobs = claim_all(&ledger, "w").await;
+    let mut seen: Vec<(EndpointId, EventType)> = jobs
+        .iter()
+        .map(|job| (job.endpoint.id, job.event.event_type))
+        .collect();
+    seen.sort();
+    let mut expected = vec![
+        (everything, EventType::WithdrawalSucceeded),
+        (everything, EventType::WithdrawalRefused),
+        (refusals, EventType::WithdrawalRefused),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
+    assert!(
+        jobs.iter()
+            .all(|job| job.endpoint.id != others && job.attempt == 1)
+    );
+
+    for job in &jobs {
+        let body = payload(job);
+        let (ticket_id, stored) = match job.event.event_type {
+            EventType::WithdrawalSucceeded => (ticket, &executed.response),
+            _ => (refused_ticket, &refused.response),
+        };
+        assert_eq!(job.event.ticket_id, ticket_id);
+        assert_eq!(body["type"], job.event.event_type.as_str());
+        assert_eq!(body["data"]["account_id"], account_id.0.to_string());
+        assert_eq!(body["data"]["ticket_id"], ticket_id.0.to_string());
+        assert_eq!(body["data"]["outcome"]["status"], stored.status);
+        assert_eq!(body["data"]["outcome"]["body"], stored.body);
+    }
+    // Two deliveries of one event (to two endpoints) carry the same event.
+    let refused_ids: Vec<_> = jobs
+        .iter()
+        .filter(|job| job.event.event_type == EventType::WithdrawalRefused)
+        .map(|job| job.event.id)
+        .collect();
+    assert_eq!(refused_ids.len(), 2);
+    assert_eq!(refused_ids[0], refused_ids[1]);
+    assert_eq!(ledger.webhook_backlog().await.unwrap().pending, 3);
+    assert_clean(&ledger).await;
+}
+
+/// A claim holds a delivery for its lease; once the lease ran out another worker claims it
+/// as the next attempt, and only that attempt's word is recorded — with the attempt's
+/// answer, listed with the delivery.
+pub async fn a_delivery_is_recorded_only_at_the_attempt_it_was_claimed_at(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let hooks = endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+
+    let first = ledger
+        .claim_deliveries("a", Duration::from_millis(200), 10)
+        .await
+        .unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(claim_all(&ledger, "b").await.is_empty(), "leased");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let second = claim_all(&ledger, "b").await;
+    assert_eq!((second.len(), second[0].attempt), (1, 2));
+    assert_eq!(second[0].event, first[0].event);
+
+    assert!(!record(&ledger, &first[0], 204, DeliveryOutcome::Delivered).await);
+    assert!(record(&ledger, &second[0], 204, DeliveryOutcome::Delivered).await);
+    assert!(!record(&ledger, &second[0], 204, DeliveryOutcome::Delivered).await);
+
+    let listed = ledger.deliveries(hooks, None, 10).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].status, DeliveryStatus::Delivered);
+    assert_eq!(listed[0].next_attempt_at, None);
+    assert_eq!(listed[0].attempts.len(), 1);
+    assert_eq!(listed[0].attempts[0].attempt, 2);
+    assert_eq!(listed[0].attempts[0].answer, answered(204));
+    assert_eq!(ledger.webhook_backlog().await.unwrap().pending, 0);
+}
+
+/// A retry waits until it is due; a delivery out of attempts ends exhausted and is sent
+/// again only by hand — refused while a worker holds it.
+pub async fn retries_wait_and_an_exhausted_delivery_is_sent_again_by_hand(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let hooks = endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+
+    let job = claim_all(&ledger, "a").await.remove(0);
+    let delivery = job.job_id;
+    assert_eq!(
+        ledger.retry_delivery(hooks, delivery).await.unwrap(),
+        Err(RetryRefused::InFlight)
+    );
+    let later = DeliveryOutcome::Retry {
+        after: Duration::from_millis(300),
+    };
+    assert!(record(&ledger, &job, 500, later).await);
+    assert!(claim_all(&ledger, "a").await.is_empty(), "not due yet");
+    let pending = ledger.deliveries(hooks, None, 10).await.unwrap().remove(0);
+    assert_eq!(pending.status, DeliveryStatus::Pending);
+    assert!(pending.next_attempt_at.is_some());
+    assert_eq!(pending.attempts[0].answer.status, Some(500));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let job = claim_all(&ledger, "a").await.remove(0);
+    assert_eq!(job.attempt, 2);
+    assert!(record(&ledger, &job, 503, DeliveryOutcome::Exhausted).await);
+    assert_eq!(
+        ledger.deliveries(hooks, None, 10).await.unwrap()[0].status,
+        DeliveryStatus::Exhausted
+    );
+    assert!(claim_all(&ledger, "a").await.is_empty());
+
+    assert_eq!(
+        ledger.retry_delivery(hooks, delivery).await.unwrap(),
+        Ok(())
+    );
+    assert_eq!(
+        ledger
+            .retry_delivery(EndpointId::random(), delivery)
+            .await
+            .unwrap(),
+        Err(RetryRefused::NotFound)
+    );
+    let again = claim_all(&ledger, "a").await.remove(0);
+    assert_eq!((again.job_id, again.attempt), (delivery, 3));
+    assert!(record(&ledger, &again, 200, DeliveryOutcome::Delivered).await);
+    let listed = ledger.deliveries(hooks, None, 10).await.unwrap().remove(0);
+    assert_eq!(listed.status, DeliveryStatus::Delivered);
+    let numbers: Vec<u32> = listed.attempts.iter().map(|a| a.attempt).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+}
+
+/// A receiver that answers 410 disables its endpoint: the endpoint's other deliveries end,
+/// later outcomes are not queued for it, and nothing of it is sent again by hand.
+pub async fn gone_disables_the_endpoint_and_ends_its_deliveries(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let hooks = endpoint(&ledger, account_id, None).await;
+    for (n, token) in [(1, 1), (2, 2)] {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(
+            &ledger,
+            account_id,
+            ticket,
+            withdrawal(n),
+            &format!("w{n}"),
+            token,
+        )
+        .await
+        .unwrap();
+    }
+    let mut jobs = ledger.claim_deliveries("a", LEASE, 1).await.unwrap();
+    assert!(record(&ledger, &jobs.remove(0), 410, DeliveryOutcome::EndpointGone).await);
+
+    let disabled = ledger.endpoint(hooks).await.unwrap().unwrap();
+    assert!(disabled.disabled.is_some(), "{disabled:?}");
+    let listed = ledger.deliveries(hooks, None, 10).await.unwrap();
+    assert!(
+        listed
+            .iter()
+            .all(|delivery| delivery.status == DeliveryStatus::EndpointDisabled),
+        "{listed:#?}"
+    );
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(3), "w3", 3)
+        .await
+        .unwrap();
+    assert!(claim_all(&ledger, "a").await.is_empty());
+    assert_eq!(ledger.deliveries(hooks, None, 10).await.unwrap().len(), 2);
+    assert_eq!(
+        ledger.retry_delivery(hooks, listed[0].id).await.unwrap(),
+        Err(RetryRefused::EndpointDisabled)
+    );
+}
+
+/// An account has at most 16 endpoints; a deleted one is gone from the list, gets no more
+/// events, and its deliveries not yet made end. Rotating a secret keeps the one before it
+/// until the window ends.
+pub async fn endpoints_are_bounded_deleted_and_rotated(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let mut made = Vec::new();
+    for _ in 0..ledger::webhooks::MAX_ENDPOINTS_PER_ACCOUNT {
+        made.push(endpoint(&ledger, account_id, None).await);
+    }
+    let one_more = NewEndpoint {
+        id: EndpointId::random(),
+        account_id,
+        url: "http://127.0.0.1:9/".to_owned(),
+        subscription: Subscription::All,
+        secret_sealed: vec![1; 40],
+    };
+    assert_eq!(ledger.create_endpoint(&one_more).await.unwrap(), None);
+    assert_eq!(
+        ledger.endpoints(account_id).await.unwrap().len(),
+        made.len()
+    );
+
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    let gone = made[0];
+    assert!(ledger.delete_endpoint(account_id, gone).await.unwrap());
+    assert!(!ledger.delete_endpoint(account_id, gone).await.unwrap());
+    assert!(ledger.endpoint(gone).await.unwrap().is_none());
+    let jobs = claim_all(&ledger, "a").await;
+    assert_eq!(jobs.len(), made.len() - 1);
+    assert!(jobs.iter().all(|job| job.endpoint.id != gone));
+    assert!(ledger.create_endpoint(&one_more).await.unwrap().is_some());
+
+    let other = account(&ledger, 0, 0).await;
+    let kept = made[1];
+    assert_eq!(
+        ledger
+            .rotate_endpoint_secret(other, kept, &[2; 40], HOUR)
+            .await
+            .unwrap(),
+        None,
+        "another account's endpoint"
+    );
+    let rotated = ledger
+        .rotate_endpoint_secret(account_id, kept, &[2; 40], HOUR)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(rotated.secret_sealed, vec![2; 40]);
+    let (previous, until) = rotated.previous_secret.clone().unwrap();
+    assert_eq!(previous, vec![7; 40]);
+    assert!(until > rotated.created_at + Duration::from_secs(3000));
+    assert_eq!(ledger.endpoint(kept).await.unwrap(), Some(rotated));
+}
+
+/// A payout announces its settlement, once, with the payout as the renderer shows it; its
+/// acceptance announces nothing.
+pub async fn a_payout_announces_its_settlement_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let payout = PayoutId::random();
+    let operation = Operation::Payout {
+        payout,
+        amount: Amount::new(300).unwrap(),
+        destination: Destination::new("acct-1").unwrap(),
+    };
+    apply(&ledger, account_id, ticket, operation, "p", 1)
+        .await
+        .unwrap();
+    assert!(
+        claim_all(&ledger, "w").await.is_empty(),
+        "a 202 announces nothing"
+    );
+
+    let job = ledger.claim_payouts("p", LEASE, 1).await.unwrap().remove(0);
+    let render = |payout: &ledger::payouts::Payout| serde_json::json!({"payout_id": payout.id.0, "status": payout.status.as_str()});
+    let settlement = Settlement::Failed {
+        reason: "closed".to_owned(),
+    };
+    assert!(
+        ledger
+            .settle_payout(&job, &settlement, &render)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !ledger
+            .settle_payout(&job, &settlement, &render)
+            .await
+            .unwrap()
+    );
+
+    let jobs = claim_all(&ledger, "w").await;
+    assert_eq!(jobs.len(), 1);
+    assert_eq!(jobs[0].event.event_type, EventType::PayoutFailed);
+    assert_eq!(jobs[0].event.ticket_id, ticket);
+    let body = payload(&jobs[0]);
+    assert_eq!(body["data"]["payout"]["payout_id"], payout.0.to_string());
+    assert_eq!(body["data"]["payout"]["status"], "failed");
+    assert_clean(&ledger).await;
+}
