@@ -23,16 +23,7 @@ VENV=$PWD/target/fuzz-venv
 # --- Tools ------------------------------------------------------------------------
 # A pinned Schemathesis in a private venv: its checks and generators change between
 # releases, so an unpinned one would make the verdict drift on its own.
-if [ "$("$VENV/bin/schemathesis" --version 2>/dev/null || true)" != "schemathesis, version $SCHEMATHESIS_VERSION" ]; then
-  # Debian's python3 makes virtual environments only with python3-venv installed.
-  if ! python3 -c 'import ensurepip' 2>/dev/null; then
-    if [ "$(id -u)" = 0 ]; then sudo=; else sudo=sudo; fi
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq python3-venv >/dev/null
-  fi
-  python3 -m venv "$VENV"
-  "$VENV/bin/pip" install --quiet --disable-pip-version-check "schemathesis==$SCHEMATHESIS_VERSION"
-fi
+scripts/venv.sh "$VENV" "schemathesis==$SCHEMATHESIS_VERSION"
 case " $MODES " in *" distributed "*) scripts/services.sh ;; esac
 cargo build -p api --bin payonce --locked
 mkdir -p "$OUT"
@@ -58,6 +49,8 @@ bearer = "\${PAYONCE_API_KEY}"
 "path.id" = "\${PAYONCE_ACCOUNT_ID}"
 # Likewise every {order_id} is the order this run placed for that account.
 "path.order_id" = "\${PAYONCE_ORDER_ID}"
+# And every {endpoint_id} the webhook endpoint it made.
+"path.endpoint_id" = "\${PAYONCE_ENDPOINT_ID}"
 
 # Mask the Authorization header and the api_key field, but show Idempotency-Key: the
 # default markers hide every header with "key" in its name.
@@ -162,6 +155,9 @@ fuzz() {
   fi
 
   # Port 0: the kernel picks a free loopback port, and the server logs which one.
+  # Webhook endpoints the fuzzer makes may be on loopback and nowhere else: nothing it makes
+  # up is ever contacted outside this machine.
+  with_store+=(PAYONCE_WEBHOOK_ALLOW_PRIVATE=true PAYONCE_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,::1/128)
   "${with_store[@]}" PAYONCE_ADDR=127.0.0.1:0 PAYONCE_INSTANCE="fuzz-$mode" RUST_LOG=info,sqlx=warn \
     NO_COLOR=1 target/debug/payonce >"$dir/payonce.log" 2>&1 &
   server=$!
@@ -189,6 +185,12 @@ fuzz() {
   PAYONCE_ORDER_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/orders" \
     -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
     -d '{"amount": 100, "description": "fuzz"}' | jq -r .order_id)
+
+  # An endpoint on a loopback port nothing listens on: its deliveries fail and are retried.
+  export PAYONCE_ENDPOINT_ID
+  PAYONCE_ENDPOINT_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/webhook-endpoints" \
+    -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
+    -d '{"url": "http://127.0.0.1:9/fuzz"}' | jq -r .id)
 
   # The key pattern the document states, for the hook (see above).
   export IDEMPOTENCY_KEY_PATTERN

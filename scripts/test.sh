@@ -22,6 +22,9 @@ psql -h 127.0.0.1 -U postgres -d postgres -Atqc \
 curl -fsS -X POST http://127.0.0.1:2379/v3/kv/deleterange \
   -d "{\"key\": \"$(printf /payonce-tests/ | base64)\", \"range_end\": \"$(printf /payonce-tests0 | base64)\"}" \
   >/dev/null 2>&1 || true
+# The Standard Webhooks reference library for Python, which an API test verifies
+# payonce's webhook signatures with (api/tests/webhook_reference.py).
+scripts/venv.sh target/webhooks-venv "standardwebhooks==1.1.0"
 # The flood tests open a few thousand loopback connections in one process.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 cargo test --workspace --all-features --locked "$@"

@@ -355,6 +355,106 @@ pub struct Config {
     /// cargo feature `demo`).
     #[arg(long, global = true, env = "PAYONCE_PAYOUT_KEYS", value_enum, default_value_t = PayoutKeys::OneKey)]
     pub payout_keys: PayoutKeys,
+    /// Whether webhook endpoints may be loopback, private or link-local addresses (cloud
+    /// metadata addresses never are). Off: a client could otherwise make payonce call
+    /// services inside its own network. The tests, the demonstration and the README's
+    /// walkthrough set it.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_ALLOW_PRIVATE",
+        default_value_t = false
+    )]
+    pub webhook_allow_private: bool,
+    /// When set, the only networks webhook endpoints may be in (CIDR blocks or addresses,
+    /// comma-separated): an egress allow-list on top of the other refusals.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_ALLOWED_NETWORKS",
+        value_delimiter = ',',
+        value_parser = proxy_network
+    )]
+    pub webhook_allowed_networks: Vec<IpNet>,
+    /// How long one webhook attempt may take, the receiver's answer included.
+    #[arg(long, global = true, env = "PAYONCE_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = duration)]
+    pub webhook_timeout: Duration,
+    /// The waits before the second, third, … attempt of a webhook delivery,
+    /// comma-separated; once they have run out the delivery is exhausted. The default is
+    /// the Standard Webhooks specification's (each wait gets up to a tenth of jitter).
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_RETRY_SCHEDULE",
+        default_value = "5s,5m,30m,2h,5h,10h,10h",
+        value_parser = schedule
+    )]
+    pub webhook_retry_schedule: Schedule,
+    /// Webhook deliveries in flight at once in this instance: a receiver that never
+    /// answers holds one for the timeout.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_CONCURRENCY",
+        default_value_t = 64
+    )]
+    pub webhook_concurrency: usize,
+    /// How long a claimed webhook delivery is this instance's before another may take it
+    /// over (an instance that died mid-delivery). At least twice the timeout.
+    #[arg(long, global = true, env = "PAYONCE_WEBHOOK_LEASE", default_value = "60s", value_parser = duration)]
+    pub webhook_lease: Duration,
+    /// How often an idle instance looks for due webhook deliveries (its own commits wake
+    /// it at once).
+    #[arg(long, global = true, env = "PAYONCE_WEBHOOK_POLL", default_value = "250ms", value_parser = duration)]
+    pub webhook_poll: Duration,
+    /// How long the secret before a rotation keeps signing beside the new one.
+    #[arg(long, global = true, env = "PAYONCE_WEBHOOK_ROTATION_WINDOW", default_value = "24h", value_parser = duration)]
+    pub webhook_rotation_window: Duration,
+    /// The key that seals webhook secrets in the database: 32 bytes, in hex or base64.
+    /// Unset, a key is made once and kept in the database itself (every instance reads
+    /// the same): set it to keep a copy of the database alone from signing anything.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_KEY",
+        hide_env_values = true
+    )]
+    pub webhook_key: Option<String>,
+}
+
+/// A retry schedule: the waits between attempts.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule(pub Vec<Duration>);
+
+/// `5s,5m,30m`: a schedule (empty for a single attempt).
+fn schedule(text: &str) -> Result<Schedule, humantime::DurationError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|step| !step.is_empty())
+        .map(duration)
+        .collect::<Result<Vec<_>, _>>()
+        .map(Schedule)
+}
+
+impl Config {
+    /// The webhook sealing key `PAYONCE_WEBHOOK_KEY` holds, if set: 32 bytes from hex or
+    /// base64.
+    pub fn webhook_key_bytes(&self) -> Result<Option<Vec<u8>>, ConfigError> {
+        use base64::Engine;
+        let Some(text) = self.webhook_key.as_deref().map(str::trim) else {
+            return Ok(None);
+        };
+        let bytes = hex::decode(text)
+            .ok()
+            .or_else(|| base64::engine::general_purpose::STANDARD.decode(text).ok())
+            .filter(|bytes| bytes.len() == 32)
+            .ok_or_else(|| {
+                ConfigError::Invalid(
+                    "PAYONCE_WEBHOOK_KEY must be 32 bytes in hex (64 digits) or base64".into(),
+                )
+            })?;
+        Ok(Some(bytes))
+    }
 }
 
 /// Which idempotency key each call to the bank for a payout carries.
@@ -626,6 +726,35 @@ impl Config {
         Ok(())
     }
 
+    /// A webhook schedule that can work: positive timeout and poll, a lease that outlasts
+    /// an attempt and its recording, some concurrency, a key of the right size.
+    fn check_webhooks(&self) -> Result<(), ConfigError> {
+        if self.webhook_timeout.is_zero() || self.webhook_poll.is_zero() {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_WEBHOOK_TIMEOUT and PAYONCE_WEBHOOK_POLL must be positive".into(),
+            ));
+        }
+        if self.webhook_lease < self.webhook_timeout * 2 {
+            // Shorter, another instance would take a delivery over while its receiver is
+            // still within the timeout: a duplicate for no reason.
+            return Err(ConfigError::Invalid(
+                "PAYONCE_WEBHOOK_LEASE must be at least twice PAYONCE_WEBHOOK_TIMEOUT".into(),
+            ));
+        }
+        if self.webhook_concurrency == 0 || self.webhook_concurrency > 4096 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_WEBHOOK_CONCURRENCY must be 1 to 4096".into(),
+            ));
+        }
+        if self.webhook_retry_schedule.0.len() > 32 {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_WEBHOOK_RETRY_SCHEDULE has at most 32 waits".into(),
+            ));
+        }
+        self.webhook_key_bytes()?;
+        Ok(())
+    }
+
     /// A bank URL payonce can call, and a payout schedule that can work: a lease that
     /// outlasts the calls it covers, waits that grow.
     fn check_payouts(&self) -> Result<(), ConfigError> {
@@ -664,6 +793,7 @@ impl Config {
                     .into(),
             ));
         }
+        self.check_webhooks()?;
         if self.payout_workers == 0 || self.payout_workers > 64 || self.payout_attempts == 0 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_PAYOUT_WORKERS must be 1 to 64, PAYONCE_PAYOUT_ATTEMPTS at least 1".into(),
@@ -987,6 +1117,49 @@ impl fmt::Display for Config {
             ("PAYONCE_PAYOUT_ATTEMPTS", self.payout_attempts.to_string()),
             ("PAYONCE_PAYOUT_POLL", human(self.payout_poll)),
             ("PAYONCE_PAYOUT_KEYS", self.payout_keys.name().to_owned()),
+            (
+                "PAYONCE_WEBHOOK_ALLOW_PRIVATE",
+                self.webhook_allow_private.to_string(),
+            ),
+            (
+                "PAYONCE_WEBHOOK_ALLOWED_NETWORKS",
+                if self.webhook_allowed_networks.is_empty() {
+                    "(unset: any the guard allows)".to_owned()
+                } else {
+                    self.webhook_allowed_networks
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(",")
+                },
+            ),
+            ("PAYONCE_WEBHOOK_TIMEOUT", human(self.webhook_timeout)),
+            (
+                "PAYONCE_WEBHOOK_RETRY_SCHEDULE",
+                self.webhook_retry_schedule
+                    .0
+                    .iter()
+                    .map(|step| human(*step))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (
+                "PAYONCE_WEBHOOK_CONCURRENCY",
+                self.webhook_concurrency.to_string(),
+            ),
+            ("PAYONCE_WEBHOOK_LEASE", human(self.webhook_lease)),
+            ("PAYONCE_WEBHOOK_POLL", human(self.webhook_poll)),
+            (
+                "PAYONCE_WEBHOOK_ROTATION_WINDOW",
+                human(self.webhook_rotation_window),
+            ),
+            (
+                "PAYONCE_WEBHOOK_KEY",
+                self.webhook_key.as_ref().map_or_else(
+                    || "(unset: kept in the database)".to_owned(),
+                    |_| "****".to_owned(),
+                ),
+            ),
         ];
         for (name, value) in rows {
             writeln!(f, "  {name:<28} {value}")?;

@@ -111,6 +111,22 @@ pub enum ApiError {
     BankFaultRefused,
     #[error("the bank did not answer: {0}")]
     BankUnavailable(String),
+    #[error("the webhook URL is refused: {0}")]
+    WebhookUrlRefused(String),
+    #[error("the account has as many webhook endpoints as it may ({0}); delete one first")]
+    WebhookEndpointLimit(usize),
+    #[error("no such webhook endpoint (or another account's)")]
+    WebhookEndpointNotFound,
+    #[error("no such delivery of this endpoint")]
+    DeliveryNotFound,
+    #[error("the delivery is being sent right now; ask again once its attempt is over")]
+    DeliveryInFlight,
+    #[error(
+        "the endpoint no longer gets events: its receiver answered 410 Gone; create a new endpoint"
+    )]
+    WebhookEndpointDisabled,
+    #[error("webhooks are not set up on this instance")]
+    WebhooksUnavailable,
     #[error("this instance is working on as many requests as it takes; retry shortly")]
     Overloaded,
     #[error("the request took longer than the server allows")]
@@ -129,6 +145,11 @@ impl ApiError {
             | Self::MalformedJson(_)
             | Self::BadRequest(_)
             | Self::BankFaultUnknown(_) => StatusCode::BAD_REQUEST,
+            Self::WebhookEndpointNotFound | Self::DeliveryNotFound => StatusCode::NOT_FOUND,
+            Self::DeliveryInFlight | Self::WebhookEndpointDisabled => StatusCode::CONFLICT,
+            Self::WebhookUrlRefused(_) | Self::WebhookEndpointLimit(_) => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             Self::Unauthenticated => StatusCode::UNAUTHORIZED,
             Self::Forbidden | Self::OperatorKeyRequired => StatusCode::FORBIDDEN,
             Self::NotFound(_)
@@ -151,6 +172,7 @@ impl ApiError {
             | Self::DatabaseUnavailable(_)
             | Self::PayoutsUnavailable
             | Self::BankUnavailable(_)
+            | Self::WebhooksUnavailable
             | Self::Overloaded
             | Self::Timeout => StatusCode::SERVICE_UNAVAILABLE,
             Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -189,6 +211,13 @@ impl ApiError {
             Self::BankFaultUnknown(_) => "bank-fault-unknown",
             Self::BankFaultRefused => "bank-fault-refused",
             Self::BankUnavailable(_) => "bank-unavailable",
+            Self::WebhookUrlRefused(_) => "webhook-url-refused",
+            Self::WebhookEndpointLimit(_) => "webhook-endpoint-limit",
+            Self::WebhookEndpointNotFound => "webhook-endpoint-not-found",
+            Self::DeliveryNotFound => "delivery-not-found",
+            Self::DeliveryInFlight => "delivery-in-flight",
+            Self::WebhookEndpointDisabled => "webhook-endpoint-disabled",
+            Self::WebhooksUnavailable => "webhooks-unavailable",
             Self::Overloaded => "overloaded",
             Self::Timeout => "timeout",
             Self::Internal(_) => "internal-error",
@@ -199,6 +228,10 @@ impl ApiError {
     pub fn retry_after(&self) -> Option<u64> {
         if let Self::RateLimited { retry_after } = self {
             return Some(*retry_after);
+        }
+        // A disabled endpoint stays disabled: nothing to wait for.
+        if let Self::WebhookEndpointDisabled = self {
+            return None;
         }
         match self.status() {
             StatusCode::CONFLICT | StatusCode::SERVICE_UNAVAILABLE => Some(1),
@@ -383,6 +416,26 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The payout does not exist, or was sent from another account.",
     ),
     (
+        "webhook-endpoint-not-found",
+        404,
+        "The webhook endpoint does not exist, was deleted, or belongs to another account.",
+    ),
+    (
+        "delivery-not-found",
+        404,
+        "The endpoint has no delivery with this id.",
+    ),
+    (
+        "delivery-in-flight",
+        409,
+        "A worker is sending this delivery right now. Ask again after `Retry-After` seconds, once its attempt is over.",
+    ),
+    (
+        "webhook-endpoint-disabled",
+        409,
+        "The endpoint's receiver answered 410 Gone, so the endpoint was disabled and gets no more events; nothing of it is sent again. Create a new endpoint.",
+    ),
+    (
         "method-not-allowed",
         405,
         "The resource exists but not with this method.",
@@ -448,6 +501,16 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "A payout carried `Payonce-Bank-Fault`, but this instance pays out to the bank at PAYONCE_BANK_URL: only the demonstration bank of the embedded mode is ever asked to fail. Nothing was stored; the ticket is still usable — send the payout without the header.",
     ),
     (
+        "webhook-url-refused",
+        422,
+        "The webhook URL cannot be used: not http or https, a user name or password in it, a fragment, or a host that is (or resolves only to) a loopback, private, link-local or metadata address — refused unless the operator set PAYONCE_WEBHOOK_ALLOW_PRIVATE. Nothing was created.",
+    ),
+    (
+        "webhook-endpoint-limit",
+        422,
+        "The account has as many webhook endpoints as it may (16). Delete one first. Nothing was created.",
+    ),
+    (
         "balance-limit",
         422,
         "The deposit or prize would overflow the balance. Stored and replayed like any outcome.",
@@ -486,6 +549,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "bank-unavailable",
         503,
         "Asked what it holds for a payout, the bank did not answer in time, or not as its contract says. Nothing changed; ask again after `Retry-After` seconds.",
+    ),
+    (
+        "webhooks-unavailable",
+        503,
+        "This instance was started without webhooks. Nothing changed; ask another instance.",
     ),
     (
         "overloaded",

@@ -19,6 +19,9 @@
 //!   record its word; `reconcile.rs`: `payonce reconcile`, the payouts against the bank;
 //!   `bank_fault.rs`: the fault a payout may ask of the embedded mode's demonstration
 //!   bank, carried on its first attempt.
+//! - `webhooks/`: the workers that deliver each committed outcome's event to the
+//!   endpoints that want it, signed as the Standard Webhooks specification has it; the
+//!   secrets sealed at rest; the SSRF guard.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
 //!   problem+json; `metrics.rs`: Prometheus metrics.
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
@@ -43,6 +46,7 @@ pub mod reconcile;
 pub mod render;
 pub mod routes;
 pub mod state;
+pub mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -76,11 +80,12 @@ pub async fn serve(
     let reaper = tokio::spawn(reap(state.clone(), stopping.clone()));
     let forgetter = tokio::spawn(forget_idle_clients(state.clone(), stopping.clone()));
     let dispatcher = tokio::spawn(dispatch_payouts(state.clone(), stopping.clone()));
+    let deliverer = tokio::spawn(dispatch_webhooks(state.clone(), stopping.clone()));
     let settings = state.settings().clone();
     let app = routes::app(state, request_timeout);
     let served = accept(listener, app, &settings, shutdown).await;
     stopping.cancel();
-    let _ = tokio::join!(reaper, forgetter, dispatcher);
+    let _ = tokio::join!(reaper, forgetter, dispatcher, deliverer);
     served
 }
 
@@ -161,6 +166,7 @@ async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
         state.ledger().clone(),
         payouts,
         state.shared_metrics(),
+        state.webhooks().cloned(),
         state
             .settings()
             .instance
@@ -191,6 +197,47 @@ async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
         }
     };
     tokio::join!(workers, counting);
+}
+
+/// The webhook deliveries (`webhooks/`), and a count of the undelivered ones for the
+/// metrics, until `stopping`.
+async fn dispatch_webhooks(state: AppState, stopping: CancellationToken) {
+    let Some(webhooks) = state.webhooks().cloned() else {
+        return;
+    };
+    let poll = webhooks.settings().poll;
+    let deliveries = webhooks::dispatch(
+        state.ledger().clone(),
+        webhooks,
+        state.shared_metrics(),
+        state
+            .settings()
+            .instance
+            .to_str()
+            .unwrap_or("payonce")
+            .to_owned(),
+        stopping.clone(),
+    );
+    let counting = async {
+        loop {
+            match state.ledger().webhook_backlog().await {
+                Ok(backlog) => {
+                    let oldest = backlog.oldest_pending.map_or(Duration::ZERO, |at| {
+                        (time::OffsetDateTime::now_utc() - at)
+                            .try_into()
+                            .unwrap_or_default()
+                    });
+                    state.metrics().webhook_backlog(backlog.pending, oldest);
+                }
+                Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
+            }
+            tokio::select! {
+                () = stopping.cancelled() => return,
+                () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
+            }
+        }
+    };
+    tokio::join!(deliveries, counting);
 }
 
 /// Rate limits of clients that went quiet are forgotten, so the limiters stay small.

@@ -64,6 +64,15 @@ pub struct Metrics {
     payouts: Family<StatusLabels, Gauge>,
     payouts_settled: Family<StatusLabels, Counter>,
     oldest_pending_payout: Gauge<f64, AtomicU64>,
+    webhook_attempts: Family<ResultLabels, Counter>,
+    webhook_delivery_lag: Histogram,
+    webhooks_pending: Gauge,
+    oldest_undelivered_webhook: Gauge<f64, AtomicU64>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabels {
+    result: &'static str,
 }
 
 impl Default for Metrics {
@@ -93,6 +102,10 @@ impl Metrics {
         let payouts = Family::<StatusLabels, Gauge>::default();
         let payouts_settled = Family::<StatusLabels, Counter>::default();
         let oldest_pending_payout = Gauge::<f64, AtomicU64>::default();
+        let webhook_attempts = Family::<ResultLabels, Counter>::default();
+        let webhook_delivery_lag = latency_histogram();
+        let webhooks_pending = Gauge::default();
+        let oldest_undelivered_webhook = Gauge::<f64, AtomicU64>::default();
         registry.register(
             "http_requests",
             "HTTP requests by route, method and status",
@@ -168,6 +181,26 @@ impl Metrics {
             "How long the oldest pending payout has waited for the bank's word (0: none pending)",
             oldest_pending_payout.clone(),
         );
+        registry.register(
+            "webhook_attempts",
+            "Webhook delivery attempts this instance recorded, by result: delivered, retried (a failure with attempts left), exhausted, endpoint_gone (410)",
+            webhook_attempts.clone(),
+        );
+        registry.register(
+            "webhook_delivery_lag_seconds",
+            "From an event's commit to its delivery, for deliveries this instance made",
+            webhook_delivery_lag.clone(),
+        );
+        registry.register(
+            "webhooks_pending",
+            "Webhook deliveries not done yet, as last counted",
+            webhooks_pending.clone(),
+        );
+        registry.register(
+            "webhook_oldest_undelivered_seconds",
+            "How long ago the oldest undelivered webhook's event committed (0: none waiting)",
+            oldest_undelivered_webhook.clone(),
+        );
         Self {
             registry,
             requests,
@@ -185,7 +218,31 @@ impl Metrics {
             payouts,
             payouts_settled,
             oldest_pending_payout,
+            webhook_attempts,
+            webhook_delivery_lag,
+            webhooks_pending,
+            oldest_undelivered_webhook,
         }
+    }
+
+    /// A webhook attempt recorded, by what came of it.
+    pub fn webhook_attempt(&self, result: &'static str) {
+        self.webhook_attempts
+            .get_or_create(&ResultLabels { result })
+            .inc();
+    }
+
+    /// A webhook delivered, `lag` after its event committed.
+    pub fn webhook_delivered(&self, lag: Duration) {
+        self.webhook_delivery_lag.observe(lag.as_secs_f64());
+    }
+
+    /// The deliveries not done, as last counted, and the oldest one's age.
+    pub fn webhook_backlog(&self, pending: u64, oldest_age: Duration) {
+        self.webhooks_pending
+            .set(i64::try_from(pending).unwrap_or(i64::MAX));
+        self.oldest_undelivered_webhook
+            .set(oldest_age.as_secs_f64());
     }
 
     /// A call to the bank for a payout, and what came of it.

@@ -176,6 +176,7 @@ pub async fn dispatch(
     ledger: Ledger,
     payouts: Arc<Payouts>,
     metrics: Arc<Metrics>,
+    webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     instance: String,
     stopping: CancellationToken,
 ) {
@@ -185,6 +186,7 @@ pub async fn dispatch(
                 ledger: ledger.clone(),
                 payouts: Arc::clone(&payouts),
                 metrics: Arc::clone(&metrics),
+                webhooks: webhooks.clone(),
                 name: format!("{instance}/{number}"),
             };
             tokio::spawn(worker.run(stopping.clone()))
@@ -205,6 +207,7 @@ struct Dispatcher {
     ledger: Ledger,
     payouts: Arc<Payouts>,
     metrics: Arc<Metrics>,
+    webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     name: String,
 }
 
@@ -318,6 +321,9 @@ impl Dispatcher {
     /// run out and another attempt asks the bank again: its answer for each key is the
     /// same.
     async fn record(&self, jobs: &[PayoutJob], outcomes: &[JobOutcome]) {
+        let settled_some = outcomes
+            .iter()
+            .any(|outcome| matches!(outcome, JobOutcome::Settled(_)));
         let pairs: Vec<(&PayoutJob, &JobOutcome)> = jobs.iter().zip(outcomes).collect();
         match self.ledger.record_payouts(&pairs, &render_payout).await {
             Ok(recorded) => {
@@ -341,7 +347,12 @@ impl Dispatcher {
             }
             Err(error) => {
                 tracing::warn!(%error, jobs = jobs.len(), "cannot record the payouts' outcomes; their leases will run out and they are sent again");
+                return;
             }
+        }
+        // A settlement writes its event with deliveries: the webhook dispatcher looks now.
+        if settled_some && let Some(webhooks) = &self.webhooks {
+            webhooks.wake();
         }
     }
 }

@@ -16,6 +16,8 @@ use crate::flights::Flights;
 use crate::limits::{RateLimits, Rates};
 use crate::metrics::Metrics;
 use crate::payouts::{PayoutSettings, Payouts};
+use crate::webhooks::sealing::Sealer;
+use crate::webhooks::{WebhookSettings, Webhooks};
 
 /// The settings handlers read.
 #[derive(Debug, Clone)]
@@ -103,6 +105,9 @@ pub enum StartError {
     /// The bank client could not be set up.
     #[error("cannot set up the bank client: {0}")]
     Bank(String),
+    /// The webhook client or the sealing key could not be set up.
+    #[error("cannot set up webhooks: {0}")]
+    Webhooks(String),
     /// The data directory could not be created.
     #[error("cannot create the data directory: {0}")]
     DataDir(#[from] std::io::Error),
@@ -129,6 +134,9 @@ struct Inner {
     recipes: Recipes,
     /// The bank and the payout workers' settings; `None` where payouts are refused.
     payouts: Option<Arc<Payouts>>,
+    /// Webhooks: the sealer of secrets, the guarded client, the settings; `None` in a
+    /// state assembled from parts.
+    webhooks: Option<Arc<Webhooks>>,
 }
 
 impl Inner {
@@ -143,6 +151,7 @@ impl Inner {
             #[cfg(feature = "demo")]
             recipes: Recipes::default(),
             payouts: None,
+            webhooks: None,
         }
     }
 }
@@ -199,8 +208,10 @@ impl AppState {
             recipes: Recipes::for_config(config)?,
             ..inner
         };
+        let webhooks = webhooks(config, &inner.ledger).await?;
         let inner = Inner {
             payouts: payouts(config).await?.map(Arc::new),
+            webhooks: Some(Arc::new(webhooks)),
             ..inner
         };
         Ok(Self(Arc::new(inner)))
@@ -239,6 +250,11 @@ impl AppState {
     /// Payouts: the bank and the workers' settings, where this instance has a bank.
     pub fn payouts(&self) -> Option<&Arc<Payouts>> {
         self.0.payouts.as_ref()
+    }
+
+    /// Webhooks, where the state was connected from a configuration.
+    pub fn webhooks(&self) -> Option<&Arc<Webhooks>> {
+        self.0.webhooks.as_ref()
     }
 
     /// The tickets being executed.
@@ -307,6 +323,34 @@ async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
         }
         (None, Mode::Distributed { .. }) => Ok(None),
     }
+}
+
+/// The name the database keeps the webhook sealing key under, when
+/// `PAYONCE_WEBHOOK_KEY` is not set.
+const SEALING_KEY_NAME: &str = "webhook-secrets";
+
+/// Webhooks as the configuration sets them up, with their sealing key: the configured
+/// one, else the database's (made by the first instance that asks).
+async fn webhooks(config: &Config, ledger: &Ledger) -> Result<Webhooks, StartError> {
+    let key = match config.webhook_key_bytes()? {
+        Some(key) => key,
+        None => {
+            let fresh: [u8; 32] = rand::random();
+            ledger.sealing_key(SEALING_KEY_NAME, &fresh).await?
+        }
+    };
+    let sealer = Sealer::new(&key).map_err(StartError::Webhooks)?;
+    let settings = WebhookSettings {
+        timeout: config.webhook_timeout,
+        schedule: config.webhook_retry_schedule.0.clone(),
+        concurrency: config.webhook_concurrency,
+        lease: config.webhook_lease,
+        poll: config.webhook_poll,
+        allow_private: config.webhook_allow_private,
+        allowed_networks: config.webhook_allowed_networks.clone(),
+        rotation_window: config.webhook_rotation_window,
+    };
+    Webhooks::new(settings, sealer).map_err(|error| StartError::Webhooks(error.to_string()))
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

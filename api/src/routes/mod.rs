@@ -8,6 +8,7 @@ pub mod responses;
 pub mod service;
 pub mod spends;
 pub mod tickets;
+pub mod webhooks;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -74,6 +75,7 @@ pub const BODY_LIMIT: usize = 16 * 1024;
         (name = "spends", description = "Withdrawals, deposits and lottery draws, each sent with a ticket"),
         (name = "orders", description = "Orders, each paid once whatever the ticket: the lock is the order's"),
         (name = "payouts", description = "Money sent to an outside bank, exactly once: debited with a ticket, sent after the commit with one idempotency key for every attempt"),
+        (name = "webhooks", description = "Events pushed to the account's endpoints: one per committed outcome, signed as the Standard Webhooks specification has it, retried until delivered"),
         (name = "service", description = "Health, readiness, metrics and documentation"),
     )
 )]
@@ -234,6 +236,11 @@ pub fn routes(bank_takes_faults: bool) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(payouts::get_payout))
         .routes(routes!(payouts::get_payout_at_bank))
         .routes(routes!(payouts::list_payouts))
+        .routes(routes!(webhooks::create_endpoint, webhooks::list_endpoints))
+        .routes(routes!(webhooks::delete_endpoint))
+        .routes(routes!(webhooks::rotate_secret))
+        .routes(routes!(webhooks::list_deliveries))
+        .routes(routes!(webhooks::retry_delivery))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))

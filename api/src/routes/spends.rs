@@ -377,6 +377,11 @@ impl Spend<'_> {
             return match applied {
                 Ok(applied) => {
                     self.state.metrics().executed();
+                    // The outcome committed, maybe with deliveries of its event: this
+                    // instance's dispatcher looks now rather than at its next poll.
+                    if let Some(webhooks) = self.state.webhooks() {
+                        webhooks.wake();
+                    }
                     Ok(stored_response(applied.response, false))
                 }
                 Err(ApplyError::StaleToken { .. }) if still_held && !retried => {

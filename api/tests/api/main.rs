@@ -18,6 +18,39 @@ mod lock_state_sql;
 mod openapi;
 mod payouts;
 mod readme;
+mod webhooks;
+
+/// Runs each listed webhook case against both backends.
+macro_rules! webhooks_on_both_backends {
+    ($($case:ident),* $(,)?) => {
+        mod webhooks_on_postgres_and_redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::webhooks::$case(crate::helpers::Backend::Distributed).await;
+                }
+            )*
+        }
+        mod webhooks_embedded {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::webhooks::$case(crate::helpers::Backend::Embedded).await;
+                }
+            )*
+        }
+    };
+}
+
+webhooks_on_both_backends!(
+    committed_outcomes_arrive_signed_and_replays_send_nothing,
+    failures_retry_on_the_schedule_then_exhaust_and_a_retry_by_hand_delivers,
+    retry_after_is_honoured_and_gone_disables_the_endpoint,
+    a_rotation_signs_with_both_secrets_until_its_window_ends,
+    tampered_bodies_old_timestamps_and_wrong_secrets_fail_verification,
+    endpoints_refuse_bad_urls_and_belong_to_their_account,
+    the_python_reference_library_verifies_and_refuses_as_it_should,
+);
 
 /// Runs each listed contract case against both backends.
 macro_rules! both_backends {

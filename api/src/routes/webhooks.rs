@@ -1,0 +1,566 @@
+//! Webhook endpoints and their deliveries: `POST`/`GET /v1/accounts/{id}/webhook-endpoints`,
+//! `DELETE /v1/accounts/{id}/webhook-endpoints/{endpoint_id}`,
+//! `POST …/{endpoint_id}/rotate-secret`, `GET /v1/webhook-endpoints/{endpoint_id}/deliveries`,
+//! `POST /v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/retry`.
+//!
+//! An endpoint's secret is made here, shown once (at creation, and at each rotation for
+//! the new one), and stored sealed (`crate::webhooks::sealing`). The URL passes the SSRF
+//! guard before anything is stored.
+
+use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use ledger::AccountId;
+use ledger::webhooks::{
+    Attempt, Delivery, Endpoint, EndpointId, EventType, MAX_ENDPOINTS_PER_ACCOUNT, MAX_URL,
+    NewEndpoint, RetryRefused, Subscription,
+};
+use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
+use uuid::Uuid;
+
+use crate::auth::{Caller, OwnAccount};
+use crate::error::{ApiError, Problem};
+use crate::extract::JsonBody;
+use crate::routes::responses::{BodyTooLarge, NotJson, OthersAccount, Unauthenticated};
+use crate::state::AppState;
+use crate::webhooks::{Webhooks, signing};
+
+/// An event type, as the OpenAPI document names them (the ledger's
+/// [`EventType`] is the one used; a test keeps the two lists the same).
+#[derive(Debug, utoipa::ToSchema)]
+#[allow(dead_code)]
+pub enum EventTypeName {
+    /// A withdrawal executed (201).
+    #[schema(rename = "withdrawal.succeeded")]
+    WithdrawalSucceeded,
+    /// A withdrawal refused for want of money (402, stored).
+    #[schema(rename = "withdrawal.refused")]
+    WithdrawalRefused,
+    /// A lottery draw executed (201).
+    #[schema(rename = "lottery.drawn")]
+    LotteryDrawn,
+    /// An order paid (201).
+    #[schema(rename = "order.paid")]
+    OrderPaid,
+    /// The bank made a payout's transfer.
+    #[schema(rename = "payout.succeeded")]
+    PayoutSucceeded,
+    /// The bank refused a payout for good; its money came back.
+    #[schema(rename = "payout.failed")]
+    PayoutFailed,
+}
+
+/// An endpoint to create.
+#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointRequest {
+    /// Where events are sent: `http` or `https`, at most 2048 bytes, no user name,
+    /// password or fragment; not a loopback, private, link-local or metadata address
+    /// unless the operator allows private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`).
+    #[schema(
+        min_length = 1,
+        max_length = 2048,
+        example = "https://example.com/payonce-events"
+    )]
+    pub url: String,
+    /// The event types it wants; omitted, every type (those added later too).
+    #[serde(default)]
+    #[schema(value_type = Option<Vec<EventTypeName>>, min_items = 1)]
+    pub events: Option<Vec<EventType>>,
+}
+
+/// An endpoint, as listed (its secret is never shown again).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EndpointView {
+    /// Its id.
+    pub id: Uuid,
+    /// The account whose events it gets.
+    pub account_id: Uuid,
+    /// Where they are sent.
+    pub url: String,
+    /// The event types it gets; absent: every type.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Vec<EventTypeName>>)]
+    pub events: Option<Vec<EventType>>,
+    /// `enabled`, or `disabled` once its receiver answered 410 Gone.
+    #[schema(value_type = String, example = "enabled")]
+    pub status: &'static str,
+    /// Why it was disabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_reason: Option<String>,
+    /// During a rotation: until when the secret before it signs too (RFC 3339).
+    #[serde(
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub previous_secret_expires_at: Option<OffsetDateTime>,
+    /// When it was made (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<&Endpoint> for EndpointView {
+    fn from(endpoint: &Endpoint) -> Self {
+        Self {
+            id: endpoint.id.0,
+            account_id: endpoint.account_id.0,
+            url: endpoint.url.clone(),
+            events: match &endpoint.subscription {
+                Subscription::All => None,
+                Subscription::Only(types) => Some(types.clone()),
+            },
+            status: if endpoint.disabled.is_some() {
+                "disabled"
+            } else {
+                "enabled"
+            },
+            disabled_reason: endpoint.disabled.as_ref().map(|(_, why)| why.clone()),
+            previous_secret_expires_at: endpoint
+                .previous_secret
+                .as_ref()
+                .map(|(_, until)| *until)
+                .filter(|until| *until > OffsetDateTime::now_utc()),
+            created_at: endpoint.created_at,
+        }
+    }
+}
+
+/// An endpoint as created or rotated: with the secret that signs for it, shown this once.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EndpointWithSecret {
+    /// The endpoint.
+    #[serde(flatten)]
+    pub endpoint: EndpointView,
+    /// The signing secret: `whsec_` and the base64 of 32 random bytes. Keep it: it is not
+    /// shown again.
+    #[schema(example = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq=")]
+    pub secret: String,
+}
+
+/// An account's endpoints.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EndpointList {
+    /// Oldest first.
+    pub endpoints: Vec<EndpointView>,
+}
+
+/// The webhooks of this instance, or 503.
+fn webhooks(state: &AppState) -> Result<&Webhooks, ApiError> {
+    state
+        .webhooks()
+        .map(AsRef::as_ref)
+        .ok_or(ApiError::WebhooksUnavailable)
+}
+
+/// Creates an endpoint: its events are sent there from now on, signed with the secret this
+/// answer shows once.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{id}/webhook-endpoints",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    request_body = EndpointRequest,
+    responses(
+        (status = 201, description = "Created; `secret` is shown this once", body = EndpointWithSecret,
+            headers(("Location" = String, description = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}"))),
+        (status = 400, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
+        (status = 413, response = BodyTooLarge),
+        (status = 415, response = NotJson),
+        (status = 422, description = "A URL the guard refuses (`webhook-url-refused`), an unknown or empty event list (`invalid-request`), or the account has 16 endpoints (`webhook-endpoint-limit`); nothing created", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable; nothing created", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn create_endpoint(
+    State(state): State<AppState>,
+    OwnAccount(account): OwnAccount,
+    JsonBody(request): JsonBody<EndpointRequest>,
+) -> Result<Response, ApiError> {
+    let webhooks = webhooks(&state)?;
+    if request.url.len() > MAX_URL {
+        return Err(ApiError::WebhookUrlRefused(format!(
+            "a URL has at most {MAX_URL} bytes"
+        )));
+    }
+    if request.events.as_ref().is_some_and(Vec::is_empty) {
+        return Err(ApiError::InvalidRequest(
+            "events lists at least one event type; omit it for every type".into(),
+        ));
+    }
+    let guard = webhooks.guard();
+    let url = guard
+        .url(&request.url)
+        .map_err(ApiError::WebhookUrlRefused)?;
+    guard
+        .resolves_somewhere_allowed(&url)
+        .await
+        .map_err(ApiError::WebhookUrlRefused)?;
+    let id = EndpointId::random();
+    let secret = signing::new_secret();
+    let new = NewEndpoint {
+        id,
+        account_id: account,
+        url: url.to_string(),
+        subscription: Subscription::of(request.events),
+        secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
+    };
+    let endpoint = state
+        .ledger()
+        .create_endpoint(&new)
+        .await?
+        .ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
+    let body = EndpointWithSecret {
+        endpoint: EndpointView::from(&endpoint),
+        secret: signing::shown(&secret),
+    };
+    let mut response = (StatusCode::CREATED, Json(body)).into_response();
+    if let Ok(location) =
+        HeaderValue::from_str(&format!("/v1/accounts/{account}/webhook-endpoints/{id}"))
+    {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// Lists the account's endpoints, oldest first.
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{id}/webhook-endpoints",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The endpoints", body = EndpointList),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_endpoints(
+    State(state): State<AppState>,
+    OwnAccount(account): OwnAccount,
+) -> Result<Json<EndpointList>, ApiError> {
+    let endpoints = state.ledger().endpoints(account).await?;
+    Ok(Json(EndpointList {
+        endpoints: endpoints.iter().map(EndpointView::from).collect(),
+    }))
+}
+
+/// The account and the endpoint in the path, the account the caller's own: 404 for a path
+/// that names none, 403 for another account's.
+fn own_endpoint_path(
+    caller: Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(AccountId, EndpointId), ApiError> {
+    let Path((account, endpoint)) =
+        path.map_err(|_| ApiError::NotFound("no such account".into()))?;
+    let account = Uuid::try_parse(&account)
+        .map(AccountId)
+        .map_err(|_| ApiError::NotFound("no such account".into()))?;
+    caller.must_be(account)?;
+    let endpoint = Uuid::try_parse(&endpoint)
+        .map(EndpointId)
+        .map_err(|_| ApiError::WebhookEndpointNotFound)?;
+    Ok((account, endpoint))
+}
+
+/// Deletes an endpoint: it gets no more events, and its deliveries not yet made end
+/// (`endpoint-deleted`).
+#[utoipa::path(
+    delete,
+    path = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}",
+    tag = "webhooks",
+    params(
+        ("id" = Uuid, Path, description = "The account"),
+        ("endpoint_id" = Uuid, Path, description = "The endpoint"),
+    ),
+    security(("api_key" = [])),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, description = "No such account or endpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable; nothing changed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn delete_endpoint(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let (account, endpoint) = own_endpoint_path(caller, path)?;
+    if state.ledger().delete_endpoint(account, endpoint).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::WebhookEndpointNotFound)
+    }
+}
+
+/// Starts a rotation of the endpoint's secret: the new one, shown in this answer, signs
+/// from now on; the one before it signs too, beside it in `webhook-signature`, until
+/// `previous_secret_expires_at` (`PAYONCE_WEBHOOK_ROTATION_WINDOW` from now) — time to
+/// move the receiver to the new one without refusing a delivery.
+#[utoipa::path(
+    post,
+    path = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}/rotate-secret",
+    tag = "webhooks",
+    params(
+        ("id" = Uuid, Path, description = "The account"),
+        ("endpoint_id" = Uuid, Path, description = "The endpoint"),
+    ),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "Rotated; the new `secret` is shown this once", body = EndpointWithSecret),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, description = "No such account or endpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable; nothing changed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn rotate_secret(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<Json<EndpointWithSecret>, ApiError> {
+    let (account, endpoint) = own_endpoint_path(caller, path)?;
+    let webhooks = webhooks(&state)?;
+    let secret = signing::new_secret();
+    let sealed = webhooks.sealer().seal(endpoint.0.as_bytes(), &secret);
+    let rotated = state
+        .ledger()
+        .rotate_endpoint_secret(
+            account,
+            endpoint,
+            &sealed,
+            webhooks.settings().rotation_window,
+        )
+        .await?
+        .ok_or(ApiError::WebhookEndpointNotFound)?;
+    Ok(Json(EndpointWithSecret {
+        endpoint: EndpointView::from(&rotated),
+        secret: signing::shown(&secret),
+    }))
+}
+
+/// One attempt to deliver, and the receiver's answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AttemptView {
+    /// 1 for the first.
+    pub attempt: u32,
+    /// When its answer was recorded (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub recorded_at: OffsetDateTime,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// The receiver's status; absent when no answer came.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_status: Option<u16>,
+    /// What went wrong; absent for a 2xx.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The start of the receiver's answer (at most 1 KiB).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub response_body: Option<String>,
+}
+
+impl From<&Attempt> for AttemptView {
+    fn from(attempt: &Attempt) -> Self {
+        Self {
+            attempt: attempt.attempt,
+            recorded_at: attempt.recorded_at,
+            duration_ms: u64::try_from(attempt.answer.duration.as_millis()).unwrap_or(u64::MAX),
+            response_status: attempt.answer.status,
+            error: attempt.answer.error.clone(),
+            response_body: attempt.answer.body.clone(),
+        }
+    }
+}
+
+/// A delivery of one event to the endpoint.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeliveryView {
+    /// Its id.
+    pub id: i64,
+    /// The event's id: the `webhook-id` header of every attempt.
+    pub event_id: Uuid,
+    /// The event's type.
+    #[schema(value_type = EventTypeName)]
+    pub event_type: EventType,
+    /// The ticket of the request the event came of.
+    pub ticket_id: Uuid,
+    /// `pending`, `delivered`, `exhausted` (every scheduled attempt failed),
+    /// `endpoint-disabled` or `endpoint-deleted`.
+    #[schema(value_type = String, example = "delivered")]
+    pub status: &'static str,
+    /// When the next attempt is due, while pending (RFC 3339).
+    #[serde(
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub next_attempt_at: Option<OffsetDateTime>,
+    /// The body every attempt sends: `{"type", "timestamp", "data"}`.
+    #[schema(value_type = Object)]
+    pub payload: serde_json::Value,
+    /// Every attempt, first first.
+    pub attempts: Vec<AttemptView>,
+    /// When the event committed (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[schema(value_type = String, format = DateTime)]
+    pub created_at: OffsetDateTime,
+}
+
+impl From<&Delivery> for DeliveryView {
+    fn from(delivery: &Delivery) -> Self {
+        Self {
+            id: delivery.id,
+            event_id: delivery.event.id.0,
+            event_type: delivery.event.event_type,
+            ticket_id: delivery.event.ticket_id.0,
+            status: delivery.status.as_str(),
+            next_attempt_at: delivery.next_attempt_at,
+            payload: serde_json::from_str(&delivery.event.payload())
+                .unwrap_or(serde_json::Value::Null),
+            attempts: delivery.attempts.iter().map(AttemptView::from).collect(),
+            created_at: delivery.event.created_at,
+        }
+    }
+}
+
+/// Listing deliveries.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveriesQuery {
+    /// Deliveries older than this one (the `next_before` of the previous page).
+    #[param(minimum = 1)]
+    pub before: Option<i64>,
+    /// Page size, 1 to 100 (default 20).
+    #[param(minimum = 1, maximum = 100)]
+    pub limit: Option<u32>,
+}
+
+/// A page of deliveries, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DeliveriesPage {
+    /// The deliveries.
+    pub deliveries: Vec<DeliveryView>,
+    /// Pass as `before` for the next page; absent on the last.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<i64>,
+}
+
+/// The caller's endpoint `endpoint` (deleted or another account's: not found).
+async fn own_endpoint(
+    state: &AppState,
+    caller: Caller,
+    endpoint: Result<Path<String>, PathRejection>,
+) -> Result<Endpoint, ApiError> {
+    let Path(endpoint) = endpoint.map_err(|_| ApiError::WebhookEndpointNotFound)?;
+    let id = Uuid::try_parse(&endpoint).map_err(|_| ApiError::WebhookEndpointNotFound)?;
+    state
+        .ledger()
+        .endpoint(EndpointId(id))
+        .await?
+        .filter(|endpoint| endpoint.account_id == caller.0)
+        .ok_or(ApiError::WebhookEndpointNotFound)
+}
+
+/// The endpoint's deliveries, newest first, each with its attempts and the receiver's
+/// answers.
+#[utoipa::path(
+    get,
+    path = "/v1/webhook-endpoints/{endpoint_id}/deliveries",
+    tag = "webhooks",
+    params(("endpoint_id" = Uuid, Path, description = "The endpoint"), DeliveriesQuery),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "A page of deliveries", body = DeliveriesPage),
+        (status = 400, description = "Malformed query parameters", body = Problem, content_type = "application/problem+json"),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "No such endpoint, or another account's", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn list_deliveries(
+    State(state): State<AppState>,
+    caller: Caller,
+    endpoint: Result<Path<String>, PathRejection>,
+    query: Result<Query<DeliveriesQuery>, QueryRejection>,
+) -> Result<Json<DeliveriesPage>, ApiError> {
+    let endpoint = own_endpoint(&state, caller, endpoint).await?;
+    let Query(query) = query.map_err(|rejection| ApiError::BadRequest(rejection.body_text()))?;
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(ApiError::BadRequest(format!(
+            "limit must be 1 to 100, got {limit}"
+        )));
+    }
+    if query.before.is_some_and(|before| before < 1) {
+        return Err(ApiError::BadRequest("before must be at least 1".into()));
+    }
+    let deliveries = state
+        .ledger()
+        .deliveries(endpoint.id, query.before, limit)
+        .await?;
+    let next_before = (deliveries.len() == limit as usize)
+        .then(|| deliveries.last().map(|delivery| delivery.id))
+        .flatten();
+    Ok(Json(DeliveriesPage {
+        deliveries: deliveries.iter().map(DeliveryView::from).collect(),
+        next_before,
+    }))
+}
+
+/// Sends a delivery again now, by hand: one more attempt, whether it was delivered, ran
+/// out of attempts or waits for a later one. The same event, the same `webhook-id`.
+#[utoipa::path(
+    post,
+    path = "/v1/webhook-endpoints/{endpoint_id}/deliveries/{delivery_id}/retry",
+    tag = "webhooks",
+    params(
+        ("endpoint_id" = Uuid, Path, description = "The endpoint"),
+        ("delivery_id" = i64, Path, description = "The delivery", minimum = 1),
+    ),
+    security(("api_key" = [])),
+    responses(
+        (status = 202, description = "Queued: the next attempt is due now"),
+        (status = 401, response = Unauthenticated),
+        (status = 404, description = "No such endpoint (or another account's), or no such delivery of it", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "A worker is sending it right now (`delivery-in-flight`; retry after `Retry-After`), or the endpoint was disabled by a 410 (`webhook-endpoint-disabled`)", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database unavailable; nothing changed", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn retry_delivery(
+    State(state): State<AppState>,
+    caller: Caller,
+    path: Result<Path<(String, String)>, PathRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Path((endpoint, delivery)) = path.map_err(|_| ApiError::WebhookEndpointNotFound)?;
+    let endpoint = own_endpoint(&state, caller, Ok(Path(endpoint))).await?;
+    let delivery: i64 = delivery
+        .parse()
+        .ok()
+        .filter(|id| *id > 0)
+        .ok_or(ApiError::DeliveryNotFound)?;
+    match state.ledger().retry_delivery(endpoint.id, delivery).await? {
+        Ok(()) => {
+            if let Some(webhooks) = state.webhooks() {
+                webhooks.wake();
+            }
+            Ok(StatusCode::ACCEPTED)
+        }
+        Err(RetryRefused::NotFound) => Err(ApiError::DeliveryNotFound),
+        Err(RetryRefused::InFlight) => Err(ApiError::DeliveryInFlight),
+        Err(RetryRefused::EndpointDisabled) => Err(ApiError::WebhookEndpointDisabled),
+    }
+}

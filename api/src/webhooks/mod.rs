@@ -1,0 +1,461 @@
+//! Webhooks after the commit: the workers that deliver each committed outcome's event to
+//! the endpoints that want it ([`dispatch`]), signed as the Standard Webhooks
+//! specification has it.
+//!
+//! The event and its deliveries are written in the outcome's transaction (the ledger's
+//! `events.rs`); a delivery is an outbox job, claimed for a lease by whichever instance's
+//! dispatcher gets to it first. Every attempt of one event carries the same `webhook-id`
+//! (the event's id, the receiver's key for dropping repeats), a fresh
+//! `webhook-timestamp`, and a `webhook-signature` under the endpoint's secret — and,
+//! during a rotation, under the one before it too. What comes back decides:
+//!
+//! - 2xx → delivered;
+//! - 410 → the endpoint is disabled, and its other deliveries end with it;
+//! - 429, 502, 503, 504 → again after the receiver's `Retry-After` (at most a day) if it
+//!   sent one, else on the schedule — the attempt counts toward the schedule's end either
+//!   way;
+//! - anything else, or no answer within the timeout → again on the schedule
+//!   (`PAYONCE_WEBHOOK_RETRY_SCHEDULE`: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h after the
+//!   first attempt, as the specification suggests, each with up to a tenth of jitter);
+//!   once it has run out, the delivery is exhausted, until someone sends it again by hand.
+//!
+//! Each delivery in flight holds one slot of `PAYONCE_WEBHOOK_CONCURRENCY` for at most the
+//! timeout, so a receiver that never answers delays no other delivery. Answers are
+//! recorded in batches, in one transaction each. A dispatcher that dies leaves its
+//! deliveries leased; when the lease runs out another instance claims them as the next
+//! attempt, and the dead one's late word, if any, is not recorded.
+//!
+//! - `signing.rs`: secrets and signatures; `sealing.rs`: secrets at rest; `guard.rs`:
+//!   which addresses deliveries may go to (the SSRF guard).
+
+pub mod guard;
+pub mod sealing;
+pub mod signing;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ledger::Ledger;
+use ledger::webhooks::{AttemptAnswer, DeliveryJob, DeliveryOutcome, Endpoint};
+use reqwest::StatusCode;
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use guard::{Guard, GuardedResolver};
+use sealing::Sealer;
+
+/// How webhooks are delivered.
+#[derive(Debug, Clone)]
+pub struct WebhookSettings {
+    /// How long one attempt may take, answer included.
+    pub timeout: Duration,
+    /// The waits before the second, third, … attempt; past the last, a delivery is
+    /// exhausted.
+    pub schedule: Vec<Duration>,
+    /// Deliveries in flight at once in this instance.
+    pub concurrency: usize,
+    /// How long a claimed delivery is this instance's before another may take it over.
+    pub lease: Duration,
+    /// How often an idle dispatcher looks for due deliveries (this instance's own commits
+    /// wake it at once).
+    pub poll: Duration,
+    /// Whether endpoints may be loopback, private or link-local addresses.
+    pub allow_private: bool,
+    /// When not empty, the only networks endpoints may be in.
+    pub allowed_networks: Vec<ipnet::IpNet>,
+    /// How long the secret before a rotation keeps signing.
+    pub rotation_window: Duration,
+}
+
+impl WebhookSettings {
+    /// The schedule the Standard Webhooks specification suggests, after the first attempt.
+    pub fn standard_schedule() -> Vec<Duration> {
+        [5, 300, 1800, 7200, 18_000, 36_000, 36_000]
+            .into_iter()
+            .map(Duration::from_secs)
+            .collect()
+    }
+
+    /// What comes after attempt `attempt` (1 for the first) failed: the wait before the
+    /// next — the receiver's `Retry-After` where it gave one, else the schedule's, with up
+    /// to a tenth of jitter — or `None` once the schedule has run out.
+    pub fn after_failure(&self, attempt: u32, retry_after: Option<Duration>) -> Option<Duration> {
+        let scheduled = *self
+            .schedule
+            .get(usize::try_from(attempt).ok()?.checked_sub(1)?)?;
+        if let Some(asked) = retry_after {
+            // A receiver cannot park a delivery for a year.
+            return Some(asked.min(LONGEST_RETRY_AFTER));
+        }
+        let jitter = scheduled.mul_f64(rand::random::<f64>() / 10.0);
+        Some(scheduled + jitter)
+    }
+}
+
+/// What webhooks need beside the ledger: the settings, the sealer of secrets, the HTTP
+/// client behind the guard, and the bell that wakes the dispatcher.
+#[derive(Debug)]
+pub struct Webhooks {
+    settings: WebhookSettings,
+    sealer: Sealer,
+    guard: Guard,
+    client: reqwest::Client,
+    wake: Notify,
+}
+
+/// The longest `Retry-After` honoured.
+const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
+
+/// The most of a receiver's answer kept with its attempt.
+const ANSWER_KEPT: usize = 1024;
+
+/// Deliveries claimed at once, at most.
+const CLAIM_BATCH: usize = 32;
+
+/// Answers recorded in one transaction, at most.
+const RECORD_BATCH: usize = 64;
+
+impl Webhooks {
+    /// Webhooks delivered as `settings` say, with secrets sealed by `sealer`.
+    pub fn new(settings: WebhookSettings, sealer: Sealer) -> Result<Self, reqwest::Error> {
+        let guard = Guard {
+            allow_private: settings.allow_private,
+            only: settings.allowed_networks.clone().into(),
+        };
+        let client = reqwest::Client::builder()
+            .dns_resolver(GuardedResolver::new(guard.clone()))
+            // A redirect would lead past the guard; a proxy from the environment too.
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(settings.timeout)
+            .connect_timeout(settings.timeout)
+            .user_agent("payonce-webhooks")
+            .pool_max_idle_per_host(settings.concurrency)
+            .build()?;
+        Ok(Self {
+            settings,
+            sealer,
+            guard,
+            client,
+            wake: Notify::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &WebhookSettings {
+        &self.settings
+    }
+
+    /// Seals and opens endpoint secrets.
+    pub fn sealer(&self) -> &Sealer {
+        &self.sealer
+    }
+
+    /// Which addresses deliveries may go to.
+    pub fn guard(&self) -> &Guard {
+        &self.guard
+    }
+
+    /// Wakes the dispatcher: an outcome committed here may have queued deliveries.
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The secrets that sign for `endpoint` now: its own, and the one before a rotation
+    /// while that still signs.
+    fn signing_secrets(&self, endpoint: &Endpoint) -> Result<Vec<Vec<u8>>, String> {
+        let owner = endpoint.id.0.as_bytes();
+        let mut secrets = Vec::with_capacity(2);
+        if let Some((sealed, until)) = &endpoint.previous_secret
+            && *until > time::OffsetDateTime::now_utc()
+        {
+            secrets.push(self.sealer.open(owner, sealed).map_err(|e| e.to_string())?);
+        }
+        secrets.push(
+            self.sealer
+                .open(owner, &endpoint.secret_sealed)
+                .map_err(|e| e.to_string())?,
+        );
+        Ok(secrets)
+    }
+
+    /// One attempt of `job`: the signed POST, and what its answer makes of the delivery.
+    async fn attempt(&self, job: &DeliveryJob) -> (AttemptAnswer, DeliveryOutcome) {
+        let started = Instant::now();
+        let (status, error, body, retry_after) = match self.post(job).await {
+            Ok(answer) => answer,
+            Err(error) => (None, Some(error), None, None),
+        };
+        let answer = AttemptAnswer {
+            duration: started.elapsed(),
+            status,
+            error,
+            body,
+        };
+        let outcome = match status.map(|status| StatusCode::from_u16(status).ok()) {
+            Some(Some(status)) if status.is_success() => DeliveryOutcome::Delivered,
+            Some(Some(StatusCode::GONE)) => DeliveryOutcome::EndpointGone,
+            _ => match self.settings.after_failure(job.attempt, retry_after) {
+                Some(after) => DeliveryOutcome::Retry { after },
+                None => DeliveryOutcome::Exhausted,
+            },
+        };
+        (answer, outcome)
+    }
+
+    /// Sends `job` once: the status, what went wrong (`None` for a 2xx), the start of the
+    /// answer, and the `Retry-After` of a 429, 502, 503 or 504.
+    #[allow(clippy::type_complexity)]
+    async fn post(
+        &self,
+        job: &DeliveryJob,
+    ) -> Result<
+        (
+            Option<u16>,
+            Option<String>,
+            Option<String>,
+            Option<Duration>,
+        ),
+        String,
+    > {
+        let url = self.guard.url(&job.endpoint.url)?;
+        let secrets = self
+            .signing_secrets(&job.endpoint)
+            .map_err(|error| format!("cannot sign: {error}"))?;
+        let payload = job.event.payload();
+        let id = job.event.id.to_string();
+        let timestamp = time::OffsetDateTime::now_utc().unix_timestamp();
+        let signature = signing::signature_header(
+            secrets.iter().map(Vec::as_slice),
+            &id,
+            timestamp,
+            payload.as_bytes(),
+        );
+        let mut response = self
+            .client
+            .post(url)
+            .header("webhook-id", &id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(payload)
+            .send()
+            .await
+            .map_err(|error| describe(&error))?;
+        let status = response.status();
+        let retry_after = matches!(status.as_u16(), 429 | 502 | 503 | 504)
+            .then(|| retry_after(&response))
+            .flatten();
+        // The start of the answer only: a receiver cannot make payonce read a gigabyte.
+        let mut kept = Vec::new();
+        while kept.len() < ANSWER_KEPT {
+            match response.chunk().await {
+                Ok(Some(chunk)) => kept.extend_from_slice(&chunk),
+                Ok(None) | Err(_) => break,
+            }
+        }
+        kept.truncate(ANSWER_KEPT);
+        let body = (!kept.is_empty()).then(|| String::from_utf8_lossy(&kept).into_owned());
+        let error = (!status.is_success()).then(|| format!("the receiver answered {status}"));
+        Ok((Some(status.as_u16()), error, body, retry_after))
+    }
+}
+
+/// A failed send, said plainly: a timeout, a refused connection, a refused address.
+fn describe(error: &reqwest::Error) -> String {
+    use std::error::Error as _;
+    let mut text = if error.is_timeout() {
+        "no answer within the timeout".to_owned()
+    } else if error.is_connect() {
+        "cannot connect".to_owned()
+    } else {
+        "the request failed".to_owned()
+    };
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The receiver's `Retry-After`, in seconds.
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    response
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .map(Duration::from_secs)
+}
+
+/// A finished attempt, on its way to be recorded.
+type Finished = (DeliveryJob, AttemptAnswer, DeliveryOutcome);
+
+/// Runs this instance's deliveries until `stopping`: claims due deliveries while slots
+/// are free, sends each in a task of its own, and records the answers in batches.
+pub async fn dispatch(
+    ledger: Ledger,
+    webhooks: Arc<Webhooks>,
+    metrics: Arc<Metrics>,
+    instance: String,
+    stopping: CancellationToken,
+) {
+    let settings = webhooks.settings.clone();
+    let slots = Arc::new(Semaphore::new(settings.concurrency));
+    let (finished, answers) = mpsc::channel::<Finished>(settings.concurrency.max(1) * 2);
+    let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(&metrics)));
+    let worker = format!("{instance}/webhooks");
+    loop {
+        let first = tokio::select! {
+            () = stopping.cancelled() => break,
+            permit = Arc::clone(&slots).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+        };
+        let mut permits = vec![first];
+        while permits.len() < CLAIM_BATCH {
+            match Arc::clone(&slots).try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
+        }
+        let claimed = ledger
+            .claim_deliveries(
+                &worker,
+                settings.lease,
+                u32::try_from(permits.len()).unwrap_or(1),
+            )
+            .await;
+        let jobs = match claimed {
+            Ok(jobs) => jobs,
+            Err(error) => {
+                tracing::warn!(%error, "cannot claim webhook deliveries");
+                Vec::new()
+            }
+        };
+        let idle = jobs.is_empty();
+        for job in jobs {
+            let Some(permit) = permits.pop() else { break };
+            let webhooks = Arc::clone(&webhooks);
+            let finished = finished.clone();
+            tokio::spawn(async move {
+                let (answer, outcome) = webhooks.attempt(&job).await;
+                let _ = finished.send((job, answer, outcome)).await;
+                drop(permit);
+            });
+        }
+        drop(permits);
+        if idle {
+            tokio::select! {
+                () = stopping.cancelled() => break,
+                () = webhooks.wake.notified() => {}
+                () = tokio::time::sleep(settings.poll) => {}
+            }
+        }
+    }
+    // Attempts in flight finish (each within the timeout) and are recorded; past a short
+    // wait they are left to their leases.
+    drop(finished);
+    let _ = tokio::time::timeout(Duration::from_secs(2), recorder).await;
+}
+
+/// Records finished attempts, as many as have come in (up to a batch) per transaction.
+async fn record(ledger: Ledger, mut answers: mpsc::Receiver<Finished>, metrics: Arc<Metrics>) {
+    let mut batch: Vec<Finished> = Vec::with_capacity(RECORD_BATCH);
+    while answers.recv_many(&mut batch, RECORD_BATCH).await > 0 {
+        let rows: Vec<_> = batch
+            .iter()
+            .map(|(job, answer, outcome)| (job, answer, outcome))
+            .collect();
+        match ledger.record_deliveries(&rows).await {
+            Ok(recorded) => {
+                let now = time::OffsetDateTime::now_utc();
+                for ((job, answer, outcome), recorded) in batch.iter().zip(recorded) {
+                    if !recorded {
+                        tracing::info!(
+                            delivery = job.job_id,
+                            attempt = job.attempt,
+                            "delivery claimed again or ended meanwhile; this attempt's answer is not recorded"
+                        );
+                        continue;
+                    }
+                    metrics.webhook_attempt(result_name(outcome));
+                    if *outcome == DeliveryOutcome::Delivered {
+                        let lag = (now - job.event.created_at).try_into().unwrap_or_default();
+                        metrics.webhook_delivered(lag);
+                    } else {
+                        tracing::debug!(delivery = job.job_id, attempt = job.attempt, error = ?answer.error, ?outcome, "webhook not delivered");
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, deliveries = batch.len(), "cannot record webhook attempts; their leases will run out and they are sent again");
+            }
+        }
+        batch.clear();
+    }
+}
+
+/// The metric's name for what came of an attempt.
+fn result_name(outcome: &DeliveryOutcome) -> &'static str {
+    match outcome {
+        DeliveryOutcome::Delivered => "delivered",
+        DeliveryOutcome::Retry { .. } => "retried",
+        DeliveryOutcome::Exhausted => "exhausted",
+        DeliveryOutcome::EndpointGone => "endpoint_gone",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(schedule: Vec<Duration>) -> WebhookSettings {
+        WebhookSettings {
+            timeout: Duration::from_secs(15),
+            schedule,
+            concurrency: 8,
+            lease: Duration::from_secs(60),
+            poll: Duration::from_millis(500),
+            allow_private: false,
+            allowed_networks: Vec::new(),
+            rotation_window: Duration::from_secs(3600),
+        }
+    }
+
+    #[test]
+    fn the_schedule_runs_out_and_retry_after_is_honoured_within_it() {
+        let standard = settings(WebhookSettings::standard_schedule());
+        let first = standard.after_failure(1, None).unwrap();
+        assert!(first >= Duration::from_secs(5) && first <= Duration::from_millis(5500));
+        let fifth = standard.after_failure(5, None).unwrap();
+        assert!(fifth >= Duration::from_secs(18_000) && fifth <= Duration::from_secs(19_800));
+        assert!(standard.after_failure(7, None).is_some());
+        assert_eq!(
+            standard.after_failure(8, None),
+            None,
+            "eight attempts in all"
+        );
+        assert_eq!(
+            standard.after_failure(1, Some(Duration::from_secs(120))),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(
+            standard.after_failure(1, Some(Duration::from_secs(10_000_000))),
+            Some(LONGEST_RETRY_AFTER)
+        );
+        assert_eq!(
+            standard.after_failure(8, Some(Duration::from_secs(1))),
+            None
+        );
+        let none = settings(Vec::new());
+        assert_eq!(none.after_failure(1, None), None, "one attempt only");
+    }
+}

@@ -1,0 +1,733 @@
+//! Webhooks against a real receiver (an HTTP server on a loopback port of the test's
+//! own): each committed outcome's event arrives signed as the Standard Webhooks
+//! specification has it — checked with its reference library, in Rust here and in Python
+//! (`webhooks_reference`) — is retried on the schedule, honours `Retry-After`, stops at a
+//! 410, survives a secret rotation; endpoints refuse URLs the SSRF guard refuses.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode as AxumStatus};
+use axum::response::IntoResponse;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+
+use crate::helpers::{Backend, TestAccount, TestApp, assert_problem, read, spawn_app_with};
+
+/// One request the receiver got.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub headers: HeaderMap,
+    pub body: String,
+    pub at: Instant,
+}
+
+impl Received {
+    pub fn id(&self) -> &str {
+        self.headers["webhook-id"].to_str().unwrap()
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap()
+    }
+}
+
+#[derive(Default)]
+struct Inbox {
+    received: Vec<Received>,
+    /// Answers to give, in order; once empty, 204.
+    script: VecDeque<(u16, Option<u64>)>,
+}
+
+/// A receiver on a loopback port: records every request and answers as scripted.
+#[derive(Clone)]
+pub struct Receiver {
+    pub url: String,
+    inbox: Arc<Mutex<Inbox>>,
+}
+
+async fn receive(
+    State(inbox): State<Arc<Mutex<Inbox>>>,
+    headers: HeaderMap,
+    body: String,
+) -> axum::response::Response {
+    let mut inbox = inbox.lock().unwrap();
+    inbox.received.push(Received {
+        headers,
+        body,
+        at: Instant::now(),
+    });
+    let (status, retry_after) = inbox.script.pop_front().unwrap_or((204, None));
+    let status = AxumStatus::from_u16(status).unwrap();
+    match retry_after {
+        Some(seconds) => (status, [("retry-after", seconds.to_string())], "busy").into_response(),
+        None => (status, "thanks").into_response(),
+    }
+}
+
+impl Receiver {
+    pub async fn start() -> Self {
+        let inbox = Arc::new(Mutex::new(Inbox::default()));
+        let app = axum::Router::new()
+            .route("/hooks", axum::routing::post(receive))
+            .with_state(Arc::clone(&inbox));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, inbox }
+    }
+
+    /// The next answers, in order: a status and a `Retry-After`.
+    pub fn answer(&self, answers: &[(u16, Option<u64>)]) {
+        self.inbox
+            .lock()
+            .unwrap()
+            .script
+            .extend(answers.iter().copied());
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.inbox.lock().unwrap().received.clone()
+    }
+
+    /// Waits (at most 20 s) until `count` requests came.
+    pub async fn until(&self, count: usize) -> Vec<Received> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let received = self.received();
+            if received.len() >= count {
+                return received;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {count} deliveries came: {received:#?}",
+                received.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// An instance that may deliver to loopback, with `extra` flags.
+async fn spawn(backend: Backend, extra: &[&str]) -> TestApp {
+    let mut flags = vec!["--webhook-allow-private"];
+    flags.extend_from_slice(extra);
+    spawn_app_with(backend, &flags).await
+}
+
+/// Creates an endpoint; its id and secret.
+pub async fn create_endpoint(
+    app: &TestApp,
+    account: &TestAccount,
+    url: &str,
+    events: Option<&[&str]>,
+) -> (String, String) {
+    let mut body = json!({ "url": url });
+    if let Some(events) = events {
+        body["events"] = json!(events);
+    }
+    let response = app
+        .client
+        .post(app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id)))
+        .bearer_auth(&account.key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    (
+        body["id"].as_str().unwrap().to_owned(),
+        body["secret"].as_str().unwrap().to_owned(),
+    )
+}
+
+async fn deliveries(app: &TestApp, account: &TestAccount, endpoint: &str) -> Vec<Value> {
+    let response = app
+        .client
+        .get(app.url(&format!("/v1/webhook-endpoints/{endpoint}/deliveries")))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, body) = read(response).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    body["deliveries"].as_array().unwrap().clone()
+}
+
+/// Waits until every delivery of `endpoint` is in `status`.
+async fn until_all(
+    app: &TestApp,
+    account: &TestAccount,
+    endpoint: &str,
+    status: &str,
+) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let listed = deliveries(app, account, endpoint).await;
+        if !listed.is_empty() && listed.iter().all(|d| d["status"] == status) {
+            return listed;
+        }
+        assert!(Instant::now() < deadline, "not all {status}: {listed:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn verify(secret: &str, received: &Received) -> Result<(), standardwebhooks::WebhookError> {
+    standardwebhooks::Webhook::new(secret)?.verify(received.body.as_bytes(), &received.headers)
+}
+
+/// Every committed outcome arrives once, signed so that the specification's reference
+/// library accepts it, carrying the outcome as the ticket stores it; a replay and a
+/// refusal before execution send nothing; an endpoint gets only the types it asked for.
+pub async fn committed_outcomes_arrive_signed_and_replays_send_nothing(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, secret) = create_endpoint(&app, &account, &receiver.url, None).await;
+    let refusals = Receiver::start().await;
+    create_endpoint(&app, &account, &refusals.url, Some(&["withdrawal.refused"])).await;
+
+    let ticket = app.ticket(&account).await;
+    let (status, _, executed) = read(app.withdraw(&account, &ticket, 300).await).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (_, replayed, _) = read(app.withdraw(&account, &ticket, 300).await).await;
+    assert!(replayed);
+    let refused_ticket = app.ticket(&account).await;
+    let (status, _, refused) = read(app.withdraw(&account, &refused_ticket, 5000).await).await;
+    assert_eq!(status, StatusCode::PAYMENT_REQUIRED);
+    // Refused before execution (422: malformed): nothing committed, nothing sent.
+    let unused = app.ticket(&account).await;
+    let response = app.withdraw(&account, &unused, -5).await;
+    assert_eq!(response.status(), StatusCode::UNPROCESSABLE_ENTITY);
+
+    let got = receiver.until(2).await;
+    refusals.until(1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let got_all = receiver.received();
+    assert_eq!(got_all.len(), 2, "{got_all:#?}");
+    assert_eq!(refusals.received().len(), 1);
+    for received in &got {
+        verify(&secret, received).expect("the reference library accepts the signature");
+        assert!(
+            received.headers["webhook-signature"]
+                .to_str()
+                .unwrap()
+                .starts_with("v1,")
+        );
+        assert_eq!(received.headers["content-type"], "application/json");
+        let event = received.json();
+        let (kind, ticket_id, stored) = if event["type"] == "withdrawal.succeeded" {
+            ("withdrawal.succeeded", &ticket, &executed)
+        } else {
+            ("withdrawal.refused", &refused_ticket, &refused)
+        };
+        assert_eq!(event["type"], kind);
+        assert_eq!(event["data"]["account_id"], account.id.as_str());
+        assert_eq!(event["data"]["ticket_id"], ticket_id.as_str());
+        assert_eq!(event["data"]["outcome"]["body"], *stored);
+        assert!(event["timestamp"].is_string());
+    }
+    let kinds: Vec<String> = got
+        .iter()
+        .map(|r| r.json()["type"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        kinds.contains(&"withdrawal.succeeded".to_owned())
+            && kinds.contains(&"withdrawal.refused".to_owned())
+    );
+    assert_eq!(refusals.received()[0].json()["type"], "withdrawal.refused");
+    assert_eq!(
+        refusals.received()[0].id(),
+        got.iter()
+            .find(|r| r.json()["type"] == "withdrawal.refused")
+            .unwrap()
+            .id(),
+        "one event, one webhook-id, for every endpoint"
+    );
+
+    let listed = until_all(&app, &account, &endpoint, "delivered").await;
+    assert_eq!(listed.len(), 2);
+    for delivery in &listed {
+        assert_eq!(delivery["attempts"].as_array().unwrap().len(), 1);
+        assert_eq!(delivery["attempts"][0]["response_status"], 204);
+        assert!(
+            got.iter()
+                .any(|r| r.id() == delivery["event_id"].as_str().unwrap())
+        );
+    }
+    app.assert_audit_clean().await;
+}
+
+/// A receiver that fails is sent the same event again — the same `webhook-id` — on the
+/// schedule, until it runs out (exhausted); sent again by hand, it is delivered.
+pub async fn failures_retry_on_the_schedule_then_exhaust_and_a_retry_by_hand_delivers(
+    backend: Backend,
+) {
+    let app = spawn(backend, &["--webhook-retry-schedule", "100ms,200ms"]).await;
+    let receiver = Receiver::start().await;
+    receiver.answer(&[(500, None), (400, None), (500, None)]);
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, secret) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+
+    let got = receiver.until(3).await;
+    assert!(
+        got.iter()
+            .all(|r| r.id() == got[0].id() && r.body == got[0].body)
+    );
+    assert!(got.iter().all(|r| verify(&secret, r).is_ok()));
+    assert!(got[1].at - got[0].at >= Duration::from_millis(100));
+    assert!(got[2].at - got[1].at >= Duration::from_millis(200));
+    let listed = until_all(&app, &account, &endpoint, "exhausted").await;
+    let statuses: Vec<&Value> = listed[0]["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| &a["response_status"])
+        .collect();
+    assert_eq!(statuses, [&json!(500), &json!(400), &json!(500)]);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(
+        receiver.received().len(),
+        3,
+        "no attempt after the schedule ran out"
+    );
+
+    let delivery = listed[0]["id"].as_i64().unwrap();
+    let retry = app
+        .client
+        .post(app.url(&format!(
+            "/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry"
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(retry.status(), StatusCode::ACCEPTED);
+    let got = receiver.until(4).await;
+    assert_eq!(got[3].id(), got[0].id());
+    let listed = until_all(&app, &account, &endpoint, "delivered").await;
+    assert_eq!(listed[0]["attempts"].as_array().unwrap().len(), 4);
+
+    let missing = app
+        .client
+        .post(app.url(&format!(
+            "/v1/webhook-endpoints/{endpoint}/deliveries/999999/retry"
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(missing, StatusCode::NOT_FOUND, "delivery-not-found").await;
+    let other = app.create_account(0, 0).await;
+    let foreign = app
+        .client
+        .get(app.url(&format!("/v1/webhook-endpoints/{endpoint}/deliveries")))
+        .bearer_auth(&other.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(foreign, StatusCode::NOT_FOUND, "webhook-endpoint-not-found").await;
+}
+
+/// A 503 with `Retry-After` waits as long as the receiver asked; a 410 disables the
+/// endpoint: nothing more is sent to it, and nothing of it is sent again by hand.
+pub async fn retry_after_is_honoured_and_gone_disables_the_endpoint(backend: Backend) {
+    let app = spawn(backend, &["--webhook-retry-schedule", "50ms,50ms,50ms"]).await;
+    let receiver = Receiver::start().await;
+    receiver.answer(&[(503, Some(1)), (410, None)]);
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, _) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+
+    let got = receiver.until(2).await;
+    assert!(
+        got[1].at - got[0].at >= Duration::from_millis(900),
+        "Retry-After: 1 waited {:?}",
+        got[1].at - got[0].at
+    );
+    let listed = until_all(&app, &account, &endpoint, "endpoint-disabled").await;
+    let endpoints: Value = app
+        .client
+        .get(app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        endpoints["endpoints"][0]["status"], "disabled",
+        "{endpoints}"
+    );
+    assert!(endpoints["endpoints"][0]["disabled_reason"].is_string());
+
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received().len(), 2, "nothing after the 410");
+    let delivery = listed[0]["id"].as_i64().unwrap();
+    let retry = app
+        .client
+        .post(app.url(&format!(
+            "/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry"
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(retry, StatusCode::CONFLICT, "webhook-endpoint-disabled").await;
+}
+
+/// After a rotation both secrets sign, side by side in `webhook-signature`, until the
+/// window ends; then the new one alone. A receiver holding either verifies meanwhile.
+pub async fn a_rotation_signs_with_both_secrets_until_its_window_ends(backend: Backend) {
+    let app = spawn(backend, &["--webhook-rotation-window", "2s"]).await;
+    let receiver = Receiver::start().await;
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, old) = create_endpoint(&app, &account, &receiver.url, None).await;
+    let rotated = app
+        .client
+        .post(app.url(&format!(
+            "/v1/accounts/{}/webhook-endpoints/{endpoint}/rotate-secret",
+            account.id
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap();
+    let (status, _, rotated) = read(rotated).await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    let new = rotated["secret"].as_str().unwrap().to_owned();
+    assert_ne!(new, old);
+    assert!(
+        rotated["previous_secret_expires_at"].is_string(),
+        "{rotated}"
+    );
+
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let during = receiver.until(1).await.remove(0);
+    let signatures = during.headers["webhook-signature"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(signatures.split(' ').count(), 2, "{signatures}");
+    verify(&old, &during).expect("the old secret verifies during the window");
+    verify(&new, &during).expect("the new secret verifies during the window");
+
+    tokio::time::sleep(Duration::from_millis(2200)).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let after = receiver.until(2).await.remove(1);
+    assert_eq!(
+        after.headers["webhook-signature"]
+            .to_str()
+            .unwrap()
+            .split(' ')
+            .count(),
+        1
+    );
+    verify(&new, &after).expect("the new secret verifies after the window");
+    assert!(
+        verify(&old, &after).is_err(),
+        "the old secret no longer signs"
+    );
+}
+
+/// The reference library refuses what it should: a tampered body, an old timestamp, a
+/// wrong secret.
+pub async fn tampered_bodies_old_timestamps_and_wrong_secrets_fail_verification(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let account = app.create_account(1000, 0).await;
+    let (_, secret) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let got = receiver.until(1).await.remove(0);
+    verify(&secret, &got).expect("as sent, it verifies");
+
+    let mut tampered = got.clone();
+    tampered.body = tampered.body.replacen("withdrawal", "withdrawaL", 1);
+    assert!(verify(&secret, &tampered).is_err(), "a tampered body");
+
+    // The same signature scheme over a timestamp ten minutes old: refused as a replay.
+    let mut old = got.clone();
+    let then = time::OffsetDateTime::now_utc().unix_timestamp() - 600;
+    let bytes = api::webhooks::signing::parse_secret(&secret).unwrap();
+    let signature = api::webhooks::signing::signature(&bytes, got.id(), then, got.body.as_bytes());
+    old.headers
+        .insert("webhook-timestamp", then.to_string().parse().unwrap());
+    old.headers
+        .insert("webhook-signature", signature.parse().unwrap());
+    assert!(verify(&secret, &old).is_err(), "an old timestamp");
+
+    let (_, other_secret) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert!(verify(&other_secret, &got).is_err(), "another secret");
+}
+
+/// Endpoints refuse what the guard refuses and bad event lists, are bounded per account,
+/// belong to their account, and are deleted.
+pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Backend) {
+    // No PAYONCE_WEBHOOK_ALLOW_PRIVATE: loopback is refused.
+    let app = spawn_app_with(backend, &[]).await;
+    let account = app.create_account(0, 0).await;
+    let url = app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id));
+    let post = |body: Value| {
+        app.client
+            .post(&url)
+            .bearer_auth(&account.key)
+            .json(&body)
+            .send()
+    };
+    for refused in [
+        "http://127.0.0.1:9/hooks",
+        "http://localhost:9/hooks",
+        "http://10.0.0.1/hooks",
+        "http://[::1]/hooks",
+        "http://169.254.169.254/latest/meta-data",
+        "ftp://example.com/",
+        "https://user:pw@example.com/",
+        "not a url",
+    ] {
+        let response = post(json!({ "url": refused })).await.unwrap();
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "webhook-url-refused",
+        )
+        .await;
+    }
+    for bad in [
+        json!({ "url": "https://example.com/", "events": [] }),
+        json!({ "url": "https://example.com/", "events": ["withdrawal.lost"] }),
+        json!({ "url": "https://example.com/", "extra": 1 }),
+        json!({ "events": ["order.paid"] }),
+    ] {
+        let response = post(bad.clone()).await.unwrap();
+        assert_problem(
+            response,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid-request",
+        )
+        .await;
+    }
+    let listed: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["endpoints"], json!([]), "nothing was created");
+
+    // A public address (never contacted here: nothing is sent to it).
+    let mut made = Vec::new();
+    for _ in 0..16 {
+        let response =
+            post(json!({ "url": "https://93.184.216.34/hooks", "events": ["order.paid"] }))
+                .await
+                .unwrap();
+        let (status, _, body) = read(response).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert!(body["secret"].as_str().unwrap().starts_with("whsec_"));
+        assert_eq!(body["events"], json!(["order.paid"]));
+        made.push(body["id"].as_str().unwrap().to_owned());
+    }
+    let response = post(json!({ "url": "https://93.184.216.34/hooks" }))
+        .await
+        .unwrap();
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "webhook-endpoint-limit",
+    )
+    .await;
+    let listed: Value = app
+        .client
+        .get(&url)
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed["endpoints"].as_array().unwrap().len(), 16);
+    assert!(
+        listed["endpoints"][0].get("secret").is_none(),
+        "a secret is shown once"
+    );
+
+    let other = app.create_account(0, 0).await;
+    let foreign = app
+        .client
+        .get(&url)
+        .bearer_auth(&other.key)
+        .send()
+        .await
+        .unwrap();
+    assert_problem(foreign, StatusCode::FORBIDDEN, "forbidden").await;
+    let delete = |key: &str, endpoint: &str| {
+        app.client
+            .delete(format!("{url}/{endpoint}"))
+            .bearer_auth(key)
+            .send()
+    };
+    assert_problem(
+        delete(&other.key, &made[0]).await.unwrap(),
+        StatusCode::FORBIDDEN,
+        "forbidden",
+    )
+    .await;
+    assert_eq!(
+        delete(&account.key, &made[0]).await.unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert_problem(
+        delete(&account.key, &made[0]).await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "webhook-endpoint-not-found",
+    )
+    .await;
+    assert_problem(
+        delete(&account.key, "not-a-uuid").await.unwrap(),
+        StatusCode::NOT_FOUND,
+        "webhook-endpoint-not-found",
+    )
+    .await;
+    let response = post(json!({ "url": "https://93.184.216.34/hooks" }))
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status(),
+        StatusCode::CREATED,
+        "room again after a delete"
+    );
+}
+
+/// payonce's signatures verify with the specification's reference library for Python
+/// (the `standardwebhooks` package from PyPI, in the virtual environment `scripts/test.sh`
+/// makes), during a rotation too; and it refuses a tampered body, an old timestamp and a
+/// wrong secret.
+pub async fn the_python_reference_library_verifies_and_refuses_as_it_should(backend: Backend) {
+    let python = reference_python();
+    let app = spawn(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, old) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let rotated: Value = app
+        .client
+        .post(app.url(&format!(
+            "/v1/accounts/{}/webhook-endpoints/{endpoint}/rotate-secret",
+            account.id
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let new = rotated["secret"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 20).await,
+        StatusCode::CREATED
+    );
+    let got = receiver.until(2).await;
+    let (_, stranger) = create_endpoint(&app, &account, &receiver.url, None).await;
+
+    let header = |r: &Received, name: &str| r.headers[name].to_str().unwrap().to_owned();
+    let before = got
+        .iter()
+        .find(|r| r.json()["data"]["outcome"]["body"]["amount"] == 10)
+        .unwrap();
+    let during = got
+        .iter()
+        .find(|r| r.json()["data"]["outcome"]["body"]["amount"] == 20)
+        .unwrap();
+    let case = |name: &str, secret: &str, r: &Received, expect: bool, change: Value| {
+        let mut case = json!({
+            "name": name,
+            "secret": secret,
+            "expect": expect,
+            "received": {
+                "id": header(r, "webhook-id"),
+                "timestamp": header(r, "webhook-timestamp"),
+                "signature": header(r, "webhook-signature"),
+                "body": r.body,
+            },
+        });
+        if let Value::Object(change) = change {
+            case.as_object_mut().unwrap().extend(change);
+        }
+        case
+    };
+    let cases = vec![
+        case("plain", &old, before, true, Value::Null),
+        case("rotation, old secret", &old, during, true, Value::Null),
+        case("rotation, new secret", &new, during, true, Value::Null),
+        case("wrong secret", &stranger, before, false, Value::Null),
+        case(
+            "tampered body",
+            &old,
+            before,
+            false,
+            json!({"tamper": true}),
+        ),
+        case("old timestamp", &old, before, false, json!({"age": 600})),
+    ];
+    let input = serde_json::to_string(&cases).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/webhook_reference.py");
+    let output = tokio::process::Command::new(&python)
+        .arg(script)
+        .env("CASES", input)
+        .output()
+        .await
+        .expect("the reference script runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(
+        stdout.lines().filter(|l| l.starts_with("ok ")).count(),
+        cases.len(),
+        "{stdout}"
+    );
+}
+
+/// The Python of the virtual environment that holds the reference library.
+fn reference_python() -> std::path::PathBuf {
+    let python =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/webhooks-venv/bin/python");
+    assert!(
+        python.exists(),
+        "{} is missing: scripts/test.sh makes it (python3 -m venv, pip install standardwebhooks)",
+        python.display()
+    );
+    python
+}
