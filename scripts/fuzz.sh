@@ -49,8 +49,6 @@ bearer = "\${PAYONCE_API_KEY}"
 "path.id" = "\${PAYONCE_ACCOUNT_ID}"
 # Likewise every {order_id} is the order this run placed for that account.
 "path.order_id" = "\${PAYONCE_ORDER_ID}"
-# And every {endpoint_id} the webhook endpoint it made.
-"path.endpoint_id" = "\${PAYONCE_ENDPOINT_ID}"
 
 # Mask the Authorization header and the api_key field, but show Idempotency-Key: the
 # default markers hide every header with "key" in its name.
@@ -69,7 +67,10 @@ EOF
 # document itself states (passed in IDEMPOTENCY_KEY_PATTERN), so a key that matches it
 # and is refused still fails the run. Only those: a 422 invalid-request for a
 # schema-valid body still fails the run. Schemathesis prints how many failures this hook
-# dropped.
+# dropped. Likewise a webhook URL the SSRF guard refuses (422 webhook-url-refused): whether
+# a URL is taken depends on what its host resolves to and on the operator's settings (the
+# fuzzer's instances take loopback only), and the seventeenth endpoint of an account (422
+# webhook-endpoint-limit) on how many it has.
 cat >"$OUT/hooks.py" <<'EOF'
 # Written by scripts/fuzz.sh; edit it there.
 import os
@@ -85,6 +86,8 @@ STATE_REFUSALS = {
     422: {"/problems/balance-limit", "/problems/idempotency-key-reuse"},
 }
 CREATE_REFUSALS = {422: {"/problems/idempotency-key-reuse"}}
+ENDPOINTS = "/v1/accounts/{id}/webhook-endpoints"
+ENDPOINT_REFUSALS = {422: {"/problems/webhook-url-refused", "/problems/webhook-endpoint-limit"}}
 KEY_PATTERN = re.compile(os.environ["IDEMPOTENCY_KEY_PATTERN"])
 
 
@@ -110,6 +113,8 @@ def filter_failure(context, failure, case, response):
         return problem_type not in STATE_REFUSALS.get(response.status_code, set())
     if case.path in CREATES:
         return problem_type not in CREATE_REFUSALS.get(response.status_code, set())
+    if case.path == ENDPOINTS:
+        return problem_type not in ENDPOINT_REFUSALS.get(response.status_code, set())
     return True
 EOF
 
@@ -185,12 +190,6 @@ fuzz() {
   PAYONCE_ORDER_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/orders" \
     -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
     -d '{"amount": 100, "description": "fuzz"}' | jq -r .order_id)
-
-  # An endpoint on a loopback port nothing listens on: its deliveries fail and are retried.
-  export PAYONCE_ENDPOINT_ID
-  PAYONCE_ENDPOINT_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/webhook-endpoints" \
-    -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
-    -d '{"url": "http://127.0.0.1:9/fuzz"}' | jq -r .id)
 
   # The key pattern the document states, for the hook (see above).
   export IDEMPOTENCY_KEY_PATTERN

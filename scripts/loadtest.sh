@@ -3,7 +3,8 @@
 # scripts/services.sh), runs the load test against them, and prints the verdict, the
 # summary table, the ledger's own audit, and where the report and the chart are.
 #
-#   scripts/loadtest.sh                 # 20 s, 50 accounts, 32 clients
+#   scripts/loadtest.sh                 # 20 s, 50 accounts, 32 clients, a webhook
+#                                       # receiver that misbehaves on a share of them
 #   DURATION=60s CLIENTS=64 scripts/loadtest.sh
 #   PAYONCE_LOCK_URL=redis-cluster://127.0.0.1:7000,127.0.0.1:7001 scripts/loadtest.sh
 #                                       # the locks on another service (here the Redis
@@ -35,6 +36,13 @@ fi
 export PAYONCE_REDIS_NAMESPACE="$database"
 # The instances pay out to the bank services.sh runs; the load test reconciles with it.
 export PAYONCE_BANK_URL="${PAYONCE_BANK_URL:-http://127.0.0.1:7700}"
+# Every account gets a webhook endpoint at the load test's receiver on loopback, which
+# fails, throttles, dawdles on and ignores a share of the deliveries: a schedule of seconds
+# (not the specification's hours) lets the run wait for every retry.
+export PAYONCE_WEBHOOK_ALLOW_PRIVATE=true
+export PAYONCE_WEBHOOK_RETRY_SCHEDULE="${PAYONCE_WEBHOOK_RETRY_SCHEDULE:-200ms,500ms,1s,2s,3s,5s,5s}"
+export PAYONCE_WEBHOOK_TIMEOUT="${PAYONCE_WEBHOOK_TIMEOUT:-2s}"
+export PAYONCE_WEBHOOK_LEASE="${PAYONCE_WEBHOOK_LEASE:-6s}"
 psql -h 127.0.0.1 -U postgres -d postgres -qc "create database $database"
 
 pids=()
@@ -68,6 +76,7 @@ status=0
 target/release/loadtest --targets "$(IFS=,; echo "${targets[*]}")" \
   --accounts "$ACCOUNTS" --clients "$CLIENTS" --duration "$DURATION" \
   --bank "$PAYONCE_BANK_URL" \
+  --webhooks --receiver-fail 0.1 --receiver-throttle 0.03 --receiver-slow 0.03 --receiver-hang 0.01 \
   --report "$OUT/report.json" --chart "$OUT/chart.svg" || status=$?
 
 echo

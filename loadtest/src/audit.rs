@@ -44,6 +44,7 @@ use crate::history::{
     SpendRecord, TicketAttempt,
 };
 pub use crate::payouts::PayoutTally;
+pub use crate::webhooks::WebhookTally;
 
 /// One broken expectation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -107,6 +108,18 @@ pub enum ViolationKind {
     MissingAtBank,
     /// A `failed` payout — its money given back — that the bank executed.
     ReversedButExecuted,
+    /// A committed outcome whose event the receiver never took.
+    EventMissing,
+    /// An event for an outcome the run did not commit: a request refused before it
+    /// executed, or a transaction that rolled back.
+    EventUnexpected,
+    /// A delivery whose signature did not verify with its endpoint's secret.
+    BadSignature,
+    /// One event delivered under more than one `webhook-id`: a receiver could not drop
+    /// the repeat.
+    EventIdsDiffer,
+    /// One `webhook-id` delivered with different bodies.
+    EventChanged,
 }
 
 const DECLARED_503: [&str; 6] = [
@@ -192,6 +205,8 @@ pub struct Audit {
     pub unresolved: Unresolved,
     /// The payouts, and what the bank holds for them.
     pub payouts: PayoutTally,
+    /// The webhooks the receiver got, when the run had one.
+    pub webhooks: WebhookTally,
 }
 
 /// Requests that ended without a definitive answer: every attempt got no answer or a
@@ -297,11 +312,19 @@ pub fn audit_with(history: &History, state: &FinalState, options: &AuditOptions)
         }
     }
     let payouts = crate::payouts::reconcile(state, &mut violations);
+    let webhooks = match &state.webhooks {
+        Some(receipts) => {
+            let expected = crate::webhooks::expected_events(history, state);
+            crate::webhooks::audit_webhooks(&expected, receipts, &mut violations)
+        }
+        None => WebhookTally::default(),
+    };
     Audit {
         violations,
         tallies,
         unresolved: unresolved(history, state),
         payouts,
+        webhooks,
     }
 }
 

@@ -165,6 +165,30 @@ impl Api {
         Ok((field("id"), field("api_key")))
     }
 
+    /// Creates a webhook endpoint for the account at `url`, for every event type: its
+    /// secret.
+    pub async fn create_webhook_endpoint(
+        &self,
+        target: usize,
+        account: &str,
+        key: &str,
+        url: &str,
+    ) -> Result<String, ClientError> {
+        let response = self
+            .client
+            .post(self.url(target, &format!("/v1/accounts/{account}/webhook-endpoints")))
+            .bearer_auth(key)
+            .json(&json!({ "url": url }))
+            .send()
+            .await?;
+        let body = Self::json(response, "create a webhook endpoint", StatusCode::CREATED).await?;
+        Ok(body
+            .get("secret")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned())
+    }
+
     /// Asks for a ticket, and records whatever comes back.
     pub async fn ticket(&self, target: usize, account: &str, key: &str) -> TicketAnswer {
         let started = Instant::now();

@@ -288,6 +288,9 @@ pub struct FinalState {
     /// What the bank holds for the run's payouts, when the run was given the bank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bank: Option<Vec<BankTransfer>>,
+    /// What the run's webhook receiver got, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub webhooks: Option<Vec<crate::receiver::Receipt>>,
 }
 
 /// A payout as `GET /v1/payouts` shows it.

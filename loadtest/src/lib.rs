@@ -9,6 +9,9 @@
 //!   state, so tests can plant faults in recorded histories.
 //! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's
 //!   transfers reconciled with them.
+//! - [`receiver`] (`receiver.rs`): the webhook receiver — a real HTTP server on loopback
+//!   that verifies signatures and misbehaves on demand; [`webhooks`] (`webhooks.rs`): the
+//!   audit of what it got against the outcomes the run committed.
 //! - [`history`] (`history.rs`): what was sent and answered, and the final state.
 //! - [`client`] (`client.rs`): the HTTP calls, nothing more.
 //! - [`retry`] (`retry.rs`): clients that resend, with the same ticket, what got no answer
@@ -27,7 +30,9 @@ pub mod client;
 pub mod healthz;
 pub mod history;
 pub mod payouts;
+pub mod receiver;
 pub mod report;
 pub mod retry;
 pub mod run;
 pub mod safety;
+pub mod webhooks;

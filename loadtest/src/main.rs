@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use loadtest::receiver::ReceiverFaults;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{BankFaultPlan, Limit, Mix, RunOptions};
 use loadtest::{healthz, report, run, safety};
@@ -114,9 +115,32 @@ struct RunArgs {
     /// your own takes its faults on its command line.
     #[arg(long, value_parser = bank_fault)]
     bank_fault: Option<BankFaultPlan>,
-    /// After the load, wait at most this long for the pending payouts to be settled.
+    /// After the load, wait at most this long for the pending payouts to be settled (and,
+    /// with --webhooks, for the undelivered events to arrive).
     #[arg(long, default_value = "30s", value_parser = duration)]
     drain: Duration,
+    /// Start a webhook receiver on loopback and give every account an endpoint at it: after
+    /// the load (and the drain) the audit checks that every committed outcome was
+    /// delivered, signed, and nothing else. The targets must be allowed to deliver to
+    /// loopback (PAYONCE_WEBHOOK_ALLOW_PRIVATE=true).
+    #[arg(long)]
+    webhooks: bool,
+    /// The share of deliveries the receiver answers 500.
+    #[arg(long, default_value = "0", value_parser = fraction, requires = "webhooks")]
+    receiver_fail: f64,
+    /// The share it answers 429 with `Retry-After: 1`.
+    #[arg(long, default_value = "0", value_parser = fraction, requires = "webhooks")]
+    receiver_throttle: f64,
+    /// The share it answers slowly (after --receiver-slow-for; keep that under the
+    /// targets' PAYONCE_WEBHOOK_TIMEOUT).
+    #[arg(long, default_value = "0", value_parser = fraction, requires = "webhooks")]
+    receiver_slow: f64,
+    /// How long a slow answer takes.
+    #[arg(long, default_value = "500ms", value_parser = duration)]
+    receiver_slow_for: Duration,
+    /// The share it never answers (payonce gives up at its PAYONCE_WEBHOOK_TIMEOUT).
+    #[arg(long, default_value = "0", value_parser = fraction, requires = "webhooks")]
+    receiver_hang: f64,
     /// Allow targets that are not loopback addresses.
     #[arg(long)]
     allow_remote: bool,
@@ -214,6 +238,13 @@ async fn run_command(args: RunArgs) -> ExitCode {
         expect_unanswered: false,
         bank: args.bank,
         drain: args.drain,
+        webhooks: args.webhooks.then_some(ReceiverFaults {
+            fail: args.receiver_fail,
+            throttle: args.receiver_throttle,
+            slow: args.receiver_slow,
+            slow_for: args.receiver_slow_for,
+            hang: args.receiver_hang,
+        }),
     };
     let result = match run::run(options).await {
         Ok(result) => result,

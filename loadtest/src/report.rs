@@ -109,6 +109,7 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
         ),
         ("payouts", payouts(result)),
         ("payouts at the bank", bank(result)),
+        ("webhooks", webhooks(result)),
         ("violations", result.violations.len().to_string()),
     ]
 }
@@ -127,6 +128,25 @@ fn payouts(result: &RunResult) -> String {
         tally.pending,
         drained.waited.as_secs_f64(),
         tally.most_attempts
+    )
+}
+
+/// What the webhook receiver got.
+fn webhooks(result: &RunResult) -> String {
+    let tally = &result.webhooks;
+    if !tally.received {
+        return "no receiver (give --webhooks)".to_owned();
+    }
+    let ms = |value: Option<u64>| value.map_or_else(|| "-".to_owned(), |v| v.to_string());
+    format!(
+        "{} of {} committed outcomes delivered; {} requests ({} answered other than 204 by the receiver, each retried), {} repeats; commit to first arrival p50 / p99 {} / {} ms",
+        tally.delivered,
+        tally.expected,
+        tally.requests,
+        tally.refused_by_receiver,
+        tally.repeats,
+        ms(tally.first_arrival_p50_ms),
+        ms(tally.first_arrival_p99_ms)
     )
 }
 
@@ -228,6 +248,7 @@ pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
         "unresolved": result.unresolved,
         "payouts": result.payouts,
         "drained": result.drained,
+        "webhooks": result.webhooks,
         "latency_ms": {
             "p50": ms(latency, 0.5),
             "p90": ms(latency, 0.9),
@@ -391,6 +412,7 @@ mod tests {
             unresolved: Default::default(),
             retry: Default::default(),
             payouts: Default::default(),
+            webhooks: Default::default(),
             drained: None,
             counts: Counts::default(),
             latency: Histogram::new_with_bounds(1, 120_000_000, 3).unwrap(),

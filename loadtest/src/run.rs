@@ -32,12 +32,15 @@ use rand::RngExt;
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::audit::{AccountTally, AuditOptions, PayoutTally, Unresolved, Violation, audit_with};
+use crate::audit::{
+    AccountTally, AuditOptions, PayoutTally, Unresolved, Violation, WebhookTally, audit_with,
+};
 use crate::client::{Answer, Api, ClientError};
 use crate::history::{
     AccountRecord, Attempt, FinalState, History, PayoutStatus, Role, SpendKind, SpendRecord,
     TicketAttempt,
 };
+use crate::receiver::{Receipt, Receiver, ReceiverFaults};
 use crate::retry::RetryPolicy;
 
 /// When the run stops.
@@ -91,8 +94,12 @@ pub struct RunOptions {
     /// reconciled with the payouts (none: payouts are audited against the ledger only).
     pub bank: Option<String>,
     /// How long to wait, after the load, for the payouts still pending to be settled by
-    /// the bank's word.
+    /// the bank's word — and, with a receiver, for the webhooks still undelivered.
     pub drain: Duration,
+    /// A webhook receiver for the run, misbehaving at these rates: every account gets an
+    /// endpoint at it, and the audit checks what came against what committed. The
+    /// targets must be allowed to deliver to loopback (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`).
+    pub webhooks: Option<ReceiverFaults>,
 }
 
 /// Spends (originals) per account per round: each round's accounts are funded for this
@@ -291,6 +298,8 @@ pub struct RunResult {
     pub retry: RetryPolicy,
     /// The payouts, and what the bank holds for them.
     pub payouts: PayoutTally,
+    /// The webhooks the receiver got, when the run had one.
+    pub webhooks: WebhookTally,
     /// How long the payouts took to drain after the load (none: the run sent none).
     pub drained: Option<Drained>,
     /// Counts by answer.
@@ -317,6 +326,9 @@ pub enum RunError {
     /// A client task died.
     #[error("a client task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    /// The webhook receiver could not listen.
+    #[error("cannot start the webhook receiver: {0}")]
+    Receiver(std::io::Error),
 }
 
 /// What one client task gathered.
@@ -347,7 +359,15 @@ struct Live {
 /// Runs the load, reads the ledger back, and audits.
 pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     let api = Api::new(options.targets.clone(), options.clients * 3)?;
-    let rounds = Arc::new(Rounds::new(api.clone(), &options));
+    let receiver = match options.webhooks {
+        Some(faults) => Some(
+            Receiver::start(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), faults)
+                .await
+                .map_err(RunError::Receiver)?,
+        ),
+        None => None,
+    };
+    let rounds = Arc::new(Rounds::new(api.clone(), &options, receiver.clone()));
     // The first round is opened before the clock starts.
     rounds.round(0).await?;
 
@@ -405,7 +425,11 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     progress.finish_and_clear();
     history.accounts = rounds.all().await;
 
-    let (final_state, drained) = the_end(&api, &history, &options).await?;
+    let (mut final_state, drained) = the_end(&api, &history, &options).await?;
+    if let Some(receiver) = &receiver {
+        final_state.webhooks =
+            Some(drain_webhooks(receiver, &history, &final_state, options.drain).await);
+    }
     let mut metrics = Vec::new();
     for (index, target) in options.targets.iter().enumerate() {
         metrics.push((target.clone(), api.metrics(index).await.unwrap_or_default()));
@@ -426,6 +450,7 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         unresolved: audit.unresolved,
         retry: options.retry,
         payouts: audit.payouts,
+        webhooks: audit.webhooks,
         drained,
         counts,
         latency,
@@ -445,10 +470,12 @@ struct Rounds {
     /// instance that stopped answering would hold up every client, not only its own.
     open_on_first: bool,
     opened: tokio::sync::Mutex<Vec<Arc<Vec<AccountRecord>>>>,
+    /// The webhook receiver each account gets an endpoint at, if the run has one.
+    receiver: Option<Receiver>,
 }
 
 impl Rounds {
-    fn new(api: Api, options: &RunOptions) -> Self {
+    fn new(api: Api, options: &RunOptions, receiver: Option<Receiver>) -> Self {
         Self {
             api,
             accounts: options.accounts.max(1),
@@ -456,6 +483,7 @@ impl Rounds {
             mix: options.mix,
             open_on_first: options.sticky,
             opened: tokio::sync::Mutex::new(Vec::new()),
+            receiver,
         }
     }
 
@@ -501,6 +529,7 @@ impl Rounds {
             opening(spends as f64 / self.accounts as f64, self.mix);
         let api = &self.api;
         let open_on_first = self.open_on_first;
+        let receiver = self.receiver.as_ref();
         let opened = futures::stream::iter(0..self.accounts)
             .map(|index| async move {
                 let first = if open_on_first { 0 } else { index };
@@ -508,6 +537,15 @@ impl Rounds {
                     api.open_account(target, opening_balance, opening_points)
                 })
                 .await?;
+                // The endpoint before any spend: every outcome of the account is announced.
+                if let Some(receiver) = receiver {
+                    let url = receiver.url_for(&id);
+                    let secret = on_any_target(api, first, |target| {
+                        api.create_webhook_endpoint(target, &id, &key, &url)
+                    })
+                    .await?;
+                    receiver.register(&id, &secret);
+                }
                 Ok::<_, ClientError>(AccountRecord {
                     id,
                     key,
@@ -1050,6 +1088,36 @@ async fn the_end(
         read_payouts(api, &history.accounts, bank, &mut final_state).await?;
     }
     Ok((final_state, drained))
+}
+
+/// Waits, at most `drain`, until the receiver took every event the run's committed
+/// outcomes call for (deliveries go on after the load: retries, a backlog); then what it
+/// got.
+async fn drain_webhooks(
+    receiver: &Receiver,
+    history: &History,
+    state: &FinalState,
+    drain: Duration,
+) -> Vec<Receipt> {
+    let expected = crate::webhooks::expected_events(history, state);
+    let started = Instant::now();
+    loop {
+        let receipts = receiver.receipts();
+        let taken: std::collections::HashSet<(&str, &str)> = receipts
+            .iter()
+            .filter(|receipt| receipt.taken())
+            .map(|receipt| (receipt.ticket_id.as_str(), receipt.event_type.as_str()))
+            .collect();
+        let all_in = expected
+            .keys()
+            .all(|(ticket, kind)| taken.contains(&(ticket.as_str(), *kind)));
+        if all_in || started.elapsed() >= drain {
+            // A moment more for repeats and strays already on their way.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            return receiver.receipts();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// How the wait for the payouts to settle ended.

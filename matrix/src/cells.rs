@@ -513,6 +513,7 @@ fn load_options(
         retry: RetryPolicy::none(),
         bank: None,
         drain: Duration::ZERO,
+        webhooks: None,
     }
 }
 

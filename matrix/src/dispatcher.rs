@@ -310,6 +310,7 @@ async fn run_cell(
         retry: RetryPolicy::default(),
         bank: Some(bank.url()),
         drain: Duration::from_secs(30),
+        webhooks: None,
     };
     let result = if fault == BankFault::InstanceKill {
         let doomed = cluster.instance(crate::cells::STALLED);

@@ -57,12 +57,13 @@ pub enum EventTypeName {
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointRequest {
-    /// Where events are sent: `http` or `https`, at most 2048 bytes, no user name,
-    /// password or fragment; not a loopback, private, link-local or metadata address
-    /// unless the operator allows private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`).
+    /// Where events are sent: an `http` or `https` URL of at most 2048 bytes, with no user
+    /// name, password or fragment, whose host is not (and does not resolve only to) a
+    /// loopback, private, link-local or metadata address, unless the operator allows
+    /// private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`). Refused: 422 `webhook-url-refused`.
     #[schema(
-        min_length = 1,
         max_length = 2048,
+        pattern = r"^[Hh][Tt][Tt][Pp][Ss]?://[^@/?#\s]+([/?][^#\s]*)?$",
         example = "https://example.com/payonce-events"
     )]
     pub url: String,
@@ -168,7 +169,12 @@ fn webhooks(state: &AppState) -> Result<&Webhooks, ApiError> {
     request_body = EndpointRequest,
     responses(
         (status = 201, description = "Created; `secret` is shown this once", body = EndpointWithSecret,
-            headers(("Location" = String, description = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}"))),
+            headers(("Location" = String, description = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}")),
+            links(
+                ("ListDeliveries" = (operation_id = "list_deliveries", parameters(("endpoint_id" = "$response.body#/id")), description = "The endpoint's deliveries")),
+                ("RotateSecret" = (operation_id = "rotate_secret", parameters(("id" = "$response.body#/account_id"), ("endpoint_id" = "$response.body#/id")), description = "Rotate its secret")),
+                ("DeleteEndpoint" = (operation_id = "delete_endpoint", parameters(("id" = "$response.body#/account_id"), ("endpoint_id" = "$response.body#/id")), description = "Delete it")),
+            )),
         (status = 400, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 403, response = OthersAccount),

@@ -113,6 +113,11 @@ impl Guard {
     /// A webhook URL as payonce takes it: `http` or `https`, a host, no user name or
     /// password, no fragment; a host that is an address passes [`check`](Self::check).
     pub fn url(&self, text: &str) -> Result<url::Url, String> {
+        if !shaped_like_a_url(text) {
+            return Err(
+                "not an http(s) URL without credentials, fragment or white space".to_owned(),
+            );
+        }
         let url = url::Url::parse(text).map_err(|error| format!("not a URL: {error}"))?;
         if !matches!(url.scheme(), "http" | "https") {
             return Err(format!(
@@ -165,6 +170,31 @@ impl Guard {
         }
         Ok(())
     }
+}
+
+/// What the OpenAPI document's pattern for a webhook URL states,
+/// `^[Hh][Tt][Tt][Pp][Ss]?://[^@/?#\s]+([/?][^#\s]*)?$`: the scheme, an authority without
+/// `@`, then a path or query; no fragment and no white space anywhere. Checked before the
+/// URL is parsed, so the server takes nothing the document calls invalid (the URL parser
+/// alone would take, say, a space it can percent-encode).
+fn shaped_like_a_url(text: &str) -> bool {
+    let lower = text.get(..8).unwrap_or(text).to_ascii_lowercase();
+    let rest = if lower.starts_with("https://") {
+        &text[8..]
+    } else if lower.starts_with("http://") {
+        &text[7..]
+    } else {
+        return false;
+    };
+    // ECMAScript's \s is Unicode white space and U+FEFF.
+    let blank = |c: char| c.is_whitespace() || c == '\u{feff}';
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    !authority.is_empty()
+        && !authority.contains(['@', '#'])
+        && !authority.chars().any(blank)
+        && !tail.contains('#')
+        && !tail.chars().any(blank)
 }
 
 /// reqwest's resolver for webhook deliveries: the system's resolution, less every address
@@ -281,6 +311,32 @@ mod tests {
         assert_eq!(loopback_only.check(ip("::1")), Ok(()));
         assert!(loopback_only.check(ip("8.8.8.8")).is_err());
         assert!(loopback_only.check(ip("10.0.0.1")).is_err());
+    }
+
+    #[test]
+    fn the_documents_url_pattern_is_what_is_checked() {
+        for shaped in [
+            "http://a",
+            "HTTPS://example.com/x?y=1",
+            "http://h:80?q",
+            "https://h/p@q",
+        ] {
+            assert!(shaped_like_a_url(shaped), "{shaped}");
+        }
+        for unshaped in [
+            "",
+            "http://",
+            "ftp://a",
+            "http:/a",
+            "http://u@h/",
+            "http://h/#f",
+            "http://h/ a",
+            "http://h\u{feff}/",
+            "http:// h",
+            "http://#h",
+        ] {
+            assert!(!shaped_like_a_url(unshaped), "{unshaped:?}");
+        }
     }
 
     #[test]

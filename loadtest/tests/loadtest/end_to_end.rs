@@ -9,14 +9,14 @@ use ledger::testing::TestDatabase;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{BankFaultPlan, Limit, RunOptions, run};
 
-fn config(args: &[&str]) -> Config {
+pub fn config(args: &[&str]) -> Config {
     let mut argv = vec!["payonce"];
     argv.extend_from_slice(args);
     Cli::parse_from(argv).config
 }
 
 /// Starts one payonce server on a port-0 listener; returns its base URL.
-async fn serve(config: Config) -> String {
+pub async fn serve(config: Config) -> String {
     let state = AppState::connect(&config)
         .await
         .expect("the service starts");
@@ -31,7 +31,7 @@ async fn serve(config: Config) -> String {
     address
 }
 
-fn options(targets: Vec<String>) -> RunOptions {
+pub fn options(targets: Vec<String>) -> RunOptions {
     RunOptions {
         targets,
         accounts: 4,
@@ -49,11 +49,12 @@ fn options(targets: Vec<String>) -> RunOptions {
         retry: RetryPolicy::default(),
         bank: None,
         drain: Duration::from_secs(30),
+        webhooks: None,
     }
 }
 
 /// The bank `scripts/services.sh` runs for the tests (a real `payonce-bank` process).
-fn shared_bank() -> String {
+pub fn shared_bank() -> String {
     std::env::var("PAYONCE_TEST_BANK_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into())
 }
 
@@ -201,7 +202,7 @@ fn refused_share(history: &loadtest::history::History) -> f64 {
     f64::from(refused) / f64::from(settled.max(1))
 }
 
-fn unique() -> String {
+pub fn unique() -> String {
     format!(
         "{:x}",
         std::time::SystemTime::now()

@@ -5,3 +5,4 @@
 mod audit;
 mod end_to_end;
 mod payouts;
+mod webhooks;

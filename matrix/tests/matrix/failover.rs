@@ -53,6 +53,7 @@ async fn a_master_killed_under_load(service: Service) {
         retry: RetryPolicy::default(),
         bank: None,
         drain: Duration::ZERO,
+        webhooks: None,
     };
     let fail_over = async {
         tokio::time::sleep(LOAD / 4).await;

@@ -59,6 +59,7 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
         retry,
         bank: Some(bank.url()),
         drain: Duration::from_secs(30),
+        webhooks: None,
     };
     let kill = async {
         tokio::time::sleep(LOAD / 3).await;

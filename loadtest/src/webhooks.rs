@@ -1,0 +1,216 @@
+//! The webhooks' part of the audit (when the run had a [`Receiver`](crate::receiver)):
+//! what the receiver got, against the outcomes the run committed. Pure, like the rest of
+//! the audit.
+//!
+//! The committed outcomes come from the final state: each entry of a withdrawal, a lottery
+//! draw or an order payment is one (`withdrawal.succeeded`, `lottery.drawn`,
+//! `order.paid`); each withdrawal whose stored outcome is a 402 — answered so, or read
+//! back so — one `withdrawal.refused`; each settled payout one `payout.succeeded` or
+//! `payout.failed`. Then:
+//! - every one of them was delivered (the receiver took it) at least once;
+//! - nothing else came: no event for a request refused before it executed, or for a
+//!   transaction that rolled back;
+//! - every delivery's signature verified;
+//! - repeats only under the same `webhook-id`, with the same body.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::audit::{Violation, ViolationKind};
+use crate::history::{FinalState, History, PayoutStatus, SpendKind};
+use crate::receiver::Receipt;
+
+/// An event the run's outcomes call for: its ticket and type.
+pub type Expected = (String, &'static str);
+
+/// The events the committed outcomes of the run call for, each with its account.
+pub fn expected_events(history: &History, state: &FinalState) -> BTreeMap<Expected, String> {
+    let mut expected = BTreeMap::new();
+    for (account, found) in &state.accounts {
+        for entry in &found.entries {
+            let kind = match entry.kind.as_str() {
+                "withdrawal" => "withdrawal.succeeded",
+                "lottery_draw" => "lottery.drawn",
+                "order_payment" => "order.paid",
+                _ => continue,
+            };
+            if let Some(ticket) = &entry.ticket_id {
+                expected.insert((ticket.clone(), kind), account.clone());
+            }
+        }
+    }
+    for spend in history
+        .spends
+        .iter()
+        .filter(|spend| spend.kind == SpendKind::Withdrawal)
+    {
+        let answered_402 = spend.attempts.iter().any(|attempt| {
+            attempt.status == Some(402)
+                && attempt
+                    .problem()
+                    .is_some_and(|kind| kind.ends_with("insufficient-funds"))
+        });
+        let stored_402 = state
+            .tickets
+            .get(&spend.ticket)
+            .is_some_and(|ticket| ticket.status == Some(402));
+        if answered_402 || stored_402 {
+            expected.insert(
+                (spend.ticket.clone(), "withdrawal.refused"),
+                spend.account.clone(),
+            );
+        }
+    }
+    for payout in state.payouts.values() {
+        let kind = match payout.status {
+            PayoutStatus::Succeeded => "payout.succeeded",
+            PayoutStatus::Failed => "payout.failed",
+            PayoutStatus::Pending => continue,
+        };
+        expected.insert((payout.ticket_id.clone(), kind), payout.account_id.clone());
+    }
+    expected
+}
+
+/// What the receiver got, counted.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct WebhookTally {
+    /// Whether the run had a receiver.
+    pub received: bool,
+    /// Events the committed outcomes call for.
+    pub expected: usize,
+    /// Of those, delivered (the receiver took at least one delivery).
+    pub delivered: usize,
+    /// Requests the receiver got, every attempt included.
+    pub requests: usize,
+    /// Requests it answered other than 204 (500, 429, nothing): each one retried.
+    pub refused_by_receiver: usize,
+    /// Events it took more than once (same `webhook-id`): at-least-once at work.
+    pub repeats: usize,
+    /// From an event's commit to its first arrival, milliseconds: the median and the
+    /// 99th percentile.
+    pub first_arrival_p50_ms: Option<u64>,
+    /// See above.
+    pub first_arrival_p99_ms: Option<u64>,
+}
+
+/// Checks the receipts against the expected events; the tally.
+pub fn audit_webhooks(
+    expected: &BTreeMap<Expected, String>,
+    receipts: &[Receipt],
+    violations: &mut Vec<Violation>,
+) -> WebhookTally {
+    let mut flag = |kind, account: &str, ticket: &str, detail: String| {
+        violations.push(Violation {
+            kind,
+            account: account.to_owned(),
+            ticket: (!ticket.is_empty()).then(|| ticket.to_owned()),
+            detail,
+        });
+    };
+    let mut tally = WebhookTally {
+        received: true,
+        expected: expected.len(),
+        requests: receipts.len(),
+        ..WebhookTally::default()
+    };
+    // By event: its ids and bodies, whether taken, the first arrival's lag.
+    struct Seen<'a> {
+        ids: HashSet<&'a str>,
+        bodies: HashMap<&'a str, u64>,
+        taken: usize,
+        first_lag: Option<u64>,
+        account: &'a str,
+    }
+    let mut seen: HashMap<(&str, &str), Seen<'_>> = HashMap::new();
+    for receipt in receipts {
+        if !receipt.taken() {
+            tally.refused_by_receiver += 1;
+        }
+        if !receipt.verified {
+            flag(
+                ViolationKind::BadSignature,
+                &receipt.account,
+                &receipt.ticket_id,
+                format!(
+                    "delivery {} of {} did not verify with the endpoint's secret",
+                    receipt.webhook_id, receipt.event_type
+                ),
+            );
+        }
+        let event = seen
+            .entry((receipt.ticket_id.as_str(), receipt.event_type.as_str()))
+            .or_insert_with(|| Seen {
+                ids: HashSet::new(),
+                bodies: HashMap::new(),
+                taken: 0,
+                first_lag: receipt.lag_ms,
+                account: &receipt.account,
+            });
+        event.ids.insert(&receipt.webhook_id);
+        match event.bodies.get(receipt.webhook_id.as_str()) {
+            Some(body) if *body != receipt.body_hash => flag(
+                ViolationKind::EventChanged,
+                &receipt.account,
+                &receipt.ticket_id,
+                format!(
+                    "{} came with another body under the same webhook-id",
+                    receipt.webhook_id
+                ),
+            ),
+            _ => {
+                event.bodies.insert(&receipt.webhook_id, receipt.body_hash);
+            }
+        }
+        if receipt.taken() {
+            event.taken += 1;
+        }
+    }
+    let mut lags = Vec::new();
+    for ((ticket, kind), event) in &seen {
+        if event.ids.len() > 1 {
+            flag(
+                ViolationKind::EventIdsDiffer,
+                event.account,
+                ticket,
+                format!("{kind} came under {} webhook-ids", event.ids.len()),
+            );
+        }
+        if event.taken > 1 {
+            tally.repeats += event.taken - 1;
+        }
+        if !expected.keys().any(|(t, k)| t == ticket && k == kind) {
+            flag(
+                ViolationKind::EventUnexpected,
+                event.account,
+                ticket,
+                format!("{kind} for an outcome the run did not commit"),
+            );
+        }
+        lags.extend(event.first_lag);
+    }
+    for ((ticket, kind), account) in expected {
+        match seen.get(&(ticket.as_str(), *kind)) {
+            Some(event) if event.taken > 0 => tally.delivered += 1,
+            Some(_) => flag(
+                ViolationKind::EventMissing,
+                account,
+                ticket,
+                format!("{kind} came but the receiver never took it"),
+            ),
+            None => flag(
+                ViolationKind::EventMissing,
+                account,
+                ticket,
+                format!("{kind} never came"),
+            ),
+        }
+    }
+    lags.sort_unstable();
+    let quantile =
+        |q: f64| (!lags.is_empty()).then(|| lags[((lags.len() - 1) as f64 * q).round() as usize]);
+    tally.first_arrival_p50_ms = quantile(0.5);
+    tally.first_arrival_p99_ms = quantile(0.99);
+    tally
+}
