@@ -16,6 +16,7 @@ use crate::flights::Flights;
 use crate::limits::{RateLimits, Rates};
 use crate::metrics::Metrics;
 use crate::payouts::{PayoutSettings, Payouts};
+use crate::webhooks::inbox::Inbox;
 use crate::webhooks::sealing::Sealer;
 use crate::webhooks::{WebhookSettings, Webhooks};
 
@@ -350,7 +351,16 @@ async fn webhooks(config: &Config, ledger: &Ledger) -> Result<Webhooks, StartErr
         allowed_networks: config.webhook_allowed_networks.clone(),
         rotation_window: config.webhook_rotation_window,
     };
-    Webhooks::new(settings, sealer).map_err(|error| StartError::Webhooks(error.to_string()))
+    // The embedded mode hosts a demonstration inbox, as it hosts a bank.
+    let inbox = match config.mode()? {
+        Mode::Embedded { .. } => Some(
+            Inbox::start()
+                .await
+                .map_err(|error| StartError::Webhooks(format!("the inbox: {error}")))?,
+        ),
+        Mode::Distributed { .. } => None,
+    };
+    Webhooks::new(settings, sealer, inbox).map_err(|error| StartError::Webhooks(error.to_string()))
 }
 
 /// A database that is still starting (docker-compose, a restart) is retried; anything

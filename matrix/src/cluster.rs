@@ -95,6 +95,38 @@ pub fn paying_out_to(bank_url: &str, timeout: Duration, lease: Duration) -> Vec<
     .into()
 }
 
+/// Waits, at most `within`, until `instance` holds a claim on an outbox job of `kind`
+/// (`payout` or `webhook`) it has not finished: a lease not run out on a job not done —
+/// a call in flight, to kill it under. Whether it ever did: `true` if so.
+pub async fn claims_held(
+    database_url: &str,
+    instance: &str,
+    kind: &str,
+    within: Duration,
+) -> Result<bool, MatrixError> {
+    use sqlx::Connection;
+    let mut connection = sqlx::PgConnection::connect(database_url)
+        .await
+        .map_err(|error| MatrixError::Setup(format!("the ledger's database: {error}")))?;
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        let (held,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM outbox
+             WHERE kind = $2 AND leased_by LIKE $1 AND done_at IS NULL AND lease_until > now()",
+        )
+        .bind(format!("{instance}/%"))
+        .bind(kind)
+        .fetch_one(&mut connection)
+        .await
+        .map_err(|error| MatrixError::Setup(format!("the ledger's outbox: {error}")))?;
+        if held > 0 {
+            return Ok(true);
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    Ok(false)
+}
+
 /// payonce instances on free loopback ports, each with an environment of its own (and
 /// nothing of this process's but `PATH` and `HOME`: a `REDIS_URL` here must not reach
 /// them). Killed when dropped. Public so that tests can kill an instance under load too.

@@ -27,7 +27,7 @@ use tokio::time::sleep;
 use bank::testing::BankProcess;
 
 use crate::MatrixError;
-use crate::cluster::{Cluster, base_environment, paying_out_to};
+use crate::cluster::{Cluster, base_environment, claims_held, paying_out_to};
 use crate::services::{Servers, Service};
 
 /// Which key the dispatcher sends each attempt with.
@@ -238,36 +238,6 @@ pub async fn run_dispatcher(
     rows
 }
 
-/// Waits, at most `within`, until a payout worker of `instance` holds a claim on a payout
-/// it has not settled (a lease on an outbox job not yet done). Whether it did is not an
-/// error either way: the cell's row shows what the kill found.
-async fn claims_held(
-    database_url: &str,
-    instance: &str,
-    within: Duration,
-) -> Result<(), MatrixError> {
-    use sqlx::Connection;
-    let mut connection = sqlx::PgConnection::connect(database_url)
-        .await
-        .map_err(|error| MatrixError::Setup(format!("the ledger's database: {error}")))?;
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        let (held,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM outbox
-             WHERE leased_by LIKE $1 AND done_at IS NULL AND lease_until > now()",
-        )
-        .bind(format!("{instance}/%"))
-        .fetch_one(&mut connection)
-        .await
-        .map_err(|error| MatrixError::Setup(format!("the ledger's outbox: {error}")))?;
-        if held > 0 {
-            return Ok(());
-        }
-        sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
-}
-
 /// One cell: a bank with the fault, a private Redis, three instances with the key scheme;
 /// the load (with the kill beside it), the drain and the reconciliation.
 async fn run_cell(
@@ -320,7 +290,7 @@ async fn run_cell(
             // flight whatever the timing (a kill between two batches would find none);
             // the bank executes a call as it arrives and holds the answer 600 ms, so a
             // moment after the claim the money has moved and the answer has not come.
-            claims_held(options.database_url, &doomed, load.mul_f64(0.5)).await?;
+            claims_held(options.database_url, &doomed, "payout", load.mul_f64(0.5)).await?;
             sleep(Duration::from_millis(100)).await;
             cluster
                 .kill_and_restart(crate::cells::STALLED, Duration::from_millis(300))

@@ -241,6 +241,7 @@ pub fn routes(bank_takes_faults: bool) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(webhooks::rotate_secret))
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
+        .routes(routes!(webhooks::get_inbox))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))

@@ -570,3 +570,50 @@ pub async fn retry_delivery(
         Err(RetryRefused::EndpointDisabled) => Err(ApiError::WebhookEndpointDisabled),
     }
 }
+
+/// The demonstration inbox of an account: where to point an endpoint, and what came.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct InboxView {
+    /// The URL to give an endpoint. Add `?first=503` (any status from 400 to 599) to have
+    /// the first delivery of each event answered so, and see it sent again.
+    pub url: String,
+    /// What this account's endpoints delivered there, oldest first (the last 50).
+    pub received: Vec<crate::webhooks::inbox::InboxEntry>,
+}
+
+/// The embedded mode's demonstration inbox: a webhook receiver payonce hosts on a loopback
+/// port of its own, so events can be seen arriving with nothing else running. The
+/// requests come as payonce sent them — headers and body — for the account's own check of
+/// their signatures with its secret. An instance that is not in the embedded mode has
+/// none (404).
+#[utoipa::path(
+    get,
+    path = "/v1/accounts/{id}/webhook-inbox",
+    tag = "webhooks",
+    params(("id" = Uuid, Path, description = "The account")),
+    security(("api_key" = [])),
+    responses(
+        (status = 200, description = "The inbox's URL for the account, and what came", body = InboxView),
+        (status = 401, response = Unauthenticated),
+        (status = 403, response = OthersAccount),
+        (status = 404, description = "No such account, or no demonstration inbox on this instance (only the embedded mode has one)", body = Problem, content_type = "application/problem+json"),
+    )
+)]
+pub async fn get_inbox(
+    State(state): State<AppState>,
+    OwnAccount(account): OwnAccount,
+) -> Result<Json<InboxView>, ApiError> {
+    let inbox = state
+        .webhooks()
+        .and_then(|webhooks| webhooks.inbox())
+        .ok_or_else(|| {
+            ApiError::NotFound(
+                "this instance hosts no demonstration inbox (the embedded mode does)".into(),
+            )
+        })?;
+    let account = account.to_string();
+    Ok(Json(InboxView {
+        url: inbox.url_for(&account),
+        received: inbox.received(&account),
+    }))
+}

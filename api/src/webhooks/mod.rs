@@ -29,6 +29,7 @@
 //!   which addresses deliveries may go to (the SSRF guard).
 
 pub mod guard;
+pub mod inbox;
 pub mod sealing;
 pub mod signing;
 
@@ -102,6 +103,8 @@ pub struct Webhooks {
     guard: Guard,
     client: reqwest::Client,
     wake: Notify,
+    /// The demonstration inbox, in the embedded mode.
+    inbox: Option<inbox::Inbox>,
 }
 
 /// The longest `Retry-After` honoured.
@@ -117,11 +120,17 @@ const CLAIM_BATCH: usize = 32;
 const RECORD_BATCH: usize = 64;
 
 impl Webhooks {
-    /// Webhooks delivered as `settings` say, with secrets sealed by `sealer`.
-    pub fn new(settings: WebhookSettings, sealer: Sealer) -> Result<Self, reqwest::Error> {
+    /// Webhooks delivered as `settings` say, with secrets sealed by `sealer`, and the
+    /// demonstration inbox where there is one.
+    pub fn new(
+        settings: WebhookSettings,
+        sealer: Sealer,
+        inbox: Option<inbox::Inbox>,
+    ) -> Result<Self, reqwest::Error> {
         let guard = Guard {
             allow_private: settings.allow_private,
             only: settings.allowed_networks.clone().into(),
+            inbox: inbox.as_ref().map(inbox::Inbox::address),
         };
         let client = reqwest::Client::builder()
             .dns_resolver(GuardedResolver::new(guard.clone()))
@@ -139,7 +148,13 @@ impl Webhooks {
             guard,
             client,
             wake: Notify::new(),
+            inbox,
         })
+    }
+
+    /// The demonstration inbox, in the embedded mode.
+    pub fn inbox(&self) -> Option<&inbox::Inbox> {
+        self.inbox.as_ref()
     }
 
     /// The settings.

@@ -63,6 +63,8 @@ async fn the_walkthrough_runs_as_written() {
         "\"status\": \"succeeded\"",
         "\"kind\": \"payout\"",
         "payonce_replays_total",
+        "\"type\": \"withdrawal.succeeded\"",
+        "\"webhook_signature\": \"v1,",
         "/v1/accounts/{id}/withdrawals",
     ] {
         assert!(

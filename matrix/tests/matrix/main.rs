@@ -7,6 +7,7 @@ mod cells;
 mod dispatcher;
 mod failover;
 mod retries;
+mod webhooks;
 
 use std::path::PathBuf;
 use std::process::Command;
