@@ -58,6 +58,11 @@ pub enum Rule {
     /// An entry's signs fit its kind (withdrawals take money, deposits add it, draws spend
     /// points and credit nothing negative).
     EntrySigns,
+    /// Every outcome that announces an event, committed since the ledger writes them, has
+    /// exactly one, of its type, on its account — a withdrawal stored as 201 or 402, a
+    /// draw or an order payment as 201, a settled payout; and every event announces such
+    /// an outcome (none for one that never committed).
+    EventPerOutcome,
 }
 
 const NEGATIVE: &str = "
@@ -186,6 +191,54 @@ const ORDERS: &str = "
        OR (SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) > 1
     LIMIT 1000";
 
+/// The outcomes that announce an event (committed since `ledger_marks.events`), against
+/// the events: rows where one lacks the other, or their accounts differ, or an outcome has
+/// more than one.
+const EVENTS: &str = "
+    WITH mark AS (SELECT at FROM ledger_marks WHERE name = 'events'),
+    announced AS (
+        SELECT t.id AS ticket_id, t.account_id,
+               CASE WHEN t.operation = 'withdrawal' AND t.response_status = 201
+                        THEN 'withdrawal.succeeded'
+                    WHEN t.operation = 'withdrawal' AND t.response_status = 402
+                        THEN 'withdrawal.refused'
+                    WHEN t.operation = 'lottery_draw' AND t.response_status = 201
+                        THEN 'lottery.drawn'
+                    WHEN t.operation = 'order_payment' AND t.response_status = 201
+                        THEN 'order.paid'
+               END AS type
+        FROM tickets t
+        WHERE t.completed_at >= (SELECT at FROM mark)
+        UNION ALL
+        SELECT p.ticket_id, p.account_id,
+               CASE p.status WHEN 'succeeded' THEN 'payout.succeeded' ELSE 'payout.failed' END
+        FROM payouts p
+        WHERE p.status <> 'pending' AND p.settled_at >= (SELECT at FROM mark)
+    ),
+    expected AS (SELECT * FROM announced WHERE type IS NOT NULL),
+    counted AS (
+        SELECT ticket_id, type, CAST(COUNT(*) AS BIGINT) AS events
+        FROM events GROUP BY ticket_id, type
+    ),
+    joined AS (
+        SELECT COALESCE(x.ticket_id, c.ticket_id) AS ticket_id,
+               COALESCE(x.type, c.type) AS type, x.account_id AS committed_on,
+               COALESCE(c.events, 0) AS events
+        FROM expected x FULL OUTER JOIN counted c
+             ON c.ticket_id = x.ticket_id AND c.type = x.type
+    )
+    SELECT (SELECT e.account_id FROM events e
+            WHERE e.ticket_id = j.ticket_id AND e.type = j.type
+              AND (j.committed_on IS NULL OR e.account_id <> j.committed_on)
+            LIMIT 1) AS stray_on,
+           j.committed_on, j.ticket_id, j.type, j.events
+    FROM joined j
+    WHERE j.committed_on IS NULL OR j.events <> 1
+       OR EXISTS (SELECT 1 FROM events e
+                  WHERE e.ticket_id = j.ticket_id AND e.type = j.type
+                    AND e.account_id <> j.committed_on)
+    LIMIT 1000";
+
 /// The audit of the database behind one pool.
 pub(crate) struct Audit<'p, D: Database> {
     pool: &'p Pool<D>,
@@ -240,7 +293,43 @@ where
         found.extend(self.entry_signs().await?);
         found.extend(self.order_paid_once().await?);
         found.extend(self.payout_moved_once().await?);
+        found.extend(self.event_per_outcome().await?);
         Ok(found)
+    }
+
+    /// [`Rule::EventPerOutcome`].
+    async fn event_per_outcome(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Row = (Option<AccountId>, Option<AccountId>, TicketId, String, i64);
+        let rows: Vec<Row> = sqlx::query_as(EVENTS).fetch_all(self.pool).await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(stray_on, committed_on, ticket, kind, events)| {
+                let (account, detail) = match (committed_on, stray_on, events) {
+                    (Some(account), _, 0) => (
+                        account,
+                        format!("the outcome was committed but no {kind} event was"),
+                    ),
+                    (None, Some(account), _) => (
+                        account,
+                        format!("{events} {kind} event(s) for no such outcome"),
+                    ),
+                    (Some(account), Some(other), _) => (
+                        account,
+                        format!("a {kind} event of this outcome is on account {}", other.0),
+                    ),
+                    (Some(account), None, n) => {
+                        (account, format!("{n} {kind} events for one outcome"))
+                    }
+                    (None, None, _) => return None,
+                };
+                Some(violation(
+                    Rule::EventPerOutcome,
+                    account,
+                    Some(ticket),
+                    detail,
+                ))
+            })
+            .collect())
     }
 
     /// [`Rule::NonNegative`].

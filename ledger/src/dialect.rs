@@ -99,14 +99,19 @@ macro_rules! reap_statements {
     };
 }
 
-/// Claims up to $4 due jobs whose lease ran out (or never was) at $1: leased to $3 until
-/// $2, the attempt counted. Returns each job's id, payout and attempt. (Each dialect's
-/// `CLAIM_JOBS`, with its row lock.)
+/// Claims up to $4 due jobs of one kind whose lease ran out (or never was) at $1: leased to
+/// $3 until $2, the attempt counted. Returns what `$returning` names. (Each dialect's
+/// `CLAIM_JOBS` and `CLAIM_DELIVERIES`, with its row lock.)
+///
+/// The pick is a materialized CTE, evaluated once. Written as `WHERE id IN (SELECT … LIMIT
+/// $4 FOR UPDATE SKIP LOCKED)`, PostgreSQL may plan the subquery as the inner side of a
+/// semi-join and run it again for each row — and each run, skipping what the last one
+/// locked, picks other rows: a claim of 32 took 140 in one measured case, and a worker that
+/// sends no more than it asked for leaves the rest leased until their leases end.
 macro_rules! claim_jobs {
     ($kind:literal, $returning:literal, $lock:literal) => {
         concat!(
-            "UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
-             WHERE id IN (
+            "WITH picked AS MATERIALIZED (
                  SELECT id FROM outbox
                  WHERE kind = '",
             $kind,
@@ -116,6 +121,8 @@ macro_rules! claim_jobs {
                  LIMIT $4 ",
             $lock,
             ")
+             UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
+             WHERE id IN (SELECT id FROM picked)
                AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
              RETURNING ",
             $returning

@@ -82,6 +82,14 @@ DROP INDEX outbox_due;
 CREATE INDEX outbox_due ON outbox (kind, due_at, id) WHERE done_at IS NULL;
 CREATE INDEX outbox_by_endpoint ON outbox (endpoint_id, id) WHERE endpoint_id IS NOT NULL;
 
+-- When the ledger began to write events: outcomes committed before (a database older than
+-- webhooks) have none, and the audit expects one only of those committed since.
+CREATE TABLE ledger_marks (
+    name TEXT PRIMARY KEY,
+    at   TIMESTAMPTZ NOT NULL
+);
+INSERT INTO ledger_marks (name, at) VALUES ('events', clock_timestamp());
+
 -- Every attempt to deliver, and what the endpoint answered.
 CREATE TABLE webhook_attempts (
     job_id          BIGINT NOT NULL REFERENCES outbox (id),

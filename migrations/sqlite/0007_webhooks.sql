@@ -87,6 +87,13 @@ ALTER TABLE outbox_with_webhooks RENAME TO outbox;
 CREATE INDEX outbox_due ON outbox (kind, due_at, id) WHERE done_at IS NULL;
 CREATE INDEX outbox_by_endpoint ON outbox (endpoint_id, id) WHERE endpoint_id IS NOT NULL;
 
+CREATE TABLE ledger_marks (
+    name TEXT PRIMARY KEY NOT NULL,
+    at   INTEGER NOT NULL
+);
+INSERT INTO ledger_marks (name, at)
+VALUES ('events', CAST(unixepoch('now', 'subsec') * 1000000 AS INTEGER));
+
 CREATE TABLE webhook_attempts (
     job_id          INTEGER NOT NULL REFERENCES outbox (id),
     attempt         INTEGER NOT NULL,

@@ -357,7 +357,15 @@ pub async fn dispatch(
         };
         let idle = jobs.is_empty();
         for job in jobs {
-            let Some(permit) = permits.pop() else { break };
+            // A claimed job is sent, never left to its lease: were there more than the
+            // slots taken, each waits for a slot.
+            let permit = match permits.pop() {
+                Some(permit) => permit,
+                None => match Arc::clone(&slots).acquire_owned().await {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
             let webhooks = Arc::clone(&webhooks);
             let finished = finished.clone();
             tokio::spawn(async move {

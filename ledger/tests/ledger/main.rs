@@ -28,7 +28,9 @@ macro_rules! suite_for {
                 retries_wait_and_an_exhausted_delivery_is_sent_again_by_hand,
                 gone_disables_the_endpoint_and_ends_its_deliveries,
                 endpoints_are_bounded_deleted_and_rotated,
-                a_payout_announces_its_settlement_once
+                a_payout_announces_its_settlement_once,
+                audit_finds_a_missing_event_and_a_stray_one,
+                a_claim_takes_at_most_what_it_asks_for
             );
             suite_for!(@cases $open, suite;
                 opening_an_account_writes_its_opening_entry,

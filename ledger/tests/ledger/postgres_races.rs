@@ -77,6 +77,16 @@ async fn withdraw_by_hand(
     .execute(&mut *tx)
     .await
     .unwrap();
+    // Its event too, as every committed outcome has one.
+    sqlx::query(
+        "INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
+         VALUES (gen_random_uuid(), $1, 'withdrawal.succeeded', $2, '{}', now())",
+    )
+    .bind(account_id)
+    .bind(ticket)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     sqlx::query(
         "UPDATE tickets
          SET operation = 'withdrawal', fingerprint = 'by-hand', response_status = 201,

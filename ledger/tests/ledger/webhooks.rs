@@ -11,7 +11,7 @@ use ledger::webhooks::{
     AttemptAnswer, DeliveryJob, DeliveryOutcome, DeliveryStatus, EndpointId, EventType,
     NewEndpoint, RetryRefused, Subscription,
 };
-use ledger::{AccountId, Amount, ApplyError, Ledger, Operation};
+use ledger::{AccountId, Amount, ApplyError, Ledger, Operation, Rule};
 use serde_json::Value;
 
 use crate::suite::{account, apply, assert_clean, open, withdrawal};
@@ -389,4 +389,85 @@ pub async fn a_payout_announces_its_settlement_once(database: &TestDatabase) {
     assert_eq!(body["data"]["payout"]["payout_id"], payout.0.to_string());
     assert_eq!(body["data"]["payout"]["status"], "failed");
     assert_clean(&ledger).await;
+}
+
+/// The audit finds an outcome announced as something else (its event missing, and an
+/// event for an outcome that never was), and an outcome with no event at all.
+pub async fn audit_finds_a_missing_event_and_a_stray_one(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    assert_clean(&ledger).await;
+
+    database
+        .execute("UPDATE events SET type = 'withdrawal.refused'")
+        .await
+        .unwrap();
+    let violations = ledger.audit().await.unwrap();
+    let found: Vec<_> = violations
+        .iter()
+        .filter(|v| v.rule == Rule::EventPerOutcome && v.ticket_id == Some(ticket))
+        .map(|v| v.detail.clone())
+        .collect();
+    assert_eq!(found.len(), 2, "{violations:#?}");
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains("no withdrawal.succeeded event")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|d| d.contains("withdrawal.refused event(s) for no such outcome")),
+        "{found:?}"
+    );
+
+    database.execute("DELETE FROM events").await.unwrap();
+    let violations = ledger.audit().await.unwrap();
+    assert_eq!(
+        violations
+            .iter()
+            .filter(|v| v.rule == Rule::EventPerOutcome)
+            .count(),
+        1,
+        "{violations:#?}"
+    );
+}
+
+/// Claims take at most what they ask for, however many are due and however many workers
+/// claim at once; no delivery is claimed by two.
+pub async fn a_claim_takes_at_most_what_it_asks_for(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100_000, 0).await;
+    endpoint(&ledger, account_id, None).await;
+    for token in 1..=120_u64 {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(&ledger, account_id, ticket, withdrawal(1), "w1", token)
+            .await
+            .unwrap();
+    }
+    let claims = futures::future::join_all((0..6).map(|worker| {
+        let ledger = ledger.clone();
+        async move {
+            ledger
+                .claim_deliveries(&format!("w{worker}"), LEASE, 7)
+                .await
+                .unwrap()
+        }
+    }))
+    .await;
+    let mut ids = Vec::new();
+    for claim in &claims {
+        assert!(claim.len() <= 7, "a claim of 7 took {}", claim.len());
+        ids.extend(claim.iter().map(|job| job.job_id));
+    }
+    let taken = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), taken, "a delivery claimed twice");
+    assert!(taken > 0);
 }
