@@ -1,7 +1,7 @@
 //! Every error the API answers, in one place, as RFC 9457 `application/problem+json`.
 //!
 //! A problem's `type` is `/problems/<name>`, a path this service also serves, with the
-//! explanation from [`ApiError::explanation`]. 5xx answers never show their cause to the
+//! explanation from [`EXPLANATIONS`]. 5xx answers never show their cause to the
 //! client; it is logged instead.
 
 use axum::Json;

@@ -1,5 +1,5 @@
 //! Payouts after the commit: the workers that send each payout to the bank and record the
-//! bank's word ([`Dispatcher`]), and the bank's HTTP API as they use it ([`Bank`]).
+//! bank's word (`Dispatcher`), and the bank's HTTP API as they use it ([`Bank`]).
 //!
 //! A payout's spend commits the debit, the payout and its outbox job together (the
 //! ledger's `outbox.rs`); only then is the bank called, by whichever instance's worker

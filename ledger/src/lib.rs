@@ -29,6 +29,10 @@
 //! - `payouts.rs`: payouts — money leaving for an outside bank ([`payouts::Payout`], its
 //!   job, the bank's [`payouts::Settlement`]); `outbox.rs`: their transactions — the debit
 //!   with the payout and its outbox job, and claiming, settling and postponing jobs.
+//! - [`webhooks`] (`webhooks.rs`): events — a committed outcome, announced — the
+//!   endpoints that want them and the deliveries between the two; `events.rs`: their
+//!   statements — the event and its deliveries written in the outcome's transaction, the
+//!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records).

@@ -51,7 +51,8 @@ impl std::fmt::Display for OrderId {
 }
 
 /// A payout's identifier; the bank's idempotency key is derived from it
-/// ([`Payout::bank_key`]), so every attempt of one payout carries the same key.
+/// ([`Payout::bank_key`](crate::payouts::Payout::bank_key)), so every attempt of one payout
+/// carries the same key.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
 )]

@@ -83,6 +83,8 @@ impl Receipt {
 struct Inner {
     secrets: HashMap<String, String>,
     receipts: Vec<Receipt>,
+    /// How many of the receipts it took: counted as they come, for a cheap look.
+    taken: usize,
 }
 
 /// A running receiver; stops when dropped.
@@ -148,6 +150,14 @@ impl Receiver {
         if let Ok(mut inner) = self.inner.lock() {
             inner.secrets.insert(account.to_owned(), secret.to_owned());
         }
+    }
+
+    /// How many deliveries it took (answered 204) so far.
+    pub fn taken(&self) -> usize {
+        self.inner
+            .lock()
+            .map(|inner| inner.taken)
+            .unwrap_or_default()
     }
 
     /// Everything received so far, in order of arrival.
@@ -216,6 +226,7 @@ async fn receive(
         lag_ms,
     };
     if let Ok(mut inner) = shared.inner.lock() {
+        inner.taken += usize::from(receipt.taken());
         inner.receipts.push(receipt);
     }
     match answered {

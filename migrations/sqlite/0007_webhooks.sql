@@ -48,7 +48,6 @@ CREATE TABLE events (
     created_at INTEGER NOT NULL
 );
 
-CREATE INDEX events_by_account ON events (account_id, created_at, id);
 CREATE UNIQUE INDEX events_once_per_ticket ON events (ticket_id, type);
 
 CREATE TABLE outbox_with_webhooks (

@@ -119,6 +119,9 @@ const CLAIM_BATCH: usize = 32;
 /// Answers recorded in one transaction, at most.
 const RECORD_BATCH: usize = 64;
 
+/// Recorders, each recording its share of the answers in transactions of its own.
+const RECORDERS: usize = 4;
+
 impl Webhooks {
     /// Webhooks delivered as `settings` say, with secrets sealed by `sealer`, and the
     /// demonstration inbox where there is one.
@@ -323,8 +326,15 @@ pub async fn dispatch(
 ) {
     let settings = webhooks.settings.clone();
     let slots = Arc::new(Semaphore::new(settings.concurrency));
-    let (finished, answers) = mpsc::channel::<Finished>(settings.concurrency.max(1) * 2);
-    let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(&metrics)));
+    // A few recorders side by side, each with its own transactions: one alone, waiting on
+    // the database for each batch, held the deliveries back.
+    let (finished, recorders): (Vec<_>, Vec<_>) = (0..RECORDERS)
+        .map(|_| {
+            let (finished, answers) = mpsc::channel::<Finished>(settings.concurrency.max(1) * 2);
+            let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(&metrics)));
+            (finished, recorder)
+        })
+        .unzip();
     let worker = format!("{instance}/webhooks");
     loop {
         let first = tokio::select! {
@@ -367,7 +377,7 @@ pub async fn dispatch(
                 },
             };
             let webhooks = Arc::clone(&webhooks);
-            let finished = finished.clone();
+            let finished = finished[job.job_id.unsigned_abs() as usize % RECORDERS].clone();
             tokio::spawn(async move {
                 let (answer, outcome) = webhooks.attempt(&job).await;
                 let _ = finished.send((job, answer, outcome)).await;
@@ -386,7 +396,8 @@ pub async fn dispatch(
     // Attempts in flight finish (each within the timeout) and are recorded; past a short
     // wait they are left to their leases.
     drop(finished);
-    let _ = tokio::time::timeout(Duration::from_secs(2), recorder).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(recorders)).await;
 }
 
 /// Records finished attempts, as many as have come in (up to a batch) per transaction.
