@@ -22,8 +22,9 @@ use crate::model::{AccountId, EntryKind, TicketId};
 /// The most endpoints an account may have at once.
 pub const MAX_ENDPOINTS_PER_ACCOUNT: usize = 16;
 
-/// The longest endpoint URL, in bytes.
-pub const MAX_URL: usize = 2048;
+/// The longest endpoint URL, in characters: short enough that any URL, however escaped in
+/// its JSON, leaves the request under the API's 16 KiB body limit.
+pub const MAX_URL: usize = 1024;
 
 /// What happened, as an event names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

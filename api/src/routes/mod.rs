@@ -218,9 +218,14 @@ fn bad_keys_may_be_limited(responses: &mut BTreeMap<String, RefOr<utoipa::openap
 }
 
 /// The routes and their OpenAPI document — for an instance whose bank takes a payout's
-/// demonstration fault or not (`crate::bank_fault`).
-pub fn routes(bank_takes_faults: bool) -> (Router<AppState>, utoipa::openapi::OpenApi) {
-    let routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
+/// demonstration fault or not (`crate::bank_fault`), and that hosts the demonstration's
+/// webhook inbox or not (the embedded mode): an instance without one neither serves nor
+/// documents its route.
+pub fn routes(
+    bank_takes_faults: bool,
+    hosts_inbox: bool,
+) -> (Router<AppState>, utoipa::openapi::OpenApi) {
+    let mut routes = OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(accounts::create_account))
         .routes(routes!(accounts::get_account))
         .routes(routes!(accounts::list_entries))
@@ -241,12 +246,14 @@ pub fn routes(bank_takes_faults: bool) -> (Router<AppState>, utoipa::openapi::Op
         .routes(routes!(webhooks::rotate_secret))
         .routes(routes!(webhooks::list_deliveries))
         .routes(routes!(webhooks::retry_delivery))
-        .routes(routes!(webhooks::get_inbox))
         .routes(routes!(service::healthz))
         .routes(routes!(service::readyz))
         .routes(routes!(service::metrics))
         .routes(routes!(service::explain_problem))
         .routes(routes!(service::index));
+    if hosts_inbox {
+        routes = routes.routes(routes!(webhooks::get_inbox));
+    }
     let (router, mut openapi) = routes.split_for_parts();
     // After the routes are in: the document's modifiers run before there are any paths.
     Enforced { bank_takes_faults }.modify(&mut openapi);
@@ -260,7 +267,10 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
     let bank_takes_faults = state
         .payouts()
         .is_some_and(|payouts| payouts.first_attempt_faults().is_some());
-    let (routes, openapi) = routes(bank_takes_faults);
+    let hosts_inbox = state
+        .webhooks()
+        .is_some_and(|webhooks| webhooks.inbox().is_some());
+    let (routes, openapi) = routes(bank_takes_faults, hosts_inbox);
     let openapi = openapi.to_pretty_json().unwrap_or_else(|error| {
         tracing::error!(%error, "cannot render the OpenAPI document");
         "{}".to_owned()

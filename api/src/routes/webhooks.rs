@@ -57,19 +57,19 @@ pub enum EventTypeName {
 #[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EndpointRequest {
-    /// Where events are sent: an `http` or `https` URL of at most 2048 bytes, with no user
+    /// Where events are sent: an `http` or `https` URL of at most 1024 characters, with no user
     /// name, password or fragment, whose host is not (and does not resolve only to) a
     /// loopback, private, link-local or metadata address, unless the operator allows
     /// private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`). Refused: 422 `webhook-url-refused`.
     #[schema(
-        max_length = 2048,
+        max_length = 1024,
         pattern = r"^[Hh][Tt][Tt][Pp][Ss]?://[^@/?#\s]+([/?][^#\s]*)?$",
         example = "https://example.com/payonce-events"
     )]
     pub url: String,
     /// The event types it wants; omitted, every type (those added later too).
     #[serde(default)]
-    #[schema(value_type = Option<Vec<EventTypeName>>, min_items = 1)]
+    #[schema(value_type = Option<Vec<EventTypeName>>, min_items = 1, max_items = 6)]
     pub events: Option<Vec<EventType>>,
 }
 
@@ -191,9 +191,19 @@ pub async fn create_endpoint(
     JsonBody(request): JsonBody<EndpointRequest>,
 ) -> Result<Response, ApiError> {
     let webhooks = webhooks(&state)?;
-    if request.url.len() > MAX_URL {
+    if request.url.chars().count() > MAX_URL {
         return Err(ApiError::WebhookUrlRefused(format!(
-            "a URL has at most {MAX_URL} bytes"
+            "a URL has at most {MAX_URL} characters"
+        )));
+    }
+    if request
+        .events
+        .as_ref()
+        .is_some_and(|events| events.len() > EventType::ALL.len())
+    {
+        return Err(ApiError::InvalidRequest(format!(
+            "events lists at most {} event types",
+            EventType::ALL.len()
         )));
     }
     if request.events.as_ref().is_some_and(Vec::is_empty) {
@@ -584,8 +594,8 @@ pub struct InboxView {
 /// The embedded mode's demonstration inbox: a webhook receiver payonce hosts on a loopback
 /// port of its own, so events can be seen arriving with nothing else running. The
 /// requests come as payonce sent them — headers and body — for the account's own check of
-/// their signatures with its secret. An instance that is not in the embedded mode has
-/// none (404).
+/// their signatures with its secret. Only an instance in the embedded mode has one and
+/// serves (and documents) this route.
 #[utoipa::path(
     get,
     path = "/v1/accounts/{id}/webhook-inbox",
@@ -596,21 +606,18 @@ pub struct InboxView {
         (status = 200, description = "The inbox's URL for the account, and what came", body = InboxView),
         (status = 401, response = Unauthenticated),
         (status = 403, response = OthersAccount),
-        (status = 404, description = "No such account, or no demonstration inbox on this instance (only the embedded mode has one)", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn get_inbox(
     State(state): State<AppState>,
     OwnAccount(account): OwnAccount,
 ) -> Result<Json<InboxView>, ApiError> {
+    // Served only where there is one (`routes`).
     let inbox = state
         .webhooks()
         .and_then(|webhooks| webhooks.inbox())
-        .ok_or_else(|| {
-            ApiError::NotFound(
-                "this instance hosts no demonstration inbox (the embedded mode does)".into(),
-            )
-        })?;
+        .ok_or_else(|| ApiError::NotFound("no such route".into()))?;
     let account = account.to_string();
     Ok(Json(InboxView {
         url: inbox.url_for(&account),
