@@ -181,12 +181,7 @@ async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
             // every second would cost more as the table grows.
             match state.ledger().pending_payouts().await {
                 Ok((pending, oldest)) => {
-                    let oldest = oldest.map_or(Duration::ZERO, |at| {
-                        (time::OffsetDateTime::now_utc() - at)
-                            .try_into()
-                            .unwrap_or_default()
-                    });
-                    state.metrics().pending_payouts(pending, oldest);
+                    state.metrics().pending_payouts(pending, age(oldest));
                 }
                 Err(error) => tracing::debug!(%error, "cannot count payouts"),
             }
@@ -222,12 +217,9 @@ async fn dispatch_webhooks(state: AppState, stopping: CancellationToken) {
         loop {
             match state.ledger().webhook_backlog().await {
                 Ok(backlog) => {
-                    let oldest = backlog.oldest_pending.map_or(Duration::ZERO, |at| {
-                        (time::OffsetDateTime::now_utc() - at)
-                            .try_into()
-                            .unwrap_or_default()
-                    });
-                    state.metrics().webhook_backlog(backlog.pending, oldest);
+                    state
+                        .metrics()
+                        .webhook_backlog(backlog.pending, age(backlog.oldest_pending));
                 }
                 Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
             }
@@ -238,6 +230,15 @@ async fn dispatch_webhooks(state: AppState, stopping: CancellationToken) {
         }
     };
     tokio::join!(deliveries, counting);
+}
+
+/// How long ago `since` was; zero for none (nothing waiting).
+fn age(since: Option<time::OffsetDateTime>) -> Duration {
+    since.map_or(Duration::ZERO, |at| {
+        (time::OffsetDateTime::now_utc() - at)
+            .try_into()
+            .unwrap_or_default()
+    })
 }
 
 /// Rate limits of clients that went quiet are forgotten, so the limiters stay small.

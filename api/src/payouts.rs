@@ -642,8 +642,8 @@ fn no_word(error: String, retry_after: Option<Duration>) -> Answer {
     }
 }
 
-/// The bank's `Retry-After`, in seconds.
-fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+/// An answer's `Retry-After`, in seconds: the bank's, and a webhook receiver's.
+pub(crate) fn retry_after(response: &reqwest::Response) -> Option<Duration> {
     response
         .headers()
         .get(reqwest::header::RETRY_AFTER)?

@@ -11,7 +11,7 @@ use crate::batch::{self, Batcher};
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
-use crate::events::record_event;
+use crate::events::announce_outcome;
 use crate::lottery;
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, Judgement, Operation, OperationResult,
@@ -20,7 +20,7 @@ use crate::model::{
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
 use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, substitutable};
-use crate::webhooks::{EventId, EventType, outcome_data};
+use crate::webhooks::{EventId, EventType};
 
 /// An order payment's entry: [`INSERT_ENTRY`]'s parameters ($5, points, is 0) and $10
 /// the order.
@@ -551,23 +551,7 @@ where
         let body = render(&request.execution(result));
         let kind = request.operation.kind();
         Self::complete_ticket(&mut tx, request, kind.as_str(), status, &body, now).await?;
-        if let Some(event) = EventType::of_outcome(kind, status) {
-            let data = outcome_data(
-                request.account_id,
-                request.ticket_id,
-                status,
-                &body.to_string(),
-            );
-            record_event(
-                &mut tx,
-                request.account_id,
-                request.ticket_id,
-                event,
-                &data,
-                now,
-            )
-            .await?;
-        }
+        announce_outcome(&mut tx, request, status, &body, now).await?;
         commit_or_unknown(tx).await?;
         Ok(Applied {
             response: StoredResponse { status, body },

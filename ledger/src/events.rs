@@ -16,11 +16,13 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, commit_or_unknown};
-use crate::model::{AccountId, TicketId};
+use crate::model::{AccountId, ApplyRequest, TicketId};
+use crate::outbox::Claim;
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
     Attempt, AttemptAnswer, Delivery, DeliveryJob, DeliveryOutcome, DeliveryStatus, Endpoint,
     EndpointId, Event, EventId, EventType, NewEndpoint, RetryRefused, Subscription, WebhookBacklog,
+    outcome_data,
 };
 
 /// Parameters: $1 id, $2 account, $3 type, $4 ticket, $5 data, $6 now.
@@ -91,14 +93,6 @@ const DISABLE_ENDPOINT: &str = "
 const END_OPEN_DELIVERIES: &str = "
     UPDATE outbox SET done_at = $2, outcome = $3, lease_until = NULL
     WHERE endpoint_id = $1 AND done_at IS NULL";
-
-/// Whether a delivery is due at $1 whose lease ran out (or never was): read before a
-/// claim, so idle workers never take the writer.
-const ANY_DUE: &str = "
-    SELECT id FROM outbox
-    WHERE kind = 'webhook' AND done_at IS NULL AND due_at <= $1
-      AND (lease_until IS NULL OR lease_until <= $1)
-    LIMIT 1";
 
 macro_rules! event_columns {
     ($alias:literal) => {
@@ -343,8 +337,41 @@ where
     Ok(())
 }
 
+/// Writes, in `tx`, the event a spend's outcome stored with `status` and `body` announces,
+/// if it announces one ([`EventType::of_outcome`]): what every transaction that stores a
+/// spend's outcome does before it commits (the group commit's statement does the same in
+/// SQL).
+pub(crate) async fn announce_outcome<D>(
+    tx: &mut sqlx::Transaction<'static, D>,
+    request: &ApplyRequest<'_>,
+    status: u16,
+    body: &serde_json::Value,
+    now: Timestamp,
+) -> Result<(), sqlx::Error>
+where
+    D: Dialect,
+    D::Arguments: IntoArguments<D>,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+{
+    let Some(event) = EventType::of_outcome(request.operation.kind(), status) else {
+        return Ok(());
+    };
+    let data = outcome_data(
+        request.account_id,
+        request.ticket_id,
+        status,
+        &body.to_string(),
+    );
+    record_event(tx, request.account_id, request.ticket_id, event, &data, now).await
+}
+
 /// `… IN ($first, …)` for `count` parameters.
-fn placeholders(first: usize, count: usize) -> String {
+pub(crate) fn placeholders(first: usize, count: usize) -> String {
     (first..first + count)
         .map(|n| format!("${n}"))
         .collect::<Vec<_>>()
@@ -532,32 +559,16 @@ where
         lease: Duration,
         max: i64,
     ) -> Result<Vec<DeliveryJob>, LedgerError> {
-        let look = || async {
-            let mut connection = self.pool.acquire().await?;
-            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
-            let due: Option<(i64,)> = sqlx::query_as(ANY_DUE)
-                .bind(now)
-                .fetch_optional(&mut *connection)
-                .await?;
-            Ok::<_, sqlx::Error>(due.is_some())
+        let Some(Claim {
+            mut tx,
+            rows: claimed,
+            lease_until,
+        }) = self
+            .claim_due::<ClaimedRow>("webhook", D::CLAIM_DELIVERIES, worker, lease, max)
+            .await?
+        else {
+            return Ok(Vec::new());
         };
-        if !self.on_live_connection(look).await? {
-            return Ok(Vec::new());
-        }
-        let mut tx = self.begin_write().await?;
-        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let lease_until = Timestamp(now.0 + lease);
-        let claimed: Vec<ClaimedRow> = sqlx::query_as(D::CLAIM_DELIVERIES)
-            .bind(now)
-            .bind(lease_until)
-            .bind(worker)
-            .bind(max)
-            .fetch_all(&mut *tx)
-            .await?;
-        if claimed.is_empty() {
-            tx.commit().await?;
-            return Ok(Vec::new());
-        }
         let mut events = HashMap::new();
         let mut endpoints = HashMap::new();
         {

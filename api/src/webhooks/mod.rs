@@ -43,6 +43,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::payouts::retry_after;
 use guard::{Guard, GuardedResolver};
 use sealing::Sealer;
 
@@ -297,19 +298,6 @@ fn describe(error: &reqwest::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-/// The receiver's `Retry-After`, in seconds.
-fn retry_after(response: &reqwest::Response) -> Option<Duration> {
-    response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .map(Duration::from_secs)
 }
 
 /// A finished attempt, on its way to be recorded.

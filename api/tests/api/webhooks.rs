@@ -144,6 +144,49 @@ pub async fn create_endpoint(
     )
 }
 
+/// The account's endpoints, as `GET /v1/accounts/{id}/webhook-endpoints` lists them.
+async fn endpoints(app: &TestApp, account: &TestAccount) -> Value {
+    app.client
+        .get(app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id)))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Rotates the endpoint's secret; the answer.
+async fn rotate(app: &TestApp, account: &TestAccount, endpoint: &str) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!(
+            "/v1/accounts/{}/webhook-endpoints/{endpoint}/rotate-secret",
+            account.id
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// Sends a delivery again by hand; the answer.
+async fn retry_by_hand(
+    app: &TestApp,
+    account: &TestAccount,
+    endpoint: &str,
+    delivery: impl std::fmt::Display,
+) -> reqwest::Response {
+    app.client
+        .post(app.url(&format!(
+            "/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry"
+        )))
+        .bearer_auth(&account.key)
+        .send()
+        .await
+        .unwrap()
+}
+
 async fn deliveries(app: &TestApp, account: &TestAccount, endpoint: &str) -> Vec<Value> {
     let response = app
         .client
@@ -300,30 +343,14 @@ pub async fn failures_retry_on_the_schedule_then_exhaust_and_a_retry_by_hand_del
     );
 
     let delivery = listed[0]["id"].as_i64().unwrap();
-    let retry = app
-        .client
-        .post(app.url(&format!(
-            "/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry"
-        )))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap();
+    let retry = retry_by_hand(&app, &account, &endpoint, delivery).await;
     assert_eq!(retry.status(), StatusCode::ACCEPTED);
     let got = receiver.until(4).await;
     assert_eq!(got[3].id(), got[0].id());
     let listed = until_all(&app, &account, &endpoint, "delivered").await;
     assert_eq!(listed[0]["attempts"].as_array().unwrap().len(), 4);
 
-    let missing = app
-        .client
-        .post(app.url(&format!(
-            "/v1/webhook-endpoints/{endpoint}/deliveries/999999/retry"
-        )))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap();
+    let missing = retry_by_hand(&app, &account, &endpoint, 999_999).await;
     assert_problem(missing, StatusCode::NOT_FOUND, "delivery-not-found").await;
     let other = app.create_account(0, 0).await;
     let foreign = app
@@ -356,16 +383,7 @@ pub async fn retry_after_is_honoured_and_gone_disables_the_endpoint(backend: Bac
         got[1].at - got[0].at
     );
     let listed = until_all(&app, &account, &endpoint, "endpoint-disabled").await;
-    let endpoints: Value = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id)))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let endpoints = endpoints(&app, &account).await;
     assert_eq!(
         endpoints["endpoints"][0]["status"], "disabled",
         "{endpoints}"
@@ -379,15 +397,7 @@ pub async fn retry_after_is_honoured_and_gone_disables_the_endpoint(backend: Bac
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(receiver.received().len(), 2, "nothing after the 410");
     let delivery = listed[0]["id"].as_i64().unwrap();
-    let retry = app
-        .client
-        .post(app.url(&format!(
-            "/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry"
-        )))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap();
+    let retry = retry_by_hand(&app, &account, &endpoint, delivery).await;
     assert_problem(retry, StatusCode::CONFLICT, "webhook-endpoint-disabled").await;
 }
 
@@ -398,17 +408,7 @@ pub async fn a_rotation_signs_with_both_secrets_until_its_window_ends(backend: B
     let receiver = Receiver::start().await;
     let account = app.create_account(1000, 0).await;
     let (endpoint, old) = create_endpoint(&app, &account, &receiver.url, None).await;
-    let rotated = app
-        .client
-        .post(app.url(&format!(
-            "/v1/accounts/{}/webhook-endpoints/{endpoint}/rotate-secret",
-            account.id
-        )))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap();
-    let (status, _, rotated) = read(rotated).await;
+    let (status, _, rotated) = read(rotate(&app, &account, &endpoint).await).await;
     assert_eq!(status, StatusCode::OK, "{rotated}");
     let new = rotated["secret"].as_str().unwrap().to_owned();
     assert_ne!(new, old);
@@ -530,16 +530,7 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         )
         .await;
     }
-    let listed: Value = app
-        .client
-        .get(&url)
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = endpoints(&app, &account).await;
     assert_eq!(listed["endpoints"], json!([]), "nothing was created");
 
     // A public address (never contacted here: nothing is sent to it).
@@ -564,16 +555,7 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         "webhook-endpoint-limit",
     )
     .await;
-    let listed: Value = app
-        .client
-        .get(&url)
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let listed = endpoints(&app, &account).await;
     assert_eq!(listed["endpoints"].as_array().unwrap().len(), 16);
     assert!(
         listed["endpoints"][0].get("secret").is_none(),
@@ -641,16 +623,8 @@ pub async fn the_python_reference_library_verifies_and_refuses_as_it_should(back
         app.withdraw_with_a_new_ticket(&account, 10).await,
         StatusCode::CREATED
     );
-    let rotated: Value = app
-        .client
-        .post(app.url(&format!(
-            "/v1/accounts/{}/webhook-endpoints/{endpoint}/rotate-secret",
-            account.id
-        )))
-        .bearer_auth(&account.key)
-        .send()
+    let rotated: Value = rotate(&app, &account, &endpoint)
         .await
-        .unwrap()
         .json()
         .await
         .unwrap();

@@ -8,13 +8,13 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
-use crate::events::record_event;
+use crate::events::announce_outcome;
 use crate::model::{
     AccountId, Applied, ApplyRequest, OperationResult, Renderer, StoredResponse, TicketId,
 };
 use crate::rows::{INSERT_ENTRY, token_to_sql};
 use crate::sql_store::SqlStore;
-use crate::webhooks::{EventId, EventType, outcome_data};
+use crate::webhooks::EventId;
 
 /// What the read-check-write of the demonstration decided, to be written as is.
 pub(crate) struct UnguardedWrite<'a> {
@@ -133,23 +133,7 @@ where
             return Ok(None);
         }
         // Unguarded as the write is, its outcome is announced like any other.
-        if let Some(event) = EventType::of_outcome(request.operation.kind(), status) {
-            let data = outcome_data(
-                request.account_id,
-                request.ticket_id,
-                status,
-                &body.to_string(),
-            );
-            record_event(
-                &mut tx,
-                request.account_id,
-                request.ticket_id,
-                event,
-                &data,
-                now,
-            )
-            .await?;
-        }
+        announce_outcome(&mut tx, request, status, &body, now).await?;
         commit_or_unknown(tx).await?;
         Ok(Some(Applied {
             response: StoredResponse { status, body },
