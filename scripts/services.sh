@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Makes sure PostgreSQL, Redis, a Redis Cluster, ZooKeeper, etcd, MariaDB and memcached run
 # on 127.0.0.1 (5432, 6379, 7000-7005, 2181, 2379, 3306, 11211), installing them from
-# Debian's packages on a machine that lacks them, and payonce-bank (built from this
+# Debian's packages on a machine that lacks them, three Hazelcast members (5701-5703, the
+# jar from Maven Central), and payonce-bank (built from this
 # checkout) on 127.0.0.1:7700. Idempotent: what already runs is left alone. Used by
 # scripts/test.sh, scripts/fuzz.sh and .ci/run.
 set -euo pipefail
@@ -216,6 +217,59 @@ if ! memcached_ok; then
   done
 fi
 memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1; }
+
+# --- Hazelcast ---------------------------------------------------------------
+# Three members of Hazelcast 5.4.0 on 127.0.0.1:5701-5703 with the CP Subsystem (cluster
+# name dev, Hazelcast's default): PAYONCE_LOCK_URL=hazelcast://…. 5.4.0 is the last
+# Community Edition with the CP Subsystem (5.5 made it Enterprise only). The jar comes
+# from Maven Central once, through Maven's cache, to /var/lib/payonce/hazelcast; each
+# member runs deploy/hazelcast/member.yaml. Community Edition keeps CP state in memory
+# only and a member that restarts never rejoins as the CP member it was, so unless all
+# three answer with three CP members, all three are started afresh.
+hz_home=/var/lib/payonce/hazelcast
+hz_jar=$hz_home/hazelcast-5.4.0.jar
+hz_ports="5701 5702 5703"
+hz_ok() {
+  local members
+  members=$(curl -fsS --max-time 2 http://127.0.0.1:5701/hazelcast/rest/cp-subsystem/members 2>/dev/null || true)
+  [ "$(grep -o '"uuid"' <<<"$members" | wc -l)" -ge 3 ] || return 1
+  for port in $hz_ports; do
+    curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$port/hazelcast/health/ready" 2>/dev/null || return 1
+  done
+}
+command -v java >/dev/null || install --no-install-recommends openjdk-17-jre-headless
+command -v mvn >/dev/null || install --no-install-recommends maven
+if [ ! -s "$hz_jar" ]; then
+  mvn -q -B dependency:get -Dartifact=com.hazelcast:hazelcast:5.4.0 -Dtransitive=false
+  as_root mkdir -p "$hz_home"
+  as_root cp "$HOME/.m2/repository/com/hazelcast/hazelcast/5.4.0/hazelcast-5.4.0.jar" "$hz_jar"
+fi
+if ! hz_ok; then
+  as_root mkdir -p "$hz_home" /var/log/payonce
+  for port in $hz_ports; do
+    as_root start-stop-daemon --stop --quiet --oknodo --retry 10 --pidfile "$hz_home/$port.pid" || true
+  done
+  members=$(printf '127.0.0.1:%s,' $hz_ports)
+  for port in $hz_ports; do
+    as_root start-stop-daemon --start --background --make-pidfile \
+      --pidfile "$hz_home/$port.pid" --output "/var/log/payonce/hazelcast-$port.log" \
+      --exec "$(readlink -f "$(command -v java)")" -- \
+      -Xms128m -Xmx512m -XX:+UseSerialGC \
+      --add-modules java.se --add-exports java.base/jdk.internal.ref=ALL-UNNAMED \
+      --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
+      --add-opens java.management/sun.management=ALL-UNNAMED \
+      --add-opens jdk.management/com.sun.management.internal=ALL-UNNAMED \
+      -Dhazelcast.config="$(cd "$(dirname "$0")/.." && pwd)/deploy/hazelcast/member.yaml" \
+      -Dpayonce.cluster=dev -Dpayonce.port="$port" -Dpayonce.members="${members%,}" \
+      -Dpayonce.session-ttl=10 \
+      -cp "$hz_jar" com.hazelcast.core.server.HazelcastMemberStarter
+  done
+  for _ in $(seq 600); do
+    hz_ok && break
+    sleep 0.2
+  done
+fi
+hz_ok || { echo "Hazelcast's CP Subsystem did not form on 127.0.0.1:5701-5703 (see /var/log/payonce/hazelcast-*.log)" >&2; exit 1; }
 
 # --- The bank ----------------------------------------------------------------
 # payonce-bank (crate bank), the outside bank payouts go through, on 127.0.0.1:7700: built

@@ -103,6 +103,7 @@ mod backend;
 mod error;
 mod etcd;
 mod guard;
+mod hazelcast;
 mod in_process;
 mod memcached;
 mod mysql;
@@ -130,6 +131,7 @@ pub use backend::{
 pub use error::LockError;
 pub use etcd::EtcdBackend;
 pub use guard::LockGuard;
+pub use hazelcast::HazelcastBackend;
 pub use in_process::InProcessBackend;
 pub use memcached::{MemcachedBackend, MemcachedOptions};
 pub use mysql::row::{MySqlRowBackend, MySqlRowOptions};

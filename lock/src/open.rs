@@ -5,6 +5,7 @@
 
 use crate::backend::LockOptions;
 use crate::error::LockError;
+use crate::hazelcast::HazelcastBackend;
 use crate::in_process::InProcessBackend;
 use crate::memcached::{MemcachedBackend, MemcachedOptions};
 use crate::mysql::row::{MySqlRowBackend, MySqlRowOptions};
@@ -24,7 +25,9 @@ use crate::zookeeper::ZooKeeperBackend;
 /// - `postgres://` or `postgresql://`: [`PostgresBackend`] (advisory locks);
 /// - `mysql://…/<database>`: [`MySqlTableBackend`] (a lock table);
 /// - `mysql-row://…/<database>`: [`MySqlRowBackend`] (InnoDB row locks);
-/// - `memcache://host:port` or `memcached://`: [`MemcachedBackend`].
+/// - `memcache://host:port` or `memcached://`: [`MemcachedBackend`];
+/// - `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`:
+///   [`HazelcastBackend`] (the CP Subsystem's FencedLock).
 ///
 /// Connects lazily, so a store that is down at start-up shows up as
 /// [`LockError::Unavailable`] on use rather than as a failure to start. Must be called
@@ -57,9 +60,10 @@ pub fn open(url: &str, options: &LockOptions) -> Result<LockService, LockError> 
             options,
             MemcachedOptions::default(),
         )?),
+        Some("hazelcast") => LockService::new(HazelcastBackend::open(url, options)?),
         _ => {
             return Err(LockError::Invalid(format!(
-                "a lock URL starts with redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {:?}",
+                "a lock URL starts with redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {:?}",
                 url.split_once("://").map_or("", |(scheme, _)| scheme)
             )));
         }

@@ -1,13 +1,16 @@
 //! Test support: private servers on free loopback ports — `redis-server`, a Redis Cluster
-//! ([`RedisCluster`], `testing/redis_cluster.rs`), ZooKeeper, etcd, memcached, MariaDB
+//! ([`RedisCluster`], `testing/redis_cluster.rs`), a Hazelcast cluster
+//! ([`HazelcastCluster`], `testing/hazelcast.rs`), ZooKeeper, etcd, memcached, MariaDB
 //! (PostgreSQL's is the ledger's) — for tests (and the lock services × faults matrix) that
 //! must restart, wipe, pause, fail over or count the commands of a server nobody else
 //! uses; and a loopback [`Proxy`] that partitions its clients from a server.
 
 pub mod etcd_operator;
+mod hazelcast;
 mod redis_cluster;
 mod redis_sentinel;
 
+pub use hazelcast::{HazelcastCluster, hazelcast_jar};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinels;
 

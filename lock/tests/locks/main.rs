@@ -7,6 +7,7 @@
 #[cfg(feature = "demo")]
 mod demonstration;
 mod etcd_only;
+mod hazelcast_only;
 mod memcached_only;
 mod mysql_only;
 mod postgres_only;
@@ -132,6 +133,11 @@ shared_suite!(
     zookeeper_only::PrivateZooKeeper::start
 );
 shared_suite!(etcd, etcd_only::shared_etcd, etcd_only::PrivateEtcd::start);
+shared_suite!(
+    hazelcast,
+    hazelcast_only::shared_hazelcast,
+    hazelcast_only::PrivateCluster::start
+);
 shared_suite!(
     memcached,
     memcached_only::shared_memcached,
