@@ -108,8 +108,10 @@ pub struct Config {
     #[arg(long, global = true, env = "REDIS_URL")]
     pub redis_url: Option<String>,
     /// The lock service, for the distributed mode: `redis://host:port[/db]`,
-    /// `zk://host:port[,host:port…][/root]` (ZooKeeper) or
-    /// `etcd://host:port[,host:port…][/root]`.
+    /// `zk://host:port[,host:port…][/root]` (ZooKeeper),
+    /// `etcd://host:port[,host:port…][/root]`,
+    /// `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`, and the others
+    /// docs/configuration.md lists.
     #[arg(long, global = true, env = "PAYONCE_LOCK_URL")]
     pub lock_url: Option<String>,
     /// Prefix of every Redis key and channel, so deployments can share a Redis.
@@ -569,6 +571,9 @@ pub enum LockUrl {
     MySqlRow(String),
     /// `memcache://`: a memcached server.
     Memcached(String),
+    /// `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`: the CP
+    /// Subsystem's FencedLock in a Hazelcast cluster.
+    Hazelcast(String),
 }
 
 impl LockUrl {
@@ -585,8 +590,9 @@ impl LockUrl {
             Some("mysql") => Ok(Self::MySqlTable(url.to_owned())),
             Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
             Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
+            Some("hazelcast") => Ok(Self::Hazelcast(url.to_owned())),
             _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row:// or memcache://, got {}",
+                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {}",
                 mask(url)
             ))),
         }
@@ -604,6 +610,7 @@ impl LockUrl {
             Self::MySqlTable(_) => "MySQL (lock table)",
             Self::MySqlRow(_) => "MySQL (row locks)",
             Self::Memcached(_) => "memcached",
+            Self::Hazelcast(_) => "Hazelcast",
         }
     }
 
@@ -618,7 +625,8 @@ impl LockUrl {
             | Self::Postgres(url)
             | Self::MySqlTable(url)
             | Self::MySqlRow(url)
-            | Self::Memcached(url) => url,
+            | Self::Memcached(url)
+            | Self::Hazelcast(url) => url,
         }
     }
 }
@@ -964,10 +972,21 @@ impl fmt::Debug for OperatorKey {
 /// query parameters that carry one (`?password=…`, which PostgreSQL URLs accept, and
 /// anything else that looks like a secret).
 pub fn mask(url: &str) -> String {
+    let secret = |name: &str| {
+        let name = name.to_ascii_lowercase();
+        ["password", "passwd", "secret", "token", "key"]
+            .iter()
+            .any(|word| name.contains(word))
+    };
     let Ok(mut parsed) = url::Url::parse(url) else {
         // A URL naming several hosts (`zk://a:2181,b:2181/root`) is not one `url` can
-        // parse; shown as it is unless it could carry a password.
-        if !url.contains('@') && !url.contains('?') {
+        // parse; shown as it is unless it could carry a password (in its authority or a
+        // query parameter).
+        let query = url.split_once('?').map_or("", |(_, query)| query);
+        let named_secret = query
+            .split('&')
+            .any(|pair| secret(pair.split('=').next().unwrap_or(pair)));
+        if !url.contains('@') && !named_secret {
             return url.to_owned();
         }
         return "<unparseable URL>".to_owned();
@@ -977,12 +996,6 @@ pub fn mask(url: &str) -> String {
         let _ = parsed.set_password(Some("****"));
     }
     if parsed.query().is_some() {
-        let secret = |name: &str| {
-            let name = name.to_ascii_lowercase();
-            ["password", "passwd", "secret", "token", "key"]
-                .iter()
-                .any(|word| name.contains(word))
-        };
         let pairs: Vec<(String, String)> = parsed
             .query_pairs()
             .map(|(name, value)| {
@@ -1272,6 +1285,10 @@ mod tests {
             ),
             ("zk://127.0.0.1:2181,127.0.0.2:2181/payonce", "ZooKeeper"),
             ("etcd://127.0.0.1:2379", "etcd"),
+            (
+                "hazelcast://127.0.0.1:5701,127.0.0.1:5702/default?cluster=dev",
+                "Hazelcast",
+            ),
         ] {
             match with(url) {
                 Ok(Mode::Distributed { locks, .. }) => {
@@ -1316,6 +1333,12 @@ mod tests {
         let ensemble = "zk://10.0.0.1:2181,10.0.0.2:2181/payonce";
         assert_eq!(mask(ensemble), ensemble);
         assert_eq!(mask("zk://user:hunter2@a:1,b:2/x"), "<unparseable URL>");
+        let members = "hazelcast://a:5701,b:5701/default?cluster=dev";
+        assert_eq!(mask(members), members);
+        assert_eq!(
+            mask("hazelcast://a:5701,b:5701/default?cluster=dev&password=x"),
+            "<unparseable URL>"
+        );
     }
 
     #[test]

@@ -175,6 +175,19 @@ async fn unreachable_memcached_is_503_and_nothing_is_lost() {
     unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
 }
 
+/// The same with no Hazelcast member reachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreachable_hazelcast_is_503_and_nothing_is_lost() {
+    let shared = Shared::new(Backend::Hazelcast).await;
+    let mut config = shared.config(&[]);
+    config.lock_url = Some(format!(
+        "hazelcast://127.0.0.1:{},127.0.0.1:{}",
+        free_port().unwrap(),
+        free_port().unwrap()
+    ));
+    unreachable_lock_store_is_503_and_nothing_is_lost(spawn_config(shared, config).await).await;
+}
+
 async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
     let ada = app.create_account(1000, 0).await;
     let ticket = app.ticket(&ada).await;

@@ -33,6 +33,9 @@ pub enum Backend {
     MySqlRow,
     /// PostgreSQL + memcached (`MEMCACHED_URL`, else 127.0.0.1:11211).
     Memcached,
+    /// PostgreSQL + Hazelcast's CP Subsystem (`HAZELCAST_URL`, else the three members on
+    /// 127.0.0.1:5701-5703).
+    Hazelcast,
 }
 
 /// The database and lock store a group of instances share.
@@ -123,6 +126,19 @@ impl Shared {
                     self.database.url().to_owned(),
                     "--lock-url".into(),
                     memcached,
+                    "--redis-namespace".into(),
+                    self.namespace.clone(),
+                ]);
+            }
+            Backend::Hazelcast => {
+                let hazelcast = std::env::var("HAZELCAST_URL").unwrap_or_else(|_| {
+                    "hazelcast://127.0.0.1:5701,127.0.0.1:5702,127.0.0.1:5703".into()
+                });
+                args.extend([
+                    "--database-url".into(),
+                    self.database.url().to_owned(),
+                    "--lock-url".into(),
+                    hazelcast,
                     "--redis-namespace".into(),
                     self.namespace.clone(),
                 ]);

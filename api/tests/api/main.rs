@@ -149,6 +149,14 @@ macro_rules! other_lock_services {
                 }
             )*
         }
+        mod on_hazelcast {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $case() {
+                    crate::contract::$case(crate::helpers::Backend::Hazelcast).await;
+                }
+            )*
+        }
         mod on_mysql_lock_table {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
