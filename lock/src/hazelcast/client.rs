@@ -31,10 +31,14 @@ const PING_EVERY: Duration = Duration::from_secs(10);
 /// Why a call has no answer to give.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
-    /// No answer came: no member could be reached, the connection broke, or the answer
-    /// did not come in time. Whether a request that went out took effect is unknown.
+    /// No answer came: no member could be reached, or the answer did not come in time.
+    /// Whether a request that went out took effect is unknown.
     #[error("{0}")]
     NoAnswer(String),
+    /// The connection broke before the answer came (the next call connects again).
+    /// Whether a request that went out took effect is unknown.
+    #[error("{0}")]
+    Broken(String),
     /// The member answered with an error.
     #[error("Hazelcast error {}: {} ({})", .0.code, .0.message.as_deref().unwrap_or(""), .0.class_name)]
     Server(ServerError),
@@ -82,12 +86,12 @@ impl Connection {
             correlation,
         };
         if self.outgoing.send(request.encode(correlation)).is_err() {
-            return Err(CallError::NoAnswer("the connection is closed".to_owned()));
+            return Err(CallError::Broken("the connection is closed".to_owned()));
         }
         let message = match timeout(limit, answered).await {
             Ok(Ok(message)) => message,
             Ok(Err(_)) => {
-                return Err(CallError::NoAnswer(
+                return Err(CallError::Broken(
                     "the connection broke before the answer".to_owned(),
                 ));
             }

@@ -281,8 +281,19 @@ impl Inner {
         LockError::unavailable(format!("Hazelcast: {error}"))
     }
 
+    /// Sends `request`, and once more on a new connection if the connection broke before
+    /// the answer. Every request here may be sent twice: the CP Subsystem answers a
+    /// `tryLock` or `unlock` sent again with the same invocation id as it answered the
+    /// first (it keeps the id), and the rest are reads, heartbeats, or compare-and-sets
+    /// whose callers read again when they fail.
     async fn call(&self, request: &frame::Request) -> Result<frame::Message, CallError> {
-        self.client.call(request, self.op_timeout).await
+        match self.client.call(request, self.op_timeout).await {
+            Err(CallError::Broken(reason)) => {
+                tracing::debug!(%reason, "Hazelcast connection broke: sending again");
+                self.client.call(request, self.op_timeout).await
+            }
+            answered => answered,
+        }
     }
 
     /// The CP group's id, looked up once per cluster.
@@ -370,14 +381,28 @@ impl Inner {
             deadline.saturating_duration_since(Instant::now())
         });
         let asked_at = Instant::now();
-        let request = codec::try_lock(
-            &session.group,
-            &name,
-            holder,
-            random_uuid(),
-            i64::try_from(wait.as_millis()).unwrap_or(i64::MAX),
-        );
-        let answer = self.client.call(&request, wait + self.op_timeout).await;
+        let settled_after = asked_at + wait + self.op_timeout;
+        let invocation = random_uuid();
+        // Sent again, with the same invocation id, while the connection breaks before the
+        // answer: the group answers a repeat as it answered (or will answer) the first.
+        let answer = loop {
+            let left = ask.deadline.map_or(Duration::ZERO, |deadline| {
+                deadline.saturating_duration_since(Instant::now())
+            });
+            let request = codec::try_lock(
+                &session.group,
+                &name,
+                holder,
+                invocation,
+                i64::try_from(left.as_millis()).unwrap_or(i64::MAX),
+            );
+            match self.client.call(&request, left + self.op_timeout).await {
+                Err(CallError::Broken(_)) if Instant::now() < settled_after => {
+                    sleep(CLEANUP_EVERY).await;
+                }
+                answered => break answered,
+            }
+        };
         let fence = match answer.and_then(|answer| Ok(codec::long_answer(&answer)?)) {
             Ok(fence) if fence > 0 => fence,
             Ok(_) => return Ok(Granted::No),
@@ -394,7 +419,7 @@ impl Inner {
                     session: session.clone(),
                     name,
                     holder,
-                    settled_after: asked_at + wait + self.op_timeout,
+                    settled_after,
                 });
                 return Err(self.unavailable(&error));
             }
@@ -921,6 +946,56 @@ mod tests {
         assert_eq!(parse_record(&record(-1, "")), Some((-1, String::new())));
         assert_eq!(parse_record(&data[..data.len() - 1]), None);
         assert_eq!(parse_record(b"short"), None);
+    }
+
+    /// What sending again relies on, asked of the real members (the shared cluster,
+    /// `HAZELCAST_URL`): a `tryLock` and an `unlock` sent twice with one invocation id each
+    /// count once — the repeated grant answers the same fence with one hold, the repeated
+    /// unlock answers as the first did and frees nothing more.
+    #[tokio::test]
+    async fn a_repeated_invocation_counts_once() {
+        let url = std::env::var("HAZELCAST_URL").unwrap_or_else(|_| {
+            "hazelcast://127.0.0.1:5701,127.0.0.1:5702,127.0.0.1:5703".to_owned()
+        });
+        let backend = HazelcastBackend::open(&url, &LockOptions::default()).unwrap();
+        let inner = backend.inner.clone();
+        let session = inner.session().await.unwrap();
+        let group = session.group.clone();
+        let holder = Endpoint {
+            session: session.id,
+            thread: inner.next_thread.fetch_add(1, Ordering::Relaxed),
+        };
+        let name = format!("unit-{:016x}/k", rand::random::<u64>());
+        let ownership = || async {
+            codec::ownership(
+                &inner
+                    .call(&codec::lock_ownership(&group, &name))
+                    .await
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let grant = random_uuid();
+        let mut fences = Vec::new();
+        for _ in 0..2 {
+            let answer = inner
+                .call(&codec::try_lock(&group, &name, holder, grant, 0))
+                .await
+                .unwrap();
+            fences.push(codec::long_answer(&answer).unwrap());
+        }
+        assert!(fences[0] > 0 && fences[0] == fences[1], "{fences:?}");
+        let held = ownership().await;
+        assert_eq!((held.lock_count, held.holder), (1, holder));
+        let release = random_uuid();
+        for _ in 0..2 {
+            let answer = inner
+                .call(&codec::unlock(&group, &name, holder, release))
+                .await
+                .unwrap();
+            assert!(!codec::boolean_answer(&answer).unwrap(), "still held");
+        }
+        assert_eq!(ownership().await.lock_count, 0);
     }
 
     #[test]
