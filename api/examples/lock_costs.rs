@@ -7,7 +7,7 @@
 //!
 //! For each service — Redis, Redlock (three private `redis-server`s; with the `demo`
 //! feature), ZooKeeper, etcd, memcached, the MariaDB lock table and row locks, PostgreSQL
-//! advisory locks — each round measures:
+//! advisory locks, Hazelcast's FencedLock — each round measures:
 //! - uncontended acquire+release pairs/s: 32 clients on 10,000 keys, no hold; the acquire
 //!   p50/p99 and the requests each pair sent to the service (counted by the client; on
 //!   Redlock, by its servers' SET, EVALSHA and EVAL calls);
@@ -77,6 +77,7 @@ fn all_services() -> Vec<&'static str> {
         "mysql",
         "mysql-row",
         "postgres",
+        "hazelcast",
     ]);
     services
 }
@@ -307,6 +308,7 @@ async fn http_withdrawals(
         "mysql" => urls.mysql.clone(),
         "mysql-row" => urls.mysql.replacen("mysql://", "mysql-row://", 1),
         "postgres" => urls.postgres.clone(),
+        "hazelcast" => urls.hazelcast.clone(),
         other => return Err(format!("no HTTP run for {other}").into()),
     };
     let mut admin = PgConnection::connect(&args.urls.postgres).await?;

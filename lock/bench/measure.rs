@@ -190,6 +190,13 @@ pub struct Urls {
         default_value = "memcache://127.0.0.1:11211"
     )]
     pub memcached: String,
+    /// The three Hazelcast members `scripts/services.sh` runs.
+    #[arg(
+        long = "hazelcast-url",
+        env = "HAZELCAST_URL",
+        default_value = "hazelcast://127.0.0.1:5701,127.0.0.1:5702,127.0.0.1:5703"
+    )]
+    pub hazelcast: String,
 }
 
 /// A lock service and what counts its requests.
@@ -215,8 +222,8 @@ fn counting<B: lock::LockBackend + 'static>(
 }
 
 /// Opens the service `name` names (`redis`, `redis-cluster`, `zookeeper`, `etcd` with the feature,
-/// `postgres`, `mysql`, `mysql-row`, `memcached`), with a root or namespace of the run's
-/// own.
+/// `postgres`, `mysql`, `mysql-row`, `memcached`, `hazelcast`), with a root or namespace of
+/// the run's own.
 pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
     let run = format!("bench-{:08x}", rand::random::<u32>());
     let options = LockOptions {
@@ -288,6 +295,11 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
             "mysql-row",
             lock::MySqlRowBackend::open(&urls.mysql, &options, lock::MySqlRowOptions::default())?,
             lock::MySqlRowBackend::requests,
+        ),
+        "hazelcast" => counting(
+            "hazelcast",
+            lock::HazelcastBackend::open(&urls.hazelcast, &options)?,
+            lock::HazelcastBackend::requests,
         ),
         other => return Err(format!("no backend {other:?} in this build").into()),
     })

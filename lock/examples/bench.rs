@@ -18,7 +18,8 @@
 //!
 //! With `--backend redis-cluster` (the cluster `scripts/services.sh` runs), `zookeeper`,
 //! `etcd`, `postgres` (advisory locks), `mysql` (a lock table),
-//! `mysql-row` (InnoDB row locks) or `memcached`, the backend runs
+//! `mysql-row` (InnoDB row locks), `memcached` or `hazelcast` (the CP Subsystem's
+//! FencedLock, on the three members `scripts/services.sh` runs), the backend runs
 //! beside payonce's Redis lock in alternating order, with the same clients and keys, and
 //! the summary prints both, their ratio, and the requests each sends per acquire+release
 //! (counted by the client).
@@ -218,7 +219,8 @@ fn load(args: &Args) -> Load {
     }
 }
 
-/// `--backend redis-cluster|zookeeper|etcd|postgres|mysql|mysql-row|memcached`: that service and payonce's Redis lock, measured
+/// `--backend redis-cluster|zookeeper|etcd|postgres|mysql|mysql-row|memcached|hazelcast`:
+/// that service and payonce's Redis lock, measured
 /// in alternating order each round, printed side by side.
 async fn side_by_side(args: &Args) -> Result<(), BoxError> {
     let name = match args.backend.as_str() {
@@ -229,6 +231,7 @@ async fn side_by_side(args: &Args) -> Result<(), BoxError> {
         "mysql" => "mysql",
         "mysql-row" => "mysql-row",
         "memcached" => "memcached",
+        "hazelcast" => "hazelcast",
         other => return Err(format!("no backend {other:?}").into()),
     };
     let services = [counted(name, &args.urls)?, counted("redis", &args.urls)?];

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ledger::testing::PrivatePostgres;
 use lock::testing::{
-    EtcdServer, MariaDbServer, MemcachedServer, Proxy, RedisCluster, RedisSentinels, RedisServer,
-    ZooKeeperServer,
+    EtcdServer, HazelcastCluster, MariaDbServer, MemcachedServer, Proxy, RedisCluster,
+    RedisSentinels, RedisServer, ZooKeeperServer,
 };
 use serde::Serialize;
 
@@ -40,7 +40,13 @@ pub enum Service {
     MysqlRow,
     /// PostgreSQL session-level advisory locks.
     Postgres,
+    /// Hazelcast's CP Subsystem: a FencedLock per key, in a Raft group of three members.
+    Hazelcast,
 }
+
+/// How long the matrix's Hazelcast cluster keeps a CP session past its last heartbeat (the
+/// members' `session-time-to-live-seconds`): short, so a stall outlives it in seconds.
+pub const HAZELCAST_SESSION_TTL: Duration = Duration::from_secs(2);
 
 impl Serialize for Service {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
@@ -50,7 +56,7 @@ impl Serialize for Service {
 
 impl Service {
     /// Every service, in the table's order.
-    pub const ALL: [Service; 11] = [
+    pub const ALL: [Service; 12] = [
         Service::None,
         Service::Redis,
         Service::Redlock,
@@ -62,6 +68,7 @@ impl Service {
         Service::Mysql,
         Service::MysqlRow,
         Service::Postgres,
+        Service::Hazelcast,
     ];
 
     /// Its name in the table and on the command line.
@@ -78,6 +85,7 @@ impl Service {
             Self::Mysql => "mysql",
             Self::MysqlRow => "mysql-row",
             Self::Postgres => "postgres",
+            Self::Hazelcast => "hazelcast",
         }
     }
 
@@ -98,6 +106,7 @@ impl Service {
             Self::Memcached => ServerKind::Memcached,
             Self::Mysql | Self::MysqlRow => ServerKind::MariaDb,
             Self::Postgres => ServerKind::Postgres,
+            Self::Hazelcast => ServerKind::Hazelcast,
         }
     }
 
@@ -121,6 +130,9 @@ impl Service {
             Self::Memcached => Some(whole_seconds + Duration::from_secs(1)),
             // The server's idle_transaction_timeout: the lease rounded up, plus one.
             Self::MysqlRow => Some(whole_seconds + Duration::from_secs(1)),
+            // The cluster's session time to live, whatever payonce's lease, plus the
+            // second between the group's looks for expired sessions.
+            Self::Hazelcast => Some(HAZELCAST_SESSION_TTL + Duration::from_secs(1)),
             Self::Postgres => None,
         }
     }
@@ -145,6 +157,8 @@ pub enum ServerKind {
     MariaDb,
     /// One PostgreSQL.
     Postgres,
+    /// Three Hazelcast members forming the CP Subsystem.
+    Hazelcast,
 }
 
 enum Running {
@@ -159,6 +173,7 @@ enum Running {
     Memcached(MemcachedServer),
     MariaDb(MariaDbServer),
     Postgres(PrivatePostgres),
+    Hazelcast(HazelcastCluster),
 }
 
 /// The private servers of one [`ServerKind`], each behind a [`Proxy`] for the instance
@@ -215,6 +230,9 @@ impl Servers {
                 ServerKind::Postgres => {
                     Running::Postgres(PrivatePostgres::start().map_err(setup("PostgreSQL"))?)
                 }
+                ServerKind::Hazelcast => Running::Hazelcast(
+                    HazelcastCluster::start(HAZELCAST_SESSION_TTL).map_err(setup("Hazelcast"))?,
+                ),
             })
         })?;
         let mut servers = Self {
@@ -248,6 +266,8 @@ impl Servers {
             Running::Memcached(server) => vec![server.port()],
             Running::MariaDb(server) => vec![server.port()],
             Running::Postgres(server) => vec![server.port()],
+            // Every member: the partition cuts the instance off from all three.
+            Running::Hazelcast(cluster) => (0..3).map(|member| cluster.port(member)).collect(),
         }
     }
 
@@ -288,6 +308,10 @@ impl Servers {
                 "postgres://postgres@127.0.0.1:{}/postgres",
                 port(server.port())
             ),
+            (Running::Hazelcast(cluster), _) => {
+                let members: Vec<u16> = (0..3).map(|member| port(cluster.port(member))).collect();
+                cluster.url_of(&members)
+            }
         };
         let mut environment = vec![("PAYONCE_LOCK_URL".to_owned(), url)];
         if let Running::Redis { redlock, .. } = &self.running {
@@ -302,7 +326,10 @@ impl Servers {
 
     /// Restarts every server, as a crash would: Redis (without persistence) and memcached
     /// come back empty; ZooKeeper, etcd, MariaDB and PostgreSQL keep what they had
-    /// committed, and lose every session, connection and lock held through one. Blocking,
+    /// committed, and lose every session, connection and lock held through one. Of
+    /// Hazelcast's three members one is killed and started again: the CP group goes on
+    /// with the two left (a majority), and the restarted member joins as a new member —
+    /// without CP persistence it is never the CP member it was. Blocking,
     /// as [`start`](Self::start) is: the load's clients go on on the other threads.
     pub async fn restart(&mut self) -> Result<(), MatrixError> {
         tokio::task::block_in_place(|| match &mut self.running {
@@ -318,6 +345,7 @@ impl Servers {
             Running::Memcached(server) => server.restart(),
             Running::MariaDb(server) => server.restart(),
             Running::Postgres(server) => server.crash_and_restart(),
+            Running::Hazelcast(cluster) => cluster.restart(0),
         })
         .map_err(setup("restarting the lock service"))
     }
