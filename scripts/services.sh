@@ -254,7 +254,7 @@ if ! hz_ok; then
     as_root start-stop-daemon --start --background --make-pidfile \
       --pidfile "$hz_home/$port.pid" --output "/var/log/payonce/hazelcast-$port.log" \
       --exec "$(readlink -f "$(command -v java)")" -- \
-      -Xms128m -Xmx512m -XX:+UseSerialGC \
+      -Xms128m -Xmx1g -XX:+UseSerialGC \
       --add-modules java.se --add-exports java.base/jdk.internal.ref=ALL-UNNAMED \
       --add-opens java.base/java.lang=ALL-UNNAMED --add-opens java.base/sun.nio.ch=ALL-UNNAMED \
       --add-opens java.management/sun.management=ALL-UNNAMED \

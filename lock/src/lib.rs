@@ -4,7 +4,8 @@
 //! # Map
 //! - [`open`] (`open.rs`): the one entry — the lock service a URL names (`redis://`,
 //!   `redis-cluster://`, `redis-sentinel://`, `zk://`, `etcd://`, `postgres://`,
-//!   `mysql://`, `mysql-row://`, `memcache://`), configured with the [`LockOptions`] every
+//!   `mysql://`, `mysql-row://`, `memcache://`, `hazelcast://`), configured with the
+//!   [`LockOptions`] every
 //!   store takes; [`in_process`] the same without a URL.
 //! - [`LockService`] (`service.rs`): what callers hold. `acquire(key, ttl, deadline)` returns
 //!   a [`LockGuard`]; `try_acquire` never waits; `raise_fencing` restores token order after
@@ -26,9 +27,12 @@
 //!   [`MemcachedBackend`] (`memcached.rs`), [`PostgresBackend`] (`postgres.rs`, advisory
 //!   locks), and in `mysql/` (`mod.rs`: the database, naming and upgrade code both share)
 //!   [`MySqlTableBackend`] (`table.rs`, a lock table) and [`MySqlRowBackend`] (`row.rs`,
-//!   InnoDB row locks). Redis, in-process, memcached and lock-table leases are per grant
-//!   (a TTL the guard renews); ZooKeeper's and etcd's are the process's session or lease,
-//!   with the store's own zxid or revision as the fencing token; PostgreSQL's and the row
+//!   InnoDB row locks), and [`HazelcastBackend`] (`hazelcast/`: the CP Subsystem's
+//!   FencedLock, through payonce's own client of Hazelcast's open client protocol —
+//!   `frame.rs` the framing, `codec.rs` the messages, `client.rs` the connection). Redis,
+//!   in-process, memcached and lock-table leases are per grant (a TTL the guard renews);
+//!   ZooKeeper's, etcd's and Hazelcast's are the process's session or lease, with the
+//!   store's own zxid, revision or fence as the fencing token; PostgreSQL's and the row
 //!   lock's are the holder's connection ([`Sessions`]). `turns.rs`: the per-key line a
 //!   process keeps for the stores that take one waiter per key per process, and the
 //!   jittered polling of the two that poll (memcached, the lock table); `slot.rs`: a

@@ -75,6 +75,11 @@ const DEFAULT_GROUP: &str = "default";
 /// The cluster name a member takes unless configured otherwise (Hazelcast's own default).
 const DEFAULT_CLUSTER: &str = "dev";
 
+/// How long the CP group's lookup may take: the first use of a group creates its Raft
+/// group (a commit in the metadata group, then an election), seconds on a loaded machine.
+/// Once per process; a cluster that is down still fails at once (no connection).
+const GROUP_LOOKUP_TIMEOUT: Duration = Duration::from_secs(20);
+
 /// How often the cleaner tries again an unlock whose outcome is unknown.
 const CLEANUP_EVERY: Duration = Duration::from_millis(250);
 
@@ -306,7 +311,11 @@ impl Inner {
             return Ok(group.clone());
         }
         let answer = self
-            .call(&codec::create_cp_group(&self.group_name))
+            .client
+            .call(
+                &codec::create_cp_group(&self.group_name),
+                self.op_timeout.max(GROUP_LOOKUP_TIMEOUT),
+            )
             .await
             .map_err(|error| self.unavailable(&error))?;
         let group = codec::group_id(&answer).map_err(LockError::unavailable)?;
