@@ -5,7 +5,6 @@
 //! (127.0.0.1:2379) is never stopped.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lock::testing::EtcdServer;
@@ -202,34 +201,9 @@ async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
     let server = EtcdServer::start().unwrap();
     let counted = backend(&server, 4 * SECOND);
     let locks = LockService::from_arc(counted.clone());
-    let mut holder = locks
-        .try_acquire("hot", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    let served = Arc::new(AtomicUsize::new(0));
-    let waiters: Vec<_> = (0..32)
-        .map(|_| {
-            let (locks, served) = (locks.clone(), served.clone());
-            tokio::spawn(async move {
-                let mut guard = locks
-                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
-                    .await
-                    .unwrap();
-                served.fetch_add(1, Ordering::SeqCst);
-                guard.release().await.unwrap();
-            })
-        })
-        .collect();
-    // Everyone queued: 32 × (create and look, find the predecessor, watch it).
-    sleep(SECOND).await;
-    let before = counted.requests();
-    holder.release().await.unwrap();
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    assert_eq!(served.load(Ordering::SeqCst), 32);
-    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    // Queued first: 32 × (create and look, find the predecessor, watch it); then counted.
+    let (per_hand_off, _) =
+        crate::suite::requests_per_hand_off(&locks, || counted.requests(), 32).await;
     assert!(
         per_hand_off <= 3.5,
         "{per_hand_off:.2} requests per hand-off"

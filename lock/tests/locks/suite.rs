@@ -1032,3 +1032,42 @@ pub async fn lock_fresh_keys(locks: &LockService, count: usize) -> Duration {
     }
     started.elapsed()
 }
+
+/// A hot key with `waiters` queued behind its holder: the requests `requests` counts from
+/// the holder's release until every waiter was served, per hand-off, and how long the
+/// hand-offs took. Each waiter holds the lock once and releases it.
+pub async fn requests_per_hand_off(
+    locks: &LockService,
+    requests: impl Fn() -> u64,
+    waiters: usize,
+) -> (f64, Duration) {
+    let key = key();
+    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let served = Arc::new(AtomicUsize::new(0));
+    let queued: Vec<_> = (0..waiters)
+        .map(|_| {
+            let (locks, key, served) = (locks.clone(), key.clone(), served.clone());
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire(&key, 10 * SECOND, after(60_000))
+                    .await
+                    .unwrap();
+                served.fetch_add(1, Ordering::SeqCst);
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    // Everyone queued before the first hand-off.
+    sleep(SECOND).await;
+    let before = requests();
+    let started = Instant::now();
+    holder.release().await.unwrap();
+    for waiter in queued {
+        waiter.await.unwrap();
+    }
+    assert_eq!(served.load(Ordering::SeqCst), waiters);
+    (
+        (requests() - before) as f64 / waiters as f64,
+        started.elapsed(),
+    )
+}
