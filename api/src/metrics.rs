@@ -1,5 +1,14 @@
 //! Prometheus metrics (OpenMetrics text at `/metrics`), one registry per server so that
 //! several servers in one process (the tests) keep separate counts.
+//!
+//! The HTTP metric follows OpenTelemetry's semantic conventions as Prometheus exposes them:
+//! `http.server.request.duration` (seconds) is the histogram
+//! `http_server_request_duration_seconds` with the labels `http_request_method`,
+//! `http_route` and `http_response_status_code`, and the conventions' buckets; its
+//! `_count` is the request count. payonce's own metrics are `payonce_*`. A metric measured
+//! in seconds says so (`# UNIT`, and the `_seconds` suffix); the rest count things —
+//! spends, calls, requests — which OpenTelemetry writes as annotations (`{request}`)
+//! and Prometheus leaves out of the name, so their help text names what they count.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,15 +22,17 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
 use std::sync::atomic::AtomicU64;
 use tokio::time::Instant;
 
+/// The attributes OpenTelemetry's conventions give `http.server.request.duration`, as
+/// Prometheus labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    route: String,
-    method: String,
-    status: u16,
+struct HttpLabels {
+    http_request_method: &'static str,
+    http_route: String,
+    http_response_status_code: u16,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -34,10 +45,13 @@ struct StatusLabels {
     status: &'static str,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RouteLabels {
-    route: String,
-    method: String,
+/// The buckets OpenTelemetry's conventions advise for `http.server.request.duration`.
+const HTTP_DURATION_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+];
+
+fn http_duration_histogram() -> Histogram {
+    Histogram::new(HTTP_DURATION_BUCKETS)
 }
 
 fn latency_histogram() -> Histogram {
@@ -49,8 +63,7 @@ fn latency_histogram() -> Histogram {
 #[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    latency: Family<RouteLabels, Histogram, fn() -> Histogram>,
+    http_duration: Family<HttpLabels, Histogram, fn() -> Histogram>,
     replays: Counter,
     executions: Counter,
     lock_wait: Histogram,
@@ -84,11 +97,11 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry with every metric at zero.
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("payonce");
-        let requests = Family::<RequestLabels, Counter>::default();
-        let latency = Family::<RouteLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-            latency_histogram,
-        );
+        let mut registry = Registry::default();
+        let http_duration =
+            Family::<HttpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                http_duration_histogram,
+            );
         let replays = Counter::default();
         let executions = Counter::default();
         let lock_wait = latency_histogram();
@@ -106,105 +119,105 @@ impl Metrics {
         let webhook_delivery_lag = latency_histogram();
         let webhooks_pending = Gauge::default();
         let oldest_undelivered_webhook = Gauge::<f64, AtomicU64>::default();
-        registry.register(
-            "http_requests",
-            "HTTP requests by route, method and status",
-            requests.clone(),
+        registry.register_with_unit(
+            "http_server_request_duration",
+            "Duration of HTTP server requests, by method, route template and status (OpenTelemetry's http.server.request.duration; its count is the requests)",
+            Unit::Seconds,
+            http_duration.clone(),
         );
-        registry.register(
-            "http_request_duration_seconds",
-            "HTTP request latency by route and method",
-            latency.clone(),
-        );
-        registry.register(
+        let own = registry.sub_registry_with_prefix("payonce");
+        own.register(
             "replays",
             "Spends answered with a stored outcome",
             replays.clone(),
         );
-        registry.register(
+        own.register(
             "executions",
             "Spends executed (outcome stored for the first time)",
             executions.clone(),
         );
-        registry.register(
-            "lock_wait_seconds",
+        own.register_with_unit(
+            "lock_wait",
             "Time spends waited for their account's lock",
+            Unit::Seconds,
             lock_wait.clone(),
         );
-        registry.register(
+        own.register(
             "locks_lost",
             "Spends refused because the lock was lost or a newer holder had written",
             locks_lost.clone(),
         );
-        registry.register(
+        own.register(
             "stale_fencing_tokens",
             "Writes the ledger refused for carrying an old fencing token",
             stale_tokens.clone(),
         );
-        registry.register(
+        own.register(
             "lock_timeouts",
             "Spends that gave up waiting for their account's lock (409)",
             lock_timeouts.clone(),
         );
-        registry.register(
+        own.register(
             "lock_queue_full",
             "Spends turned away because their account already had as many waiters as it takes (409)",
             lock_queue_full.clone(),
         );
-        registry.register(
+        own.register(
             "rate_limited",
             "Requests refused by a rate limit (429)",
             rate_limited.clone(),
         );
-        registry.register(
+        own.register(
             "key_lookups",
             "API keys looked up in the database: keys this instance did not remember",
             key_lookups.clone(),
         );
-        registry.register(
+        own.register(
             "payout_attempts",
             "Calls to the bank for payouts, by what came of them: made, refused, or no word",
             payout_attempts.clone(),
         );
-        registry.register(
+        own.register(
             "payouts",
             "Payouts pending (status=\"pending\"), as last counted",
             payouts.clone(),
         );
-        registry.register(
+        own.register(
             "payouts_settled",
             "Payouts this instance settled, by status: succeeded or failed",
             payouts_settled.clone(),
         );
-        registry.register(
-            "payout_oldest_pending_seconds",
+        own.register_with_unit(
+            "payout_oldest_pending",
             "How long the oldest pending payout has waited for the bank's word (0: none pending)",
+            Unit::Seconds,
             oldest_pending_payout.clone(),
         );
-        registry.register(
+        own.register(
             "webhook_attempts",
             "Webhook delivery attempts this instance recorded, by result: delivered, retried (a failure with attempts left), exhausted, endpoint_gone (410)",
             webhook_attempts.clone(),
         );
-        registry.register(
-            "webhook_delivery_lag_seconds",
+        own.register_with_unit(
+            "webhook_delivery_lag",
             "From an event's commit to its delivery, for deliveries this instance made",
+            Unit::Seconds,
             webhook_delivery_lag.clone(),
         );
-        registry.register(
+        own.register(
             "webhooks_pending",
             "Webhook deliveries not done yet, as last counted",
             webhooks_pending.clone(),
         );
-        registry.register(
-            "webhook_oldest_undelivered_seconds",
+        own.register_with_unit(
+            "webhook_oldest_undelivered",
             "How long ago the oldest undelivered webhook's event committed (0: none waiting)",
+            Unit::Seconds,
             oldest_undelivered_webhook.clone(),
         );
         Self {
             registry,
-            requests,
-            latency,
+            http_duration,
             replays,
             executions,
             lock_wait,
@@ -317,25 +330,19 @@ impl Metrics {
         self.lock_timeouts.inc();
     }
 
-    fn observe(&self, route: String, method: String, status: u16, took: Duration) {
-        self.latency
-            .get_or_create(&RouteLabels {
-                route: route.clone(),
-                method: method.clone(),
+    fn observe(&self, route: String, method: &'static str, status: u16, took: Duration) {
+        self.http_duration
+            .get_or_create(&HttpLabels {
+                http_request_method: method,
+                http_route: route,
+                http_response_status_code: status,
             })
             .observe(took.as_secs_f64());
-        self.requests
-            .get_or_create(&RequestLabels {
-                route,
-                method,
-                status,
-            })
-            .inc();
     }
 }
 
-/// The method as a label: the standard ones by name, anything else as `other` — a label
-/// per method a client invents would be a new series forever.
+/// The method as a label: the standard ones by name, anything else as `_OTHER` (the
+/// conventions' word) — a label per method a client invents would be a new series forever.
 fn method_label(method: &Method) -> &'static str {
     match *method {
         Method::GET => "GET",
@@ -347,7 +354,7 @@ fn method_label(method: &Method) -> &'static str {
         Method::OPTIONS => "OPTIONS",
         Method::CONNECT => "CONNECT",
         Method::TRACE => "TRACE",
-        _ => "other",
+        _ => "_OTHER",
     }
 }
 
@@ -373,7 +380,7 @@ pub async fn label_route(request: Request, next: Next) -> Response {
 /// by `Content-Length`, a 503 timeout, a 500 from a panic) under the route `(layer)`.
 pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    let method = method_label(request.method()).to_owned();
+    let method = method_label(request.method());
     let response = next.run(request).await;
     let route = response
         .extensions()
@@ -445,9 +452,44 @@ mod tests {
         assert!(metrics.render().ends_with("# EOF\n"));
     }
 
+    /// The HTTP histogram has OpenTelemetry's name, unit, labels and buckets, outside
+    /// payonce's prefix; payonce's own metrics measured in seconds carry the unit too.
+    #[test]
+    fn http_requests_follow_the_semantic_conventions() {
+        let metrics = Metrics::new();
+        metrics.observe(
+            "/v1/accounts/{account_id}/withdrawals".to_owned(),
+            "POST",
+            201,
+            Duration::from_millis(7),
+        );
+        let text = metrics.render();
+        for expected in [
+            "# TYPE http_server_request_duration_seconds histogram",
+            "# UNIT http_server_request_duration_seconds seconds",
+            "http_server_request_duration_seconds_bucket{le=\"0.01\",http_request_method=\"POST\",http_route=\"/v1/accounts/{account_id}/withdrawals\",http_response_status_code=\"201\"} 1",
+            "http_server_request_duration_seconds_count{http_request_method=\"POST\",http_route=\"/v1/accounts/{account_id}/withdrawals\",http_response_status_code=\"201\"} 1",
+            "# UNIT payonce_lock_wait_seconds seconds",
+            "# UNIT payonce_payout_oldest_pending_seconds seconds",
+            "# UNIT payonce_webhook_delivery_lag_seconds seconds",
+            "# UNIT payonce_webhook_oldest_undelivered_seconds seconds",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        let helps = text
+            .lines()
+            .filter(|line| line.starts_with("# HELP "))
+            .count();
+        let types = text
+            .lines()
+            .filter(|line| line.starts_with("# TYPE "))
+            .count();
+        assert_eq!(helps, types, "every metric has help text");
+    }
+
     #[test]
     fn invented_methods_share_one_label() {
-        for (method, label) in [("GET", "GET"), ("M0", "other"), ("M9999", "other")] {
+        for (method, label) in [("GET", "GET"), ("M0", "_OTHER"), ("M9999", "_OTHER")] {
             let method = Method::from_bytes(method.as_bytes()).unwrap();
             assert_eq!(method_label(&method), label);
         }

@@ -686,10 +686,10 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
         .await
         .unwrap();
     assert!(
-        metrics
-            .lines()
-            .any(|line| line.starts_with("payonce_http_requests_total{")
-                && line.contains("status=\"413\"")),
+        metrics.lines().any(
+            |line| line.starts_with("http_server_request_duration_seconds_count{")
+                && line.contains("http_response_status_code=\"413\"")
+        ),
         "{metrics}"
     );
 
@@ -894,7 +894,7 @@ pub async fn service_endpoints_answer(backend: Backend) {
         .await
         .unwrap();
     assert!(
-        metrics.contains("payonce_http_requests_total{"),
+        metrics.contains("http_server_request_duration_seconds_count{"),
         "{metrics}"
     );
     assert!(metrics.contains("payonce_lock_wait_seconds"), "{metrics}");
