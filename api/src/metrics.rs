@@ -81,6 +81,12 @@ pub struct Metrics {
     webhook_delivery_lag: Histogram,
     webhooks_pending: Gauge,
     oldest_undelivered_webhook: Gauge<f64, AtomicU64>,
+    dependency_up: Family<DependencyLabels, Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DependencyLabels {
+    dependency: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -119,6 +125,7 @@ impl Metrics {
         let webhook_delivery_lag = latency_histogram();
         let webhooks_pending = Gauge::default();
         let oldest_undelivered_webhook = Gauge::<f64, AtomicU64>::default();
+        let dependency_up = Family::<DependencyLabels, Gauge>::default();
         registry.register_with_unit(
             "http_server_request_duration",
             "Duration of HTTP server requests, by method, route template and status (OpenTelemetry's http.server.request.duration; its count is the requests)",
@@ -215,6 +222,11 @@ impl Metrics {
             Unit::Seconds,
             oldest_undelivered_webhook.clone(),
         );
+        own.register(
+            "dependency_up",
+            "Whether the database and the lock store answered (1) or not (0) within 2 s, asked at each scrape as readiness asks",
+            dependency_up.clone(),
+        );
         Self {
             registry,
             http_duration,
@@ -235,7 +247,15 @@ impl Metrics {
             webhook_delivery_lag,
             webhooks_pending,
             oldest_undelivered_webhook,
+            dependency_up,
         }
+    }
+
+    /// Whether `dependency` (`database`, `lock_store`) answered.
+    pub fn dependency(&self, dependency: &'static str, up: bool) {
+        self.dependency_up
+            .get_or_create(&DependencyLabels { dependency })
+            .set(i64::from(up));
     }
 
     /// A webhook attempt recorded, by what came of it.

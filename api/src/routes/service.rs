@@ -54,21 +54,7 @@ pub struct Readiness {
     )
 )]
 pub async fn readyz(State(state): State<AppState>) -> Response {
-    let limit = Duration::from_secs(2);
-    let (database, lock_store) = tokio::join!(
-        tokio::time::timeout(limit, state.ledger().ping()),
-        tokio::time::timeout(limit, state.locks().ping()),
-    );
-    let database = match database {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("no answer within 2s".to_owned()),
-    };
-    let lock_store = match lock_store {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("no answer within 2s".to_owned()),
-    };
+    let (database, lock_store) = probe(&state).await;
     let describe = |check: &Result<(), String>| match check {
         Ok(()) => "ok".to_owned(),
         Err(_) => "unavailable".to_owned(),
@@ -102,8 +88,30 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// Whether the database and the lock store answer, each within 2 s: `Err` says why not.
+/// Readiness answers from it, and each scrape of the metrics records it.
+async fn probe(state: &AppState) -> (Result<(), String>, Result<(), String>) {
+    let limit = Duration::from_secs(2);
+    let (database, lock_store) = tokio::join!(
+        tokio::time::timeout(limit, state.ledger().ping()),
+        tokio::time::timeout(limit, state.locks().ping()),
+    );
+    let database = match database {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("no answer within 2s".to_owned()),
+    };
+    let lock_store = match lock_store {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err("no answer within 2s".to_owned()),
+    };
+    (database, lock_store)
+}
+
 /// Prometheus metrics: OpenMetrics text for a scraper that asks for it, the classic
-/// Prometheus text format otherwise.
+/// Prometheus text format otherwise. Each scrape first asks the database and the lock
+/// store whether they answer (`payonce_dependency_up`), as readiness does.
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -114,6 +122,9 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     )))
 )]
 pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    let (database, lock_store) = probe(&state).await;
+    state.metrics().dependency("database", database.is_ok());
+    state.metrics().dependency("lock_store", lock_store.is_ok());
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()

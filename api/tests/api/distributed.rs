@@ -204,6 +204,17 @@ async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
         (body["database"].as_str(), body["lock_store"].as_str()),
         (Some("ok"), Some("unavailable"))
     );
+    // The scrape asks as readiness does: what PayonceDependencyDown alerts on.
+    assert_eq!(
+        app.metric("payonce_dependency_up{dependency=\"lock_store\"}")
+            .await,
+        0.0
+    );
+    assert_eq!(
+        app.metric("payonce_dependency_up{dependency=\"database\"}")
+            .await,
+        1.0
+    );
     let state = app.shown_ticket(&ada, &ticket).await;
     assert_eq!(state["state"], "issued");
     assert_eq!(app.balance(&ada).await, (1000, 0));

@@ -16,6 +16,7 @@ mod late_commit;
 mod lock_state;
 mod lock_state_sql;
 mod openapi;
+mod operations;
 mod payouts;
 mod readme;
 mod webhooks;
