@@ -199,6 +199,10 @@ pub struct Config {
     /// start with this set). Never in production.
     #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
     pub demo: bool,
+    /// How log lines are written: `text`, human-readable, or `json`, one object per line
+    /// with the trace and span ids (traces go to `OTEL_EXPORTER_OTLP_ENDPOINT` when set).
+    #[arg(long, global = true, env = "PAYONCE_LOG_FORMAT", value_enum, default_value_t = crate::telemetry::LogFormat::Text)]
+    pub log_format: crate::telemetry::LogFormat,
     /// The most spends one account may have waiting for its lock (or asking the lock
     /// store for it) in this instance, and in the lock store's queue across all
     /// instances; past it, a spend is answered 409 account-busy at once.
@@ -1054,6 +1058,14 @@ impl fmt::Display for Config {
                 self.lock_strategy.name().to_owned(),
             ),
             ("PAYONCE_DEMO", self.demo.to_string()),
+            (
+                "PAYONCE_LOG_FORMAT",
+                match self.log_format {
+                    crate::telemetry::LogFormat::Text => "text",
+                    crate::telemetry::LogFormat::Json => "json",
+                }
+                .to_owned(),
+            ),
             (
                 "PAYONCE_LOCK_MAX_WAITERS",
                 self.lock_max_waiters.to_string(),

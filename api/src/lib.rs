@@ -23,7 +23,9 @@
 //!   endpoints that want it, signed as the Standard Webhooks specification has it; the
 //!   secrets sealed at rest; the SSRF guard.
 //! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
-//!   problem+json; `metrics.rs`: Prometheus metrics.
+//!   problem+json; `metrics.rs`: Prometheus metrics; `telemetry.rs`: log lines (text or
+//!   JSON) and traces (OpenTelemetry, exported over OTLP when configured, W3C trace
+//!   context in and out).
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
 //!   strategies' read-check-write path (reachable by configuration or, under
 //!   `PAYONCE_DEMO`, per request) and the injectable faults. A build without the feature
@@ -46,6 +48,7 @@ pub mod reconcile;
 pub mod render;
 pub mod routes;
 pub mod state;
+pub mod telemetry;
 pub mod webhooks;
 
 use std::future::Future;

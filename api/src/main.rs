@@ -7,30 +7,30 @@ use api::config::{Cli, Command, Mode};
 use api::state::AppState;
 use clap::Parser;
 use ledger::{Ledger, LedgerOptions};
-use tracing_subscriber::EnvFilter;
-
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
     let cli = Cli::parse();
-    let result = match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(&cli.config).await,
-        Command::Audit { json } => return audit(&cli.config, json).await,
-        Command::Reconcile { bank } => return reconcile(&cli.config, bank).await,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    let telemetry = match api::telemetry::init(cli.config.log_format) {
+        Ok(telemetry) => telemetry,
         Err(error) => {
-            eprintln!("payonce: {error}");
-            ExitCode::FAILURE
+            eprintln!("payonce: logging and tracing: {error}");
+            return ExitCode::FAILURE;
         }
-    }
+    };
+    let code = match cli.command.unwrap_or(Command::Serve) {
+        Command::Serve => match serve(&cli.config).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(error) => {
+                eprintln!("payonce: {error}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Audit { json } => audit(&cli.config, json).await,
+        Command::Reconcile { bank } => reconcile(&cli.config, bank).await,
+    };
+    // The spans still batched go out before the process does (the exporter blocks).
+    let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    code
 }
 
 async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::Error>> {

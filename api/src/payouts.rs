@@ -467,7 +467,13 @@ impl Bank {
     }
 
     /// Sends `payout` as a transfer, under `key` — asking the bank to play `fault` on it
-    /// (the demonstration bank only: `crate::bank_fault`).
+    /// (the demonstration bank only: `crate::bank_fault`). Traced as `bank.transfer`, with
+    /// the W3C trace context sent on.
+    #[tracing::instrument(
+        name = "bank.transfer",
+        skip_all,
+        fields(otel.kind = "client", payout_id = %payout.id)
+    )]
     async fn transfer(&self, payout: &Payout, key: &str, fault: Option<bank::Fault>) -> Answer {
         let body = serde_json::json!({
             "destination": payout.destination,
@@ -478,6 +484,7 @@ impl Bank {
             .client
             .post(self.url("/v1/transfers"))
             .header("Idempotency-Key", key)
+            .headers(crate::telemetry::trace_headers())
             .json(&body);
         if let Some(fault) = fault {
             request = request.header(bank::FAULT_HEADER, fault.name());

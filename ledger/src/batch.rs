@@ -252,6 +252,8 @@ impl Failed {
 struct Queued {
     spend: Spend,
     answer: oneshot::Sender<Result<Done, Failed>>,
+    /// The span the spend was sent from, which the batch's span links to.
+    span: tracing::Span,
 }
 
 /// The group commit's workers and their queues (see the module docs).
@@ -323,7 +325,11 @@ impl Batcher {
         // The account id's low bits pick the worker: an account always has the same one.
         let worker = (spend.account_id.0.as_u64_pair().1 % self.queues.len() as u64) as usize;
         self.queues[worker]
-            .send(Queued { spend, answer })
+            .send(Queued {
+                spend,
+                answer,
+                span: tracing::Span::current(),
+            })
             .await
             .map_err(|_| Failed::Unavailable)?;
         // A worker that went away holding the spend may have sent it.
@@ -387,7 +393,17 @@ fn take_batch(waiting: &mut Vec<Queued>) -> Vec<Queued> {
 
 /// Sends one batch and hands each spend its answer.
 async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
-    match send(pool, &batch, tries).await {
+    use tracing::Instrument;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    // One statement for many spends of many requests: its span is a root of its own,
+    // linked to each request's (a span has one parent, a batch many origins).
+    let span = tracing::info_span!(parent: None, "ledger.batch", batch.size = batch.len());
+    for queued in &batch {
+        use opentelemetry::trace::TraceContextExt;
+        let origin = queued.span.context();
+        span.add_link(origin.span().span_context().clone());
+    }
+    match send(pool, &batch, tries).instrument(span).await {
         Ok(done) => {
             for (queued, done) in batch.into_iter().zip(done) {
                 let _ = queued.answer.send(Ok(done));
@@ -615,6 +631,7 @@ mod tests {
                 event: None,
             },
             answer: oneshot::channel().0,
+            span: tracing::Span::none(),
         }
     }
 

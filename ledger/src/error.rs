@@ -138,6 +138,7 @@ impl LedgerError {
 /// (it may have been written: [`LedgerError::OutcomeUnknown`]). Only a plain error from
 /// the database — the server answered, and rolled back — is a definite refusal; a cut
 /// connection, a session the server ended, or a SQLite I/O error leaves it open.
+#[tracing::instrument(name = "ledger.commit", skip_all)]
 pub(crate) async fn commit_or_unknown<D: sqlx::Database>(
     tx: sqlx::Transaction<'static, D>,
 ) -> Result<(), LedgerError> {

@@ -502,7 +502,10 @@ impl Ledger {
     }
 
     /// Applies an operation under a ticket, in one transaction (see the crate docs).
-    /// `render` builds the response body stored under the ticket.
+    /// `render` builds the response body stored under the ticket. Traced as
+    /// `ledger.apply`; on PostgreSQL its group commit's batch is a span of its own,
+    /// `ledger.batch`, linked to every spend it carried.
+    #[tracing::instrument(name = "ledger.apply", skip_all, fields(fencing_token = request.fencing_token))]
     pub async fn apply(
         &self,
         request: ApplyRequest<'_>,

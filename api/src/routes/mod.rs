@@ -290,14 +290,13 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::x_request_id(MakeRequestUuid))
-                .layer(TraceLayer::new_for_http().make_span_with(|request: &Request<Body>| {
-                    let id = request
-                        .headers()
-                        .get("x-request-id")
-                        .and_then(|id| id.to_str().ok())
-                        .unwrap_or_default();
-                    tracing::info_span!("request", method = %request.method(), uri = %request.uri(), request_id = %id)
-                }))
+                .layer(
+                    TraceLayer::new_for_http()
+                        .make_span_with(request_span)
+                        .on_response(|response: &Response, _: Duration, span: &tracing::Span| {
+                            span.record("http.response.status_code", response.status().as_u16());
+                        }),
+                )
                 .layer(PropagateRequestIdLayer::x_request_id())
                 .layer(SetResponseHeaderLayer::overriding(
                     HeaderName::from_static("payonce-instance"),
@@ -307,13 +306,46 @@ pub fn app(state: AppState, request_timeout: Duration) -> Router {
                 .layer(track)
                 // Past the in-flight cap a request is refused at once (503 overloaded)
                 // rather than queued: a queue would only add latency to a backlog.
-                .layer(HandleErrorLayer::new(|_: BoxError| async { ApiError::Overloaded }))
+                .layer(HandleErrorLayer::new(|_: BoxError| async {
+                    ApiError::Overloaded
+                }))
                 .layer(LoadShedLayer::new())
                 .layer(GlobalConcurrencyLimitLayer::new(max_in_flight))
                 .layer(CatchPanicLayer::new())
-                .layer(TimeoutLayer::with_status_code(StatusCode::SERVICE_UNAVAILABLE, request_timeout))
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    request_timeout,
+                ))
                 .layer(RequestBodyLimitLayer::new(BODY_LIMIT)),
         )
+}
+
+/// A request's span, by OpenTelemetry's conventions for an HTTP server span: named by
+/// its method until the router names its route (`metrics::label_route` records
+/// `http.route`), the child of the `traceparent` the request carries if any. The path,
+/// never the query or a header: nothing secret goes into a span.
+fn request_span(request: &Request<Body>) -> tracing::Span {
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|id| id.to_str().ok())
+        .unwrap_or_default();
+    let method = request.method().as_str();
+    let span = tracing::info_span!(
+        "request",
+        otel.name = method,
+        otel.kind = "server",
+        http.request.method = method,
+        url.path = request.uri().path(),
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        request_id = id,
+        ticket_id = tracing::field::Empty,
+        account_id = tracing::field::Empty,
+    );
+    let _ = span.set_parent(crate::telemetry::incoming_context(request.headers()));
+    span
 }
 
 /// Layers answer some errors themselves (413 from the body limit, 503 from the timeout,

@@ -250,6 +250,10 @@ pub(crate) async fn spend(
         _ => format!("lock:account:{account}"),
     };
     let settings = state.settings();
+    // The request's span carries the ticket and the account (ids, never a secret).
+    let span = tracing::Span::current();
+    span.record("ticket_id", key.0.to_string().as_str());
+    span.record("account_id", account.to_string().as_str());
     let spend = Spend {
         state,
         account,
@@ -403,6 +407,12 @@ impl Spend<'_> {
 
     /// Step 2: the account's lock, leaving the ticket id as the lock's note — at once if
     /// it is free, else after looking the ticket up (a used one is answered without it).
+    /// Traced as `lock.wait`, with the key and the fencing token granted.
+    #[tracing::instrument(
+        name = "lock.wait",
+        skip_all,
+        fields(lock.key = lock_key, lock.fencing_token = tracing::field::Empty)
+    )]
     async fn lock(&self, lock_key: &str, deadline: Instant) -> Result<Locked, ApiError> {
         let settings = self.state.settings();
         let note = self.ticket_id.to_string();
@@ -414,6 +424,7 @@ impl Spend<'_> {
             .await?;
         if let Some(guard) = free {
             self.state.metrics().waited_for_lock(asked.elapsed());
+            tracing::Span::current().record("lock.fencing_token", guard.fencing_token().get());
             return Ok(Locked::Held(guard));
         }
         if let Some(replay) = self.replay_without_lock().await? {
@@ -426,7 +437,10 @@ impl Spend<'_> {
             .await;
         self.state.metrics().waited_for_lock(asked.elapsed());
         match acquired {
-            Ok(guard) => Ok(Locked::Held(guard)),
+            Ok(guard) => {
+                tracing::Span::current().record("lock.fencing_token", guard.fencing_token().get());
+                Ok(Locked::Held(guard))
+            }
             Err(LockError::TimedOut { .. }) => {
                 self.state.metrics().lock_timed_out();
                 Ok(Locked::Answered(self.gave_up_waiting(lock_key).await))

@@ -225,7 +225,14 @@ impl Webhooks {
 
     /// Sends `job` once: the status, what went wrong (`None` for a 2xx), the start of the
     /// answer, and the `Retry-After` of a 429, 502, 503 or 504.
+    /// Traced as `webhook.attempt` (the event and the endpoint by id: an endpoint's URL may
+    /// carry a token of its owner's), with the W3C trace context sent on.
     #[allow(clippy::type_complexity)]
+    #[tracing::instrument(
+        name = "webhook.attempt",
+        skip_all,
+        fields(otel.kind = "client", event_id = %job.event.id, endpoint_id = %job.endpoint.id)
+    )]
     async fn post(
         &self,
         job: &DeliveryJob,
@@ -258,6 +265,7 @@ impl Webhooks {
             .header("webhook-timestamp", timestamp.to_string())
             .header("webhook-signature", signature)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .headers(crate::telemetry::trace_headers())
             .body(payload)
             .send()
             .await

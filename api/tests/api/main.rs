@@ -19,6 +19,7 @@ mod openapi;
 mod operations;
 mod payouts;
 mod readme;
+mod traces;
 mod webhooks;
 
 /// Runs each listed webhook case against both backends.
