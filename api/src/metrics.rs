@@ -82,6 +82,50 @@ pub struct Metrics {
     webhooks_pending: Gauge,
     oldest_undelivered_webhook: Gauge<f64, AtomicU64>,
     dependency_up: Family<DependencyLabels, Gauge>,
+    batch_sizes: Arc<BatchSizes>,
+}
+
+/// The ledger's group commit batch sizes, as read at the last scrape, served as the
+/// histogram `payonce_ledger_batch_size` (on PostgreSQL: SQLite has no group commit).
+#[derive(Debug, Default)]
+struct BatchSizes(std::sync::Mutex<Vec<(usize, u64)>>);
+
+/// Upper bounds of the batch-size buckets (spends per statement).
+const BATCH_BOUNDS: [f64; 9] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, f64::INFINITY];
+
+impl prometheus_client::collector::Collector for BatchSizes {
+    fn encode(
+        &self,
+        mut encoder: prometheus_client::encoding::DescriptorEncoder,
+    ) -> Result<(), std::fmt::Error> {
+        let counts = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if counts.is_empty() {
+            return Ok(());
+        }
+        let mut buckets: Vec<(f64, u64)> = BATCH_BOUNDS.iter().map(|bound| (*bound, 0)).collect();
+        let (mut sum, mut count) = (0.0, 0);
+        for (size, batches) in counts {
+            // Bucket counts are per bucket here; the encoder makes them cumulative.
+            let size = size as f64;
+            if let Some(bucket) = buckets.iter_mut().find(|(bound, _)| size <= *bound) {
+                bucket.1 += batches;
+            }
+            sum += size * batches as f64;
+            count += batches;
+        }
+        let mut metric = encoder.encode_descriptor(
+            "ledger_batch_size",
+            "Spends per statement the ledger's group commit sent (PostgreSQL), counted since the instance started",
+            None,
+            prometheus_client::metrics::MetricType::Histogram,
+        )?;
+        metric
+            .encode_histogram::<prometheus_client::encoding::NoLabelSet>(sum, count, &buckets, None)
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -126,6 +170,7 @@ impl Metrics {
         let webhooks_pending = Gauge::default();
         let oldest_undelivered_webhook = Gauge::<f64, AtomicU64>::default();
         let dependency_up = Family::<DependencyLabels, Gauge>::default();
+        let batch_sizes = Arc::new(BatchSizes::default());
         registry.register_with_unit(
             "http_server_request_duration",
             "Duration of HTTP server requests, by method, route template and status (OpenTelemetry's http.server.request.duration; its count is the requests)",
@@ -227,6 +272,7 @@ impl Metrics {
             "Whether the database and the lock store answered (1) or not (0) within 2 s, asked at each scrape as readiness asks",
             dependency_up.clone(),
         );
+        own.register_collector(Box::new(batch_sizes.clone()));
         Self {
             registry,
             http_duration,
@@ -248,7 +294,17 @@ impl Metrics {
             webhooks_pending,
             oldest_undelivered_webhook,
             dependency_up,
+            batch_sizes,
         }
+    }
+
+    /// The group commit's batch sizes as the ledger counts them (`(size, batches)`).
+    pub fn batch_sizes(&self, counts: Vec<(usize, u64)>) {
+        *self
+            .batch_sizes
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = counts;
     }
 
     /// Whether `dependency` (`database`, `lock_store`) answered.
@@ -517,6 +573,48 @@ mod tests {
             .filter(|line| line.starts_with("# TYPE "))
             .count();
         assert_eq!(helps, types, "every metric has help text");
+    }
+
+    /// The group commit's batch sizes read as a histogram: cumulative buckets, the sum of
+    /// spends and the count of batches.
+    #[test]
+    fn batch_sizes_are_a_histogram() {
+        let metrics = Metrics::new();
+        assert!(
+            !metrics.render().contains("ledger_batch_size"),
+            "none on SQLite"
+        );
+        metrics.batch_sizes(vec![(1, 10), (3, 2), (40, 1)]);
+        let text = metrics.render();
+        for expected in [
+            "# TYPE payonce_ledger_batch_size histogram",
+            "payonce_ledger_batch_size_sum 56.0",
+            "payonce_ledger_batch_size_count 13",
+            "payonce_ledger_batch_size_bucket{le=\"1.0\"} 10",
+            "payonce_ledger_batch_size_bucket{le=\"4.0\"} 12",
+            "payonce_ledger_batch_size_bucket{le=\"32.0\"} 12",
+            "payonce_ledger_batch_size_bucket{le=\"64.0\"} 13",
+            "payonce_ledger_batch_size_bucket{le=\"+Inf\"} 13",
+        ] {
+            assert!(text.contains(expected), "{expected} missing from\n{text}");
+        }
+        // Prometheus's own checker takes it in the classic format.
+        let mut promtool = std::process::Command::new("promtool")
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("promtool (Debian's prometheus package; scripts/services.sh installs it)");
+        std::io::Write::write_all(
+            &mut promtool.stdin.take().expect("stdin"),
+            metrics.render_prometheus().as_bytes(),
+        )
+        .expect("promtool reads");
+        let checked = promtool.wait_with_output().expect("promtool runs");
+        let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+            + &String::from_utf8_lossy(&checked.stderr);
+        assert!(checked.status.success() && said.trim().is_empty(), "{said}");
     }
 
     #[test]

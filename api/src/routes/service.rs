@@ -125,6 +125,9 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     let (database, lock_store) = probe(&state).await;
     state.metrics().dependency("database", database.is_ok());
     state.metrics().dependency("lock_store", lock_store.is_ok());
+    if let Some(batches) = state.ledger().batches() {
+        state.metrics().batch_sizes(batches.counts());
+    }
     let openmetrics = headers
         .get_all(header::ACCEPT)
         .iter()
