@@ -520,21 +520,39 @@ impl Inner {
 
     /// The namespace's epoch, set at its first grant from the clock (see the module docs).
     async fn epoch(&self, group: &RaftGroupId, fence: i64) -> Result<u64, CallError> {
+        self.update_epoch(group, |epoch| {
+            if epoch == 0 {
+                clock_micros().saturating_sub(fence).max(1)
+            } else {
+                epoch
+            }
+        })
+        .await
+    }
+
+    /// Moves the namespace's epoch to `target(epoch)` (compare-and-set, read again when
+    /// another process moved it meanwhile), and returns it: the one read-modify-write both
+    /// a grant's first use of the epoch and a raise go through.
+    async fn update_epoch(
+        &self,
+        group: &RaftGroupId,
+        target: impl Fn(i64) -> i64,
+    ) -> Result<u64, CallError> {
         let name = &self.options.namespace;
         loop {
             let epoch =
                 codec::long_answer(&self.call(&codec::atomic_long_get(group, name)).await?)?;
-            if epoch != 0 {
+            let wanted = target(epoch);
+            if wanted == epoch {
                 return Ok(epoch.unsigned_abs());
             }
-            let from_clock = clock_micros().saturating_sub(fence).max(1);
             let answer = self
                 .call(&codec::atomic_long_compare_and_set(
-                    group, name, 0, from_clock,
+                    group, name, epoch, wanted,
                 ))
                 .await?;
             if codec::boolean_answer(&answer)? {
-                return Ok(from_clock.unsigned_abs());
+                return Ok(wanted.unsigned_abs());
             }
         }
     }
@@ -816,33 +834,18 @@ impl LockBackend for HazelcastBackend {
     ) -> Result<FencingToken, LockError> {
         let inner = &self.inner;
         let group = inner.group().await?;
-        let name = &inner.options.namespace;
         let floor = i64::try_from(floor.get()).unwrap_or(i64::MAX);
-        loop {
-            let epoch = inner
-                .call(&codec::atomic_long_get(&group, name))
-                .await
-                .and_then(|answer| Ok(codec::long_answer(&answer)?))
-                .map_err(|error| inner.unavailable(&error))?;
-            let target = if epoch == 0 {
-                floor.max(clock_micros())
-            } else {
-                epoch.max(floor)
-            };
-            if target == epoch {
-                return Ok(FencingToken::new(epoch.unsigned_abs()));
-            }
-            let raised = inner
-                .call(&codec::atomic_long_compare_and_set(
-                    &group, name, epoch, target,
-                ))
-                .await
-                .and_then(|answer| Ok(codec::boolean_answer(&answer)?))
-                .map_err(|error| inner.unavailable(&error))?;
-            if raised {
-                return Ok(FencingToken::new(target.unsigned_abs()));
-            }
-        }
+        let raised = inner
+            .update_epoch(&group, |epoch| {
+                if epoch == 0 {
+                    floor.max(clock_micros())
+                } else {
+                    epoch.max(floor)
+                }
+            })
+            .await
+            .map_err(|error| inner.unavailable(&error))?;
+        Ok(FencingToken::new(raised))
     }
 
     async fn ping(&self) -> Result<(), LockError> {
