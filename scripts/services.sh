@@ -225,7 +225,10 @@ memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1;
 # from Maven Central once, through Maven's cache, to /var/lib/payonce/hazelcast; each
 # member runs deploy/hazelcast/member.yaml. Community Edition keeps CP state in memory
 # only and a member that restarts never rejoins as the CP member it was, so unless all
-# three answer with three CP members, all three are started afresh.
+# three answer with three CP members, all three are started afresh. The CP group `default`
+# (payonce's unless its URL names another) is created and has elected a leader before the
+# script ends: deploy/hazelcast/CpGroupReady.java takes a lock in it through Hazelcast's
+# own Java client, run from source (so a JDK, not only a JRE).
 hz_home=/var/lib/payonce/hazelcast
 hz_jar=$hz_home/hazelcast-5.4.0.jar
 hz_ports="5701 5702 5703"
@@ -237,7 +240,7 @@ hz_ok() {
     curl -fsS --max-time 2 -o /dev/null "http://127.0.0.1:$port/hazelcast/health/ready" 2>/dev/null || return 1
   done
 }
-command -v java >/dev/null || install --no-install-recommends openjdk-17-jre-headless
+command -v javac >/dev/null || install --no-install-recommends openjdk-17-jdk-headless
 command -v mvn >/dev/null || install --no-install-recommends maven
 if [ ! -s "$hz_jar" ]; then
   mvn -q -B dependency:get -Dartifact=com.hazelcast:hazelcast:5.4.0 -Dtransitive=false
@@ -270,6 +273,11 @@ if ! hz_ok; then
   done
 fi
 hz_ok || { echo "Hazelcast's CP Subsystem did not form on 127.0.0.1:5701-5703 (see /var/log/payonce/hazelcast-*.log)" >&2; exit 1; }
+if ! curl -fsS --max-time 2 http://127.0.0.1:5701/hazelcast/rest/cp-subsystem/groups 2>/dev/null | grep -q '"name":"default"'; then
+  java -Xmx256m -cp "$hz_jar" "$(cd "$(dirname "$0")/.." && pwd)/deploy/hazelcast/CpGroupReady.java" \
+    dev default $(printf '127.0.0.1:%s ' $hz_ports) ||
+    { echo "Hazelcast's CP group default did not start (see /var/log/payonce/hazelcast-*.log)" >&2; exit 1; }
+fi
 
 # --- The bank ----------------------------------------------------------------
 # payonce-bank (crate bank), the outside bank payouts go through, on 127.0.0.1:7700: built

@@ -75,10 +75,12 @@ const DEFAULT_GROUP: &str = "default";
 /// The cluster name a member takes unless configured otherwise (Hazelcast's own default).
 const DEFAULT_CLUSTER: &str = "dev";
 
-/// How long the CP group's lookup may take: the first use of a group creates its Raft
-/// group (a commit in the metadata group, then an election), seconds on a loaded machine.
-/// Once per process; a cluster that is down still fails at once (no connection).
-const GROUP_LOOKUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the CP group's lookup, and the creation of a session in it, may take: the
+/// first use of a group creates its Raft group (a commit in the metadata group), and the
+/// new group answers nothing until it has elected a leader — 2.7 s on a freshly started
+/// local cluster, longer on a loaded machine. Once per process and session; a cluster that
+/// is down still fails at once (no connection).
+const GROUP_START_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How often the cleaner tries again an unlock whose outcome is unknown.
 const CLEANUP_EVERY: Duration = Duration::from_millis(250);
@@ -292,10 +294,19 @@ impl Inner {
     /// first (it keeps the id), and the rest are reads, heartbeats, or compare-and-sets
     /// whose callers read again when they fail.
     async fn call(&self, request: &frame::Request) -> Result<frame::Message, CallError> {
-        match self.client.call(request, self.op_timeout).await {
+        self.call_within(request, self.op_timeout).await
+    }
+
+    /// [`Self::call`] with a limit of its own.
+    async fn call_within(
+        &self,
+        request: &frame::Request,
+        limit: Duration,
+    ) -> Result<frame::Message, CallError> {
+        match self.client.call(request, limit).await {
             Err(CallError::Broken(reason)) => {
                 tracing::debug!(%reason, "Hazelcast connection broke: sending again");
-                self.client.call(request, self.op_timeout).await
+                self.client.call(request, limit).await
             }
             answered => answered,
         }
@@ -314,7 +325,7 @@ impl Inner {
             .client
             .call(
                 &codec::create_cp_group(&self.group_name),
-                self.op_timeout.max(GROUP_LOOKUP_TIMEOUT),
+                self.op_timeout.max(GROUP_START_TIMEOUT),
             )
             .await
             .map_err(|error| self.unavailable(&error))?;
@@ -337,8 +348,12 @@ impl Inner {
         }
         let group = self.group().await?;
         let sent_at = Instant::now();
+        // Its first session may find the group still electing its first leader.
         let answer = self
-            .call(&codec::create_session(&group, self.client.name()))
+            .call_within(
+                &codec::create_session(&group, self.client.name()),
+                self.op_timeout.max(GROUP_START_TIMEOUT),
+            )
             .await
             .map_err(|error| self.unavailable(&error))?;
         let grant = codec::session_granted(&answer).map_err(LockError::unavailable)?;
