@@ -152,6 +152,12 @@ pub struct Config {
     /// How often expired tickets and old outcomes are reaped.
     #[arg(long, global = true, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
     pub reap_interval: Duration,
+    /// How often each instance audits the whole ledger for its metrics
+    /// (`payonce_audit_violations`); `0s` turns it off. Every rule is a scan of its
+    /// tables, so on a large ledger keep it rare, or turn it off and run `payonce audit`
+    /// from one place on a schedule.
+    #[arg(long, global = true, env = "PAYONCE_AUDIT_EVERY", default_value = "1h", value_parser = duration)]
+    pub audit_every: Duration,
     /// How long a lock key must have gone unused before the lock service forgets its
     /// state (fencing counter, queue): a store that expires state by itself uses it as the
     /// expiry, the others prune at each reaping. Bounds what the lock service holds when
@@ -618,6 +624,22 @@ impl LockUrl {
         }
     }
 
+    /// The service's name as a metric label (`lock_service`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "redis",
+            Self::RedisCluster(_) => "redis_cluster",
+            Self::RedisSentinel(_) => "redis_sentinel",
+            Self::ZooKeeper(_) => "zookeeper",
+            Self::Etcd(_) => "etcd",
+            Self::Postgres(_) => "postgres",
+            Self::MySqlTable(_) => "mysql_table",
+            Self::MySqlRow(_) => "mysql_row",
+            Self::Memcached(_) => "memcached",
+            Self::Hazelcast(_) => "hazelcast",
+        }
+    }
+
     /// The URL.
     pub fn url(&self) -> &str {
         match self {
@@ -1043,6 +1065,7 @@ impl fmt::Display for Config {
             ("PAYONCE_TICKET_TTL", human(self.ticket_ttl)),
             ("PAYONCE_RETENTION", human(self.retention)),
             ("PAYONCE_REAP_INTERVAL", human(self.reap_interval)),
+            ("PAYONCE_AUDIT_EVERY", human(self.audit_every)),
             ("PAYONCE_LOCK_IDLE", human(self.lock_idle)),
             ("PAYONCE_REQUEST_TIMEOUT", human(self.request_timeout)),
             (

@@ -71,8 +71,8 @@ use tower::ServiceExt;
 use crate::state::{AppState, Settings};
 
 /// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
-/// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile, and
-/// forgets the rate limits of clients gone quiet.
+/// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile, audits
+/// the ledger every `audit_every`, and forgets the rate limits of clients gone quiet.
 pub async fn serve(
     listener: TcpListener,
     state: AppState,
@@ -84,11 +84,12 @@ pub async fn serve(
     let forgetter = tokio::spawn(forget_idle_clients(state.clone(), stopping.clone()));
     let dispatcher = tokio::spawn(dispatch_payouts(state.clone(), stopping.clone()));
     let deliverer = tokio::spawn(dispatch_webhooks(state.clone(), stopping.clone()));
+    let auditor = tokio::spawn(audit(state.clone(), stopping.clone()));
     let settings = state.settings().clone();
     let app = routes::app(state, request_timeout);
     let served = accept(listener, app, &settings, shutdown).await;
     stopping.cancel();
-    let _ = tokio::join!(reaper, forgetter, dispatcher, deliverer);
+    let _ = tokio::join!(reaper, forgetter, dispatcher, deliverer, auditor);
     served
 }
 
@@ -252,6 +253,37 @@ async fn forget_idle_clients(state: AppState, stopping: CancellationToken) {
             () = tokio::time::sleep(Duration::from_secs(60)) => {}
         }
         state.limits().forget_idle();
+    }
+}
+
+/// Audits the whole ledger every `audit_every`, for `payonce_audit_violations`: the one
+/// metric that says money is safe rather than that things look normal. A violation is
+/// logged with its rule and numbers, as `payonce audit` prints it.
+async fn audit(state: AppState, stopping: CancellationToken) {
+    let every = state.settings().audit_every;
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match state.ledger().audit().await {
+            Ok(violations) => {
+                for violation in &violations {
+                    tracing::error!(
+                        rule = ?violation.rule,
+                        account_id = ?violation.account_id,
+                        ticket_id = ?violation.ticket_id,
+                        detail = %violation.detail,
+                        "the ledger audit found a broken invariant"
+                    );
+                }
+                state.metrics().audited(violations.len());
+            }
+            Err(error) => tracing::warn!(%error, "the ledger audit could not run; will retry"),
+        }
     }
 }
 

@@ -9,6 +9,12 @@
 //! in seconds says so (`# UNIT`, and the `_seconds` suffix); the rest count things —
 //! spends, calls, requests — which OpenTelemetry writes as annotations (`{request}`)
 //! and Prometheus leaves out of the name, so their help text names what they count.
+//!
+//! The lock metrics carry the lock service (`lock_service="redis"`, …) as a label, so a
+//! dashboard over instances on different services can tell them apart. Labelled families
+//! whose values are known in advance (payout outcomes, webhook results, grants) start
+//! with every value at zero: a rate over a series that does not exist yet is no answer at
+//! all, where over a zero it is 0.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,6 +51,21 @@ struct StatusLabels {
     status: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GrantLabels {
+    how: &'static str,
+}
+
+/// What a call to the bank came to (`payouts.rs`).
+const PAYOUT_OUTCOMES: [&str; 3] = ["made", "refused", "no_word"];
+/// How a payout settled.
+const PAYOUT_SETTLEMENTS: [&str; 2] = ["succeeded", "failed"];
+/// What a webhook delivery attempt came to (`webhooks/`).
+const WEBHOOK_RESULTS: [&str; 4] = ["delivered", "retried", "exhausted", "endpoint_gone"];
+/// How a spend got its account's lock: free at once, or handed off by a holder it waited
+/// behind.
+const GRANTS: [&str; 2] = ["free", "handed_off"];
+
 /// The buckets OpenTelemetry's conventions advise for `http.server.request.duration`.
 const HTTP_DURATION_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -67,6 +88,10 @@ pub struct Metrics {
     replays: Counter,
     executions: Counter,
     lock_wait: Histogram,
+    lock_grants: Family<GrantLabels, Counter>,
+    commit_duration: Histogram,
+    audit_violations: Gauge,
+    audit_completed: Gauge<f64, AtomicU64>,
     locks_lost: Counter,
     stale_tokens: Counter,
     lock_timeouts: Counter,
@@ -145,8 +170,14 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// A fresh registry with every metric at zero.
+    /// A fresh registry with every metric at zero, for locks in this process.
     pub fn new() -> Self {
+        Self::for_lock_service("in_process")
+    }
+
+    /// A fresh registry with every metric at zero, the lock metrics labelled with
+    /// `lock_service`.
+    pub fn for_lock_service(lock_service: &'static str) -> Self {
         let mut registry = Registry::default();
         let http_duration =
             Family::<HttpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -155,6 +186,10 @@ impl Metrics {
         let replays = Counter::default();
         let executions = Counter::default();
         let lock_wait = latency_histogram();
+        let lock_grants = Family::<GrantLabels, Counter>::default();
+        let commit_duration = latency_histogram();
+        let audit_violations = Gauge::default();
+        let audit_completed = Gauge::<f64, AtomicU64>::default();
         let locks_lost = Counter::default();
         let stale_tokens = Counter::default();
         let lock_timeouts = Counter::default();
@@ -188,11 +223,34 @@ impl Metrics {
             "Spends executed (outcome stored for the first time)",
             executions.clone(),
         );
-        own.register_with_unit(
+        let locks = own.sub_registry_with_label(("lock_service".into(), lock_service.into()));
+        locks.register_with_unit(
             "lock_wait",
             "Time spends waited for their account's lock",
             Unit::Seconds,
             lock_wait.clone(),
+        );
+        locks.register(
+            "lock_grants",
+            "Account locks spends got, by how: free at once, or handed off by the holder they waited behind",
+            lock_grants.clone(),
+        );
+        own.register_with_unit(
+            "ledger_commit_duration",
+            "Time a spend's commit took in the ledger, its wait for the group commit's next batch included",
+            Unit::Seconds,
+            commit_duration.clone(),
+        );
+        own.register(
+            "audit_violations",
+            "Broken ledger invariants the last periodic audit found (0: clean; see PAYONCE_AUDIT_EVERY)",
+            audit_violations.clone(),
+        );
+        own.register_with_unit(
+            "audit_completed_timestamp",
+            "When the last periodic audit of the ledger finished, as a Unix time (0: none yet)",
+            Unit::Seconds,
+            audit_completed.clone(),
         );
         own.register(
             "locks_lost",
@@ -273,12 +331,29 @@ impl Metrics {
             dependency_up.clone(),
         );
         own.register_collector(Box::new(batch_sizes.clone()));
+        for how in GRANTS {
+            drop(lock_grants.get_or_create(&GrantLabels { how }));
+        }
+        for outcome in PAYOUT_OUTCOMES {
+            drop(payout_attempts.get_or_create(&OutcomeLabels { outcome }));
+        }
+        for status in PAYOUT_SETTLEMENTS {
+            drop(payouts_settled.get_or_create(&StatusLabels { status }));
+        }
+        drop(payouts.get_or_create(&StatusLabels { status: "pending" }));
+        for result in WEBHOOK_RESULTS {
+            drop(webhook_attempts.get_or_create(&ResultLabels { result }));
+        }
         Self {
             registry,
             http_duration,
             replays,
             executions,
             lock_wait,
+            lock_grants,
+            commit_duration,
+            audit_violations,
+            audit_completed,
             locks_lost,
             stale_tokens,
             lock_timeouts,
@@ -390,8 +465,35 @@ impl Metrics {
         self.executions.inc();
     }
 
-    pub fn waited_for_lock(&self, waited: Duration) {
+    /// A lock granted after `waited`: free at once, or handed off by a holder.
+    pub fn lock_granted(&self, waited: Duration, handed_off: bool) {
         self.lock_wait.observe(waited.as_secs_f64());
+        self.lock_grants
+            .get_or_create(&GrantLabels {
+                how: if handed_off { "handed_off" } else { "free" },
+            })
+            .inc();
+    }
+
+    /// A wait for a lock that ended without it (timed out, turned away, an error).
+    pub fn lock_not_granted(&self, waited: Duration) {
+        self.lock_wait.observe(waited.as_secs_f64());
+    }
+
+    /// A spend's commit in the ledger, however it ended.
+    pub fn committed(&self, took: Duration) {
+        self.commit_duration.observe(took.as_secs_f64());
+    }
+
+    /// A periodic audit finished with `violations` broken invariants.
+    pub fn audited(&self, violations: usize) {
+        self.audit_violations
+            .set(i64::try_from(violations).unwrap_or(i64::MAX));
+        self.audit_completed.set(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0.0, |since| since.as_secs_f64()),
+        );
     }
 
     pub fn lock_lost(&self) {
@@ -521,7 +623,7 @@ mod tests {
     fn counters_are_described_by_their_total_series_in_the_classic_format() {
         let metrics = Metrics::new();
         metrics.executed();
-        metrics.waited_for_lock(Duration::from_millis(3));
+        metrics.lock_granted(Duration::from_millis(3), false);
         let text = metrics.render_prometheus();
         assert!(
             text.contains("# HELP payonce_executions_total Spends executed"),

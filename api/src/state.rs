@@ -33,6 +33,8 @@ pub struct Settings {
     pub retention: Duration,
     /// How often the reaper runs.
     pub reap_interval: Duration,
+    /// How often the ledger is audited for the metrics (zero: never).
+    pub audit_every: Duration,
     /// How long a lock key goes unused before its state is pruned.
     pub lock_idle: Duration,
     /// The instance's strategy (the demonstration).
@@ -67,6 +69,7 @@ impl Settings {
             ticket_ttl: config.ticket_ttl,
             retention: config.retention,
             reap_interval: config.reap_interval,
+            audit_every: config.audit_every,
             lock_idle: config.lock_idle,
             #[cfg(feature = "demo")]
             strategy: config.lock_strategy,
@@ -178,7 +181,12 @@ impl AppState {
             batch_workers: config.batch_workers,
             ..LedgerOptions::default()
         };
-        let (ledger, locks) = match config.mode()? {
+        let mode = config.mode()?;
+        let lock_label = match &mode {
+            Mode::Embedded { .. } => "in_process",
+            Mode::Distributed { locks, .. } => locks.label(),
+        };
+        let (ledger, locks) = match mode {
             Mode::Embedded { sqlite_path } => {
                 if let Some(dir) = sqlite_path.parent() {
                     std::fs::create_dir_all(dir)?;
@@ -203,7 +211,10 @@ impl AppState {
             orders_per_second: config.orders_per_second,
             bad_keys_per_minute: config.bad_keys_per_minute,
         });
-        let inner = Inner::new(ledger, locks, Settings::from_config(config), limits);
+        let inner = Inner {
+            metrics: Arc::new(Metrics::for_lock_service(lock_label)),
+            ..Inner::new(ledger, locks, Settings::from_config(config), limits)
+        };
         #[cfg(feature = "demo")]
         let inner = Inner {
             recipes: Recipes::for_config(config)?,

@@ -423,7 +423,7 @@ impl Spend<'_> {
             .try_acquire_noted(lock_key, settings.lock_ttl, &note)
             .await?;
         if let Some(guard) = free {
-            self.state.metrics().waited_for_lock(asked.elapsed());
+            self.state.metrics().lock_granted(asked.elapsed(), false);
             tracing::Span::current().record("lock.fencing_token", guard.fencing_token().get());
             return Ok(Locked::Held(guard));
         }
@@ -435,22 +435,28 @@ impl Spend<'_> {
             .locks()
             .acquire_noted(lock_key, settings.lock_ttl, deadline, &note)
             .await;
-        self.state.metrics().waited_for_lock(asked.elapsed());
         match acquired {
             Ok(guard) => {
+                // Not free a moment ago: a holder handed it on.
+                self.state.metrics().lock_granted(asked.elapsed(), true);
                 tracing::Span::current().record("lock.fencing_token", guard.fencing_token().get());
                 Ok(Locked::Held(guard))
             }
             Err(LockError::TimedOut { .. }) => {
+                self.state.metrics().lock_not_granted(asked.elapsed());
                 self.state.metrics().lock_timed_out();
                 Ok(Locked::Answered(self.gave_up_waiting(lock_key).await))
             }
             Err(LockError::QueueFull { .. }) => {
                 // Turned away at once: no lookups, so a crowd costs as little as it can.
+                self.state.metrics().lock_not_granted(asked.elapsed());
                 self.state.metrics().lock_queue_full();
                 Ok(Locked::Answered(Err(ApiError::AccountBusy)))
             }
-            Err(error) => Err(error.into()),
+            Err(error) => {
+                self.state.metrics().lock_not_granted(asked.elapsed());
+                Err(error.into())
+            }
         }
     }
 
@@ -462,6 +468,7 @@ impl Spend<'_> {
         lock_key: &str,
         guard: &LockGuard,
     ) -> Result<ledger::Applied, ApplyError> {
+        let started = Instant::now();
         let applied = self
             .state
             .ledger()
@@ -476,6 +483,7 @@ impl Spend<'_> {
                 &render,
             )
             .await;
+        self.state.metrics().committed(started.elapsed());
         if let Err(ApplyError::StaleToken {
             presented,
             recorded,

@@ -28,9 +28,26 @@ fn promtool(args: &[&str]) -> String {
 
 #[test]
 fn the_scrape_configuration_and_the_rules_are_valid() {
+    // The checker reads the targets file (targets.yml) and the rules too.
     promtool(&["check", "config", "prometheus.yml"]);
     let said = promtool(&["check", "rules", "rules.yml"]);
     assert!(said.contains("SUCCESS"), "{said}");
+}
+
+/// The configuration as docker-compose.yml mounts it: compose-targets.yml in place of
+/// targets.yml.
+#[test]
+fn the_compose_targets_are_valid() {
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to) in [
+        ("prometheus.yml", "prometheus.yml"),
+        ("rules.yml", "rules.yml"),
+        ("compose-targets.yml", "targets.yml"),
+    ] {
+        std::fs::copy(prometheus_dir().join(from), dir.path().join(to)).unwrap();
+    }
+    let config = dir.path().join("prometheus.yml");
+    promtool(&["check", "config", config.to_str().unwrap()]);
 }
 
 /// Every alert of `rules.yml` has a test that fires it and one that does not, and

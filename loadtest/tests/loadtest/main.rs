@@ -4,5 +4,6 @@
 
 mod audit;
 mod end_to_end;
+mod operations;
 mod payouts;
 mod webhooks;
