@@ -58,28 +58,51 @@ pub fn shared_bank() -> String {
     std::env::var("PAYONCE_TEST_BANK_URL").unwrap_or_else(|_| "http://127.0.0.1:7700".into())
 }
 
+/// What instances of the distributed mode share in a test: a database of their own,
+/// Redis under a namespace of their own, and the shared bank.
+pub struct Distributed {
+    pub database: TestDatabase,
+    pub bank: String,
+    redis: String,
+    namespace: String,
+}
+
+impl Distributed {
+    pub async fn new() -> Self {
+        Self {
+            database: TestDatabase::postgres().await.unwrap(),
+            bank: shared_bank(),
+            redis: std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+            namespace: format!("loadtest-{}", unique()),
+        }
+    }
+
+    /// Starts an instance on these, with `extra` flags; returns its base URL.
+    pub async fn serve(&self, extra: &[&str]) -> String {
+        let mut flags = vec![
+            "--database-url",
+            self.database.url(),
+            "--redis-url",
+            &self.redis,
+            "--redis-namespace",
+            &self.namespace,
+            "--bank-url",
+            &self.bank,
+        ];
+        flags.extend_from_slice(extra);
+        serve(config(&flags)).await
+    }
+}
+
 /// Two instances on PostgreSQL + Redis, duplicates sent to both at once, paying out to the
 /// shared `payonce-bank`: the audit passes, the run really exercised replays, refusals and
 /// reuse, and every payout was settled and is at the bank once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_run_against_two_instances_passes_the_audit() {
-    let database = TestDatabase::postgres().await.unwrap();
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let namespace = format!("loadtest-{}", unique());
-    let bank = shared_bank();
-    let flags = [
-        "--database-url",
-        database.url(),
-        "--redis-url",
-        &redis,
-        "--redis-namespace",
-        &namespace,
-        "--bank-url",
-        &bank,
-    ];
-    let targets = vec![serve(config(&flags)).await, serve(config(&flags)).await];
+    let shared = Distributed::new().await;
+    let targets = vec![shared.serve(&[]).await, shared.serve(&[]).await];
     let result = run(RunOptions {
-        bank: Some(bank.clone()),
+        bank: Some(shared.bank.clone()),
         ..options(targets)
     })
     .await
@@ -131,7 +154,7 @@ async fn a_run_against_two_instances_passes_the_audit() {
         "{:.2} of the withdrawals and draws refused",
         refused
     );
-    let ledger = ledger::Ledger::open(database.url(), &ledger::LedgerOptions::default())
+    let ledger = ledger::Ledger::open(shared.database.url(), &ledger::LedgerOptions::default())
         .await
         .unwrap();
     assert!(ledger.audit().await.unwrap().is_empty());

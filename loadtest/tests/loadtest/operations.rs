@@ -13,7 +13,7 @@ use loadtest::receiver::ReceiverFaults;
 use loadtest::run::{RunOptions, run};
 use serde_json::Value;
 
-use crate::end_to_end::{config, options, serve, shared_bank, unique};
+use crate::end_to_end::{Distributed, options};
 
 fn deploy() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
@@ -154,19 +154,8 @@ fn dashboard_queries() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_recording_rule_and_dashboard_query_returns_data_from_a_real_prometheus() {
-    let database = ledger::testing::TestDatabase::postgres().await.unwrap();
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let namespace = format!("loadtest-{}", unique());
-    let bank = shared_bank();
+    let shared = Distributed::new().await;
     let flags = [
-        "--database-url",
-        database.url(),
-        "--redis-url",
-        &redis,
-        "--redis-namespace",
-        &namespace,
-        "--bank-url",
-        &bank,
         "--audit-every",
         "1s",
         "--webhook-allow-private",
@@ -177,7 +166,7 @@ async fn every_recording_rule_and_dashboard_query_returns_data_from_a_real_prome
     ];
     let mut targets = Vec::new();
     for _ in 0..3 {
-        targets.push(serve(config(&flags)).await);
+        targets.push(shared.serve(&flags).await);
     }
     let scraped: Vec<String> = targets
         .iter()
@@ -187,7 +176,7 @@ async fn every_recording_rule_and_dashboard_query_returns_data_from_a_real_prome
     prometheus.until_targets_up(3).await;
 
     let result = run(RunOptions {
-        bank: Some(bank.clone()),
+        bank: Some(shared.bank.clone()),
         webhooks: Some(ReceiverFaults {
             fail: 0.1,
             ..ReceiverFaults::default()

@@ -10,7 +10,7 @@ use loadtest::receiver::{Answered, Receipt, ReceiverFaults};
 use loadtest::run::{RunOptions, run};
 use loadtest::webhooks::{Expected, audit_webhooks};
 
-use crate::end_to_end::{config, options, serve, shared_bank, unique};
+use crate::end_to_end::{Distributed, options};
 
 fn receipt(ticket: &str, kind: &str, id: &str, answered: Answered) -> Receipt {
     Receipt {
@@ -110,19 +110,8 @@ fn a_bad_signature_another_id_or_another_body_is_found() {
 /// settlements — arrives, verified, and nothing else does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_committed_outcome_reaches_a_misbehaving_receiver() {
-    let database = ledger::testing::TestDatabase::postgres().await.unwrap();
-    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
-    let namespace = format!("loadtest-{}", unique());
-    let bank = shared_bank();
+    let shared = Distributed::new().await;
     let flags = [
-        "--database-url",
-        database.url(),
-        "--redis-url",
-        &redis,
-        "--redis-namespace",
-        &namespace,
-        "--bank-url",
-        &bank,
         "--webhook-allow-private",
         "--webhook-retry-schedule",
         "100ms,200ms,400ms,800ms,1s,1s,1s,1s",
@@ -131,9 +120,9 @@ async fn every_committed_outcome_reaches_a_misbehaving_receiver() {
         "--webhook-lease",
         "3s",
     ];
-    let targets = vec![serve(config(&flags)).await, serve(config(&flags)).await];
+    let targets = vec![shared.serve(&flags).await, shared.serve(&flags).await];
     let result = run(RunOptions {
-        bank: Some(bank.clone()),
+        bank: Some(shared.bank.clone()),
         webhooks: Some(ReceiverFaults {
             fail: 0.12,
             throttle: 0.05,
