@@ -4,82 +4,13 @@
 
 use axum::http::StatusCode;
 use ledger::{Execution, Operation, OperationResult, Refusal};
-use serde::Serialize;
 use serde_json::{Map, Value, json};
-use uuid::Uuid;
 
 use crate::error::{problem, problem_with};
 
-/// A withdrawal or deposit that went through.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct MoneyMoved {
-    /// The ticket spent.
-    pub ticket_id: Uuid,
-    /// The account.
-    pub account_id: Uuid,
-    /// The amount withdrawn or deposited, in minor units.
-    pub amount: i64,
-    /// The balance after.
-    pub balance: i64,
-}
-
-/// A lottery draw that went through.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Drawn {
-    /// The ticket spent.
-    pub ticket_id: Uuid,
-    /// The account.
-    pub account_id: Uuid,
-    /// The prize drawn: `nothing`, `bronze`, `silver` or `gold`.
-    pub prize: String,
-    /// Money the prize credited, in minor units (≥ 0).
-    pub credit: i64,
-    /// Points spent on the draw.
-    pub points: i64,
-    /// Points left after the draw.
-    pub points_after: i64,
-    /// The balance after the credit.
-    pub balance: i64,
-}
-
-/// An order payment that went through.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OrderPaid {
-    /// The order paid.
-    pub order_id: Uuid,
-    /// The ticket spent.
-    pub ticket_id: Uuid,
-    /// The account.
-    pub account_id: Uuid,
-    /// The order's amount, withdrawn, in minor units.
-    pub amount: i64,
-    /// The balance after.
-    pub balance: i64,
-    /// Always `paid`.
-    #[schema(example = "paid")]
-    pub state: &'static str,
-}
-
-/// A payout accepted: the money left the account; the bank has not been asked yet. Its
-/// live status is at `GET /v1/payouts/{payout_id}` (the answer's `Location`).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PayoutAccepted {
-    /// The payout.
-    pub payout_id: Uuid,
-    /// The ticket spent.
-    pub ticket_id: Uuid,
-    /// The account.
-    pub account_id: Uuid,
-    /// The amount sent, in minor units.
-    pub amount: i64,
-    /// The account at the bank.
-    pub destination: String,
-    /// The balance after.
-    pub balance: i64,
-    /// Always `pending` here: the status when it was accepted.
-    #[schema(example = "pending")]
-    pub status: &'static str,
-}
+pub use payonce_types::orders::OrderPaid;
+pub use payonce_types::payouts::PayoutAccepted;
+pub use payonce_types::spends::{Drawn, MoneyMoved};
 
 /// The body stored for an execution.
 pub fn render(execution: &Execution<'_>) -> Value {
@@ -119,7 +50,7 @@ pub fn render(execution: &Execution<'_>) -> Value {
                 account_id,
                 amount: amount.get(),
                 balance,
-                state: "paid",
+                state: "paid".to_owned(),
             })
         }
         (
@@ -136,7 +67,7 @@ pub fn render(execution: &Execution<'_>) -> Value {
             amount: amount.get(),
             destination: destination.to_string(),
             balance,
-            status: "pending",
+            status: "pending".to_owned(),
         }),
         (operation, OperationResult::Refused(refusal)) => {
             return refused(execution, operation, refusal);

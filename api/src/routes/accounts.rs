@@ -13,82 +13,24 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::auth::{self, Bearer};
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, ClientAddress, IdempotencyKey, JsonBody, integral};
+use crate::extract::{AccountPath, ClientAddress, IdempotencyKey, JsonBody};
 use crate::routes::responses::{
     BodyTooLarge, MalformedCreate, NotAnAccount, NotJson, OthersAccount, Unauthenticated,
 };
 use crate::routes::spends::{fingerprint, stored_response};
 use crate::state::AppState;
 
-/// A request to open an account.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewAccountRequest {
-    /// 1 to 100 characters, none of them NUL.
-    #[schema(
-        min_length = 1,
-        max_length = 100,
-        pattern = "^[^\\u0000]*$",
-        example = "Ada"
-    )]
-    pub name: String,
-    /// Opening balance in minor units.
-    #[serde(default, deserialize_with = "integral")]
-    #[schema(minimum = 0, default = 0)]
-    pub balance: i64,
-    /// Opening points.
-    #[serde(default, deserialize_with = "integral")]
-    #[schema(minimum = 0, default = 0)]
-    pub points: i64,
-}
+pub use payonce_types::accounts::{AccountView, CreatedAccount, NewAccountRequest};
 
-/// An account.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AccountView {
-    /// Its id.
-    pub id: Uuid,
-    /// Its name.
-    pub name: String,
-    /// Money, in minor units.
-    pub balance: i64,
-    /// Points.
-    pub points: i64,
-    /// When it was opened (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-}
-
-impl From<Account> for AccountView {
-    fn from(account: Account) -> Self {
-        Self {
-            id: account.id.0,
-            name: account.name,
-            balance: account.balance,
-            points: account.points,
-            created_at: account.created_at,
-        }
+/// An account as the contract shows it.
+fn account_view(account: Account) -> AccountView {
+    AccountView {
+        id: account.id.0,
+        name: account.name,
+        balance: account.balance,
+        points: account.points,
+        created_at: account.created_at,
     }
-}
-
-/// A new account, with its API key: shown this once, stored only as a hash.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct CreatedAccount {
-    /// Its id.
-    pub id: Uuid,
-    /// Its name.
-    pub name: String,
-    /// Opening balance.
-    pub balance: i64,
-    /// Opening points.
-    pub points: i64,
-    /// Send as `Authorization: Bearer <api_key>`. Not retrievable later — but by
-    /// repeating a create sent with an `Idempotency-Key`, within the retention.
-    pub api_key: String,
-    /// When it was opened (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
 }
 
 /// Opens an account; its opening balance and points are its first ledger entry. With an
@@ -171,7 +113,7 @@ pub async fn create_account(
 
 /// A new account's answer as it is stored: [`CreatedAccount`] but its API key.
 fn opened_body(account: &Account) -> Value {
-    serde_json::to_value(AccountView::from(account.clone())).unwrap_or_default()
+    serde_json::to_value(account_view(account.clone())).unwrap_or_default()
 }
 
 /// Reads an account.
@@ -200,7 +142,7 @@ pub async fn get_account(
         .account(account)
         .await?
         .ok_or_else(|| ApiError::NotFound("no such account".into()))?;
-    Ok(Json(account.into()))
+    Ok(Json(account_view(account)))
 }
 
 /// Paging through entries.

@@ -12,14 +12,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::Response;
 use ledger::{Amount, NewOrder, Operation, Order, OrderId, StoredResponse};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
-use crate::extract::{AccountPath, IdempotencyKey, JsonBody, OrderPath, integral};
+use crate::extract::{AccountPath, IdempotencyKey, JsonBody, OrderPath};
 use crate::render::OrderPaid;
 use crate::routes::responses::{
     BodyTooLarge, MalformedCreate, MalformedSpend, NotAnAccount, NotJson, OthersAccount,
@@ -28,80 +25,23 @@ use crate::routes::responses::{
 use crate::routes::spends;
 use crate::state::AppState;
 
-/// An order to place.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct OrderRequest {
-    /// Minor units, 1 to 10^12 (an integral number such as `250.0` counts).
-    #[serde(deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 2500)]
-    pub amount: i64,
-    /// What it is for: up to 200 characters (none: empty).
-    #[serde(default)]
-    #[schema(max_length = 200, pattern = "^[^\\u0000]*$", example = "order #1017")]
-    pub description: String,
-}
+pub use payonce_types::orders::{OrderRequest, OrderState, OrderView, PaymentRequest};
 
-/// A payment's body: empty, or `{}`.
-#[derive(Debug, Default, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PaymentRequest {}
-
-/// What the OpenAPI document says an order's `state` is.
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)]
-enum OrderState {
-    Open,
-    Paid,
-}
-
-/// An order.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct OrderView {
-    /// The order's id.
-    pub order_id: Uuid,
-    /// The account that pays it.
-    pub account_id: Uuid,
-    /// Minor units.
-    pub amount: i64,
-    /// What it is for.
-    pub description: String,
-    /// `open` until a payment goes through, then `paid`.
-    #[schema(value_type = OrderState, example = "open")]
-    pub state: &'static str,
-    /// The ticket that paid it, once paid.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub paid_by_ticket: Option<Uuid>,
-    /// When it was paid (RFC 3339), once paid.
-    #[serde(
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub paid_at: Option<OffsetDateTime>,
-    /// When it was placed (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-}
-
-impl From<Order> for OrderView {
-    fn from(order: Order) -> Self {
-        Self {
-            order_id: order.id.0,
-            account_id: order.account_id.0,
-            amount: order.amount.get(),
-            description: order.description,
-            state: if order.paid_by_ticket.is_some() {
-                "paid"
-            } else {
-                "open"
-            },
-            paid_by_ticket: order.paid_by_ticket.map(|ticket| ticket.0),
-            paid_at: order.paid_at,
-            created_at: order.created_at,
-        }
+/// An order as the contract shows it.
+fn order_view(order: Order) -> OrderView {
+    OrderView {
+        order_id: order.id.0,
+        account_id: order.account_id.0,
+        amount: order.amount.get(),
+        description: order.description,
+        state: if order.paid_by_ticket.is_some() {
+            OrderState::Paid
+        } else {
+            OrderState::Open
+        },
+        paid_by_ticket: order.paid_by_ticket.map(|ticket| ticket.0),
+        paid_at: order.paid_at,
+        created_at: order.created_at,
     }
 }
 
@@ -181,7 +121,7 @@ pub async fn create_order(
 
 /// A new order's answer, as stored.
 fn placed_body(order: &Order) -> Value {
-    serde_json::to_value(OrderView::from(order.clone())).unwrap_or_default()
+    serde_json::to_value(order_view(order.clone())).unwrap_or_default()
 }
 
 /// Reads an order: open, or paid and by which ticket.
@@ -203,9 +143,7 @@ pub async fn get_order(
     caller: Caller,
     OrderPath(order): OrderPath,
 ) -> Result<Json<OrderView>, ApiError> {
-    Ok(Json(OrderView::from(
-        own_order(&state, caller, order).await?,
-    )))
+    Ok(Json(order_view(own_order(&state, caller, order).await?)))
 }
 
 /// Pays the order, once: its amount out of its account. Sent with a ticket of that

@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::auth::{Caller, OwnAccount};
 use crate::bank_fault;
 use crate::error::{ApiError, Problem};
-use crate::extract::{IdempotencyKey, JsonBody, PayoutPath, integral};
+use crate::extract::{IdempotencyKey, JsonBody, PayoutPath};
 use crate::render::PayoutAccepted;
 use crate::routes::responses::{
     BodyTooLarge, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
@@ -28,23 +28,7 @@ use crate::routes::responses::{
 use crate::routes::spends;
 use crate::state::AppState;
 
-/// A payout to send.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PayoutRequest {
-    /// Minor units, 1 to 10^12.
-    #[serde(deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 500)]
-    pub amount: i64,
-    /// The account at the bank: 1 to 64 of `A-Z a-z 0-9 . _ : -`.
-    #[schema(
-        min_length = 1,
-        max_length = 64,
-        pattern = "^[A-Za-z0-9._:-]{1,64}$",
-        example = "DE89370400440532013000"
-    )]
-    pub destination: String,
-}
+pub use payonce_types::payouts::PayoutRequest;
 
 /// A payout and where it stands.
 #[derive(Debug, Serialize, utoipa::ToSchema)]

@@ -35,7 +35,7 @@ use ledger::{
     StoredResponse, TicketId,
 };
 use lock::{FencingToken, LockError, LockGuard};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
@@ -44,36 +44,14 @@ use crate::auth::OwnAccount;
 #[cfg(feature = "demo")]
 use crate::demo::{self, Faults};
 use crate::error::{ApiError, PROBLEM_JSON, Problem};
-use crate::extract::{IdempotencyKey, JsonBody, integral};
+use crate::extract::{IdempotencyKey, JsonBody};
 use crate::render::{Drawn, MoneyMoved, render};
 use crate::routes::responses::{
     BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
 };
 use crate::state::AppState;
 
-/// A withdrawal or a deposit.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MoneyRequest {
-    /// Minor units, 1 to 10^12 (an integral number such as `250.0` counts).
-    #[serde(deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, example = 250)]
-    pub amount: i64,
-}
-
-fn one() -> i64 {
-    1
-}
-
-/// A lottery draw.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct DrawRequest {
-    /// Points to spend, 1 to 10^12.
-    #[serde(default = "one", deserialize_with = "integral")]
-    #[schema(minimum = 1, maximum = 1_000_000_000_000_i64, default = 1)]
-    pub points: i64,
-}
+pub use payonce_types::spends::{DrawRequest, MoneyRequest};
 
 /// Takes money out of the account.
 #[utoipa::path(

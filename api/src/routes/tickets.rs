@@ -4,11 +4,6 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use ledger::TicketState;
-use serde::Serialize;
-use serde_json::Value;
-use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, Problem};
@@ -16,62 +11,7 @@ use crate::extract::{AccountPath, TicketPath};
 use crate::routes::responses::{NotAnAccount, OthersAccount, Unauthenticated};
 use crate::state::AppState;
 
-/// A fresh ticket: send its id as the `Idempotency-Key` of one spend.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TicketIssued {
-    /// The ticket's id.
-    pub ticket_id: Uuid,
-    /// The account it may be spent on.
-    pub account_id: Uuid,
-    /// After this it can no longer be used (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub expires_at: OffsetDateTime,
-}
-
-/// A stored response.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct StoredResponseView {
-    /// Its HTTP status.
-    pub status: u16,
-    /// Its JSON body.
-    #[schema(value_type = Object)]
-    pub body: Value,
-}
-
-/// What the OpenAPI document says a ticket's `state` is: one of three words. (The ledger's
-/// `TicketState` serialises to exactly these.)
-#[derive(utoipa::ToSchema)]
-#[schema(rename_all = "lowercase")]
-#[allow(dead_code)]
-enum TicketStateName {
-    Issued,
-    Completed,
-    Expired,
-}
-
-/// A ticket and, once used, the response stored under it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct TicketView {
-    /// The ticket's id.
-    pub ticket_id: Uuid,
-    /// The account it belongs to.
-    pub account_id: Uuid,
-    /// `issued`, `completed` or `expired`.
-    #[schema(value_type = TicketStateName, example = "completed")]
-    pub state: TicketState,
-    /// The stored response, once used (absent once past retention).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response: Option<StoredResponseView>,
-    /// When it was issued (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-    /// When it stops being usable (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub expires_at: OffsetDateTime,
-}
+pub use payonce_types::tickets::{StoredResponseView, TicketIssued, TicketState, TicketView};
 
 /// Issues a ticket to the account.
 #[utoipa::path(
@@ -150,7 +90,11 @@ pub async fn get_ticket(
         .await?
         .filter(|ticket| ticket.account_id == caller.0)
         .ok_or(ApiError::TicketNotFound)?;
-    let ticket_state = ticket.state();
+    let ticket_state = match ticket.state() {
+        ledger::TicketState::Issued => TicketState::Issued,
+        ledger::TicketState::Completed => TicketState::Completed,
+        ledger::TicketState::Expired => TicketState::Expired,
+    };
     let response = ticket
         .outcome
         .and_then(|outcome| outcome.response)

@@ -1,0 +1,24 @@
+//! The bodies of payonce's HTTP contract, in one place for the server (the `api` crate)
+//! and its clients: what a request sends and what an answer carries. The server's OpenAPI
+//! document is generated from these very types (with the feature `openapi`), so the
+//! document, the server and a Rust client cannot disagree on a field.
+//!
+//! # Map
+//! - [`accounts`]: opening an account, and reading one.
+//! - [`tickets`]: a ticket issued, and a ticket with the response stored under it.
+//! - [`spends`]: withdrawals, deposits and lottery draws — what is sent, what they answer.
+//! - [`orders`]: placing an order and paying it once.
+//! - [`payouts`]: a payout sent, and its answer.
+//! - [`integral`]: how amounts are read — an integral number such as `250.0` counts.
+//!
+//! Every request type refuses unknown fields, as the server does; answer types read
+//! whatever the server adds later.
+
+pub mod accounts;
+pub mod integral;
+pub mod orders;
+pub mod payouts;
+pub mod spends;
+pub mod tickets;
+
+pub use integral::integral;
