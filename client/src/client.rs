@@ -1,0 +1,391 @@
+//! The client: base URLs, a key, the typed calls, and the one loop that sends and resends.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use payonce_types::accounts::{AccountView, CreatedAccount, NewAccountRequest};
+use payonce_types::orders::{OrderPaid, OrderRequest, OrderView, PaymentRequest};
+use payonce_types::payouts::{PayoutAccepted, PayoutRequest};
+use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
+use payonce_types::tickets::{TicketIssued, TicketView};
+use reqwest::Method;
+use reqwest::header::{AUTHORIZATION, RETRY_AFTER};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use url::Url;
+use uuid::Uuid;
+
+use crate::Error;
+use crate::intent::{Intent, ResendPolicy};
+use crate::problem::Problem;
+
+/// A client of one payonce service: one base URL, or several instances of it tried in
+/// turn — a send that got no answer or a 503 goes to the next.
+///
+/// Cheap to clone; clones share the connection pool. [`Client::with_key`] gives a clone
+/// that sends an account's key.
+#[derive(Clone, Debug)]
+pub struct Client {
+    shared: Arc<Shared>,
+    key: Option<String>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    http: reqwest::Client,
+    /// Each ends with `/`, so that a path joins on.
+    bases: Vec<String>,
+    /// The base the next send goes to.
+    next: AtomicUsize,
+    policy: ResendPolicy,
+}
+
+/// How to build a [`Client`].
+#[derive(Debug)]
+pub struct ClientBuilder {
+    bases: Vec<String>,
+    timeout: Duration,
+    policy: ResendPolicy,
+}
+
+impl ClientBuilder {
+    /// Another instance of the service to send to.
+    pub fn base_url(mut self, base: impl Into<String>) -> Self {
+        self.bases.push(base.into());
+        self
+    }
+
+    /// How long one send waits for its answer before it counts as none (10 s unless set).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How sends are repeated ([`ResendPolicy::default`] unless set).
+    pub fn resend_policy(mut self, policy: ResendPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// The client.
+    pub fn build(self) -> Result<Client, Error> {
+        let bases = self
+            .bases
+            .iter()
+            .map(|base| {
+                let url = Url::parse(base)?;
+                let text = url.as_str();
+                Ok(if text.ends_with('/') {
+                    text.to_owned()
+                } else {
+                    format!("{text}/")
+                })
+            })
+            .collect::<Result<Vec<_>, url::ParseError>>()?;
+        if bases.is_empty() {
+            return Err(Error::Url(url::ParseError::EmptyHost));
+        }
+        let http = reqwest::Client::builder().timeout(self.timeout).build()?;
+        Ok(Client {
+            shared: Arc::new(Shared {
+                http,
+                bases,
+                next: AtomicUsize::new(0),
+                policy: self.policy,
+            }),
+            key: None,
+        })
+    }
+}
+
+/// An answer with an outcome.
+pub(crate) struct Answered<T> {
+    pub body: T,
+    pub status: u16,
+    pub replayed: bool,
+    pub attempts: u32,
+}
+
+/// What one send got: an answer, or none.
+enum Sent {
+    Answer {
+        status: u16,
+        body: Value,
+        replayed: bool,
+        retry_after: Option<Duration>,
+    },
+    None(reqwest::Error),
+}
+
+impl Client {
+    /// A client of the service at `base` (`http://127.0.0.1:8080`), with the default
+    /// timeout and resend policy.
+    pub fn new(base: &str) -> Result<Self, Error> {
+        Self::builder().base_url(base).build()
+    }
+
+    /// A client to configure: several base URLs, a timeout, a resend policy.
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder {
+            bases: Vec::new(),
+            timeout: Duration::from_secs(10),
+            policy: ResendPolicy::default(),
+        }
+    }
+
+    /// This client, sending `key` (an account's API key, or the operator's) as
+    /// `Authorization: Bearer`.
+    pub fn with_key(&self, key: &str) -> Self {
+        Self {
+            shared: self.shared.clone(),
+            key: Some(key.to_owned()),
+        }
+    }
+
+    pub(crate) fn policy(&self) -> ResendPolicy {
+        self.shared.policy
+    }
+
+    /// Opens an account. Sent with an `Idempotency-Key` of its own, so a resend after no
+    /// answer opens it once and answers the same account and API key.
+    pub async fn open_account(&self, request: &NewAccountRequest) -> Result<CreatedAccount, Error> {
+        self.create("/v1/accounts", request).await
+    }
+
+    /// The account (its key needed).
+    pub async fn account(&self, account: Uuid) -> Result<AccountView, Error> {
+        self.get(&format!("/v1/accounts/{account}")).await
+    }
+
+    /// A fresh ticket of the account. An [`Intent`] takes its own; this is for a caller
+    /// that keeps tickets itself (see [`Intent::with_ticket`]).
+    pub async fn take_ticket(&self, account: Uuid) -> Result<TicketIssued, Error> {
+        // A resend after no answer may issue a second ticket: harmless, an unused ticket
+        // only expires.
+        let path = format!("/v1/accounts/{account}/tickets");
+        self.send_with_resends(&self.shared.policy, Method::POST, &path, None, None)
+            .await
+            .map(|answered| answered.body)
+    }
+
+    /// A ticket, and the response stored under it once used: what an intent whose outcome
+    /// is unknown came to.
+    pub async fn ticket(&self, ticket: Uuid) -> Result<TicketView, Error> {
+        self.get(&format!("/v1/tickets/{ticket}")).await
+    }
+
+    /// Places an order for the account to pay once (with an `Idempotency-Key` of its own,
+    /// as [`Client::open_account`]).
+    pub async fn place_order(
+        &self,
+        account: Uuid,
+        order: &OrderRequest,
+    ) -> Result<OrderView, Error> {
+        self.create(&format!("/v1/accounts/{account}/orders"), order)
+            .await
+    }
+
+    /// The order.
+    pub async fn order(&self, order: Uuid) -> Result<OrderView, Error> {
+        self.get(&format!("/v1/orders/{order}")).await
+    }
+
+    /// Withdrawing `amount` (minor units) from the account, as an intent.
+    pub fn withdrawal(&self, account: Uuid, amount: i64) -> Intent<MoneyMoved> {
+        self.intent(
+            account,
+            format!("/v1/accounts/{account}/withdrawals"),
+            &MoneyRequest { amount },
+        )
+    }
+
+    /// Depositing `amount` into the account (the operator's key, where one is set), as an
+    /// intent.
+    pub fn deposit(&self, account: Uuid, amount: i64) -> Intent<MoneyMoved> {
+        self.intent(
+            account,
+            format!("/v1/accounts/{account}/deposits"),
+            &MoneyRequest { amount },
+        )
+    }
+
+    /// A lottery draw spending `points`, as an intent.
+    pub fn lottery_draw(&self, account: Uuid, points: i64) -> Intent<Drawn> {
+        self.intent(
+            account,
+            format!("/v1/accounts/{account}/lottery-draws"),
+            &DrawRequest { points },
+        )
+    }
+
+    /// Paying the order from its account, as an intent.
+    pub fn order_payment(&self, account: Uuid, order: Uuid) -> Intent<OrderPaid> {
+        self.intent(
+            account,
+            format!("/v1/orders/{order}/payments"),
+            &PaymentRequest {},
+        )
+    }
+
+    /// Paying out from the account to a bank account, as an intent.
+    pub fn payout(&self, account: Uuid, payout: &PayoutRequest) -> Intent<PayoutAccepted> {
+        self.intent(account, format!("/v1/accounts/{account}/payouts"), payout)
+    }
+
+    fn intent<T: DeserializeOwned>(
+        &self,
+        account: Uuid,
+        path: String,
+        body: &impl Serialize,
+    ) -> Intent<T> {
+        let body = serde_json::to_value(body).unwrap_or(Value::Null);
+        Intent::new(self.clone(), account, path, body)
+    }
+
+    async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        self.send_with_resends(&self.shared.policy, Method::GET, path, None, None)
+            .await
+            .map(|answered| answered.body)
+    }
+
+    async fn create<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &impl Serialize,
+    ) -> Result<T, Error> {
+        let body = serde_json::to_value(body).unwrap_or(Value::Null);
+        let key = Uuid::new_v4();
+        self.send_with_resends(
+            &self.shared.policy,
+            Method::POST,
+            path,
+            Some(&body),
+            Some(key),
+        )
+        .await
+        .map(|answered| answered.body)
+    }
+
+    /// Sends, and sends again by `policy` while there is no answer or a resendable
+    /// problem, always with the same `idempotency_key`; the first final answer.
+    pub(crate) async fn send_with_resends<T: DeserializeOwned>(
+        &self,
+        policy: &ResendPolicy,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        idempotency_key: Option<Uuid>,
+    ) -> Result<Answered<T>, Error> {
+        let attempts = policy.max_attempts.max(1);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let sent = self
+                .send_once(method.clone(), path, body, idempotency_key)
+                .await;
+            let (error, retry_after) = match sent {
+                Sent::None(error) => (Error::Transport(error), None),
+                Sent::Answer {
+                    status,
+                    body,
+                    replayed,
+                    ..
+                } if (200..300).contains(&status) => {
+                    return match serde_json::from_value::<T>(body.clone()) {
+                        Ok(parsed) => Ok(Answered {
+                            body: parsed,
+                            status,
+                            replayed,
+                            attempts: attempt,
+                        }),
+                        Err(_) => Err(Error::Unexpected {
+                            status,
+                            body: body.to_string(),
+                        }),
+                    };
+                }
+                Sent::Answer {
+                    status,
+                    body,
+                    retry_after,
+                    ..
+                } => match Problem::from_body(status, &body, retry_after) {
+                    Some(problem) if problem.is_resendable() => {
+                        (Error::Refused(Box::new(problem)), retry_after)
+                    }
+                    Some(problem) => return Err(Error::Refused(Box::new(problem))),
+                    None => {
+                        return Err(Error::Unexpected {
+                            status,
+                            body: body.to_string(),
+                        });
+                    }
+                },
+            };
+            if attempt >= attempts {
+                return Err(Error::GaveUp {
+                    ticket: None,
+                    attempts: attempt,
+                    last: Box::new(error),
+                });
+            }
+            // No answer or a 503: the next send goes to the next instance.
+            if !matches!(&error, Error::Refused(problem) if problem.status == 409) {
+                self.shared.next.fetch_add(1, Ordering::Relaxed);
+            }
+            tokio::time::sleep(policy.wait(attempt, retry_after)).await;
+        }
+    }
+
+    async fn send_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        idempotency_key: Option<Uuid>,
+    ) -> Sent {
+        let bases = &self.shared.bases;
+        let base = &bases[self.shared.next.load(Ordering::Relaxed) % bases.len()];
+        let mut request = self
+            .shared
+            .http
+            .request(method, format!("{base}{}", path.trim_start_matches('/')));
+        if let Some(key) = &self.key {
+            request = request.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        if let Some(key) = idempotency_key {
+            request = request.header("idempotency-key", key.to_string());
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) => return Sent::None(error),
+        };
+        let status = response.status().as_u16();
+        let replayed = response
+            .headers()
+            .get("idempotent-replayed")
+            .is_some_and(|value| value == "true");
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        // An answer whose body broke off is no answer: what it said is unknown.
+        match response.bytes().await {
+            Ok(bytes) => Sent::Answer {
+                status,
+                body: serde_json::from_slice(&bytes)
+                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())),
+                replayed,
+                retry_after,
+            },
+            Err(error) => Sent::None(error),
+        }
+    }
+}

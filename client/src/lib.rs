@@ -1,0 +1,108 @@
+//! A client of payonce that makes the safe retry the easy one.
+//!
+//! payonce's contract is only as safe as its clients: a spend that got no answer, a 503 or
+//! a 409 `request-in-progress` must be sent again **with the same ticket**, and never with a
+//! new one — a second ticket is a second spend. Here a spend is an [`Intent`]: it takes its
+//! ticket once, then sends, and resends with that ticket (exponential backoff with jitter,
+//! `Retry-After` honoured, up to a bound) until the answer is final. Its [`Outcome`] says
+//! whether the answer was a replay of an earlier execution. A 503 `outcome-unknown` is not
+//! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about.
+//!
+//! # Map
+//! - [`Client`] (`client.rs`): the typed calls — accounts, tickets, orders — and the
+//!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts.
+//! - [`Intent`], [`Outcome`], [`ResendPolicy`] (`intent.rs`): one spend, its resends.
+//! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields.
+//! - [`webhooks`]: verifying the signature of a webhook payonce sent.
+//! - [`types`]: the contract's bodies, shared with the server (`payonce-types`).
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn walkthrough() -> Result<(), payonce_client::Error> {
+//! use payonce_client::Client;
+//! use payonce_client::types::accounts::NewAccountRequest;
+//!
+//! let payonce = Client::new("http://127.0.0.1:8080")?;
+//! let ada = payonce
+//!     .open_account(&NewAccountRequest { name: "Ada".into(), balance: 1000, points: 5 })
+//!     .await?;
+//! let payonce = payonce.with_key(&ada.api_key);
+//!
+//! // One intent, one ticket: however many times it is sent, 300 leave once.
+//! let mut withdrawal = payonce.withdrawal(ada.id, 300);
+//! let first = withdrawal.send().await?;
+//! let again = withdrawal.send().await?;
+//! assert_eq!((first.body.balance, first.replayed), (700, false));
+//! assert_eq!((again.body, again.replayed), (first.body, true));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same code runs against a real server in `tests/client.rs`, and as a program in
+//! `examples/walkthrough.rs`.
+
+mod client;
+mod intent;
+mod problem;
+pub mod webhooks;
+
+pub use client::{Client, ClientBuilder};
+pub use intent::{Intent, Outcome, ResendPolicy};
+pub use payonce_types as types;
+pub use problem::{Problem, ProblemKind};
+use uuid::Uuid;
+
+/// Why a call did not end with an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The server answered with a problem a resend would only repeat: a refusal (stored
+    /// under the ticket, for a spend), a bad request, a missing key.
+    #[error("refused: {0}")]
+    Refused(Box<Problem>),
+    /// The spend's commit may or may not have happened (503 `outcome-unknown`). Ask the
+    /// ticket ([`Client::ticket`]), or send the intent again later: with its ticket it
+    /// executes at most once either way.
+    #[error("the outcome of the spend with ticket {ticket} is unknown: {problem}")]
+    OutcomeUnknown {
+        /// The intent's ticket.
+        ticket: Uuid,
+        /// The server's answer.
+        problem: Box<Problem>,
+    },
+    /// Every send allowed by the [`ResendPolicy`] got no final answer; the last error.
+    #[error("no final answer after {attempts} attempts; the last: {last}")]
+    GaveUp {
+        /// The intent's ticket, if one was taken: resend with it, never with a new one.
+        ticket: Option<Uuid>,
+        /// Sends made.
+        attempts: u32,
+        /// What the last one got.
+        last: Box<Error>,
+    },
+    /// No answer: the connection was refused, broken, or timed out.
+    #[error("no answer: {0}")]
+    Transport(#[from] reqwest::Error),
+    /// An answer that is not what the contract says.
+    #[error("unexpected answer {status}: {body}")]
+    Unexpected {
+        /// Its status.
+        status: u16,
+        /// Its body, as text.
+        body: String,
+    },
+    /// A base URL that is not one.
+    #[error("not a base URL: {0}")]
+    Url(#[from] url::ParseError),
+}
+
+impl Error {
+    /// The problem the server answered, if it answered one.
+    pub fn problem(&self) -> Option<&Problem> {
+        match self {
+            Self::Refused(problem) | Self::OutcomeUnknown { problem, .. } => Some(problem),
+            Self::GaveUp { last, .. } => last.problem(),
+            _ => None,
+        }
+    }
+}

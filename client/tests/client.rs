@@ -1,0 +1,290 @@
+//! payonce-client against a real payonce server (the embedded mode, in this process, on
+//! a port-0 listener): the crate docs' walkthrough, refusals as problem enums, an order
+//! paid once, an answer lost on the way back resent with the same ticket and executed
+//! once, an instance down among the base URLs, webhook signatures.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use clap::Parser;
+use payonce_client::types::accounts::NewAccountRequest;
+use payonce_client::types::orders::{OrderRequest, OrderState};
+use payonce_client::types::tickets::TicketState;
+use payonce_client::{Client, Error, ProblemKind, ResendPolicy};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A payonce server in the embedded mode; its base URL and the directory it keeps.
+async fn server() -> (String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().display().to_string();
+    let mut config = api::config::Cli::parse_from(["payonce", "--data-dir", &data_dir]).config;
+    // The test command exports DATABASE_URL and REDIS_URL; the embedded mode needs neither.
+    config.database_url = None;
+    config.redis_url = None;
+    let state = api::state::AppState::connect(&config)
+        .await
+        .expect("the service starts");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(api::serve(
+        listener,
+        state,
+        config.request_timeout,
+        std::future::pending(),
+    ));
+    (base, dir)
+}
+
+fn ada_request() -> NewAccountRequest {
+    NewAccountRequest {
+        name: "Ada".into(),
+        balance: 1000,
+        points: 5,
+    }
+}
+
+/// The crate docs' example, run.
+#[tokio::test]
+async fn one_intent_spends_once_however_often_it_is_sent() {
+    let (base, _dir) = server().await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+
+    let mut withdrawal = payonce.withdrawal(ada.id, 300);
+    let first = withdrawal.send().await.unwrap();
+    let again = withdrawal.send().await.unwrap();
+    assert_eq!((first.body.balance, first.replayed), (700, false));
+    assert_eq!((&again.body, again.replayed), (&first.body, true));
+    assert_eq!(again.ticket, first.ticket);
+    assert_eq!(payonce.account(ada.id).await.unwrap().balance, 700);
+
+    let ticket = payonce.ticket(first.ticket).await.unwrap();
+    assert_eq!(ticket.state, TicketState::Completed);
+    assert_eq!(ticket.response.unwrap().status, 201);
+
+    let drawn = payonce.lottery_draw(ada.id, 2).send().await.unwrap();
+    assert_eq!(drawn.body.points_after, 3);
+}
+
+/// A refusal is a problem with its fields, stored under the ticket: sending the intent
+/// again answers it again.
+#[tokio::test]
+async fn refusals_are_problems_with_their_fields() {
+    let (base, _dir) = server().await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+
+    let mut too_much = payonce.withdrawal(ada.id, 5000);
+    for _ in 0..2 {
+        let Err(Error::Refused(problem)) = too_much.send().await else {
+            panic!("not refused")
+        };
+        assert_eq!(problem.status, 402);
+        assert_eq!(
+            problem.kind,
+            ProblemKind::InsufficientFunds {
+                balance: 1000,
+                amount: Some(5000),
+                order_id: None
+            }
+        );
+        assert_eq!(problem.ticket_id, too_much.ticket());
+    }
+    let Err(Error::Refused(problem)) = payonce.lottery_draw(ada.id, 9).send().await else {
+        panic!("not refused")
+    };
+    assert_eq!(
+        problem.kind,
+        ProblemKind::InsufficientPoints {
+            points: 5,
+            points_needed: Some(9)
+        }
+    );
+    // Someone else's key reads nothing.
+    let stranger = Client::new(&base)
+        .unwrap()
+        .with_key("pk_not-a-key-of-this-service");
+    let error = stranger.account(ada.id).await.unwrap_err();
+    assert_eq!(
+        error.problem().map(|problem| &problem.kind),
+        Some(&ProblemKind::Unauthenticated)
+    );
+}
+
+/// Two intents to pay one order: one pays it, the other is refused with the ticket that
+/// did.
+#[tokio::test]
+async fn an_order_is_paid_by_one_intent_only() {
+    let (base, _dir) = server().await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let order = payonce
+        .place_order(
+            ada.id,
+            &OrderRequest {
+                amount: 250,
+                description: "order #1017".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(order.state, OrderState::Open);
+
+    let mut first = payonce.order_payment(ada.id, order.order_id);
+    let mut second = payonce.order_payment(ada.id, order.order_id);
+    let paid = first.send().await.unwrap();
+    assert_eq!((paid.body.balance, paid.body.state.as_str()), (750, "paid"));
+    let Err(Error::Refused(problem)) = second.send().await else {
+        panic!("paid twice")
+    };
+    assert_eq!(
+        problem.kind,
+        ProblemKind::OrderAlreadyPaid {
+            paid_by_ticket: paid.ticket,
+            order_id: Some(order.order_id)
+        }
+    );
+    let order = payonce.order(order.order_id).await.unwrap();
+    assert_eq!(
+        (order.state, order.paid_by_ticket),
+        (OrderState::Paid, Some(paid.ticket))
+    );
+}
+
+/// A proxy in front of `upstream` that, while `cut` is set, passes one request on, waits
+/// for the server's answer, and drops the connection instead of passing the answer back
+/// (then clears `cut`): the request executed, the client never heard.
+async fn answer_dropping_proxy(upstream: String, cut: Arc<AtomicBool>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    let upstream = upstream.trim_start_matches("http://").to_owned();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut client, _)) = listener.accept().await else {
+                return;
+            };
+            let upstream = upstream.clone();
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = TcpStream::connect(&upstream).await else {
+                    return;
+                };
+                if cut.swap(false, Ordering::SeqCst) {
+                    let mut request = vec![0; 64 * 1024];
+                    let read = client.read(&mut request).await.unwrap_or(0);
+                    server.write_all(&request[..read]).await.unwrap();
+                    let mut answer = [0; 1024];
+                    let _ = server.read(&mut answer).await;
+                    // Both dropped here: the answer never reaches the client.
+                } else {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    address
+}
+
+/// The answer to a withdrawal is lost after the server executed it: the intent resends
+/// with the same ticket, and learns the outcome as a replay — one execution.
+#[tokio::test]
+async fn a_lost_answer_is_resent_with_the_same_ticket_and_executes_once() {
+    let (base, _dir) = server().await;
+    let direct = Client::new(&base).unwrap();
+    let ada = direct.open_account(&ada_request()).await.unwrap();
+    let direct = direct.with_key(&ada.api_key);
+    let ticket = direct.take_ticket(ada.id).await.unwrap().ticket_id;
+
+    let cut = Arc::new(AtomicBool::new(true));
+    let proxy = answer_dropping_proxy(base.clone(), cut.clone()).await;
+    let through_proxy = Client::new(&proxy).unwrap().with_key(&ada.api_key);
+    let outcome = through_proxy
+        .withdrawal(ada.id, 300)
+        .with_ticket(ticket)
+        .send()
+        .await
+        .unwrap();
+    assert!(!cut.load(Ordering::SeqCst), "the first answer was dropped");
+    assert_eq!(
+        (outcome.attempts, outcome.replayed, outcome.ticket),
+        (2, true, ticket)
+    );
+    assert_eq!(outcome.body.balance, 700);
+    assert_eq!(direct.account(ada.id).await.unwrap().balance, 700);
+}
+
+/// With an instance that does not answer among the base URLs, sends move on to the next,
+/// and a spend executes once.
+#[tokio::test]
+async fn a_dead_instance_among_the_bases_is_passed_over() {
+    let (base, _dir) = server().await;
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let payonce = Client::builder()
+        .base_url(&dead)
+        .base_url(&base)
+        .resend_policy(ResendPolicy {
+            max_attempts: 4,
+            first_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+        })
+        .build()
+        .unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let outcome = payonce.withdrawal(ada.id, 100).send().await.unwrap();
+    assert_eq!((outcome.body.balance, outcome.replayed), (900, false));
+
+    // Nothing but dead instances: it gives up, saying how often it tried.
+    let nowhere = Client::builder()
+        .base_url(&dead)
+        .resend_policy(ResendPolicy {
+            max_attempts: 3,
+            first_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+        })
+        .build()
+        .unwrap();
+    let Err(Error::GaveUp { attempts, last, .. }) = nowhere.open_account(&ada_request()).await
+    else {
+        panic!("did not give up")
+    };
+    assert_eq!(attempts, 3);
+    assert!(matches!(*last, Error::Transport(_)), "{last}");
+}
+
+/// A signature made by the specification's rules verifies; another body, another secret,
+/// or an old timestamp does not.
+#[test]
+fn webhook_signatures_are_verified() {
+    use payonce_client::webhooks::{HeaderMap, verify};
+    let secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    let body = br#"{"type":"withdrawal.succeeded"}"#;
+    let signed = |timestamp: i64, body: &[u8]| {
+        let signature = standardwebhooks::Webhook::new(secret)
+            .unwrap()
+            .sign("msg_1", timestamp, body)
+            .unwrap();
+        let mut headers = HeaderMap::new();
+        headers.insert("webhook-id", "msg_1".parse().unwrap());
+        headers.insert("webhook-timestamp", timestamp.to_string().parse().unwrap());
+        headers.insert("webhook-signature", signature.parse().unwrap());
+        headers
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    verify(secret, &signed(now, body), body).unwrap();
+    assert!(verify(secret, &signed(now, body), b"{}").is_err());
+    assert!(verify("whsec_dGhlIG90aGVyIHNlY3JldA==", &signed(now, body), body).is_err());
+    assert!(verify(secret, &signed(now - 3600, body), body).is_err());
+}
