@@ -18,9 +18,16 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A payonce server in the embedded mode; its base URL and the directory it keeps.
 async fn server() -> (String, tempfile::TempDir) {
+    server_with(&[]).await
+}
+
+/// A payonce server in the embedded mode with `flags`.
+async fn server_with(flags: &[&str]) -> (String, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().display().to_string();
-    let mut config = api::config::Cli::parse_from(["payonce", "--data-dir", &data_dir]).config;
+    let mut argv = vec!["payonce", "--data-dir", &data_dir];
+    argv.extend_from_slice(flags);
+    let mut config = api::config::Cli::parse_from(argv).config;
     // The test command exports DATABASE_URL and REDIS_URL; the embedded mode needs neither.
     config.database_url = None;
     config.redis_url = None;
@@ -259,6 +266,46 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
     };
     assert_eq!(attempts, 3);
     assert!(matches!(*last, Error::Transport(_)), "{last}");
+}
+
+/// Over the account's rate of spends (one a second here), the server answers 429 with
+/// `Retry-After`: an intent waits that long and resends with its ticket, which then
+/// executes. Three at once: all three go through, once each, the later ones after
+/// waiting.
+#[tokio::test]
+async fn rate_limited_spends_wait_retry_after_and_go_through() {
+    let (base, _dir) = server_with(&["--spends-per-second", "1"]).await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let mut intents: Vec<_> = (0..3).map(|_| payonce.withdrawal(ada.id, 100)).collect();
+    let started = std::time::Instant::now();
+    let sent = futures::future::join_all(intents.iter_mut().map(|intent| async {
+        let outcome = intent.send().await.unwrap();
+        (outcome, started.elapsed())
+    }))
+    .await;
+    let mut balances: Vec<i64> = sent
+        .iter()
+        .map(|(outcome, _)| outcome.body.balance)
+        .collect();
+    balances.sort_unstable();
+    assert_eq!(balances, [700, 800, 900], "each executed once");
+    assert!(sent.iter().all(|(outcome, _)| !outcome.replayed));
+    let resent: Vec<_> = sent
+        .iter()
+        .filter(|(outcome, _)| outcome.attempts > 1)
+        .collect();
+    assert!(
+        !resent.is_empty(),
+        "three at once, one a second: some were limited"
+    );
+    for (outcome, took) in resent {
+        assert!(
+            *took >= Duration::from_secs(1),
+            "{outcome:?} was resent before Retry-After (1 s): {took:?}"
+        );
+    }
 }
 
 /// A signature made by the specification's rules verifies; another body, another secret,
