@@ -10,6 +10,7 @@
 # npm lock file). Everything lands in target/clients/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/serve.sh
 
 OPENAPI_PYTHON_CLIENT_VERSION=0.29.1
 OUT=$PWD/target/clients
@@ -34,22 +35,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Port 0: the kernel picks a free loopback port, and the server logs which one.
-env -u DATABASE_URL -u REDIS_URL -u PAYONCE_LOCK_URL PAYONCE_DATA_DIR="$OUT/data" \
-  PAYONCE_ADDR=127.0.0.1:0 RUST_LOG=info NO_COLOR=1 target/debug/payonce >"$OUT/payonce.log" 2>&1 &
-server=$!
-address=""
-for _ in $(seq 150); do
-  address=$(grep -o 'listening addr=127\.0\.0\.1:[0-9]*' "$OUT/payonce.log" | head -n 1 | cut -d= -f2 || true)
-  [ -n "$address" ] && curl -fsS "http://$address/readyz" >/dev/null 2>&1 && break
-  kill -0 "$server" 2>/dev/null || break
-  sleep 0.2
-done
-base="http://$address"
-if [ -z "$address" ] || ! curl -fsS "$base/readyz" >/dev/null; then
-  echo "payonce did not become ready; see $OUT/payonce.log" >&2
-  exit 2
-fi
+serve_payonce "$OUT/payonce.log" -u DATABASE_URL -u REDIS_URL -u PAYONCE_LOCK_URL \
+  PAYONCE_DATA_DIR="$OUT/data" RUST_LOG=info
 curl -fsS "$base/openapi.json" >"$OUT/openapi.json"
 
 # --- Python -------------------------------------------------------------------------

@@ -11,6 +11,7 @@
 # target/fuzz/<mode>/; `target/fuzz-venv/bin/st replay <id>` replays a reported failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/serve.sh
 
 SCHEMATHESIS_VERSION=4.32.5
 MODES=${MODES:-"embedded distributed"}
@@ -141,7 +142,7 @@ cleanup() {
 trap cleanup EXIT
 
 fuzz() {
-  local mode=$1 dir=$OUT/$1 base address account status=0
+  local mode=$1 dir=$OUT/$1 base account status=0
   rm -rf "$dir"
   mkdir -p "$dir"
 
@@ -159,26 +160,10 @@ fuzz() {
     with_store+=(PAYONCE_DATA_DIR="$dir/data")
   fi
 
-  # Port 0: the kernel picks a free loopback port, and the server logs which one.
   # Webhook endpoints the fuzzer makes may be on loopback and nowhere else: nothing it makes
   # up is ever contacted outside this machine.
   with_store+=(PAYONCE_WEBHOOK_ALLOW_PRIVATE=true PAYONCE_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,::1/128)
-  "${with_store[@]}" PAYONCE_ADDR=127.0.0.1:0 PAYONCE_INSTANCE="fuzz-$mode" RUST_LOG=info,sqlx=warn \
-    NO_COLOR=1 target/debug/payonce >"$dir/payonce.log" 2>&1 &
-  server=$!
-  address=""
-  for _ in $(seq 150); do
-    address=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/payonce.log" |
-      grep -o 'listening addr=127\.0\.0\.1:[0-9]*' | head -n 1 | cut -d= -f2 || true)
-    [ -n "$address" ] && curl -fsS "http://$address/healthz" >/dev/null 2>&1 && break
-    kill -0 "$server" 2>/dev/null || break
-    sleep 0.2
-  done
-  base="http://$address"
-  if [ -z "$address" ] || ! curl -fsS "$base/readyz" >/dev/null; then
-    echo "payonce ($mode) did not become ready; see $dir/payonce.log" >&2
-    exit 2
-  fi
+  serve_payonce "$dir/payonce.log" "${with_store[@]:1}" PAYONCE_INSTANCE="fuzz-$mode" RUST_LOG=info,sqlx=warn
 
   # One account with room for many spends and draws (its key comes only in this answer).
   account=$(curl -fsS -X POST "$base/v1/accounts" -H 'content-type: application/json' \
