@@ -360,7 +360,7 @@ impl Dispatcher {
 /// A settled payout as its event (`payout.succeeded`, `payout.failed`) shows it: as
 /// `GET /v1/payouts/{payout_id}` does.
 fn render_payout(payout: &Payout) -> serde_json::Value {
-    serde_json::to_value(crate::routes::payouts::PayoutView::from(payout.clone()))
+    serde_json::to_value(crate::routes::payouts::payout_view(payout.clone()))
         .unwrap_or(serde_json::Value::Null)
 }
 

@@ -4,11 +4,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use payonce_types::accounts::{AccountView, CreatedAccount, NewAccountRequest};
+use payonce_types::accounts::{AccountView, CreatedAccount, EntriesPage, NewAccountRequest};
 use payonce_types::orders::{OrderPaid, OrderRequest, OrderView, PaymentRequest};
-use payonce_types::payouts::{PayoutAccepted, PayoutRequest};
+use payonce_types::payouts::{PayoutAccepted, PayoutRequest, PayoutView, PayoutsPage};
 use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
 use payonce_types::tickets::{TicketIssued, TicketView};
+use payonce_types::webhooks::{DeliveriesPage, EndpointList, EndpointRequest, EndpointWithSecret};
 use reqwest::Method;
 use reqwest::header::{AUTHORIZATION, RETRY_AFTER};
 use serde::Serialize;
@@ -192,6 +193,122 @@ impl Client {
         self.get(&format!("/v1/orders/{order}")).await
     }
 
+    /// A page of the account's ledger entries, oldest first: those after entry `after`
+    /// (the previous page's `next_after`), at most `limit` (1 to 1000; 100 if `None`).
+    pub async fn entries(
+        &self,
+        account: Uuid,
+        after: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<EntriesPage, Error> {
+        let query = query(&[
+            ("after", after.map(|a| a.to_string())),
+            ("limit", limit.map(|l| l.to_string())),
+        ]);
+        self.get(&format!("/v1/accounts/{account}/entries{query}"))
+            .await
+    }
+
+    /// A payout and where it stands: `pending` until the bank's word, then `succeeded` or
+    /// `failed` (its money given back).
+    pub async fn payout_state(&self, payout: Uuid) -> Result<PayoutView, Error> {
+        self.get(&format!("/v1/payouts/{payout}")).await
+    }
+
+    /// A page of the key's account's payouts, oldest first: in `status` (`pending`,
+    /// `succeeded`, `failed`) if given, after payout `after`, at most `limit`.
+    pub async fn payouts(
+        &self,
+        status: Option<&str>,
+        after: Option<Uuid>,
+        limit: Option<u32>,
+    ) -> Result<PayoutsPage, Error> {
+        let query = query(&[
+            ("status", status.map(str::to_owned)),
+            ("after", after.map(|a| a.to_string())),
+            ("limit", limit.map(|l| l.to_string())),
+        ]);
+        self.get(&format!("/v1/payouts{query}")).await
+    }
+
+    /// Creates a webhook endpoint; its `secret` is in this answer only. Not resent after
+    /// no answer (a create without a key could make two): list the endpoints to see.
+    pub async fn create_webhook_endpoint(
+        &self,
+        account: Uuid,
+        endpoint: &EndpointRequest,
+    ) -> Result<EndpointWithSecret, Error> {
+        let body = serde_json::to_value(endpoint).unwrap_or(Value::Null);
+        let path = format!("/v1/accounts/{account}/webhook-endpoints");
+        self.send_with_resends(
+            &self.unanswered_final(),
+            Method::POST,
+            &path,
+            Some(&body),
+            None,
+        )
+        .await
+        .map(|answered| answered.body)
+    }
+
+    /// The account's webhook endpoints, oldest first.
+    pub async fn webhook_endpoints(&self, account: Uuid) -> Result<EndpointList, Error> {
+        self.get(&format!("/v1/accounts/{account}/webhook-endpoints"))
+            .await
+    }
+
+    /// Deletes a webhook endpoint (deleting it again is 404 `webhook-endpoint-not-found`).
+    pub async fn delete_webhook_endpoint(
+        &self,
+        account: Uuid,
+        endpoint: Uuid,
+    ) -> Result<(), Error> {
+        let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}");
+        self.send_with_resends(&self.shared.policy, Method::DELETE, &path, None, None)
+            .await
+            .map(|answered| answered.body)
+    }
+
+    /// Gives the endpoint a new secret (the old one signs too for the rotation window);
+    /// the new `secret` is in this answer only. Not resent after no answer.
+    pub async fn rotate_webhook_secret(
+        &self,
+        account: Uuid,
+        endpoint: Uuid,
+    ) -> Result<EndpointWithSecret, Error> {
+        let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}/rotate-secret");
+        self.send_with_resends(&self.unanswered_final(), Method::POST, &path, None, None)
+            .await
+            .map(|answered| answered.body)
+    }
+
+    /// A page of the endpoint's deliveries, newest first, each with its attempts: those
+    /// before delivery `before`, at most `limit` (1 to 100; 20 if `None`).
+    pub async fn webhook_deliveries(
+        &self,
+        endpoint: Uuid,
+        before: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<DeliveriesPage, Error> {
+        let query = query(&[
+            ("before", before.map(|b| b.to_string())),
+            ("limit", limit.map(|l| l.to_string())),
+        ]);
+        self.get(&format!(
+            "/v1/webhook-endpoints/{endpoint}/deliveries{query}"
+        ))
+        .await
+    }
+
+    /// The client's policy, but a send that got no answer is final: for a request that is
+    /// not idempotent, where a resend could do it twice.
+    fn unanswered_final(&self) -> ResendPolicy {
+        ResendPolicy {
+            resend_unanswered: false,
+            ..self.shared.policy
+        }
+    }
+
     /// Withdrawing `amount` (minor units) from the account, as an intent.
     pub fn withdrawal(&self, account: Uuid, amount: i64) -> Intent<MoneyMoved> {
         self.intent(
@@ -286,6 +403,9 @@ impl Client {
                 .send_once(method.clone(), path, body, idempotency_key)
                 .await;
             let (error, retry_after) = match sent {
+                Sent::None(error) if !policy.resend_unanswered => {
+                    return Err(Error::Transport(error));
+                }
                 Sent::None(error) => (Error::Transport(error), None),
                 Sent::Answer {
                     status,
@@ -380,12 +500,33 @@ impl Client {
         match response.bytes().await {
             Ok(bytes) => Sent::Answer {
                 status,
-                body: serde_json::from_slice(&bytes)
-                    .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into())),
+                // An empty body (204) reads as null, which `()` takes.
+                body: if bytes.is_empty() {
+                    Value::Null
+                } else {
+                    serde_json::from_slice(&bytes)
+                        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+                },
                 replayed,
                 retry_after,
             },
             Err(error) => Sent::None(error),
         }
+    }
+}
+
+/// `?name=value&…` of the parameters that are set; empty if none is.
+fn query(parameters: &[(&str, Option<String>)]) -> String {
+    let mut url = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in parameters {
+        if let Some(value) = value {
+            url.append_pair(name, value);
+        }
+    }
+    let query = url.finish();
+    if query.is_empty() {
+        query
+    } else {
+        format!("?{query}")
     }
 }

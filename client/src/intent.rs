@@ -22,6 +22,10 @@ pub struct ResendPolicy {
     pub first_backoff: Duration,
     /// The longest wait before a resend, whatever `Retry-After` asks.
     pub max_backoff: Duration,
+    /// Whether a send that got no answer is sent again. Always for a spend (its ticket
+    /// makes a resend safe) and for reads; creates that carry no key of their own (a
+    /// webhook endpoint, a secret's rotation) turn it off.
+    pub resend_unanswered: bool,
 }
 
 impl Default for ResendPolicy {
@@ -31,6 +35,7 @@ impl Default for ResendPolicy {
             max_attempts: 6,
             first_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(5),
+            resend_unanswered: true,
         }
     }
 }
@@ -142,10 +147,15 @@ impl<T: DeserializeOwned> Intent<T> {
                 ticket
             }
         };
+        // The ticket makes a resend after no answer safe, whatever the policy says of others.
+        let policy = ResendPolicy {
+            resend_unanswered: true,
+            ..self.policy
+        };
         let sent = self
             .client
             .send_with_resends::<T>(
-                &self.policy,
+                &policy,
                 reqwest::Method::POST,
                 &self.path,
                 Some(&self.body),

@@ -105,6 +105,30 @@ pub enum ProblemKind {
     PayoutsUnavailable,
     /// 503: the bank did not answer.
     BankUnavailable,
+    /// 422: the webhook URL is one the server will not call.
+    WebhookUrlRefused,
+    /// 422: the account has as many webhook endpoints as it may.
+    WebhookEndpointLimit,
+    /// 404: no such webhook endpoint of this account.
+    WebhookEndpointNotFound,
+    /// 409: the endpoint is disabled (its receiver answered 410 Gone).
+    WebhookEndpointDisabled,
+    /// 404: no such delivery.
+    DeliveryNotFound,
+    /// 409: a worker is sending this delivery right now.
+    DeliveryInFlight,
+    /// 503: this instance sends no webhooks.
+    WebhooksUnavailable,
+    /// 405: the path does not take this method.
+    MethodNotAllowed,
+    /// 503: the instance's database or lock store does not answer (readiness).
+    NotReady,
+    /// 500: a bug on the server; nothing is known to be stored.
+    InternalError,
+    /// 400: a bank fault the demonstration does not know (`Payonce-Bank-Fault`).
+    BankFaultUnknown,
+    /// 422: a bank fault asked of an instance whose bank is not in its process.
+    BankFaultRefused,
     /// A problem type this client does not know, with its name and extra fields.
     Other {
         name: String,
@@ -179,6 +203,18 @@ impl Problem {
             "timeout" => ProblemKind::Timeout,
             "payouts-unavailable" => ProblemKind::PayoutsUnavailable,
             "bank-unavailable" => ProblemKind::BankUnavailable,
+            "webhook-url-refused" => ProblemKind::WebhookUrlRefused,
+            "webhook-endpoint-limit" => ProblemKind::WebhookEndpointLimit,
+            "webhook-endpoint-not-found" => ProblemKind::WebhookEndpointNotFound,
+            "webhook-endpoint-disabled" => ProblemKind::WebhookEndpointDisabled,
+            "delivery-not-found" => ProblemKind::DeliveryNotFound,
+            "delivery-in-flight" => ProblemKind::DeliveryInFlight,
+            "webhooks-unavailable" => ProblemKind::WebhooksUnavailable,
+            "method-not-allowed" => ProblemKind::MethodNotAllowed,
+            "not-ready" => ProblemKind::NotReady,
+            "internal-error" => ProblemKind::InternalError,
+            "bank-fault-unknown" => ProblemKind::BankFaultUnknown,
+            "bank-fault-refused" => ProblemKind::BankFaultRefused,
             _ => other(name, object),
         };
         Some(Self {

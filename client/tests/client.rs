@@ -242,6 +242,7 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
             max_attempts: 4,
             first_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(50),
+            ..ResendPolicy::default()
         })
         .build()
         .unwrap();
@@ -257,6 +258,7 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
             max_attempts: 3,
             first_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(5),
+            ..ResendPolicy::default()
         })
         .build()
         .unwrap();
@@ -334,4 +336,134 @@ fn webhook_signatures_are_verified() {
     assert!(verify(secret, &signed(now, body), b"{}").is_err());
     assert!(verify("whsec_dGhlIG90aGVyIHNlY3JldA==", &signed(now, body), body).is_err());
     assert!(verify(secret, &signed(now - 3600, body), body).is_err());
+}
+
+/// Every problem type the server can answer reads into a variant of its own, none into
+/// `Other`: the enum is the contract's whole list.
+#[test]
+fn every_problem_type_of_the_server_has_its_variant() {
+    for (name, status, _) in api::error::EXPLANATIONS {
+        let body = serde_json::json!({
+            "type": format!("/problems/{name}"), "title": "t", "status": status, "detail": "d",
+            "balance": 1, "points": 1, "paid_by_ticket": uuid::Uuid::new_v4(),
+        });
+        let problem = payonce_client::Problem::from_body(*status, &body, None).unwrap();
+        assert!(
+            !matches!(problem.kind, ProblemKind::Other { .. }),
+            "{name} has no variant"
+        );
+    }
+}
+
+/// A payout through the embedded mode's bank: accepted, then settled; the account's
+/// entries and payouts show it.
+#[tokio::test]
+async fn a_payout_is_sent_once_and_settles() {
+    let (base, _dir) = server_with(&["--payout-poll", "50ms"]).await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let mut payout = payonce.payout(
+        ada.id,
+        &payonce_client::types::payouts::PayoutRequest {
+            amount: 200,
+            destination: "DE89370400440532013000".into(),
+        },
+    );
+    let accepted = payout.send().await.unwrap();
+    assert_eq!((accepted.status, accepted.body.balance), (202, 800));
+    assert!(payout.send().await.unwrap().replayed);
+
+    let mut settled = None;
+    for _ in 0..200 {
+        let state = payonce.payout_state(accepted.body.payout_id).await.unwrap();
+        if state.status != "pending" {
+            settled = Some(state);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let settled = settled.expect("settled within 10 s");
+    assert_eq!(settled.status, "succeeded");
+    let listed = payonce
+        .payouts(Some("succeeded"), None, None)
+        .await
+        .unwrap();
+    assert_eq!(listed.payouts, [settled]);
+
+    let entries = payonce.entries(ada.id, None, Some(10)).await.unwrap();
+    let kinds: Vec<&str> = entries
+        .entries
+        .iter()
+        .map(|entry| entry.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["opening", "payout"]);
+}
+
+/// Webhook endpoints: created with a secret, listed, rotated to a new secret, their
+/// deliveries listed after a withdrawal, deleted — and deleted again is a problem.
+#[tokio::test]
+async fn webhook_endpoints_are_created_listed_rotated_and_deleted() {
+    use payonce_client::types::webhooks::{EndpointRequest, EventType};
+    let (base, _dir) = server_with(&["--webhook-allow-private"]).await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let created = payonce
+        .create_webhook_endpoint(
+            ada.id,
+            &EndpointRequest {
+                url: "http://127.0.0.1:9/payonce-events".into(),
+                events: Some(vec![EventType::WithdrawalSucceeded]),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(created.secret.starts_with("whsec_"));
+    let endpoint = created.endpoint.id;
+    let listed = payonce.webhook_endpoints(ada.id).await.unwrap();
+    assert_eq!(listed.endpoints, std::slice::from_ref(&created.endpoint));
+
+    let rotated = payonce
+        .rotate_webhook_secret(ada.id, endpoint)
+        .await
+        .unwrap();
+    assert_ne!(rotated.secret, created.secret);
+
+    payonce.withdrawal(ada.id, 100).send().await.unwrap();
+    let mut deliveries = Vec::new();
+    for _ in 0..100 {
+        deliveries = payonce
+            .webhook_deliveries(endpoint, None, None)
+            .await
+            .unwrap()
+            .deliveries;
+        if !deliveries.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(deliveries.len(), 1, "{deliveries:?}");
+    assert_eq!(deliveries[0].event_type, EventType::WithdrawalSucceeded);
+
+    payonce
+        .delete_webhook_endpoint(ada.id, endpoint)
+        .await
+        .unwrap();
+    assert!(
+        payonce
+            .webhook_endpoints(ada.id)
+            .await
+            .unwrap()
+            .endpoints
+            .is_empty()
+    );
+    let again = payonce
+        .delete_webhook_endpoint(ada.id, endpoint)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        again.problem().map(|problem| &problem.kind),
+        Some(&ProblemKind::WebhookEndpointNotFound)
+    );
 }

@@ -70,3 +70,45 @@ pub struct CreatedAccount {
     #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
     pub created_at: OffsetDateTime,
 }
+
+/// One line of an account's history.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EntryView {
+    /// Increases in the order entries were written.
+    pub id: i64,
+    /// The ticket that wrote it; null for the opening entry and a payout's reversal.
+    pub ticket_id: Option<Uuid>,
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout` or
+    /// `payout_reversal`.
+    #[cfg_attr(feature = "openapi", schema(example = "withdrawal"))]
+    pub kind: String,
+    /// The order an `order_payment` paid; absent for every other kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order_id: Option<Uuid>,
+    /// The payout a `payout` or `payout_reversal` belongs to; absent for every other kind.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payout_id: Option<Uuid>,
+    /// Signed change to the balance (negative for a withdrawal).
+    pub amount: i64,
+    /// Signed change to the points (negative for a draw).
+    pub points: i64,
+    /// The balance after this entry.
+    pub balance_after: i64,
+    /// The points after this entry.
+    pub points_after: i64,
+    /// When it was written (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+    pub created_at: OffsetDateTime,
+}
+
+/// A page of entries, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EntriesPage {
+    /// The entries.
+    pub entries: Vec<EntryView>,
+    /// Pass as `after` for the next page; null on the last page.
+    pub next_after: Option<i64>,
+}

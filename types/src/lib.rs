@@ -4,11 +4,13 @@
 //! document, the server and a Rust client cannot disagree on a field.
 //!
 //! # Map
-//! - [`accounts`]: opening an account, and reading one.
+//! - [`accounts`]: opening an account, reading one, and its entries.
 //! - [`tickets`]: a ticket issued, and a ticket with the response stored under it.
 //! - [`spends`]: withdrawals, deposits and lottery draws — what is sent, what they answer.
 //! - [`orders`]: placing an order and paying it once.
-//! - [`payouts`]: a payout sent, and its answer.
+//! - [`payouts`]: a payout sent, its answer, and where it stands.
+//! - [`webhooks`]: webhook endpoints, their deliveries, the event types.
+//! - [`service`]: liveness and readiness.
 //! - [`integral`]: how amounts are read — an integral number such as `250.0` counts.
 //!
 //! Every request type refuses unknown fields, as the server does; answer types read
@@ -18,7 +20,9 @@ pub mod accounts;
 pub mod integral;
 pub mod orders;
 pub mod payouts;
+pub mod service;
 pub mod spends;
 pub mod tickets;
+pub mod webhooks;
 
 pub use integral::integral;

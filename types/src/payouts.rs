@@ -2,6 +2,7 @@
 //! outside bank, exactly once.
 
 use serde::{Deserialize, Serialize};
+use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::integral;
@@ -51,4 +52,64 @@ pub struct PayoutAccepted {
     /// Always `pending` here: the status when it was accepted.
     #[cfg_attr(feature = "openapi", schema(example = "pending"))]
     pub status: String,
+}
+
+/// A payout and where it stands.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutView {
+    /// Its id.
+    pub payout_id: Uuid,
+    /// The account it was sent from.
+    pub account_id: Uuid,
+    /// The ticket it was sent with.
+    pub ticket_id: Uuid,
+    /// The amount, in minor units.
+    pub amount: i64,
+    /// The account at the bank.
+    pub destination: String,
+    /// `pending` (the money left the account; the bank has not said yet), `succeeded` (the
+    /// bank made the transfer) or `failed` (the bank refused for good; the money came
+    /// back).
+    #[cfg_attr(feature = "openapi", schema(example = "succeeded"))]
+    pub status: String,
+    /// The `Idempotency-Key` every call to the bank for this payout carries.
+    pub bank_key: String,
+    /// The bank's id of the transfer, once succeeded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bank_transfer_id: Option<String>,
+    /// The bank's reason, once failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_reason: Option<String>,
+    /// How many times the bank was called for it (or is being called).
+    pub attempts: u32,
+    /// What went wrong the last time, while it is pending.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the money left the account (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+    pub created_at: OffsetDateTime,
+    /// When the bank's word was recorded (RFC 3339).
+    #[serde(
+        default,
+        with = "time::serde::rfc3339::option",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(value_type = Option<String>, format = DateTime)
+    )]
+    pub settled_at: Option<OffsetDateTime>,
+}
+
+/// A page of payouts, oldest first.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutsPage {
+    /// The payouts.
+    pub payouts: Vec<PayoutView>,
+    /// Pass as `after` for the next page; absent on the last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_after: Option<Uuid>,
 }

@@ -5,10 +5,8 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderValue, header};
 use axum::response::Response;
 use ledger::{Account, Entry, NewAccount, StoredResponse};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
-use time::OffsetDateTime;
-use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::auth::{self, Bearer};
@@ -20,7 +18,9 @@ use crate::routes::responses::{
 use crate::routes::spends::{fingerprint, stored_response};
 use crate::state::AppState;
 
-pub use payonce_types::accounts::{AccountView, CreatedAccount, NewAccountRequest};
+pub use payonce_types::accounts::{
+    AccountView, CreatedAccount, EntriesPage, EntryView, NewAccountRequest,
+};
 
 /// An account as the contract shows it.
 fn account_view(account: Account) -> AccountView {
@@ -156,61 +156,20 @@ pub struct EntriesQuery {
     pub limit: Option<u32>,
 }
 
-/// One line of an account's history.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EntryView {
-    /// Increases in the order entries were written.
-    pub id: i64,
-    /// The ticket that wrote it; null for the opening entry and a payout's reversal.
-    pub ticket_id: Option<Uuid>,
-    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout` or
-    /// `payout_reversal`.
-    #[schema(value_type = String, example = "withdrawal")]
-    pub kind: &'static str,
-    /// The order an `order_payment` paid; absent for every other kind.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub order_id: Option<Uuid>,
-    /// The payout a `payout` or `payout_reversal` belongs to; absent for every other kind.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub payout_id: Option<Uuid>,
-    /// Signed change to the balance (negative for a withdrawal).
-    pub amount: i64,
-    /// Signed change to the points (negative for a draw).
-    pub points: i64,
-    /// The balance after this entry.
-    pub balance_after: i64,
-    /// The points after this entry.
-    pub points_after: i64,
-    /// When it was written (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-}
-
-impl From<Entry> for EntryView {
-    fn from(entry: Entry) -> Self {
-        Self {
-            id: entry.id,
-            ticket_id: entry.ticket_id.map(|ticket| ticket.0),
-            kind: entry.kind.as_str(),
-            order_id: entry.order_id.map(|order| order.0),
-            payout_id: entry.payout_id.map(|payout| payout.0),
-            amount: entry.amount,
-            points: entry.points,
-            balance_after: entry.balance_after,
-            points_after: entry.points_after,
-            created_at: entry.created_at,
-        }
+/// An entry as the contract shows it.
+fn entry_view(entry: Entry) -> EntryView {
+    EntryView {
+        id: entry.id,
+        ticket_id: entry.ticket_id.map(|ticket| ticket.0),
+        kind: entry.kind.as_str().to_owned(),
+        order_id: entry.order_id.map(|order| order.0),
+        payout_id: entry.payout_id.map(|payout| payout.0),
+        amount: entry.amount,
+        points: entry.points,
+        balance_after: entry.balance_after,
+        points_after: entry.points_after,
+        created_at: entry.created_at,
     }
-}
-
-/// A page of entries, oldest first.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EntriesPage {
-    /// The entries.
-    pub entries: Vec<EntryView>,
-    /// Pass as `after` for the next page; null on the last page.
-    pub next_after: Option<i64>,
 }
 
 /// Lists an account's ledger entries, oldest first, a page at a time.
@@ -248,7 +207,7 @@ pub async fn list_entries(
         .then(|| entries.last().map(|entry| entry.id))
         .flatten();
     Ok(Json(EntriesPage {
-        entries: entries.into_iter().map(EntryView::from).collect(),
+        entries: entries.into_iter().map(entry_view).collect(),
         next_after,
     }))
 }

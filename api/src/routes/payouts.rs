@@ -14,7 +14,6 @@ use axum::response::Response;
 use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
 use ledger::{Amount, Operation};
 use serde::{Deserialize, Serialize};
-use time::OffsetDateTime;
 use uuid::Uuid;
 
 use crate::auth::{Caller, OwnAccount};
@@ -28,69 +27,24 @@ use crate::routes::responses::{
 use crate::routes::spends;
 use crate::state::AppState;
 
-pub use payonce_types::payouts::PayoutRequest;
+pub use payonce_types::payouts::{PayoutRequest, PayoutView, PayoutsPage};
 
-/// A payout and where it stands.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PayoutView {
-    /// Its id.
-    pub payout_id: Uuid,
-    /// The account it was sent from.
-    pub account_id: Uuid,
-    /// The ticket it was sent with.
-    pub ticket_id: Uuid,
-    /// The amount, in minor units.
-    pub amount: i64,
-    /// The account at the bank.
-    pub destination: String,
-    /// `pending` (the money left the account; the bank has not said yet), `succeeded` (the
-    /// bank made the transfer) or `failed` (the bank refused for good; the money came
-    /// back).
-    #[schema(value_type = String, example = "succeeded")]
-    pub status: &'static str,
-    /// The `Idempotency-Key` every call to the bank for this payout carries.
-    pub bank_key: String,
-    /// The bank's id of the transfer, once succeeded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bank_transfer_id: Option<String>,
-    /// The bank's reason, once failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure_reason: Option<String>,
-    /// How many times the bank was called for it (or is being called).
-    pub attempts: u32,
-    /// What went wrong the last time, while it is pending.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_error: Option<String>,
-    /// When the money left the account (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-    /// When the bank's word was recorded (RFC 3339).
-    #[serde(
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub settled_at: Option<OffsetDateTime>,
-}
-
-impl From<Payout> for PayoutView {
-    fn from(payout: Payout) -> Self {
-        Self {
-            payout_id: payout.id.0,
-            account_id: payout.account_id.0,
-            ticket_id: payout.ticket_id.0,
-            amount: payout.amount.get(),
-            bank_key: bank_key(payout.id),
-            destination: payout.destination,
-            status: payout.status.as_str(),
-            bank_transfer_id: payout.bank_transfer_id,
-            failure_reason: payout.failure_reason,
-            attempts: payout.attempts,
-            last_error: payout.last_error,
-            created_at: payout.created_at,
-            settled_at: payout.settled_at,
-        }
+/// A payout as the contract shows it.
+pub(crate) fn payout_view(payout: Payout) -> PayoutView {
+    PayoutView {
+        payout_id: payout.id.0,
+        account_id: payout.account_id.0,
+        ticket_id: payout.ticket_id.0,
+        amount: payout.amount.get(),
+        bank_key: bank_key(payout.id),
+        destination: payout.destination,
+        status: payout.status.as_str().to_owned(),
+        bank_transfer_id: payout.bank_transfer_id,
+        failure_reason: payout.failure_reason,
+        attempts: payout.attempts,
+        last_error: payout.last_error,
+        created_at: payout.created_at,
+        settled_at: payout.settled_at,
     }
 }
 
@@ -205,7 +159,9 @@ pub async fn get_payout(
     caller: Caller,
     PayoutPath(payout): PayoutPath,
 ) -> Result<Json<PayoutView>, ApiError> {
-    Ok(Json(own_payout(&state, &caller, payout).await?.into()))
+    Ok(Json(payout_view(
+        own_payout(&state, &caller, payout).await?,
+    )))
 }
 
 /// The caller's payout; another account's is not found, as one that does not exist.
@@ -291,16 +247,6 @@ pub struct PayoutsQuery {
     pub limit: Option<u32>,
 }
 
-/// A page of payouts, oldest first.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PayoutsPage {
-    /// The payouts.
-    pub payouts: Vec<PayoutView>,
-    /// Pass as `after` for the next page; absent on the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_after: Option<Uuid>,
-}
-
 /// The caller's payouts, oldest first — `?status=pending` for those still waiting for the
 /// bank's word.
 #[utoipa::path(
@@ -347,7 +293,7 @@ pub async fn list_payouts(
         .then(|| payouts.last().map(|payout| payout.id.0))
         .flatten();
     Ok(Json(PayoutsPage {
-        payouts: payouts.into_iter().map(PayoutView::from).collect(),
+        payouts: payouts.into_iter().map(payout_view).collect(),
         next_after,
     }))
 }

@@ -10,37 +10,20 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Response};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use serde::Serialize;
 use serde_json::{Map, json};
 use sha2::{Digest, Sha256};
 
 use crate::error::{EXPLANATIONS, PROBLEM_JSON, Problem, problem, problem_with};
 use crate::state::AppState;
 
-/// Liveness.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Health {
-    /// Always `ok` when the process answers.
-    #[schema(example = "ok")]
-    pub status: &'static str,
-}
+pub use payonce_types::service::{Health, Readiness};
 
 /// The process is up.
 #[utoipa::path(get, path = "/healthz", tag = "service", responses((status = 200, description = "Alive", body = Health)))]
 pub async fn healthz() -> Json<Health> {
-    Json(Health { status: "ok" })
-}
-
-/// What readiness found.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Readiness {
-    /// `ready`.
-    #[schema(example = "ready")]
-    pub status: &'static str,
-    /// `ok`, or why the database did not answer.
-    pub database: String,
-    /// `ok`, or why the lock store did not answer.
-    pub lock_store: String,
+    Json(Health {
+        status: "ok".to_owned(),
+    })
 }
 
 /// Ready to serve: the database and the lock store both answer (within 2 s each).
@@ -61,7 +44,7 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
     };
     if database.is_ok() && lock_store.is_ok() {
         return Json(Readiness {
-            status: "ready",
+            status: "ready".to_owned(),
             database: describe(&database),
             lock_store: describe(&lock_store),
         })

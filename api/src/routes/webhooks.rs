@@ -28,126 +28,61 @@ use crate::routes::responses::{BodyTooLarge, NotJson, OthersAccount, Unauthentic
 use crate::state::AppState;
 use crate::webhooks::{Webhooks, signing};
 
-/// An event type, as the OpenAPI document names them (the ledger's
-/// [`EventType`] is the one used; a test keeps the two lists the same).
-#[derive(Debug, utoipa::ToSchema)]
-#[allow(dead_code)]
-pub enum EventTypeName {
-    /// A withdrawal executed (201).
-    #[schema(rename = "withdrawal.succeeded")]
-    WithdrawalSucceeded,
-    /// A withdrawal refused for want of money (402, stored).
-    #[schema(rename = "withdrawal.refused")]
-    WithdrawalRefused,
-    /// A lottery draw executed (201).
-    #[schema(rename = "lottery.drawn")]
-    LotteryDrawn,
-    /// An order paid (201).
-    #[schema(rename = "order.paid")]
-    OrderPaid,
-    /// The bank made a payout's transfer.
-    #[schema(rename = "payout.succeeded")]
-    PayoutSucceeded,
-    /// The bank refused a payout for good; its money came back.
-    #[schema(rename = "payout.failed")]
-    PayoutFailed,
-}
+pub use payonce_types::webhooks::{
+    AttemptView, DeliveriesPage, DeliveryView, EndpointList, EndpointRequest, EndpointView,
+    EndpointWithSecret,
+};
 
-/// An endpoint to create.
-#[derive(Debug, Deserialize, Serialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct EndpointRequest {
-    /// Where events are sent: an `http` or `https` URL of at most 1024 characters, with no user
-    /// name, password or fragment, whose host is not (and does not resolve only to) a
-    /// loopback, private, link-local or metadata address, unless the operator allows
-    /// private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`). Refused: 422 `webhook-url-refused`.
-    #[schema(
-        max_length = 1024,
-        pattern = r"^[Hh][Tt][Tt][Pp][Ss]?://[^@/?#\s]+([/?][^#\s]*)?$",
-        example = "https://example.com/payonce-events"
-    )]
-    pub url: String,
-    /// The event types it wants; omitted, every type (those added later too).
-    #[serde(default)]
-    #[schema(value_type = Option<Vec<EventTypeName>>, min_items = 1, max_items = 6)]
-    pub events: Option<Vec<EventType>>,
-}
-
-/// An endpoint, as listed (its secret is never shown again).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EndpointView {
-    /// Its id.
-    pub id: Uuid,
-    /// The account whose events it gets.
-    pub account_id: Uuid,
-    /// Where they are sent.
-    pub url: String,
-    /// The event types it gets; absent: every type.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Vec<EventTypeName>>)]
-    pub events: Option<Vec<EventType>>,
-    /// `enabled`, or `disabled` once its receiver answered 410 Gone.
-    #[schema(value_type = String, example = "enabled")]
-    pub status: &'static str,
-    /// Why it was disabled.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub disabled_reason: Option<String>,
-    /// During a rotation: until when the secret before it signs too (RFC 3339).
-    #[serde(
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub previous_secret_expires_at: Option<OffsetDateTime>,
-    /// When it was made (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-}
-
-impl From<&Endpoint> for EndpointView {
-    fn from(endpoint: &Endpoint) -> Self {
-        Self {
-            id: endpoint.id.0,
-            account_id: endpoint.account_id.0,
-            url: endpoint.url.clone(),
-            events: match &endpoint.subscription {
-                Subscription::All => None,
-                Subscription::Only(types) => Some(types.clone()),
-            },
-            status: if endpoint.disabled.is_some() {
-                "disabled"
-            } else {
-                "enabled"
-            },
-            disabled_reason: endpoint.disabled.as_ref().map(|(_, why)| why.clone()),
-            previous_secret_expires_at: endpoint
-                .previous_secret
-                .as_ref()
-                .map(|(_, until)| *until)
-                .filter(|until| *until > OffsetDateTime::now_utc()),
-            created_at: endpoint.created_at,
-        }
+/// The contract's name for a ledger event type (the same names: a test holds them so).
+fn event_name(event: EventType) -> payonce_types::webhooks::EventType {
+    use payonce_types::webhooks::EventType as Named;
+    match event {
+        EventType::WithdrawalSucceeded => Named::WithdrawalSucceeded,
+        EventType::WithdrawalRefused => Named::WithdrawalRefused,
+        EventType::LotteryDrawn => Named::LotteryDrawn,
+        EventType::OrderPaid => Named::OrderPaid,
+        EventType::PayoutSucceeded => Named::PayoutSucceeded,
+        EventType::PayoutFailed => Named::PayoutFailed,
     }
 }
 
-/// An endpoint as created or rotated: with the secret that signs for it, shown this once.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EndpointWithSecret {
-    /// The endpoint.
-    #[serde(flatten)]
-    pub endpoint: EndpointView,
-    /// The signing secret: `whsec_` and the base64 of 32 random bytes. Keep it: it is not
-    /// shown again.
-    #[schema(example = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSwMfKQ9r8GKYq=")]
-    pub secret: String,
+/// The ledger's event type a contract's name stands for.
+fn ledger_event(named: payonce_types::webhooks::EventType) -> EventType {
+    use payonce_types::webhooks::EventType as Named;
+    match named {
+        Named::WithdrawalSucceeded => EventType::WithdrawalSucceeded,
+        Named::WithdrawalRefused => EventType::WithdrawalRefused,
+        Named::LotteryDrawn => EventType::LotteryDrawn,
+        Named::OrderPaid => EventType::OrderPaid,
+        Named::PayoutSucceeded => EventType::PayoutSucceeded,
+        Named::PayoutFailed => EventType::PayoutFailed,
+    }
 }
 
-/// An account's endpoints.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EndpointList {
-    /// Oldest first.
-    pub endpoints: Vec<EndpointView>,
+/// An endpoint as the contract shows it.
+fn endpoint_view(endpoint: &Endpoint) -> EndpointView {
+    EndpointView {
+        id: endpoint.id.0,
+        account_id: endpoint.account_id.0,
+        url: endpoint.url.clone(),
+        events: match &endpoint.subscription {
+            Subscription::All => None,
+            Subscription::Only(types) => Some(types.iter().copied().map(event_name).collect()),
+        },
+        status: if endpoint.disabled.is_some() {
+            "disabled"
+        } else {
+            "enabled"
+        }
+        .to_owned(),
+        disabled_reason: endpoint.disabled.as_ref().map(|(_, why)| why.clone()),
+        previous_secret_expires_at: endpoint
+            .previous_secret
+            .as_ref()
+            .map(|(_, until)| *until)
+            .filter(|until| *until > OffsetDateTime::now_utc()),
+        created_at: endpoint.created_at,
+    }
 }
 
 /// The webhooks of this instance, or 503.
@@ -225,7 +160,11 @@ pub async fn create_endpoint(
         id,
         account_id: account,
         url: url.to_string(),
-        subscription: Subscription::of(request.events),
+        subscription: Subscription::of(
+            request
+                .events
+                .map(|events| events.into_iter().map(ledger_event).collect()),
+        ),
         secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
     };
     let endpoint = state
@@ -234,7 +173,7 @@ pub async fn create_endpoint(
         .await?
         .ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
     let body = EndpointWithSecret {
-        endpoint: EndpointView::from(&endpoint),
+        endpoint: endpoint_view(&endpoint),
         secret: signing::shown(&secret),
     };
     let mut response = (StatusCode::CREATED, Json(body)).into_response();
@@ -267,7 +206,7 @@ pub async fn list_endpoints(
 ) -> Result<Json<EndpointList>, ApiError> {
     let endpoints = state.ledger().endpoints(account).await?;
     Ok(Json(EndpointList {
-        endpoints: endpoints.iter().map(EndpointView::from).collect(),
+        endpoints: endpoints.iter().map(endpoint_view).collect(),
     }))
 }
 
@@ -362,94 +301,35 @@ pub async fn rotate_secret(
         .await?
         .ok_or(ApiError::WebhookEndpointNotFound)?;
     Ok(Json(EndpointWithSecret {
-        endpoint: EndpointView::from(&rotated),
+        endpoint: endpoint_view(&rotated),
         secret: signing::shown(&secret),
     }))
 }
 
-/// One attempt to deliver, and the receiver's answer.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AttemptView {
-    /// 1 for the first.
-    pub attempt: u32,
-    /// When its answer was recorded (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub recorded_at: OffsetDateTime,
-    /// How long it took, in milliseconds.
-    pub duration_ms: u64,
-    /// The receiver's status; absent when no answer came.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_status: Option<u16>,
-    /// What went wrong; absent for a 2xx.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// The start of the receiver's answer (at most 1 KiB).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub response_body: Option<String>,
-}
-
-impl From<&Attempt> for AttemptView {
-    fn from(attempt: &Attempt) -> Self {
-        Self {
-            attempt: attempt.attempt,
-            recorded_at: attempt.recorded_at,
-            duration_ms: u64::try_from(attempt.answer.duration.as_millis()).unwrap_or(u64::MAX),
-            response_status: attempt.answer.status,
-            error: attempt.answer.error.clone(),
-            response_body: attempt.answer.body.clone(),
-        }
+/// A delivery attempt as the contract shows it.
+fn attempt_view(attempt: &Attempt) -> AttemptView {
+    AttemptView {
+        attempt: attempt.attempt,
+        recorded_at: attempt.recorded_at,
+        duration_ms: u64::try_from(attempt.answer.duration.as_millis()).unwrap_or(u64::MAX),
+        response_status: attempt.answer.status,
+        error: attempt.answer.error.clone(),
+        response_body: attempt.answer.body.clone(),
     }
 }
 
-/// A delivery of one event to the endpoint.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DeliveryView {
-    /// Its id.
-    pub id: i64,
-    /// The event's id: the `webhook-id` header of every attempt.
-    pub event_id: Uuid,
-    /// The event's type.
-    #[schema(value_type = EventTypeName)]
-    pub event_type: EventType,
-    /// The ticket of the request the event came of.
-    pub ticket_id: Uuid,
-    /// `pending`, `delivered`, `exhausted` (every scheduled attempt failed),
-    /// `endpoint-disabled` or `endpoint-deleted`.
-    #[schema(value_type = String, example = "delivered")]
-    pub status: &'static str,
-    /// When the next attempt is due, while pending (RFC 3339).
-    #[serde(
-        with = "time::serde::rfc3339::option",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<String>, format = DateTime)]
-    pub next_attempt_at: Option<OffsetDateTime>,
-    /// The body every attempt sends: `{"type", "timestamp", "data"}`.
-    #[schema(value_type = Object)]
-    pub payload: serde_json::Value,
-    /// Every attempt, first first.
-    pub attempts: Vec<AttemptView>,
-    /// When the event committed (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub created_at: OffsetDateTime,
-}
-
-impl From<&Delivery> for DeliveryView {
-    fn from(delivery: &Delivery) -> Self {
-        Self {
-            id: delivery.id,
-            event_id: delivery.event.id.0,
-            event_type: delivery.event.event_type,
-            ticket_id: delivery.event.ticket_id.0,
-            status: delivery.status.as_str(),
-            next_attempt_at: delivery.next_attempt_at,
-            payload: serde_json::from_str(&delivery.event.payload())
-                .unwrap_or(serde_json::Value::Null),
-            attempts: delivery.attempts.iter().map(AttemptView::from).collect(),
-            created_at: delivery.event.created_at,
-        }
+/// A delivery as the contract shows it.
+fn delivery_view(delivery: &Delivery) -> DeliveryView {
+    DeliveryView {
+        id: delivery.id,
+        event_id: delivery.event.id.0,
+        event_type: event_name(delivery.event.event_type),
+        ticket_id: delivery.event.ticket_id.0,
+        status: delivery.status.as_str().to_owned(),
+        next_attempt_at: delivery.next_attempt_at,
+        payload: serde_json::from_str(&delivery.event.payload()).unwrap_or(serde_json::Value::Null),
+        attempts: delivery.attempts.iter().map(attempt_view).collect(),
+        created_at: delivery.event.created_at,
     }
 }
 
@@ -463,16 +343,6 @@ pub struct DeliveriesQuery {
     /// Page size, 1 to 100 (default 20).
     #[param(minimum = 1, maximum = 100)]
     pub limit: Option<u32>,
-}
-
-/// A page of deliveries, newest first.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DeliveriesPage {
-    /// The deliveries.
-    pub deliveries: Vec<DeliveryView>,
-    /// Pass as `before` for the next page; absent on the last.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_before: Option<i64>,
 }
 
 /// The caller's endpoint `endpoint` (deleted or another account's: not found).
@@ -532,7 +402,7 @@ pub async fn list_deliveries(
         .then(|| deliveries.last().map(|delivery| delivery.id))
         .flatten();
     Ok(Json(DeliveriesPage {
-        deliveries: deliveries.iter().map(DeliveryView::from).collect(),
+        deliveries: deliveries.iter().map(delivery_view).collect(),
         next_before,
     }))
 }
@@ -623,4 +493,22 @@ pub async fn get_inbox(
         url: inbox.url_for(&account),
         received: inbox.received(&account),
     }))
+}
+
+#[cfg(test)]
+mod event_names {
+    use super::*;
+
+    /// The contract's event types are the ledger's, name for name, both ways.
+    #[test]
+    fn the_contract_names_every_ledger_event_type_as_the_ledger_does() {
+        assert_eq!(
+            EventType::ALL.len(),
+            payonce_types::webhooks::EventType::ALL.len()
+        );
+        for event in EventType::ALL {
+            assert_eq!(event_name(event).as_str(), event.as_str());
+            assert_eq!(ledger_event(event_name(event)), event);
+        }
+    }
 }
