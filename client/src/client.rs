@@ -257,7 +257,9 @@ impl Client {
             .await
     }
 
-    /// Deletes a webhook endpoint (deleting it again is 404 `webhook-endpoint-not-found`).
+    /// Deletes a webhook endpoint. Deleting it again is 404 `webhook-endpoint-not-found` —
+    /// which is also what a resend finds when the first delete went through but its answer
+    /// was lost: the endpoint is gone either way.
     pub async fn delete_webhook_endpoint(
         &self,
         account: Uuid,
