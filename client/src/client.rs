@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use payonce_types::accounts::{AccountView, CreatedAccount, EntriesPage, NewAccountRequest};
 use payonce_types::orders::{OrderPaid, OrderRequest, OrderView, PaymentRequest};
@@ -19,7 +19,7 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::Error;
-use crate::intent::{Intent, ResendPolicy};
+use crate::intent::{Attempt, Intent, Observer, ResendPolicy};
 use crate::problem::Problem;
 
 /// A client of one payonce service: one base URL, or several instances of it tried in
@@ -49,6 +49,7 @@ pub struct ClientBuilder {
     bases: Vec<String>,
     timeout: Duration,
     policy: ResendPolicy,
+    http: Option<reqwest::Client>,
 }
 
 impl ClientBuilder {
@@ -61,6 +62,14 @@ impl ClientBuilder {
     /// How long one send waits for its answer before it counts as none (10 s unless set).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Sends through `http` — a `reqwest` client built as the caller needs (no proxy, no
+    /// redirects, its own resolver) — instead of one of the client's; its timeout is then
+    /// `http`'s, not [`ClientBuilder::timeout`]'s.
+    pub fn http_client(mut self, http: reqwest::Client) -> Self {
+        self.http = Some(http);
         self
     }
 
@@ -88,7 +97,10 @@ impl ClientBuilder {
         if bases.is_empty() {
             return Err(Error::Url(url::ParseError::EmptyHost));
         }
-        let http = reqwest::Client::builder().timeout(self.timeout).build()?;
+        let http = match self.http {
+            Some(http) => http,
+            None => reqwest::Client::builder().timeout(self.timeout).build()?,
+        };
         Ok(Client {
             shared: Arc::new(Shared {
                 http,
@@ -110,6 +122,7 @@ pub(crate) struct Answered<T> {
 }
 
 /// What one send got: an answer, or none.
+#[derive(Debug)]
 enum Sent {
     Answer {
         status: u16,
@@ -118,6 +131,39 @@ enum Sent {
         retry_after: Option<Duration>,
     },
     None(reqwest::Error),
+}
+
+impl Sent {
+    /// The send as an observer sees it.
+    fn attempt(&self, number: u32, base: String, latency: Duration) -> Attempt {
+        match self {
+            Self::Answer {
+                status,
+                body,
+                replayed,
+                retry_after,
+            } => Attempt {
+                number,
+                base,
+                status: Some(*status),
+                replayed: *replayed,
+                body: Some(body.clone()),
+                latency,
+                error: None,
+                retry_after: *retry_after,
+            },
+            Self::None(error) => Attempt {
+                number,
+                base,
+                status: None,
+                replayed: false,
+                body: None,
+                latency,
+                error: Some(error.to_string()),
+                retry_after: None,
+            },
+        }
+    }
 }
 
 impl Client {
@@ -133,6 +179,7 @@ impl Client {
             bases: Vec::new(),
             timeout: Duration::from_secs(10),
             policy: ResendPolicy::default(),
+            http: None,
         }
     }
 
@@ -166,7 +213,7 @@ impl Client {
         // A resend after no answer may issue a second ticket: harmless, an unused ticket
         // only expires.
         let path = format!("/v1/accounts/{account}/tickets");
-        self.send_with_resends(&self.shared.policy, Method::POST, &path, None, None)
+        self.send_with_resends(&self.shared.policy, Method::POST, &path, None, None, None)
             .await
             .map(|answered| answered.body)
     }
@@ -246,6 +293,7 @@ impl Client {
             &path,
             Some(&body),
             None,
+            None,
         )
         .await
         .map(|answered| answered.body)
@@ -266,7 +314,7 @@ impl Client {
         endpoint: Uuid,
     ) -> Result<(), Error> {
         let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}");
-        self.send_with_resends(&self.shared.policy, Method::DELETE, &path, None, None)
+        self.send_with_resends(&self.shared.policy, Method::DELETE, &path, None, None, None)
             .await
             .map(|answered| answered.body)
     }
@@ -279,9 +327,16 @@ impl Client {
         endpoint: Uuid,
     ) -> Result<EndpointWithSecret, Error> {
         let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}/rotate-secret");
-        self.send_with_resends(&self.unanswered_final(), Method::POST, &path, None, None)
-            .await
-            .map(|answered| answered.body)
+        self.send_with_resends(
+            &self.unanswered_final(),
+            Method::POST,
+            &path,
+            None,
+            None,
+            None,
+        )
+        .await
+        .map(|answered| answered.body)
     }
 
     /// A page of the endpoint's deliveries, newest first, each with its attempts: those
@@ -364,7 +419,7 @@ impl Client {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        self.send_with_resends(&self.shared.policy, Method::GET, path, None, None)
+        self.send_with_resends(&self.shared.policy, Method::GET, path, None, None, None)
             .await
             .map(|answered| answered.body)
     }
@@ -382,6 +437,7 @@ impl Client {
             path,
             Some(&body),
             Some(key),
+            None,
         )
         .await
         .map(|answered| answered.body)
@@ -396,14 +452,19 @@ impl Client {
         path: &str,
         body: Option<&Value>,
         idempotency_key: Option<Uuid>,
+        observer: Option<&Observer>,
     ) -> Result<Answered<T>, Error> {
         let attempts = policy.max_attempts.max(1);
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let sent = self
+            let started = Instant::now();
+            let (sent, base) = self
                 .send_once(method.clone(), path, body, idempotency_key)
                 .await;
+            if let Some(observer) = observer {
+                observer.see(&sent.attempt(attempt, base, started.elapsed()));
+            }
             let (error, retry_after) = match sent {
                 Sent::None(error) if !policy.resend_unanswered => {
                     return Err(Error::Transport(error));
@@ -467,9 +528,24 @@ impl Client {
         path: &str,
         body: Option<&Value>,
         idempotency_key: Option<Uuid>,
-    ) -> Sent {
+    ) -> (Sent, String) {
         let bases = &self.shared.bases;
         let base = &bases[self.shared.next.load(Ordering::Relaxed) % bases.len()];
+        (
+            self.send_to(base, method, path, body, idempotency_key)
+                .await,
+            base.clone(),
+        )
+    }
+
+    async fn send_to(
+        &self,
+        base: &str,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        idempotency_key: Option<Uuid>,
+    ) -> Sent {
         let mut request = self
             .shared
             .http

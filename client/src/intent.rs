@@ -2,6 +2,7 @@
 //! ticket — until the answer is final.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;
@@ -65,6 +66,44 @@ impl ResendPolicy {
     }
 }
 
+/// One send of an intent, as it went: for a caller that records what was sent and
+/// answered (a load test's auditor, say). See [`Intent::on_attempt`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attempt {
+    /// 1 for the first send of this [`Intent::send`] call.
+    pub number: u32,
+    /// The base URL it went to.
+    pub base: String,
+    /// The answer's status; `None` when no answer came.
+    pub status: Option<u16>,
+    /// `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// The answer's body (JSON, or the text as a string); `None` without an answer.
+    pub body: Option<Value>,
+    /// From the send to the answer, or to giving up on one.
+    pub latency: Duration,
+    /// Why no answer came.
+    pub error: Option<String>,
+    /// The answer's `Retry-After`.
+    pub retry_after: Option<Duration>,
+}
+
+/// What an intent calls with each [`Attempt`].
+#[derive(Clone)]
+pub(crate) struct Observer(Arc<dyn Fn(&Attempt) + Send + Sync>);
+
+impl Observer {
+    pub(crate) fn see(&self, attempt: &Attempt) {
+        (self.0)(attempt);
+    }
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observer")
+    }
+}
+
 /// What a spend came to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Outcome<T> {
@@ -93,6 +132,7 @@ pub struct Intent<T> {
     body: Value,
     ticket: Option<Uuid>,
     policy: ResendPolicy,
+    observer: Option<Observer>,
     answer: PhantomData<fn() -> T>,
 }
 
@@ -106,6 +146,7 @@ impl<T: DeserializeOwned> Intent<T> {
             body,
             ticket: None,
             policy,
+            observer: None,
             answer: PhantomData,
         }
     }
@@ -120,6 +161,13 @@ impl<T: DeserializeOwned> Intent<T> {
     /// (in a database, say) by a process that stopped before it learned the outcome.
     pub fn with_ticket(mut self, ticket: Uuid) -> Self {
         self.ticket = Some(ticket);
+        self
+    }
+
+    /// Calls `observer` with every send of the spend — its answer or its failure — as it
+    /// happens (the ticket's request is not one).
+    pub fn on_attempt(mut self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
+        self.observer = Some(Observer(Arc::new(observer)));
         self
     }
 
@@ -160,6 +208,7 @@ impl<T: DeserializeOwned> Intent<T> {
                 &self.path,
                 Some(&self.body),
                 Some(ticket),
+                self.observer.as_ref(),
             )
             .await;
         match sent {

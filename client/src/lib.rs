@@ -11,7 +11,8 @@
 //! # Map
 //! - [`Client`] (`client.rs`): the typed calls — accounts, tickets, orders — and the
 //!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts.
-//! - [`Intent`], [`Outcome`], [`ResendPolicy`] (`intent.rs`): one spend, its resends.
+//! - [`Intent`], [`Outcome`], [`ResendPolicy`], [`Attempt`] (`intent.rs`): one spend, its
+//!   resends, and each send as it went for a caller that records them.
 //! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields.
 //! - [`webhooks`]: verifying the signature of a webhook payonce sent.
 //! - [`types`]: the contract's bodies, shared with the server (`payonce-types`).
@@ -48,7 +49,7 @@ mod problem;
 pub mod webhooks;
 
 pub use client::{Client, ClientBuilder};
-pub use intent::{Intent, Outcome, ResendPolicy};
+pub use intent::{Attempt, Intent, Outcome, ResendPolicy};
 pub use payonce_types as types;
 pub use problem::{Problem, ProblemKind};
 use uuid::Uuid;

@@ -210,13 +210,37 @@ async fn a_lost_answer_is_resent_with_the_same_ticket_and_executes_once() {
 
     let cut = Arc::new(AtomicBool::new(true));
     let proxy = answer_dropping_proxy(base.clone(), cut.clone()).await;
-    let through_proxy = Client::new(&proxy).unwrap().with_key(&ada.api_key);
+    // Through a reqwest client of the caller's own, each send observed.
+    let through_proxy = Client::builder()
+        .base_url(&proxy)
+        .http_client(reqwest::Client::builder().no_proxy().build().unwrap())
+        .build()
+        .unwrap()
+        .with_key(&ada.api_key);
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let outcome = through_proxy
         .withdrawal(ada.id, 300)
         .with_ticket(ticket)
+        .on_attempt({
+            let seen = seen.clone();
+            move |attempt| seen.lock().unwrap().push(attempt.clone())
+        })
         .send()
         .await
         .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:#?}");
+    assert_eq!(
+        (seen[0].number, seen[0].status, seen[0].error.is_some()),
+        (1, None, true),
+        "the first send got no answer"
+    );
+    assert_eq!(
+        (seen[1].number, seen[1].status, seen[1].replayed),
+        (2, Some(201), true)
+    );
+    assert_eq!(seen[1].body.as_ref().unwrap()["balance"], 700);
+    assert!(seen.iter().all(|attempt| attempt.base.starts_with(&proxy)));
     assert!(!cut.load(Ordering::SeqCst), "the first answer was dropped");
     assert_eq!(
         (outcome.attempts, outcome.replayed, outcome.ticket),
