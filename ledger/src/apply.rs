@@ -20,7 +20,7 @@ use crate::model::{
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
 use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, substitutable};
-use crate::webhooks::{EventId, EventType};
+use crate::webhooks::{EventId, EventType, event_of_outcome};
 
 /// An order payment's entry: [`INSERT_ENTRY`]'s parameters ($5, points, is 0) and $10
 /// the order.
@@ -229,7 +229,7 @@ where
             fingerprint: request.fingerprint.to_owned(),
             body,
             status: stand_in.status(),
-            event: EventType::of_outcome(request.operation.kind(), stand_in.status())
+            event: event_of_outcome(request.operation.kind(), stand_in.status())
                 .map(EventType::as_str),
         };
         let done = match batcher.apply(spend).await {

@@ -22,7 +22,7 @@ use crate::sql_store::SqlStore;
 use crate::webhooks::{
     Attempt, AttemptAnswer, Delivery, DeliveryJob, DeliveryOutcome, DeliveryStatus, Endpoint,
     EndpointId, Event, EventId, EventType, NewEndpoint, RetryRefused, Subscription, WebhookBacklog,
-    outcome_data,
+    event_of_outcome, outcome_data,
 };
 
 /// Parameters: $1 id, $2 account, $3 type, $4 ticket, $5 data, $6 now.
@@ -338,7 +338,7 @@ where
 }
 
 /// Writes, in `tx`, the event a spend's outcome stored with `status` and `body` announces,
-/// if it announces one ([`EventType::of_outcome`]): what every transaction that stores a
+/// if it announces one ([`event_of_outcome`]): what every transaction that stores a
 /// spend's outcome does before it commits (the group commit's statement does the same in
 /// SQL).
 pub(crate) async fn announce_outcome<D>(
@@ -358,7 +358,7 @@ where
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
 {
-    let Some(event) = EventType::of_outcome(request.operation.kind(), status) else {
+    let Some(event) = event_of_outcome(request.operation.kind(), status) else {
         return Ok(());
     };
     let data = outcome_data(

@@ -26,73 +26,19 @@ pub const MAX_ENDPOINTS_PER_ACCOUNT: usize = 16;
 /// its JSON, leaves the request under the API's 16 KiB body limit.
 pub const MAX_URL: usize = 1024;
 
-/// What happened, as an event names it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum EventType {
-    /// A withdrawal executed (201).
-    #[serde(rename = "withdrawal.succeeded")]
-    WithdrawalSucceeded,
-    /// A withdrawal refused for want of money (402, stored under its ticket).
-    #[serde(rename = "withdrawal.refused")]
-    WithdrawalRefused,
-    /// A lottery draw executed (201).
-    #[serde(rename = "lottery.drawn")]
-    LotteryDrawn,
-    /// An order paid (201).
-    #[serde(rename = "order.paid")]
-    OrderPaid,
-    /// The bank made a payout's transfer.
-    #[serde(rename = "payout.succeeded")]
-    PayoutSucceeded,
-    /// The bank refused a payout for good; its money came back.
-    #[serde(rename = "payout.failed")]
-    PayoutFailed,
-}
+/// What happened, as an event names it: the contract's own type (`payonce-types`), so
+/// the names the ledger stores are the names the API documents.
+pub use payonce_types::webhooks::EventType;
 
-impl EventType {
-    /// Every type, in the catalogue's order.
-    pub const ALL: [Self; 6] = [
-        Self::WithdrawalSucceeded,
-        Self::WithdrawalRefused,
-        Self::LotteryDrawn,
-        Self::OrderPaid,
-        Self::PayoutSucceeded,
-        Self::PayoutFailed,
-    ];
-
-    /// The name events carry.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::WithdrawalSucceeded => "withdrawal.succeeded",
-            Self::WithdrawalRefused => "withdrawal.refused",
-            Self::LotteryDrawn => "lottery.drawn",
-            Self::OrderPaid => "order.paid",
-            Self::PayoutSucceeded => "payout.succeeded",
-            Self::PayoutFailed => "payout.failed",
-        }
-    }
-
-    /// The type `name` names.
-    pub fn parse(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|kind| kind.as_str() == name)
-    }
-
-    /// The event a spend's stored outcome announces, if any: an operation of `kind` stored
-    /// with `status`. A payout's acceptance (202) announces nothing: its settlement does.
-    pub fn of_outcome(kind: EntryKind, status: u16) -> Option<Self> {
-        match (kind, status) {
-            (EntryKind::Withdrawal, 201) => Some(Self::WithdrawalSucceeded),
-            (EntryKind::Withdrawal, 402) => Some(Self::WithdrawalRefused),
-            (EntryKind::LotteryDraw, 201) => Some(Self::LotteryDrawn),
-            (EntryKind::OrderPayment, 201) => Some(Self::OrderPaid),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for EventType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+/// The event a spend's stored outcome announces, if any: an operation of `kind` stored with
+/// `status`. A payout's acceptance (202) announces nothing: its settlement does.
+pub fn event_of_outcome(kind: EntryKind, status: u16) -> Option<EventType> {
+    match (kind, status) {
+        (EntryKind::Withdrawal, 201) => Some(EventType::WithdrawalSucceeded),
+        (EntryKind::Withdrawal, 402) => Some(EventType::WithdrawalRefused),
+        (EntryKind::LotteryDraw, 201) => Some(EventType::LotteryDrawn),
+        (EntryKind::OrderPayment, 201) => Some(EventType::OrderPaid),
+        _ => None,
     }
 }
 
@@ -450,13 +396,13 @@ mod tests {
             );
         }
         assert_eq!(
-            EventType::of_outcome(EntryKind::Withdrawal, 402),
+            event_of_outcome(EntryKind::Withdrawal, 402),
             Some(EventType::WithdrawalRefused)
         );
-        assert_eq!(EventType::of_outcome(EntryKind::Payout, 202), None);
-        assert_eq!(EventType::of_outcome(EntryKind::Deposit, 201), None);
-        assert_eq!(EventType::of_outcome(EntryKind::LotteryDraw, 402), None);
-        assert_eq!(EventType::of_outcome(EntryKind::OrderPayment, 409), None);
+        assert_eq!(event_of_outcome(EntryKind::Payout, 202), None);
+        assert_eq!(event_of_outcome(EntryKind::Deposit, 201), None);
+        assert_eq!(event_of_outcome(EntryKind::LotteryDraw, 402), None);
+        assert_eq!(event_of_outcome(EntryKind::OrderPayment, 409), None);
     }
 
     #[test]

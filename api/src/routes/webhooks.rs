@@ -33,32 +33,6 @@ pub use payonce_types::webhooks::{
     EndpointWithSecret,
 };
 
-/// The contract's name for a ledger event type (the same names: a test holds them so).
-fn event_name(event: EventType) -> payonce_types::webhooks::EventType {
-    use payonce_types::webhooks::EventType as Named;
-    match event {
-        EventType::WithdrawalSucceeded => Named::WithdrawalSucceeded,
-        EventType::WithdrawalRefused => Named::WithdrawalRefused,
-        EventType::LotteryDrawn => Named::LotteryDrawn,
-        EventType::OrderPaid => Named::OrderPaid,
-        EventType::PayoutSucceeded => Named::PayoutSucceeded,
-        EventType::PayoutFailed => Named::PayoutFailed,
-    }
-}
-
-/// The ledger's event type a contract's name stands for.
-fn ledger_event(named: payonce_types::webhooks::EventType) -> EventType {
-    use payonce_types::webhooks::EventType as Named;
-    match named {
-        Named::WithdrawalSucceeded => EventType::WithdrawalSucceeded,
-        Named::WithdrawalRefused => EventType::WithdrawalRefused,
-        Named::LotteryDrawn => EventType::LotteryDrawn,
-        Named::OrderPaid => EventType::OrderPaid,
-        Named::PayoutSucceeded => EventType::PayoutSucceeded,
-        Named::PayoutFailed => EventType::PayoutFailed,
-    }
-}
-
 /// An endpoint as the contract shows it.
 fn endpoint_view(endpoint: &Endpoint) -> EndpointView {
     EndpointView {
@@ -67,7 +41,7 @@ fn endpoint_view(endpoint: &Endpoint) -> EndpointView {
         url: endpoint.url.clone(),
         events: match &endpoint.subscription {
             Subscription::All => None,
-            Subscription::Only(types) => Some(types.iter().copied().map(event_name).collect()),
+            Subscription::Only(types) => Some(types.clone()),
         },
         status: if endpoint.disabled.is_some() {
             "disabled"
@@ -160,11 +134,7 @@ pub async fn create_endpoint(
         id,
         account_id: account,
         url: url.to_string(),
-        subscription: Subscription::of(
-            request
-                .events
-                .map(|events| events.into_iter().map(ledger_event).collect()),
-        ),
+        subscription: Subscription::of(request.events),
         secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
     };
     let endpoint = state
@@ -323,7 +293,7 @@ fn delivery_view(delivery: &Delivery) -> DeliveryView {
     DeliveryView {
         id: delivery.id,
         event_id: delivery.event.id.0,
-        event_type: event_name(delivery.event.event_type),
+        event_type: delivery.event.event_type,
         ticket_id: delivery.event.ticket_id.0,
         status: delivery.status.as_str().to_owned(),
         next_attempt_at: delivery.next_attempt_at,
@@ -493,22 +463,4 @@ pub async fn get_inbox(
         url: inbox.url_for(&account),
         received: inbox.received(&account),
     }))
-}
-
-#[cfg(test)]
-mod event_names {
-    use super::*;
-
-    /// The contract's event types are the ledger's, name for name, both ways.
-    #[test]
-    fn the_contract_names_every_ledger_event_type_as_the_ledger_does() {
-        assert_eq!(
-            EventType::ALL.len(),
-            payonce_types::webhooks::EventType::ALL.len()
-        );
-        for event in EventType::ALL {
-            assert_eq!(event_name(event).as_str(), event.as_str());
-            assert_eq!(ledger_event(event_name(event)), event);
-        }
-    }
 }
