@@ -11,8 +11,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use rand::RngExt;
-
 use crate::history::{Attempt, TicketAttempt};
 
 /// The first backoff without `Retry-After`; it doubles with each attempt.
@@ -87,18 +85,15 @@ impl RetryPolicy {
     /// How long to wait after attempt `number` (1-based) before the next: `Retry-After`
     /// when the answer had one, else `FIRST_BACKOFF` doubled per attempt with equal
     /// jitter (half fixed, half random, so clients that failed together do not resend
-    /// together); never more than `max_backoff`.
+    /// together); never more than `max_backoff` — payonce-client's own wait.
     pub fn backoff(&self, number: u32, retry_after: Option<u64>) -> Duration {
-        let wait = match retry_after {
-            Some(seconds) => Duration::from_secs(seconds),
-            None => {
-                let ceiling = FIRST_BACKOFF
-                    .saturating_mul(1 << number.saturating_sub(1).min(16))
-                    .min(self.max_backoff);
-                ceiling / 2 + ceiling.mul_f64(rand::rng().random::<f64>() / 2.0)
-            }
-        };
-        wait.min(self.max_backoff)
+        payonce_client::ResendPolicy {
+            max_attempts: self.max_attempts,
+            first_backoff: FIRST_BACKOFF,
+            max_backoff: self.max_backoff,
+            resend_unanswered: true,
+        }
+        .wait(number, retry_after.map(Duration::from_secs))
     }
 
     /// Sends one logical request — `send(number)` sends attempt `number`, 1-based — until
