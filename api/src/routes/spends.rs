@@ -413,28 +413,26 @@ impl Spend<'_> {
             .locks()
             .acquire_noted(lock_key, settings.lock_ttl, deadline, &note)
             .await;
+        match &acquired {
+            // Not free a moment ago: a holder handed it on.
+            Ok(_) => self.state.metrics().lock_granted(asked.elapsed(), true),
+            Err(_) => self.state.metrics().lock_not_granted(asked.elapsed()),
+        }
         match acquired {
             Ok(guard) => {
-                // Not free a moment ago: a holder handed it on.
-                self.state.metrics().lock_granted(asked.elapsed(), true);
                 tracing::Span::current().record("lock.fencing_token", guard.fencing_token().get());
                 Ok(Locked::Held(guard))
             }
             Err(LockError::TimedOut { .. }) => {
-                self.state.metrics().lock_not_granted(asked.elapsed());
                 self.state.metrics().lock_timed_out();
                 Ok(Locked::Answered(self.gave_up_waiting(lock_key).await))
             }
             Err(LockError::QueueFull { .. }) => {
                 // Turned away at once: no lookups, so a crowd costs as little as it can.
-                self.state.metrics().lock_not_granted(asked.elapsed());
                 self.state.metrics().lock_queue_full();
                 Ok(Locked::Answered(Err(ApiError::AccountBusy)))
             }
-            Err(error) => {
-                self.state.metrics().lock_not_granted(asked.elapsed());
-                Err(error.into())
-            }
+            Err(error) => Err(error.into()),
         }
     }
 
