@@ -11,7 +11,7 @@ use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
 use payonce_types::tickets::{TicketIssued, TicketView};
 use payonce_types::webhooks::{DeliveriesPage, EndpointList, EndpointRequest, EndpointWithSecret};
 use reqwest::Method;
-use reqwest::header::{AUTHORIZATION, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue, RETRY_AFTER};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -26,11 +26,16 @@ use crate::problem::Problem;
 /// turn — a send that got no answer or a 503 goes to the next.
 ///
 /// Cheap to clone; clones share the connection pool. [`Client::with_key`] gives a clone
-/// that sends an account's key.
+/// that sends an account's key, [`Client::starting_at`] one that aims at an instance,
+/// [`Client::on_attempt`] one whose every send is observed.
 #[derive(Clone, Debug)]
 pub struct Client {
     shared: Arc<Shared>,
     key: Option<String>,
+    /// The base each call starts at, when the caller chose one; else the shared turn.
+    start: Option<usize>,
+    observer: Option<Observer>,
+    policy: ResendPolicy,
 }
 
 #[derive(Debug)]
@@ -40,7 +45,6 @@ struct Shared {
     bases: Vec<String>,
     /// The base the next send goes to.
     next: AtomicUsize,
-    policy: ResendPolicy,
 }
 
 /// How to build a [`Client`].
@@ -106,10 +110,47 @@ impl ClientBuilder {
                 http,
                 bases,
                 next: AtomicUsize::new(0),
-                policy: self.policy,
             }),
             key: None,
+            start: None,
+            observer: None,
+            policy: self.policy,
         })
+    }
+}
+
+/// A header an intent adds to its sends: to all, or only to those to one base.
+#[derive(Clone, Debug)]
+pub(crate) struct ExtraHeader {
+    pub name: HeaderName,
+    pub value: HeaderValue,
+    pub only_to: Option<usize>,
+}
+
+/// One call, as [`Client::send_with_resends`] sends it.
+pub(crate) struct Call<'a> {
+    pub method: Method,
+    pub path: &'a str,
+    pub body: Option<&'a Value>,
+    pub idempotency_key: Option<Uuid>,
+    pub headers: &'a [ExtraHeader],
+    pub observer: Option<&'a Observer>,
+    /// The base the next send goes to when the caller keeps its own turn (counting on past
+    /// the last base); `None` follows the client's shared turn.
+    pub base: Option<usize>,
+}
+
+impl<'a> Call<'a> {
+    fn new(client: &'a Client, method: Method, path: &'a str) -> Self {
+        Self {
+            method,
+            path,
+            body: None,
+            idempotency_key: None,
+            headers: &[],
+            observer: client.observer.as_ref(),
+            base: client.start,
+        }
     }
 }
 
@@ -135,7 +176,8 @@ enum Sent {
 
 impl Sent {
     /// The send as an observer sees it.
-    fn attempt(&self, number: u32, base: String, latency: Duration) -> Attempt {
+    fn attempt(&self, number: u32, base_index: usize, base: &str, latency: Duration) -> Attempt {
+        let base = base.to_owned();
         match self {
             Self::Answer {
                 status,
@@ -144,6 +186,7 @@ impl Sent {
                 retry_after,
             } => Attempt {
                 number,
+                base_index,
                 base,
                 status: Some(*status),
                 replayed: *replayed,
@@ -154,6 +197,7 @@ impl Sent {
             },
             Self::None(error) => Attempt {
                 number,
+                base_index,
                 base,
                 status: None,
                 replayed: false,
@@ -187,13 +231,51 @@ impl Client {
     /// `Authorization: Bearer`.
     pub fn with_key(&self, key: &str) -> Self {
         Self {
-            shared: self.shared.clone(),
             key: Some(key.to_owned()),
+            ..self.clone()
         }
     }
 
+    /// This client, its calls starting at base URL number `base` (0 is the first the
+    /// builder was given; past the last, it counts on from the first) and moving on from
+    /// there by themselves after no answer or a 503, instead of following the turn all
+    /// clones share: for a caller that aims each request at an instance — a load test, a
+    /// test of failover. An [`Intent`] made from it keeps its own turn across its sends.
+    pub fn starting_at(&self, base: usize) -> Self {
+        Self {
+            start: Some(base),
+            ..self.clone()
+        }
+    }
+
+    /// This client, calling `observer` with every send its calls make — ticket requests,
+    /// reads, creates and the sends of its intents alike (an intent's own
+    /// [`Intent::on_attempt`] takes the place of this one).
+    pub fn on_attempt(&self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
+        Self {
+            observer: Some(Observer::new(observer)),
+            ..self.clone()
+        }
+    }
+
+    /// This client, resending by `policy` instead of the one it was built with.
+    pub fn with_resend_policy(&self, policy: ResendPolicy) -> Self {
+        Self {
+            policy,
+            ..self.clone()
+        }
+    }
+
+    pub(crate) fn start(&self) -> Option<usize> {
+        self.start
+    }
+
+    pub(crate) fn observer(&self) -> Option<&Observer> {
+        self.observer.as_ref()
+    }
+
     pub(crate) fn policy(&self) -> ResendPolicy {
-        self.shared.policy
+        self.policy
     }
 
     /// Opens an account. Sent with an `Idempotency-Key` of its own, so a resend after no
@@ -213,7 +295,8 @@ impl Client {
         // A resend after no answer may issue a second ticket: harmless, an unused ticket
         // only expires.
         let path = format!("/v1/accounts/{account}/tickets");
-        self.send_with_resends(&self.shared.policy, Method::POST, &path, None, None, None)
+        let mut call = Call::new(self, Method::POST, &path);
+        self.send_with_resends(&self.policy, &mut call)
             .await
             .map(|answered| answered.body)
     }
@@ -279,7 +362,8 @@ impl Client {
     }
 
     /// Creates a webhook endpoint; its `secret` is in this answer only. Not resent after
-    /// no answer (a create without a key could make two): list the endpoints to see.
+    /// no answer (a create without a key could make two): list the endpoints to see. (A
+    /// send whose connection could not be made is sent again: nothing reached the server.)
     pub async fn create_webhook_endpoint(
         &self,
         account: Uuid,
@@ -287,16 +371,13 @@ impl Client {
     ) -> Result<EndpointWithSecret, Error> {
         let body = serde_json::to_value(endpoint).unwrap_or(Value::Null);
         let path = format!("/v1/accounts/{account}/webhook-endpoints");
-        self.send_with_resends(
-            &self.unanswered_final(),
-            Method::POST,
-            &path,
-            Some(&body),
-            None,
-            None,
-        )
-        .await
-        .map(|answered| answered.body)
+        let mut call = Call {
+            body: Some(&body),
+            ..Call::new(self, Method::POST, &path)
+        };
+        self.send_with_resends(&self.unanswered_final(), &mut call)
+            .await
+            .map(|answered| answered.body)
     }
 
     /// The account's webhook endpoints, oldest first.
@@ -314,7 +395,8 @@ impl Client {
         endpoint: Uuid,
     ) -> Result<(), Error> {
         let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}");
-        self.send_with_resends(&self.shared.policy, Method::DELETE, &path, None, None, None)
+        let mut call = Call::new(self, Method::DELETE, &path);
+        self.send_with_resends(&self.policy, &mut call)
             .await
             .map(|answered| answered.body)
     }
@@ -327,16 +409,10 @@ impl Client {
         endpoint: Uuid,
     ) -> Result<EndpointWithSecret, Error> {
         let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}/rotate-secret");
-        self.send_with_resends(
-            &self.unanswered_final(),
-            Method::POST,
-            &path,
-            None,
-            None,
-            None,
-        )
-        .await
-        .map(|answered| answered.body)
+        let mut call = Call::new(self, Method::POST, &path);
+        self.send_with_resends(&self.unanswered_final(), &mut call)
+            .await
+            .map(|answered| answered.body)
     }
 
     /// A page of the endpoint's deliveries, newest first, each with its attempts: those
@@ -362,7 +438,7 @@ impl Client {
     fn unanswered_final(&self) -> ResendPolicy {
         ResendPolicy {
             resend_unanswered: false,
-            ..self.shared.policy
+            ..self.policy
         }
     }
 
@@ -419,7 +495,8 @@ impl Client {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
-        self.send_with_resends(&self.shared.policy, Method::GET, path, None, None, None)
+        let mut call = Call::new(self, Method::GET, path);
+        self.send_with_resends(&self.policy, &mut call)
             .await
             .map(|answered| answered.body)
     }
@@ -430,43 +507,43 @@ impl Client {
         body: &impl Serialize,
     ) -> Result<T, Error> {
         let body = serde_json::to_value(body).unwrap_or(Value::Null);
-        let key = Uuid::new_v4();
-        self.send_with_resends(
-            &self.shared.policy,
-            Method::POST,
-            path,
-            Some(&body),
-            Some(key),
-            None,
-        )
-        .await
-        .map(|answered| answered.body)
+        let mut call = Call {
+            body: Some(&body),
+            idempotency_key: Some(Uuid::new_v4()),
+            ..Call::new(self, Method::POST, path)
+        };
+        self.send_with_resends(&self.policy, &mut call)
+            .await
+            .map(|answered| answered.body)
     }
 
-    /// Sends, and sends again by `policy` while there is no answer or a resendable
-    /// problem, always with the same `idempotency_key`; the first final answer.
+    /// Sends the call, and sends it again by `policy` while there is no answer or a
+    /// resendable problem, always with the same idempotency key; the first final answer.
+    /// A call that keeps its own turn (`call.base`) is left pointing at the base its next
+    /// send would go to.
     pub(crate) async fn send_with_resends<T: DeserializeOwned>(
         &self,
         policy: &ResendPolicy,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        idempotency_key: Option<Uuid>,
-        observer: Option<&Observer>,
+        call: &mut Call<'_>,
     ) -> Result<Answered<T>, Error> {
         let attempts = policy.max_attempts.max(1);
+        let bases = &self.shared.bases;
         let mut attempt = 0;
         loop {
             attempt += 1;
+            let index = call
+                .base
+                .unwrap_or_else(|| self.shared.next.load(Ordering::Relaxed))
+                % bases.len();
             let started = Instant::now();
-            let (sent, base) = self
-                .send_once(method.clone(), path, body, idempotency_key)
-                .await;
-            if let Some(observer) = observer {
-                observer.see(&sent.attempt(attempt, base, started.elapsed()));
+            let sent = self.send_to(index, call).await;
+            if let Some(observer) = call.observer {
+                observer.see(&sent.attempt(attempt, index, &bases[index], started.elapsed()));
             }
             let (error, retry_after) = match sent {
-                Sent::None(error) if !policy.resend_unanswered => {
+                // A connection that could not be made carried nothing: sending again is
+                // safe even for a call that is not idempotent.
+                Sent::None(error) if !policy.resend_unanswered && !error.is_connect() => {
                     return Err(Error::Transport(error));
                 }
                 Sent::None(error) => (Error::Transport(error), None),
@@ -516,47 +593,39 @@ impl Client {
             }
             // No answer or a 503: the next send goes to the next instance.
             if !matches!(&error, Error::Refused(problem) if problem.status == 409) {
-                self.shared.next.fetch_add(1, Ordering::Relaxed);
+                match &mut call.base {
+                    Some(base) => *base = index + 1,
+                    None => {
+                        self.shared.next.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
             tokio::time::sleep(policy.wait(attempt, retry_after)).await;
         }
     }
 
-    async fn send_once(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        idempotency_key: Option<Uuid>,
-    ) -> (Sent, String) {
-        let bases = &self.shared.bases;
-        let base = &bases[self.shared.next.load(Ordering::Relaxed) % bases.len()];
-        (
-            self.send_to(base, method, path, body, idempotency_key)
-                .await,
-            base.clone(),
-        )
-    }
-
-    async fn send_to(
-        &self,
-        base: &str,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        idempotency_key: Option<Uuid>,
-    ) -> Sent {
-        let mut request = self
-            .shared
-            .http
-            .request(method, format!("{base}{}", path.trim_start_matches('/')));
+    /// One send of the call to base number `index`.
+    async fn send_to(&self, index: usize, call: &Call<'_>) -> Sent {
+        let base = &self.shared.bases[index];
+        let mut request = self.shared.http.request(
+            call.method.clone(),
+            format!("{base}{}", call.path.trim_start_matches('/')),
+        );
         if let Some(key) = &self.key {
             request = request.header(AUTHORIZATION, format!("Bearer {key}"));
         }
-        if let Some(key) = idempotency_key {
+        if let Some(key) = call.idempotency_key {
             request = request.header("idempotency-key", key.to_string());
         }
-        if let Some(body) = body {
+        for header in call.headers {
+            if header
+                .only_to
+                .is_none_or(|only| only % self.shared.bases.len() == index)
+            {
+                request = request.header(header.name.clone(), header.value.clone());
+            }
+        }
+        if let Some(body) = call.body {
             request = request.json(body);
         }
         let response = match request.send().await {

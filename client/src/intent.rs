@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rand::RngExt;
+use reqwest::header::{HeaderName, HeaderValue};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use uuid::Uuid;
 
 use crate::Error;
-use crate::client::Client;
+use crate::client::{Call, Client, ExtraHeader};
 use crate::problem::ProblemKind;
 
 /// How an intent (or any other call) is sent again after no answer or a transient one.
@@ -25,7 +26,8 @@ pub struct ResendPolicy {
     pub max_backoff: Duration,
     /// Whether a send that got no answer is sent again. Always for a spend (its ticket
     /// makes a resend safe) and for reads; creates that carry no key of their own (a
-    /// webhook endpoint, a secret's rotation) turn it off.
+    /// webhook endpoint, a secret's rotation) turn it off. A send whose connection could
+    /// not be made is sent again either way: it carried nothing.
     pub resend_unanswered: bool,
 }
 
@@ -70,8 +72,10 @@ impl ResendPolicy {
 /// answered (a load test's auditor, say). See [`Intent::on_attempt`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct Attempt {
-    /// 1 for the first send of this [`Intent::send`] call.
+    /// 1 for the first send of this call (of this [`Intent::send`], for an intent).
     pub number: u32,
+    /// Which base URL it went to: its place in the order the builder was given them.
+    pub base_index: usize,
     /// The base URL it went to.
     pub base: String,
     /// The answer's status; `None` when no answer came.
@@ -93,6 +97,10 @@ pub struct Attempt {
 pub(crate) struct Observer(Arc<dyn Fn(&Attempt) + Send + Sync>);
 
 impl Observer {
+    pub(crate) fn new(observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
+        Self(Arc::new(observer))
+    }
+
     pub(crate) fn see(&self, attempt: &Attempt) {
         (self.0)(attempt);
     }
@@ -133,12 +141,18 @@ pub struct Intent<T> {
     ticket: Option<Uuid>,
     policy: ResendPolicy,
     observer: Option<Observer>,
+    headers: Vec<ExtraHeader>,
+    /// The base the next send goes to, when the client was aimed
+    /// ([`Client::starting_at`]): the intent keeps its own turn across its sends.
+    base: Option<usize>,
     answer: PhantomData<fn() -> T>,
 }
 
 impl<T: DeserializeOwned> Intent<T> {
     pub(crate) fn new(client: Client, account: Uuid, path: String, body: Value) -> Self {
         let policy = client.policy();
+        let observer = client.observer().cloned();
+        let base = client.start();
         Self {
             client,
             account,
@@ -146,7 +160,9 @@ impl<T: DeserializeOwned> Intent<T> {
             body,
             ticket: None,
             policy,
-            observer: None,
+            observer,
+            headers: Vec::new(),
+            base,
             answer: PhantomData,
         }
     }
@@ -165,9 +181,33 @@ impl<T: DeserializeOwned> Intent<T> {
     }
 
     /// Calls `observer` with every send of the spend — its answer or its failure — as it
-    /// happens (the ticket's request is not one).
+    /// happens (the ticket's request is not one), instead of the client's
+    /// ([`Client::on_attempt`]).
     pub fn on_attempt(mut self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
-        self.observer = Some(Observer(Arc::new(observer)));
+        self.observer = Some(Observer::new(observer));
+        self
+    }
+
+    /// Sends `name: value` with every send of the spend: a header of the caller's own (a
+    /// trace's, a test's demonstration fault).
+    pub fn with_header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push(ExtraHeader {
+            name,
+            value,
+            only_to: None,
+        });
+        self
+    }
+
+    /// Sends `name: value` with the sends that go to base URL number `base` only: a
+    /// demonstration fault aimed at one instance, which a resend to another must not
+    /// carry there.
+    pub fn with_header_to(mut self, base: usize, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.push(ExtraHeader {
+            name,
+            value,
+            only_to: Some(base),
+        });
         self
     }
 
@@ -200,17 +240,17 @@ impl<T: DeserializeOwned> Intent<T> {
             resend_unanswered: true,
             ..self.policy
         };
-        let sent = self
-            .client
-            .send_with_resends::<T>(
-                &policy,
-                reqwest::Method::POST,
-                &self.path,
-                Some(&self.body),
-                Some(ticket),
-                self.observer.as_ref(),
-            )
-            .await;
+        let mut call = Call {
+            method: reqwest::Method::POST,
+            path: &self.path,
+            body: Some(&self.body),
+            idempotency_key: Some(ticket),
+            headers: &self.headers,
+            observer: self.observer.as_ref(),
+            base: self.base,
+        };
+        let sent = self.client.send_with_resends::<T>(&policy, &mut call).await;
+        self.base = call.base;
         match sent {
             Ok(answer) => Ok(Outcome {
                 body: answer.body,

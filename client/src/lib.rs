@@ -10,7 +10,9 @@
 //!
 //! # Map
 //! - [`Client`] (`client.rs`): the typed calls — accounts, tickets, orders — and the
-//!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts.
+//!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts;
+//!   a clone aimed at one instance ([`Client::starting_at`]) or with each send observed
+//!   ([`Client::on_attempt`]), as the load test uses it.
 //! - [`Intent`], [`Outcome`], [`ResendPolicy`], [`Attempt`] (`intent.rs`): one spend, its
 //!   resends, and each send as it went for a caller that records them.
 //! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields.

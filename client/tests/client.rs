@@ -491,3 +491,185 @@ async fn webhook_endpoints_are_created_listed_rotated_and_deleted() {
         Some(&ProblemKind::WebhookEndpointNotFound)
     );
 }
+
+/// A server on loopback that answers every request with `status` and `body` and closes;
+/// its base URL and the heads of the requests it took, lowercased.
+async fn recorder(
+    status: &'static str,
+    body: String,
+) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let requests = heard.clone();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            let (requests, body) = (requests.clone(), body.clone());
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buffer = [0_u8; 4096];
+                // The head, then the body its content-length announces.
+                let head = loop {
+                    let Ok(read) = socket.read(&mut buffer).await else {
+                        return;
+                    };
+                    if read == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buffer[..read]);
+                    let text = String::from_utf8_lossy(&request).to_ascii_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text
+                            .lines()
+                            .find_map(|line| line.strip_prefix("content-length:"))
+                            .and_then(|value| value.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if request.len() >= end + 4 + length {
+                            break text[..end].to_owned();
+                        }
+                    }
+                };
+                requests.lock().unwrap().push(head);
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    (base, heard)
+}
+
+/// A client aimed at a base (`starting_at`) sends there first and moves on from there by
+/// itself; a header aimed at one base goes with the sends to it only, one for all with
+/// every send; the observer says which base each send went to.
+#[tokio::test]
+async fn an_aimed_intent_starts_where_told_and_aimed_headers_go_there_only() {
+    let account = uuid::Uuid::new_v4();
+    let ticket = uuid::Uuid::new_v4();
+    let (down, heard_down) = recorder(
+        "503 Service Unavailable",
+        r#"{"type":"/problems/lock-store-unavailable","title":"down","status":503}"#.into(),
+    )
+    .await;
+    let (up, heard_up) = recorder(
+        "201 Created",
+        format!(r#"{{"ticket_id":"{ticket}","account_id":"{account}","amount":5,"balance":95}}"#),
+    )
+    .await;
+    let payonce = Client::builder()
+        .base_url(&down)
+        .base_url(&up)
+        .resend_policy(ResendPolicy {
+            max_attempts: 3,
+            first_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+            ..ResendPolicy::default()
+        })
+        .build()
+        .unwrap()
+        .with_key("k");
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let observed = {
+        let seen = seen.clone();
+        payonce.on_attempt(move |attempt| seen.lock().unwrap().push(attempt.base_index))
+    };
+    let aimed = |base: usize| {
+        observed
+            .starting_at(base)
+            .withdrawal(account, 5)
+            .with_ticket(ticket)
+            .with_header(
+                "x-to-all".parse().unwrap(),
+                reqwest::header::HeaderValue::from_static("yes"),
+            )
+            .with_header_to(
+                1,
+                "x-to-up".parse().unwrap(),
+                reqwest::header::HeaderValue::from_static("yes"),
+            )
+    };
+
+    let outcome = aimed(0).send().await.unwrap();
+    assert_eq!((outcome.attempts, outcome.body.balance), (2, 95));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![0, 1],
+        "first where told, then on"
+    );
+    let outcome = aimed(1).send().await.unwrap();
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![0, 1, 1],
+        "the second went to 1 only"
+    );
+
+    let (down, up) = (heard_down.lock().unwrap(), heard_up.lock().unwrap());
+    assert_eq!((down.len(), up.len()), (1, 2));
+    assert!(down[0].contains("x-to-all: yes") && !down[0].contains("x-to-up"));
+    assert!(
+        up.iter()
+            .all(|head| head.contains("x-to-all: yes") && head.contains("x-to-up: yes"))
+    );
+    let key = format!("idempotency-key: {ticket}");
+    assert!(down.iter().chain(up.iter()).all(|head| head.contains(&key)));
+}
+
+/// A create without a key of its own (a webhook endpoint) is not sent again after a lost
+/// answer — but a send whose connection could not be made carried nothing, and goes to
+/// the next base: one endpoint is made.
+#[tokio::test]
+async fn a_create_without_a_key_moves_on_from_a_refused_connection_only() {
+    use payonce_client::types::webhooks::EndpointRequest;
+    let (base, _dir) = server_with(&["--webhook-allow-private"]).await;
+    let dead = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let payonce = Client::builder()
+        .base_url(&dead)
+        .base_url(&base)
+        .build()
+        .unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key).starting_at(0);
+    let endpoint = EndpointRequest {
+        url: "http://127.0.0.1:9/payonce-events".into(),
+        events: None,
+    };
+    payonce
+        .create_webhook_endpoint(ada.id, &endpoint)
+        .await
+        .unwrap();
+    assert_eq!(
+        payonce
+            .webhook_endpoints(ada.id)
+            .await
+            .unwrap()
+            .endpoints
+            .len(),
+        1
+    );
+
+    // An answer lost after the server took the request: not sent again.
+    let cut = Arc::new(AtomicBool::new(true));
+    let proxy = answer_dropping_proxy(base.clone(), cut.clone()).await;
+    let through_proxy = Client::new(&proxy).unwrap().with_key(&ada.api_key);
+    let lost = through_proxy
+        .create_webhook_endpoint(ada.id, &endpoint)
+        .await;
+    assert!(matches!(lost, Err(Error::Transport(_))), "{lost:?}");
+    assert_eq!(
+        payonce
+            .webhook_endpoints(ada.id)
+            .await
+            .unwrap()
+            .endpoints
+            .len(),
+        2,
+        "the lost one was made once, and not again"
+    );
+}

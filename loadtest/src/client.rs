@@ -1,20 +1,35 @@
-//! A client of the payonce HTTP contract — nothing else: the load test could drive any
-//! implementation of it.
+//! The load test's access to the payonce HTTP contract: payonce-client for every request
+//! of the contract — aimed at a chosen target, each send observed for the auditor — and
+//! a plain HTTP client for what lies outside it (the bank's transfers, `/metrics`,
+//! `/healthz`). Nothing else: the load test could drive any implementation of the
+//! contract.
 
 use std::time::Duration;
 
+use payonce_client::types::accounts::NewAccountRequest;
+use payonce_client::types::orders::OrderRequest;
+use payonce_client::types::webhooks::EndpointRequest;
+use payonce_client::{Client as Payonce, ResendPolicy};
 use reqwest::{Client, StatusCode};
-use serde_json::{Value, json};
-use tokio::time::Instant;
+use serde_json::Value;
+use uuid::Uuid;
 
 use crate::history::{
-    AccountState, BankTransfer, EntryRecord, PayoutState, PayoutStatus, SpendKind, TicketState,
+    AccountState, BankTransfer, EntryRecord, PayoutState, PayoutStatus, TicketState,
 };
 
 /// Errors setting up or reading back (not the answers under test: those are recorded).
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The request did not get an answer.
+    /// A call of the contract did not come to an answer the run can use.
+    #[error("{what}: {error}")]
+    Payonce {
+        /// What was asked.
+        what: &'static str,
+        /// What went wrong.
+        error: payonce_client::Error,
+    },
+    /// A request outside the contract (the bank, `/metrics`) did not get an answer.
     #[error("{0}")]
     Transport(#[from] reqwest::Error),
     /// An answer the setup cannot work with.
@@ -29,71 +44,21 @@ pub enum ClientError {
     },
 }
 
-/// The answer to a spend, as recorded.
-#[derive(Debug, Clone)]
-pub struct Answer {
-    /// `None` when no answer came.
-    pub status: Option<u16>,
-    /// `Idempotent-Replayed: true`.
-    pub replayed: bool,
-    /// The JSON body.
-    pub body: Option<Value>,
-    /// How long it took.
-    pub latency: Duration,
-    /// The transport error.
-    pub error: Option<String>,
-    /// `Retry-After`, in seconds.
-    pub retry_after: Option<u64>,
+/// An id the run holds as text, as the client wants it.
+pub fn id(text: &str, what: &'static str) -> Result<Uuid, ClientError> {
+    text.parse().map_err(|_| ClientError::Unexpected {
+        what,
+        status: StatusCode::OK,
+        body: format!("{text:?} is not an id"),
+    })
 }
 
-impl Answer {
-    /// No answer came: the request failed with `error`.
-    fn none(started: Instant, error: &reqwest::Error) -> Self {
-        Self {
-            status: None,
-            replayed: false,
-            body: None,
-            latency: started.elapsed(),
-            error: Some(error.to_string()),
-            retry_after: None,
-        }
-    }
-}
-
-/// The answer to a ticket request, as recorded.
-#[derive(Debug, Clone)]
-pub struct TicketAnswer {
-    /// `None` when no answer came.
-    pub status: Option<u16>,
-    /// The ticket, when the answer was 201 with a `ticket_id`.
-    pub ticket: Option<String>,
-    /// The JSON body.
-    pub body: Option<Value>,
-    /// How long it took.
-    pub latency: Duration,
-    /// The transport error, or why the body could not be read.
-    pub error: Option<String>,
-    /// `Retry-After`, in seconds.
-    pub retry_after: Option<u64>,
-}
-
-/// A response's `Retry-After` in seconds. Its other form, an HTTP date, is not read: the
-/// contract sends seconds, and without it the client falls back to its own backoff.
-fn retry_after(response: &reqwest::Response) -> Option<u64> {
-    response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
-/// An HTTP client for one or more targets.
+/// The targets, through payonce-client and a plain HTTP client that share one connection
+/// pool.
 #[derive(Debug, Clone)]
 pub struct Api {
-    client: Client,
+    http: Client,
+    payonce: Payonce,
     targets: Vec<String>,
 }
 
@@ -104,8 +69,13 @@ impl Api {
     /// redirect (a 3xx is recorded as the answer, like any other), uses no proxy (not even
     /// one from the environment), and connects to `localhost` only on 127.0.0.1 or ::1,
     /// whatever the system's resolver says.
+    ///
+    /// Setup and read-back calls resend by payonce-client's default policy, moving on to
+    /// the next target after no answer or a 503 (an instance killed during the run must
+    /// not stop the read-back); the run's spends and ticket requests resend by its own
+    /// ([`RetryPolicy`](crate::retry::RetryPolicy)).
     pub fn new(targets: Vec<String>, connections: usize) -> Result<Self, ClientError> {
-        let client = Client::builder()
+        let http = Client::builder()
             .pool_max_idle_per_host(connections.max(1))
             .timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
@@ -113,16 +83,44 @@ impl Api {
             .no_proxy()
             .resolve_to_addrs("localhost", &crate::safety::LOCALHOST)
             .build()?;
-        let targets = targets
+        let targets: Vec<String> = targets
             .into_iter()
             .map(|target| target.trim_end_matches('/').to_owned())
             .collect();
-        Ok(Self { client, targets })
+        let payonce = targets
+            .iter()
+            .fold(
+                Payonce::builder()
+                    .http_client(http.clone())
+                    .resend_policy(ResendPolicy::default()),
+                |builder, target| builder.base_url(target.as_str()),
+            )
+            .build()
+            .map_err(|error| ClientError::Payonce {
+                what: "read the targets",
+                error,
+            })?;
+        Ok(Self {
+            http,
+            payonce,
+            targets,
+        })
     }
 
     /// The targets.
     pub fn targets(&self) -> &[String] {
         &self.targets
+    }
+
+    /// payonce-client, with every target as a base URL in the targets' order (so a base's
+    /// index is its target's).
+    pub fn payonce(&self) -> &Payonce {
+        &self.payonce
+    }
+
+    /// payonce-client with an account's key, its calls starting at `target`.
+    fn at(&self, target: usize, key: &str) -> Payonce {
+        self.payonce.with_key(key).starting_at(target)
     }
 
     fn url(&self, target: usize, path: &str) -> String {
@@ -149,20 +147,21 @@ impl Api {
         balance: i64,
         points: i64,
     ) -> Result<(String, String), ClientError> {
-        let response = self
-            .client
-            .post(self.url(target, "/v1/accounts"))
-            .json(&json!({ "name": "loadtest", "balance": balance, "points": points }))
-            .send()
-            .await?;
-        let body = Self::json(response, "open an account", StatusCode::CREATED).await?;
-        let field = |name: &str| {
-            body.get(name)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
+        let request = NewAccountRequest {
+            name: "loadtest".into(),
+            balance,
+            points,
         };
-        Ok((field("id"), field("api_key")))
+        let opened = self
+            .payonce
+            .starting_at(target)
+            .open_account(&request)
+            .await
+            .map_err(|error| ClientError::Payonce {
+                what: "open an account",
+                error,
+            })?;
+        Ok((opened.id.to_string(), opened.api_key))
     }
 
     /// Creates a webhook endpoint for the account at `url`, for every event type: its
@@ -174,61 +173,19 @@ impl Api {
         key: &str,
         url: &str,
     ) -> Result<String, ClientError> {
-        let response = self
-            .client
-            .post(self.url(target, &format!("/v1/accounts/{account}/webhook-endpoints")))
-            .bearer_auth(key)
-            .json(&json!({ "url": url }))
-            .send()
-            .await?;
-        let body = Self::json(response, "create a webhook endpoint", StatusCode::CREATED).await?;
-        Ok(body
-            .get("secret")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned())
-    }
-
-    /// Asks for a ticket, and records whatever comes back.
-    pub async fn ticket(&self, target: usize, account: &str, key: &str) -> TicketAnswer {
-        let started = Instant::now();
-        let sent = self
-            .client
-            .post(self.url(target, &format!("/v1/accounts/{account}/tickets")))
-            .bearer_auth(key)
-            .send()
-            .await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(error) => {
-                return TicketAnswer {
-                    status: None,
-                    ticket: None,
-                    body: None,
-                    latency: started.elapsed(),
-                    error: Some(error.to_string()),
-                    retry_after: None,
-                };
-            }
+        let endpoint = EndpointRequest {
+            url: url.to_owned(),
+            events: None,
         };
-        let status = response.status().as_u16();
-        let retry_after = retry_after(&response);
-        let body = response.json::<Value>().await;
-        let ticket = body
-            .as_ref()
-            .ok()
-            .filter(|_| status == 201)
-            .and_then(|body| body.get("ticket_id"))
-            .and_then(Value::as_str)
-            .map(str::to_owned);
-        TicketAnswer {
-            status: Some(status),
-            ticket,
-            latency: started.elapsed(),
-            error: body.as_ref().err().map(ToString::to_string),
-            body: body.ok(),
-            retry_after,
-        }
+        let created = self
+            .at(target, key)
+            .create_webhook_endpoint(id(account, "an account")?, &endpoint)
+            .await
+            .map_err(|error| ClientError::Payonce {
+                what: "create a webhook endpoint",
+                error,
+            })?;
+        Ok(created.secret)
     }
 
     /// Places an order of `amount` for the account: its id.
@@ -239,69 +196,19 @@ impl Api {
         key: &str,
         amount: i64,
     ) -> Result<String, ClientError> {
-        let response = self
-            .client
-            .post(self.url(target, &format!("/v1/accounts/{account}/orders")))
-            .bearer_auth(key)
-            .json(&json!({ "amount": amount, "description": "loadtest" }))
-            .send()
-            .await?;
-        let body = Self::json(response, "place an order", StatusCode::CREATED).await?;
-        Ok(body
-            .get("order_id")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned())
-    }
-
-    /// Sends a spend (with any extra headers) and records whatever comes back. An order
-    /// payment goes to its order (`order`), every other spend to its account.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn spend(
-        &self,
-        target: usize,
-        account: &str,
-        key: &str,
-        ticket: &str,
-        kind: SpendKind,
-        amount: i64,
-        order: Option<&str>,
-        headers: &[(&str, &str)],
-    ) -> Answer {
-        let started = Instant::now();
-        let path = match order {
-            Some(order) => format!("/v1/orders/{order}/{}", kind.path()),
-            None => format!("/v1/accounts/{account}/{}", kind.path()),
+        let order = OrderRequest {
+            amount,
+            description: "loadtest".into(),
         };
-        let mut request = self
-            .client
-            .post(self.url(target, &path))
-            .bearer_auth(key)
-            .header("idempotency-key", ticket)
-            .json(&kind.body(amount));
-        for (name, value) in headers {
-            request = request.header(*name, *value);
-        }
-        let sent = request.send().await;
-        let response = match sent {
-            Ok(response) => response,
-            Err(error) => return Answer::none(started, &error),
-        };
-        let status = response.status().as_u16();
-        let replayed = response
-            .headers()
-            .get("idempotent-replayed")
-            .is_some_and(|value| value == "true");
-        let retry_after = retry_after(&response);
-        let body = response.json::<Value>().await;
-        Answer {
-            status: Some(status),
-            replayed,
-            latency: started.elapsed(),
-            error: body.as_ref().err().map(ToString::to_string),
-            body: body.ok(),
-            retry_after,
-        }
+        let placed = self
+            .at(target, key)
+            .place_order(id(account, "an account")?, &order)
+            .await
+            .map_err(|error| ClientError::Payonce {
+                what: "place an order",
+                error,
+            })?;
+        Ok(placed.order_id.to_string())
     }
 
     /// An account's balance, points and every entry.
@@ -311,46 +218,119 @@ impl Api {
         account: &str,
         key: &str,
     ) -> Result<AccountState, ClientError> {
-        let response = self
-            .client
-            .get(self.url(target, &format!("/v1/accounts/{account}")))
-            .bearer_auth(key)
-            .send()
-            .await?;
-        let body = Self::json(response, "read an account", StatusCode::OK).await?;
+        let payonce = self.at(target, key);
+        let account = id(account, "an account")?;
+        let read = |error| ClientError::Payonce {
+            what: "read an account",
+            error,
+        };
+        let view = payonce.account(account).await.map_err(read)?;
         let mut state = AccountState {
-            balance: body
-                .get("balance")
-                .and_then(Value::as_i64)
-                .unwrap_or(i64::MIN),
-            points: body
-                .get("points")
-                .and_then(Value::as_i64)
-                .unwrap_or(i64::MIN),
+            balance: view.balance,
+            points: view.points,
             entries: Vec::new(),
         };
-        let mut after: Option<i64> = None;
+        let mut after = None;
         loop {
-            let mut url = self.url(
-                target,
-                &format!("/v1/accounts/{account}/entries?limit=1000"),
-            );
-            if let Some(after) = after {
-                url.push_str(&format!("&after={after}"));
-            }
-            let response = self.client.get(url).bearer_auth(key).send().await?;
-            let page = Self::json(response, "read entries", StatusCode::OK).await?;
-            let entries: Vec<EntryRecord> =
-                serde_json::from_value(page.get("entries").cloned().unwrap_or(Value::Null))
-                    .map_err(|error| ClientError::Unexpected {
-                        what: "read entries",
-                        status: StatusCode::OK,
-                        body: error.to_string(),
-                    })?;
-            state.entries.extend(entries);
-            match page.get("next_after").and_then(Value::as_i64) {
+            let page = payonce
+                .entries(account, after, Some(1000))
+                .await
+                .map_err(read)?;
+            state
+                .entries
+                .extend(page.entries.into_iter().map(|entry| EntryRecord {
+                    id: entry.id,
+                    ticket_id: entry.ticket_id.map(|ticket| ticket.to_string()),
+                    kind: entry.kind,
+                    order_id: entry.order_id.map(|order| order.to_string()),
+                    payout_id: entry.payout_id.map(|payout| payout.to_string()),
+                    amount: entry.amount,
+                    points: entry.points,
+                    balance_after: entry.balance_after,
+                    points_after: entry.points_after,
+                }));
+            match page.next_after {
                 Some(next) => after = Some(next),
                 None => return Ok(state),
+            }
+        }
+    }
+
+    /// A ticket's state and stored response.
+    pub async fn ticket_state(
+        &self,
+        target: usize,
+        ticket: &str,
+        key: &str,
+    ) -> Result<TicketState, ClientError> {
+        let view = self
+            .at(target, key)
+            .ticket(id(ticket, "a ticket")?)
+            .await
+            .map_err(|error| ClientError::Payonce {
+                what: "read a ticket",
+                error,
+            })?;
+        let state = serde_json::to_value(view.state)
+            .ok()
+            .and_then(|state| state.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let (status, body) = match view.response {
+            Some(stored) => (Some(stored.status), Some(stored.body)),
+            None => (None, None),
+        };
+        Ok(TicketState {
+            state,
+            status,
+            body,
+        })
+    }
+
+    /// An account's payouts (`GET /v1/payouts`, every page), or only those in `status`.
+    pub async fn payouts(
+        &self,
+        target: usize,
+        key: &str,
+        status: Option<PayoutStatus>,
+    ) -> Result<Vec<PayoutState>, ClientError> {
+        let payonce = self.at(target, key);
+        let mut payouts = Vec::new();
+        let mut after = None;
+        loop {
+            let page = payonce
+                .payouts(status.map(PayoutStatus::name), after, Some(1000))
+                .await
+                .map_err(|error| ClientError::Payonce {
+                    what: "list payouts",
+                    error,
+                })?;
+            for payout in page.payouts {
+                let status = match payout.status.as_str() {
+                    "pending" => PayoutStatus::Pending,
+                    "succeeded" => PayoutStatus::Succeeded,
+                    "failed" => PayoutStatus::Failed,
+                    other => {
+                        return Err(ClientError::Unexpected {
+                            what: "list payouts",
+                            status: StatusCode::OK,
+                            body: format!("a payout in status {other:?}"),
+                        });
+                    }
+                };
+                payouts.push(PayoutState {
+                    payout_id: payout.payout_id.to_string(),
+                    account_id: payout.account_id.to_string(),
+                    ticket_id: payout.ticket_id.to_string(),
+                    amount: payout.amount,
+                    status,
+                    bank_key: payout.bank_key,
+                    bank_transfer_id: payout.bank_transfer_id,
+                    attempts: payout.attempts,
+                });
+            }
+            match page.next_after {
+                Some(next) => after = Some(next),
+                None => return Ok(payouts),
             }
         }
     }
@@ -369,72 +349,6 @@ impl Api {
         })
     }
 
-    /// A ticket's state and stored response.
-    pub async fn ticket_state(
-        &self,
-        target: usize,
-        ticket: &str,
-        key: &str,
-    ) -> Result<TicketState, ClientError> {
-        let response = self
-            .client
-            .get(self.url(target, &format!("/v1/tickets/{ticket}")))
-            .bearer_auth(key)
-            .send()
-            .await?;
-        let body = Self::json(response, "read a ticket", StatusCode::OK).await?;
-        let stored = body.get("response");
-        Ok(TicketState {
-            state: body
-                .get("state")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned(),
-            status: stored
-                .and_then(|stored| stored.get("status"))
-                .and_then(Value::as_u64)
-                .and_then(|status| u16::try_from(status).ok()),
-            body: stored.and_then(|stored| stored.get("body")).cloned(),
-        })
-    }
-
-    /// An account's payouts (`GET /v1/payouts`, every page), or only those in `status`.
-    pub async fn payouts(
-        &self,
-        target: usize,
-        key: &str,
-        status: Option<PayoutStatus>,
-    ) -> Result<Vec<PayoutState>, ClientError> {
-        let mut payouts = Vec::new();
-        let mut after: Option<String> = None;
-        loop {
-            // A status name and a payout id need no escaping.
-            let mut path = "/v1/payouts?limit=1000".to_owned();
-            if let Some(status) = status {
-                path.push_str(&format!("&status={}", status.name()));
-            }
-            if let Some(after) = after.take() {
-                path.push_str(&format!("&after={after}"));
-            }
-            let response = self
-                .client
-                .get(self.url(target, &path))
-                .bearer_auth(key)
-                .send()
-                .await?;
-            let mut page = Self::json(response, "list payouts", StatusCode::OK).await?;
-            payouts.extend(Self::listed::<PayoutState>(
-                &mut page,
-                "payouts",
-                "read payouts",
-            )?);
-            match page.get("next_after").and_then(Value::as_str) {
-                Some(next) => after = Some(next.to_owned()),
-                None => return Ok(payouts),
-            }
-        }
-    }
-
     /// The transfers the bank at `bank` holds with `reference` — a payout's id — under
     /// whichever keys, in the order it committed them (`GET /v1/transfers?reference=`,
     /// every page). Those of another reference are left out here too, should a bank not
@@ -450,7 +364,7 @@ impl Api {
         loop {
             // A payout's id (a UUID) needs no escaping.
             let response = self
-                .client
+                .http
                 .get(format!(
                     "{bank}/v1/transfers?reference={reference}&after={after}&limit=1000"
                 ))
@@ -474,7 +388,7 @@ impl Api {
 
     /// A target's `/metrics`, as (name, summed value) for the payonce counters.
     pub async fn metrics(&self, target: usize) -> Result<Vec<(String, f64)>, ClientError> {
-        let response = self.client.get(self.url(target, "/metrics")).send().await?;
+        let response = self.http.get(self.url(target, "/metrics")).send().await?;
         let status = response.status();
         let text = response.text().await?;
         if status != StatusCode::OK {
@@ -518,7 +432,7 @@ impl Api {
     /// GET /healthz, for the generator benchmark: the status, or `None` on a transport
     /// error.
     pub async fn healthz(&self, url: reqwest::Url) -> Option<u16> {
-        let response = self.client.get(url).send().await.ok()?;
+        let response = self.http.get(url).send().await.ok()?;
         let status = response.status().as_u16();
         let _ = response.bytes().await;
         Some(status)
@@ -527,25 +441,32 @@ impl Api {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
 
+    use payonce_client::Attempt;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     use super::*;
+    use crate::retry::RetryPolicy;
 
-    /// A server on loopback that answers every request with `response`; returns its base
-    /// URL and how many connections it accepted.
-    async fn serve(response: String) -> (String, Arc<AtomicUsize>) {
+    /// What a scripted server heard: each request's head, in order.
+    type Heard = Arc<Mutex<Vec<String>>>;
+
+    /// A server on loopback that answers its n-th connection with the n-th of `script`
+    /// (the last one again once the script runs out), and closes it; returns its base URL
+    /// and the heads of the requests it took.
+    async fn serve(script: Vec<String>) -> (String, Heard) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let accepted = Arc::new(AtomicUsize::new(0));
-        let counter = accepted.clone();
+        let heard: Heard = Arc::default();
+        let requests = heard.clone();
         tokio::spawn(async move {
+            let mut answered = 0;
             while let Ok((mut socket, _)) = listener.accept().await {
-                counter.fetch_add(1, Ordering::SeqCst);
-                let response = response.clone();
+                let response = script[answered.min(script.len() - 1)].clone();
+                answered += 1;
+                let requests = requests.clone();
                 tokio::spawn(async move {
                     // Read the head and the body the head announces, then answer and close.
                     let mut request = Vec::new();
@@ -566,6 +487,7 @@ mod tests {
                                 .and_then(|value| value.trim().parse::<usize>().ok())
                                 .unwrap_or(0);
                             if request.len() >= head + 4 + length {
+                                requests.lock().unwrap().push(text[..head].to_owned());
                                 break;
                             }
                         }
@@ -575,7 +497,33 @@ mod tests {
                 });
             }
         });
-        (base, accepted)
+        (base, heard)
+    }
+
+    fn answer(status: &str, headers: &str, body: &str) -> String {
+        format!(
+            "HTTP/1.1 {status}\r\n{headers}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    }
+
+    /// payonce-client at the API's targets, and what it observed.
+    fn observed(api: &Api) -> (Payonce, Arc<Mutex<Vec<Attempt>>>) {
+        let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+        let observer = seen.clone();
+        let payonce = api
+            .payonce()
+            .with_key("k")
+            .with_resend_policy(RetryPolicy::none().resend())
+            .on_attempt(move |attempt| observer.lock().unwrap().push(attempt.clone()));
+        (payonce, seen)
+    }
+
+    fn statuses(seen: &Mutex<Vec<Attempt>>) -> Vec<(Option<u16>, Option<Duration>)> {
+        let seen = seen.lock().unwrap();
+        seen.iter()
+            .map(|attempt| (attempt.status, attempt.retry_after))
+            .collect()
     }
 
     /// A target that redirects elsewhere is not followed: the 307 is the recorded answer,
@@ -583,25 +531,24 @@ mod tests {
     #[tokio::test]
     async fn redirects_are_not_followed() {
         let body = r#"{"ticket_id":"t","account_id":"a","amount":1,"balance":0}"#;
-        let (elsewhere, reached) = serve(format!(
-            "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-            body.len()
-        ))
+        let (elsewhere, reached) = serve(vec![answer("201 Created", "", body)]).await;
+        let (target, _) = serve(vec![answer(
+            "307 Temporary Redirect",
+            &format!("location: {elsewhere}/v1/accounts/a/withdrawals\r\n"),
+            "",
+        )])
         .await;
-        let (target, _) = serve(format!(
-            "HTTP/1.1 307 Temporary Redirect\r\nlocation: {elsewhere}/v1/accounts/a/withdrawals\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-        ))
-        .await;
-        let api = Api::new(vec![target.clone()], 1).unwrap();
-        let answer = api
-            .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, None, &[])
+        let api = Api::new(vec![target], 1).unwrap();
+        let (payonce, seen) = observed(&api);
+        let _ = payonce
+            .withdrawal(Uuid::nil(), 1)
+            .with_ticket(Uuid::nil())
+            .send()
             .await;
-        assert_eq!(answer.status, Some(307), "{answer:?}");
-        let ticket = api.ticket(0, "a", "k").await;
-        assert_eq!((ticket.status, ticket.ticket), (Some(307), None));
-        assert_eq!(
-            reached.load(Ordering::SeqCst),
-            0,
+        let _ = payonce.take_ticket(Uuid::nil()).await;
+        assert_eq!(statuses(&seen), vec![(Some(307), None); 2]);
+        assert!(
+            reached.lock().unwrap().is_empty(),
             "the redirect was followed"
         );
     }
@@ -609,37 +556,101 @@ mod tests {
     /// `localhost` reaches a server on 127.0.0.1 (the pin keeps the URL's port).
     #[tokio::test]
     async fn localhost_is_reached_on_loopback() {
-        let (target, reached) = serve(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}"
-                .to_owned(),
-        )
-        .await;
+        let (target, reached) = serve(vec![answer("503 Service Unavailable", "", "{}")]).await;
         let api = Api::new(vec![target.replace("127.0.0.1", "localhost")], 1).unwrap();
-        assert_eq!(api.ticket(0, "a", "k").await.status, Some(503));
-        assert_eq!(reached.load(Ordering::SeqCst), 1);
+        let (payonce, seen) = observed(&api);
+        let _ = payonce.take_ticket(Uuid::nil()).await;
+        assert_eq!(statuses(&seen), vec![(Some(503), None)]);
+        assert_eq!(reached.lock().unwrap().len(), 1);
     }
 
     /// `Retry-After` in seconds is read from a spend's answer and a ticket request's; an
     /// answer without one, or with a date, has none.
     #[tokio::test]
     async fn retry_after_is_read_in_seconds() {
-        let busy = |retry_after: &str| {
-            format!(
-                "HTTP/1.1 409 Conflict\r\n{retry_after}content-type: application/problem+json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{{}}"
-            )
-        };
         for (header, expected) in [
-            ("retry-after: 3\r\n", Some(3)),
+            ("retry-after: 3\r\n", Some(Duration::from_secs(3))),
             ("retry-after: Wed, 21 Oct 2015 07:28:00 GMT\r\n", None),
             ("", None),
         ] {
-            let (target, _) = serve(busy(header)).await;
+            let (target, _) = serve(vec![answer("409 Conflict", header, "{}")]).await;
             let api = Api::new(vec![target], 1).unwrap();
-            let answer = api
-                .spend(0, "a", "k", "t", SpendKind::Withdrawal, 1, None, &[])
+            let (payonce, seen) = observed(&api);
+            let _ = payonce
+                .withdrawal(Uuid::nil(), 1)
+                .with_ticket(Uuid::nil())
+                .send()
                 .await;
-            assert_eq!((answer.status, answer.retry_after), (Some(409), expected));
-            assert_eq!(api.ticket(0, "a", "k").await.retry_after, expected);
+            let _ = payonce.take_ticket(Uuid::nil()).await;
+            assert_eq!(statuses(&seen), vec![(Some(409), expected); 2]);
+        }
+    }
+
+    /// A 503 `outcome-unknown`, which payonce-client reports rather than resends, is sent
+    /// again by the load test with the same ticket — within the run's bound, counted in it
+    /// — until an outcome; without retries it is sent once.
+    #[tokio::test]
+    async fn outcome_unknown_is_sent_again_with_the_same_ticket() {
+        let unknown = answer(
+            "503 Service Unavailable",
+            "",
+            r#"{"type":"/problems/outcome-unknown","title":"Outcome unknown","status":503}"#,
+        );
+        let ticket = Uuid::new_v4();
+        let done = answer(
+            "201 Created",
+            "",
+            &format!(
+                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
+                Uuid::nil()
+            ),
+        );
+        for (policy, script, expected) in [
+            (
+                RetryPolicy {
+                    max_attempts: 5,
+                    max_backoff: Duration::from_millis(1),
+                },
+                vec![unknown.clone(), unknown.clone(), done.clone()],
+                vec![Some(503), Some(503), Some(201)],
+            ),
+            (
+                RetryPolicy {
+                    max_attempts: 2,
+                    max_backoff: Duration::from_millis(1),
+                },
+                vec![unknown.clone(), unknown.clone(), done.clone()],
+                vec![Some(503), Some(503)],
+            ),
+            (
+                RetryPolicy::none(),
+                vec![unknown.clone(), done.clone()],
+                vec![Some(503)],
+            ),
+        ] {
+            let (target, heard) = serve(script).await;
+            let api = Api::new(vec![target], 1).unwrap();
+            let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+            let observer = seen.clone();
+            let intent = api
+                .payonce()
+                .with_key("k")
+                .on_attempt(move |attempt| observer.lock().unwrap().push(attempt.clone()))
+                .withdrawal(Uuid::nil(), 1)
+                .with_ticket(ticket);
+            let counter = seen.clone();
+            policy
+                .send(intent, move || counter.lock().unwrap().len() as u32)
+                .await;
+            let statuses: Vec<Option<u16>> = statuses(&seen)
+                .into_iter()
+                .map(|(status, _)| status)
+                .collect();
+            assert_eq!(statuses, expected, "{policy:?}");
+            let heard = heard.lock().unwrap();
+            assert_eq!(heard.len(), expected.len());
+            let key = format!("idempotency-key: {ticket}");
+            assert!(heard.iter().all(|head| head.contains(&key)), "{heard:?}");
         }
     }
 }

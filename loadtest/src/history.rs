@@ -38,34 +38,12 @@ pub enum SpendKind {
 }
 
 impl SpendKind {
-    /// The path segment.
-    pub fn path(self) -> &'static str {
-        match self {
-            Self::Withdrawal => "withdrawals",
-            Self::Deposit => "deposits",
-            Self::LotteryDraw => "lottery-draws",
-            Self::OrderPayment => "payments",
-            Self::Payout => "payouts",
-        }
-    }
-
     /// The status of an answer that executed it (and of its replays): 202 for a payout,
     /// which the bank has yet to carry out, 201 for everything else.
     pub fn executed_status(self) -> u16 {
         match self {
             Self::Payout => 202,
             _ => 201,
-        }
-    }
-
-    /// The request body for an amount (money, or points for a draw).
-    pub fn body(self, amount: i64) -> Value {
-        match self {
-            Self::Withdrawal | Self::Deposit => serde_json::json!({ "amount": amount }),
-            Self::LotteryDraw => serde_json::json!({ "points": amount }),
-            // The amount is the order's: a payment's body is empty.
-            Self::OrderPayment => serde_json::json!({}),
-            Self::Payout => serde_json::json!({ "amount": amount, "destination": DESTINATION }),
         }
     }
 

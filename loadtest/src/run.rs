@@ -15,11 +15,17 @@
 //! `--requests` run is funded for what is left of the budget). Only the last round of a
 //! `--duration` run, cut short by the clock, sees fewer refusals.
 //!
-//! # Retries
-//! Clients resend every request that got no answer or a transient one — a spend with the
-//! same ticket, a ticket request as it was — as [`RetryPolicy`] says; each resend goes to
-//! the next target. Every attempt is recorded, numbered, and audited; a request that ran out of
-//! attempts is unresolved and its ticket, read back, decides (see [`audit`](crate::audit)).
+//! # Requests and retries
+//! Every request of the contract goes through payonce-client, aimed at the plan's target
+//! ([`Client::starting_at`](payonce_client::Client::starting_at)). A spend is an
+//! [`Intent`](payonce_client::Intent) with the ticket the run took — duplicates, two
+//! tickets for one order and a changed amount are intents sent with that ticket on
+//! purpose. Clients resend every request that got no answer or a transient one — a spend
+//! with the same ticket, a ticket request as it was — as [`RetryPolicy`] says, moving on
+//! to the next target after no answer or a 503. The client reports each send it makes
+//! ([`on_attempt`](payonce_client::Client::on_attempt)); every one is recorded, numbered,
+//! and audited. A request that ran out of attempts is unresolved and its ticket, read
+//! back, decides (see [`audit`](crate::audit)).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -28,17 +34,21 @@ use std::time::Duration;
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use payonce_client::types::payouts::PayoutRequest;
+use payonce_client::{Client as Payonce, Intent};
 use rand::RngExt;
+use reqwest::header::{HeaderName, HeaderValue};
 use serde::Serialize;
+use serde::de::DeserializeOwned;
 use tokio::time::Instant;
 
 use crate::audit::{
     AccountTally, AuditOptions, PayoutTally, Unresolved, Violation, WebhookTally, audit_with,
 };
-use crate::client::{Answer, Api, ClientError};
+use crate::client::{Api, ClientError, id};
 use crate::history::{
-    AccountRecord, Attempt, FinalState, History, PayoutStatus, Role, SpendKind, SpendRecord,
-    TicketAttempt,
+    AccountRecord, Attempt, DESTINATION, FinalState, History, PayoutStatus, Role, SpendKind,
+    SpendRecord, TicketAttempt,
 };
 use crate::receiver::{Receipt, Receiver, ReceiverFaults};
 use crate::retry::RetryPolicy;
@@ -329,6 +339,9 @@ pub enum RunError {
     /// The webhook receiver could not listen.
     #[error("cannot start the webhook receiver: {0}")]
     Receiver(std::io::Error),
+    /// A header to send is not one HTTP can carry.
+    #[error("not a header: {0}")]
+    Header(String),
 }
 
 /// What one client task gathered.
@@ -389,7 +402,22 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         options.limit,
     ));
 
+    let headers = options
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(name), Ok(value)) => Ok((name, value)),
+                _ => Err(RunError::Header(format!("{name}: {value}"))),
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let shared = Arc::new(Shared {
+        payonce: api.payonce().with_resend_policy(options.retry.resend()),
+        headers,
         api: api.clone(),
         rounds: rounds.clone(),
         options: options.clone(),
@@ -533,17 +561,13 @@ impl Rounds {
         let opened = futures::stream::iter(0..self.accounts)
             .map(|index| async move {
                 let first = if open_on_first { 0 } else { index };
-                let (id, key) = on_any_target(api, first, |target| {
-                    api.open_account(target, opening_balance, opening_points)
-                })
-                .await?;
+                let (id, key) = api
+                    .open_account(first, opening_balance, opening_points)
+                    .await?;
                 // The endpoint before any spend: every outcome of the account is announced.
                 if let Some(receiver) = receiver {
                     let url = receiver.url_for(&id);
-                    let secret = on_any_target(api, first, |target| {
-                        api.create_webhook_endpoint(target, &id, &key, &url)
-                    })
-                    .await?;
+                    let secret = api.create_webhook_endpoint(first, &id, &key, &url).await?;
                     receiver.register(&id, &secret);
                 }
                 Ok::<_, ClientError>(AccountRecord {
@@ -562,6 +586,10 @@ impl Rounds {
 
 /// What every client task shares: the run's settings, clock, budget and live counters.
 struct Shared {
+    /// payonce-client, resending by the run's policy.
+    payonce: Payonce,
+    /// The run's own headers, sent with every spend.
+    headers: Vec<(HeaderName, HeaderValue)>,
     api: Api,
     rounds: Arc<Rounds>,
     options: RunOptions,
@@ -689,34 +717,45 @@ impl Shared {
     /// answer may leave that answer's ticket behind, unknown to the run: harmless, a ticket
     /// moves nothing until it is spent.)
     async fn take_ticket(&self, plan: &Plan, gathered: &mut Gathered) -> Option<String> {
-        let targets = self.options.targets.len();
-        let attempts = self
-            .options
-            .retry
-            .send(|number| {
-                let target = (plan.target + number as usize - 1) % targets;
-                let sent_at = self.started.elapsed();
-                async move {
-                    let answer = self
-                        .api
-                        .ticket(target, &plan.account.id, &plan.account.key)
-                        .await;
-                    TicketAttempt {
-                        account: plan.account.id.clone(),
-                        attempt: number,
-                        target,
-                        status: answer.status,
-                        ticket: answer.ticket,
-                        // The body of an issued ticket says nothing the record does not.
-                        body: answer.body.filter(|_| answer.status != Some(201)),
-                        sent_at_ms: sent_at.as_millis() as u64,
-                        latency_us: answer.latency.as_micros() as u64,
-                        error: answer.error,
-                        retry_after: answer.retry_after,
-                    }
-                }
-            })
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let observer = {
+            let (seen, started) = (seen.clone(), self.started);
+            let account = plan.account.id.clone();
+            move |sent: &payonce_client::Attempt| {
+                let status = sent.status;
+                let ticket = sent
+                    .body
+                    .as_ref()
+                    .filter(|_| status == Some(201))
+                    .and_then(|body| body.get("ticket_id"))
+                    .and_then(serde_json::Value::as_str)
+                    .map(str::to_owned);
+                let attempt = TicketAttempt {
+                    account: account.clone(),
+                    attempt: sent.number,
+                    target: sent.base_index,
+                    status,
+                    ticket,
+                    // The body of an issued ticket says nothing the record does not.
+                    body: sent.body.clone().filter(|_| status != Some(201)),
+                    sent_at_ms: sent_at(started, sent.latency),
+                    latency_us: sent.latency.as_micros() as u64,
+                    error: sent.error.clone(),
+                    retry_after: sent.retry_after.map(|wait| wait.as_secs()),
+                };
+                lock(&seen).push(attempt);
+            }
+        };
+        let account = id(&plan.account.id, "an account").ok()?;
+        // What it answers is in what the observer saw: every send, the last one's ticket.
+        let _ = self
+            .payonce
+            .with_key(&plan.account.key)
+            .starting_at(plan.target)
+            .on_attempt(observer)
+            .take_ticket(account)
             .await;
+        let attempts = std::mem::take(&mut *lock(&seen));
         gathered.counts.ticket_retries += attempts.len().saturating_sub(1) as u64;
         let ticket = attempts.last().and_then(|last| last.ticket.clone());
         gathered.tickets.extend(attempts);
@@ -867,55 +906,108 @@ struct Spending<'a> {
 }
 
 impl Spending<'_> {
-    /// One logical request: sent to `target`, resent to the next targets while the answers
-    /// are transient and the policy allows. Every attempt, in order.
+    /// One logical request: an intent with the spend's ticket, sent to `target` and resent
+    /// (moving on to the next targets) while the answers are transient and the policy
+    /// allows. Every attempt, in order.
     async fn request(&self, role: Role, target: usize, amount: i64) -> Vec<Attempt> {
-        let targets = self.shared.options.targets.len();
-        self.shared
-            .options
-            .retry
-            .send(|number| {
-                let target = (target + number as usize - 1) % targets;
-                self.send(role, number, target, amount)
-            })
-            .await
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let observer = {
+            let (seen, started) = (seen.clone(), self.shared.started);
+            move |sent: &payonce_client::Attempt| {
+                let mut seen = lock(&seen);
+                // Numbered across the intent's sends: a resend after `outcome-unknown` is
+                // the same request's next attempt.
+                let number = seen.len() as u32 + 1;
+                seen.push(attempt(role, number, amount, started, sent));
+            }
+        };
+        let ids = (
+            id(&self.plan.account.id, "an account"),
+            id(self.ticket, "a ticket"),
+            self.order.map(|order| id(order, "an order")).transpose(),
+        );
+        let (Ok(account), Ok(ticket), Ok(order)) = ids else {
+            return Vec::new();
+        };
+        let payonce = self
+            .shared
+            .payonce
+            .with_key(&self.plan.account.key)
+            .starting_at(target)
+            .on_attempt(observer);
+        let sent = || lock(&seen).len() as u32;
+        match (self.plan.kind, order) {
+            (SpendKind::OrderPayment, Some(order)) => {
+                self.send(payonce.order_payment(account, order), ticket, &sent)
+                    .await;
+            }
+            (SpendKind::Withdrawal, _) => {
+                self.send(payonce.withdrawal(account, amount), ticket, &sent)
+                    .await;
+            }
+            (SpendKind::Deposit, _) => {
+                self.send(payonce.deposit(account, amount), ticket, &sent)
+                    .await;
+            }
+            (SpendKind::LotteryDraw, _) => {
+                self.send(payonce.lottery_draw(account, amount), ticket, &sent)
+                    .await;
+            }
+            (SpendKind::Payout, _) => {
+                let payout = PayoutRequest {
+                    amount,
+                    destination: DESTINATION.to_owned(),
+                };
+                self.send(payonce.payout(account, &payout), ticket, &sent)
+                    .await;
+            }
+            // An order payment without its order is never planned.
+            (SpendKind::OrderPayment, None) => {}
+        }
+        std::mem::take(&mut *lock(&seen))
     }
 
-    /// Attempt `number` of a logical request, to `target`.
-    async fn send(&self, role: Role, number: u32, target: usize, amount: i64) -> Attempt {
-        let shared = self.shared;
-        let mut headers: Vec<(&str, &str)> = shared
-            .options
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str(), value.as_str()))
-            .collect();
-        if let Some(fault) = self.bank_fault {
-            headers.push(("payonce-bank-fault", fault));
+    /// Sends the intent with the spend's ticket and headers, by the run's policy.
+    async fn send<T: DeserializeOwned>(
+        &self,
+        intent: Intent<T>,
+        ticket: uuid::Uuid,
+        sent: &impl Fn() -> u32,
+    ) {
+        let mut intent = intent.with_ticket(ticket);
+        for (name, value) in &self.shared.headers {
+            intent = intent.with_header(name.clone(), value.clone());
         }
-        if let Some(fault) = self
-            .fault
-            .filter(|fault| fault.target.is_none_or(|only| only == target))
+        if let Some(fault) = self.bank_fault
+            && let Ok(value) = HeaderValue::from_str(fault)
         {
-            headers.push(("payonce-fault", fault.header.as_str()));
+            intent = intent.with_header(HeaderName::from_static("payonce-bank-fault"), value);
         }
-        let account = &self.plan.account;
-        let sent_at = shared.started.elapsed();
-        let answer = shared
-            .api
-            .spend(
-                target,
-                &account.id,
-                &account.key,
-                self.ticket,
-                self.plan.kind,
-                amount,
-                self.order,
-                &headers,
-            )
-            .await;
-        attempt(role, number, target, amount, sent_at, answer)
+        // A fault aimed at one target goes only with the sends to it: a resend that moved
+        // on to another must not carry it there.
+        if let Some(fault) = self.fault
+            && let Ok(value) = HeaderValue::from_str(&fault.header)
+        {
+            let name = HeaderName::from_static("payonce-fault");
+            intent = match fault.target {
+                Some(only) => intent.with_header_to(only, name, value),
+                None => intent.with_header(name, value),
+            };
+        }
+        self.shared.options.retry.send(intent, sent).await;
     }
+}
+
+/// The mutex's contents, even if a holder panicked (the records are plain data).
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// When a send that took `latency` and just ended went out, in milliseconds of the run.
+fn sent_at(started: Instant, latency: Duration) -> u64 {
+    started.elapsed().saturating_sub(latency).as_millis() as u64
 }
 
 impl Gathered {
@@ -980,26 +1072,26 @@ impl Gathered {
     }
 }
 
+/// A send of a spend, as the history records it.
 fn attempt(
     role: Role,
     number: u32,
-    target: usize,
     amount: i64,
-    sent_at: Duration,
-    answer: Answer,
+    started: Instant,
+    sent: &payonce_client::Attempt,
 ) -> Attempt {
     Attempt {
         role,
         attempt: number,
-        target,
+        target: sent.base_index,
         amount,
-        status: answer.status,
-        replayed: answer.replayed,
-        body: answer.body,
-        sent_at_ms: sent_at.as_millis() as u64,
-        latency_us: answer.latency.as_micros() as u64,
-        error: answer.error,
-        retry_after: answer.retry_after,
+        status: sent.status,
+        replayed: sent.replayed,
+        body: sent.body.clone(),
+        sent_at_ms: sent_at(started, sent.latency),
+        latency_us: sent.latency.as_micros() as u64,
+        error: sent.error.clone(),
+        retry_after: sent.retry_after.map(|wait| wait.as_secs()),
     }
 }
 
@@ -1010,10 +1102,7 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
     let mut state = FinalState::default();
     let accounts = futures::stream::iter(history.accounts.iter().enumerate())
         .map(|(index, account)| async move {
-            let read = on_any_target(api, index, |target| {
-                api.account_state(target, &account.id, &account.key)
-            })
-            .await?;
+            let read = api.account_state(index, &account.id, &account.key).await?;
             Ok::<_, ClientError>((account.id.clone(), read))
         })
         .buffer_unordered(8)
@@ -1049,10 +1138,7 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
                 .copied()
                 .unwrap_or_default();
             async move {
-                let read = on_any_target(api, index, |target| {
-                    api.ticket_state(target, &spend.ticket, key)
-                })
-                .await?;
+                let read = api.ticket_state(index, &spend.ticket, key).await?;
                 Ok::<_, ClientError>((spend.ticket.clone(), read))
             }
         })
@@ -1143,12 +1229,10 @@ async fn drain_payouts(api: &Api, accounts: &[AccountRecord], drain: Duration) -
     loop {
         let pending = futures::stream::iter(accounts.iter().enumerate())
             .map(|(index, account)| async move {
-                on_any_target(api, index, |target| {
-                    api.payouts(target, &account.key, Some(PayoutStatus::Pending))
-                })
-                .await
-                // An account that cannot be read counts as pending: the wait goes on.
-                .map_or(1, |pending| pending.len())
+                api.payouts(index, &account.key, Some(PayoutStatus::Pending))
+                    .await
+                    // An account that cannot be read counts as pending: the wait goes on.
+                    .map_or(1, |pending| pending.len())
             })
             .buffer_unordered(8)
             .fold(0, |total, pending| async move { total + pending })
@@ -1172,9 +1256,7 @@ async fn read_payouts(
     state: &mut FinalState,
 ) -> Result<(), RunError> {
     let read = futures::stream::iter(accounts.iter().enumerate())
-        .map(|(index, account)| async move {
-            on_any_target(api, index, |target| api.payouts(target, &account.key, None)).await
-        })
+        .map(|(index, account)| async move { api.payouts(index, &account.key, None).await })
         .buffer_unordered(8)
         .collect::<Vec<_>>()
         .await;
@@ -1198,29 +1280,6 @@ async fn read_payouts(
         state.bank = Some(transfers);
     }
     Ok(())
-}
-
-/// Asks `first`, then the other targets in turn, until one answers: an instance that was
-/// killed during the run must not stop the read-back.
-async fn on_any_target<T, F, Fut>(api: &Api, first: usize, ask: F) -> Result<T, ClientError>
-where
-    F: Fn(usize) -> Fut,
-    Fut: Future<Output = Result<T, ClientError>>,
-{
-    let targets = api.targets().len();
-    let mut last = None;
-    for offset in 0..targets {
-        match ask(first + offset).await {
-            Ok(answer) => return Ok(answer),
-            Err(error @ ClientError::Transport(_)) => last = Some(error),
-            Err(other) => return Err(other),
-        }
-    }
-    Err(last.unwrap_or(ClientError::Unexpected {
-        what: "read back",
-        status: reqwest::StatusCode::SERVICE_UNAVAILABLE,
-        body: "no target".into(),
-    }))
 }
 
 fn progress_bar(options: &RunOptions) -> ProgressBar {
