@@ -134,11 +134,6 @@ impl TransferRequest {
 
 /// What the bank did under a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(
-    feature = "openapi",
-    derive(utoipa::ToSchema),
-    schema(as = BankTransferState)
-)]
 #[serde(rename_all = "snake_case")]
 pub enum State {
     /// The money moved.
@@ -203,7 +198,6 @@ pub struct Record {
 
 /// A transfer, as the bank shows it (`GET /v1/transfers/{key}`, and its list).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema), schema(as = BankTransfer))]
 pub struct TransferView {
     /// Position in the bank's order of commits.
     pub id: i64,

@@ -6,10 +6,15 @@ use std::time::{Duration, Instant};
 
 use payonce_types::accounts::{AccountView, CreatedAccount, EntriesPage, NewAccountRequest};
 use payonce_types::orders::{OrderPaid, OrderRequest, OrderView, PaymentRequest};
-use payonce_types::payouts::{PayoutAccepted, PayoutRequest, PayoutView, PayoutsPage};
+use payonce_types::payouts::{
+    PayoutAccepted, PayoutAtBank, PayoutRequest, PayoutView, PayoutsPage,
+};
+use payonce_types::service::{Health, Readiness};
 use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
 use payonce_types::tickets::{TicketIssued, TicketView};
-use payonce_types::webhooks::{DeliveriesPage, EndpointList, EndpointRequest, EndpointWithSecret};
+use payonce_types::webhooks::{
+    DeliveriesPage, EndpointList, EndpointRequest, EndpointWithSecret, InboxView,
+};
 use reqwest::Method;
 use reqwest::header::{AUTHORIZATION, HeaderName, HeaderValue, RETRY_AFTER};
 use serde::Serialize;
@@ -345,6 +350,13 @@ impl Client {
         self.get(&format!("/v1/payouts/{payout}")).await
     }
 
+    /// What the bank holds for the payout, asked of the bank: its transfers with the
+    /// payout's id as their reference, under whichever key — `executed` is 1 once the money
+    /// left, and never more.
+    pub async fn payout_at_bank(&self, payout: Uuid) -> Result<PayoutAtBank, Error> {
+        self.get(&format!("/v1/payouts/{payout}/bank")).await
+    }
+
     /// A page of the key's account's payouts, oldest first: in `status` (`pending`,
     /// `succeeded`, `failed`) if given, after payout `after`, at most `limit`.
     pub async fn payouts(
@@ -431,6 +443,41 @@ impl Client {
             "/v1/webhook-endpoints/{endpoint}/deliveries{query}"
         ))
         .await
+    }
+
+    /// Sends a webhook delivery again now (202). Refused while a worker is sending it
+    /// ([`ProblemKind::DeliveryInFlight`](crate::ProblemKind::DeliveryInFlight)) and after
+    /// the endpoint was disabled. A resend after no answer may queue one more attempt:
+    /// harmless, a receiver takes each `webhook-id` once.
+    pub async fn retry_webhook_delivery(&self, endpoint: Uuid, delivery: i64) -> Result<(), Error> {
+        let path = format!("/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry");
+        let mut call = Call::new(self, Method::POST, &path);
+        self.send_with_resends(&self.policy, &mut call)
+            .await
+            .map(|answered| answered.body)
+    }
+
+    /// The account's demonstration inbox — where to point an endpoint, and what came there,
+    /// headers and body as payonce sent them (for [`webhooks::verify`](crate::webhooks::verify)).
+    /// Only an instance in the embedded mode has one.
+    pub async fn webhook_inbox(&self, account: Uuid) -> Result<InboxView, Error> {
+        self.get(&format!("/v1/accounts/{account}/webhook-inbox"))
+            .await
+    }
+
+    /// Whether the instance the next send goes to is alive (`GET /healthz`).
+    pub async fn health(&self) -> Result<Health, Error> {
+        self.get("/healthz").await
+    }
+
+    /// Whether the instance the next send goes to can serve — its database and lock store
+    /// answer (`GET /readyz`) — asked once: a probe does not wait for a better answer. Not
+    /// ready is [`Error::Refused`] with the 503's problem.
+    pub async fn readiness(&self) -> Result<Readiness, Error> {
+        let mut call = Call::new(self, Method::GET, "/readyz");
+        self.send_with_resends(&ResendPolicy::none(), &mut call)
+            .await
+            .map(|answered| answered.body)
     }
 
     /// The client's policy, but a send that got no answer is final: for a request that is

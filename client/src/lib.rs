@@ -9,7 +9,9 @@
 //! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about.
 //!
 //! # Map
-//! - [`Client`] (`client.rs`): the typed calls — accounts, tickets, orders — and the
+//! - [`Client`] (`client.rs`): the typed calls of the whole contract — accounts and
+//!   entries, tickets, orders, payouts and what the bank holds for one, webhook endpoints,
+//!   deliveries and the demonstration inbox, health and readiness — and the
 //!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts;
 //!   a clone aimed at one instance ([`Client::starting_at`]) or with each send observed
 //!   ([`Client::on_attempt`]), as the load test uses it.

@@ -75,6 +75,13 @@ async fn one_intent_spends_once_however_often_it_is_sent() {
 
     let drawn = payonce.lottery_draw(ada.id, 2).send().await.unwrap();
     assert_eq!(drawn.body.points_after, 3);
+
+    assert_eq!(payonce.health().await.unwrap().status, "ok");
+    let ready = payonce.readiness().await.unwrap();
+    assert_eq!(
+        (ready.status.as_str(), ready.database.as_str()),
+        ("ready", "ok")
+    );
 }
 
 /// A refusal is a problem with its fields, stored under the ticket: sending the intent
@@ -409,6 +416,29 @@ async fn a_payout_is_sent_once_and_settles() {
     }
     let settled = settled.expect("settled within 10 s");
     assert_eq!(settled.status, "succeeded");
+    // The bank holds one transfer for it, executed, under the payout's one key.
+    let at_bank = payonce
+        .payout_at_bank(accepted.body.payout_id)
+        .await
+        .unwrap();
+    assert_eq!(at_bank.executed, 1);
+    assert_eq!(at_bank.bank_key, settled.bank_key);
+    assert_eq!(
+        at_bank
+            .transfers
+            .iter()
+            .map(|transfer| (
+                transfer.state,
+                transfer.amount,
+                transfer.idempotency_key.as_str()
+            ))
+            .collect::<Vec<_>>(),
+        [(
+            payonce_client::types::payouts::BankTransferState::Executed,
+            200,
+            settled.bank_key.as_str()
+        )]
+    );
     let listed = payonce
         .payouts(Some("succeeded"), None, None)
         .await
@@ -469,6 +499,27 @@ async fn webhook_endpoints_are_created_listed_rotated_and_deleted() {
     }
     assert_eq!(deliveries.len(), 1, "{deliveries:?}");
     assert_eq!(deliveries[0].event_type, EventType::WithdrawalSucceeded);
+    // Sent again now (the receiver at port 9 refuses it: it waits for its retry) — unless
+    // a worker is sending it at this very moment, which the refusal names.
+    match payonce
+        .retry_webhook_delivery(endpoint, deliveries[0].id)
+        .await
+    {
+        Ok(()) => {}
+        Err(error) => assert_eq!(
+            error.problem().map(|problem| &problem.kind),
+            Some(&ProblemKind::DeliveryInFlight),
+            "{error}"
+        ),
+    }
+    let missing = payonce
+        .retry_webhook_delivery(endpoint, deliveries[0].id + 1000)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        missing.problem().map(|problem| &problem.kind),
+        Some(&ProblemKind::DeliveryNotFound)
+    );
 
     payonce
         .delete_webhook_endpoint(ada.id, endpoint)
@@ -672,4 +723,62 @@ async fn a_create_without_a_key_moves_on_from_a_refused_connection_only() {
         2,
         "the lost one was made once, and not again"
     );
+}
+
+/// The embedded mode's inbox as a receiver: an endpoint pointed at it gets the
+/// withdrawal's event, whose signature — payonce's own — verifies with the endpoint's
+/// secret, and not with a changed body or another secret.
+#[tokio::test]
+async fn events_payonce_sent_verify_with_the_endpoints_secret() {
+    use payonce_client::types::webhooks::EndpointRequest;
+    use reqwest::header::{HeaderMap, HeaderValue};
+    let (base, _dir) = server().await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+    let inbox = payonce.webhook_inbox(ada.id).await.unwrap();
+    assert!(inbox.received.is_empty());
+    let created = payonce
+        .create_webhook_endpoint(
+            ada.id,
+            &EndpointRequest {
+                url: inbox.url.clone(),
+                events: None,
+            },
+        )
+        .await
+        .unwrap();
+    let withdrawn = payonce.withdrawal(ada.id, 100).send().await.unwrap();
+
+    let mut received = Vec::new();
+    for _ in 0..200 {
+        received = payonce.webhook_inbox(ada.id).await.unwrap().received;
+        if !received.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let event = received.first().expect("the event arrived within 10 s");
+    let event_body: serde_json::Value = serde_json::from_str(&event.body).unwrap();
+    assert_eq!(event_body["type"], "withdrawal.succeeded");
+    assert_eq!(
+        event_body["data"]["ticket_id"],
+        withdrawn.ticket.to_string(),
+        "{event_body}"
+    );
+
+    let mut headers = HeaderMap::new();
+    for (name, value) in [
+        ("webhook-id", &event.webhook_id),
+        ("webhook-timestamp", &event.webhook_timestamp),
+        ("webhook-signature", &event.webhook_signature),
+    ] {
+        headers.insert(name, HeaderValue::from_str(value).unwrap());
+    }
+    let verify = payonce_client::webhooks::verify;
+    verify(&created.secret, &headers, event.body.as_bytes()).unwrap();
+    let changed = event.body.replace("100", "900");
+    assert!(verify(&created.secret, &headers, changed.as_bytes()).is_err());
+    let other = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+    assert!(verify(other, &headers, event.body.as_bytes()).is_err());
 }

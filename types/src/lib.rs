@@ -8,8 +8,10 @@
 //! - [`tickets`]: a ticket issued, and a ticket with the response stored under it.
 //! - [`spends`]: withdrawals, deposits and lottery draws — what is sent, what they answer.
 //! - [`orders`]: placing an order and paying it once.
-//! - [`payouts`]: a payout sent, its answer, and where it stands.
-//! - [`webhooks`]: webhook endpoints, their deliveries, the event types.
+//! - [`payouts`]: a payout sent, its answer, where it stands, and what the bank holds for
+//!   it.
+//! - [`webhooks`]: webhook endpoints, their deliveries, the event types, the embedded
+//!   mode's demonstration inbox.
 //! - [`service`]: liveness and readiness.
 //! - [`integral`]: how amounts are read — an integral number such as `250.0` counts.
 //!

@@ -113,3 +113,58 @@ pub struct PayoutsPage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_after: Option<Uuid>,
 }
+
+/// What the bank holds for a payout, in the bank's own words
+/// (`GET /v1/payouts/{payout_id}/bank`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutAtBank {
+    /// The payout.
+    pub payout_id: Uuid,
+    /// The `Idempotency-Key` every call to the bank for this payout carries.
+    pub bank_key: String,
+    /// How many of `transfers` the bank executed: 1 once the payout's money left; more
+    /// would mean it left more than once (what a fresh key per attempt does).
+    pub executed: usize,
+    /// Every transfer the bank holds with this payout's id as its reference, under
+    /// whichever key, in the bank's order of commits: none while the bank has not made it,
+    /// then one, under `bank_key` — `executed`, or `declined` for a refusal.
+    pub transfers: Vec<BankTransfer>,
+}
+
+/// A transfer, as the bank shows it (`GET /v1/transfers/{key}`, and its list).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BankTransfer {
+    /// Position in the bank's order of commits.
+    pub id: i64,
+    /// The caller's key.
+    pub idempotency_key: String,
+    /// `executed` or `declined`.
+    pub state: BankTransferState,
+    /// Where the money went (or would have).
+    pub destination: String,
+    /// Minor units.
+    pub amount: i64,
+    /// The caller's reference.
+    pub reference: String,
+    /// Why it was declined (`destination-closed`), declined transfers only.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub decline_reason: Option<String>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+}
+
+/// What the bank did under a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BankTransferState {
+    /// The money moved.
+    Executed,
+    /// The bank refused the transfer for good; nothing moved, and a repeat gets the same
+    /// refusal.
+    Declined,
+    /// The key was closed with no transfer: nothing moved, and nothing ever will under it.
+    Closed,
+}

@@ -220,3 +220,35 @@ pub struct DeliveriesPage {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_before: Option<i64>,
 }
+
+/// The demonstration inbox of an account: where to point an endpoint, and what came
+/// (`GET /v1/accounts/{id}/webhook-inbox`, the embedded mode only).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InboxView {
+    /// The URL to give an endpoint. Add `?first=503` (any status from 400 to 599) to have
+    /// the first delivery of each event answered so, and see it sent again.
+    pub url: String,
+    /// What this account's endpoints delivered there, oldest first (the last 50).
+    pub received: Vec<InboxEntry>,
+}
+
+/// One request the inbox received.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InboxEntry {
+    /// `webhook-id`.
+    pub webhook_id: String,
+    /// `webhook-timestamp`.
+    pub webhook_timestamp: String,
+    /// `webhook-signature`.
+    pub webhook_signature: String,
+    /// The body, as it came.
+    pub body: String,
+    /// What the inbox answered.
+    pub answered: u16,
+    /// When it came (RFC 3339).
+    #[serde(with = "time::serde::rfc3339")]
+    #[cfg_attr(feature = "openapi", schema(value_type = String, format = DateTime))]
+    pub received_at: OffsetDateTime,
+}

@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::Response;
 use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
 use ledger::{Amount, Operation};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::auth::{Caller, OwnAccount};
@@ -27,7 +27,9 @@ use crate::routes::responses::{
 use crate::routes::spends;
 use crate::state::AppState;
 
-pub use payonce_types::payouts::{PayoutRequest, PayoutView, PayoutsPage};
+pub use payonce_types::payouts::{
+    BankTransfer, BankTransferState, PayoutAtBank, PayoutRequest, PayoutView, PayoutsPage,
+};
 
 /// A payout as the contract shows it.
 pub(crate) fn payout_view(payout: Payout) -> PayoutView {
@@ -178,20 +180,22 @@ async fn own_payout(
         .ok_or(ApiError::PayoutNotFound)
 }
 
-/// What the bank holds for a payout, in the bank's own words.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PayoutAtBank {
-    /// The payout.
-    pub payout_id: Uuid,
-    /// The `Idempotency-Key` every call to the bank for this payout carries.
-    pub bank_key: String,
-    /// How many of `transfers` the bank executed: 1 once the payout's money left; more
-    /// would mean it left more than once (what a fresh key per attempt does).
-    pub executed: usize,
-    /// Every transfer the bank holds with this payout's id as its reference, under
-    /// whichever key, in the bank's order of commits: none while the bank has not made it,
-    /// then one, under `bank_key` — `executed`, or `declined` for a refusal.
-    pub transfers: Vec<bank::TransferView>,
+/// A transfer the bank showed, as the contract shows it.
+fn bank_transfer(transfer: bank::TransferView) -> BankTransfer {
+    BankTransfer {
+        id: transfer.id,
+        idempotency_key: transfer.idempotency_key,
+        state: match transfer.state {
+            bank::State::Executed => BankTransferState::Executed,
+            bank::State::Declined => BankTransferState::Declined,
+            bank::State::Closed => BankTransferState::Closed,
+        },
+        destination: transfer.destination,
+        amount: transfer.amount,
+        reference: transfer.reference,
+        decline_reason: transfer.decline_reason,
+        created_at: transfer.created_at,
+    }
 }
 
 /// Asks the bank what it holds for a payout: its transfers with the payout's id as their
@@ -229,7 +233,7 @@ pub async fn get_payout_at_bank(
         payout_id: payout.id.0,
         bank_key: bank_key(payout.id),
         executed,
-        transfers,
+        transfers: transfers.into_iter().map(bank_transfer).collect(),
     }))
 }
 

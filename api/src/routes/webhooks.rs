@@ -17,7 +17,7 @@ use ledger::webhooks::{
     Attempt, Delivery, Endpoint, EndpointId, EventType, MAX_ENDPOINTS_PER_ACCOUNT, MAX_URL,
     NewEndpoint, RetryRefused, Subscription,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
 
@@ -421,15 +421,7 @@ pub async fn retry_delivery(
     }
 }
 
-/// The demonstration inbox of an account: where to point an endpoint, and what came.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct InboxView {
-    /// The URL to give an endpoint. Add `?first=503` (any status from 400 to 599) to have
-    /// the first delivery of each event answered so, and see it sent again.
-    pub url: String,
-    /// What this account's endpoints delivered there, oldest first (the last 50).
-    pub received: Vec<crate::webhooks::inbox::InboxEntry>,
-}
+pub use payonce_types::webhooks::InboxView;
 
 /// The embedded mode's demonstration inbox: a webhook receiver payonce hosts on a loopback
 /// port of its own, so events can be seen arriving with nothing else running. The

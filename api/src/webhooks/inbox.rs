@@ -17,30 +17,13 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use time::OffsetDateTime;
 
 /// Requests kept per account.
 pub const KEPT: usize = 50;
 
-/// One request the inbox received.
-#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
-pub struct InboxEntry {
-    /// `webhook-id`.
-    pub webhook_id: String,
-    /// `webhook-timestamp`.
-    pub webhook_timestamp: String,
-    /// `webhook-signature`.
-    pub webhook_signature: String,
-    /// The body, as it came.
-    pub body: String,
-    /// What the inbox answered.
-    pub answered: u16,
-    /// When it came (RFC 3339).
-    #[serde(with = "time::serde::rfc3339")]
-    #[schema(value_type = String, format = DateTime)]
-    pub received_at: OffsetDateTime,
-}
+pub use payonce_types::webhooks::InboxEntry;
 
 #[derive(Default)]
 struct Boxes {
