@@ -17,6 +17,7 @@
 //! ran them and at a second one that did not. Needs `wrk` and `pgbench`.
 
 use clap::Parser;
+use ledger::testing::ScratchDatabase;
 
 #[path = "../../ledger/bench/batches.rs"]
 mod batches;
@@ -25,7 +26,6 @@ mod http;
 #[path = "../../ledger/bench/pgbench.rs"]
 mod pgbench;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 #[derive(Parser, Debug)]
@@ -84,23 +84,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "api bench: connections={} pgbench clients={} seconds={} rounds={} accounts={}",
         args.connections, args.pgbench_clients, args.seconds, args.rounds, args.accounts
     );
-    let mut admin = PgConnection::connect(&args.database_url).await?;
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         // A fresh database each round, so neither side inherits the other's (or an
         // earlier round's) tables, bloat or checkpoint debt.
-        let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await?;
-        let mut url = url::Url::parse(&args.database_url)?;
-        url.set_path(&format!("/{name}"));
-        let measured = run_round(&args, url.as_str(), round).await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await?;
+        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let measured = run_round(&args, database.url(), round).await;
+        database.drop().await?;
         rounds.push(measured?);
     }
 

@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use clap::Parser;
+use ledger::testing::ScratchDatabase;
 use serde::Serialize;
-use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 use uuid::Uuid;
 
@@ -311,17 +311,12 @@ async fn http_withdrawals(
         "hazelcast" => urls.hazelcast.clone(),
         other => return Err(format!("no HTTP run for {other}").into()),
     };
-    let mut admin = PgConnection::connect(&args.urls.postgres).await?;
-    let name = format!("payonce_costs_{run}");
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .execute(&mut admin)
-        .await?;
-    let mut url = url::Url::parse(&args.urls.postgres)?;
-    url.set_path(&format!("/{name}"));
+    let database = ScratchDatabase::create(&args.urls.postgres, "payonce_costs").await?;
+    let url = database.url();
     let measured = async {
         let mut config = http::config(&[
             "--database-url",
-            url.as_str(),
+            url,
             "--redis-namespace",
             &format!("costs-{run}"),
             "--db-max-connections",
@@ -334,7 +329,7 @@ async fn http_withdrawals(
         let accounts = http::open_accounts(&server.address, 1000).await?;
         let raw = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
-            .connect(url.as_str())
+            .connect(url)
             .await?;
         let tickets = http::issue_tickets(&raw, &accounts, (args.seconds as usize) * 6_000).await?;
         sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
@@ -344,11 +339,7 @@ async fn http_withdrawals(
         measured
     }
     .await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-    )))
-    .execute(&mut admin)
-    .await?;
+    database.drop().await?;
     measured
 }
 

@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ledger::testing::ScratchDatabase;
 use serde_json::{Value, json};
 use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
@@ -308,20 +309,14 @@ async fn main() -> Result<(), http::BoxError> {
         "payout bench: payouts={} clients={} workers={} rounds={}",
         args.payouts, args.clients, args.workers, args.rounds
     );
-    let mut admin = PgConnection::connect(&args.database_url).await?;
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
-        let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await?;
-        let mut url = url::Url::parse(&args.database_url)?;
-        url.set_path(&format!("/{name}"));
+        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
         // Alternate which goes first, so neither always meets the cooler machine.
         let measured = if round % 2 == 1 {
             let bank_per_sec = baseline(&args).await?;
             let (dispatched_per_sec, p50_ms, p99_ms) =
-                dispatch_and_latency(&args, url.as_str()).await?;
+                dispatch_and_latency(&args, database.url()).await?;
             Round {
                 dispatched_per_sec,
                 bank_per_sec,
@@ -330,7 +325,7 @@ async fn main() -> Result<(), http::BoxError> {
             }
         } else {
             let (dispatched_per_sec, p50_ms, p99_ms) =
-                dispatch_and_latency(&args, url.as_str()).await?;
+                dispatch_and_latency(&args, database.url()).await?;
             let bank_per_sec = baseline(&args).await?;
             Round {
                 dispatched_per_sec,
@@ -339,11 +334,7 @@ async fn main() -> Result<(), http::BoxError> {
                 p99_ms,
             }
         };
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await?;
+        database.drop().await?;
         println!(
             "round {round}: payonce dispatched {:>6.0} payouts/s   bank alone {:>6.0} transfers/s   ratio {:.2}   202→succeeded p50 {:.1} ms p99 {:.1} ms",
             measured.dispatched_per_sec,

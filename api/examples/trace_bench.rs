@@ -23,10 +23,10 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use clap::Parser;
+use ledger::testing::ScratchDatabase;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use prost::Message;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection};
 use uuid::Uuid;
 
 #[path = "../bench/http.rs"]
@@ -189,21 +189,11 @@ async fn main() -> Result<(), BoxError> {
         args.connections, args.seconds, args.rounds, args.accounts
     );
     let (endpoint, received) = receiver().await?;
-    let mut admin = PgConnection::connect(&args.database_url).await?;
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
-        let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await?;
-        let mut url = url::Url::parse(&args.database_url)?;
-        url.set_path(&format!("/{name}"));
-        let measured = run_round(&args, url.as_str(), round, &endpoint).await;
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-        )))
-        .execute(&mut admin)
-        .await?;
+        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let measured = run_round(&args, database.url(), round, &endpoint).await;
+        database.drop().await?;
         let measured = measured?;
         println!(
             "round {round}: tracing off {:>6.0} withdrawals/s, exported {:>6.0}/s, ratio {:.3}",

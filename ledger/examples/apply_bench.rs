@@ -16,12 +16,12 @@
 //! again with a new token, as payonce does. The ledger's group commit reports its batch
 //! sizes.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ledger::testing::ScratchDatabase;
 
 #[path = "../bench/batches.rs"]
 mod batches;
@@ -32,8 +32,7 @@ use ledger::{
     Operation, OperationResult, TicketId,
 };
 use serde_json::{Value, json};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{Connection, PgConnection};
+use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Parser, Debug)]
@@ -102,8 +101,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "ledger bench: tasks={} seconds={} rounds={} batch max={} workers={}",
         args.tasks, args.seconds, args.rounds, args.batch_max, args.batch_workers
     );
-    let mut admin =
-        PgConnection::connect_with(&PgConnectOptions::from_str(&args.database_url)?).await?;
     let mut summary = Vec::new();
     for workload in &args.workloads {
         let (label, accounts) = match workload {
@@ -116,18 +113,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for round in 1..=args.rounds {
             // A fresh database each round, so neither side inherits the other's (or an
             // earlier round's) tables, bloat or checkpoint debt.
-            let name = format!("payonce_bench_{}", Uuid::new_v4().simple());
-            sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-                .execute(&mut admin)
-                .await?;
-            let mut url = url::Url::parse(&args.database_url)?;
-            url.set_path(&format!("/{name}"));
-            let result = run_round(&args, url.as_str(), accounts, round).await;
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
-            )))
-            .execute(&mut admin)
-            .await?;
+            let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+            let result = run_round(&args, database.url(), accounts, round).await;
+            database.drop().await?;
             let (rate, baseline) = result?;
             println!(
                 "round {round}, {label}: ledger apply {rate:.0} applies/s, pgbench {baseline:.0} tx/s, ratio {:.2}",

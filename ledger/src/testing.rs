@@ -1,5 +1,6 @@
-//! Test support: a fresh, empty database per test, PostgreSQL or SQLite; a lock held
-//! from outside the ledger; a proxy that loses the answer to a COMMIT.
+//! Test support: a fresh, empty database per test, PostgreSQL or SQLite, and one per
+//! benchmark round, dropped after it; a lock held from outside the ledger; a proxy that
+//! loses the answer to a COMMIT.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,6 +27,52 @@ pub fn with_database(url: &str, database: &str) -> Result<String, LedgerError> {
     Ok(url.to_string())
 }
 
+/// A PostgreSQL database of its own — one benchmark round's, one tool run's — created
+/// empty on a server and dropped when done with, so that no round inherits another's
+/// tables, bloat or checkpoint debt.
+#[derive(Debug)]
+pub struct ScratchDatabase {
+    admin: String,
+    name: String,
+    url: String,
+}
+
+impl ScratchDatabase {
+    /// Creates `<prefix>_<random>` on the server `admin` points at (a URL of any database
+    /// there, which the drop connects to as well).
+    pub async fn create(admin: &str, prefix: &str) -> Result<Self, LedgerError> {
+        let name = format!("{prefix}_{}", uuid::Uuid::new_v4().simple());
+        let mut connection = PgConnection::connect(admin).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .execute(&mut connection)
+            .await?;
+        connection.close().await?;
+        Ok(Self {
+            url: with_database(admin, &name)?,
+            admin: admin.to_owned(),
+            name,
+        })
+    }
+
+    /// Its URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Drops it, closing whatever connections are still open to it.
+    pub async fn drop(self) -> Result<(), LedgerError> {
+        let mut connection = PgConnection::connect(&self.admin).await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+            self.name
+        )))
+        .execute(&mut connection)
+        .await?;
+        connection.close().await?;
+        Ok(())
+    }
+}
+
 /// A database of one test's own.
 #[derive(Debug)]
 pub struct TestDatabase {
@@ -38,15 +85,9 @@ impl TestDatabase {
     /// A new PostgreSQL database named `payonce_test_<random>` on the tests' server.
     /// `scripts/test.sh` drops leftovers of earlier runs.
     pub async fn postgres() -> Result<Self, LedgerError> {
-        let admin = postgres_admin_url();
-        let name = format!("payonce_test_{}", uuid::Uuid::new_v4().simple());
-        let mut connection = PgConnection::connect(&admin).await?;
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut connection)
-            .await?;
-        connection.close().await?;
+        let scratch = ScratchDatabase::create(&postgres_admin_url(), "payonce_test").await?;
         Ok(Self {
-            url: with_database(&admin, &name)?,
+            url: scratch.url,
             _dir: None,
         })
     }
