@@ -28,7 +28,7 @@ use crate::intent::{Attempt, Intent, Observer, ResendPolicy};
 use crate::problem::Problem;
 
 /// A client of one payonce service: one base URL, or several instances of it tried in
-/// turn — a send that got no answer or a 503 goes to the next.
+/// turn — a send that got no answer, a 429 or a 503 goes to the next.
 ///
 /// Cheap to clone; clones share the connection pool. [`Client::with_key`] gives a clone
 /// that sends an account's key, [`Client::starting_at`] one that aims at an instance,
@@ -243,7 +243,7 @@ impl Client {
 
     /// This client, its calls starting at base URL number `base` (0 is the first the
     /// builder was given; past the last, it counts on from the first) and moving on from
-    /// there by themselves after no answer or a 503, instead of following the turn all
+    /// there by themselves after no answer, a 429 or a 503, instead of following the turn all
     /// clones share: for a caller that aims each request at an instance — a load test, a
     /// test of failover. An [`Intent`] made from it keeps its own turn across its sends.
     pub fn starting_at(&self, base: usize) -> Self {
@@ -254,8 +254,10 @@ impl Client {
     }
 
     /// This client, calling `observer` with every send its calls make — ticket requests,
-    /// reads, creates and the sends of its intents alike (an intent's own
-    /// [`Intent::on_attempt`] takes the place of this one).
+    /// reads, creates and the sends of its intents alike. An intent's own
+    /// [`Intent::on_attempt`] takes the place of this one for the intent's sends; the
+    /// ticket request of an intent that takes its own ticket is the client's call, and
+    /// comes here. Each call numbers its sends from 1.
     pub fn on_attempt(&self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
         Self {
             observer: Some(Observer::new(observer)),
@@ -465,19 +467,31 @@ impl Client {
             .await
     }
 
-    /// Whether the instance the next send goes to is alive (`GET /healthz`).
+    /// Whether the instance the next send goes to is alive (`GET /healthz`), asked once:
+    /// a probe of one instance must not answer for another. No answer is
+    /// [`Error::Transport`].
     pub async fn health(&self) -> Result<Health, Error> {
-        self.get("/healthz").await
+        self.probe("/healthz").await
     }
 
     /// Whether the instance the next send goes to can serve — its database and lock store
-    /// answer (`GET /readyz`) — asked once: a probe does not wait for a better answer. Not
-    /// ready is [`Error::Refused`] with the 503's problem.
+    /// answer (`GET /readyz`) — asked once, as [`Client::health`]. Not ready is
+    /// [`Error::Refused`] with the 503's problem.
     pub async fn readiness(&self) -> Result<Readiness, Error> {
-        let mut call = Call::new(self, Method::GET, "/readyz");
-        self.send_with_resends(&ResendPolicy::none(), &mut call)
+        self.probe("/readyz").await
+    }
+
+    /// One GET, never resent; what it got, not wrapped in [`Error::GaveUp`].
+    async fn probe<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
+        let mut call = Call::new(self, Method::GET, path);
+        match self
+            .send_with_resends(&ResendPolicy::none(), &mut call)
             .await
-            .map(|answered| answered.body)
+        {
+            Ok(answered) => Ok(answered.body),
+            Err(Error::GaveUp { last, .. }) => Err(*last),
+            Err(error) => Err(error),
+        }
     }
 
     /// The client's policy, but a send that got no answer is final: for a request that is
@@ -587,6 +601,20 @@ impl Client {
             if let Some(observer) = call.observer {
                 observer.see(&sent.attempt(attempt, index, &bases[index], started.elapsed()));
             }
+            // No answer, a 429 or a 503: the next send — this call's, or for an aimed call
+            // the caller's own next one (after an `outcome-unknown`, say) — goes to the
+            // next instance.
+            let move_on = matches!(
+                sent,
+                Sent::None(_)
+                    | Sent::Answer {
+                        status: 429 | 503,
+                        ..
+                    }
+            );
+            if move_on && let Some(base) = &mut call.base {
+                *base = index + 1;
+            }
             let (error, retry_after) = match sent {
                 // A connection that could not be made carried nothing: sending again is
                 // safe even for a call that is not idempotent.
@@ -638,14 +666,8 @@ impl Client {
                     last: Box::new(error),
                 });
             }
-            // No answer or a 503: the next send goes to the next instance.
-            if !matches!(&error, Error::Refused(problem) if problem.status == 409) {
-                match &mut call.base {
-                    Some(base) => *base = index + 1,
-                    None => {
-                        self.shared.next.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+            if move_on && call.base.is_none() {
+                self.shared.next.fetch_add(1, Ordering::Relaxed);
             }
             tokio::time::sleep(policy.wait(attempt, retry_after)).await;
         }

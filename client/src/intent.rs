@@ -181,8 +181,8 @@ impl<T: DeserializeOwned> Intent<T> {
     }
 
     /// Calls `observer` with every send of the spend — its answer or its failure — as it
-    /// happens (the ticket's request is not one), instead of the client's
-    /// ([`Client::on_attempt`]).
+    /// happens, instead of the client's ([`Client::on_attempt`]). The ticket's request is
+    /// not one of them: it is the client's call, seen by the client's observer.
     pub fn on_attempt(mut self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
         self.observer = Some(Observer::new(observer));
         self

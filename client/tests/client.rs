@@ -299,6 +299,15 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
     };
     assert_eq!(attempts, 3);
     assert!(matches!(*last, Error::Transport(_)), "{last}");
+    // A probe asks its one instance once, and says what that one did.
+    let probed = nowhere.health().await;
+    assert!(matches!(probed, Err(Error::Transport(_))), "{probed:?}");
+    let probed = payonce.starting_at(0).readiness().await;
+    assert!(matches!(probed, Err(Error::Transport(_))), "{probed:?}");
+    assert_eq!(
+        payonce.starting_at(1).readiness().await.unwrap().status,
+        "ready"
+    );
 }
 
 /// Over the account's rate of spends (one a second here), the server answers 429 with

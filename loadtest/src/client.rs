@@ -71,7 +71,7 @@ impl Api {
     /// whatever the system's resolver says.
     ///
     /// Setup and read-back calls resend by payonce-client's default policy, moving on to
-    /// the next target after no answer or a 503 (an instance killed during the run must
+    /// the next target after no answer, a 429 or a 503 (an instance killed during the run must
     /// not stop the read-back); the run's spends and ticket requests resend by its own
     /// ([`RetryPolicy`](crate::retry::RetryPolicy)).
     pub fn new(targets: Vec<String>, connections: usize) -> Result<Self, ClientError> {
@@ -651,6 +651,65 @@ mod tests {
             assert_eq!(heard.len(), expected.len());
             let key = format!("idempotency-key: {ticket}");
             assert!(heard.iter().all(|head| head.contains(&key)), "{heard:?}");
+        }
+    }
+
+    /// The resend after an `outcome-unknown` goes to the next target, as every send after
+    /// no answer, a 429 or a 503 does — and a transient 409 stays where it was; the
+    /// recorded targets say so.
+    #[tokio::test]
+    async fn resends_move_on_after_a_503_and_stay_after_a_409() {
+        let ticket = Uuid::new_v4();
+        let done = answer(
+            "201 Created",
+            "",
+            &format!(
+                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
+                Uuid::nil()
+            ),
+        );
+        let problem = |status: &str, name: &str| {
+            answer(
+                status,
+                "",
+                &format!(
+                    r#"{{"type":"/problems/{name}","title":"t","status":{}}}"#,
+                    &status[..3]
+                ),
+            )
+        };
+        let unknown = problem("503 Service Unavailable", "outcome-unknown");
+        let busy = problem("409 Conflict", "request-in-progress");
+        for (first, expected) in [(unknown, vec![0, 1]), (busy, vec![0, 0])] {
+            // Target 0 answers `first`, then the outcome; target 1 the outcome at once.
+            let (zero, _) = serve(vec![first, done.clone()]).await;
+            let (one, _) = serve(vec![done.clone()]).await;
+            let api = Api::new(vec![zero, one], 1).unwrap();
+            let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
+            let observer = seen.clone();
+            let intent = api
+                .payonce()
+                .with_key("k")
+                .starting_at(0)
+                .on_attempt(move |attempt| observer.lock().unwrap().push(attempt.clone()))
+                .withdrawal(Uuid::nil(), 1)
+                .with_ticket(ticket);
+            let counter = seen.clone();
+            let policy = RetryPolicy {
+                max_attempts: 5,
+                max_backoff: Duration::from_millis(1),
+            };
+            policy
+                .send(intent, move || counter.lock().unwrap().len() as u32)
+                .await;
+            let targets: Vec<usize> = seen
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|attempt| attempt.base_index)
+                .collect();
+            // After the 409 the resend stays on target 0, which then answers the outcome.
+            assert_eq!(targets, expected);
         }
     }
 }

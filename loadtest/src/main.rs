@@ -90,7 +90,7 @@ struct RunArgs {
     changed: f64,
     /// Sends per request, the first included: a request that got no answer, 409
     /// request-in-progress or account-busy, 429 or 503 is resent with the same ticket (to
-    /// the next target after no answer or a 503), up to this many times in all.
+    /// the next target after no answer, a 429 or a 503), up to this many times in all.
     #[arg(long, default_value_t = RetryPolicy::default().max_attempts,
           value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "no_retry")]
     max_attempts: u32,

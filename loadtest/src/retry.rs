@@ -7,11 +7,13 @@
 //! payonce-client does the resending: each spend is an [`Intent`] with the ticket the run
 //! took, resent by the [`ResendPolicy`] made from the run's [`RetryPolicy`] — waiting the
 //! answer's `Retry-After` when it has one, else an exponential backoff with jitter, and
-//! moving on to the next target after no answer or a 503, as a client behind a load
+//! moving on to the next target after no answer, a 429 or a 503, as a client behind a load
 //! balancer would after an instance died. The load test goes one step further than the
 //! client does by itself: a 503 `outcome-unknown`, which the client reports rather than
 //! resends, is sent again too, within the same bound — the ticket makes that safe, and
-//! the resend learns the outcome.
+//! the resend, at the next target, learns the outcome. An answer that is no problem
+//! document (a 503 from something in between, say) is final, as it is for the client:
+//! the auditor judges it.
 
 use std::time::Duration;
 

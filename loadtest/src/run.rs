@@ -22,7 +22,7 @@
 //! tickets for one order and a changed amount are intents sent with that ticket on
 //! purpose. Clients resend every request that got no answer or a transient one — a spend
 //! with the same ticket, a ticket request as it was — as [`RetryPolicy`] says, moving on
-//! to the next target after no answer or a 503. The client reports each send it makes
+//! to the next target after no answer, a 429 or a 503. The client reports each send it makes
 //! ([`on_attempt`](payonce_client::Client::on_attempt)); every one is recorded, numbered,
 //! and audited. A request that ran out of attempts is unresolved and its ticket, read
 //! back, decides (see [`audit`](crate::audit)).
@@ -415,7 +415,24 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
             }
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // The faults' values are checked before the run: a fault that could not be sent must
+    // not let a cell pass without it.
+    let value = |text: &str| {
+        HeaderValue::from_str(text).map_err(|_| RunError::Header(format!("a fault: {text}")))
+    };
+    let fault = options
+        .fault
+        .as_ref()
+        .map(|fault| value(&fault.header))
+        .transpose()?;
+    let bank_fault = options
+        .bank_fault
+        .as_ref()
+        .map(|fault| value(&fault.fault))
+        .transpose()?;
     let shared = Arc::new(Shared {
+        fault,
+        bank_fault,
         payonce: api.payonce().with_resend_policy(options.retry.resend()),
         headers,
         api: api.clone(),
@@ -590,6 +607,10 @@ struct Shared {
     payonce: Payonce,
     /// The run's own headers, sent with every spend.
     headers: Vec<(HeaderName, HeaderValue)>,
+    /// `Payonce-Fault`'s value, for the spends of the faulty share.
+    fault: Option<HeaderValue>,
+    /// `Payonce-Bank-Fault`'s value, for the payouts of the faulty share.
+    bank_fault: Option<HeaderValue>,
     api: Api,
     rounds: Arc<Rounds>,
     options: RunOptions,
@@ -605,7 +626,8 @@ struct Plan {
     account: AccountRecord,
     kind: SpendKind,
     amount: i64,
-    /// Its first send goes here; duplicates and resends to the next targets.
+    /// Its first send goes here; duplicates to the next targets, resends to the next after
+    /// no answer, a 429 or a 503.
     target: usize,
     /// Also sent at once to another target, and again later.
     duplicate: bool,
@@ -729,6 +751,8 @@ impl Shared {
                     .filter(|_| status == Some(201))
                     .and_then(|body| body.get("ticket_id"))
                     .and_then(serde_json::Value::as_str)
+                    // A ticket that is no id is none: the audit flags the answer.
+                    .filter(|ticket| ticket.parse::<uuid::Uuid>().is_ok())
                     .map(str::to_owned);
                 let attempt = TicketAttempt {
                     account: account.clone(),
@@ -746,15 +770,18 @@ impl Shared {
                 lock(&seen).push(attempt);
             }
         };
-        let account = id(&plan.account.id, "an account").ok()?;
         // What it answers is in what the observer saw: every send, the last one's ticket.
-        let _ = self
-            .payonce
-            .with_key(&plan.account.key)
-            .starting_at(plan.target)
-            .on_attempt(observer)
-            .take_ticket(account)
-            .await;
+        // (The account's id is the server's own; one that is no id asks for nothing, and
+        // counts as a ticket not had.)
+        if let Ok(account) = id(&plan.account.id, "an account") {
+            let _ = self
+                .payonce
+                .with_key(&plan.account.key)
+                .starting_at(plan.target)
+                .on_attempt(observer)
+                .take_ticket(account)
+                .await;
+        }
         let attempts = std::mem::take(&mut *lock(&seen));
         gathered.counts.ticket_retries += attempts.len().saturating_sub(1) as u64;
         let ticket = attempts.last().and_then(|last| last.ticket.clone());
@@ -783,14 +810,9 @@ impl Shared {
                 .fault
                 .as_ref()
                 .filter(|fault| rand::random::<f64>() < fault.share),
-            bank_fault: self
-                .options
-                .bank_fault
-                .as_ref()
-                .filter(|faulty| {
-                    plan.kind == SpendKind::Payout && rand::random::<f64>() < faulty.share
-                })
-                .map(|plan| plan.fault.as_str()),
+            bank_fault: self.options.bank_fault.as_ref().is_some_and(|faulty| {
+                plan.kind == SpendKind::Payout && rand::random::<f64>() < faulty.share
+            }),
         };
         let (target, amount) = (plan.target, plan.amount);
         let mut attempts = Vec::new();
@@ -866,7 +888,7 @@ impl Shared {
                 ticket,
                 order: Some(&order),
                 fault: None,
-                bank_fault: None,
+                bank_fault: false,
             };
             async move {
                 spending
@@ -899,16 +921,16 @@ struct Spending<'a> {
     order: Option<&'a str>,
     /// The `Payonce-Fault` this spend asks for, if it is one of the faulty share.
     fault: Option<&'a FaultPlan>,
-    /// The `Payonce-Bank-Fault` this payout asks for, if it is one of the faulty share:
-    /// sent with every request of the ticket (payonce heeds it once, for the payout the
-    /// ticket's execution made).
-    bank_fault: Option<&'a str>,
+    /// Whether this payout asks for the run's `Payonce-Bank-Fault` (it is one of the
+    /// faulty share): sent with every request of the ticket (payonce heeds it once, for the
+    /// payout the ticket's execution made).
+    bank_fault: bool,
 }
 
 impl Spending<'_> {
     /// One logical request: an intent with the spend's ticket, sent to `target` and resent
-    /// (moving on to the next targets) while the answers are transient and the policy
-    /// allows. Every attempt, in order.
+    /// (to the next target after no answer, a 429 or a 503) while the answers are transient
+    /// and the policy allows. Every attempt, in order.
     async fn request(&self, role: Role, target: usize, amount: i64) -> Vec<Attempt> {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let observer = {
@@ -926,6 +948,7 @@ impl Spending<'_> {
             id(self.ticket, "a ticket"),
             self.order.map(|order| id(order, "an order")).transpose(),
         );
+        // The ids are the server's own, and the ticket was read as one: none fails here.
         let (Ok(account), Ok(ticket), Ok(order)) = ids else {
             return Vec::new();
         };
@@ -978,15 +1001,15 @@ impl Spending<'_> {
         for (name, value) in &self.shared.headers {
             intent = intent.with_header(name.clone(), value.clone());
         }
-        if let Some(fault) = self.bank_fault
-            && let Ok(value) = HeaderValue::from_str(fault)
+        if self.bank_fault
+            && let Some(value) = self.shared.bank_fault.clone()
         {
             intent = intent.with_header(HeaderName::from_static("payonce-bank-fault"), value);
         }
         // A fault aimed at one target goes only with the sends to it: a resend that moved
         // on to another must not carry it there.
         if let Some(fault) = self.fault
-            && let Ok(value) = HeaderValue::from_str(&fault.header)
+            && let Some(value) = self.shared.fault.clone()
         {
             let name = HeaderName::from_static("payonce-fault");
             intent = match fault.target {
