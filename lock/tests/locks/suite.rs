@@ -313,6 +313,16 @@ pub async fn waiters_acquire_in_arrival_order(locks: LockService) {
 /// asserts they acquire in the order they started waiting.
 pub async fn served_in_arrival_order(instances: &[LockService], waiters: usize) {
     let key = key();
+    // An instance's first wait sets up what its backend waits with (Redis subscribes to
+    // its wake-ups), so that wait's first request is not yet the one that queues it: each
+    // waits once here, before the order is measured.
+    for locks in instances {
+        let mut first = locks
+            .acquire(&key, 10 * SECOND, after(20_000))
+            .await
+            .unwrap();
+        assert!(first.release().await.unwrap());
+    }
     let mut holder = instances[0]
         .try_acquire(&key, 10 * SECOND)
         .await
@@ -323,11 +333,17 @@ pub async fn served_in_arrival_order(instances: &[LockService], waiters: usize) 
     for i in 0..waiters {
         let locks = instances[i % instances.len()].clone();
         let (key, order) = (key.clone(), order.clone());
+        let mut acquiring =
+            Box::pin(async move { locks.acquire(&key, 10 * SECOND, after(20_000)).await });
+        // Waiter i is first polled here, so its request to be queued (its first, after the
+        // warm-up above) leaves before the next waiter exists. Polled first by a spawned
+        // task, a worker thread the machine preempted for longer than the gap below let
+        // the next waiter's request pass it: a CI run saw [0, 2, 1, …], and a waiter made
+        // to block its worker for 60 ms did it every time; with this it no longer does.
+        let first = futures::poll!(acquiring.as_mut());
+        assert!(first.is_pending(), "waiter {i} got a held lock at once");
         tasks.push(tokio::spawn(async move {
-            let mut guard = locks
-                .acquire(&key, 10 * SECOND, after(20_000))
-                .await
-                .unwrap();
+            let mut guard = acquiring.await.unwrap();
             order.lock().await.push(i);
             sleep(Duration::from_millis(5)).await;
             assert!(guard.release().await.unwrap());
