@@ -44,6 +44,13 @@ pub enum ClientError {
     },
 }
 
+impl ClientError {
+    /// What a failed call of the contract made while asking `what`, for `map_err`.
+    fn payonce(what: &'static str) -> impl Fn(payonce_client::Error) -> Self + Copy {
+        move |error| Self::Payonce { what, error }
+    }
+}
+
 /// An id the run holds as text, as the client wants it.
 pub fn id(text: &str, what: &'static str) -> Result<Uuid, ClientError> {
     text.parse().map_err(|_| ClientError::Unexpected {
@@ -96,10 +103,7 @@ impl Api {
                 |builder, target| builder.base_url(target.as_str()),
             )
             .build()
-            .map_err(|error| ClientError::Payonce {
-                what: "read the targets",
-                error,
-            })?;
+            .map_err(ClientError::payonce("read the targets"))?;
         Ok(Self {
             http,
             payonce,
@@ -157,10 +161,7 @@ impl Api {
             .starting_at(target)
             .open_account(&request)
             .await
-            .map_err(|error| ClientError::Payonce {
-                what: "open an account",
-                error,
-            })?;
+            .map_err(ClientError::payonce("open an account"))?;
         Ok((opened.id.to_string(), opened.api_key))
     }
 
@@ -181,10 +182,7 @@ impl Api {
             .at(target, key)
             .create_webhook_endpoint(id(account, "an account")?, &endpoint)
             .await
-            .map_err(|error| ClientError::Payonce {
-                what: "create a webhook endpoint",
-                error,
-            })?;
+            .map_err(ClientError::payonce("create a webhook endpoint"))?;
         Ok(created.secret)
     }
 
@@ -204,10 +202,7 @@ impl Api {
             .at(target, key)
             .place_order(id(account, "an account")?, &order)
             .await
-            .map_err(|error| ClientError::Payonce {
-                what: "place an order",
-                error,
-            })?;
+            .map_err(ClientError::payonce("place an order"))?;
         Ok(placed.order_id.to_string())
     }
 
@@ -220,10 +215,7 @@ impl Api {
     ) -> Result<AccountState, ClientError> {
         let payonce = self.at(target, key);
         let account = id(account, "an account")?;
-        let read = |error| ClientError::Payonce {
-            what: "read an account",
-            error,
-        };
+        let read = ClientError::payonce("read an account");
         let view = payonce.account(account).await.map_err(read)?;
         let mut state = AccountState {
             balance: view.balance,
@@ -267,10 +259,7 @@ impl Api {
             .at(target, key)
             .ticket(id(ticket, "a ticket")?)
             .await
-            .map_err(|error| ClientError::Payonce {
-                what: "read a ticket",
-                error,
-            })?;
+            .map_err(ClientError::payonce("read a ticket"))?;
         let state = serde_json::to_value(view.state)
             .ok()
             .and_then(|state| state.as_str().map(str::to_owned))
@@ -300,23 +289,17 @@ impl Api {
             let page = payonce
                 .payouts(status.map(PayoutStatus::name), after, Some(1000))
                 .await
-                .map_err(|error| ClientError::Payonce {
-                    what: "list payouts",
-                    error,
-                })?;
+                .map_err(ClientError::payonce("list payouts"))?;
             for payout in page.payouts {
-                let status = match payout.status.as_str() {
-                    "pending" => PayoutStatus::Pending,
-                    "succeeded" => PayoutStatus::Succeeded,
-                    "failed" => PayoutStatus::Failed,
-                    other => {
-                        return Err(ClientError::Unexpected {
+                // The contract's names are the status's own (serde's, as `name` gives them).
+                let status =
+                    serde_json::from_value(Value::String(payout.status.clone())).map_err(|_| {
+                        ClientError::Unexpected {
                             what: "list payouts",
                             status: StatusCode::OK,
-                            body: format!("a payout in status {other:?}"),
-                        });
-                    }
-                };
+                            body: format!("a payout in status {:?}", payout.status),
+                        }
+                    })?;
                 payouts.push(PayoutState {
                     payout_id: payout.payout_id.to_string(),
                     account_id: payout.account_id.to_string(),
