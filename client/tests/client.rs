@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Parser;
-use payonce_client::types::accounts::NewAccountRequest;
+use payonce_client::types::accounts::{CreatedAccount, NewAccountRequest};
 use payonce_client::types::orders::{OrderRequest, OrderState};
 use payonce_client::types::tickets::TicketState;
 use payonce_client::{Client, Error, ProblemKind, ResendPolicy};
@@ -43,6 +43,15 @@ async fn server_with(flags: &[&str]) -> (String, tempfile::TempDir) {
         std::future::pending(),
     ));
     (base, dir)
+}
+
+/// A payonce server in the embedded mode with `flags`, and Ada's account opened on it: a
+/// client with her key, her account, the base URL and the server's directory.
+async fn ada_on(flags: &[&str]) -> (Client, CreatedAccount, String, tempfile::TempDir) {
+    let (base, dir) = server_with(flags).await;
+    let payonce = Client::new(&base).unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    (payonce.with_key(&ada.api_key), ada, base, dir)
 }
 
 fn ada_request() -> NewAccountRequest {
@@ -88,10 +97,7 @@ async fn one_intent_spends_once_however_often_it_is_sent() {
 /// again answers it again.
 #[tokio::test]
 async fn refusals_are_problems_with_their_fields() {
-    let (base, _dir) = server().await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, base, _dir) = ada_on(&[]).await;
 
     let mut too_much = payonce.withdrawal(ada.id, 5000);
     for _ in 0..2 {
@@ -134,10 +140,7 @@ async fn refusals_are_problems_with_their_fields() {
 /// did.
 #[tokio::test]
 async fn an_order_is_paid_by_one_intent_only() {
-    let (base, _dir) = server().await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&[]).await;
     let order = payonce
         .place_order(
             ada.id,
@@ -316,10 +319,7 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
 /// waiting.
 #[tokio::test]
 async fn rate_limited_spends_wait_retry_after_and_go_through() {
-    let (base, _dir) = server_with(&["--spends-per-second", "1"]).await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&["--spends-per-second", "1"]).await;
     let mut intents: Vec<_> = (0..3).map(|_| payonce.withdrawal(ada.id, 100)).collect();
     let started = std::time::Instant::now();
     let sent = futures::future::join_all(intents.iter_mut().map(|intent| async {
@@ -399,10 +399,7 @@ fn every_problem_type_of_the_server_has_its_variant() {
 /// entries and payouts show it.
 #[tokio::test]
 async fn a_payout_is_sent_once_and_settles() {
-    let (base, _dir) = server_with(&["--payout-poll", "50ms"]).await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&["--payout-poll", "50ms"]).await;
     let mut payout = payonce.payout(
         ada.id,
         &payonce_client::types::payouts::PayoutRequest {
@@ -468,10 +465,7 @@ async fn a_payout_is_sent_once_and_settles() {
 #[tokio::test]
 async fn webhook_endpoints_are_created_listed_rotated_and_deleted() {
     use payonce_client::types::webhooks::{EndpointRequest, EventType};
-    let (base, _dir) = server_with(&["--webhook-allow-private"]).await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&["--webhook-allow-private"]).await;
     let created = payonce
         .create_webhook_endpoint(
             ada.id,
@@ -741,10 +735,7 @@ async fn a_create_without_a_key_moves_on_from_a_refused_connection_only() {
 async fn events_payonce_sent_verify_with_the_endpoints_secret() {
     use payonce_client::types::webhooks::EndpointRequest;
     use reqwest::header::{HeaderMap, HeaderValue};
-    let (base, _dir) = server().await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&[]).await;
     let inbox = payonce.webhook_inbox(ada.id).await.unwrap();
     assert!(inbox.received.is_empty());
     let created = payonce
