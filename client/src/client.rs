@@ -628,7 +628,7 @@ impl Client {
                     replayed,
                     ..
                 } if (200..300).contains(&status) => {
-                    return match serde_json::from_value::<T>(body.clone()) {
+                    return match T::deserialize(&body) {
                         Ok(parsed) => Ok(Answered {
                             body: parsed,
                             status,
