@@ -411,6 +411,16 @@ pub struct Config {
         default_value_t = 64
     )]
     pub webhook_concurrency: usize,
+    /// Webhook deliveries to one endpoint in flight at once in this instance: an endpoint
+    /// that never answers holds at most this many slots, and the rest stay free for
+    /// everyone else's.
+    #[arg(
+        long,
+        global = true,
+        env = "PAYONCE_WEBHOOK_PER_ENDPOINT",
+        default_value_t = 8
+    )]
+    pub webhook_per_endpoint: usize,
     /// How long a claimed webhook delivery is this instance's before another may take it
     /// over (an instance that died mid-delivery). At least twice the timeout.
     #[arg(long, global = true, env = "PAYONCE_WEBHOOK_LEASE", default_value = "60s", value_parser = duration)]
@@ -778,6 +788,11 @@ impl Config {
         if self.webhook_concurrency == 0 || self.webhook_concurrency > 4096 {
             return Err(ConfigError::Invalid(
                 "PAYONCE_WEBHOOK_CONCURRENCY must be 1 to 4096".into(),
+            ));
+        }
+        if self.webhook_per_endpoint == 0 || self.webhook_per_endpoint > self.webhook_concurrency {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_WEBHOOK_PER_ENDPOINT must be 1 to PAYONCE_WEBHOOK_CONCURRENCY".into(),
             ));
         }
         if self.webhook_retry_schedule.0.len() > 32 {
@@ -1194,6 +1209,10 @@ impl fmt::Display for Config {
             (
                 "PAYONCE_WEBHOOK_CONCURRENCY",
                 self.webhook_concurrency.to_string(),
+            ),
+            (
+                "PAYONCE_WEBHOOK_PER_ENDPOINT",
+                self.webhook_per_endpoint.to_string(),
             ),
             ("PAYONCE_WEBHOOK_LEASE", human(self.webhook_lease)),
             ("PAYONCE_WEBHOOK_POLL", human(self.webhook_poll)),

@@ -356,6 +356,7 @@ async fn webhooks(config: &Config, ledger: &Ledger) -> Result<Webhooks, StartErr
         timeout: config.webhook_timeout,
         schedule: config.webhook_retry_schedule.0.clone(),
         concurrency: config.webhook_concurrency,
+        per_endpoint: config.webhook_per_endpoint,
         lease: config.webhook_lease,
         poll: config.webhook_poll,
         allow_private: config.webhook_allow_private,

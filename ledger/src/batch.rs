@@ -169,11 +169,18 @@ const APPLY_SPENDS: &str = "
         FROM written AS w CROSS JOIN judged AS j
         WHERE w.event_type IS NOT NULL
         RETURNING id, account_id, type
+    ), subscribed AS (
+        -- Locked against a delete of the endpoint, as the transaction path's queue is
+        -- (dialect.rs, `queue_deliveries!`): a delete waits for this commit, then ends
+        -- what it queued.
+        SELECT s.account_id, s.event_type, s.endpoint_id FROM webhook_subscriptions AS s
+        WHERE s.account_id IN (SELECT e.account_id FROM events_written AS e)
+        FOR KEY SHARE
     ), deliveries_queued AS (
         INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
         SELECT 'webhook', e.id, s.endpoint_id, j.read_at, j.read_at
         FROM events_written AS e
-             JOIN webhook_subscriptions AS s
+             JOIN subscribed AS s
                   ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
              CROSS JOIN judged AS j
     )

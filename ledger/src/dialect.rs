@@ -47,6 +47,49 @@ pub(crate) trait Dialect: Database {
     /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
     /// each one's id, event, endpoint and attempt.
     const CLAIM_DELIVERIES: &'static str;
+    /// Queues event $1 of account $2 and type $3 at $4 for each live endpoint that wants it
+    /// ([`queue_deliveries`]).
+    const QUEUE_DELIVERIES: &'static str;
+    /// A delivery's state and its endpoint's, for a retry by hand ([`delivery_state`]).
+    const DELIVERY_STATE: &'static str;
+}
+
+/// Event $1 of account $2 and type $3, queued at $4 for each live endpoint that wants it —
+/// reading the subscriptions with a row lock that a delete of them waits for.
+///
+/// Deleting an endpoint (or disabling it after a 410) removes its subscriptions, then ends
+/// its open deliveries. Read without a lock, a spend's transaction could queue a delivery
+/// from a subscription a delete removes right after, and commit after the delete had ended
+/// what it could see: a delivery to a deleted endpoint, open for its whole schedule. With
+/// the lock, a delete that comes later waits for the spend's commit and then ends what it
+/// queued (each statement of the delete reads anew); a delete that came first has removed
+/// the rows, which the locking read skips. `FOR KEY SHARE` is the weakest lock a delete
+/// conflicts with: spends of one account do not wait for one another. SQLite's single
+/// writer runs the two one after the other.
+macro_rules! queue_deliveries {
+    ($lock:literal) => {
+        concat!(
+            "INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
+             SELECT 'webhook', $1, s.endpoint_id, $4, $4 FROM webhook_subscriptions s
+             WHERE s.account_id = $2 AND s.event_type IN ($3, '*') ",
+            $lock
+        )
+    };
+}
+
+/// Delivery $1 of endpoint $2: when it was done and its lease, and when its endpoint was
+/// disabled or deleted — the endpoint's row locked against a delete until the transaction
+/// ends, so a delivery reopened by hand cannot outlive a delete that raced it (the delete
+/// waits, then ends it; or came first, and the retry sees it).
+macro_rules! delivery_state {
+    ($lock:literal) => {
+        concat!(
+            "SELECT o.done_at, o.lease_until, ep.disabled_at, ep.deleted_at
+             FROM outbox o JOIN webhook_endpoints ep ON ep.id = o.endpoint_id
+             WHERE o.id = $1 AND o.endpoint_id = $2 AND o.kind = 'webhook' ",
+            $lock
+        )
+    };
 }
 
 /// The reaper's statements, the same text for both databases but for the row-locking
@@ -200,6 +243,9 @@ impl Dialect for sqlx::Postgres {
         "id, event_id, endpoint_id, attempts",
         "FOR UPDATE SKIP LOCKED"
     );
+    const QUEUE_DELIVERIES: &'static str = queue_deliveries!("FOR KEY SHARE OF s");
+    // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
+    const DELIVERY_STATE: &'static str = delivery_state!("FOR SHARE OF ep");
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -245,4 +291,6 @@ impl Dialect for sqlx::Sqlite {
     const CLAIM_JOBS: &'static str = claim_jobs!("payout", "id, payout_id, attempts", "");
     const CLAIM_DELIVERIES: &'static str =
         claim_jobs!("webhook", "id, event_id, endpoint_id, attempts", "");
+    const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
+    const DELIVERY_STATE: &'static str = delivery_state!("");
 }

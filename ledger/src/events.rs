@@ -30,12 +30,6 @@ const INSERT_EVENT: &str = "
     INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
     VALUES ($1, $2, $3, $4, $5, $6)";
 
-/// Event $1 of account $2 and type $3, queued at $4 for each live endpoint that wants it.
-const QUEUE_DELIVERIES: &str = "
-    INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
-    SELECT 'webhook', $1, s.endpoint_id, $4, $4 FROM webhook_subscriptions s
-    WHERE s.account_id = $2 AND s.event_type IN ($3, '*')";
-
 macro_rules! endpoint_columns {
     () => {
         "id, account_id, url, event_types, secret_sealed, previous_secret_sealed,
@@ -89,6 +83,10 @@ const DISABLE_ENDPOINT: &str = "
     UPDATE webhook_endpoints SET disabled_at = $2, disabled_reason = $3
     WHERE id = $1 AND disabled_at IS NULL";
 
+/// Ends delivery $1 at $2 with outcome $3, unsent: its endpoint no longer gets events.
+const END_DELIVERY: &str = "
+    UPDATE outbox SET done_at = $2, outcome = $3, lease_until = NULL WHERE id = $1";
+
 /// Ends endpoint $1's open deliveries at $2 with outcome $3.
 const END_OPEN_DELIVERIES: &str = "
     UPDATE outbox SET done_at = $2, outcome = $3, lease_until = NULL
@@ -125,6 +123,12 @@ const POSTPONE_DELIVERY: &str = "
     WHERE id = $1 AND attempts = $2 AND done_at IS NULL
     RETURNING id";
 
+/// Gives delivery $1, claimed at attempt $2, back unsent: due at $3, the claim's attempt
+/// uncounted.
+const HAND_BACK_DELIVERY: &str = "
+    UPDATE outbox SET attempts = attempts - 1, due_at = $3, lease_until = NULL, leased_by = NULL
+    WHERE id = $1 AND attempts = $2 AND done_at IS NULL";
+
 /// Parameters: $1 delivery, $2 attempt, $3 now, $4 duration (ms), $5 status, $6 error,
 /// $7 body.
 const INSERT_ATTEMPT: &str = "
@@ -142,11 +146,6 @@ const DELIVERIES: &str = concat!(
       ORDER BY o.id DESC
       LIMIT $3"
 );
-
-const DELIVERY_STATE: &str = "
-    SELECT o.done_at, o.lease_until, ep.disabled_at, ep.deleted_at
-    FROM outbox o JOIN webhook_endpoints ep ON ep.id = o.endpoint_id
-    WHERE o.id = $1 AND o.endpoint_id = $2 AND o.kind = 'webhook'";
 
 const REOPEN_DELIVERY: &str = "
     UPDATE outbox SET done_at = NULL, outcome = NULL, due_at = $2, lease_until = NULL,
@@ -180,6 +179,9 @@ pub(crate) struct EndpointRow {
     disabled_at: Option<Timestamp>,
     disabled_reason: Option<String>,
     created_at: Timestamp,
+    /// When it was deleted: read by a claim alone (the other reads see live endpoints only).
+    #[sqlx(default)]
+    deleted_at: Option<Timestamp>,
 }
 
 impl TryFrom<EndpointRow> for Endpoint {
@@ -327,7 +329,7 @@ where
         .bind(now)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(QUEUE_DELIVERIES)
+    sqlx::query(D::QUEUE_DELIVERIES)
         .bind(id)
         .bind(account)
         .bind(kind.as_str())
@@ -368,6 +370,18 @@ where
         &body.to_string(),
     );
     record_event(tx, request.account_id, request.ticket_id, event, &data, now).await
+}
+
+/// `text` as a TEXT column of either database takes it: PostgreSQL refuses a NUL
+/// character in TEXT (and the whole transaction with it), so each becomes U+FFFD, as the
+/// lossy UTF-8 conversion already made of every byte that was no character. A receiver
+/// writes what it likes into its answer; what it writes must never make a row unwritable.
+pub(crate) fn recordable(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.contains('\0') {
+        std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"))
+    } else {
+        std::borrow::Cow::Borrowed(text)
+    }
 }
 
 /// `… IN ($first, …)` for `count` parameters.
@@ -593,7 +607,7 @@ where
             endpoint_ids.sort();
             endpoint_ids.dedup();
             let select = format!(
-                "SELECT {} FROM webhook_endpoints WHERE id IN ({})",
+                "SELECT {}, deleted_at FROM webhook_endpoints WHERE id IN ({})",
                 endpoint_columns!(),
                 placeholders(1, endpoint_ids.len())
             );
@@ -602,13 +616,36 @@ where
                 query = query.bind(*id);
             }
             for row in query.fetch_all(&mut *tx).await? {
+                let stopped = if row.deleted_at.is_some() {
+                    Some(DeliveryStatus::EndpointDeleted)
+                } else if row.disabled_at.is_some() {
+                    Some(DeliveryStatus::EndpointDisabled)
+                } else {
+                    None
+                };
                 let endpoint = Endpoint::try_from(row)?;
-                endpoints.insert(endpoint.id, endpoint);
+                endpoints.insert(endpoint.id, (endpoint, stopped));
+            }
+        }
+        // A delivery whose endpoint was deleted or disabled is not sent: it ends as the
+        // endpoint did. (A delete ends every open delivery it can see, and the spends'
+        // queueing waits for it, so none should be found here; this makes sure of it.)
+        let mut live = Vec::with_capacity(claimed.len());
+        for row in claimed {
+            match endpoints.get(&row.endpoint_id) {
+                Some((_, Some(stopped))) => {
+                    sqlx::query(END_DELIVERY)
+                        .bind(row.id)
+                        .bind(Timestamp(lease_until.0 - lease))
+                        .bind(outcome_name(*stopped))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                _ => live.push(row),
             }
         }
         tx.commit().await?;
-        claimed
-            .into_iter()
+        live.into_iter()
             .map(|row| {
                 let missing = |what: &str| {
                     LedgerError::Corrupt(format!("delivery {}: its {what} is missing", row.id))
@@ -623,7 +660,7 @@ where
                         .ok_or_else(|| missing("event"))?,
                     endpoint: endpoints
                         .get(&row.endpoint_id)
-                        .cloned()
+                        .map(|(endpoint, _)| endpoint.clone())
                         .ok_or_else(|| missing("endpoint"))?,
                 })
             })
@@ -643,7 +680,9 @@ where
         let mut recorded = Vec::with_capacity(outcomes.len());
         for (job, answer, outcome) in outcomes {
             let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-            let error = answer.error.as_deref();
+            let error = answer.error.as_deref().map(recordable);
+            let error = error.as_deref();
+            let body = answer.body.as_deref().map(recordable);
             let ended = |status: DeliveryStatus| {
                 sqlx::query_as::<_, (i64,)>(FINISH_DELIVERY)
                     .bind(job.job_id)
@@ -702,7 +741,7 @@ where
                     .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
                     .bind(answer.status.map(i32::from))
                     .bind(error)
-                    .bind(answer.body.as_deref())
+                    .bind(body.as_deref())
                     .execute(&mut *tx)
                     .await?;
             }
@@ -710,6 +749,28 @@ where
         }
         commit_or_unknown(tx).await?;
         Ok(recorded)
+    }
+
+    /// Gives claimed deliveries back unsent, due `after` from now, as if never claimed:
+    /// their attempts do not count toward the schedule. (Each only if still at the attempt
+    /// it was claimed at.)
+    pub(crate) async fn hand_back_deliveries(
+        &self,
+        jobs: &[&DeliveryJob],
+        after: Duration,
+    ) -> Result<(), LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        for job in jobs {
+            sqlx::query(HAND_BACK_DELIVERY)
+                .bind(job.job_id)
+                .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
+                .bind(Timestamp(now.0 + after))
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_or_unknown(tx).await?;
+        Ok(())
     }
 
     /// Up to `limit` deliveries of `endpoint` before `before` (none: from the newest),
@@ -784,7 +845,7 @@ where
     ) -> Result<Result<(), RetryRefused>, LedgerError> {
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let state: Option<DeliveryStateRow> = sqlx::query_as(DELIVERY_STATE)
+        let state: Option<DeliveryStateRow> = sqlx::query_as(D::DELIVERY_STATE)
             .bind(delivery)
             .bind(endpoint)
             .fetch_optional(&mut *tx)

@@ -675,6 +675,13 @@ impl Ledger {
 
     /// Records claimed deliveries' attempts and what comes of them, in one transaction:
     /// for each, whether it was recorded (`false`: claimed again or ended meanwhile).
+    ///
+    /// A batch the database refuses is recorded again one delivery at a time, so a row
+    /// that cannot be written never undoes the others — deliveries of other endpoints and
+    /// accounts, which would otherwise be claimed and sent again forever. A delivery the
+    /// database refuses even alone is recorded without its answer's text. (A batch that
+    /// failed for want of the database, or whose commit went unanswered, is not: one by
+    /// one would fail the same way, or meet rows the batch did write.)
     pub async fn record_deliveries(
         &self,
         outcomes: &[(
@@ -683,7 +690,47 @@ impl Ledger {
             &webhooks::DeliveryOutcome,
         )],
     ) -> Result<Vec<bool>, LedgerError> {
-        self.store.record_deliveries(outcomes).await
+        let refused = match self.store.record_deliveries(outcomes).await {
+            Err(error @ (LedgerError::Database(_) | LedgerError::Constraint { .. })) => error,
+            answer => return answer,
+        };
+        tracing::warn!(error = %refused, deliveries = outcomes.len(), "the database refused a batch of webhook attempts; recording them one by one");
+        let mut recorded = Vec::with_capacity(outcomes.len());
+        for &(job, answer, outcome) in outcomes {
+            let alone = match self
+                .store
+                .record_deliveries(&[(job, answer, outcome)])
+                .await
+            {
+                Err(LedgerError::Database(_) | LedgerError::Constraint { .. }) => {
+                    let bare = webhooks::AttemptAnswer {
+                        error: Some("the answer could not be recorded".to_owned()),
+                        body: None,
+                        ..answer.clone()
+                    };
+                    self.store
+                        .record_deliveries(&[(job, &bare, outcome)])
+                        .await?
+                }
+                answer => answer?,
+            };
+            recorded.extend(alone);
+        }
+        Ok(recorded)
+    }
+
+    /// Gives claimed deliveries back unsent, due `after` from now; their claims do not
+    /// count as attempts. (A dispatcher that claimed more for one endpoint than it lets
+    /// that endpoint have in flight.)
+    pub async fn hand_back_deliveries(
+        &self,
+        jobs: &[&webhooks::DeliveryJob],
+        after: Duration,
+    ) -> Result<(), LedgerError> {
+        if jobs.is_empty() {
+            return Ok(());
+        }
+        self.store.hand_back_deliveries(jobs, after).await
     }
 
     /// Up to `limit` deliveries of an endpoint before delivery `before`, newest first,

@@ -143,6 +143,12 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
     ) -> Result<Vec<bool>, LedgerError>;
+    /// Gives claimed deliveries back unsent, due `after` from now, their attempts uncounted.
+    async fn hand_back_deliveries(
+        &self,
+        jobs: &[&DeliveryJob],
+        after: Duration,
+    ) -> Result<(), LedgerError>;
     /// An endpoint's deliveries, newest first.
     async fn deliveries(
         &self,
@@ -490,6 +496,14 @@ where
         outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
     ) -> Result<Vec<bool>, LedgerError> {
         SqlStore::record_deliveries(self, outcomes).await
+    }
+
+    async fn hand_back_deliveries(
+        &self,
+        jobs: &[&DeliveryJob],
+        after: Duration,
+    ) -> Result<(), LedgerError> {
+        SqlStore::hand_back_deliveries(self, jobs, after).await
     }
 
     async fn deliveries(

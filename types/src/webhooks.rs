@@ -70,7 +70,8 @@ impl std::fmt::Display for EventType {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct EndpointRequest {
-    /// Where events are sent: an `http` or `https` URL of at most 1024 characters, with no user
+    /// Where events are sent: an `http` or `https` URL of at most 1024 characters — as
+    /// sent, and as stored, its non-ASCII characters percent-encoded — with no user
     /// name, password or fragment, whose host is not (and does not resolve only to) a
     /// loopback, private, link-local or metadata address, unless the operator allows
     /// private ones (`PAYONCE_WEBHOOK_ALLOW_PRIVATE`). Refused: 422 `webhook-url-refused`.

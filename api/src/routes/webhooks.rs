@@ -124,6 +124,13 @@ pub async fn create_endpoint(
     let url = guard
         .url(&request.url)
         .map_err(ApiError::WebhookUrlRefused)?;
+    // What is stored is the parsed form, where a non-ASCII character may take up to twelve
+    // (percent-encoded UTF-8, or a host's punycode): the bound holds for that form too.
+    if url.as_str().len() > MAX_URL {
+        return Err(ApiError::WebhookUrlRefused(format!(
+            "a URL has at most {MAX_URL} characters once its non-ASCII characters are percent-encoded"
+        )));
+    }
     guard
         .resolves_somewhere_allowed(&url)
         .await

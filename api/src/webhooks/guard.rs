@@ -1,9 +1,10 @@
 //! The SSRF guard: a webhook URL is chosen by a client, and payonce connects to it from
 //! inside the network it runs in. An address is refused if it is loopback, private
-//! (RFC 1918, IPv6 unique-local), link-local, shared (carrier-grade NAT), unspecified,
-//! multicast, broadcast or reserved — unless `PAYONCE_WEBHOOK_ALLOW_PRIVATE` is set, for
-//! tests and trying payonce out on one machine. Cloud metadata addresses are refused even
-//! then.
+//! (RFC 1918, IPv6 unique-local, NAT64's local-use prefix), link-local, shared
+//! (carrier-grade NAT), unspecified, multicast, broadcast or reserved — an IPv4 address
+//! written in IPv6 (mapped, IPv4-compatible, behind NAT64) judged as IPv4 — unless
+//! `PAYONCE_WEBHOOK_ALLOW_PRIVATE` is set, for tests and trying payonce out on one
+//! machine. Cloud metadata addresses, in any of those forms, are refused even then.
 //!
 //! A host name is resolved once per connection by [`GuardedResolver`], which hands
 //! reqwest only the addresses it checked: the connection goes to an address that passed,
@@ -22,12 +23,45 @@ const METADATA: [IpAddr; 2] = [
     IpAddr::V6(Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
 ];
 
+/// The IPv4 address an IPv6 address is a way of writing, if it is one: IPv4-mapped
+/// (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`: deprecated, still routed by some
+/// stacks), or behind NAT64's well-known prefix (`64:ff9b::/96`) or its local-use prefix
+/// (`64:ff9b:1::/48`, RFC 8215: read from the last 32 bits, where a /96 puts them). `::`
+/// and `::1` are IPv6's own unspecified and loopback addresses.
+fn carried_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    let segments = v6.segments();
+    let last32 = || {
+        let [a, b] = segments[6].to_be_bytes();
+        let [c, d] = segments[7].to_be_bytes();
+        Ipv4Addr::new(a, b, c, d)
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        Some(v4)
+    } else if segments[..6] == [0; 6] {
+        (!v6.is_unspecified() && !v6.is_loopback()).then(last32)
+    } else if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || is_local_nat64(v6) {
+        Some(last32())
+    } else {
+        None
+    }
+}
+
+/// Whether `v6` is in NAT64's local-use prefix, `64:ff9b:1::/48`: a translator inside
+/// some network to IPv4 addresses of that network's choosing — internal whatever it
+/// carries.
+fn is_local_nat64(v6: Ipv6Addr) -> bool {
+    v6.segments()[..3] == [0x64, 0xff9b, 1]
+}
+
 /// Why an address is refused, if it is: the kind of address it is.
 pub fn internal(address: IpAddr) -> Option<&'static str> {
     match address {
         IpAddr::V4(v4) => internal_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if is_local_nat64(v6) {
+                return Some("local-use NAT64");
+            }
+            if let Some(v4) = carried_v4(v6) {
                 return internal_v4(v4);
             }
             let first = v6.segments()[0];
@@ -41,11 +75,6 @@ pub fn internal(address: IpAddr) -> Option<&'static str> {
                 Some("private (unique-local)")
             } else if first & 0xffc0 == 0xfe80 {
                 Some("link-local")
-            } else if v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                // NAT64: an IPv4 address behind an IPv6 prefix.
-                let [a, b] = v6.segments()[6].to_be_bytes();
-                let [c, d] = v6.segments()[7].to_be_bytes();
-                internal_v4(Ipv4Addr::new(a, b, c, d))
             } else if first == 0x2001 && v6.segments()[1] == 0x0db8 {
                 Some("documentation")
             } else {
@@ -53,6 +82,16 @@ pub fn internal(address: IpAddr) -> Option<&'static str> {
             }
         }
     }
+}
+
+/// Whether `address` is a cloud metadata address, written in IPv4 or in any IPv6 form
+/// of one.
+fn is_metadata(address: IpAddr) -> bool {
+    let carried = match address {
+        IpAddr::V6(v6) => carried_v4(v6).map(IpAddr::V4),
+        IpAddr::V4(_) => None,
+    };
+    METADATA.contains(&address) || carried.is_some_and(|v4| METADATA.contains(&v4))
 }
 
 fn internal_v4(v4: Ipv4Addr) -> Option<&'static str> {
@@ -97,7 +136,7 @@ impl Guard {
     /// Whether deliveries may go to `address`; if not, why.
     pub fn check(&self, address: IpAddr) -> Result<(), String> {
         let canonical = address.to_canonical();
-        if METADATA.contains(&canonical) {
+        if is_metadata(address) {
             return Err(format!("{address} is a cloud metadata address"));
         }
         if !self.only.is_empty() && !self.only.iter().any(|net| net.contains(&canonical)) {
@@ -283,6 +322,11 @@ mod tests {
             "::ffff:127.0.0.1",
             "::ffff:10.0.0.1",
             "64:ff9b::a00:1",
+            "64:ff9b:1::a00:1",
+            "64:ff9b:1::808:808",
+            "::7f00:1",
+            "::a00:1",
+            "::a9fe:a9fe",
             "ff02::1",
         ] {
             assert!(strict.check(ip(refused)).is_err(), "{refused}");
@@ -308,6 +352,11 @@ mod tests {
         assert!(lenient.check(ip("169.254.169.254")).is_err());
         assert!(lenient.check(ip("::ffff:169.254.169.254")).is_err());
         assert!(lenient.check(ip("fd00:ec2::254")).is_err());
+        // NAT64 (well-known and local-use) and IPv4-compatible forms of it, too.
+        for metadata in ["64:ff9b::a9fe:a9fe", "64:ff9b:1::a9fe:a9fe", "::a9fe:a9fe"] {
+            assert!(lenient.check(ip(metadata)).is_err(), "{metadata}");
+        }
+        assert_eq!(lenient.check(ip("64:ff9b:1::a00:1")), Ok(()));
     }
 
     #[test]

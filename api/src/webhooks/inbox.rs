@@ -23,12 +23,61 @@ use time::OffsetDateTime;
 /// Requests kept per account.
 pub const KEPT: usize = 50;
 
+/// Accounts whose requests are kept; past it, the account that first received longest
+/// ago is forgotten. An inbox is what a newcomer watches: it must not grow without end
+/// in an instance left running.
+pub const ACCOUNTS_KEPT: usize = 1000;
+
+/// `webhook-id`s remembered (to answer only the first of each with `?first=`); past it,
+/// the oldest is forgotten — and a repeat of it is answered as a first again, which only
+/// costs its delivery one more attempt.
+pub const IDS_KEPT: usize = 10_000;
+
 pub use payonce_types::webhooks::InboxEntry;
 
 #[derive(Default)]
 struct Boxes {
     received: HashMap<String, VecDeque<InboxEntry>>,
+    /// The accounts of `received`, the first to receive first.
+    accounts: VecDeque<String>,
     seen: HashSet<(String, String)>,
+    /// The entries of `seen`, oldest first.
+    seen_order: VecDeque<(String, String)>,
+}
+
+impl Boxes {
+    /// Remembers that `account` received `webhook_id`: whether it had before.
+    fn seen_before(&mut self, account: &str, webhook_id: &str) -> bool {
+        let key = (account.to_owned(), webhook_id.to_owned());
+        if self.seen.contains(&key) {
+            return true;
+        }
+        if self.seen_order.len() == IDS_KEPT
+            && let Some(oldest) = self.seen_order.pop_front()
+        {
+            self.seen.remove(&oldest);
+        }
+        self.seen.insert(key.clone());
+        self.seen_order.push_back(key);
+        false
+    }
+
+    /// Keeps `entry` in `account`'s box, within [`KEPT`] and [`ACCOUNTS_KEPT`].
+    fn keep(&mut self, account: String, entry: InboxEntry) {
+        if !self.received.contains_key(&account) {
+            if self.accounts.len() == ACCOUNTS_KEPT
+                && let Some(oldest) = self.accounts.pop_front()
+            {
+                self.received.remove(&oldest);
+            }
+            self.accounts.push_back(account.clone());
+        }
+        let kept = self.received.entry(account).or_default();
+        if kept.len() == KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(entry);
+    }
 }
 
 /// The running inbox; stops when dropped.
@@ -122,22 +171,67 @@ async fn receive(
     let Ok(mut boxes) = boxes.lock() else {
         return StatusCode::INTERNAL_SERVER_ERROR;
     };
-    let repeat = !boxes.seen.insert((account.clone(), webhook_id.clone()));
+    let repeat = boxes.seen_before(&account, &webhook_id);
     let answer = match first {
         Some(status) if !repeat => status,
         _ => StatusCode::NO_CONTENT,
     };
-    let kept = boxes.received.entry(account).or_default();
-    if kept.len() == KEPT {
-        kept.pop_front();
-    }
-    kept.push_back(InboxEntry {
-        webhook_id,
-        webhook_timestamp: header("webhook-timestamp"),
-        webhook_signature: header("webhook-signature"),
-        body,
-        answered: answer.as_u16(),
-        received_at: OffsetDateTime::now_utc(),
-    });
+    boxes.keep(
+        account,
+        InboxEntry {
+            webhook_id,
+            webhook_timestamp: header("webhook-timestamp"),
+            webhook_signature: header("webhook-signature"),
+            body,
+            answered: answer.as_u16(),
+            received_at: OffsetDateTime::now_utc(),
+        },
+    );
     answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(id: &str) -> InboxEntry {
+        InboxEntry {
+            webhook_id: id.to_owned(),
+            webhook_timestamp: String::new(),
+            webhook_signature: String::new(),
+            body: String::new(),
+            answered: 204,
+            received_at: OffsetDateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn what_the_inbox_remembers_is_bounded() {
+        let mut boxes = Boxes::default();
+        for n in 0..IDS_KEPT + 10 {
+            assert!(!boxes.seen_before("a", &n.to_string()));
+        }
+        assert_eq!(boxes.seen.len(), IDS_KEPT);
+        assert_eq!(boxes.seen_order.len(), IDS_KEPT);
+        assert!(boxes.seen_before("a", &(IDS_KEPT + 9).to_string()));
+        assert!(!boxes.seen_before("a", "0"), "the oldest was forgotten");
+
+        for n in 0..ACCOUNTS_KEPT + 5 {
+            for k in 0..3 {
+                boxes.keep(n.to_string(), entry(&k.to_string()));
+            }
+        }
+        boxes.keep("0-more".to_owned(), entry("x"));
+        for _ in 0..KEPT + 5 {
+            boxes.keep("busy".to_owned(), entry("y"));
+        }
+        assert_eq!(boxes.received.len(), ACCOUNTS_KEPT);
+        assert_eq!(boxes.accounts.len(), ACCOUNTS_KEPT);
+        assert!(
+            !boxes.received.contains_key("0"),
+            "the first account went first"
+        );
+        assert_eq!(boxes.received["busy"].len(), KEPT);
+        assert_eq!(boxes.received[&(ACCOUNTS_KEPT + 4).to_string()].len(), 3);
+    }
 }

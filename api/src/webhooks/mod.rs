@@ -11,16 +11,18 @@
 //!
 //! - 2xx → delivered;
 //! - 410 → the endpoint is disabled, and its other deliveries end with it;
-//! - 429, 502, 503, 504 → again after the receiver's `Retry-After` (at most a day) if it
-//!   sent one, else on the schedule — the attempt counts toward the schedule's end either
-//!   way;
+//! - 429, 502, 503, 504 → again on the schedule, or after the receiver's `Retry-After`
+//!   (at most a day) where it asks for longer — the attempt counts toward the schedule's
+//!   end either way;
 //! - anything else, or no answer within the timeout → again on the schedule
 //!   (`PAYONCE_WEBHOOK_RETRY_SCHEDULE`: 5 s, 5 min, 30 min, 2 h, 5 h, 10 h, 10 h after the
 //!   first attempt, as the specification suggests, each with up to a tenth of jitter);
 //!   once it has run out, the delivery is exhausted, until someone sends it again by hand.
 //!
 //! Each delivery in flight holds one slot of `PAYONCE_WEBHOOK_CONCURRENCY` for at most the
-//! timeout, so a receiver that never answers delays no other delivery. Answers are
+//! timeout, and one endpoint holds at most `PAYONCE_WEBHOOK_PER_ENDPOINT` of them (what a
+//! claim brings beyond that goes back, its attempt uncounted), so a receiver that never
+//! answers delays no other endpoint's deliveries. Answers are
 //! recorded in batches, in one transaction each. A dispatcher that dies leaves its
 //! deliveries leased; when the lease runs out another instance claims them as the next
 //! attempt, and the dead one's late word, if any, is not recorded.
@@ -33,11 +35,12 @@ pub mod inbox;
 pub mod sealing;
 pub mod signing;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ledger::Ledger;
-use ledger::webhooks::{AttemptAnswer, DeliveryJob, DeliveryOutcome, Endpoint};
+use ledger::webhooks::{AttemptAnswer, DeliveryJob, DeliveryOutcome, Endpoint, EndpointId};
 use reqwest::StatusCode;
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -57,6 +60,8 @@ pub struct WebhookSettings {
     pub schedule: Vec<Duration>,
     /// Deliveries in flight at once in this instance.
     pub concurrency: usize,
+    /// Deliveries to one endpoint in flight at once in this instance.
+    pub per_endpoint: usize,
     /// How long a claimed delivery is this instance's before another may take it over.
     pub lease: Duration,
     /// How often an idle dispatcher looks for due deliveries (this instance's own commits
@@ -80,18 +85,20 @@ impl WebhookSettings {
     }
 
     /// What comes after attempt `attempt` (1 for the first) failed: the wait before the
-    /// next — the receiver's `Retry-After` where it gave one, else the schedule's, with up
-    /// to a tenth of jitter — or `None` once the schedule has run out.
+    /// next — the schedule's, with up to a tenth of jitter, or the receiver's
+    /// `Retry-After` where it asked for longer — or `None` once the schedule has run out.
+    ///
+    /// The longer of the two, never the receiver's alone: a balancer that answers `503
+    /// Retry-After: 0` through a ten-second deploy would otherwise get every attempt of
+    /// the schedule within those seconds, and the delivery would end exhausted.
     pub fn after_failure(&self, attempt: u32, retry_after: Option<Duration>) -> Option<Duration> {
         let scheduled = *self
             .schedule
             .get(usize::try_from(attempt).ok()?.checked_sub(1)?)?;
-        if let Some(asked) = retry_after {
-            // A receiver cannot park a delivery for a year.
-            return Some(asked.min(LONGEST_RETRY_AFTER));
-        }
         let jitter = scheduled.mul_f64(rand::random::<f64>() / 10.0);
-        Some(scheduled + jitter)
+        // A receiver cannot park a delivery for a year.
+        let asked = retry_after.unwrap_or_default().min(LONGEST_RETRY_AFTER);
+        Some((scheduled + jitter).max(asked))
     }
 }
 
@@ -122,6 +129,56 @@ const RECORD_BATCH: usize = 64;
 
 /// Recorders, each recording its share of the answers in transactions of its own.
 const RECORDERS: usize = 4;
+
+/// How long a delivery handed back for its endpoint's cap waits before it is due again:
+/// long enough that claims in between take other endpoints' deliveries first, short
+/// beside any receiver's timeout.
+const HANDED_BACK_WAIT: Duration = Duration::from_secs(1);
+
+/// Deliveries in flight per endpoint, in this instance.
+#[derive(Debug, Default)]
+struct InFlight(std::sync::Mutex<HashMap<EndpointId, usize>>);
+
+impl InFlight {
+    /// Takes one of `endpoint`'s places if it has fewer than `cap` in flight.
+    fn take(self: &Arc<Self>, endpoint: EndpointId, cap: usize) -> Option<EndpointPlace> {
+        let mut counts = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = counts.entry(endpoint).or_default();
+        if *count >= cap {
+            return None;
+        }
+        *count += 1;
+        Some(EndpointPlace {
+            in_flight: Arc::clone(self),
+            endpoint,
+        })
+    }
+}
+
+/// One delivery's place among its endpoint's in flight; given up when dropped.
+struct EndpointPlace {
+    in_flight: Arc<InFlight>,
+    endpoint: EndpointId,
+}
+
+impl Drop for EndpointPlace {
+    fn drop(&mut self) {
+        let mut counts = self
+            .in_flight
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = counts.get_mut(&self.endpoint) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.endpoint);
+            }
+        }
+    }
+}
 
 impl Webhooks {
     /// Webhooks delivered as `settings` say, with secrets sealed by `sealer`, and the
@@ -182,14 +239,24 @@ impl Webhooks {
     }
 
     /// The secrets that sign for `endpoint` now: its own, and the one before a rotation
-    /// while that still signs.
+    /// while that still signs and opens. The current secret must open; the one before
+    /// need not — after a change of `PAYONCE_WEBHOOK_KEY` it may be sealed under the old
+    /// key, and a rotation is then exactly how its owner gets a secret that signs again:
+    /// the delivery goes out signed by the new one alone, and the log says why.
     fn signing_secrets(&self, endpoint: &Endpoint) -> Result<Vec<Vec<u8>>, String> {
         let owner = endpoint.id.0.as_bytes();
         let mut secrets = Vec::with_capacity(2);
         if let Some((sealed, until)) = &endpoint.previous_secret
             && *until > time::OffsetDateTime::now_utc()
         {
-            secrets.push(self.sealer.open(owner, sealed).map_err(|e| e.to_string())?);
+            match self.sealer.open(owner, sealed) {
+                Ok(previous) => secrets.push(previous),
+                Err(error) => tracing::warn!(
+                    endpoint_id = %endpoint.id,
+                    %error,
+                    "the endpoint's previous secret does not open (sealed under another PAYONCE_WEBHOOK_KEY?); signing with its current secret alone"
+                ),
+            }
         }
         secrets.push(
             self.sealer
@@ -332,6 +399,7 @@ pub async fn dispatch(
         })
         .unzip();
     let worker = format!("{instance}/webhooks");
+    let in_flight = Arc::new(InFlight::default());
     loop {
         let first = tokio::select! {
             () = stopping.cancelled() => break,
@@ -361,8 +429,16 @@ pub async fn dispatch(
                 Vec::new()
             }
         };
-        let idle = jobs.is_empty();
+        let mut sent = 0_usize;
+        let mut over_cap = Vec::new();
         for job in jobs {
+            // One endpoint gets at most its share of the slots: a receiver that never
+            // answers must not hold every slot for the timeout while other accounts'
+            // events wait. What is over its share goes back, its attempt uncounted.
+            let Some(place) = in_flight.take(job.endpoint.id, settings.per_endpoint) else {
+                over_cap.push(job);
+                continue;
+            };
             // A claimed job is sent, never left to its lease: were there more than the
             // slots taken, each waits for a slot.
             let permit = match permits.pop() {
@@ -374,14 +450,23 @@ pub async fn dispatch(
             };
             let webhooks = Arc::clone(&webhooks);
             let finished = finished[job.job_id.unsigned_abs() as usize % RECORDERS].clone();
+            sent += 1;
             tokio::spawn(async move {
                 let (answer, outcome) = webhooks.attempt(&job).await;
+                drop(place);
                 let _ = finished.send((job, answer, outcome)).await;
                 drop(permit);
             });
         }
         drop(permits);
-        if idle {
+        let handed_back: Vec<&DeliveryJob> = over_cap.iter().collect();
+        if let Err(error) = ledger
+            .hand_back_deliveries(&handed_back, HANDED_BACK_WAIT)
+            .await
+        {
+            tracing::warn!(%error, deliveries = handed_back.len(), "cannot hand back deliveries over their endpoint's cap; they wait for their leases");
+        }
+        if sent == 0 {
             tokio::select! {
                 () = stopping.cancelled() => break,
                 () = webhooks.wake.notified() => {}
@@ -452,6 +537,7 @@ mod tests {
             timeout: Duration::from_secs(15),
             schedule,
             concurrency: 8,
+            per_endpoint: 2,
             lease: Duration::from_secs(60),
             poll: Duration::from_millis(500),
             allow_private: false,
@@ -481,6 +567,13 @@ mod tests {
             standard.after_failure(1, Some(Duration::from_secs(10_000_000))),
             Some(LONGEST_RETRY_AFTER)
         );
+        // A Retry-After shorter than the schedule's step waits the step.
+        let after_zero = standard.after_failure(2, Some(Duration::ZERO)).unwrap();
+        assert!(after_zero >= Duration::from_secs(300), "{after_zero:?}");
+        let after_one = standard
+            .after_failure(1, Some(Duration::from_secs(1)))
+            .unwrap();
+        assert!(after_one >= Duration::from_secs(5), "{after_one:?}");
         assert_eq!(
             standard.after_failure(8, Some(Duration::from_secs(1))),
             None

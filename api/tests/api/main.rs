@@ -52,6 +52,10 @@ webhooks_on_both_backends!(
     tampered_bodies_old_timestamps_and_wrong_secrets_fail_verification,
     endpoints_refuse_bad_urls_and_belong_to_their_account,
     the_python_reference_library_verifies_and_refuses_as_it_should,
+    an_answer_with_a_nul_byte_is_recorded_and_stalls_nothing,
+    a_short_retry_after_waits_the_schedule,
+    a_silent_endpoint_holds_back_no_other_accounts_events,
+    after_a_change_of_sealing_key_a_rotation_signs_again,
 );
 
 /// Runs each listed contract case against both backends.

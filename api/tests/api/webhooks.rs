@@ -14,7 +14,9 @@ use axum::response::IntoResponse;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, TestAccount, TestApp, assert_problem, read, spawn_app_with};
+use crate::helpers::{
+    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
+};
 
 /// One request the receiver got.
 #[derive(Clone, Debug)]
@@ -516,6 +518,24 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         )
         .await;
     }
+    // Under 1024 characters as sent, over it once its non-ASCII characters are
+    // percent-encoded as stored: refused, not a 500, nothing written.
+    let long = format!("https://93.184.216.34/{}", "é".repeat(1000));
+    assert!(long.chars().count() <= 1024);
+    let response = post(json!({ "url": long })).await.unwrap();
+    let problem = assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "webhook-url-refused",
+    )
+    .await;
+    assert!(
+        problem["detail"]
+            .as_str()
+            .unwrap()
+            .contains("percent-encoded"),
+        "{problem}"
+    );
     for bad in [
         json!({ "url": "https://example.com/", "events": [] }),
         json!({ "url": "https://example.com/", "events": ["withdrawal.lost"] }),
@@ -607,6 +627,203 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         StatusCode::CREATED,
         "room again after a delete"
     );
+}
+
+/// A receiver that answers with a body PostgreSQL's TEXT cannot hold (`200 ok` and a NUL
+/// byte) has its delivery recorded as delivered, once — and another account's delivery,
+/// recorded beside it, too: no answer stalls anyone's webhooks.
+pub async fn an_answer_with_a_nul_byte_is_recorded_and_stalls_nothing(backend: Backend) {
+    let app = spawn(backend, &["--webhook-retry-schedule", "100ms,100ms,100ms"]).await;
+    let strange = RawReceiver::start(|| async { (AxumStatus::OK, b"200 ok\0".to_vec()) }).await;
+    let plain = Receiver::start().await;
+    let first = app.create_account(1000, 0).await;
+    let second = app.create_account(1000, 0).await;
+    let (strange_endpoint, _) = create_endpoint(&app, &first, &strange.url, None).await;
+    let (plain_endpoint, _) = create_endpoint(&app, &second, &plain.url, None).await;
+    for _ in 0..3 {
+        for account in [&first, &second] {
+            assert_eq!(
+                app.withdraw_with_a_new_ticket(account, 10).await,
+                StatusCode::CREATED
+            );
+        }
+    }
+    let listed = until_all(&app, &first, &strange_endpoint, "delivered").await;
+    assert_eq!(listed.len(), 3);
+    for delivery in &listed {
+        let attempts = delivery["attempts"].as_array().unwrap();
+        assert_eq!(attempts.len(), 1, "{delivery:#}");
+        assert_eq!(attempts[0]["response_body"], "200 ok\u{FFFD}");
+    }
+    assert_eq!(
+        until_all(&app, &second, &plain_endpoint, "delivered")
+            .await
+            .len(),
+        3
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(strange.count(), 3, "each delivered once, none sent again");
+    assert_eq!(plain.received().len(), 3);
+    app.assert_audit_clean().await;
+}
+
+/// A receiver that answers `503 Retry-After: 0` (a balancer through a deploy) waits the
+/// schedule's steps anyway: its delivery is not exhausted within a moment.
+pub async fn a_short_retry_after_waits_the_schedule(backend: Backend) {
+    let app = spawn(backend, &["--webhook-retry-schedule", "300ms,300ms"]).await;
+    let receiver = Receiver::start().await;
+    receiver.answer(&[(503, Some(0)), (503, Some(0))]);
+    let account = app.create_account(1000, 0).await;
+    let (endpoint, _) = create_endpoint(&app, &account, &receiver.url, None).await;
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let got = receiver.until(3).await;
+    for pair in got.windows(2) {
+        assert!(
+            pair[1].at - pair[0].at >= Duration::from_millis(300),
+            "Retry-After: 0 cut the schedule's wait to {:?}",
+            pair[1].at - pair[0].at
+        );
+    }
+    until_all(&app, &account, &endpoint, "delivered").await;
+}
+
+/// An endpoint that never answers holds at most `PAYONCE_WEBHOOK_PER_ENDPOINT` of the
+/// instance's delivery slots: another account's event is delivered while every attempt
+/// to the silent one is still waiting for its answer, not after their timeouts.
+pub async fn a_silent_endpoint_holds_back_no_other_accounts_events(backend: Backend) {
+    let app = spawn(
+        backend,
+        &[
+            "--webhook-concurrency",
+            "4",
+            "--webhook-per-endpoint",
+            "2",
+            "--webhook-timeout",
+            "10s",
+            "--webhook-lease",
+            "30s",
+        ],
+    )
+    .await;
+    let silent = RawReceiver::start(|| async {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        (AxumStatus::OK, Vec::new())
+    })
+    .await;
+    let plain = Receiver::start().await;
+    let quiet = app.create_account(1000, 0).await;
+    let other = app.create_account(1000, 0).await;
+    let (silent_endpoint, _) = create_endpoint(&app, &quiet, &silent.url, None).await;
+    create_endpoint(&app, &other, &plain.url, None).await;
+    for _ in 0..6 {
+        assert_eq!(
+            app.withdraw_with_a_new_ticket(&quiet, 10).await,
+            StatusCode::CREATED
+        );
+    }
+    // Both of the silent endpoint's places are taken before the other account spends.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while silent.count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the silent endpoint was not called"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&other, 10).await,
+        StatusCode::CREATED
+    );
+    plain.until(1).await;
+    // Delivered while the silent endpoint's attempts still wait for their answers (the
+    // first of them ends only at its 10 s timeout, and would be recorded then).
+    let listed = deliveries(&app, &quiet, &silent_endpoint).await;
+    assert!(
+        listed
+            .iter()
+            .all(|d| d["attempts"].as_array().unwrap().is_empty()),
+        "the other account's event waited for the silent endpoint's timeouts: {listed:#?}"
+    );
+    assert_eq!(silent.count(), 2, "at most two in flight to one endpoint");
+}
+
+/// After `PAYONCE_WEBHOOK_KEY` changed, an endpoint's secret sealed under the old key no
+/// longer opens; a rotation gives it one that does, and its deliveries go out at once,
+/// signed by the new secret alone — the previous one, sealed under the old key, is left
+/// out, not a reason to sign nothing for the rotation window.
+pub async fn after_a_change_of_sealing_key_a_rotation_signs_again(backend: Backend) {
+    let old_key = "00".repeat(32);
+    let new_key = "11".repeat(32);
+    let shared = Shared::new(backend).await;
+    let receiver = Receiver::start().await;
+    let before = spawn_with(
+        Arc::clone(&shared),
+        &["--webhook-allow-private", "--webhook-key", &old_key],
+    )
+    .await;
+    let account = before.create_account(1000, 0).await;
+    let (endpoint, _) = create_endpoint(&before, &account, &receiver.url, None).await;
+    before.stop().await;
+
+    let app = spawn_with(
+        shared,
+        &["--webhook-allow-private", "--webhook-key", &new_key],
+    )
+    .await;
+    let (status, _, rotated) = read(rotate(&app, &account, &endpoint).await).await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    let secret = rotated["secret"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let got = receiver.until(1).await.remove(0);
+    assert_eq!(
+        got.headers["webhook-signature"]
+            .to_str()
+            .unwrap()
+            .split(' ')
+            .count(),
+        1
+    );
+    verify(&secret, &got).expect("the new secret verifies");
+    until_all(&app, &account, &endpoint, "delivered").await;
+}
+
+/// A receiver of raw answers: each request is answered by `answer`, and counted.
+pub struct RawReceiver {
+    pub url: String,
+    count: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl RawReceiver {
+    pub async fn start<F, Fut>(answer: F) -> Self
+    where
+        F: Fn() -> Fut + Clone + Send + Sync + 'static,
+        Fut: std::future::Future<Output = (AxumStatus, Vec<u8>)> + Send + 'static,
+    {
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = Arc::clone(&count);
+        let app = axum::Router::new().route(
+            "/hooks",
+            axum::routing::post(move || {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let answer = answer.clone();
+                async move { answer().await.into_response() }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hooks", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Self { url, count }
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 /// payonce's signatures verify with the specification's reference library for Python

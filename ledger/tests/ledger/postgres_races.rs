@@ -8,6 +8,7 @@
 use std::time::Duration;
 
 use ledger::testing::TestDatabase;
+use ledger::webhooks::{AttemptAnswer, DeliveryOutcome, DeliveryStatus};
 use ledger::{AccountId, Ledger, Reaped, TicketId};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
@@ -709,4 +710,182 @@ async fn a_lost_commit_answer_to_a_keyed_create_is_recognised() {
         (first.id, first.response, api_key)
     );
     assert_clean(&ledger).await;
+}
+
+/// Makes every transaction of this database pause (1.5 s) in the statement that writes an
+/// outbox row matching `when` (`NEW`, and `OLD` for an update) — after the row is written,
+/// before the transaction commits — so a test can run a delete in that window.
+async fn pause_after_outbox(admin: &mut PgConnection, operation: &str, when: &str) {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE OR REPLACE FUNCTION pause_in_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM pg_sleep(1.5); RETURN NULL; END $$;
+         CREATE TRIGGER pause_in_outbox AFTER {operation} ON outbox
+         FOR EACH ROW WHEN ({when}) EXECUTE FUNCTION pause_in_outbox();"
+    )))
+    .execute(&mut *admin)
+    .await
+    .unwrap();
+}
+
+async fn no_more_pauses(admin: &mut PgConnection) {
+    sqlx::raw_sql("DROP TRIGGER pause_in_outbox ON outbox")
+        .execute(&mut *admin)
+        .await
+        .unwrap();
+}
+
+/// Waits until a session of this test's database sleeps in the pause; panics after 10 s.
+async fn until_paused(monitor: &mut PgConnection) {
+    for _ in 0..1000 {
+        let sleeping: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event = 'PgSleep'",
+        )
+        .fetch_one(&mut *monitor)
+        .await
+        .unwrap();
+        if sleeping > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no transaction paused within 10 s");
+}
+
+/// A spend queues a delivery for an endpoint; before it commits, the endpoint is deleted.
+/// The delete must not answer while that delivery can still go out: it ends it (the
+/// delete waits for the spend's commit). Without that the delivery stays open and goes to
+/// a URL its owner deleted, for its whole schedule. Both ways a spend commits: the group
+/// commit's statement (an executed withdrawal) and the transaction path (a refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_endpoint_deleted_while_a_spend_queues_for_it_is_sent_nothing() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let mut admin = connect(&database).await;
+    pause_after_outbox(&mut admin, "INSERT", "NEW.kind = 'webhook'").await;
+    for (amount, status) in [(10, 201), (5000, 402)] {
+        let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        let spend = {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                apply(
+                    &ledger,
+                    account_id,
+                    ticket,
+                    withdrawal(amount),
+                    "w",
+                    1 + amount.unsigned_abs(),
+                )
+                .await
+            })
+        };
+        until_paused(&mut admin).await;
+        let deleted = ledger.delete_endpoint(account_id, endpoint).await.unwrap();
+        assert!(deleted);
+        assert_eq!(spend.await.unwrap().unwrap().response.status, status);
+
+        let listed = ledger.deliveries(endpoint, None, 10).await.unwrap();
+        assert_eq!(listed.len(), 1, "{listed:#?}");
+        assert_eq!(
+            listed[0].status,
+            DeliveryStatus::EndpointDeleted,
+            "{amount}"
+        );
+    }
+    no_more_pauses(&mut admin).await;
+    assert!(
+        ledger
+            .claim_deliveries("w", HOUR, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_clean(&ledger).await;
+}
+
+/// A delivery sent again by hand is reopened; before that commits, its endpoint is
+/// deleted. The delivery ends with the endpoint: none stays open for a deleted one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delivery_reopened_while_its_endpoint_is_deleted_ends_with_it() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    let job = ledger
+        .claim_deliveries("w", HOUR, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    let answer = AttemptAnswer {
+        duration: Duration::from_millis(1),
+        status: Some(204),
+        error: None,
+        body: None,
+    };
+    ledger
+        .record_deliveries(&[(&job, &answer, &DeliveryOutcome::Delivered)])
+        .await
+        .unwrap();
+
+    let mut admin = connect(&database).await;
+    pause_after_outbox(
+        &mut admin,
+        "UPDATE",
+        "OLD.done_at IS NOT NULL AND NEW.done_at IS NULL",
+    )
+    .await;
+    let retry = {
+        let ledger = ledger.clone();
+        tokio::spawn(async move { ledger.retry_delivery(endpoint, job.job_id).await })
+    };
+    until_paused(&mut admin).await;
+    assert!(ledger.delete_endpoint(account_id, endpoint).await.unwrap());
+    assert_eq!(retry.await.unwrap().unwrap(), Ok(()));
+    no_more_pauses(&mut admin).await;
+
+    let listed = ledger.deliveries(endpoint, None, 10).await.unwrap();
+    assert_eq!(listed[0].status, DeliveryStatus::EndpointDeleted);
+    assert!(
+        ledger
+            .claim_deliveries("w", HOUR, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A delivery found open for an endpoint that was deleted (made so by hand here) is not
+/// handed to a worker: the claim ends it as the endpoint ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_claim_ends_a_delivery_of_a_deleted_endpoint_unsent() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    let mut admin = connect(&database).await;
+    sqlx::query("UPDATE webhook_endpoints SET deleted_at = now() WHERE id = $1")
+        .bind(endpoint.0)
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        ledger
+            .claim_deliveries("w", HOUR, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let listed = ledger.deliveries(endpoint, None, 10).await.unwrap();
+    assert_eq!(listed[0].status, DeliveryStatus::EndpointDeleted);
+    assert!(listed[0].attempts.is_empty());
 }

@@ -19,7 +19,7 @@ use crate::suite::{account, apply, assert_clean, open, withdrawal};
 const HOUR: Duration = Duration::from_secs(3600);
 const LEASE: Duration = Duration::from_secs(30);
 
-async fn endpoint(
+pub async fn endpoint(
     ledger: &Ledger,
     account_id: AccountId,
     types: Option<Vec<EventType>>,
@@ -470,4 +470,66 @@ pub async fn a_claim_takes_at_most_what_it_asks_for(database: &TestDatabase) {
     ids.dedup();
     assert_eq!(ids.len(), taken, "a delivery claimed twice");
     assert!(taken > 0);
+}
+
+/// Whatever a receiver answers is recorded — a NUL character included, which a PostgreSQL
+/// TEXT column refuses — and in a batch with other accounts' answers, none is lost with
+/// it: every delivery of the batch ends, none is claimed and sent again.
+pub async fn an_answer_with_a_nul_byte_is_recorded_beside_the_others(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let strange = account(&ledger, 1000, 0).await;
+    let plain = account(&ledger, 1000, 0).await;
+    endpoint(&ledger, strange, None).await;
+    let plain_endpoint = endpoint(&ledger, plain, None).await;
+    for account_id in [strange, plain] {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+            .await
+            .unwrap();
+    }
+    let jobs = claim_all(&ledger, "w").await;
+    assert_eq!(jobs.len(), 2);
+    let nul = AttemptAnswer {
+        body: Some("200 ok\0".to_owned()),
+        ..answered(200)
+    };
+    let refused = AttemptAnswer {
+        error: Some("the receiver answered \0 500".to_owned()),
+        body: Some("\0".to_owned()),
+        ..answered(500)
+    };
+    let answers: Vec<(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)> = jobs
+        .iter()
+        .map(|job| {
+            if job.event.account_id == strange {
+                (job, &nul, &DeliveryOutcome::Delivered)
+            } else {
+                (job, &refused, &DeliveryOutcome::Exhausted)
+            }
+        })
+        .collect();
+    assert_eq!(
+        ledger.record_deliveries(&answers).await.unwrap(),
+        [true, true]
+    );
+    assert!(
+        claim_all(&ledger, "w").await.is_empty(),
+        "nothing is sent again"
+    );
+    for job in &jobs {
+        let listed = ledger.deliveries(job.endpoint.id, None, 10).await.unwrap();
+        let attempt = &listed[0].attempts[0].answer;
+        if job.endpoint.id == plain_endpoint {
+            assert_eq!(listed[0].status, DeliveryStatus::Exhausted);
+            assert_eq!(attempt.body.as_deref(), Some("\u{FFFD}"));
+            assert_eq!(
+                attempt.error.as_deref(),
+                Some("the receiver answered \u{FFFD} 500")
+            );
+        } else {
+            assert_eq!(listed[0].status, DeliveryStatus::Delivered);
+            assert_eq!(attempt.body.as_deref(), Some("200 ok\u{FFFD}"));
+        }
+    }
+    assert_clean(&ledger).await;
 }
