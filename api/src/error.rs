@@ -86,7 +86,7 @@ pub enum ApiError {
     #[error("this ticket was already used for a different request; nothing was executed")]
     IdempotencyKeyReuse,
     #[error(
-        "this Idempotency-Key was already used for a create with another body; nothing was created"
+        "this Idempotency-Key was already used for another request (another body or another endpoint); nothing was done"
     )]
     CreateKeyReuse,
     #[error(
@@ -518,7 +518,7 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
     (
         "idempotency-key-reuse",
         422,
-        "The ticket was already used for a different request (another amount or another endpoint), or a create's `Idempotency-Key` was already used with another body. Nothing was executed or created.",
+        "The ticket was already used for a different request (another amount or another endpoint), or a create's (or a webhook request's) `Idempotency-Key` was already used for another request. Nothing was executed, created or changed.",
     ),
     (
         "lock-lost",

@@ -39,6 +39,8 @@ pub enum CreateScope {
     OrdersOf(AccountId),
     /// Accounts opened from one client address.
     AccountsFrom(IpAddr),
+    /// An account's requests about its webhook endpoints (`requests.rs`).
+    WebhooksOf(AccountId),
 }
 
 /// The answer to a create sent with an idempotency key.
@@ -70,6 +72,10 @@ impl CreateKey {
         match scope {
             CreateScope::OrdersOf(account) => {
                 input.push(b'o');
+                input.extend_from_slice(account.0.as_bytes());
+            }
+            CreateScope::WebhooksOf(account) => {
+                input.push(b'w');
                 input.extend_from_slice(account.0.as_bytes());
             }
             // A v4 address mapped into v6 is the same client as the bare v4 one.
@@ -242,6 +248,7 @@ mod tests {
             )
             .record_id(),
             key(CreateScope::OrdersOf(account), Uuid::new_v4()).record_id(),
+            key(CreateScope::WebhooksOf(account), idempotency).record_id(),
         ];
         for (i, a) in ids.iter().enumerate() {
             assert_eq!(a.len(), 32);

@@ -42,6 +42,8 @@ pub(crate) trait Dialect: Database {
     /// The reaper's deletion of creation records (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_OLD_CREATIONS: &'static str;
+    /// The reaper's deletion of webhook requests' records, as of creation records.
+    const DELETE_OLD_REQUESTS: &'static str;
     /// Claims due outbox jobs ([`claim_jobs`]).
     const CLAIM_JOBS: &'static str;
     /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
@@ -138,6 +140,15 @@ macro_rules! reap_statements {
                    AND created_at < $1
                  RETURNING key_hash"
             ),
+            concat!(
+                "DELETE FROM webhook_requests
+                 WHERE key_hash IN (
+                     SELECT key_hash FROM webhook_requests WHERE created_at < $1 LIMIT $2 ",
+                $lock,
+                ")
+                   AND created_at < $1
+                 RETURNING key_hash"
+            ),
         )
     };
 }
@@ -173,8 +184,8 @@ macro_rules! claim_jobs {
     };
 }
 
-const POSTGRES_REAP: (&str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
-const SQLITE_REAP: (&str, &str, &str) = reap_statements!("");
+const POSTGRES_REAP: (&str, &str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
+const SQLITE_REAP: (&str, &str, &str, &str) = reap_statements!("");
 
 /// PostgreSQL's clock. `clock_timestamp()`, not `now()`: `now()` is the transaction's
 /// start, which may precede a wait for a row lock by seconds.
@@ -232,6 +243,7 @@ impl Dialect for sqlx::Postgres {
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
+    const DELETE_OLD_REQUESTS: &'static str = POSTGRES_REAP.3;
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
@@ -287,6 +299,7 @@ impl Dialect for sqlx::Sqlite {
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
+    const DELETE_OLD_REQUESTS: &'static str = SQLITE_REAP.3;
     // One writer: claims never overlap.
     const CLAIM_JOBS: &'static str = claim_jobs!("payout", "id, payout_id, attempts", "");
     const CLAIM_DELIVERIES: &'static str =

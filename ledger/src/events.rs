@@ -18,12 +18,21 @@ use crate::dialect::Dialect;
 use crate::error::{LedgerError, commit_or_unknown};
 use crate::model::{AccountId, ApplyRequest, TicketId};
 use crate::outbox::Claim;
+use crate::requests::{Answer, KeptKey, RequestRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
     Attempt, AttemptAnswer, Delivery, DeliveryJob, DeliveryOutcome, DeliveryStatus, Endpoint,
     EndpointId, Event, EventId, EventType, NewEndpoint, RetryRefused, Subscription, WebhookBacklog,
     event_of_outcome, outcome_data,
 };
+
+/// A request sent with an idempotency key, as the ledger keeps it: its key, and how to
+/// make the answer it keeps from what it did (the endpoint it made or rotated; nothing
+/// for a retry by hand).
+pub(crate) struct Keeping<'a> {
+    pub key: KeptKey<'a>,
+    pub answer: &'a (dyn Fn(Option<&Endpoint>) -> Answer + Send + Sync),
+}
 
 /// Parameters: $1 id, $2 account, $3 type, $4 ticket, $5 data, $6 now.
 const INSERT_EVENT: &str = "
@@ -422,23 +431,33 @@ where
     for<'r> (i64,): FromRow<'r, D::Row>,
     for<'r> (EndpointId,): FromRow<'r, D::Row>,
     for<'r> (Vec<u8>,): FromRow<'r, D::Row>,
+    for<'q> Option<Vec<u8>>: Encode<'q, D>,
+    for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
+    for<'q> sqlx::types::Json<&'q serde_json::Value>: Encode<'q, D> + Type<D>,
+    for<'r> RequestRow: FromRow<'r, D::Row>,
     for<'r> (i64, Option<Timestamp>): FromRow<'r, D::Row>,
 {
     /// Creates an endpoint and its subscriptions, unless its account has `max` already
-    /// (`None`). Two creates of one account at once may each see room for one more.
+    /// (`None`). Two creates of one account at once may each see room for one more. With
+    /// `keeping`, the answer is kept under its key — or, if the key has an answer already,
+    /// nothing is done and that record is returned (`Err`).
     pub(crate) async fn insert_endpoint(
         &self,
         new: &NewEndpoint,
         max: usize,
-    ) -> Result<Option<Endpoint>, LedgerError> {
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError> {
         let mut tx = self.begin_write().await?;
+        if let Some(found) = Self::kept(&mut tx, keeping).await? {
+            return Ok(Err(found));
+        }
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let (live,): (i64,) = sqlx::query_as(COUNT_ENDPOINTS)
             .bind(new.account_id)
             .fetch_one(&mut *tx)
             .await?;
         if usize::try_from(live).unwrap_or(usize::MAX) >= max {
-            return Ok(None);
+            return Ok(Ok(None));
         }
         sqlx::query(INSERT_ENDPOINT)
             .bind(new.id)
@@ -457,8 +476,7 @@ where
                 .execute(&mut *tx)
                 .await?;
         }
-        commit_or_unknown(tx).await?;
-        Ok(Some(Endpoint {
+        let endpoint = Endpoint {
             id: new.id,
             account_id: new.account_id,
             url: new.url.clone(),
@@ -467,7 +485,12 @@ where
             previous_secret: None,
             disabled: None,
             created_at: now.0,
-        }))
+        };
+        if let Some(found) = Self::keep(&mut tx, keeping, Some(&endpoint), now).await? {
+            return Ok(Err(found));
+        }
+        commit_or_unknown(tx).await?;
+        Ok(Ok(Some(endpoint)))
     }
 
     /// A live endpoint by id.
@@ -511,8 +534,12 @@ where
         id: EndpointId,
         sealed: &[u8],
         window: Duration,
-    ) -> Result<Option<Endpoint>, LedgerError> {
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError> {
         let mut tx = self.begin_write().await?;
+        if let Some(found) = Self::kept(&mut tx, keeping).await? {
+            return Ok(Err(found));
+        }
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let row: Option<EndpointRow> = sqlx::query_as(ROTATE)
             .bind(id)
@@ -521,8 +548,42 @@ where
             .bind(Timestamp(now.0 + window))
             .fetch_optional(&mut *tx)
             .await?;
+        let Some(endpoint) = row.map(Endpoint::try_from).transpose()? else {
+            return Ok(Ok(None));
+        };
+        if let Some(found) = Self::keep(&mut tx, keeping, Some(&endpoint), now).await? {
+            return Ok(Err(found));
+        }
         commit_or_unknown(tx).await?;
-        row.map(Endpoint::try_from).transpose()
+        Ok(Ok(Some(endpoint)))
+    }
+
+    /// The answer kept under `keeping`'s key, if any, read in `tx` before the request does
+    /// anything: a replay runs nothing.
+    async fn kept(
+        tx: &mut sqlx::Transaction<'static, D>,
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Option<RequestRow>, LedgerError> {
+        match keeping {
+            Some(keeping) => keeping.key.find(tx).await,
+            None => Ok(None),
+        }
+    }
+
+    /// Keeps the answer about `endpoint` (none: a retry's) under `keeping`'s key in `tx`:
+    /// `None` once kept, or the record another request with the key committed first (then
+    /// `tx` must not commit).
+    async fn keep(
+        tx: &mut sqlx::Transaction<'static, D>,
+        keeping: Option<&Keeping<'_>>,
+        endpoint: Option<&Endpoint>,
+        now: Timestamp,
+    ) -> Result<Option<RequestRow>, LedgerError> {
+        let Some(keeping) = keeping else {
+            return Ok(None);
+        };
+        let answer = (keeping.answer)(endpoint);
+        keeping.key.keep(tx, &answer, now).await
     }
 
     /// Deletes endpoint `id` of `account`: no more events for it, and its deliveries not
@@ -842,8 +903,12 @@ where
         &self,
         endpoint: EndpointId,
         delivery: i64,
-    ) -> Result<Result<(), RetryRefused>, LedgerError> {
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Result<(), RetryRefused>, RequestRow>, LedgerError> {
         let mut tx = self.begin_write().await?;
+        if let Some(found) = Self::kept(&mut tx, keeping).await? {
+            return Ok(Err(found));
+        }
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let state: Option<DeliveryStateRow> = sqlx::query_as(D::DELIVERY_STATE)
             .bind(delivery)
@@ -851,21 +916,24 @@ where
             .fetch_optional(&mut *tx)
             .await?;
         let Some(state) = state else {
-            return Ok(Err(RetryRefused::NotFound));
+            return Ok(Ok(Err(RetryRefused::NotFound)));
         };
         if state.disabled_at.is_some() || state.deleted_at.is_some() {
-            return Ok(Err(RetryRefused::EndpointDisabled));
+            return Ok(Ok(Err(RetryRefused::EndpointDisabled)));
         }
         if state.done_at.is_none() && state.lease_until.is_some_and(|until| until > now) {
-            return Ok(Err(RetryRefused::InFlight));
+            return Ok(Ok(Err(RetryRefused::InFlight)));
         }
         sqlx::query(REOPEN_DELIVERY)
             .bind(delivery)
             .bind(now)
             .execute(&mut *tx)
             .await?;
+        if let Some(found) = Self::keep(&mut tx, keeping, None, now).await? {
+            return Ok(Err(found));
+        }
         commit_or_unknown(tx).await?;
-        Ok(Ok(()))
+        Ok(Ok(Ok(())))
     }
 
     /// How many deliveries are not done, and when the oldest one's event committed.

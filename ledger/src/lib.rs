@@ -35,7 +35,10 @@
 //!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
-//! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records).
+//! - [`requests`] (`requests.rs`): the webhook endpoints' POSTs sent with an idempotency
+//!   key (creation, rotation, a retry by hand) and where their first answer is kept.
+//! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records, the
+//!   webhook requests' records).
 //! - `demo/` (cargo feature `demo` only): the demonstration's unguarded read-check-write,
 //!   `Ledger::read_unguarded` and `Ledger::write_unguarded`.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
@@ -74,6 +77,7 @@ mod model;
 mod outbox;
 pub mod payouts;
 mod reaper;
+pub mod requests;
 mod rows;
 mod sql_store;
 mod stand_ins;
@@ -154,8 +158,8 @@ pub struct Reaped {
     /// Used tickets whose stored response was dropped (expired longer than the retention
     /// ago); the ticket itself stays, so it can never run again.
     pub pruned_outcomes: u64,
-    /// Creation records deleted (made longer than the retention ago): their idempotency
-    /// keys are free again.
+    /// Creation records and webhook requests' records deleted (made longer than the
+    /// retention ago): their idempotency keys are free again.
     pub expired_creations: u64,
 }
 
@@ -615,9 +619,40 @@ impl Ledger {
         &self,
         new: &webhooks::NewEndpoint,
     ) -> Result<Option<webhooks::Endpoint>, LedgerError> {
-        self.store
-            .create_endpoint(new, webhooks::MAX_ENDPOINTS_PER_ACCOUNT)
-            .await
+        let created = self
+            .store
+            .create_endpoint(new, webhooks::MAX_ENDPOINTS_PER_ACCOUNT, None)
+            .await?;
+        Ok(created.unwrap_or(None))
+    }
+
+    /// Creates a webhook endpoint as [`create_endpoint`](Self::create_endpoint) does, once
+    /// per idempotency key of the account's ([`requests`]): the first request with the key
+    /// creates it and keeps `render`'s body and `secret` under the key, in the same
+    /// transaction; a repeat with the same fingerprint gets them again and creates nothing;
+    /// another fingerprint is [`LedgerError::CreateKeyReused`]. A refusal (the limit) keeps
+    /// nothing.
+    pub async fn create_endpoint_once(
+        &self,
+        new: &webhooks::NewEndpoint,
+        key: &requests::RequestKey<'_>,
+        render: &(dyn Fn(&webhooks::Endpoint) -> serde_json::Value + Send + Sync),
+        secret: &str,
+    ) -> Result<requests::Keyed<Option<webhooks::Endpoint>>, LedgerError> {
+        let answer = |endpoint: Option<&webhooks::Endpoint>| requests::Answer {
+            status: 201,
+            body: endpoint.map(render).unwrap_or_default(),
+            secret: Some(secret.to_owned()),
+        };
+        let keeping = events::Keeping {
+            key: requests::KeptKey::new(key),
+            answer: &answer,
+        };
+        let created = self
+            .store
+            .create_endpoint(new, webhooks::MAX_ENDPOINTS_PER_ACCOUNT, Some(&keeping))
+            .await?;
+        keyed(&keeping, created)
     }
 
     /// A webhook endpoint, unless deleted.
@@ -645,9 +680,41 @@ impl Ledger {
         sealed: &[u8],
         window: Duration,
     ) -> Result<Option<webhooks::Endpoint>, LedgerError> {
-        self.store
-            .rotate_endpoint_secret(account, id, sealed, window)
-            .await
+        let rotated = self
+            .store
+            .rotate_endpoint_secret(account, id, sealed, window, None)
+            .await?;
+        Ok(rotated.unwrap_or(None))
+    }
+
+    /// Rotates an endpoint's secret as
+    /// [`rotate_endpoint_secret`](Self::rotate_endpoint_secret) does, once per idempotency
+    /// key of the account's: a repeat with the same fingerprint rotates nothing and gets
+    /// the first answer (`render`'s body, and `secret`) again — so a rotation sent twice
+    /// leaves the secret the receiver holds signing through its window.
+    pub async fn rotate_endpoint_secret_once(
+        &self,
+        id: webhooks::EndpointId,
+        sealed: &[u8],
+        window: Duration,
+        key: &requests::RequestKey<'_>,
+        render: &(dyn Fn(&webhooks::Endpoint) -> serde_json::Value + Send + Sync),
+        secret: &str,
+    ) -> Result<requests::Keyed<Option<webhooks::Endpoint>>, LedgerError> {
+        let answer = |endpoint: Option<&webhooks::Endpoint>| requests::Answer {
+            status: 200,
+            body: endpoint.map(render).unwrap_or_default(),
+            secret: Some(secret.to_owned()),
+        };
+        let keeping = events::Keeping {
+            key: requests::KeptKey::new(key),
+            answer: &answer,
+        };
+        let rotated = self
+            .store
+            .rotate_endpoint_secret(key.account, id, sealed, window, Some(&keeping))
+            .await?;
+        keyed(&keeping, rotated)
     }
 
     /// Deletes an endpoint of `account`: it gets no more events, and its deliveries not
@@ -752,7 +819,33 @@ impl Ledger {
         endpoint: webhooks::EndpointId,
         delivery: i64,
     ) -> Result<Result<(), webhooks::RetryRefused>, LedgerError> {
-        self.store.retry_delivery(endpoint, delivery).await
+        let retried = self.store.retry_delivery(endpoint, delivery, None).await?;
+        Ok(retried.unwrap_or(Err(webhooks::RetryRefused::NotFound)))
+    }
+
+    /// Sends a delivery again as [`retry_delivery`](Self::retry_delivery) does, once per
+    /// idempotency key of the account's: a repeat with the same fingerprint sends nothing
+    /// more and gets the first answer (202) again.
+    pub async fn retry_delivery_once(
+        &self,
+        endpoint: webhooks::EndpointId,
+        delivery: i64,
+        key: &requests::RequestKey<'_>,
+    ) -> Result<requests::Keyed<Result<(), webhooks::RetryRefused>>, LedgerError> {
+        let answer = |_: Option<&webhooks::Endpoint>| requests::Answer {
+            status: 202,
+            body: serde_json::Value::Null,
+            secret: None,
+        };
+        let keeping = events::Keeping {
+            key: requests::KeptKey::new(key),
+            answer: &answer,
+        };
+        let retried = self
+            .store
+            .retry_delivery(endpoint, delivery, Some(&keeping))
+            .await?;
+        keyed(&keeping, retried)
     }
 
     /// How many deliveries are not done, and since when the oldest one's event.
@@ -807,5 +900,17 @@ impl Ledger {
     /// Closes the connections (after in-flight work finishes).
     pub async fn close(&self) {
         self.store.close().await;
+    }
+}
+
+/// What a request sent with a key came to: what it did, or the answer an earlier request
+/// with the key kept ([`requests::KeptKey::replay`]).
+fn keyed<T>(
+    keeping: &events::Keeping<'_>,
+    done: Result<T, requests::RequestRow>,
+) -> Result<requests::Keyed<T>, LedgerError> {
+    match done {
+        Ok(done) => Ok(requests::Keyed::Ran(done)),
+        Err(found) => keeping.key.replay(found).map(requests::Keyed::Replayed),
     }
 }

@@ -1,6 +1,6 @@
 //! The reaper: what the retention lets go — unused tickets deleted and used tickets'
 //! outcomes pruned once they expired long enough ago (by the database's clock), creation
-//! records deleted once made long enough ago — one batch of each per call. Its statements,
+//! records and webhook requests' records deleted once made long enough ago — one batch of each per call. Its statements,
 //! which differ between the databases only in how they lock, are in `dialect.rs`.
 
 use std::time::Duration;
@@ -50,10 +50,17 @@ where
         .bind(batch)
         .fetch_all(writer)
         .await?;
+    let expired_requests: Vec<Vec<u8>> = sqlx::query_scalar(D::DELETE_OLD_REQUESTS)
+        .bind(cutoff)
+        .bind(batch)
+        .fetch_all(writer)
+        .await?;
+    // Counted together: both free idempotency keys. (A sum at or above the batch only
+    // makes the caller come back once more.)
     Ok((
         deleted.len() as u64,
         pruned.len() as u64,
-        expired.len() as u64,
+        (expired.len() + expired_requests.len()) as u64,
     ))
 }
 

@@ -20,7 +20,9 @@ use crate::db_types::Timestamp;
 use crate::demo::unguarded::Unguarded;
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt};
-use crate::events::{AttemptRow, ClaimedRow, DeliveryRow, DeliveryStateRow, EndpointRow, EventRow};
+use crate::events::{
+    AttemptRow, ClaimedRow, DeliveryRow, DeliveryStateRow, EndpointRow, EventRow, Keeping,
+};
 use crate::inserts::{INSERT_ORDER, recognise_order};
 use crate::model::{
     Account, AccountId, Applied, ApplyRequest, Entry, Operation, Order, OrderId, Renderer, Ticket,
@@ -31,6 +33,7 @@ use crate::payouts::{
     JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutRenderer, PayoutStatus,
 };
 use crate::reaper;
+use crate::requests::RequestRow;
 use crate::rows::{AccountRow, EntryRow, OrderRow, TicketRow, order_columns, token_to_sql};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
@@ -113,7 +116,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         new: &NewEndpoint,
         max: usize,
-    ) -> Result<Option<Endpoint>, LedgerError>;
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError>;
     /// A live endpoint.
     async fn endpoint(&self, id: EndpointId) -> Result<Option<Endpoint>, LedgerError>;
     /// An account's live endpoints, oldest first.
@@ -125,7 +129,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         id: EndpointId,
         sealed: &[u8],
         window: Duration,
-    ) -> Result<Option<Endpoint>, LedgerError>;
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError>;
     async fn delete_endpoint(
         &self,
         account: AccountId,
@@ -161,7 +166,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         endpoint: EndpointId,
         delivery: i64,
-    ) -> Result<Result<(), RetryRefused>, LedgerError>;
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Result<(), RetryRefused>, RequestRow>, LedgerError>;
     async fn webhook_backlog(&self) -> Result<WebhookBacklog, LedgerError>;
     /// The sealing key stored under `name`, `fresh` stored first if there is none.
     async fn sealing_key(&self, name: &str, fresh: &[u8]) -> Result<Vec<u8>, LedgerError>;
@@ -211,6 +217,8 @@ where
     for<'q> Option<Vec<u8>>: Encode<'q, D>,
     for<'q> Vec<u8>: Decode<'q, D>,
     for<'r> CreationRow: FromRow<'r, D::Row>,
+    for<'r> RequestRow: FromRow<'r, D::Row>,
+    for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
     for<'r> (String, Vec<u8>, Timestamp): FromRow<'r, D::Row>,
     for<'q> Option<&'q str>: Encode<'q, D>,
     for<'q> PayoutId: Encode<'q, D> + Decode<'q, D> + Type<D>,
@@ -452,8 +460,9 @@ where
         &self,
         new: &NewEndpoint,
         max: usize,
-    ) -> Result<Option<Endpoint>, LedgerError> {
-        self.insert_endpoint(new, max).await
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError> {
+        self.insert_endpoint(new, max, keeping).await
     }
 
     async fn endpoint(&self, id: EndpointId) -> Result<Option<Endpoint>, LedgerError> {
@@ -470,8 +479,9 @@ where
         id: EndpointId,
         sealed: &[u8],
         window: Duration,
-    ) -> Result<Option<Endpoint>, LedgerError> {
-        SqlStore::rotate_endpoint_secret(self, account, id, sealed, window).await
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Option<Endpoint>, RequestRow>, LedgerError> {
+        SqlStore::rotate_endpoint_secret(self, account, id, sealed, window, keeping).await
     }
 
     async fn delete_endpoint(
@@ -519,8 +529,9 @@ where
         &self,
         endpoint: EndpointId,
         delivery: i64,
-    ) -> Result<Result<(), RetryRefused>, LedgerError> {
-        self.reopen_delivery(endpoint, delivery).await
+        keeping: Option<&Keeping<'_>>,
+    ) -> Result<Result<Result<(), RetryRefused>, RequestRow>, LedgerError> {
+        self.reopen_delivery(endpoint, delivery, keeping).await
     }
 
     async fn webhook_backlog(&self) -> Result<WebhookBacklog, LedgerError> {

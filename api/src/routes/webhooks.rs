@@ -13,6 +13,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ledger::AccountId;
+use ledger::requests::{KeptAnswer, Keyed, RequestKey};
 use ledger::webhooks::{
     Attempt, Delivery, Endpoint, EndpointId, EventType, MAX_ENDPOINTS_PER_ACCOUNT, MAX_URL,
     NewEndpoint, RetryRefused, Subscription,
@@ -23,8 +24,11 @@ use uuid::Uuid;
 
 use crate::auth::{Caller, OwnAccount};
 use crate::error::{ApiError, Problem};
-use crate::extract::JsonBody;
-use crate::routes::responses::{BodyTooLarge, NotJson, OthersAccount, Unauthenticated};
+use crate::extract::{IdempotencyKey, JsonBody};
+use crate::routes::responses::{
+    BodyTooLarge, MalformedCreate, NotJson, OthersAccount, Unauthenticated,
+};
+use crate::routes::spends;
 use crate::state::AppState;
 use crate::webhooks::{Webhooks, signing};
 
@@ -73,30 +77,34 @@ fn webhooks(state: &AppState) -> Result<&Webhooks, ApiError> {
     post,
     path = "/v1/accounts/{id}/webhook-endpoints",
     tag = "webhooks",
-    params(("id" = Uuid, Path, description = "The account")),
+    params(
+        ("id" = Uuid, Path, description = "The account"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the request happen once — the same key and request again answer the first answer, secret included and do nothing more; keys are per account, kept for PAYONCE_RETENTION"),
+    ),
     security(("api_key" = [])),
     request_body = EndpointRequest,
     responses(
-        (status = 201, description = "Created; `secret` is shown this once", body = EndpointWithSecret,
+        (status = 201, description = "Created; `secret` is shown this once (and again to a replay under its Idempotency-Key, which carries `Idempotent-Replayed: true`)", body = EndpointWithSecret,
             headers(("Location" = String, description = "/v1/accounts/{id}/webhook-endpoints/{endpoint_id}")),
             links(
                 ("ListDeliveries" = (operation_id = "list_deliveries", parameters(("endpoint_id" = "$response.body#/id")), description = "The endpoint's deliveries")),
                 ("RotateSecret" = (operation_id = "rotate_secret", parameters(("id" = "$response.body#/account_id"), ("endpoint_id" = "$response.body#/id")), description = "Rotate its secret")),
                 ("DeleteEndpoint" = (operation_id = "delete_endpoint", parameters(("id" = "$response.body#/account_id"), ("endpoint_id" = "$response.body#/id")), description = "Delete it")),
             )),
-        (status = 400, description = "A body that is not JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, response = MalformedCreate),
         (status = 401, response = Unauthenticated),
         (status = 403, response = OthersAccount),
         (status = 404, description = "No such account", body = Problem, content_type = "application/problem+json"),
         (status = 413, response = BodyTooLarge),
         (status = 415, response = NotJson),
-        (status = 422, description = "A URL the guard refuses (`webhook-url-refused`), an unknown or empty event list (`invalid-request`), or the account has 16 endpoints (`webhook-endpoint-limit`); nothing created", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "A URL the guard refuses (`webhook-url-refused`), an unknown or empty event list (`invalid-request`), or the account has 16 endpoints (`webhook-endpoint-limit`); or the Idempotency-Key was used for another request (`idempotency-key-reuse`); nothing created", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable; nothing created", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn create_endpoint(
     State(state): State<AppState>,
     OwnAccount(account): OwnAccount,
+    key: Option<IdempotencyKey>,
     JsonBody(request): JsonBody<EndpointRequest>,
 ) -> Result<Response, ApiError> {
     let webhooks = webhooks(&state)?;
@@ -135,8 +143,13 @@ pub async fn create_endpoint(
         .resolves_somewhere_allowed(&url)
         .await
         .map_err(ApiError::WebhookUrlRefused)?;
+    let fingerprint = spends::fingerprint(
+        &format!("/v1/accounts/{account}/webhook-endpoints"),
+        &request,
+    );
     let id = EndpointId::random();
     let secret = signing::new_secret();
+    let shown = signing::shown(&secret);
     let new = NewEndpoint {
         id,
         account_id: account,
@@ -144,22 +157,73 @@ pub async fn create_endpoint(
         subscription: Subscription::of(request.events),
         secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
     };
-    let endpoint = state
-        .ledger()
-        .create_endpoint(&new)
-        .await?
-        .ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
-    let body = EndpointWithSecret {
-        endpoint: endpoint_view(&endpoint),
-        secret: signing::shown(&secret),
+    let ledger = state.ledger();
+    let answer = match key {
+        None => ledger
+            .create_endpoint(&new)
+            .await?
+            .map(|endpoint| KeptAnswer {
+                status: 201,
+                body: view_value(&endpoint),
+                secret: Some(shown.clone()),
+            }),
+        Some(IdempotencyKey(key)) => {
+            let key = RequestKey {
+                account,
+                key: key.0,
+                fingerprint: &fingerprint,
+            };
+            match ledger
+                .create_endpoint_once(&new, &key, &view_value, &shown)
+                .await?
+            {
+                Keyed::Ran(endpoint) => endpoint.map(|endpoint| KeptAnswer {
+                    status: 201,
+                    body: view_value(&endpoint),
+                    secret: Some(shown.clone()),
+                }),
+                Keyed::Replayed(kept) => return Ok(with_secret(kept, true)),
+            }
+        }
     };
-    let mut response = (StatusCode::CREATED, Json(body)).into_response();
-    if let Ok(location) =
-        HeaderValue::from_str(&format!("/v1/accounts/{account}/webhook-endpoints/{id}"))
-    {
+    let answer = answer.ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
+    Ok(with_secret(answer, false))
+}
+
+/// An endpoint as its creation's or rotation's answer shows it, less the secret: what is
+/// kept under an idempotency key.
+fn view_value(endpoint: &Endpoint) -> serde_json::Value {
+    serde_json::to_value(endpoint_view(endpoint)).unwrap_or_default()
+}
+
+/// The answer to a creation or a rotation: the endpoint with its secret, and where the
+/// endpoint is (a creation's); `Idempotent-Replayed: true` on a replay.
+fn with_secret(answer: KeptAnswer, replayed: bool) -> Response {
+    let mut body = answer.body;
+    if let (Some(fields), Some(secret)) = (body.as_object_mut(), answer.secret) {
+        fields.insert("secret".to_owned(), serde_json::Value::String(secret));
+    }
+    let location = (answer.status == 201)
+        .then(|| {
+            let account = body.get("account_id")?.as_str()?;
+            let endpoint = body.get("id")?.as_str()?;
+            HeaderValue::from_str(&format!(
+                "/v1/accounts/{account}/webhook-endpoints/{endpoint}"
+            ))
+            .ok()
+        })
+        .flatten();
+    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
+    let mut response = (status, Json(body)).into_response();
+    if let Some(location) = location {
         response.headers_mut().insert(header::LOCATION, location);
     }
-    Ok(response)
+    if replayed {
+        response
+            .headers_mut()
+            .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    response
 }
 
 /// Lists the account's endpoints, oldest first.
@@ -248,13 +312,16 @@ pub async fn delete_endpoint(
     params(
         ("id" = Uuid, Path, description = "The account"),
         ("endpoint_id" = Uuid, Path, description = "The endpoint"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the request happen once — the same key and request again answer the first answer (the same new secret): a rotation sent twice rotates once, and the secret before it keeps signing through its window and do nothing more; keys are per account, kept for PAYONCE_RETENTION"),
     ),
     security(("api_key" = [])),
     responses(
-        (status = 200, description = "Rotated; the new `secret` is shown this once", body = EndpointWithSecret),
+        (status = 200, description = "Rotated; the new `secret` is shown this once (and again to a replay under its Idempotency-Key, which carries `Idempotent-Replayed: true`)", body = EndpointWithSecret),
+        (status = 400, description = "A malformed or repeated Idempotency-Key (`idempotency-key-invalid`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 403, response = OthersAccount),
         (status = 404, description = "No such account or endpoint", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key was used for another request (`idempotency-key-reuse`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable; nothing changed", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -262,25 +329,49 @@ pub async fn rotate_secret(
     State(state): State<AppState>,
     caller: Caller,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<Json<EndpointWithSecret>, ApiError> {
+    key: Option<IdempotencyKey>,
+) -> Result<Response, ApiError> {
     let (account, endpoint) = own_endpoint_path(caller, path)?;
     let webhooks = webhooks(&state)?;
     let secret = signing::new_secret();
+    let shown = signing::shown(&secret);
     let sealed = webhooks.sealer().seal(endpoint.0.as_bytes(), &secret);
-    let rotated = state
-        .ledger()
-        .rotate_endpoint_secret(
-            account,
-            endpoint,
-            &sealed,
-            webhooks.settings().rotation_window,
-        )
-        .await?
-        .ok_or(ApiError::WebhookEndpointNotFound)?;
-    Ok(Json(EndpointWithSecret {
-        endpoint: endpoint_view(&rotated),
-        secret: signing::shown(&secret),
-    }))
+    let window = webhooks.settings().rotation_window;
+    let ledger = state.ledger();
+    let rotated = match key {
+        None => {
+            ledger
+                .rotate_endpoint_secret(account, endpoint, &sealed, window)
+                .await?
+        }
+        Some(IdempotencyKey(key)) => {
+            let fingerprint = spends::fingerprint(
+                &format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}/rotate-secret"),
+                &(),
+            );
+            let key = RequestKey {
+                account,
+                key: key.0,
+                fingerprint: &fingerprint,
+            };
+            match ledger
+                .rotate_endpoint_secret_once(endpoint, &sealed, window, &key, &view_value, &shown)
+                .await?
+            {
+                Keyed::Ran(rotated) => rotated,
+                Keyed::Replayed(kept) => return Ok(with_secret(kept, true)),
+            }
+        }
+    };
+    let rotated = rotated.ok_or(ApiError::WebhookEndpointNotFound)?;
+    Ok(with_secret(
+        KeptAnswer {
+            status: 200,
+            body: view_value(&rotated),
+            secret: Some(shown),
+        },
+        false,
+    ))
 }
 
 /// A delivery attempt as the contract shows it.
@@ -393,13 +484,16 @@ pub async fn list_deliveries(
     params(
         ("endpoint_id" = Uuid, Path, description = "The endpoint"),
         ("delivery_id" = i64, Path, description = "The delivery", minimum = 1),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional: a UUID of your choosing (bare or quoted) that makes the request happen once — the same key and request again answer the first answer and do nothing more; keys are per account, kept for PAYONCE_RETENTION"),
     ),
     security(("api_key" = [])),
     responses(
-        (status = 202, description = "Queued: the next attempt is due now"),
+        (status = 202, description = "Queued: the next attempt is due now (a replay under its Idempotency-Key carries `Idempotent-Replayed: true` and queues nothing more)"),
+        (status = 400, description = "A malformed or repeated Idempotency-Key (`idempotency-key-invalid`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 401, response = Unauthenticated),
         (status = 404, description = "No such endpoint (or another account's), or no such delivery of it", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "A worker is sending it right now (`delivery-in-flight`; retry after `Retry-After`), or the endpoint was disabled by a 410 (`webhook-endpoint-disabled`)", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "The Idempotency-Key was used for another request (`idempotency-key-reuse`); nothing changed", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Database unavailable; nothing changed", body = Problem, content_type = "application/problem+json"),
     )
 )]
@@ -407,7 +501,8 @@ pub async fn retry_delivery(
     State(state): State<AppState>,
     caller: Caller,
     path: Result<Path<(String, String)>, PathRejection>,
-) -> Result<StatusCode, ApiError> {
+    key: Option<IdempotencyKey>,
+) -> Result<Response, ApiError> {
     let Path((endpoint, delivery)) = path.map_err(|_| ApiError::WebhookEndpointNotFound)?;
     let endpoint = own_endpoint(&state, caller, Ok(Path(endpoint))).await?;
     let delivery: i64 = delivery
@@ -415,12 +510,44 @@ pub async fn retry_delivery(
         .ok()
         .filter(|id| *id > 0)
         .ok_or(ApiError::DeliveryNotFound)?;
-    match state.ledger().retry_delivery(endpoint.id, delivery).await? {
+    let ledger = state.ledger();
+    let retried = match key {
+        None => ledger.retry_delivery(endpoint.id, delivery).await?,
+        Some(IdempotencyKey(key)) => {
+            let fingerprint = spends::fingerprint(
+                &format!(
+                    "/v1/webhook-endpoints/{}/deliveries/{delivery}/retry",
+                    endpoint.id
+                ),
+                &(),
+            );
+            let key = RequestKey {
+                account: endpoint.account_id,
+                key: key.0,
+                fingerprint: &fingerprint,
+            };
+            match ledger
+                .retry_delivery_once(endpoint.id, delivery, &key)
+                .await?
+            {
+                Keyed::Ran(retried) => retried,
+                // The same answer as the first, with no body, and nothing sent again.
+                Keyed::Replayed(_) => {
+                    return Ok((
+                        StatusCode::ACCEPTED,
+                        [("idempotent-replayed", HeaderValue::from_static("true"))],
+                    )
+                        .into_response());
+                }
+            }
+        }
+    };
+    match retried {
         Ok(()) => {
             if let Some(webhooks) = state.webhooks() {
                 webhooks.wake();
             }
-            Ok(StatusCode::ACCEPTED)
+            Ok(StatusCode::ACCEPTED.into_response())
         }
         Err(RetryRefused::NotFound) => Err(ApiError::DeliveryNotFound),
         Err(RetryRefused::InFlight) => Err(ApiError::DeliveryInFlight),

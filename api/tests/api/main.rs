@@ -56,6 +56,7 @@ webhooks_on_both_backends!(
     a_short_retry_after_waits_the_schedule,
     a_silent_endpoint_holds_back_no_other_accounts_events,
     after_a_change_of_sealing_key_a_rotation_signs_again,
+    webhook_posts_with_a_key_happen_once,
 );
 
 /// Runs each listed contract case against both backends.

@@ -793,6 +793,113 @@ pub async fn after_a_change_of_sealing_key_a_rotation_signs_again(backend: Backe
     until_all(&app, &account, &endpoint, "delivered").await;
 }
 
+/// An endpoint's creation, its secret's rotation and a delivery's retry by hand take an
+/// `Idempotency-Key`: the same request again gets the first answer — the same secret —
+/// with `Idempotent-Replayed: true`, and does nothing more: one endpoint, one rotation
+/// (the first secret still signs through the window, as after one rotation), one more
+/// attempt. Another request under a used key is 422 and does nothing.
+pub async fn webhook_posts_with_a_key_happen_once(backend: Backend) {
+    let app = spawn(backend, &[]).await;
+    let receiver = Receiver::start().await;
+    let account = app.create_account(1000, 0).await;
+    let post = |path: String, key: &str, body: Option<Value>| {
+        let request = app
+            .client
+            .post(app.url(&path))
+            .bearer_auth(&account.key)
+            .header("idempotency-key", key);
+        let request = match body {
+            Some(body) => request.json(&body),
+            None => request,
+        };
+        request.send()
+    };
+    let endpoints_path = format!("/v1/accounts/{}/webhook-endpoints", account.id);
+    let create_key = uuid::Uuid::new_v4().to_string();
+    let body = json!({ "url": receiver.url });
+    let first = post(endpoints_path.clone(), &create_key, Some(body.clone()))
+        .await
+        .unwrap();
+    let location = first.headers()["location"].clone();
+    let (status, replayed, created) = read(first).await;
+    assert_eq!(
+        (status, replayed),
+        (StatusCode::CREATED, false),
+        "{created}"
+    );
+    let again = post(endpoints_path.clone(), &create_key, Some(body.clone()))
+        .await
+        .unwrap();
+    assert_eq!(again.headers()["location"], location);
+    let (status, replayed, repeated) = read(again).await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    assert_eq!(repeated, created, "the same endpoint, the same secret");
+    let other = post(
+        endpoints_path.clone(),
+        &create_key,
+        Some(json!({ "url": receiver.url, "events": ["order.paid"] })),
+    )
+    .await
+    .unwrap();
+    assert_problem(
+        other,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    let listed = endpoints(&app, &account).await;
+    assert_eq!(listed["endpoints"].as_array().unwrap().len(), 1, "{listed}");
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let first_secret = created["secret"].as_str().unwrap().to_owned();
+
+    let rotate_path = format!("{endpoints_path}/{endpoint}/rotate-secret");
+    let rotate_key = uuid::Uuid::new_v4().to_string();
+    let (status, replayed, rotated) =
+        read(post(rotate_path.clone(), &rotate_key, None).await.unwrap()).await;
+    assert_eq!((status, replayed), (StatusCode::OK, false), "{rotated}");
+    let (status, replayed, rotated_again) =
+        read(post(rotate_path.clone(), &rotate_key, None).await.unwrap()).await;
+    assert_eq!((status, replayed), (StatusCode::OK, true));
+    assert_eq!(rotated_again, rotated, "the same new secret");
+    let new_secret = rotated["secret"].as_str().unwrap().to_owned();
+    assert_eq!(
+        app.withdraw_with_a_new_ticket(&account, 10).await,
+        StatusCode::CREATED
+    );
+    let got = receiver.until(1).await.remove(0);
+    verify(&first_secret, &got).expect("rotated once: the first secret still signs");
+    verify(&new_secret, &got).expect("the new secret signs");
+
+    let listed = until_all(&app, &account, &endpoint, "delivered").await;
+    let delivery = listed[0]["id"].as_i64().unwrap();
+    let retry_path = format!("/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry");
+    let retry_key = uuid::Uuid::new_v4().to_string();
+    let first = post(retry_path.clone(), &retry_key, None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::ACCEPTED);
+    assert!(first.headers().get("idempotent-replayed").is_none());
+    receiver.until(2).await;
+    until_all(&app, &account, &endpoint, "delivered").await;
+    let again = post(retry_path.clone(), &retry_key, None).await.unwrap();
+    assert_eq!(again.status(), StatusCode::ACCEPTED);
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(receiver.received().len(), 2, "the repeat sent nothing more");
+    let reused = post(rotate_path, &retry_key, None).await.unwrap();
+    assert_problem(
+        reused,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "idempotency-key-reuse",
+    )
+    .await;
+    let malformed = post(retry_path, "not-a-uuid", None).await.unwrap();
+    assert_problem(
+        malformed,
+        StatusCode::BAD_REQUEST,
+        "idempotency-key-invalid",
+    )
+    .await;
+}
+
 /// A receiver of raw answers: each request is answered by `answer`, and counted.
 pub struct RawReceiver {
     pub url: String,

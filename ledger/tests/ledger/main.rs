@@ -31,7 +31,8 @@ macro_rules! suite_for {
                 a_payout_announces_its_settlement_once,
                 audit_finds_a_missing_event_and_a_stray_one,
                 a_claim_takes_at_most_what_it_asks_for,
-                an_answer_with_a_nul_byte_is_recorded_beside_the_others
+                an_answer_with_a_nul_byte_is_recorded_beside_the_others,
+                rotations_under_one_key_rotate_once
             );
             suite_for!(@cases $open, suite;
                 opening_an_account_writes_its_opening_entry,

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use ledger::payouts::{Destination, PayoutId, Settlement};
+use ledger::requests::{Keyed, RequestKey};
 use ledger::testing::TestDatabase;
 use ledger::webhooks::{
     AttemptAnswer, DeliveryJob, DeliveryOutcome, DeliveryStatus, EndpointId, EventType,
@@ -532,4 +533,73 @@ pub async fn an_answer_with_a_nul_byte_is_recorded_beside_the_others(database: &
         }
     }
     assert_clean(&ledger).await;
+}
+
+/// Rotations sent at once under one idempotency key rotate once: one runs, the others get
+/// its answer (the same secret) and change nothing — the secret before it is the one the
+/// endpoint was made with. Another request under the key is refused; once the retention
+/// has passed, the reaper frees the key.
+pub async fn rotations_under_one_key_rotate_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let endpoint_id = endpoint(&ledger, account_id, None).await;
+    let key = uuid::Uuid::new_v4();
+    let rotate = |sealed: u8, fingerprint: &'static str| {
+        let ledger = ledger.clone();
+        async move {
+            let request = RequestKey {
+                account: account_id,
+                key,
+                fingerprint,
+            };
+            let render = |endpoint: &ledger::webhooks::Endpoint| serde_json::json!({ "id": endpoint.id.0.to_string() });
+            ledger
+                .rotate_endpoint_secret_once(
+                    endpoint_id,
+                    &[sealed; 40],
+                    HOUR,
+                    &request,
+                    &render,
+                    &format!("whsec_{sealed}"),
+                )
+                .await
+        }
+    };
+    let answers = futures::future::join_all((1..=5).map(|n| rotate(n, "rotate"))).await;
+    let mut ran = Vec::new();
+    let mut replayed = Vec::new();
+    for answer in answers {
+        match answer.unwrap() {
+            Keyed::Ran(Some(endpoint)) => ran.push(endpoint),
+            Keyed::Ran(None) => panic!("the endpoint is there"),
+            Keyed::Replayed(kept) => replayed.push(kept),
+        }
+    }
+    assert_eq!(ran.len(), 1, "one rotation ran");
+    let winner = ran[0].secret_sealed[0];
+    for kept in &replayed {
+        assert_eq!(kept.status, 200);
+        assert_eq!(
+            kept.secret.as_deref(),
+            Some(format!("whsec_{winner}").as_str())
+        );
+        assert_eq!(kept.body["id"], endpoint_id.0.to_string());
+    }
+    let stored = ledger.endpoint(endpoint_id).await.unwrap().unwrap();
+    assert_eq!(stored.secret_sealed, vec![winner; 40]);
+    assert_eq!(
+        stored.previous_secret.map(|(sealed, _)| sealed),
+        Some(vec![7; 40]),
+        "the secret before is the first one: no second rotation dropped it"
+    );
+    assert!(matches!(
+        rotate(9, "another request").await,
+        Err(ledger::LedgerError::CreateKeyReused)
+    ));
+
+    ledger.reap(Duration::ZERO, 100).await.unwrap();
+    assert!(
+        matches!(rotate(9, "another request").await, Ok(Keyed::Ran(Some(_)))),
+        "the reaper freed the key"
+    );
 }
