@@ -375,23 +375,20 @@ impl Client {
         self.get(&format!("/v1/payouts{query}")).await
     }
 
-    /// Creates a webhook endpoint; its `secret` is in this answer only. Not resent after
-    /// no answer (a create without a key could make two): list the endpoints to see. (A
-    /// send whose connection could not be made is sent again: nothing reached the server.)
+    /// Creates a webhook endpoint; its `secret` is in this answer (and in a replay's).
+    /// Sent with an `Idempotency-Key` of its own, so a resend — after no answer, or a 503
+    /// that may come after the create ran — answers the same endpoint and secret instead
+    /// of making a second.
     pub async fn create_webhook_endpoint(
         &self,
         account: Uuid,
         endpoint: &EndpointRequest,
     ) -> Result<EndpointWithSecret, Error> {
-        let body = serde_json::to_value(endpoint).unwrap_or(Value::Null);
-        let path = format!("/v1/accounts/{account}/webhook-endpoints");
-        let mut call = Call {
-            body: Some(&body),
-            ..Call::new(self, Method::POST, &path)
-        };
-        self.send_with_resends(&self.unanswered_final(), &mut call)
-            .await
-            .map(|answered| answered.body)
+        self.create(
+            &format!("/v1/accounts/{account}/webhook-endpoints"),
+            endpoint,
+        )
+        .await
     }
 
     /// The account's webhook endpoints, oldest first.
@@ -416,15 +413,20 @@ impl Client {
     }
 
     /// Gives the endpoint a new secret (the old one signs too for the rotation window);
-    /// the new `secret` is in this answer only. Not resent after no answer.
+    /// the new `secret` is in this answer (and in a replay's). Sent with an
+    /// `Idempotency-Key` of its own: a resend rotates once, so the secret the receiver
+    /// holds keeps signing through the window.
     pub async fn rotate_webhook_secret(
         &self,
         account: Uuid,
         endpoint: Uuid,
     ) -> Result<EndpointWithSecret, Error> {
         let path = format!("/v1/accounts/{account}/webhook-endpoints/{endpoint}/rotate-secret");
-        let mut call = Call::new(self, Method::POST, &path);
-        self.send_with_resends(&self.unanswered_final(), &mut call)
+        let mut call = Call {
+            idempotency_key: Some(Uuid::new_v4()),
+            ..Call::new(self, Method::POST, &path)
+        };
+        self.send_with_resends(&self.policy, &mut call)
             .await
             .map(|answered| answered.body)
     }
@@ -449,11 +451,14 @@ impl Client {
 
     /// Sends a webhook delivery again now (202). Refused while a worker is sending it
     /// ([`ProblemKind::DeliveryInFlight`](crate::ProblemKind::DeliveryInFlight)) and after
-    /// the endpoint was disabled. A resend after no answer may queue one more attempt:
-    /// harmless, a receiver takes each `webhook-id` once.
+    /// the endpoint was disabled. Sent with an `Idempotency-Key` of its own: a resend
+    /// queues no second attempt.
     pub async fn retry_webhook_delivery(&self, endpoint: Uuid, delivery: i64) -> Result<(), Error> {
         let path = format!("/v1/webhook-endpoints/{endpoint}/deliveries/{delivery}/retry");
-        let mut call = Call::new(self, Method::POST, &path);
+        let mut call = Call {
+            idempotency_key: Some(Uuid::new_v4()),
+            ..Call::new(self, Method::POST, &path)
+        };
         self.send_with_resends(&self.policy, &mut call)
             .await
             .map(|answered| answered.body)
@@ -491,15 +496,6 @@ impl Client {
             Ok(answered) => Ok(answered.body),
             Err(Error::GaveUp { last, .. }) => Err(*last),
             Err(error) => Err(error),
-        }
-    }
-
-    /// The client's policy, but a send that got no answer is final: for a request that is
-    /// not idempotent, where a resend could do it twice.
-    fn unanswered_final(&self) -> ResendPolicy {
-        ResendPolicy {
-            resend_unanswered: false,
-            ..self.policy
         }
     }
 
@@ -647,7 +643,13 @@ impl Client {
                     retry_after,
                     ..
                 } => match Problem::from_body(status, &body, retry_after) {
-                    Some(problem) if problem.is_resendable() => {
+                    // An answer that means "it may have run" is, for a call that must not
+                    // run twice and has no key to make a resend a replay, as final as no
+                    // answer: a `503 timeout` comes after the handler may have committed.
+                    Some(problem)
+                        if problem.is_resendable()
+                            && (policy.resend_unanswered || !may_have_run(&problem)) =>
+                    {
                         (Error::Refused(Box::new(problem)), retry_after)
                     }
                     Some(problem) => return Err(Error::Refused(Box::new(problem))),
@@ -732,6 +734,15 @@ impl Client {
 }
 
 /// `?name=value&…` of the parameters that are set; empty if none is.
+/// Whether a problem answer leaves open that the request ran: the server's (or a proxy's)
+/// timeout, which can come after the handler committed, and a lost commit answer.
+fn may_have_run(problem: &Problem) -> bool {
+    matches!(
+        problem.kind,
+        crate::ProblemKind::Timeout | crate::ProblemKind::OutcomeUnknown
+    )
+}
+
 fn query(parameters: &[(&str, Option<String>)]) -> String {
     let mut url = url::form_urlencoded::Serializer::new(String::new());
     for (name, value) in parameters {

@@ -24,10 +24,12 @@ pub struct ResendPolicy {
     pub first_backoff: Duration,
     /// The longest wait before a resend, whatever `Retry-After` asks.
     pub max_backoff: Duration,
-    /// Whether a send that got no answer is sent again. Always for a spend (its ticket
-    /// makes a resend safe) and for reads; creates that carry no key of their own (a
-    /// webhook endpoint, a secret's rotation) turn it off. A send whose connection could
-    /// not be made is sent again either way: it carried nothing.
+    /// Whether a send that may have run is sent again: one that got no answer, or an
+    /// answer that leaves it open (`503 timeout`, `outcome-unknown`). On by default: every
+    /// POST payonce-client sends carries an `Idempotency-Key` (a spend's ticket, a key of
+    /// its own for the others), which makes a resend a replay; reads and deletes are safe
+    /// to repeat. Off, for requests sent without a key, such an answer is final. A send
+    /// whose connection could not be made is sent again either way: it carried nothing.
     pub resend_unanswered: bool,
 }
 

@@ -6,7 +6,11 @@
 //! ticket once, then sends, and resends with that ticket (exponential backoff with jitter,
 //! `Retry-After` honoured, up to a bound) until the answer is final. Its [`Outcome`] says
 //! whether the answer was a replay of an earlier execution. A 503 `outcome-unknown` is not
-//! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about.
+//! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about. Every
+//! other POST — opening an account, placing an order, creating a webhook endpoint,
+//! rotating its secret, sending a delivery again — goes with an `Idempotency-Key` of its
+//! own, the same on each resend, so a resend after an answer that may have come after the
+//! request ran (no answer, `503 timeout`) is answered as a replay, never run twice.
 //!
 //! # Map
 //! - [`Client`] (`client.rs`): the typed calls of the whole contract — accounts and

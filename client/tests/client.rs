@@ -672,11 +672,12 @@ async fn an_aimed_intent_starts_where_told_and_aimed_headers_go_there_only() {
     assert!(down.iter().chain(up.iter()).all(|head| head.contains(&key)));
 }
 
-/// A create without a key of its own (a webhook endpoint) is not sent again after a lost
-/// answer — but a send whose connection could not be made carried nothing, and goes to
-/// the next base: one endpoint is made.
+/// A webhook endpoint's creation carries a key of its own: a send whose connection could
+/// not be made goes to the next base (one endpoint is made), and one whose answer was lost
+/// after the server made it is sent again and answered as a replay — the same endpoint,
+/// the same secret, not a second endpoint.
 #[tokio::test]
-async fn a_create_without_a_key_moves_on_from_a_refused_connection_only() {
+async fn a_webhook_create_moves_on_from_a_refused_connection_and_replays_a_lost_answer() {
     use payonce_client::types::webhooks::EndpointRequest;
     let (base, _dir) = server_with(&["--webhook-allow-private"]).await;
     let dead = {
@@ -708,24 +709,86 @@ async fn a_create_without_a_key_moves_on_from_a_refused_connection_only() {
         1
     );
 
-    // An answer lost after the server took the request: not sent again.
+    // An answer lost after the server took the request: sent again with the same key,
+    // answered as a replay.
     let cut = Arc::new(AtomicBool::new(true));
     let proxy = answer_dropping_proxy(base.clone(), cut.clone()).await;
     let through_proxy = Client::new(&proxy).unwrap().with_key(&ada.api_key);
-    let lost = through_proxy
+    let replayed = through_proxy
         .create_webhook_endpoint(ada.id, &endpoint)
-        .await;
-    assert!(matches!(lost, Err(Error::Transport(_))), "{lost:?}");
-    assert_eq!(
-        payonce
-            .webhook_endpoints(ada.id)
-            .await
-            .unwrap()
-            .endpoints
-            .len(),
-        2,
-        "the lost one was made once, and not again"
+        .await
+        .unwrap();
+    assert!(!cut.load(Ordering::SeqCst), "the first answer was dropped");
+    let listed = payonce.webhook_endpoints(ada.id).await.unwrap().endpoints;
+    assert_eq!(listed.len(), 2, "the lost one was made once, and not again");
+    assert_eq!(listed[1].id, replayed.endpoint.id);
+    assert!(replayed.secret.starts_with("whsec_"));
+}
+
+/// Each webhook POST goes with an `Idempotency-Key` of its own, the same on every resend:
+/// after a `503 timeout` (which may come after the server ran it) the resend is a replay.
+/// A client whose policy does not resend what may have run sends a keyless request once
+/// on such an answer.
+#[tokio::test]
+async fn webhook_posts_carry_a_key_and_what_may_have_run_goes_keyless_once() {
+    use payonce_client::types::webhooks::EndpointRequest;
+    let timeout = r#"{"type":"/problems/timeout","title":"Timeout","status":503,"detail":"the request took too long"}"#;
+    let (base, heard) = recorder("503 Service Unavailable", timeout.to_owned()).await;
+    let policy = ResendPolicy {
+        max_attempts: 3,
+        first_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(1),
+        ..ResendPolicy::default()
+    };
+    let payonce = Client::builder()
+        .base_url(&base)
+        .resend_policy(policy)
+        .build()
+        .unwrap()
+        .with_key("po_test");
+    let (account, endpoint) = (uuid::Uuid::new_v4(), uuid::Uuid::new_v4());
+    let request = EndpointRequest {
+        url: "https://example.com/hooks".into(),
+        events: None,
+    };
+    let created = payonce.create_webhook_endpoint(account, &request).await;
+    assert!(
+        matches!(created, Err(Error::GaveUp { attempts: 3, .. })),
+        "{created:?}"
     );
+    let rotated = payonce.rotate_webhook_secret(account, endpoint).await;
+    assert!(
+        matches!(rotated, Err(Error::GaveUp { attempts: 3, .. })),
+        "{rotated:?}"
+    );
+    let retried = payonce.retry_webhook_delivery(endpoint, 7).await;
+    assert!(
+        matches!(retried, Err(Error::GaveUp { attempts: 3, .. })),
+        "{retried:?}"
+    );
+    let heads = heard.lock().unwrap().clone();
+    assert_eq!(heads.len(), 9);
+    for sends in heads.chunks(3) {
+        let key = |head: &String| {
+            head.lines()
+                .find_map(|line| line.strip_prefix("idempotency-key: "))
+                .map(str::to_owned)
+        };
+        let first = key(&sends[0]).expect("every webhook POST carries a key");
+        assert!(sends.iter().all(|head| key(head).as_ref() == Some(&first)));
+    }
+
+    let careful = payonce.with_resend_policy(ResendPolicy {
+        resend_unanswered: false,
+        ..policy
+    });
+    heard.lock().unwrap().clear();
+    let ticket = careful.take_ticket(account).await;
+    let Err(Error::Refused(problem)) = ticket else {
+        panic!("{ticket:?}");
+    };
+    assert_eq!(problem.kind, ProblemKind::Timeout);
+    assert_eq!(heard.lock().unwrap().len(), 1, "sent once");
 }
 
 /// The embedded mode's inbox as a receiver: an endpoint pointed at it gets the
