@@ -227,7 +227,12 @@ impl<T: DeserializeOwned> Intent<T> {
     /// A refusal stored under the ticket (402, 409 `order-already-paid`, 422) is
     /// [`Error::Refused`], and stays the ticket's answer; a 503 `outcome-unknown` is
     /// [`Error::OutcomeUnknown`]; no final answer is [`Error::GaveUp`], with the ticket to
-    /// send again with later.
+    /// send again with later. A payout to an instance without a bank (503
+    /// `payouts-unavailable`) is [`Error::Refused`] at once, not resent: the instance's
+    /// configuration, not a passing state ([`Problem::is_resendable`]); nothing was stored
+    /// under the ticket.
+    ///
+    /// [`Problem::is_resendable`]: crate::Problem::is_resendable
     pub async fn send(&mut self) -> Result<Outcome<T>, Error> {
         let ticket = match self.ticket {
             Some(ticket) => ticket,

@@ -6,11 +6,14 @@
 //! ticket once, then sends, and resends with that ticket (exponential backoff with jitter,
 //! `Retry-After` honoured, up to a bound) until the answer is final. Its [`Outcome`] says
 //! whether the answer was a replay of an earlier execution. A 503 `outcome-unknown` is not
-//! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about. Every
-//! other POST — opening an account, placing an order, creating a webhook endpoint,
-//! rotating its secret, sending a delivery again — goes with an `Idempotency-Key` of its
-//! own, the same on each resend, so a resend after an answer that may have come after the
-//! request ran (no answer, `503 timeout`) is answered as a replay, never run twice.
+//! resent: it is reported ([`Error::OutcomeUnknown`]) with the ticket to ask about. Nor is
+//! a 503 `payouts-unavailable`: an instance started without a bank says it to every
+//! payout until it is restarted with one, so it comes back at once as the refusal it is
+//! ([`Error::Refused`]), nothing stored under the ticket. Every other POST — opening an
+//! account, placing an order, creating a webhook endpoint, rotating its secret, sending a
+//! delivery again — goes with an `Idempotency-Key` of its own, the same on each resend, so
+//! a resend after an answer that may have come after the request ran (no answer, `503
+//! timeout`) is answered as a replay, never run twice.
 //!
 //! # Map
 //! - [`Client`] (`client.rs`): the typed calls of the whole contract — accounts and
@@ -21,7 +24,8 @@
 //!   ([`Client::on_attempt`]), as the load test uses it.
 //! - [`Intent`], [`Outcome`], [`ResendPolicy`], [`Attempt`] (`intent.rs`): one spend, its
 //!   resends, and each send as it went for a caller that records them.
-//! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields.
+//! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields, and
+//!   which of them a resend may change ([`Problem::is_resendable`]).
 //! - [`webhooks`]: verifying the signature of a webhook payonce sent.
 //! - [`types`]: the contract's bodies, shared with the server (`payonce-types`).
 //!
@@ -66,7 +70,8 @@ use uuid::Uuid;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The server answered with a problem a resend would only repeat: a refusal (stored
-    /// under the ticket, for a spend), a bad request, a missing key.
+    /// under the ticket, for a spend), a bad request, a missing key, a payout to an
+    /// instance without a bank (`payouts-unavailable`: nothing stored).
     #[error("refused: {0}")]
     Refused(Box<Problem>),
     /// The spend's commit may or may not have happened (503 `outcome-unknown`). Ask the

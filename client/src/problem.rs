@@ -101,7 +101,9 @@ pub enum ProblemKind {
     Overloaded,
     /// 503: the request took longer than the server allows.
     Timeout,
-    /// 503: this instance sends no payouts.
+    /// 503: this instance has no bank to pay out to (a distributed instance without
+    /// `PAYONCE_BANK_URL`). Nothing was stored; the ticket is still usable. Not resent: it
+    /// is the instance's configuration, and every resend would get it again.
     PayoutsUnavailable,
     /// 503: the bank did not answer.
     BankUnavailable,
@@ -230,10 +232,18 @@ impl Problem {
 
     /// Whether the server stored nothing and the same request may be sent again with the
     /// same ticket: 409 `request-in-progress` or `account-busy`, 429, and every 503 but
-    /// `outcome-unknown` (which [`crate::Intent::send`] reports instead).
+    /// `outcome-unknown` (which [`crate::Intent::send`] reports instead) and
+    /// `payouts-unavailable`.
+    ///
+    /// A 503 is resent because it says the instance cannot serve *now* — a store down, the
+    /// lock lost, too busy — which passes. `payouts-unavailable` does not pass: it says the
+    /// instance was started without a bank, and it answers so until its operator restarts
+    /// it with one. Resending it would only hold the caller up for the whole backoff (a
+    /// load test's clients stalled on it, their other spends waiting behind), so it is
+    /// final, a refusal like a 4xx: nothing was stored and the ticket is still usable.
     pub fn is_resendable(&self) -> bool {
         match self.kind {
-            ProblemKind::OutcomeUnknown => false,
+            ProblemKind::OutcomeUnknown | ProblemKind::PayoutsUnavailable => false,
             ProblemKind::RequestInProgress | ProblemKind::AccountBusy => true,
             _ => matches!(self.status, 429 | 503),
         }
@@ -290,7 +300,7 @@ mod tests {
     }
 
     #[test]
-    fn transient_problems_are_resendable_but_outcome_unknown() {
+    fn transient_problems_are_resendable_but_outcome_unknown_and_payouts_unavailable() {
         for (name, status, resendable) in [
             ("request-in-progress", 409, true),
             ("account-busy", 409, true),
@@ -298,6 +308,7 @@ mod tests {
             ("lock-lost", 503, true),
             ("database-unavailable", 503, true),
             ("outcome-unknown", 503, false),
+            ("payouts-unavailable", 503, false),
             ("idempotency-key-reuse", 422, false),
             ("order-already-paid", 409, false),
         ] {

@@ -1,7 +1,8 @@
 //! payonce-client against a real payonce server (the embedded mode, in this process, on
 //! a port-0 listener): the crate docs' walkthrough, refusals as problem enums, an order
 //! paid once, an answer lost on the way back resent with the same ticket and executed
-//! once, an instance down among the base URLs, webhook signatures.
+//! once, an instance down among the base URLs, webhook signatures. One test starts the
+//! distributed mode instead — an instance without a bank, which needs the tests' Redis.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
@@ -31,7 +32,41 @@ async fn server_with(flags: &[&str]) -> (String, tempfile::TempDir) {
     // The test command exports DATABASE_URL and REDIS_URL; the embedded mode needs neither.
     config.database_url = None;
     config.redis_url = None;
-    let state = api::state::AppState::connect(&config)
+    (serve(&config).await, dir)
+}
+
+/// A payonce server in the distributed mode started without a bank (no
+/// `PAYONCE_BANK_URL`), so that it refuses payouts: its ledger a SQLite file of its own,
+/// its locks in the tests' Redis (`REDIS_URL`, else 127.0.0.1:6379) under a namespace of
+/// its own. Its base URL and the directory it keeps.
+async fn server_without_a_bank() -> (String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().display().to_string();
+    let database = format!("sqlite:{}", dir.path().join("ledger.db").display());
+    let redis = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let namespace = format!("client-tests-{}", uuid::Uuid::new_v4().simple());
+    let mut config = api::config::Cli::parse_from([
+        "payonce",
+        "--data-dir",
+        &data_dir,
+        "--database-url",
+        &database,
+        "--redis-url",
+        &redis,
+        "--redis-namespace",
+        &namespace,
+    ])
+    .config;
+    // Whatever the environment names: no bank, and Redis as the one lock service.
+    config.bank_url = None;
+    config.lock_url = None;
+    (serve(&config).await, dir)
+}
+
+/// Starts a payonce server with `config` in this process, on a port-0 listener; its base
+/// URL.
+async fn serve(config: &api::config::Config) -> String {
+    let state = api::state::AppState::connect(config)
         .await
         .expect("the service starts");
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -42,7 +77,7 @@ async fn server_with(flags: &[&str]) -> (String, tempfile::TempDir) {
         config.request_timeout,
         std::future::pending(),
     ));
-    (base, dir)
+    base
 }
 
 /// A payonce server in the embedded mode with `flags`, and Ada's account opened on it: a
@@ -458,6 +493,71 @@ async fn a_payout_is_sent_once_and_settles() {
         .map(|entry| entry.kind.as_str())
         .collect();
     assert_eq!(kinds, ["opening", "payout"]);
+}
+
+/// A payout to an instance started without a bank is refused at once: 503
+/// `payouts-unavailable` is the instance's configuration, not a passing state, so it is
+/// sent once — not resent, not after a backoff — and comes back as the problem it is;
+/// nothing was stored, and the ticket still spends.
+#[tokio::test]
+async fn a_payout_to_an_instance_without_a_bank_is_refused_not_resent() {
+    let (base, _dir) = server_without_a_bank().await;
+    // A policy that would go on resending for half a minute: the refusal must not wait.
+    let payonce = Client::builder()
+        .base_url(&base)
+        .resend_policy(ResendPolicy {
+            max_attempts: 6,
+            first_backoff: Duration::from_secs(5),
+            max_backoff: Duration::from_secs(5),
+            resend_unanswered: true,
+        })
+        .build()
+        .unwrap();
+    let ada = payonce.open_account(&ada_request()).await.unwrap();
+    let payonce = payonce.with_key(&ada.api_key);
+
+    let sends = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = sends.clone();
+    let mut payout = payonce
+        .payout(
+            ada.id,
+            &payonce_client::types::payouts::PayoutRequest {
+                amount: 200,
+                destination: "DE89370400440532013000".into(),
+            },
+        )
+        .on_attempt(move |attempt| seen.lock().unwrap().push(attempt.status));
+    let started = std::time::Instant::now();
+    let Err(Error::Refused(problem)) = payout.send().await else {
+        panic!("not refused")
+    };
+    let took = started.elapsed();
+    assert_eq!(
+        (problem.status, &problem.kind),
+        (503, &ProblemKind::PayoutsUnavailable)
+    );
+    assert_eq!(*sends.lock().unwrap(), [Some(503)], "sent once");
+    assert!(
+        took < Duration::from_secs(2),
+        "waited for a resend: {took:?}"
+    );
+
+    // Nothing was stored under the ticket: it is still issued, and it spends.
+    let ticket = payout.ticket().unwrap();
+    assert_eq!(
+        payonce.ticket(ticket).await.unwrap().state,
+        TicketState::Issued
+    );
+    let spent = payonce
+        .withdrawal(ada.id, 200)
+        .with_ticket(ticket)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (spent.status, spent.body.balance, spent.replayed),
+        (201, 800, false)
+    );
 }
 
 /// Webhook endpoints: created with a secret, listed, rotated to a new secret, their

@@ -5,7 +5,8 @@
 //! What it checks, per account and per ticket:
 //! - the answers are declared ones: a ticket request answered 201 (with a `ticket_id`), or
 //!   429 or 503 with a declared problem type; a spend answered 201, 402, 409, 422, 429 or
-//!   503 with declared problem types;
+//!   503 with declared problem types — a payout also 503 `payouts-unavailable`: a target
+//!   without a bank, a final answer that stored nothing;
 //! - every request got an answer: without retries, a transport error (connection refused
 //!   or reset, a timeout) is a violation, unless the run expected some ([`AuditOptions`]:
 //!   the matrix's instance-kill cell kills an instance on purpose). With retries the client
@@ -122,13 +123,12 @@ pub enum ViolationKind {
     EventChanged,
 }
 
-const DECLARED_503: [&str; 6] = [
+const DECLARED_503: [&str; 5] = [
     "lock-lost",
     "lock-store-unavailable",
     "database-unavailable",
     "timeout",
     "outcome-unknown",
-    "payouts-unavailable",
 ];
 const DECLARED_409: [&str; 2] = ["request-in-progress", "account-busy"];
 const DECLARED_429: [&str; 1] = ["rate-limited"];
@@ -161,6 +161,15 @@ fn is_transient(attempt: &Attempt) -> bool {
         Some(503) => named(attempt, &DECLARED_503),
         _ => false,
     }
+}
+
+/// A payout refused by a target started without a bank (503 `payouts-unavailable`). Not
+/// transient — the target answers so until it is restarted with a bank, and the client
+/// does not resend it — so the request ended with it, and is not left unresolved. Nothing
+/// was stored by that target: the ticket is read back and its stored outcome decides, as
+/// for a request without a definitive answer (issued: no entry may exist).
+fn is_refused_for_want_of_a_bank(kind: SpendKind, attempt: &Attempt) -> bool {
+    kind == SpendKind::Payout && attempt.payouts_unavailable()
 }
 
 /// What the run expected, beside the contract.
@@ -212,7 +221,9 @@ pub struct Audit {
 /// Requests that ended without a definitive answer: every attempt got no answer or a
 /// transient one (409, 429, 503) — after all the resends the policy allowed. Not
 /// violations: their tickets were read back, and what those show was audited like any
-/// other outcome (an issued ticket has no entry; a completed one, its entry if 201).
+/// other outcome (an issued ticket has no entry; a completed one, its entry if 201). A
+/// payout refused for want of a bank (503 `payouts-unavailable`) is not one: that answer
+/// is final, though its ticket is judged the same way.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Unresolved {
     /// Logical spend requests (an original, a duplicate...) whose final attempt got no
@@ -236,7 +247,10 @@ fn unresolved(history: &History, state: &FinalState) -> Unresolved {
         let settled = spend.attempts.iter().any(|attempt| {
             attempt.role != Role::ChangedDuplicate && is_definitive(spend.kind, attempt)
         });
-        if !settled {
+        let mut last = spend.final_attempts().peekable();
+        let refused = last.peek().is_some()
+            && last.all(|last| is_refused_for_want_of_a_bank(spend.kind, last));
+        if !settled && !refused {
             unresolved.tickets += 1;
             let stored = state.tickets.get(&spend.ticket);
             if stored.is_some_and(|stored| stored.state == "completed") {
@@ -487,7 +501,11 @@ fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_
                 (status == 422 && named(attempt, &["idempotency-key-reuse"]))
                     || is_transient(attempt)
             }
-            _ => is_definitive(spend.kind, attempt) || is_transient(attempt),
+            _ => {
+                is_definitive(spend.kind, attempt)
+                    || is_transient(attempt)
+                    || is_refused_for_want_of_a_bank(spend.kind, attempt)
+            }
         };
         if !declared {
             let what = if attempt.role == Role::ChangedDuplicate {

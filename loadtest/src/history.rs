@@ -117,6 +117,15 @@ impl Attempt {
     pub fn problem(&self) -> Option<&str> {
         self.body.as_ref()?.get("type")?.as_str()
     }
+
+    /// Whether it was answered 503 `payouts-unavailable`: the target was started without a
+    /// bank, and refuses every payout until it is given one.
+    pub fn payouts_unavailable(&self) -> bool {
+        self.status == Some(503)
+            && self
+                .problem()
+                .is_some_and(|kind| kind.ends_with("/payouts-unavailable"))
+    }
 }
 
 /// One `POST /v1/accounts/{id}/tickets`, and its answer.

@@ -4,7 +4,8 @@
 //!
 //! # Map
 //! - `main.rs`: the `loadtest` binary — `loadtest [run]` and `loadtest healthz`.
-//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the read-back.
+//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the read-back;
+//!   payouts stopped when a target turns out to have no bank.
 //! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
 //!   state, so tests can plant faults in recorded histories.
 //! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's
@@ -16,7 +17,8 @@
 //! - [`client`] (`client.rs`): the HTTP calls, nothing more.
 //! - [`retry`] (`retry.rs`): clients that resend, with the same ticket, what got no answer
 //!   or a transient one — bounded attempts, backoff, another target.
-//! - [`report`] (`report.rs`): the summary table, the JSON report, the SVG chart.
+//! - [`report`] (`report.rs`): the summary table, the JSON report, the SVG chart; each
+//!   says why payouts stopped, when they did.
 //! - [`safety`] (`safety.rs`): loopback targets only, unless `--allow-remote`.
 //! - [`healthz`] (`healthz.rs`): the generator benchmark's load — `GET /healthz` as fast as
 //!   the clients can.

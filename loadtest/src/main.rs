@@ -89,8 +89,9 @@ struct RunArgs {
     #[arg(long, default_value = "0.2", value_parser = fraction)]
     changed: f64,
     /// Sends per request, the first included: a request that got no answer, 409
-    /// request-in-progress or account-busy, 429 or 503 is resent with the same ticket (to
-    /// the next target after no answer, a 429 or a 503), up to this many times in all.
+    /// request-in-progress or account-busy, 429 or 503 (but payouts-unavailable, which is
+    /// final) is resent with the same ticket (to the next target after no answer, a 429 or
+    /// a 503), up to this many times in all.
     #[arg(long, default_value_t = RetryPolicy::default().max_attempts,
           value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "no_retry")]
     max_attempts: u32,
@@ -101,8 +102,9 @@ struct RunArgs {
     /// Send each request once: an unanswered one is then a violation (as before retries).
     #[arg(long)]
     no_retry: bool,
-    /// Fraction of spends that are payouts to the bank (0 for none: a target without a
-    /// bank answers them 503 `payouts-unavailable`).
+    /// Fraction of spends that are payouts to the bank (0 for none). A target without a
+    /// bank answers them 503 `payouts-unavailable`: on the first, the run sends no more
+    /// payouts (their share goes to the withdrawals) and its summary says why.
     #[arg(long, default_value = "0.05", value_parser = fraction)]
     payouts: f64,
     /// The bank the targets pay out to (their PAYONCE_BANK_URL): after the run its

@@ -108,6 +108,7 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
             ),
         ),
         ("payouts", payouts(result)),
+        ("payouts stopped", payouts_stopped(result)),
         ("payouts at the bank", bank(result)),
         ("webhooks", webhooks(result)),
         ("violations", result.violations.len().to_string()),
@@ -128,6 +129,21 @@ fn payouts(result: &RunResult) -> String {
         tally.pending,
         drained.waited.as_secs_f64(),
         tally.most_attempts
+    )
+}
+
+/// Whether the run stopped sending payouts, and why: the targets have no bank.
+fn payouts_stopped(result: &RunResult) -> String {
+    let Some(stopped) = &result.payouts_stopped else {
+        return "no".to_owned();
+    };
+    format!(
+        "after {:.1} s: {} has no bank to pay out to (503 payouts-unavailable: \"{}\"); {} payout requests refused, {} payouts of the mix sent as withdrawals instead",
+        stopped.at_ms as f64 / 1000.0,
+        stopped.target,
+        stopped.detail,
+        stopped.refused,
+        stopped.sent_as_withdrawals
     )
 }
 
@@ -233,8 +249,9 @@ fn retry_policy(result: &RunResult) -> String {
 }
 
 /// The JSON report: the retry policy, the counts (attempts, resends), the unresolved
-/// requests, latency, throughput per second, each target's metrics, the violations, and
-/// the whole history with every attempt (API keys left out).
+/// requests, the payouts (and why they stopped, if they did), latency, throughput per
+/// second, each target's metrics, the violations, and the whole history with every
+/// attempt (API keys left out).
 pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
     let latency = &result.latency;
     let report = json!({
@@ -247,6 +264,7 @@ pub fn write_json(result: &RunResult, path: &Path) -> std::io::Result<()> {
         "counts": result.counts,
         "unresolved": result.unresolved,
         "payouts": result.payouts,
+        "payouts_stopped": result.payouts_stopped,
         "drained": result.drained,
         "webhooks": result.webhooks,
         "latency_ms": {
@@ -419,6 +437,7 @@ mod tests {
             timeline: vec![second; 5],
             elapsed: Duration::from_millis(3_500),
             metrics: Vec::new(),
+            payouts_stopped: None,
         };
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("chart.svg");

@@ -13,7 +13,9 @@
 //! resends, is sent again too, within the same bound — the ticket makes that safe, and
 //! the resend, at the next target, learns the outcome. An answer that is no problem
 //! document (a 503 from something in between, say) is final, as it is for the client:
-//! the auditor judges it.
+//! the auditor judges it. So is a 503 `payouts-unavailable`, which the client returns at
+//! once: a target without a bank says it to every payout, and the run, told so, stops
+//! sending payouts (see [`run`](crate::run)).
 
 use std::time::Duration;
 

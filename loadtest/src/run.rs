@@ -26,6 +26,18 @@
 //! ([`on_attempt`](payonce_client::Client::on_attempt)); every one is recorded, numbered,
 //! and audited. A request that ran out of attempts is unresolved and its ticket, read
 //! back, decides (see [`audit`](crate::audit)).
+//!
+//! # Payouts to targets without a bank
+//! A target started without a bank answers every payout 503 `payouts-unavailable`, and
+//! will until it is restarted with one: a setting, not a passing state, which the client
+//! does not resend. The run takes it as the setting it is: on the first such answer it
+//! stops sending payouts — a payout drawn after it goes out as the withdrawal its share
+//! was taken from ([`Mix::payout`]), the same amounts, so each round's funding still holds
+//! — and its result says when, where and why ([`PayoutsStopped`]). Payouts already on
+//! their way are answered the same and recorded like every answer; they stored nothing,
+//! and their tickets are read back and judged like those of requests without a
+//! definitive answer. Payouts a target with a bank accepted before the stop are drained,
+//! read and audited as ever.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -163,6 +175,8 @@ pub struct Mix {
     /// distinct tickets at once, each to another target (two tabs, two taps on "pay").
     pub order: f64,
     /// Payouts to the bank: money leaves like a withdrawal, and the bank is called after.
+    /// Taken from the withdrawals' share, and given back to it when the targets turn out to
+    /// have no bank (see the module docs).
     pub payout: f64,
 }
 
@@ -322,6 +336,56 @@ pub struct RunResult {
     pub elapsed: Duration,
     /// Each target's payonce counters afterwards: (target, [(metric, value)]).
     pub metrics: Vec<(String, Vec<(String, f64)>)>,
+    /// Why the run stopped sending payouts, if it did: a target had no bank.
+    pub payouts_stopped: Option<PayoutsStopped>,
+}
+
+/// The run stopped sending payouts: a target answered one 503 `payouts-unavailable` (see
+/// the module docs).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PayoutsStopped {
+    /// When the first payout answered so was sent, in milliseconds of the run.
+    pub at_ms: u64,
+    /// The target that answered it.
+    pub target: String,
+    /// The answer's `detail`: the target's own words for why it has no bank.
+    pub detail: String,
+    /// Payout requests answered 503 `payouts-unavailable`: the first, and those already on
+    /// their way.
+    pub refused: u64,
+    /// Payouts the mix drew after the stop, sent as withdrawals instead.
+    pub sent_as_withdrawals: u64,
+}
+
+impl PayoutsStopped {
+    /// From the payouts the history shows refused for want of a bank, if any was.
+    fn from_history(history: &History, sent_as_withdrawals: u64) -> Option<Self> {
+        let refused: Vec<&Attempt> = history
+            .spends
+            .iter()
+            .filter(|spend| spend.kind == SpendKind::Payout)
+            .flat_map(|spend| &spend.attempts)
+            .filter(|attempt| attempt.payouts_unavailable())
+            .collect();
+        let first = refused.iter().min_by_key(|attempt| attempt.sent_at_ms)?;
+        Some(Self {
+            at_ms: first.sent_at_ms,
+            target: history
+                .targets
+                .get(first.target)
+                .cloned()
+                .unwrap_or_default(),
+            detail: first
+                .body
+                .as_ref()
+                .and_then(|body| body.get("detail"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            refused: refused.len() as u64,
+            sent_as_withdrawals,
+        })
+    }
 }
 
 /// Why a run could not be carried out (as opposed to finding violations).
@@ -443,6 +507,8 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         budget,
         issued: issued.clone(),
         live: live.clone(),
+        payouts_stopped: AtomicBool::new(false),
+        payouts_as_withdrawals: AtomicU64::new(0),
     });
     let tasks: Vec<_> = (0..options.clients)
         .map(|client| tokio::spawn(client_loop(client, shared.clone())))
@@ -465,6 +531,10 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         ..History::default()
     };
     let elapsed = started.elapsed();
+    let payouts_stopped = PayoutsStopped::from_history(
+        &history,
+        shared.payouts_as_withdrawals.load(Ordering::Relaxed),
+    );
     done.store(true, Ordering::Relaxed);
     let _ = ticker.await;
     progress.finish_and_clear();
@@ -502,6 +572,7 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         timeline,
         elapsed,
         metrics,
+        payouts_stopped,
     })
 }
 
@@ -619,6 +690,11 @@ struct Shared {
     budget: Option<u64>,
     issued: Arc<AtomicU64>,
     live: Arc<Live>,
+    /// Set on the first payout answered 503 `payouts-unavailable`: the targets have no
+    /// bank, so no payout is sent after it (see the module docs).
+    payouts_stopped: AtomicBool,
+    /// Payouts drawn after the stop, sent as withdrawals instead.
+    payouts_as_withdrawals: AtomicU64,
 }
 
 /// One spend a client is about to make.
@@ -655,6 +731,8 @@ async fn client_loop(client: usize, shared: Arc<Shared>) -> Result<Gathered, Run
             tokio::time::sleep(Duration::from_millis(20)).await;
             continue;
         };
+        // Asked as late as can be: the stop may have come while the ticket was taken.
+        let plan = shared.unless_payouts_stopped(plan);
         let records = if plan.kind == SpendKind::OrderPayment {
             shared.pay_order(&plan, ticket, &mut gathered).await
         } else {
@@ -693,6 +771,17 @@ impl Shared {
         Ok(Some(
             self.draw(&accounts, cursor.turn % self.options.targets.len()),
         ))
+    }
+
+    /// The plan as the run may still send it: a payout, once the payouts stopped, becomes
+    /// the withdrawal its share was taken from (a ticket moves nothing until spent, and
+    /// payouts and withdrawals draw the same amounts).
+    fn unless_payouts_stopped(&self, mut plan: Plan) -> Plan {
+        if plan.kind == SpendKind::Payout && self.payouts_stopped.load(Ordering::Relaxed) {
+            plan.kind = SpendKind::Withdrawal;
+            self.payouts_as_withdrawals.fetch_add(1, Ordering::Relaxed);
+        }
+        plan
     }
 
     /// Draws a spend at random: the account, the kind by the mix, the amount, whether it
@@ -822,16 +911,21 @@ impl Shared {
                 spending.request(Role::ConcurrentDuplicate, target + 1, amount)
             );
             attempts.extend(first.into_iter().chain(second));
-            attempts.extend(
-                spending
-                    .request(Role::LateDuplicate, target + 2, amount)
-                    .await,
-            );
+            // A payout's later copies are payouts too: none is sent after the stop.
+            let stopped =
+                plan.kind == SpendKind::Payout && self.payouts_stopped.load(Ordering::Relaxed);
+            if !stopped {
+                attempts.extend(
+                    spending
+                        .request(Role::LateDuplicate, target + 2, amount)
+                        .await,
+                );
+            }
             let executed = plan.kind.executed_status();
             let settled = attempts
                 .iter()
                 .any(|attempt| attempt.status == Some(executed) || attempt.status == Some(402));
-            if plan.changed && settled {
+            if plan.changed && settled && !stopped {
                 attempts.extend(
                     spending
                         .request(Role::ChangedDuplicate, target + 2, amount + 1)
@@ -987,7 +1081,12 @@ impl Spending<'_> {
             // An order payment without its order is never planned.
             (SpendKind::OrderPayment, None) => {}
         }
-        std::mem::take(&mut *lock(&seen))
+        let attempts = std::mem::take(&mut *lock(&seen));
+        if self.plan.kind == SpendKind::Payout && attempts.iter().any(Attempt::payouts_unavailable)
+        {
+            self.shared.payouts_stopped.store(true, Ordering::Relaxed);
+        }
+        attempts
     }
 
     /// Sends the intent with the spend's ticket and headers, by the run's policy.

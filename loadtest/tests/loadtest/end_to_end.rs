@@ -77,8 +77,24 @@ impl Distributed {
         }
     }
 
-    /// Starts an instance on these, with `extra` flags; returns its base URL.
+    /// Starts an instance on these, paying out to the shared bank, with `extra` flags;
+    /// returns its base URL.
     pub async fn serve(&self, extra: &[&str]) -> String {
+        let mut flags = vec!["--bank-url", self.bank.as_str()];
+        flags.extend_from_slice(extra);
+        serve(self.config(&flags)).await
+    }
+
+    /// Starts an instance on these without a bank (whatever `PAYONCE_BANK_URL` says): it
+    /// refuses every payout, 503 `payouts-unavailable`. Returns its base URL.
+    pub async fn serve_without_a_bank(&self) -> String {
+        let mut config = self.config(&[]);
+        config.bank_url = None;
+        serve(config).await
+    }
+
+    /// The configuration of an instance on these, with `extra` flags.
+    fn config(&self, extra: &[&str]) -> Config {
         let mut flags = vec![
             "--database-url",
             self.database.url(),
@@ -86,11 +102,9 @@ impl Distributed {
             &self.redis,
             "--redis-namespace",
             &self.namespace,
-            "--bank-url",
-            &self.bank,
         ];
         flags.extend_from_slice(extra);
-        serve(config(&flags)).await
+        config(&flags)
     }
 }
 

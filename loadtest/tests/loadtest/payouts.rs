@@ -1,14 +1,19 @@
 //! Payouts through the auditor: a failed payout's money comes back once, and the bank's
-//! transfers are reconciled with the payouts — planted faults are found.
+//! transfers are reconciled with the payouts — planted faults are found. A payout refused
+//! by a target without a bank is a final answer, judged by its ticket; and a real run
+//! against instances without a bank stops its payouts and says why.
 
-use loadtest::audit::{AuditOptions, ViolationKind, audit_with};
+use loadtest::audit::{AuditOptions, Unresolved, ViolationKind, audit_with};
 use loadtest::history::{
     AccountRecord, AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History,
-    PayoutState, PayoutStatus, Role, SpendKind, SpendRecord, TransferState,
+    PayoutState, PayoutStatus, Role, SpendKind, SpendRecord, TicketState, TransferState,
 };
+use loadtest::report::{print_summary, write_json};
+use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
 use crate::audit::kinds;
+use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
 
@@ -226,4 +231,152 @@ fn a_payout_is_answered_202_and_nothing_else_is() {
     let (mut history, state) = clean();
     history.spends[0].kind = SpendKind::Withdrawal;
     assert!(kinds(&history, &state).contains(&ViolationKind::UndeclaredAnswer));
+}
+
+/// A payout to a target without a bank: 503 `payouts-unavailable`, from the original and
+/// its concurrent copy, each sent once.
+fn refused_for_want_of_a_bank(ticket: &str, amount: i64) -> SpendRecord {
+    let refused = |role, target| Attempt {
+        role,
+        attempt: 1,
+        target,
+        amount,
+        status: Some(503),
+        replayed: false,
+        body: Some(json!({
+            "type": "/problems/payouts-unavailable", "title": "Payouts unavailable",
+            "status": 503, "detail": "payouts are not set up on this instance"
+        })),
+        sent_at_ms: 5,
+        latency_us: 800,
+        error: None,
+        retry_after: None,
+    };
+    SpendRecord {
+        ticket: ticket.into(),
+        account: ACCOUNT.into(),
+        kind: SpendKind::Payout,
+        amount,
+        order: None,
+        attempts: vec![
+            refused(Role::Original, 0),
+            refused(Role::ConcurrentDuplicate, 1),
+        ],
+    }
+}
+
+/// A payout refused for want of a bank ends there — not unresolved — and its ticket,
+/// read back, decides: still issued, it has no entry and moved nothing. The same answer to
+/// a withdrawal is not declared.
+#[test]
+fn a_payout_refused_for_want_of_a_bank_is_final_and_judged_by_its_ticket() {
+    let (mut history, mut state) = clean();
+    history.spends.push(refused_for_want_of_a_bank("t3", 30));
+    let issued = TicketState {
+        state: "issued".into(),
+        status: None,
+        body: None,
+    };
+    state.tickets.insert("t3".into(), issued);
+    let audited = audit_with(&history, &state, &AuditOptions::default());
+    assert_eq!(audited.violations, vec![]);
+    assert_eq!(audited.unresolved, Unresolved::default());
+
+    let mut withdrawal = history.clone();
+    if let Some(spend) = withdrawal.spends.last_mut() {
+        spend.kind = SpendKind::Withdrawal;
+    }
+    assert!(kinds(&withdrawal, &state).contains(&ViolationKind::UndeclaredAnswer));
+}
+
+/// A ticket whose payout requests all ended refused for want of a bank, yet which the
+/// read-back shows executed (another target accepted it): the stored outcome is judged
+/// like any other, and a payout with no entry is found.
+#[test]
+fn a_refused_payout_whose_ticket_executed_after_all_needs_its_entry() {
+    let (mut history, mut state) = clean();
+    history.spends.push(refused_for_want_of_a_bank("t3", 30));
+    let executed = TicketState {
+        state: "completed".into(),
+        status: Some(202),
+        body: accepted("t3", "p3", 30, 50).body,
+    };
+    state.tickets.insert("t3".into(), executed);
+    let found = kinds(&history, &state);
+    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+}
+
+/// Against instances started without a bank, the run stops sending payouts on the first
+/// 503 `payouts-unavailable`: the payouts already on their way are refused, each sent once
+/// and none left unresolved; the rest of the payouts' share goes out as withdrawals; the
+/// audit passes; and the summary and the JSON report say why payouts stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_run_against_instances_without_a_bank_stops_its_payouts_and_says_why() {
+    let shared = Distributed::new().await;
+    let targets = vec![
+        shared.serve_without_a_bank().await,
+        shared.serve_without_a_bank().await,
+    ];
+    let options = options(targets.clone());
+    let clients = options.clients;
+    let result = run(RunOptions {
+        // A fifth of the spends drawn as payouts: many are drawn after the stop.
+        mix: Mix {
+            withdrawal: 0.2,
+            payout: 0.2,
+            ..Mix::default()
+        },
+        ..options
+    })
+    .await
+    .unwrap();
+    assert!(result.violations.is_empty(), "{:#?}", result.violations);
+    assert_eq!(result.unresolved, Unresolved::default());
+
+    let stopped = result.payouts_stopped.clone().expect("payouts stopped");
+    assert!(targets.contains(&stopped.target), "{stopped:?}");
+    assert!(stopped.detail.contains("PAYONCE_BANK_URL"), "{stopped:?}");
+    assert!(stopped.sent_as_withdrawals > 0, "{stopped:?}");
+    // Only the payouts on their way before the first refusal was known were sent — one at
+    // most per client — and each request once: every one refused.
+    let payouts: Vec<&SpendRecord> = result
+        .history
+        .spends
+        .iter()
+        .filter(|spend| spend.kind == SpendKind::Payout)
+        .collect();
+    assert!(
+        !payouts.is_empty() && payouts.len() <= clients,
+        "{} payouts sent",
+        payouts.len()
+    );
+    let attempts: Vec<&Attempt> = payouts.iter().flat_map(|payout| &payout.attempts).collect();
+    assert!(
+        attempts
+            .iter()
+            .all(|attempt| attempt.payouts_unavailable() && attempt.attempt == 1),
+        "{attempts:#?}"
+    );
+    assert_eq!(stopped.refused, attempts.len() as u64);
+    assert_eq!((result.counts.accepted, result.payouts.payouts), (0, 0));
+
+    let mut summary = Vec::new();
+    print_summary(&result, &mut summary).unwrap();
+    let summary = String::from_utf8(summary).unwrap();
+    let line = summary
+        .lines()
+        .find(|line| line.starts_with("payouts stopped"))
+        .unwrap_or_else(|| panic!("{summary}"));
+    assert!(
+        line.contains("has no bank") && line.contains(&stopped.detail),
+        "{line}"
+    );
+    assert!(summary.contains("AUDIT PASSED"), "{summary}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    write_json(&result, &path).unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(report["payouts_stopped"]["detail"], json!(stopped.detail));
+    assert_eq!(report["payouts_stopped"]["refused"], json!(stopped.refused));
 }
