@@ -119,7 +119,8 @@ pub enum ProblemKind {
     DeliveryNotFound,
     /// 409: a worker is sending this delivery right now.
     DeliveryInFlight,
-    /// 503: this instance sends no webhooks.
+    /// 503: this instance sends no webhooks. Not resent: like `PayoutsUnavailable`, it is
+    /// the instance's configuration.
     WebhooksUnavailable,
     /// 405: the path does not take this method.
     MethodNotAllowed,
@@ -232,18 +233,20 @@ impl Problem {
 
     /// Whether the server stored nothing and the same request may be sent again with the
     /// same ticket: 409 `request-in-progress` or `account-busy`, 429, and every 503 but
-    /// `outcome-unknown` (which [`crate::Intent::send`] reports instead) and
-    /// `payouts-unavailable`.
+    /// `outcome-unknown` (which [`crate::Intent::send`] reports instead),
+    /// `payouts-unavailable` and `webhooks-unavailable`.
     ///
     /// A 503 is resent because it says the instance cannot serve *now* — a store down, the
     /// lock lost, too busy — which passes. `payouts-unavailable` does not pass: it says the
     /// instance was started without a bank, and it answers so until its operator restarts
-    /// it with one. Resending it would only hold the caller up for the whole backoff (a
+    /// it with one (`webhooks-unavailable` likewise, of an instance without webhooks). Resending it would only hold the caller up for the whole backoff (a
     /// load test's clients stalled on it, their other spends waiting behind), so it is
     /// final, a refusal like a 4xx: nothing was stored and the ticket is still usable.
     pub fn is_resendable(&self) -> bool {
         match self.kind {
-            ProblemKind::OutcomeUnknown | ProblemKind::PayoutsUnavailable => false,
+            ProblemKind::OutcomeUnknown
+            | ProblemKind::PayoutsUnavailable
+            | ProblemKind::WebhooksUnavailable => false,
             ProblemKind::RequestInProgress | ProblemKind::AccountBusy => true,
             _ => matches!(self.status, 429 | 503),
         }
@@ -309,6 +312,8 @@ mod tests {
             ("database-unavailable", 503, true),
             ("outcome-unknown", 503, false),
             ("payouts-unavailable", 503, false),
+            ("webhooks-unavailable", 503, false),
+            ("timeout", 503, true),
             ("idempotency-key-reuse", 422, false),
             ("order-already-paid", 409, false),
         ] {

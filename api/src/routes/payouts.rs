@@ -89,7 +89,7 @@ pub(crate) fn payout_view(payout: Payout) -> PayoutView {
         (status = 415, response = NotJson),
         (status = 422, description = "An amount outside 1..=10^12 or a malformed destination (`invalid-request`: nothing stored), `Payonce-Bank-Fault` sent to an instance whose bank is at PAYONCE_BANK_URL (`bank-fault-refused`: nothing stored), or the ticket was used for a different request", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Too many spends for this account; nothing stored — resend with the same ticket after `Retry-After` seconds", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Database or lock store unavailable, lock lost, the instance overloaded, or no bank on this instance (`payouts-unavailable`) — nothing stored; or `outcome-unknown` — the money may have left. Resend with the same ticket either way", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Database or lock store unavailable, lock lost, or the instance overloaded — nothing stored; or `outcome-unknown` — the money may have left: resend with the same ticket either way. Or no bank on this instance (`payouts-unavailable`): its configuration, which a resend does not change — nothing stored, the ticket still usable", body = Problem, content_type = "application/problem+json"),
     )
 )]
 pub async fn send_payout(
