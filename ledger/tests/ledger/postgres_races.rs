@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ledger::testing::TestDatabase;
-use ledger::webhooks::{AttemptAnswer, DeliveryOutcome, DeliveryStatus};
+use ledger::webhooks::{AttemptAnswer, DeliveryOutcome, DeliveryStatus, EndpointId};
 use ledger::{AccountId, Ledger, Reaped, TicketId};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
@@ -752,6 +752,18 @@ async fn until_paused(monitor: &mut PgConnection) {
     panic!("no transaction paused within 10 s");
 }
 
+/// An account with an endpoint and a withdrawal whose delivery to it is queued.
+async fn a_spend_with_an_endpoint(database: &TestDatabase) -> (Ledger, AccountId, EndpointId) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    (ledger, account_id, endpoint)
+}
+
 /// A spend queues a delivery for an endpoint; before it commits, the endpoint is deleted.
 /// The delete must not answer while that delivery can still go out: it ends it (the
 /// delete waits for the spend's commit). Without that the delivery stays open and goes to
@@ -810,13 +822,7 @@ async fn an_endpoint_deleted_while_a_spend_queues_for_it_is_sent_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_delivery_reopened_while_its_endpoint_is_deleted_ends_with_it() {
     let database = TestDatabase::postgres().await.unwrap();
-    let ledger = open(&database).await;
-    let account_id = account(&ledger, 1000, 0).await;
-    let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
-    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
-        .await
-        .unwrap();
+    let (ledger, account_id, endpoint) = a_spend_with_an_endpoint(&database).await;
     let job = ledger
         .claim_deliveries("w", HOUR, 10)
         .await
@@ -865,13 +871,7 @@ async fn a_delivery_reopened_while_its_endpoint_is_deleted_ends_with_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_claim_ends_a_delivery_of_a_deleted_endpoint_unsent() {
     let database = TestDatabase::postgres().await.unwrap();
-    let ledger = open(&database).await;
-    let account_id = account(&ledger, 1000, 0).await;
-    let endpoint = crate::webhooks::endpoint(&ledger, account_id, None).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
-    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
-        .await
-        .unwrap();
+    let (ledger, _, endpoint) = a_spend_with_an_endpoint(&database).await;
     let mut admin = connect(&database).await;
     sqlx::query("UPDATE webhook_endpoints SET deleted_at = now() WHERE id = $1")
         .bind(endpoint.0)
