@@ -34,7 +34,9 @@
 //!   keeps both; a waiter that arrives at a row being pruned waits for the batch to
 //!   commit, finds no row and makes it again, its counter from the clock. Kept as well: a
 //!   counter above the clock (raised past it) and, with a lock-delay, one whose last
-//!   holder never released. Needs `SKIP LOCKED`: MariaDB 10.6 or later.
+//!   holder never released. A batch locks and deletes row by row, by primary key, never
+//!   by a list the server might answer with a scan: a scan would take other keys' rows
+//!   (see `per_key`). Needs `SKIP LOCKED`: MariaDB 10.6 or later.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -259,12 +261,32 @@ fn hex_literal(name: impl AsRef<[u8]>) -> String {
     literal
 }
 
-/// Keys as a list of literals, for `IN (…)`.
+/// Keys as a list of literals, for `IN (…)` in a read that locks nothing (see
+/// [`per_key`]).
 fn hex_list<'a>(keys: impl IntoIterator<Item = &'a Vec<u8>>) -> String {
     keys.into_iter()
         .map(hex_literal)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// `statement` for each key (given the key's literal), to be sent in one round trip.
+/// Pruning reaches each row it locks or deletes by the whole primary key, one lookup per
+/// statement, never through `IN (…)`: for a list the optimizer may scan the table
+/// instead — it does when the list is most of a small table, as on a new server — and a
+/// locking scan locks the row of every key it passes and waits for each held one;
+/// granted it at its holder's release, it keeps it until the batch commits (READ
+/// COMMITTED lets go only of the rows it did not wait for). The key just released is then
+/// held by the batch: a `try_acquire` finds it taken, a waiter waits, and the batch
+/// itself waits, up to the server's lock wait timeout, for the next held row it passes.
+fn per_key<'a>(
+    keys: impl IntoIterator<Item = &'a Vec<u8>>,
+    statement: impl Fn(&str) -> String,
+) -> String {
+    keys.into_iter()
+        .map(|key| statement(&hex_literal(key)))
+        .collect::<Vec<_>>()
+        .join(";\n")
 }
 
 /// The server ended a lock wait: `NOWAIT`/`WAIT` ran out, or `max_statement_time` did.
@@ -674,10 +696,11 @@ impl MySqlRowBackend {
     /// key keeps both. Waiters wait only on a held row; one that comes to a row this
     /// batch locked waits for its commit, finds no row, and makes it again with its
     /// counter from the clock — above the deleted one, which was below the clock. The
-    /// batch never waits for a lock, so it holds up a grant for no longer than its own
-    /// few statements. Reads in READ COMMITTED: the rows' check sees the holders' rows,
-    /// with no gap locks to hold up rows being made. The candidates it found, and the keys
-    /// it forgot.
+    /// batch never waits for a lock nor takes another key's row ([`per_key`]), so it
+    /// holds up a grant of its keys for no longer than its own statements, and no other
+    /// grant at all. Reads in READ COMMITTED: the rows' check sees the holders' rows, with
+    /// no gap locks to hold up rows being made. The candidates it found, and the keys it
+    /// forgot.
     async fn prune_batch(
         &self,
         idle_for: Duration,
@@ -736,27 +759,29 @@ impl MySqlRowBackend {
     }
 
     /// Deletes the candidates' rows that nobody holds, then the counters of the keys left
-    /// without a row, and commits. How many keys it forgot.
+    /// without a row, and commits; it locks and deletes key by key ([`per_key`]), so it
+    /// touches no other key's row. How many keys it forgot.
     async fn delete_unheld(
         &self,
         slot: &mut Slot<MySql>,
         candidates: &[(Vec<u8>, PrimitiveDateTime)],
     ) -> Result<u64, LockError> {
-        let keys = hex_list(candidates.iter().map(|(key, _)| key));
+        let keys = || candidates.iter().map(|(key, _)| key);
         let free = self
             .keys(
                 slot,
-                format!(
-                    "SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})
-                     FOR UPDATE SKIP LOCKED"
-                ),
+                per_key(keys(), |key| {
+                    format!(
+                        "SELECT lock_key FROM payonce_lock_rows WHERE lock_key = {key}
+                         FOR UPDATE SKIP LOCKED"
+                    )
+                }),
             )
             .await?;
         if !free.is_empty() {
-            let delete = format!(
-                "DELETE FROM payonce_lock_rows WHERE lock_key IN ({})",
-                hex_list(&free)
-            );
+            let delete = per_key(&free, |key| {
+                format!("DELETE FROM payonce_lock_rows WHERE lock_key = {key}")
+            });
             self.run(
                 None,
                 sqlx::raw_sql(AssertSqlSafe(delete)).execute(&mut **slot.connection()),
@@ -764,11 +789,15 @@ impl MySqlRowBackend {
             .await
             .map_err(|error| self.failed(&error))?;
         }
-        // What is left of those rows is held (or was made since, for a grant to come).
+        // What is left of those rows is held (or was made since, for a grant to come). A
+        // plain read, which locks nothing however the optimizer reads the list.
         let kept: std::collections::HashSet<Vec<u8>> = self
             .keys(
                 slot,
-                format!("SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({keys})"),
+                format!(
+                    "SELECT lock_key FROM payonce_lock_rows WHERE lock_key IN ({})",
+                    hex_list(keys())
+                ),
             )
             .await?
             .into_iter()
@@ -781,10 +810,10 @@ impl MySqlRowBackend {
         let finish = if forgotten.is_empty() {
             "COMMIT".to_owned()
         } else {
-            format!(
-                "DELETE FROM payonce_lock_fences WHERE lock_key IN ({}); COMMIT",
-                hex_list(forgotten.iter().copied())
-            )
+            let delete = per_key(forgotten.iter().copied(), |key| {
+                format!("DELETE FROM payonce_lock_fences WHERE lock_key = {key}")
+            });
+            format!("{delete}; COMMIT")
         };
         self.finish_batch(slot, finish).await?;
         Ok(forgotten.len() as u64)

@@ -1,9 +1,10 @@
 //! What only MySQL / MariaDB can show: exclusion across processes through the lock table,
 //! its expiry judged by the server's clock, the statements a hand-off costs; and for row
-//! locks, the server's queue across processes, a holder's connection killed, and a paused
-//! holder's transaction ended by the server. On the
-//! shared server (`MYSQL_URL`, else root@127.0.0.1:3306, database `payonce_locks`), each
-//! test under a namespace of its own; nothing here stops it.
+//! locks, the server's queue across processes, a holder's connection killed, a paused
+//! holder's transaction ended by the server, and pruning that takes no other key's row.
+//! On the shared server (`MYSQL_URL`, else root@127.0.0.1:3306, database
+//! `payonce_locks`), each test under a namespace of its own — or, where it needs one, in
+//! a database of its own, dropped after it; nothing here stops it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -686,4 +687,61 @@ async fn row_state_stays_bounded_by_the_keys_in_use() {
         tables: ROW_TABLES,
     };
     crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
+}
+
+/// A pruning pass locks no row of a key it does not prune: another namespace's key, held
+/// while the pass runs, is free the moment its holder releases it, and the pass ends
+/// without waiting for the keys still held. In a database of the test's own, where the
+/// pruned keys are most of the table: the optimizer then scans the table for a list of
+/// keys, and a scan would queue on each held row it met, be granted it at its holder's
+/// release and keep it until the batch commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn row_pruning_locks_no_other_keys_row() {
+    let idle = Duration::from_millis(300);
+    let mut url = url::Url::parse(&row_url()).unwrap();
+    let database = format!("payonce_prune_{:08x}", rand::random::<u32>());
+    url.set_path(&format!("/{database}"));
+    let pruned = lock::open(url.as_str(), &row_options(&namespace())).unwrap();
+    let others = lock::open(url.as_str(), &row_options(&namespace())).unwrap();
+    for key in 0..50 {
+        let mut guard = pruned
+            .try_acquire(&format!("k{key}"), SECOND)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    let mut first = others.try_acquire("a", 10 * SECOND).await.unwrap().unwrap();
+    let mut second = others.try_acquire("b", 10 * SECOND).await.unwrap().unwrap();
+    sleep(idle + Duration::from_millis(100)).await;
+
+    let pass = {
+        let pruned = pruned.clone();
+        tokio::spawn(async move { pruned.prune_idle(idle).await })
+    };
+    sleep(Duration::from_millis(300)).await;
+    assert!(first.release().await.unwrap());
+    let retaken = others.try_acquire("a", SECOND).await.unwrap();
+    let free_at_once = retaken.is_some();
+    if let Some(mut retaken) = retaken {
+        assert!(retaken.release().await.unwrap());
+    }
+    let ended = timeout(5 * SECOND, pass).await;
+    assert!(second.release().await.unwrap());
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS `{database}`"
+    )))
+    .execute(&operator().await)
+    .await
+    .unwrap();
+
+    assert!(
+        free_at_once,
+        "a key released during the pass was found held: the pass took its row"
+    );
+    let forgotten = ended
+        .expect("the pass waited for a row it does not prune")
+        .unwrap()
+        .unwrap();
+    assert_eq!(forgotten, 50);
 }
