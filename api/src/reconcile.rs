@@ -13,19 +13,48 @@
 //! - the bank holds no executed transfer payonce does not know;
 //! - `pending` payouts are listed with their age (not a fault by themselves: the bank's
 //!   word has not come yet).
+//!
+//! # On a running system
+//!
+//! Payouts are made, sent and settled while this reads, and the two sides cannot be read
+//! at one instant. What makes the comparison right anyway is the order in which things
+//! happen to one payout: its row commits; only then can a worker send it (its job commits
+//! with it); the bank executes it, or refuses it or closes its key for good, before it
+//! answers; and only after that answer is the payout settled here. So it reads, in turn:
+//!
+//! 1. **Every payout, in one statement** ([`Ledger::every_payout`]): one snapshot, so no
+//!    payout that commits meanwhile slips between two pages, and each status is as of
+//!    that instant.
+//! 2. **Then the bank's transfers.** A payout `succeeded` in the snapshot was executed
+//!    before the snapshot, so the bank shows its transfer (committed before the first of
+//!    the bank's pages was read, it is on the page that holds its id): "the bank has no
+//!    transfer for it" is never a race. A payout `failed` in the snapshot will never be executed, so
+//!    an executed transfer for it is never a race either. (Read the other way round, a
+//!    payout settled between the two reads would be `succeeded` without its transfer.)
+//! 3. **Then the payouts named by transfers the snapshot did not know**, one by one by
+//!    id. A transfer the bank executed was sent after its payout committed, so when the
+//!    bank has been read that payout is there to find: a payout made after the snapshot
+//!    and paid out before the bank was read is found now, and compared like the rest,
+//!    instead of being "a transfer payonce does not know". Its status, read after the
+//!    bank, cannot contradict the bank by timing: a payout settles only on the bank's word
+//!    about the one transfer its key can have, which the bank already showed. What stays
+//!    unknown is a transfer that names no payout payonce has ever committed.
+//!
+//! A payout made after the snapshot and not executed when the bank was read is simply not
+//! in this reconciliation — nothing about it can disagree yet; the next run sees it.
 
 use std::collections::HashSet;
 use std::time::Duration;
 
 use bank::{State, TransferPage, TransferView as Transfer};
 use ledger::Ledger;
-use ledger::payouts::{Payout, PayoutId, PayoutStatus, bank_key};
+use ledger::payouts::{Payout, PayoutId, PayoutStatus, bank_key, payout_of_bank_key};
 use time::OffsetDateTime;
 
 /// What reconciling found.
 #[derive(Debug, Default)]
 pub struct Reconciliation {
-    /// Payouts in the ledger.
+    /// Payouts compared: those of the snapshot, and those found after it by a transfer.
     pub payouts: usize,
     /// Executed transfers at the bank.
     pub executed: usize,
@@ -42,27 +71,49 @@ impl Reconciliation {
     }
 }
 
-/// Reads every payout and every transfer, and compares them.
+/// Reads every payout, then every transfer, then the payouts of transfers the first read
+/// did not know (in that order: see the module's docs), and compares them.
 pub async fn reconcile(ledger: &Ledger, bank: &url::Url) -> Result<Reconciliation, String> {
-    let payouts = all_payouts(ledger).await?;
+    let mut payouts = ledger
+        .every_payout()
+        .await
+        .map_err(|error| format!("reading the payouts: {error}"))?;
     let transfers = all_transfers(bank).await?;
+    let since = committed_since(ledger, &payouts, &transfers).await?;
+    payouts.extend(since);
     Ok(compare(&payouts, &transfers, OffsetDateTime::now_utc()))
 }
 
-async fn all_payouts(ledger: &Ledger) -> Result<Vec<Payout>, String> {
-    let mut all: Vec<Payout> = Vec::new();
-    loop {
-        let after = all.last().map(|payout| payout.id);
-        let page = ledger
-            .payouts(None, None, after, 1000)
+/// The payouts that executed transfers name — by their key or their reference — and that
+/// are not in `payouts`: read now, after the bank, each once. (Those that committed after
+/// `payouts` was read; a name that is no payout's finds nothing.)
+async fn committed_since(
+    ledger: &Ledger,
+    payouts: &[Payout],
+    transfers: &[Transfer],
+) -> Result<Vec<Payout>, String> {
+    let known: HashSet<PayoutId> = payouts.iter().map(|payout| payout.id).collect();
+    let mut named: Vec<PayoutId> = transfers
+        .iter()
+        .filter(|transfer| transfer.state == State::Executed)
+        .flat_map(|transfer| {
+            let by_reference = transfer.reference.parse().ok().map(PayoutId);
+            [payout_of_bank_key(&transfer.idempotency_key), by_reference]
+        })
+        .flatten()
+        .filter(|id| !known.contains(id))
+        .collect();
+    named.sort_unstable();
+    named.dedup();
+    let mut found = Vec::new();
+    for id in named {
+        let payout = ledger
+            .payout(id)
             .await
-            .map_err(|error| format!("reading the payouts: {error}"))?;
-        let full = page.len() == 1000;
-        all.extend(page);
-        if !full {
-            return Ok(all);
-        }
+            .map_err(|error| format!("reading payout {id}: {error}"))?;
+        found.extend(payout);
     }
+    Ok(found)
 }
 
 async fn all_transfers(bank: &url::Url) -> Result<Vec<Transfer>, String> {

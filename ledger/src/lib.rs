@@ -537,6 +537,14 @@ impl Ledger {
             .await
     }
 
+    /// Every payout, as of one instant, oldest first: one statement, whose snapshot holds
+    /// every payout committed before it began — where pages, each a snapshot of its own,
+    /// can pass over one that commits between them. What `payonce reconcile` compares
+    /// with the bank.
+    pub async fn every_payout(&self) -> Result<Vec<Payout>, LedgerError> {
+        self.store.every_payout().await
+    }
+
     /// How many payouts are pending, and since when the oldest: what a metric reads every
     /// few seconds, on the partial index of pending payouts (`payout_counts` counts every
     /// payout).

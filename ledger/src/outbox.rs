@@ -61,6 +61,10 @@ const PAYOUTS: &str = concat!(
      LIMIT $4"
 );
 
+/// Every payout, in one statement: one snapshot of the table, which no payout that
+/// commits meanwhile can slip through (as one could between two pages).
+const EVERY_PAYOUT: &str = concat!("SELECT ", payout_columns!(), " ORDER BY p.created_at, p.id");
+
 /// The pending payouts' count and the oldest one's creation, on the partial index of
 /// pending payouts: cheap however many settled ones the table holds.
 const PENDING: &str = "
@@ -381,7 +385,16 @@ where
             .collect()
     }
 
-    /// How many payouts stand in each status, and since when the oldest pending one.
+    /// Every payout, as of one instant ([`EVERY_PAYOUT`]).
+    pub(crate) async fn read_every_payout(&self) -> Result<Vec<Payout>, LedgerError> {
+        let query = || sqlx::query_as::<_, PayoutRow>(EVERY_PAYOUT).fetch_all(&self.pool);
+        self.on_live_connection(query)
+            .await?
+            .into_iter()
+            .map(Payout::try_from)
+            .collect()
+    }
+
     /// How many payouts are pending, and since when the oldest.
     pub(crate) async fn count_pending(
         &self,
@@ -394,6 +407,7 @@ where
         ))
     }
 
+    /// How many payouts stand in each status, and since when the oldest pending one.
     pub(crate) async fn count_payouts(&self) -> Result<PayoutCounts, LedgerError> {
         let query = || sqlx::query_as::<_, (String, i64, Timestamp)>(COUNTS).fetch_all(&self.pool);
         let mut counts = PayoutCounts::default();

@@ -84,9 +84,18 @@ impl Payout {
     }
 }
 
+/// What every payout's bank key starts with.
+const BANK_KEY_PREFIX: &str = "payonce-payout-";
+
 /// The bank's idempotency key for payout `id` (see [`Payout::bank_key`]).
 pub fn bank_key(id: PayoutId) -> String {
-    format!("payonce-payout-{id}")
+    format!("{BANK_KEY_PREFIX}{id}")
+}
+
+/// The payout a bank key is [`bank_key`] of, if it is one.
+pub fn payout_of_bank_key(key: &str) -> Option<PayoutId> {
+    let id = key.strip_prefix(BANK_KEY_PREFIX)?.parse().ok()?;
+    Some(PayoutId(id)).filter(|id| bank_key(*id) == key)
 }
 
 /// A payout's job, claimed by one worker until `lease_until`: the worker asks the bank,
@@ -182,5 +191,17 @@ mod tests {
         let id = PayoutId::random();
         assert_eq!(bank_key(id), bank_key(id));
         assert_ne!(bank_key(id), bank_key(PayoutId::random()));
+        assert_eq!(payout_of_bank_key(&bank_key(id)), Some(id));
+        let upper = bank_key(id)
+            .to_uppercase()
+            .replace("PAYONCE-PAYOUT-", "payonce-payout-");
+        for other in [
+            upper.as_str(),
+            "payonce-payout-",
+            "fresh-key-1",
+            &id.to_string(),
+        ] {
+            assert_eq!(payout_of_bank_key(other), None, "{other}");
+        }
     }
 }

@@ -94,6 +94,8 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         after: Option<PayoutId>,
         limit: i64,
     ) -> Result<Vec<Payout>, LedgerError>;
+    /// Every payout, as of one instant.
+    async fn every_payout(&self) -> Result<Vec<Payout>, LedgerError>;
     async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError>;
     /// How many payouts are pending, and since when the oldest (cheap: the partial index).
     async fn pending_payouts(&self) -> Result<(u64, Option<OffsetDateTime>), LedgerError>;
@@ -429,6 +431,10 @@ where
         limit: i64,
     ) -> Result<Vec<Payout>, LedgerError> {
         self.list_payouts(account, status, after, limit).await
+    }
+
+    async fn every_payout(&self) -> Result<Vec<Payout>, LedgerError> {
+        self.read_every_payout().await
     }
 
     async fn payout_counts(&self) -> Result<PayoutCounts, LedgerError> {

@@ -19,6 +19,7 @@ mod openapi;
 mod operations;
 mod payouts;
 mod readme;
+mod reconcile;
 mod traces;
 mod webhooks;
 

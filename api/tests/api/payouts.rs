@@ -13,10 +13,10 @@ use crate::helpers::{
 
 /// A bank for one test: a `payonce-bank` process of its own (killed when dropped), its
 /// store in a directory of its own, and a client to ask it what it did.
-struct TestBank {
-    url: String,
+pub(crate) struct TestBank {
+    pub(crate) url: String,
     process: bank::testing::BankProcess,
-    client: reqwest::Client,
+    pub(crate) client: reqwest::Client,
 }
 
 impl TestBank {
@@ -33,7 +33,7 @@ impl TestBank {
         }
     }
 
-    async fn plain() -> Self {
+    pub(crate) async fn plain() -> Self {
         Self::start(&[]).await
     }
 
@@ -91,7 +91,7 @@ impl TestBank {
     }
 
     /// The bank goes away: its process is killed.
-    async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.process.kill().await;
     }
 }
@@ -111,7 +111,7 @@ const QUICK_SCHEDULE: [&str; 8] = [
 
 /// The flags of an instance that pays out to `bank`, on the quick schedule; each call
 /// bounded by `timeout`, each claim by `lease`.
-fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
+pub(crate) fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
     let mut flags = vec![
         "--bank-url",
         bank.url.as_str(),
@@ -217,7 +217,7 @@ impl TestApp {
     }
 
     /// The payout once the bank's word is recorded (bounded: 20 s).
-    async fn settled(&self, account: &TestAccount, payout: &str) -> Value {
+    pub(crate) async fn settled(&self, account: &TestAccount, payout: &str) -> Value {
         for _ in 0..400 {
             let (status, _, body) = read(self.payout(account, payout).await).await;
             assert_eq!(status, StatusCode::OK, "{body}");
@@ -230,7 +230,7 @@ impl TestApp {
     }
 
     /// Takes a ticket and pays out `amount`: the accepted payout's id.
-    async fn accepted_payout(&self, account: &TestAccount, amount: i64) -> String {
+    pub(crate) async fn accepted_payout(&self, account: &TestAccount, amount: i64) -> String {
         let ticket = self.ticket(account).await;
         let (status, _, body) = read(self.pay_out(account, &ticket, amount).await).await;
         assert_eq!(status, StatusCode::ACCEPTED, "{body}");
@@ -791,93 +791,6 @@ async fn bad_payouts_store_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_embedded_mode_pays_out_without_a_bank_url() {
     the_embedded_mode_pays_out_to_a_bank_of_its_own().await;
-}
-
-/// `payonce reconcile --bank URL`: clean (exit 0) when every succeeded payout is at the
-/// bank once with its amount and pending ones are listed; a transfer payonce does not
-/// know, a second transfer for a payout under a fresh key, or a succeeded payout the bank
-/// does not have, each make it exit 1 and say so.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn reconcile_finds_what_the_ledger_and_the_bank_disagree_on() {
-    let bank = TestBank::plain().await;
-    let app = spawn_app_with(Backend::Distributed, &paying_to(&bank, "500ms", "2s")).await;
-    let account = app.create_account(1000, 0).await;
-    let payout = app.accepted_payout(&account, 200).await;
-    app.settled(&account, &payout).await;
-    let url = app.shared.database.url().to_owned();
-    let run = |bank_url: &str| {
-        std::process::Command::new(env!("CARGO_BIN_EXE_payonce"))
-            .args(["reconcile", "--bank", bank_url])
-            .env("DATABASE_URL", &url)
-            .env_remove("REDIS_URL")
-            .env_remove("PAYONCE_BANK_URL")
-            .output()
-            .expect("payonce runs")
-    };
-    let clean = run(&bank.url);
-    let said = String::from_utf8_lossy(&clean.stdout).into_owned();
-    assert_eq!(
-        clean.status.code(),
-        Some(0),
-        "{said}{}",
-        String::from_utf8_lossy(&clean.stderr)
-    );
-    assert!(
-        said.contains("reconciled: 1 payouts, 1 transfers executed"),
-        "{said}"
-    );
-
-    // Against a bank that never saw it: the succeeded payout is missing there.
-    let empty = TestBank::plain().await;
-    let missing = run(&empty.url);
-    let said = String::from_utf8_lossy(&missing.stdout).into_owned();
-    assert_eq!(missing.status.code(), Some(1), "{said}");
-    assert!(said.contains("the bank has no transfer for it"), "{said}");
-
-    // A second transfer for the same payout under a fresh key, and a stranger's.
-    for (key, reference) in [("fresh-key-1", payout.as_str()), ("someone-else", "theirs")] {
-        let made = bank
-            .client
-            .post(format!("{}/v1/transfers", bank.url))
-            .header("Idempotency-Key", key)
-            .json(&json!({ "destination": "DE89370400440532013000", "amount": 200, "reference": reference }))
-            .send()
-            .await
-            .expect("the bank answers");
-        assert_eq!(made.status(), StatusCode::CREATED);
-    }
-    let dirty = run(&bank.url);
-    let said = String::from_utf8_lossy(&dirty.stdout).into_owned();
-    assert_eq!(dirty.status.code(), Some(1), "{said}");
-    assert!(said.contains("executed 2 times at the bank"), "{said}");
-    assert!(said.contains("\"someone-else\""), "{said}");
-
-    // A pending payout is listed with its age, and is no mismatch by itself. (The first
-    // instance stops: its workers would send it to its bank — instances share the
-    // outbox, so they must share the bank.)
-    let shared = app.shared.clone();
-    app.stop().await;
-    let away = TestBank::plain().await;
-    let waiting = spawn_with(
-        shared,
-        &[
-            "--bank-url",
-            "http://127.0.0.1:9",
-            "--payout-retry-base",
-            "1m",
-            "--payout-retry-max",
-            "1m",
-        ],
-    )
-    .await;
-    let pending = waiting.accepted_payout(&account, 50).await;
-    let listed = run(&away.url);
-    let said = String::from_utf8_lossy(&listed.stdout).into_owned();
-    assert!(said.contains(&format!("pending {pending}")), "{said}");
-    waiting.stop().await;
-    for bank in [bank, empty, away] {
-        bank.stop().await;
-    }
 }
 
 /// The demonstration's unsafe recipe (`PAYONCE_PAYOUT_KEYS=fresh-key-per-attempt`): a new
