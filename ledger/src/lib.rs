@@ -523,11 +523,15 @@ impl Ledger {
         self.store.payout(id).await
     }
 
-    /// Up to `limit` payouts in creation order after `after`, of `account` (every
-    /// account's without one) and in `status` where given.
+    /// Up to `limit` of `account`'s payouts after `after`, in `status` where given: pages
+    /// in the order the payouts committed (their debit entries' order), so paging on never
+    /// passes over a payout that commits late — one whose transaction read the clock
+    /// before another's but committed after it (`outbox.rs`, `PAYOUTS`). One account at a
+    /// time: payouts of different accounts commit in no order a page could follow; read
+    /// every account's with [`every_payout`](Self::every_payout).
     pub async fn payouts(
         &self,
-        account: Option<AccountId>,
+        account: AccountId,
         status: Option<PayoutStatus>,
         after: Option<PayoutId>,
         limit: u32,

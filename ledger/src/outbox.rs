@@ -50,14 +50,28 @@ macro_rules! payout_columns {
 
 const PAYOUT: &str = concat!("SELECT ", payout_columns!(), " WHERE p.id = $1");
 
-/// Up to $4 payouts in creation order after the payout $3 (none: from the first), of
-/// account $1 (NULL: of every account) and status $2 (NULL: any).
+/// Up to $4 of account $1's payouts (of status $2 where given) after the payout $3 (none:
+/// from the first), in the order of their debit entries' ids — the order in which they
+/// committed, so a page never passes over a payout that commits after it was read.
+///
+/// Why that holds: a payout's transaction takes the amount from the account's row (which
+/// locks the row until the commit) and only then writes the debit entry, whose id comes
+/// from the entries' sequence. Of two payouts of one account, the one whose entry was
+/// written second got the row after the first one's commit, and commits after it. So
+/// once a page has shown a payout, every payout of the account with a smaller entry id
+/// had committed already: a later page, after that id, misses none. `created_at` cannot
+/// give this: it is the clock as the ticket was locked, before the wait for the account's
+/// row, and a payout can commit after one that read the clock later (a clock that steps
+/// back does the same) — keyset pages on it skipped such a payout for good. Across
+/// accounts there is no such order (their rows lock apart): every account's payouts at
+/// once are read in one statement instead ([`EVERY_PAYOUT`]).
 const PAYOUTS: &str = concat!(
     "SELECT ",
     payout_columns!(),
-    " WHERE ($1 IS NULL OR p.account_id = $1) AND ($2 IS NULL OR p.status = $2)
-       AND ($3 IS NULL OR (p.created_at, p.id) > (SELECT created_at, id FROM payouts WHERE id = $3))
-     ORDER BY p.created_at, p.id
+    " JOIN entries d ON d.payout_id = p.id AND d.kind = 'payout'
+     WHERE d.account_id = $1 AND ($2 IS NULL OR p.status = $2)
+       AND ($3 IS NULL OR d.id > (SELECT id FROM entries WHERE payout_id = $3 AND kind = 'payout'))
+     ORDER BY d.id
      LIMIT $4"
 );
 
@@ -361,11 +375,11 @@ where
             .transpose()
     }
 
-    /// Up to `limit` payouts in creation order after `after`, of `account` and in
-    /// `status` where given.
+    /// Up to `limit` of `account`'s payouts after `after`, in `status` where given, in the
+    /// order they committed ([`PAYOUTS`]).
     pub(crate) async fn list_payouts(
         &self,
-        account: Option<AccountId>,
+        account: AccountId,
         status: Option<PayoutStatus>,
         after: Option<PayoutId>,
         limit: i64,

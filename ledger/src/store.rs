@@ -85,11 +85,11 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Applied, ApplyError>;
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
     async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError>;
-    /// Up to `limit` payouts in creation order after `after`, of `account` and in `status`
-    /// where given.
+    /// Up to `limit` of `account`'s payouts after `after`, in `status` where given, in the
+    /// order they committed.
     async fn payouts(
         &self,
-        account: Option<AccountId>,
+        account: AccountId,
         status: Option<PayoutStatus>,
         after: Option<PayoutId>,
         limit: i64,
@@ -425,7 +425,7 @@ where
 
     async fn payouts(
         &self,
-        account: Option<AccountId>,
+        account: AccountId,
         status: Option<PayoutStatus>,
         after: Option<PayoutId>,
         limit: i64,

@@ -252,7 +252,9 @@ pub struct PayoutsQuery {
 }
 
 /// The caller's payouts, oldest first — `?status=pending` for those still waiting for the
-/// bank's word.
+/// bank's word. Oldest is first debited: pages follow the order in which the payouts
+/// committed, so following `next_after` never passes over a payout that commits after a
+/// page was read (one that commits late shows on a later page, not never).
 #[utoipa::path(
     get,
     path = "/v1/payouts",
@@ -291,7 +293,7 @@ pub async fn list_payouts(
     }
     let payouts = state
         .ledger()
-        .payouts(Some(caller.0), status, query.after.map(PayoutId), limit)
+        .payouts(caller.0, status, query.after.map(PayoutId), limit)
         .await?;
     let next_after = (payouts.len() == limit as usize)
         .then(|| payouts.last().map(|payout| payout.id.0))

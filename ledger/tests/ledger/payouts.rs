@@ -309,8 +309,9 @@ pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
     assert_eq!((again.payout.id, again.attempt), (id, 2));
 }
 
-/// Payouts list in creation order, by account and by status, a page at a time; the counts
-/// say how many stand in each status and since when the oldest pending one waits.
+/// An account's payouts list in the order they were made, by status, a page at a time;
+/// every account's at once, as they stand; the counts say how many stand in each status
+/// and since when the oldest pending one waits.
 pub async fn payouts_are_listed_and_counted_by_status(database: &TestDatabase) {
     let ledger = open(database).await;
     let mine = account(&ledger, 1000, 0).await;
@@ -349,18 +350,30 @@ pub async fn payouts_are_listed_and_counted_by_status(database: &TestDatabase) {
                 .collect::<Vec<_>>()
         }
     };
-    assert_eq!(listed(Some(mine), None, None, 10).await, ids);
+    assert_eq!(listed(mine, None, None, 10).await, ids);
     assert_eq!(
-        listed(Some(mine), Some(PayoutStatus::Pending), None, 10).await,
+        listed(mine, Some(PayoutStatus::Pending), None, 10).await,
         vec![ids[0], ids[2]]
     );
+    assert_eq!(listed(mine, None, Some(ids[0]), 1).await, vec![ids[1]]);
+    assert_eq!(listed(mine, None, Some(ids[2]), 10).await, vec![]);
+    assert_eq!(listed(other, None, None, 10).await, vec![others]);
+    let every: Vec<_> = ledger
+        .every_payout()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|payout| (payout.id, payout.status))
+        .collect();
+    let pending = PayoutStatus::Pending;
     assert_eq!(
-        listed(Some(mine), None, Some(ids[0]), 1).await,
-        vec![ids[1]]
-    );
-    assert_eq!(
-        listed(None, Some(PayoutStatus::Pending), None, 10).await,
-        vec![ids[0], ids[2], others]
+        every,
+        vec![
+            (ids[0], pending),
+            (ids[1], PayoutStatus::Succeeded),
+            (ids[2], pending),
+            (others, pending)
+        ]
     );
     let counts = ledger.payout_counts().await.unwrap();
     assert_eq!((counts.pending, counts.succeeded, counts.failed), (3, 1, 0));

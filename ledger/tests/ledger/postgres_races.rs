@@ -291,6 +291,110 @@ async fn refused_move_is_retried_on_the_latest_row() {
     assert_clean(&ledger).await;
 }
 
+/// A gate on the account's row: the first transaction that updates an account from now on
+/// stops before the update touches any row — after everything it did before, the clock
+/// read with its ticket included — until the test lets go of advisory lock 2. (A
+/// statement-level trigger runs before the statement locks a row; the first transaction
+/// to take lock 1 is the one held, every later one passes.)
+const HOLD_THE_FIRST_ACCOUNT_UPDATE: [&str; 2] = [
+    "CREATE FUNCTION hold_the_first_account_update() RETURNS trigger LANGUAGE plpgsql AS $$
+     BEGIN
+         IF pg_try_advisory_xact_lock(1) THEN
+             PERFORM pg_advisory_xact_lock_shared(2);
+         END IF;
+         RETURN NULL;
+     END
+     $$",
+    "CREATE TRIGGER hold_the_first_account_update BEFORE UPDATE ON accounts
+     FOR EACH STATEMENT EXECUTE FUNCTION hold_the_first_account_update()",
+];
+
+/// A payout of 100 with `ticket`, under fencing token `token`, as the API applies it.
+async fn pay_out(
+    ledger: &Ledger,
+    account_id: AccountId,
+    ticket: TicketId,
+    token: u64,
+) -> ledger::payouts::PayoutId {
+    let id = ledger::payouts::PayoutId::random();
+    let operation = ledger::Operation::Payout {
+        payout: id,
+        amount: ledger::Amount::new(100).unwrap(),
+        destination: ledger::payouts::Destination::new("DE89370400440532013000").unwrap(),
+    };
+    let applied = apply(ledger, account_id, ticket, operation, "p100", token)
+        .await
+        .unwrap();
+    assert_eq!(applied.response.status, 202, "{}", applied.response.body);
+    id
+}
+
+/// Two payouts of one account: one reads the clock with its ticket, then waits before it
+/// takes the account's row; meanwhile the other — under an older fencing token, a holder
+/// that outlived its lease — commits, and a page shows it. The first commits after that
+/// page, with the earlier `created_at`. The next page, after the one shown, holds it
+/// (pages on `created_at` never showed it on any page).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_payout_that_commits_after_a_page_is_on_the_next_one() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let late_ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let mut gate = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    sqlx::query("SELECT pg_advisory_lock(2)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+    for statement in HOLD_THE_FIRST_ACCOUNT_UPDATE {
+        database.execute(statement).await.unwrap();
+    }
+
+    let late = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { pay_out(&ledger, account_id, late_ticket, 2).await }
+    });
+    assert!(
+        blocked_or_finished(&mut monitor, &late).await,
+        "the payout did not stop at the gate: {:?}",
+        late.await
+    );
+    let first = pay_out(&ledger, account_id, ticket, 1).await;
+    let page = ledger.payouts(account_id, None, None, 10).await.unwrap();
+    assert_eq!(
+        page.iter().map(|payout| payout.id).collect::<Vec<_>>(),
+        vec![first]
+    );
+    sqlx::query("SELECT pg_advisory_unlock(2)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+    let late = late.await.unwrap();
+
+    let created = async |id| ledger.payout(id).await.unwrap().unwrap().created_at;
+    assert!(
+        created(late).await < created(first).await,
+        "the late payout read the clock first"
+    );
+    let next = ledger
+        .payouts(account_id, None, Some(first), 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        next.iter().map(|payout| payout.id).collect::<Vec<_>>(),
+        vec![late],
+        "the payout that committed after the page is on the next one"
+    );
+    let every = ledger.payouts(account_id, None, None, 10).await.unwrap();
+    assert_eq!(
+        every.iter().map(|payout| payout.id).collect::<Vec<_>>(),
+        vec![first, late],
+        "in the order they committed"
+    );
+    assert_clean(&ledger).await;
+}
+
 /// A fresh database, a ledger on it through a [`ledger::testing::CommitCutter`], and an
 /// account holding 1,000 with one ticket.
 async fn behind_a_cutter(
