@@ -1,6 +1,7 @@
 //! The HTTP surface: the routes, each handler, and the problem+json answers.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -45,8 +46,11 @@ pub(crate) struct App {
     pub(crate) faults: Faults,
     /// How long `commit-then-slow` holds its answer.
     pub(crate) slow_for: Duration,
-    /// The `Retry-After` of `unavailable` (and of a database that does not answer).
+    /// The `Retry-After` of `unavailable`, of a throttle (and of a database that does
+    /// not answer).
     pub(crate) retry_after: Duration,
+    /// How many more transfer requests are throttled (`--throttle-first`).
+    pub(crate) throttles_left: AtomicU64,
     /// Whether [`FAULT_HEADER`] is heeded.
     pub(crate) demo_header: bool,
     /// Tells the accept loop to go down (the `down` fault); it sleeps its `down_for`.
@@ -127,6 +131,16 @@ impl Problem {
         )
     }
 
+    fn rate_limited(retry_after: Duration) -> Self {
+        Self::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate-limited",
+            "Too many requests",
+            "the bank is pacing its callers; nothing was done, retry after Retry-After",
+        )
+        .retry_after(retry_after)
+    }
+
     fn unavailable(retry_after: Duration) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -197,6 +211,17 @@ async fn create_transfer(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    // A throttle comes before anything else, as a rate limiter in front of a bank's API
+    // would: whatever the request, nothing is done.
+    let throttled = app
+        .throttles_left
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+            left.checked_sub(1)
+        })
+        .is_ok();
+    if throttled {
+        return Problem::rate_limited(app.retry_after).into_response();
+    }
     let (key, request, fault) = match admit(&app, &headers, body) {
         Ok(admitted) => admitted,
         Err(problem) => return problem.into_response(),

@@ -37,6 +37,7 @@ mod store;
 pub mod testing;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -73,8 +74,12 @@ pub struct BankOptions {
     pub slow_for: Duration,
     /// How long `down` refuses connections.
     pub down_for: Duration,
-    /// The `Retry-After` of `unavailable`.
+    /// The `Retry-After` of `unavailable` and of a throttle.
     pub retry_after: Duration,
+    /// How many `POST /v1/transfers` the bank throttles before it takes any: each is
+    /// answered 429 `rate-limited` with `Retry-After`, nothing done — a bank pacing its
+    /// callers, which asks them to wait and refuses nothing. 0: none.
+    pub throttle_first: u64,
     /// Whether a request may name its fault in [`FAULT_HEADER`].
     pub demo_header: bool,
 }
@@ -88,6 +93,7 @@ impl Default for BankOptions {
             slow_for: Duration::from_secs(10),
             down_for: Duration::from_secs(2),
             retry_after: Duration::from_secs(1),
+            throttle_first: 0,
             demo_header: false,
         }
     }
@@ -139,6 +145,7 @@ impl Bank {
             faults: faults::Faults::new(self.options.faults, self.options.seed),
             slow_for: self.options.slow_for,
             retry_after: self.options.retry_after,
+            throttles_left: AtomicU64::new(self.options.throttle_first),
             demo_header: self.options.demo_header,
             down,
         };

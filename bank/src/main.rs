@@ -72,9 +72,13 @@ struct ServeArgs {
     /// How long `down` refuses connections.
     #[arg(long, env = "PAYONCE_BANK_DOWN_FOR", default_value = "2s", value_parser = humantime::parse_duration)]
     down_for: Duration,
-    /// The `Retry-After` of `unavailable` (whole seconds, at least 1).
+    /// The `Retry-After` of `unavailable` and of a throttle (whole seconds, at least 1).
     #[arg(long, env = "PAYONCE_BANK_RETRY_AFTER", default_value = "1s", value_parser = humantime::parse_duration)]
     retry_after: Duration,
+    /// How many transfer requests are throttled before any is taken: 429 rate-limited
+    /// with Retry-After, nothing done.
+    #[arg(long, env = "PAYONCE_BANK_THROTTLE_FIRST", default_value_t = 0)]
+    throttle_first: u64,
     /// Seeds the fault draw, for a reproducible sequence.
     #[arg(long, env = "PAYONCE_BANK_SEED")]
     seed: Option<u64>,
@@ -152,6 +156,7 @@ async fn serve(database_url: String, args: ServeArgs) -> ExitCode {
         slow_for: args.slow_for,
         down_for: args.down_for,
         retry_after: args.retry_after,
+        throttle_first: args.throttle_first,
         demo_header: args.demo_header,
     };
     tracing::info!(
@@ -160,6 +165,7 @@ async fn serve(database_url: String, args: ServeArgs) -> ExitCode {
         seed = ?options.seed,
         slow_for = ?options.slow_for,
         down_for = ?options.down_for,
+        throttle_first = options.throttle_first,
         demo_header = options.demo_header,
         "starting"
     );

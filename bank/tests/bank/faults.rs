@@ -48,6 +48,37 @@ async fn unavailable_says_when_to_retry_and_does_nothing() {
     );
 }
 
+/// `--throttle-first N`: the first N transfer requests are 429 `rate-limited` with
+/// `Retry-After`, whatever they carry and with nothing stored; the next one executes.
+#[tokio::test]
+async fn the_first_requests_are_throttled_then_taken() {
+    let bank = Bank::start(
+        Db::Sqlite,
+        &["--throttle-first", "2", "--retry-after", "3s"],
+    )
+    .await;
+    let key = key();
+    for _ in 0..2 {
+        let throttled = bank
+            .transfer(&key, &body("acct-1", 5, ""), Some("decline"))
+            .await;
+        assert_eq!(
+            (throttled.status, throttled.problem()),
+            (429, "rate-limited")
+        );
+        assert_eq!(
+            throttled
+                .headers
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()),
+            Some("3")
+        );
+        assert_eq!(bank.get(&format!("/v1/transfers/{key}")).await.status, 404);
+    }
+    let executed = bank.transfer(&key, &body("acct-1", 5, ""), None).await;
+    assert_eq!(executed.status, 201);
+}
+
 /// `decline` stores a final 422 `destination-closed` under the key: a retry gets the same
 /// decline, GET shows it declined with its reason, and no money moved.
 async fn a_decline_is_final_and_stored(db: Db) {
