@@ -19,6 +19,13 @@
 //!   lets the payout fail and its money come back. A bank that does not answer leaves the
 //!   payout pending; `GET /v1/payouts?status=pending` and the metrics show it.
 //!
+//! What a worker records — the payout's `last_error` and `failure_reason`, which the
+//! account reads and its `payout.failed` event carries — is a reason of payonce's own
+//! ("the bank did not answer within the timeout", "the bank answered 503",
+//! "the bank refused: destination-closed"), never an HTTP client's error text: that text
+//! names the URL, and the bank's address is the operator's business, not the account's.
+//! The full error goes to the log.
+//!
 //! A worker that dies mid-call leaves its job leased; once the lease runs out another
 //! instance's worker claims it as the next attempt and sends it again, with the same key.
 //! A worker settles or postpones a job only at the attempt it claimed, so a late answer to
@@ -408,21 +415,6 @@ enum Found {
     },
 }
 
-/// What the bank's transfer says of the payout.
-fn found(transfer: bank::TransferView) -> Found {
-    match transfer.state {
-        bank::State::Executed => Found::Made {
-            transfer_id: transfer.id.to_string(),
-        },
-        bank::State::Declined => Found::Refused {
-            reason: transfer
-                .decline_reason
-                .unwrap_or_else(|| "declined".to_owned()),
-        },
-        bank::State::Closed => Found::Closed,
-    }
-}
-
 /// What a look-up or a close answers with 200: the transfer that holds the key, or the
 /// key closed with none.
 #[derive(Debug, Deserialize)]
@@ -445,6 +437,42 @@ impl Problem {
     }
 }
 
+/// Why a call to the bank brought no answer, as a payout records it: reqwest's own text
+/// names the URL — the bank's host and port — and what is recorded reaches the account
+/// (`last_error`, `failure_reason`, the `payout.failed` event). The full error, URL and
+/// cause, goes to the log for the operator.
+fn unanswered(call: &'static str, error: &reqwest::Error) -> &'static str {
+    tracing::warn!(call, ?error, "no answer from the bank");
+    if error.is_connect() {
+        "cannot connect to the bank"
+    } else if error.is_timeout() {
+        "the bank did not answer within the timeout"
+    } else if error.is_decode() {
+        "the bank's answer could not be read"
+    } else {
+        "the connection to the bank ended without an answer"
+    }
+}
+
+/// A status the bank answered, and its own code for it when it gave one.
+fn answered(status: StatusCode, code: Option<&str>) -> String {
+    match code {
+        Some(code) => format!("the bank answered {} ({code})", status.as_u16()),
+        None => format!("the bank answered {}", status.as_u16()),
+    }
+}
+
+/// The bank's final refusal, in its own code when it gave one.
+fn refused(code: Option<&str>) -> String {
+    match code {
+        Some(code) => format!("the bank refused: {code}"),
+        None => "the bank refused".to_owned(),
+    }
+}
+
+/// The longest code of the bank's that a payout repeats.
+const MAX_CODE: usize = 64;
+
 /// The bank's API: transfers by idempotency key.
 #[derive(Debug, Clone)]
 pub struct Bank {
@@ -464,6 +492,42 @@ impl Bank {
 
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base.as_str().trim_end_matches('/'))
+    }
+
+    /// `raw`, a code from the bank's body (a problem's name, a decline reason), if a
+    /// payout may repeat it: a word of letters, digits, `-` and `_` that starts with a
+    /// letter — so no URL, no address, no port — and does not name the bank's host. A
+    /// bank's code reaches the account; its free text, or anything else, does not.
+    fn code<'a>(&self, raw: &'a str) -> Option<&'a str> {
+        let mut chars = raw.chars();
+        let word = raw.len() <= MAX_CODE
+            && chars
+                .next()
+                .is_some_and(|first| first.is_ascii_alphabetic())
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+        let names_host = self.base.host_str().is_some_and(|host| {
+            raw.to_ascii_lowercase()
+                .contains(&host.to_ascii_lowercase())
+        });
+        (word && !names_host).then_some(raw)
+    }
+
+    /// What the bank's transfer says of the payout.
+    fn found(&self, transfer: bank::TransferView) -> Found {
+        match transfer.state {
+            bank::State::Executed => Found::Made {
+                transfer_id: transfer.id.to_string(),
+            },
+            bank::State::Declined => Found::Refused {
+                reason: refused(
+                    transfer
+                        .decline_reason
+                        .as_deref()
+                        .and_then(|r| self.code(r)),
+                ),
+            },
+            bank::State::Closed => Found::Closed,
+        }
     }
 
     /// Sends `payout` as a transfer, under `key` — asking the bank to play `fault` on it
@@ -492,45 +556,48 @@ impl Bank {
         let sent = request.send().await;
         let response = match sent {
             Ok(response) => response,
-            Err(error) => return no_word(format!("sending: {error}"), None),
+            Err(error) => return no_word(unanswered("transfer", &error).to_owned(), None),
         };
         let status = response.status();
         let retry_after = retry_after(&response);
         if status.is_success() {
             return match response.json::<bank::TransferView>().await {
-                Ok(transfer) => match found(transfer) {
+                Ok(transfer) => match self.found(transfer) {
                     Found::Made { transfer_id } => Answer::Made { transfer_id },
                     Found::Refused { reason } => Answer::Refused { reason },
                     _ => no_word(
-                        format!("the bank answered {status} without a made transfer"),
+                        format!("{} without a made transfer", answered(status, None)),
                         None,
                     ),
                 },
-                Err(error) => no_word(format!("reading the bank's {status}: {error}"), None),
+                Err(error) => no_word(
+                    format!(
+                        "{}, then: {}",
+                        answered(status, None),
+                        unanswered("reading the transfer", &error)
+                    ),
+                    None,
+                ),
             };
         }
         let problem: Problem = response.json().await.unwrap_or_default();
+        let code = self.code(problem.name());
         match (status, problem.name()) {
-            (StatusCode::UNPROCESSABLE_ENTITY, "destination-closed") => Answer::Refused {
-                reason: "destination-closed".into(),
+            (StatusCode::UNPROCESSABLE_ENTITY, "destination-closed")
+            | (StatusCode::CONFLICT, "idempotency-key-closed") => Answer::Refused {
+                reason: refused(code),
             },
-            (StatusCode::CONFLICT, "idempotency-key-closed") => Answer::Refused {
-                reason: "idempotency-key-closed".into(),
-            },
-            (StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS, name) => {
-                no_word(format!("the bank answered {status} {name}"), retry_after)
+            (StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS, _) => {
+                no_word(answered(status, code), retry_after)
             }
             // Another body under this key at the bank: not ours to judge by a refusal.
-            (_, "idempotency-key-reuse") => no_word(
-                format!("the bank answered {status} idempotency-key-reuse"),
-                None,
-            ),
-            (status, name) if status.is_client_error() => Answer::NoWord {
-                error: format!("the bank answered {status} {name}"),
+            (_, "idempotency-key-reuse") => no_word(answered(status, code), None),
+            (status, _) if status.is_client_error() => Answer::NoWord {
+                error: answered(status, code),
                 retry_after: None,
                 key_left_free: true,
             },
-            (status, name) => no_word(format!("the bank answered {status} {name}"), retry_after),
+            (status, _) => no_word(answered(status, code), retry_after),
         }
     }
 
@@ -580,9 +647,9 @@ impl Bank {
     async fn look_up(&self, key: &str) -> Found {
         let url = self.url(&format!("/v1/transfers/{}", encode(key)));
         match self.client.get(url).send().await {
-            Ok(response) => held(response).await,
+            Ok(response) => self.held(response).await,
             Err(error) => Found::NoWord {
-                error: format!("{error}"),
+                error: unanswered("look-up", &error).to_owned(),
             },
         }
     }
@@ -592,9 +659,48 @@ impl Bank {
     async fn close(&self, key: &str) -> Found {
         let url = self.url(&format!("/v1/transfers/{}/close", encode(key)));
         match self.client.post(url).send().await {
-            Ok(response) => held(response).await,
+            Ok(response) => self.held(response).await,
             Err(error) => Found::NoWord {
-                error: format!("{error}"),
+                error: unanswered("close", &error).to_owned(),
+            },
+        }
+    }
+
+    /// What a look-up or a close answered.
+    async fn held(&self, response: reqwest::Response) -> Found {
+        let status = response.status();
+        let unreadable = |error: &reqwest::Error| Found::NoWord {
+            error: format!(
+                "{}, then: {}",
+                answered(status, None),
+                unanswered("reading what the bank holds", error)
+            ),
+        };
+        let body: serde_json::Value = match response.json().await {
+            Ok(body) => body,
+            Err(error) => return unreadable(&error),
+        };
+        if status == StatusCode::OK {
+            return match serde_json::from_value::<Held>(body) {
+                Ok(Held::Transfer(transfer)) => self.found(transfer),
+                Ok(Held::Closed(key)) if key.state == bank::State::Closed => Found::Closed,
+                Ok(Held::Closed(key)) => Found::NoWord {
+                    error: format!("the bank answered the key as {:?}", key.state),
+                },
+                Err(error) => {
+                    tracing::warn!(%error, "the bank's 200 holds neither a transfer nor a closed key");
+                    Found::NoWord {
+                        error: format!("{}, but not as its contract says", answered(status, None)),
+                    }
+                }
+            };
+        }
+        let problem: Problem = serde_json::from_value(body).unwrap_or_default();
+        match (status, problem.name()) {
+            (StatusCode::NOT_FOUND, "idempotency-key-closed") => Found::Closed,
+            (StatusCode::NOT_FOUND, "transfer-not-found") => Found::Nothing,
+            (status, name) => Found::NoWord {
+                error: answered(status, self.code(name)),
             },
         }
     }
@@ -603,42 +709,6 @@ impl Bank {
 /// A key in a path.
 fn encode(key: &str) -> String {
     url::form_urlencoded::byte_serialize(key.as_bytes()).collect()
-}
-
-/// What a look-up or a close answered.
-async fn held(response: reqwest::Response) -> Found {
-    let status = response.status();
-    let body: serde_json::Value = match response.json().await {
-        Ok(body) => body,
-        Err(error) => {
-            return Found::NoWord {
-                error: format!("reading the bank's {status}: {error}"),
-            };
-        }
-    };
-    if status == StatusCode::OK {
-        return match serde_json::from_value::<Held>(body) {
-            Ok(Held::Transfer(transfer)) => found(transfer),
-            Ok(Held::Closed(key)) if key.state == bank::State::Closed => Found::Closed,
-            Ok(Held::Closed(key)) => Found::NoWord {
-                error: format!(
-                    "the bank answered key {} as {:?}",
-                    key.idempotency_key, key.state
-                ),
-            },
-            Err(error) => Found::NoWord {
-                error: format!("reading the bank's transfer: {error}"),
-            },
-        };
-    }
-    let problem: Problem = serde_json::from_value(body).unwrap_or_default();
-    match (status, problem.name()) {
-        (StatusCode::NOT_FOUND, "idempotency-key-closed") => Found::Closed,
-        (StatusCode::NOT_FOUND, "transfer-not-found") => Found::Nothing,
-        (status, name) => Found::NoWord {
-            error: format!("the bank answered {status} {name}"),
-        },
-    }
 }
 
 fn no_word(error: String, retry_after: Option<Duration>) -> Answer {

@@ -78,12 +78,26 @@ pub struct PayoutView {
     /// The bank's id of the transfer, once succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bank_transfer_id: Option<String>,
-    /// The bank's reason, once failed.
+    /// Why it failed, once failed, in payonce's words: the bank's final refusal (`the bank
+    /// refused: destination-closed`, with the bank's own code when it gives one), or the
+    /// key closed at the bank with nothing made (`not made (the bank did not answer within
+    /// the timeout); the key is closed at the bank`). Never the bank's address.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "the bank refused: destination-closed")
+    )]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
     /// How many times the bank was called for it (or is being called).
     pub attempts: u32,
-    /// What went wrong the last time, while it is pending.
+    /// What went wrong the last time, while it is pending, in payonce's words (`cannot
+    /// connect to the bank`, `the bank did not answer within the timeout`, `the bank
+    /// answered 503 (unavailable)`, `the bank answered 429 (rate-limited)`). Never the
+    /// bank's address.
+    #[cfg_attr(
+        feature = "openapi",
+        schema(example = "the bank did not answer within the timeout")
+    )]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// When the money left the account (RFC 3339).

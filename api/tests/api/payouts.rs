@@ -112,9 +112,14 @@ const QUICK_SCHEDULE: [&str; 8] = [
 /// The flags of an instance that pays out to `bank`, on the quick schedule; each call
 /// bounded by `timeout`, each claim by `lease`.
 pub(crate) fn paying_to<'a>(bank: &'a TestBank, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
+    paying_to_url(&bank.url, timeout, lease)
+}
+
+/// The flags of an instance that pays out to the bank at `url`, as [`paying_to`].
+fn paying_to_url<'a>(url: &'a str, timeout: &'a str, lease: &'a str) -> Vec<&'a str> {
     let mut flags = vec![
         "--bank-url",
-        bank.url.as_str(),
+        url,
         "--bank-timeout",
         timeout,
         "--payout-lease",
@@ -341,7 +346,10 @@ pub async fn a_declined_payout_is_credited_back(backend: Backend) {
     let settled = app.settled(&account, &payout).await;
     assert_eq!(
         (&settled["status"], &settled["failure_reason"]),
-        (&json!("failed"), &json!("destination-closed")),
+        (
+            &json!("failed"),
+            &json!("the bank refused: destination-closed")
+        ),
         "{settled}"
     );
     assert_eq!(app.balance(&account).await.0, 1000);
@@ -485,6 +493,161 @@ pub async fn a_payout_stays_pending_while_the_bank_is_away(backend: Backend) {
     assert_eq!(counted, 1.0);
     app.assert_audit_clean().await;
     app.stop().await;
+}
+
+/// A gateway on a loopback port of its own in front of `bank`: it swallows every transfer
+/// request (no answer, nothing passed on) and passes everything else — look-ups by key,
+/// closes — to the bank and its answer back. Every transfer call times out; every
+/// question gets the real bank's answer. Its URL.
+async fn swallowing_transfers(bank: &TestBank) -> String {
+    use axum::http::{Method, StatusCode as AxumStatus, Uri};
+    let client = reqwest::Client::new();
+    let base = bank.url.clone();
+    let gateway = axum::Router::new()
+        .route(
+            "/v1/transfers",
+            axum::routing::post(std::future::pending::<()>),
+        )
+        .fallback(move |method: Method, uri: Uri, body: axum::body::Bytes| {
+            let (client, base) = (client.clone(), base.clone());
+            async move {
+                let answer = client
+                    .request(method, format!("{base}{uri}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("the bank answers");
+                let status = AxumStatus::from_u16(answer.status().as_u16()).expect("a status");
+                (status, answer.bytes().await.expect("a body"))
+            }
+        });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let url = format!("http://{}", listener.local_addr().expect("an address"));
+    tokio::spawn(async move { axum::serve(listener, gateway).await });
+    url
+}
+
+/// Asserts `text` (a payout's view, a page of them, an event's body) names nothing of
+/// the bank at `bank_url`: neither its URL, nor its host and port, nor its port alone in
+/// the payout's own words.
+fn assert_names_no_bank(text: &str, bank_url: &str) {
+    let address = bank_url.trim_start_matches("http://");
+    let port = address.rsplit(':').next().expect("a port");
+    for shown in [bank_url, address, "http://", "127.0.0.1"] {
+        assert!(!text.contains(shown), "{shown:?} shown: {text}");
+    }
+    let body: Value = serde_json::from_str(text).expect("JSON");
+    let mut reasons = Vec::new();
+    collect_reasons(&body, &mut reasons);
+    for reason in reasons {
+        assert!(!reason.contains(port), "the port {port} in {reason:?}");
+    }
+}
+
+/// Every `last_error` and `failure_reason` in `value`, however deep.
+fn collect_reasons(value: &Value, into: &mut Vec<String>) {
+    match value {
+        Value::Object(fields) => {
+            for (name, field) in fields {
+                match (name.as_str(), field) {
+                    ("last_error" | "failure_reason", Value::String(reason)) => {
+                        into.push(reason.clone());
+                    }
+                    _ => collect_reasons(field, into),
+                }
+            }
+        }
+        Value::Array(items) => items.iter().for_each(|item| collect_reasons(item, into)),
+        _ => {}
+    }
+}
+
+/// The bank's address never reaches the account. A bank nothing listens on: the pending
+/// payout's `last_error`, alone and in the list, says "cannot connect to the bank" and no
+/// URL, host or port. A bank behind a gateway that swallows transfers: each call times
+/// out, the bank has nothing under the key and closes it, and the failed payout's
+/// `failure_reason` — in `GET /v1/payouts` and in its `payout.failed` event — says the
+/// bank did not answer within the timeout, and names no address either.
+pub async fn the_banks_address_reaches_no_account(backend: Backend) {
+    let away = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let away_url = format!("http://{}", away.local_addr().expect("an address"));
+    drop(away);
+    let mut flags = vec!["--bank-url", away_url.as_str()];
+    flags.extend(QUICK_SCHEDULE);
+    let app = spawn_app_with(backend, &flags).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 100).await;
+    let mut shown = Value::Null;
+    for _ in 0..200 {
+        shown = read(app.payout(&account, &payout).await).await.2;
+        // Past the attempts: the last one asked the bank by key too, and got no answer.
+        if shown["attempts"].as_u64().unwrap_or_default() >= 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(shown["status"], "pending", "{shown}");
+    let last_error = shown["last_error"].as_str().unwrap_or_default();
+    assert!(
+        last_error.starts_with("cannot connect to the bank"),
+        "{shown}"
+    );
+    assert_names_no_bank(&shown.to_string(), &away_url);
+    let (status, _, listed) = read(
+        app.client
+            .get(app.url("/v1/payouts"))
+            .bearer_auth(&account.key)
+            .send()
+            .await
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["payouts"][0]["payout_id"], json!(payout), "{listed}");
+    assert_names_no_bank(&listed.to_string(), &away_url);
+    app.stop().await;
+
+    let bank = TestBank::plain().await;
+    let gateway = swallowing_transfers(&bank).await;
+    let mut flags = vec!["--webhook-allow-private"];
+    flags.extend(paying_to_url(&gateway, "300ms", "2s"));
+    let app = spawn_app_with(backend, &flags).await;
+    let account = app.create_account(1000, 0).await;
+    let receiver = crate::webhooks::Receiver::start().await;
+    crate::webhooks::create_endpoint(&app, &account, &receiver.url, Some(&["payout.failed"])).await;
+    let payout = app.accepted_payout(&account, 400).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["failure_reason"]),
+        (
+            &json!("failed"),
+            &json!(
+                "not made (the bank did not answer within the timeout); the key is closed at the bank"
+            )
+        ),
+        "{settled}"
+    );
+    assert_names_no_bank(&settled.to_string(), &gateway);
+    assert_names_no_bank(&settled.to_string(), &bank.url);
+    assert_eq!(app.balance(&account).await.0, 1000);
+    let event = receiver.until(1).await[0].json();
+    assert_eq!(
+        (&event["type"], &event["data"]["payout"]["failure_reason"]),
+        (&json!("payout.failed"), &settled["failure_reason"]),
+        "{event}"
+    );
+    assert_names_no_bank(&event.to_string(), &gateway);
+    assert_names_no_bank(&event.to_string(), &bank.url);
+    assert!(bank.transfers().await.is_empty());
+    app.assert_audit_clean().await;
+    bank.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
 }
 
 /// A worker that stops mid-call (its instance shut down while the bank held the answer)
@@ -776,6 +939,7 @@ on_both_backends!(
     a_declined_payout_is_credited_back,
     a_payout_the_bank_never_made_fails_only_once_its_key_is_closed,
     a_payout_stays_pending_while_the_bank_is_away,
+    the_banks_address_reaches_no_account,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
