@@ -349,7 +349,8 @@ pub struct Config {
     pub payout_retry_max: Duration,
     /// Attempts without the bank's word after which payonce asks the bank for the
     /// transfer by its key — and, if the bank has none, closes the key there and credits
-    /// the money back. A bank that does not answer leaves the payout pending.
+    /// the money back. A bank that does not answer leaves the payout pending. Attempts
+    /// the bank throttled (429) do not count: see PAYONCE_PAYOUT_THROTTLE_MAX_AGE.
     #[arg(
         long,
         global = true,
@@ -357,6 +358,12 @@ pub struct Config {
         default_value_t = 10
     )]
     pub payout_attempts: u32,
+    /// How old a payout may grow while the bank keeps throttling it (429, with or without
+    /// `Retry-After`) before payonce asks the bank for it by key, as it does after
+    /// PAYONCE_PAYOUT_ATTEMPTS. A bank that asks to wait has not refused, so throttles
+    /// count toward no attempt budget; this bounds them by time instead.
+    #[arg(long, global = true, env = "PAYONCE_PAYOUT_THROTTLE_MAX_AGE", default_value = "1h", value_parser = duration)]
+    pub payout_throttle_max_age: Duration,
     /// How often idle payout workers look for due payouts (new ones of this instance wake
     /// them at once).
     #[arg(long, global = true, env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
@@ -818,9 +825,12 @@ impl Config {
                 }
             }
         }
-        if self.bank_timeout.is_zero() || self.payout_poll.is_zero() {
+        if self.bank_timeout.is_zero()
+            || self.payout_poll.is_zero()
+            || self.payout_throttle_max_age.is_zero()
+        {
             return Err(ConfigError::Invalid(
-                "PAYONCE_BANK_TIMEOUT and PAYONCE_PAYOUT_POLL must be positive".into(),
+                "PAYONCE_BANK_TIMEOUT, PAYONCE_PAYOUT_POLL and PAYONCE_PAYOUT_THROTTLE_MAX_AGE must be positive".into(),
             ));
         }
         if self.payout_lease < self.bank_timeout * 3 {
@@ -1178,6 +1188,10 @@ impl fmt::Display for Config {
             ("PAYONCE_PAYOUT_RETRY_BASE", human(self.payout_retry_base)),
             ("PAYONCE_PAYOUT_RETRY_MAX", human(self.payout_retry_max)),
             ("PAYONCE_PAYOUT_ATTEMPTS", self.payout_attempts.to_string()),
+            (
+                "PAYONCE_PAYOUT_THROTTLE_MAX_AGE",
+                human(self.payout_throttle_max_age),
+            ),
             ("PAYONCE_PAYOUT_POLL", human(self.payout_poll)),
             ("PAYONCE_PAYOUT_KEYS", self.payout_keys.name().to_owned()),
             (

@@ -10,14 +10,20 @@
 //! - the transfer made (2xx, or the replay of one) → `succeeded`;
 //! - the bank's final refusal stored under the key (422 `destination-closed`), or the key
 //!   closed → `failed`, and the ledger credits the amount back in the same transaction;
-//! - no word (a timeout, a dropped connection, a 5xx, a 429) → sent again later with the
-//!   same key, after a backoff that doubles with jitter (or the bank's `Retry-After`);
-//! - a 4xx that left the key free (the bank found the request malformed) and, past
-//!   `PAYONCE_PAYOUT_ATTEMPTS`, every attempt without a word: the bank is asked for the
-//!   transfer by its key. It made or refused it → settled so. It has none → the key is
-//!   closed there (after which the bank never executes it), and only a `closed` answer
-//!   lets the payout fail and its money come back. A bank that does not answer leaves the
-//!   payout pending; `GET /v1/payouts?status=pending` and the metrics show it.
+//! - no word (a timeout, a dropped connection, a 5xx) → sent again later with the same
+//!   key, after a backoff that doubles with jitter (or the bank's `Retry-After`);
+//! - a throttle (429) → sent again later, the same way, but not counted toward
+//!   `PAYONCE_PAYOUT_ATTEMPTS`: a bank that asks to wait has not refused, and closing the
+//!   key on it would hand the money back while the bank was only pacing its callers. What
+//!   bounds a payout that keeps being throttled is its age
+//!   (`PAYONCE_PAYOUT_THROTTLE_MAX_AGE`);
+//! - a 4xx that left the key free (the bank found the request malformed), past
+//!   `PAYONCE_PAYOUT_ATTEMPTS` attempts without a word (throttles not counted), and a
+//!   throttle past the age bound: the bank is asked for the transfer by its key. It made
+//!   or refused it → settled so. It has none → the key is closed there (after which the
+//!   bank never executes it), and only a `closed` answer lets the payout fail and its
+//!   money come back. A bank that does not answer leaves the payout pending;
+//!   `GET /v1/payouts?status=pending` and the metrics show it.
 //!
 //! What a worker records — the payout's `last_error` and `failure_reason`, which the
 //! account reads and its `payout.failed` event carries — is a reason of payonce's own
@@ -60,8 +66,12 @@ pub struct PayoutSettings {
     pub retry_base: Duration,
     /// The longest wait between attempts.
     pub retry_max: Duration,
-    /// Attempts without the bank's word before the bank is asked by key.
+    /// Attempts without the bank's word before the bank is asked by key; throttled
+    /// attempts (429) are not counted.
     pub attempts: u32,
+    /// How old a payout the bank keeps throttling may grow before the bank is asked by
+    /// key: a throttle is not a refusal, so its bound is time, not attempts.
+    pub throttle_max_age: Duration,
     /// How often idle workers look for due payouts.
     pub poll: Duration,
     /// A new bank key on every attempt (the demonstration's unsafe recipe) instead of the
@@ -87,6 +97,18 @@ impl PayoutSettings {
         scheduled
             .max(retry_after.unwrap_or_default())
             .min(self.retry_max)
+    }
+
+    /// Whether `job`'s attempt, which brought no word from the bank, is the one to stop
+    /// sending and ask the bank by key: for a throttle, once the payout is older than
+    /// `throttle_max_age`; otherwise once the attempts without word, throttles not
+    /// counted, reach `attempts`.
+    fn gives_up(&self, job: &PayoutJob, throttled: bool) -> bool {
+        if throttled {
+            job.age() >= self.throttle_max_age
+        } else {
+            job.attempt.saturating_sub(job.throttled) >= self.attempts
+        }
     }
 }
 
@@ -265,6 +287,7 @@ impl Dispatcher {
             .and_then(|faults| faults.take(job.payout.id, job.attempt));
         let answer = self.payouts.bank.transfer(&job.payout, &key, fault).await;
         self.metrics.payout_attempt(answer.outcome());
+        let settings = &self.payouts.settings;
         match answer {
             Answer::Made { transfer_id } => {
                 JobOutcome::Settled(Settlement::Succeeded { transfer_id })
@@ -272,21 +295,29 @@ impl Dispatcher {
             Answer::Refused { reason } => JobOutcome::Settled(Settlement::Failed { reason }),
             Answer::NoWord {
                 error,
+                retry_after,
                 key_left_free,
-                ..
-            } if key_left_free || job.attempt >= self.payouts.settings.attempts => {
-                self.ask(job, &error).await
+                throttled,
+            } => {
+                if !key_left_free && !settings.gives_up(job, throttled) {
+                    return self.postponed(job, retry_after, error, throttled);
+                }
+                let error = if throttled {
+                    let bound = humantime::format_duration(settings.throttle_max_age);
+                    format!("{error}, still asking to wait once the payout was {bound} old")
+                } else {
+                    error
+                };
+                self.ask(job, &error, throttled).await
             }
-            Answer::NoWord {
-                error, retry_after, ..
-            } => self.postponed(job, retry_after, error),
         }
     }
 
     /// No word for too long (or a request the bank will never take): ask the bank for the
     /// transfer by its key; if it has none, close the key there and fail the payout only
-    /// on the bank's `closed`. Any other answer, or none, leaves it pending.
-    async fn ask(&self, job: &PayoutJob, error: &str) -> JobOutcome {
+    /// on the bank's `closed`. Any other answer, or none, leaves it pending — as a
+    /// throttled attempt still when `throttled` (the attempt's own answer was a 429).
+    async fn ask(&self, job: &PayoutJob, error: &str, throttled: bool) -> JobOutcome {
         let key = bank_key(job.payout.id);
         let found = match self.payouts.bank.look_up(&key).await {
             Found::Nothing => self.payouts.bank.close(&key).await,
@@ -300,13 +331,17 @@ impl Dispatcher {
             Found::Closed => JobOutcome::Settled(Settlement::Failed {
                 reason: format!("not made ({error}); the key is closed at the bank"),
             }),
-            Found::NoWord { error: asked } => {
-                self.postponed(job, None, format!("{error}; asking the bank: {asked}"))
-            }
+            Found::NoWord { error: asked } => self.postponed(
+                job,
+                None,
+                format!("{error}; asking the bank: {asked}"),
+                throttled,
+            ),
             Found::Nothing => self.postponed(
                 job,
                 None,
                 format!("{error}; the bank had no transfer and did not close the key"),
+                throttled,
             ),
         }
     }
@@ -317,10 +352,12 @@ impl Dispatcher {
         job: &PayoutJob,
         retry_after: Option<Duration>,
         error: String,
+        throttled: bool,
     ) -> JobOutcome {
         JobOutcome::Postponed {
             after: self.payouts.settings.backoff(job.attempt, retry_after),
             error,
+            throttled,
         }
     }
 
@@ -346,7 +383,7 @@ impl Dispatcher {
                             });
                             tracing::debug!(payout = %job.payout.id, attempt = job.attempt, ?settlement, "payout settled")
                         }
-                        (JobOutcome::Postponed { after, error }, true) => {
+                        (JobOutcome::Postponed { after, error, .. }, true) => {
                             tracing::info!(payout = %job.payout.id, attempt = job.attempt, wait = ?after, error, "payout not settled; sending it again later")
                         }
                     }
@@ -380,10 +417,12 @@ enum Answer {
     Refused { reason: String },
     /// No word on this attempt. `key_left_free`: a 4xx that stored nothing — the same
     /// request would be refused again, so the bank is asked rather than sent it again.
+    /// `throttled`: a 429 — the bank asked to wait, which is not counted toward giving up.
     NoWord {
         error: String,
         retry_after: Option<Duration>,
         key_left_free: bool,
+        throttled: bool,
     },
 }
 
@@ -587,15 +626,20 @@ impl Bank {
             | (StatusCode::CONFLICT, "idempotency-key-closed") => Answer::Refused {
                 reason: refused(code),
             },
-            (StatusCode::REQUEST_TIMEOUT | StatusCode::TOO_MANY_REQUESTS, _) => {
-                no_word(answered(status, code), retry_after)
-            }
+            (StatusCode::TOO_MANY_REQUESTS, _) => Answer::NoWord {
+                error: answered(status, code),
+                retry_after,
+                key_left_free: false,
+                throttled: true,
+            },
+            (StatusCode::REQUEST_TIMEOUT, _) => no_word(answered(status, code), retry_after),
             // Another body under this key at the bank: not ours to judge by a refusal.
             (_, "idempotency-key-reuse") => no_word(answered(status, code), None),
             (status, _) if status.is_client_error() => Answer::NoWord {
                 error: answered(status, code),
                 retry_after: None,
                 key_left_free: true,
+                throttled: false,
             },
             (status, _) => no_word(answered(status, code), retry_after),
         }
@@ -716,6 +760,7 @@ fn no_word(error: String, retry_after: Option<Duration>) -> Answer {
         error,
         retry_after,
         key_left_free: false,
+        throttled: false,
     }
 }
 
@@ -745,6 +790,7 @@ mod tests {
             retry_base: Duration::from_millis(100),
             retry_max: Duration::from_secs(5),
             attempts: 5,
+            throttle_max_age: Duration::from_secs(600),
             poll: Duration::from_millis(100),
             #[cfg(feature = "demo")]
             fresh_key_per_attempt: false,
@@ -770,5 +816,48 @@ mod tests {
             settings.backoff(1, Some(Duration::from_secs(60))),
             settings.retry_max
         );
+    }
+
+    /// A job at `attempt`, `throttled` of the claims before it throttled, claimed when
+    /// the payout was `age` old.
+    fn job(attempt: u32, throttled: u32, age: Duration) -> PayoutJob {
+        let created_at = time::OffsetDateTime::UNIX_EPOCH;
+        PayoutJob {
+            job_id: 1,
+            payout: Payout {
+                id: PayoutId::random(),
+                account_id: ledger::AccountId(uuid::Uuid::new_v4()),
+                ticket_id: ledger::TicketId(uuid::Uuid::new_v4()),
+                amount: ledger::Amount::new(100).expect("an amount"),
+                destination: "acct-1".to_owned(),
+                status: ledger::payouts::PayoutStatus::Pending,
+                bank_transfer_id: None,
+                failure_reason: None,
+                attempts: attempt,
+                last_error: None,
+                created_at,
+                settled_at: None,
+            },
+            attempt,
+            throttled,
+            claimed_at: created_at + age,
+            lease_until: created_at + age + Duration::from_secs(3),
+        }
+    }
+
+    #[test]
+    fn throttles_count_toward_the_age_bound_and_not_the_attempts() {
+        let settings = settings();
+        let young = Duration::from_secs(1);
+        // Five attempts without word, none throttled: the budget is spent.
+        assert!(!settings.gives_up(&job(4, 0, young), false));
+        assert!(settings.gives_up(&job(5, 0, young), false));
+        // Twenty claims of which sixteen were throttled: four without word, then this one.
+        assert!(!settings.gives_up(&job(20, 16, young), false));
+        assert!(settings.gives_up(&job(21, 16, young), false));
+        // A throttle gives up by age alone, however many attempts came before.
+        assert!(!settings.gives_up(&job(500, 499, young), true));
+        assert!(!settings.gives_up(&job(2, 1, Duration::from_secs(599)), true));
+        assert!(settings.gives_up(&job(2, 1, Duration::from_secs(600)), true));
     }
 }

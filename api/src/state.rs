@@ -314,6 +314,7 @@ async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
         retry_base: config.payout_retry_base,
         retry_max: config.payout_retry_max,
         attempts: config.payout_attempts,
+        throttle_max_age: config.payout_throttle_max_age,
         poll: config.payout_poll,
         #[cfg(feature = "demo")]
         fresh_key_per_attempt: config.payout_keys == crate::config::PayoutKeys::FreshKeyPerAttempt,

@@ -44,7 +44,8 @@ pub(crate) trait Dialect: Database {
     const DELETE_OLD_CREATIONS: &'static str;
     /// The reaper's deletion of webhook requests' records, as of creation records.
     const DELETE_OLD_REQUESTS: &'static str;
-    /// Claims due outbox jobs ([`claim_jobs`]).
+    /// Claims due payout jobs ([`claim_jobs`]): $1 now, $2 lease until, $3 worker, $4 at
+    /// most; returns each one's id, payout, attempt and throttled claims.
     const CLAIM_JOBS: &'static str;
     /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
     /// each one's id, event, endpoint and attempt.
@@ -247,7 +248,7 @@ impl Dialect for sqlx::Postgres {
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
-        "id, payout_id, attempts",
+        "id, payout_id, attempts, throttled",
         "FOR UPDATE SKIP LOCKED"
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
@@ -301,7 +302,8 @@ impl Dialect for sqlx::Sqlite {
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = SQLITE_REAP.3;
     // One writer: claims never overlap.
-    const CLAIM_JOBS: &'static str = claim_jobs!("payout", "id, payout_id, attempts", "");
+    const CLAIM_JOBS: &'static str =
+        claim_jobs!("payout", "id, payout_id, attempts, throttled", "");
     const CLAIM_DELIVERIES: &'static str =
         claim_jobs!("webhook", "id, event_id, endpoint_id, attempts", "");
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");

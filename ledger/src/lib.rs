@@ -605,6 +605,7 @@ impl Ledger {
         let outcome = JobOutcome::Postponed {
             after,
             error: error.to_owned(),
+            throttled: false,
         };
         let recorded = self
             .store

@@ -118,9 +118,11 @@ const FINISH_JOB: &str = "
     WHERE id = $1 AND attempts = $2 AND done_at IS NULL
     RETURNING payout_id";
 
-/// Puts job $1 at attempt $2 back, due at $3, with $4 what went wrong.
+/// Puts job $1 at attempt $2 back, due at $3, with $4 what went wrong; $5 is 1 when the
+/// bank asked to wait (a 429), else 0, added to the throttled claims.
 const POSTPONE_JOB: &str = "
-    UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4
+    UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4,
+                      throttled = throttled + $5
     WHERE id = $1 AND attempts = $2 AND done_at IS NULL
     RETURNING payout_id";
 
@@ -271,7 +273,7 @@ where
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, PayoutId, i32): FromRow<'r, D::Row>,
+    for<'r> (i64, PayoutId, i32, i32): FromRow<'r, D::Row>,
     for<'r> (AccountId, i64): FromRow<'r, D::Row>,
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
@@ -454,7 +456,7 @@ where
             rows: claimed,
             lease_until,
         }) = self
-            .claim_due::<(i64, PayoutId, i32)>("payout", D::CLAIM_JOBS, worker, lease, max)
+            .claim_due::<(i64, PayoutId, i32, i32)>("payout", D::CLAIM_JOBS, worker, lease, max)
             .await?
         else {
             return Ok(Vec::new());
@@ -466,7 +468,7 @@ where
             placeholders(1, claimed.len())
         );
         let mut query = sqlx::query_as::<_, PayoutRow>(sqlx::AssertSqlSafe(select));
-        for (_, payout, _) in &claimed {
+        for (_, payout, _, _) in &claimed {
             query = query.bind(*payout);
         }
         let mut payouts: HashMap<PayoutId, Payout> = HashMap::new();
@@ -477,7 +479,7 @@ where
         tx.commit().await?;
         claimed
             .into_iter()
-            .map(|(job_id, payout, attempt)| {
+            .map(|(job_id, payout, attempt, throttled)| {
                 Ok(PayoutJob {
                     job_id,
                     payout: payouts.remove(&payout).ok_or_else(|| {
@@ -486,6 +488,8 @@ where
                         ))
                     })?,
                     attempt: u32::try_from(attempt).unwrap_or_default(),
+                    throttled: u32::try_from(throttled).unwrap_or_default(),
+                    claimed_at: lease_until.0 - lease,
                     lease_until: lease_until.0,
                 })
             })
@@ -510,12 +514,17 @@ where
                 JobOutcome::Settled(settlement) => {
                     Self::settle_in(&mut tx, job, settlement, now, render).await?
                 }
-                JobOutcome::Postponed { after, error } => {
+                JobOutcome::Postponed {
+                    after,
+                    error,
+                    throttled,
+                } => {
                     let postponed: Option<(PayoutId,)> = sqlx::query_as(POSTPONE_JOB)
                         .bind(job.job_id)
                         .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
                         .bind(Timestamp(now.0 + *after))
                         .bind(error.as_str())
+                        .bind(i32::from(*throttled))
                         .fetch_optional(&mut *tx)
                         .await?;
                     postponed.is_some()

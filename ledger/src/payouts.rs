@@ -110,8 +110,22 @@ pub struct PayoutJob {
     pub payout: Payout,
     /// This claim's number: 1 for the first.
     pub attempt: u32,
+    /// How many of the claims before this one the bank answered by asking to wait (a
+    /// 429): a bank that throttles has not refused, so these do not count toward giving
+    /// up by attempts — a payout's age bounds them instead.
+    pub throttled: u32,
+    /// When this claim was made, by the database's clock (as `created_at` is): the
+    /// payout's age at this attempt is the difference.
+    pub claimed_at: OffsetDateTime,
     /// Until when the claim is this worker's.
     pub lease_until: OffsetDateTime,
+}
+
+impl PayoutJob {
+    /// How old the payout was when this claim was made (never negative).
+    pub fn age(&self) -> Duration {
+        Duration::try_from(self.claimed_at - self.payout.created_at).unwrap_or_default()
+    }
 }
 
 /// The bank's final word on a payout.
@@ -141,6 +155,9 @@ pub enum JobOutcome {
         after: Duration,
         /// What went wrong this time.
         error: String,
+        /// The bank asked to wait (a 429): the job's count of throttled claims grows by
+        /// this one, which then does not count toward giving up by attempts.
+        throttled: bool,
     },
 }
 

@@ -228,7 +228,7 @@ where
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, PayoutId, i32): FromRow<'r, D::Row>,
+    for<'r> (i64, PayoutId, i32, i32): FromRow<'r, D::Row>,
     for<'r> (AccountId, i64): FromRow<'r, D::Row>,
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,

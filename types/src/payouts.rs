@@ -88,7 +88,8 @@ pub struct PayoutView {
     )]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_reason: Option<String>,
-    /// How many times the bank was called for it (or is being called).
+    /// How many times the bank was called for it (or is being called), throttled calls
+    /// (429) included.
     pub attempts: u32,
     /// What went wrong the last time, while it is pending, in payonce's words (`cannot
     /// connect to the bank`, `the bank did not answer within the timeout`, `the bank

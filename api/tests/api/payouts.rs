@@ -650,6 +650,70 @@ pub async fn the_banks_address_reaches_no_account(backend: Backend) {
     bank.stop().await;
 }
 
+/// A bank that throttles (429 with `Retry-After`) more times than the attempt budget,
+/// then takes the transfer: the throttles count toward no budget, so the payout is sent
+/// until it gets through — succeeded once, at the attempt after the last throttle, the
+/// money at the bank and not back in the balance.
+pub async fn a_bank_that_throttles_past_the_attempts_is_waited_out(backend: Backend) {
+    // Five throttles; the quick schedule asks the bank by key after three attempts.
+    let bank = TestBank::start(&["--throttle-first", "5"]).await;
+    let app = spawn_app_with(backend, &paying_to(&bank, "500ms", "2s")).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 300).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(
+        (&settled["status"], &settled["attempts"]),
+        (&json!("succeeded"), &json!(6)),
+        "{settled}"
+    );
+    assert_eq!(
+        app.balance(&account).await.0,
+        700,
+        "the money is not returned"
+    );
+    assert_eq!(bank.transfers().await.len(), 1);
+    app.assert_one_transfer_at_bank(&account, &settled).await;
+    app.assert_audit_clean().await;
+    bank.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
+/// A bank that throttles every transfer: the payout is sent again (more often than the
+/// attempt budget) until it is older than `PAYONCE_PAYOUT_THROTTLE_MAX_AGE`; then the bank
+/// is asked by key, has nothing, closes the key — and only then does the payout fail and
+/// its money come back, with a reason that says the bank kept asking to wait.
+pub async fn a_payout_throttled_past_its_age_fails_once_its_key_is_closed(backend: Backend) {
+    let bank = TestBank::start(&["--throttle-first", "1000000"]).await;
+    let mut flags = paying_to(&bank, "500ms", "2s");
+    flags.extend(["--payout-throttle-max-age", "1s"]);
+    let app = spawn_app_with(backend, &flags).await;
+    let account = app.create_account(1000, 0).await;
+    let payout = app.accepted_payout(&account, 300).await;
+    let settled = app.settled(&account, &payout).await;
+    assert_eq!(settled["status"], "failed", "{settled}");
+    assert_eq!(
+        settled["failure_reason"],
+        json!(
+            "not made (the bank answered 429 (rate-limited), still asking to wait once the payout was 1s old); the key is closed at the bank"
+        ),
+        "{settled}"
+    );
+    assert!(
+        settled["attempts"].as_u64().unwrap_or_default() > 3,
+        "throttles did not count toward the three attempts: {settled}"
+    );
+    assert_eq!(app.balance(&account).await.0, 1000);
+    let key = settled["bank_key"].as_str().expect("the key");
+    let (status, closed) = bank.transfer(key).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{closed}");
+    assert!(bank.transfers().await.is_empty());
+    app.assert_audit_clean().await;
+    bank.assert_audit_clean().await;
+    app.stop().await;
+    bank.stop().await;
+}
+
 /// A worker that stops mid-call (its instance shut down while the bank held the answer)
 /// leaves its payout leased; once the lease runs out the other instance sends it again
 /// with the same key, and the bank's one transfer is the payout's.
@@ -940,6 +1004,8 @@ on_both_backends!(
     a_payout_the_bank_never_made_fails_only_once_its_key_is_closed,
     a_payout_stays_pending_while_the_bank_is_away,
     the_banks_address_reaches_no_account,
+    a_bank_that_throttles_past_the_attempts_is_waited_out,
+    a_payout_throttled_past_its_age_fails_once_its_key_is_closed,
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use ledger::payouts::{Destination, PayoutId, PayoutJob, PayoutStatus, Settlement};
+use ledger::payouts::{Destination, JobOutcome, PayoutId, PayoutJob, PayoutStatus, Settlement};
 use ledger::testing::TestDatabase;
 use ledger::{AccountId, Amount, EntryKind, Ledger, Operation, Rule};
 
@@ -307,6 +307,40 @@ pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = claim_one(&ledger, "w").await;
     assert_eq!((again.payout.id, again.attempt), (id, 2));
+}
+
+/// A postponement the bank asked for (a throttle) counts the job's throttled claims,
+/// beside its attempts, and a plain one does not; each claim says when it was made by the
+/// database's clock, so the payout's age at it is never negative.
+pub async fn throttled_claims_are_counted_apart_and_the_age_is_the_databases(
+    database: &TestDatabase,
+) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let id = paid_out(&ledger, account_id, 100, 1).await;
+    let mut job = claim_one(&ledger, "w").await;
+    assert_eq!((job.attempt, job.throttled), (1, 0));
+    assert!(job.claimed_at >= job.payout.created_at);
+    assert!(job.age() < LEASE, "{:?}", job.age());
+    for (throttled, expected) in [(true, (2, 1)), (true, (3, 2)), (false, (4, 2))] {
+        let outcome = JobOutcome::Postponed {
+            after: Duration::ZERO,
+            error: "the bank answered 429 (rate-limited)".into(),
+            throttled,
+        };
+        let recorded = ledger
+            .record_payouts(&[(&job, &outcome)], &render_payout)
+            .await
+            .unwrap();
+        assert_eq!(recorded, [true]);
+        let next = claim_one(&ledger, "w").await;
+        assert_eq!(
+            (next.payout.id, next.attempt, next.throttled),
+            (id, expected.0, expected.1)
+        );
+        assert!(next.claimed_at >= job.claimed_at);
+        job = next;
+    }
 }
 
 /// An account's payouts list in the order they were made, by status, a page at a time;
