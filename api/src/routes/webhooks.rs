@@ -12,12 +12,12 @@ use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use ledger::AccountId;
 use ledger::requests::{KeptAnswer, Keyed, RequestKey};
 use ledger::webhooks::{
     Attempt, Delivery, Endpoint, EndpointId, EventType, MAX_ENDPOINTS_PER_ACCOUNT, MAX_URL,
     NewEndpoint, RetryRefused, Subscription,
 };
+use ledger::{AccountId, StoredResponse};
 use serde::Deserialize;
 use time::OffsetDateTime;
 use uuid::Uuid;
@@ -213,15 +213,15 @@ fn with_secret(answer: KeptAnswer, replayed: bool) -> Response {
             .ok()
         })
         .flatten();
-    let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::OK);
-    let mut response = (status, Json(body)).into_response();
+    let mut response = spends::stored_response(
+        StoredResponse {
+            status: answer.status,
+            body,
+        },
+        replayed,
+    );
     if let Some(location) = location {
         response.headers_mut().insert(header::LOCATION, location);
-    }
-    if replayed {
-        response
-            .headers_mut()
-            .insert("idempotent-replayed", HeaderValue::from_static("true"));
     }
     response
 }
