@@ -86,11 +86,13 @@ fn is_unavailable(error: &sqlx::Error) -> bool {
                 || db.code().is_some_and(|code| {
                     // PostgreSQL: connection exceptions (08), insufficient resources (53),
                     // operator intervention such as shutdown (57), serialization failure
-                    // and deadlock (40001, 40P01).
+                    // and deadlock (40001, 40P01), and a write refused as read-only
+                    // (25006): the server is a standby — a primary just demoted, or a
+                    // replica the proxy still routed to — and a failover is under way.
                     code.starts_with("08")
                         || code.starts_with("53")
                         || code.starts_with("57")
-                        || matches!(code.as_ref(), "40001" | "40P01")
+                        || matches!(code.as_ref(), "40001" | "40P01" | "25006")
                 })
         }
         _ => false,

@@ -75,8 +75,17 @@ pub enum ViolationKind {
     /// A definitive answer that differs from the ticket's outcome.
     ReplayMismatch,
     /// The ticket, read back after the run, stores another outcome than the one its
-    /// requests were answered with — or none at all, though one was answered.
+    /// requests were answered with.
     StoredOutcomeMismatch,
+    /// An outcome a client was given (a 2xx, or a stored refusal) that the ledger no
+    /// longer holds: the ticket, read back after the run, is still issued or unknown, or a
+    /// resend after the run found no ticket. What a failover to a replica that never got
+    /// the commit loses.
+    AcknowledgedOutcomeLost,
+    /// A resend after the run ([`Role::Recheck`]) executed the ticket again instead of
+    /// replaying the outcome a client had been given: the ledger lost it, and the money
+    /// moved twice.
+    ExecutedAgain,
     /// A different request under a used ticket was not refused with 422.
     ReuseNotRefused,
     /// The final balance or points differ from what the executed tickets add up to.
@@ -142,7 +151,7 @@ fn named(attempt: &Attempt, names: &[&str]) -> bool {
 
 /// An answer that settles the ticket's outcome of a spend of `kind`: it executed (201, or
 /// 202 for a payout), or a stored refusal.
-fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
+pub(crate) fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
     match attempt.status {
         Some(status) if status == kind.executed_status() => true,
         Some(402) => named(attempt, &STORED_REFUSALS),
@@ -311,6 +320,20 @@ pub fn audit_with(history: &History, state: &FinalState, options: &AuditOptions)
     }
     for account in &history.accounts {
         let spends = by_account.remove(account.id.as_str()).unwrap_or_default();
+        if state.lost_accounts.contains(&account.id) {
+            // Everything done on it went with it: one finding, not one per spend.
+            violations.push(Violation {
+                kind: ViolationKind::AcknowledgedOutcomeLost,
+                account: account.id.clone(),
+                ticket: None,
+                detail: format!(
+                    "the account was opened (201) and the ledger does not know it afterwards; \
+                     {} spends on it lost with it",
+                    spends.len()
+                ),
+            });
+            continue;
+        }
         if let Some(tally) = audit_account(account, &spends, state, options, &mut violations) {
             tallies.push(tally);
         }
@@ -508,10 +531,12 @@ fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_
             }
         };
         if !declared {
-            let what = if attempt.role == Role::ChangedDuplicate {
-                ViolationKind::ReuseNotRefused
-            } else {
-                ViolationKind::UndeclaredAnswer
+            let what = match attempt.role {
+                Role::ChangedDuplicate => ViolationKind::ReuseNotRefused,
+                // A resend of an acknowledged request refused as if it never was (404
+                // ticket-not-found): the ledger lost the ticket with its outcome.
+                Role::Recheck if status == 404 => ViolationKind::AcknowledgedOutcomeLost,
+                _ => ViolationKind::UndeclaredAnswer,
             };
             flag(
                 what,
@@ -542,7 +567,12 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             attempt.role != Role::ChangedDuplicate && is_definitive(spend.kind, attempt)
         })
         .collect();
-    let originals = same_request
+    // The load's own attempts; the rechecks after it are judged apart, as executions of
+    // an outcome already given.
+    let (during_load, rechecks): (Vec<&Attempt>, Vec<&Attempt>) = same_request
+        .iter()
+        .partition(|attempt| attempt.role != Role::Recheck);
+    let originals = during_load
         .iter()
         .filter(|attempt| !attempt.replayed)
         .count();
@@ -553,6 +583,29 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             format!("{originals} attempts executed (answered without Idempotent-Replayed)"),
         );
     }
+    let executed_again: Vec<&&Attempt> = rechecks
+        .iter()
+        .filter(|attempt| !attempt.replayed && !during_load.is_empty())
+        .collect();
+    for again in &executed_again {
+        flag(
+            ViolationKind::ExecutedAgain,
+            ticket,
+            format!(
+                "resent after the run, it executed again ({} {}) instead of replaying the outcome given",
+                status_text(again.status),
+                compact(again.body.as_ref())
+            ),
+        );
+    }
+    let same_request: Vec<&Attempt> = same_request
+        .into_iter()
+        .filter(|attempt| {
+            !executed_again
+                .iter()
+                .any(|again| std::ptr::eq(**again, *attempt))
+        })
+        .collect();
     let stored = state.tickets.get(&spend.ticket);
     let Some(reference) = same_request
         .iter()
@@ -592,7 +645,18 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             );
         }
     }
-    if let Some(stored) =
+    if let Some(stored) = stored.filter(|stored| stored.state != "completed") {
+        flag(
+            ViolationKind::AcknowledgedOutcomeLost,
+            ticket,
+            format!(
+                "answered {} {}, the ticket is {} and stores nothing",
+                status_text(reference.status),
+                compact(reference.body.as_ref()),
+                stored.state
+            ),
+        );
+    } else if let Some(stored) =
         stored.filter(|stored| (stored.status, &stored.body) != (reference.status, &reference.body))
     {
         flag(

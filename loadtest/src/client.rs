@@ -51,6 +51,20 @@ impl ClientError {
     }
 }
 
+impl ClientError {
+    /// Whether the ledger does not know what was asked about (401 for an API key it does
+    /// not hold, 404 for an account or ticket): after a run whose ledger failed over, what
+    /// a client was told exists and the ledger lost.
+    pub fn unknown_to_the_ledger(&self) -> bool {
+        match self {
+            Self::Payonce { error, .. } => error
+                .problem()
+                .is_some_and(|problem| matches!(problem.status, 401 | 404)),
+            _ => false,
+        }
+    }
+}
+
 /// An id the run holds as text, as the client wants it.
 pub fn id(text: &str, what: &'static str) -> Result<Uuid, ClientError> {
     text.parse().map_err(|_| ClientError::Unexpected {

@@ -74,6 +74,10 @@ pub enum Role {
     LateDuplicate,
     /// The same ticket with another amount, after the original was answered: must be 422.
     ChangedDuplicate,
+    /// The same request once more after the load, for every ticket whose outcome a client
+    /// was given: it must replay that outcome (an acknowledged outcome the ledger lost
+    /// would execute again, or find no ticket).
+    Recheck,
 }
 
 /// One HTTP request of a spend, and its answer. A logical request — one [`Role`] of one
@@ -248,12 +252,13 @@ pub struct AccountState {
     pub entries: Vec<EntryRecord>,
 }
 
-/// A ticket as `GET /v1/tickets/{id}` shows it: read for tickets the run never got a
-/// definitive answer for (every attempt was 409, 429, 503 or lost), and for tickets whose
-/// requests were resent (to check the stored outcome against the answer they ended with).
+/// A ticket as `GET /v1/tickets/{id}` shows it, read for every ticket of the run: for one
+/// the run never got a definitive answer for (every attempt was 409, 429, 503 or lost) its
+/// stored outcome decides; for the others it must be the outcome the clients were given.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct TicketState {
-    /// `issued`, `completed` or `expired`.
+    /// `issued`, `completed` or `expired`; [`TicketState::MISSING`] when the ledger does
+    /// not know the ticket (404).
     pub state: String,
     /// The stored status, once completed.
     pub status: Option<u16>,
@@ -261,12 +266,30 @@ pub struct TicketState {
     pub body: Option<Value>,
 }
 
+impl TicketState {
+    /// The state of a ticket the ledger does not know: one it issued and lost.
+    pub const MISSING: &str = "missing";
+
+    /// A ticket the ledger answered 404 for.
+    pub fn missing() -> Self {
+        Self {
+            state: Self::MISSING.to_owned(),
+            status: None,
+            body: None,
+        }
+    }
+}
+
 /// The ledger at the end of the run, read through the API.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
 pub struct FinalState {
     /// By account id.
     pub accounts: HashMap<String, AccountState>,
-    /// By ticket id, for the tickets without a definitive answer and those resent.
+    /// Accounts opened during the run (answered 201) that the ledger no longer knows —
+    /// their reads answered 401 or 404: lost with everything done on them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lost_accounts: Vec<String>,
+    /// By ticket id, every ticket of the run's spends.
     pub tickets: HashMap<String, TicketState>,
     /// By payout id: every payout of the run's accounts, after the queue drained (or the
     /// drain gave up).

@@ -1,11 +1,13 @@
 //! The payonce load test: a pure HTTP client of the contract that hammers one or more
 //! instances with spends, duplicates and races, then proves from the ledger — read back
-//! through the API — that nothing was spent twice.
+//! through the API — that nothing was spent twice and no outcome a client was given was
+//! lost.
 //!
 //! # Map
 //! - `main.rs`: the `loadtest` binary — `loadtest [run]` and `loadtest healthz`.
-//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the read-back;
-//!   payouts stopped when a target turns out to have no bank.
+//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the recheck of
+//!   every acknowledged outcome after the load, the read-back; payouts stopped when a
+//!   target turns out to have no bank.
 //! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
 //!   state, so tests can plant faults in recorded histories.
 //! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's

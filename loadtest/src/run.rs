@@ -39,6 +39,7 @@
 //! definitive answer. Payouts a target with a bank accepted before the stop are drained,
 //! read and audited as ever.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -60,7 +61,7 @@ use crate::audit::{
 use crate::client::{Api, ClientError, id};
 use crate::history::{
     AccountRecord, Attempt, DESTINATION, FinalState, History, PayoutStatus, Role, SpendKind,
-    SpendRecord, TicketAttempt,
+    SpendRecord, TicketAttempt, TicketState,
 };
 use crate::receiver::{Receipt, Receiver, ReceiverFaults};
 use crate::retry::RetryPolicy;
@@ -539,6 +540,7 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
     let _ = ticker.await;
     progress.finish_and_clear();
     history.accounts = rounds.all().await;
+    shared.recheck(&mut history).await;
 
     let (mut final_state, drained) = the_end(&api, &history, &options).await?;
     if let Some(receiver) = &receiver {
@@ -945,6 +947,60 @@ impl Shared {
         }
     }
 
+    /// Sends every spend whose outcome a client was given once more, after the load, to
+    /// the target after the one that gave it, and records the answers as
+    /// [`Role::Recheck`] attempts: each must replay that outcome. An outcome the ledger
+    /// lost — a failover to a replica that never had it — executes again here, or finds
+    /// no ticket; the audit names either.
+    async fn recheck(&self, history: &mut History) {
+        let accounts: HashMap<&str, &AccountRecord> = history
+            .accounts
+            .iter()
+            .map(|account| (account.id.as_str(), account))
+            .collect();
+        let rechecks = history
+            .spends
+            .iter()
+            .enumerate()
+            .filter_map(|(index, spend)| {
+                let acknowledged = spend.attempts.iter().find(|attempt| {
+                    attempt.role != Role::ChangedDuplicate
+                        && crate::audit::is_definitive(spend.kind, attempt)
+                })?;
+                let plan = Plan {
+                    account: (*accounts.get(spend.account.as_str())?).clone(),
+                    kind: spend.kind,
+                    amount: spend.amount,
+                    target: acknowledged.target + 1,
+                    duplicate: false,
+                    changed: false,
+                };
+                Some((index, plan, spend.ticket.clone(), spend.order.clone()))
+            })
+            .collect::<Vec<_>>();
+        let answered = futures::stream::iter(rechecks)
+            .map(|(index, plan, ticket, order)| async move {
+                let spending = Spending {
+                    shared: self,
+                    plan: &plan,
+                    ticket: &ticket,
+                    order: order.as_deref(),
+                    fault: None,
+                    bank_fault: false,
+                };
+                let attempts = spending
+                    .request(Role::Recheck, plan.target, plan.amount)
+                    .await;
+                (index, attempts)
+            })
+            .buffer_unordered(self.options.clients.max(1))
+            .collect::<Vec<_>>()
+            .await;
+        for (index, attempts) in answered {
+            history.spends[index].attempts.extend(attempts);
+        }
+    }
+
     /// Places an order of the plan's amount and pays it: with `ticket` alone, or — a
     /// duplicated plan — with one or two more tickets at once, each payment to the next
     /// target. One record per ticket. An order that could not be placed pays nothing
@@ -1217,9 +1273,10 @@ fn attempt(
     }
 }
 
-/// Reads every account (balance, points, entries) and, for tickets the run never got a
-/// definitive answer for or resent a request of, the ticket itself: the stored outcome
-/// decides the first, and must equal the answer the second ended with.
+/// Reads every account (balance, points, entries) and every ticket of the run's spends:
+/// the stored outcome decides a ticket the run never got a definitive answer for, and must
+/// be the one the clients were given for every other (a ticket the ledger does not know is
+/// read as [`TicketState::missing`]).
 async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError> {
     let mut state = FinalState::default();
     let accounts = futures::stream::iter(history.accounts.iter().enumerate())
@@ -1227,12 +1284,19 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
             let read = api.account_state(index, &account.id, &account.key).await?;
             Ok::<_, ClientError>((account.id.clone(), read))
         })
-        .buffer_unordered(8)
+        .buffered(8)
         .collect::<Vec<_>>()
         .await;
-    for account in accounts {
-        let (id, read) = account?;
-        state.accounts.insert(id, read);
+    for (account, read) in history.accounts.iter().zip(accounts) {
+        match read {
+            Ok((id, read)) => {
+                state.accounts.insert(id, read);
+            }
+            Err(error) if error.unknown_to_the_ledger() => {
+                state.lost_accounts.push(account.id.clone());
+            }
+            Err(error) => return Err(error.into()),
+        }
     }
 
     let keys: std::collections::HashMap<&str, &str> = history
@@ -1240,27 +1304,18 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         .iter()
         .map(|account| (account.id.as_str(), account.key.as_str()))
         .collect();
-    let unsettled: Vec<&SpendRecord> = history
-        .spends
-        .iter()
-        .filter(|spend| {
-            let settled = spend.attempts.iter().any(|attempt| {
-                attempt.role != Role::ChangedDuplicate
-                    && (attempt.status == Some(spend.kind.executed_status())
-                        || matches!(attempt.status, Some(402 | 422)))
-            });
-            let resent = spend.attempts.iter().any(|attempt| attempt.attempt > 1);
-            !settled || resent
-        })
-        .collect();
-    let tickets = futures::stream::iter(unsettled.into_iter().enumerate())
+    let tickets = futures::stream::iter(history.spends.iter().enumerate())
         .map(|(index, spend)| {
             let key = keys
                 .get(spend.account.as_str())
                 .copied()
                 .unwrap_or_default();
             async move {
-                let read = api.ticket_state(index, &spend.ticket, key).await?;
+                let read = match api.ticket_state(index, &spend.ticket, key).await {
+                    // The ticket, or its account with its key, lost.
+                    Err(error) if error.unknown_to_the_ledger() => TicketState::missing(),
+                    read => read?,
+                };
                 Ok::<_, ClientError>((spend.ticket.clone(), read))
             }
         })
@@ -1351,10 +1406,16 @@ async fn drain_payouts(api: &Api, accounts: &[AccountRecord], drain: Duration) -
     loop {
         let pending = futures::stream::iter(accounts.iter().enumerate())
             .map(|(index, account)| async move {
-                api.payouts(index, &account.key, Some(PayoutStatus::Pending))
+                match api
+                    .payouts(index, &account.key, Some(PayoutStatus::Pending))
                     .await
-                    // An account that cannot be read counts as pending: the wait goes on.
-                    .map_or(1, |pending| pending.len())
+                {
+                    Ok(pending) => pending.len(),
+                    // An account the ledger lost has nothing left to wait for.
+                    Err(error) if error.unknown_to_the_ledger() => 0,
+                    // One that cannot be read counts as pending: the wait goes on.
+                    Err(_) => 1,
+                }
             })
             .buffer_unordered(8)
             .fold(0, |total, pending| async move { total + pending })
@@ -1383,7 +1444,13 @@ async fn read_payouts(
         .collect::<Vec<_>>()
         .await;
     for payouts in read {
-        for payout in payouts? {
+        let payouts = match payouts {
+            Ok(payouts) => payouts,
+            // An account the ledger lost (read back as such) shows no payouts.
+            Err(error) if error.unknown_to_the_ledger() => continue,
+            Err(error) => return Err(error.into()),
+        };
+        for payout in payouts {
             state.payouts.insert(payout.payout_id.clone(), payout);
         }
     }

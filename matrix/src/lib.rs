@@ -42,12 +42,17 @@
 //! - [`dispatcher`] (`dispatcher.rs`): the payout dispatcher's row pair — one key per
 //!   payout against a fresh key per attempt — under the bank's faults and an instance
 //!   kill, reconciled at a real `payonce-bank`.
-//! - [`report`] (`report.rs`): the table, the JSON, the grid chart.
+//! - [`ledger`] (`ledger.rs`): the ledger table — the ledger on a PostgreSQL cluster under
+//!   Patroni (`scripts/ledger-cluster.sh`), synchronous and asynchronous replication, under
+//!   the loss of its primary (killed, stopped, partitioned): acknowledged outcomes lost,
+//!   tickets executed twice, money at the bank for payouts the ledger lost.
+//! - [`report`] (`report.rs`): the tables, the JSON, the grid chart.
 //! - `main.rs`: the `payonce-matrix` binary (`scripts/matrix.sh` runs it).
 
 pub mod cells;
 pub mod cluster;
 pub mod dispatcher;
+pub mod ledger;
 pub mod report;
 pub mod services;
 

@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use matrix::dispatcher::{BankFault, DispatchOptions, DispatchRow, Keys};
+use matrix::ledger::{self, LedgerFault, LedgerOptions, LocksOn, Replication};
 use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, report};
 
 #[derive(Parser, Debug)]
@@ -55,9 +56,21 @@ struct Cli {
     #[arg(long)]
     bank: Option<PathBuf>,
     /// The lock services' table, the payout dispatcher's row pair (one key per payout
-    /// against a fresh key per attempt, under the bank's faults), or both.
+    /// against a fresh key per attempt, under the bank's faults), both, or the ledger
+    /// table (the ledger on a PostgreSQL cluster losing its primary; run as root, it
+    /// starts the cluster with scripts/ledger-cluster.sh).
     #[arg(long, value_enum, default_value_t = Tables::Both)]
     tables: Tables,
+    /// The ledger table's replication rows, comma-separated (sync, async; default both).
+    #[arg(long, value_delimiter = ',')]
+    replication: Vec<String>,
+    /// The ledger table's lock rows: redis (a private Redis beside the cluster),
+    /// postgres-advisory (advisory locks on the cluster), or both (the default).
+    #[arg(long, value_delimiter = ',')]
+    ledger_locks: Vec<String>,
+    /// The ledger cluster's script (default: scripts/ledger-cluster.sh of this checkout).
+    #[arg(long)]
+    ledger_cluster: Option<PathBuf>,
     /// PostgreSQL for the instances' ledger; use a scratch database — the unsafe rows
     /// corrupt the accounts they touch, on purpose.
     #[arg(long, env = "DATABASE_URL")]
@@ -76,6 +89,8 @@ enum Tables {
     Dispatcher,
     /// Both.
     Both,
+    /// The ledger on a PostgreSQL cluster under Patroni, losing its primary.
+    Ledger,
 }
 
 fn parse_all<T: Copy>(
@@ -110,6 +125,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if cli.tables == Tables::Ledger {
+        return ledger_table(&cli, &options, started).await;
+    }
     eprintln!(
         "payonce-matrix: {} rows × {} faults, {} s per cell",
         options.lines.len(),
@@ -176,7 +194,12 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
         "service",
     )?;
     let guards = parse_all(&cli.guards, &Guard::ALL, Guard::parse, Guard::name, "guard")?;
-    let faults = parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")?;
+    // The ledger table names its own faults (see `ledger_table`).
+    let faults = if cli.tables == Tables::Ledger {
+        Fault::ALL.to_vec()
+    } else {
+        parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")?
+    };
     let lines: Vec<Line> = Line::all()
         .into_iter()
         .filter(|line| services.contains(&line.service) && guards.contains(&line.guard))
@@ -191,6 +214,118 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
         lines,
         faults,
     })
+}
+
+/// The ledger table alone: its rows, printed as they finish, the table, its JSON. Exit
+/// code 1 if a synchronous row lost anything (the promise), 2 if a cell could not run.
+async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::Instant) -> ExitCode {
+    let chosen = (|| {
+        let replications = parse_all(
+            &cli.replication,
+            &Replication::ALL,
+            Replication::parse,
+            Replication::name,
+            "replication",
+        )?;
+        let faults = parse_all(
+            &cli.faults,
+            &LedgerFault::ALL,
+            LedgerFault::parse,
+            LedgerFault::name,
+            "fault",
+        )?;
+        let locks = parse_all(
+            &cli.ledger_locks,
+            &[LocksOn::Redis, LocksOn::Cluster],
+            |name| {
+                [LocksOn::Redis, LocksOn::Cluster]
+                    .into_iter()
+                    .find(|on| on.name() == name)
+            },
+            LocksOn::name,
+            "lock row",
+        )?;
+        Ok::<_, String>((replications, faults, locks))
+    })();
+    let (replications, faults, locks) = match chosen {
+        Ok(chosen) => chosen,
+        Err(error) => {
+            eprintln!("payonce-matrix: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let rows: Vec<_> = ledger::rows(&replications)
+        .into_iter()
+        .filter(|(_, on)| locks.contains(on))
+        .collect();
+    let bank = beside_this_program(cli.bank.as_ref(), "payonce-bank");
+    let script = cli
+        .ledger_cluster
+        .clone()
+        .unwrap_or_else(ledger::default_script);
+    let ledger_options = LedgerOptions {
+        payonce: &options.payonce,
+        bank: &bank,
+        script: &script,
+        // Past the fault's stall (15 s, from a fifth of the way in) with load to spare.
+        seconds: cli.seconds.unwrap_or(25.0).max(20.0),
+        clients: options.clients,
+        accounts: options.accounts.max(4),
+    };
+    eprintln!(
+        "payonce-matrix: ledger table, {} rows × {} faults, {} s per cell",
+        rows.len(),
+        faults.len(),
+        ledger_options.seconds
+    );
+    let table = tokio::select! {
+        table = ledger::run_ledger(&ledger_options, &rows, &faults, |row| {
+            eprintln!(
+                "  {:<6} {:<17} {:<17} {} lost, {} executed twice, {} unknown at the bank, {:.1} s unserved ({:.0} s)",
+                row.replication.name(),
+                row.locks.name(),
+                row.fault.name(),
+                row.acknowledged_lost,
+                row.executed_twice,
+                row.unknown_at_bank,
+                row.unserved_seconds,
+                started.elapsed().as_secs_f64(),
+            );
+            if let Some(why) = &row.skipped {
+                eprintln!("    {why}");
+            }
+        }) => table,
+        () = interrupted() => {
+            eprintln!("payonce-matrix: interrupted");
+            return ExitCode::from(2);
+        }
+    };
+    let _ = report::print_ledger(&table, &mut std::io::stdout().lock());
+    if let Some(path) = &cli.json {
+        match report::write_json(&[], &[], &table, path) {
+            Ok(()) => println!("json: {}", path.display()),
+            Err(error) => eprintln!("payonce-matrix: cannot write {}: {error}", path.display()),
+        }
+    }
+    println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
+    let failed = table.iter().filter(|row| row.skipped.is_some()).count();
+    let sync_lost = table
+        .iter()
+        .any(|row| row.replication == Replication::Sync && row.lost_anything());
+    if failed > 0 {
+        println!("VERDICT: {failed} cells could not be run (see the table)");
+        ExitCode::from(2)
+    } else if sync_lost {
+        println!(
+            "VERDICT: synchronous replication lost an acknowledged outcome or executed one twice — a bug"
+        );
+        ExitCode::from(1)
+    } else {
+        println!(
+            "VERDICT: synchronous replication lost nothing; the asynchronous rows show what it does"
+        );
+        ExitCode::SUCCESS
+    }
 }
 
 /// `given`, or the program `name` in this one's directory.
@@ -262,7 +397,7 @@ fn write_reports(rows: &[Row], dispatcher: &[DispatchRow], cli: &Cli) {
         let _ = report::print_dispatcher(dispatcher, &mut stdout);
     }
     if let Some(path) = &cli.json {
-        match report::write_json(rows, dispatcher, path) {
+        match report::write_json(rows, dispatcher, &[], path) {
             Ok(()) => println!("json: {}", path.display()),
             Err(error) => eprintln!("payonce-matrix: cannot write {}: {error}", path.display()),
         }

@@ -7,6 +7,7 @@ use plotters::prelude::*;
 
 use crate::cells::{Fault, Line, Row};
 use crate::dispatcher::DispatchRow;
+use crate::ledger::LedgerRow;
 
 /// The table.
 pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
@@ -149,12 +150,82 @@ pub fn print_dispatcher(
 }
 
 /// `{"rows": [...], "dispatcher": [...]}`.
-pub fn write_json(rows: &[Row], dispatcher: &[DispatchRow], path: &Path) -> std::io::Result<()> {
+pub fn write_json(
+    rows: &[Row],
+    dispatcher: &[DispatchRow],
+    ledger: &[LedgerRow],
+    path: &Path,
+) -> std::io::Result<()> {
     create_parent(path)?;
     std::fs::write(
         path,
-        serde_json::to_vec_pretty(&serde_json::json!({ "rows": rows, "dispatcher": dispatcher }))?,
+        serde_json::to_vec_pretty(
+            &serde_json::json!({ "rows": rows, "dispatcher": dispatcher, "ledger": ledger }),
+        )?,
     )
+}
+
+/// The ledger table: one line per replication × locks × fault.
+pub fn print_ledger(rows: &[LedgerRow], out: &mut impl std::io::Write) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<12} {:<17} {:<17} {:>8} {:>9} {:>9} {:>8} {:>7} {:>10} {:>5}  note",
+        "replication",
+        "locks",
+        "fault",
+        "requests",
+        "ack lost",
+        "executed",
+        "unknown",
+        "double",
+        "unserved s",
+        "tries",
+    )?;
+    writeln!(
+        out,
+        "{:<12} {:<17} {:<17} {:>8} {:>9} {:>9} {:>8} {:>7} {:>10} {:>5}",
+        "", "", "", "", "", "twice", "at bank", "spends", "", ""
+    )?;
+    writeln!(out, "{}", "-".repeat(128))?;
+    for row in rows {
+        if let Some(why) = &row.skipped {
+            writeln!(
+                out,
+                "{:<12} {:<17} {:<17} {why}",
+                row.replication.name(),
+                row.locks.name(),
+                row.fault.name()
+            )?;
+            continue;
+        }
+        let mut note = row
+            .answers_5xx
+            .iter()
+            .map(|(answer, count)| format!("{count} × {answer}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if row.other_violations > 0 {
+            note.push_str(&format!("; {} other audit findings", row.other_violations));
+        }
+        if note.is_empty() {
+            note.push_str("no 5xx");
+        }
+        writeln!(
+            out,
+            "{:<12} {:<17} {:<17} {:>8} {:>9} {:>9} {:>8} {:>7} {:>10.1} {:>5}  {note}",
+            row.replication.name(),
+            row.locks.name(),
+            row.fault.name(),
+            row.requests,
+            row.acknowledged_lost,
+            row.executed_twice,
+            row.unknown_at_bank,
+            row.double_spends,
+            row.unserved_seconds,
+            row.tries,
+        )?;
+    }
+    Ok(())
 }
 
 /// The matrix as a grid: one cell per row × fault, red with the count where the audit

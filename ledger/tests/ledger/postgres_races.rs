@@ -993,3 +993,61 @@ async fn a_claim_ends_a_delivery_of_a_deleted_endpoint_unsent() {
     assert_eq!(listed[0].status, DeliveryStatus::EndpointDeleted);
     assert!(listed[0].attempts.is_empty());
 }
+
+/// A server that refuses writes as read-only — a primary just demoted to a standby, or a
+/// replica a proxy still routes to during a failover — is unavailable (503, nothing
+/// written, safe to resend), not a database error (500). Once it takes writes again the
+/// same ticket executes, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_read_only_server_is_unavailable_and_the_ticket_still_executes() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+
+    let mut admin = connect(&database).await;
+    set_read_only(&mut admin, true).await;
+    let refused = apply(&ledger, account_id, ticket, withdrawal(30), "w30", 1).await;
+    assert!(
+        matches!(
+            refused,
+            Err(ledger::ApplyError::Ledger(
+                ledger::LedgerError::Unavailable(_)
+            ))
+        ),
+        "{refused:?}"
+    );
+    let issued = ledger.issue_ticket(account_id, HOUR).await;
+    assert!(
+        matches!(issued, Err(ledger::LedgerError::Unavailable(_))),
+        "{issued:?}"
+    );
+
+    set_read_only(&mut admin, false).await;
+    let applied = apply(&ledger, account_id, ticket, withdrawal(30), "w30", 1)
+        .await
+        .unwrap();
+    assert!(!applied.replayed, "{applied:?}");
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        70
+    );
+    assert_clean(&ledger).await;
+}
+
+/// Makes every new session of the test's database read-only, or writable again, and ends
+/// the ledger's pooled sessions so that it reconnects into the new default — the way a
+/// failover cuts its connections and the proxy reconnects them to a standby.
+async fn set_read_only(admin: &mut PgConnection, read_only: bool) {
+    let setting = if read_only { "on" } else { "off" };
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "SET default_transaction_read_only = off; \
+         DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET default_transaction_read_only = {setting}', \
+         current_database()); END $$; \
+         SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid();"
+    )))
+    .execute(admin)
+    .await
+    .unwrap();
+}

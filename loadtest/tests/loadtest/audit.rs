@@ -640,13 +640,24 @@ fn an_unresolved_request_is_counted_and_its_ticket_judged() {
 }
 
 /// A ticket read back must store the outcome its requests were answered with: another
-/// outcome, or none at all (still issued), is flagged.
+/// outcome is flagged as a mismatch; none at all (still issued, or a ticket the ledger
+/// does not know) as an acknowledged outcome lost.
 #[test]
 fn a_stored_outcome_unlike_the_answer_is_flagged() {
     let moved = json!({ "ticket_id": "t2", "account_id": ACCOUNT, "amount": 500, "balance": 0 });
-    for stored in [
-        ticket_state("completed", Some(201), Some(moved)),
-        ticket_state("issued", None, None),
+    for (stored, expected) in [
+        (
+            ticket_state("completed", Some(201), Some(moved)),
+            ViolationKind::StoredOutcomeMismatch,
+        ),
+        (
+            ticket_state("issued", None, None),
+            ViolationKind::AcknowledgedOutcomeLost,
+        ),
+        (
+            TicketState::missing(),
+            ViolationKind::AcknowledgedOutcomeLost,
+        ),
     ] {
         let (history, mut state) = resent_after_no_answer();
         state.tickets.insert("t2".into(), stored.clone());
@@ -655,12 +666,92 @@ fn a_stored_outcome_unlike_the_answer_is_flagged() {
             .iter()
             .map(|violation| violation.kind)
             .collect();
-        assert_eq!(
-            found,
-            vec![ViolationKind::StoredOutcomeMismatch],
-            "{stored:?}"
-        );
+        assert_eq!(found, vec![expected], "{stored:?}");
     }
+}
+
+/// The clean history with every ticket read back as the ledger holds it, and each
+/// acknowledged request resent once after the run ([`Role::Recheck`]), replayed.
+fn rechecked() -> (History, FinalState) {
+    let (mut history, mut state) = clean();
+    for spend in &mut history.spends {
+        let given = spend
+            .attempts
+            .iter()
+            .find(|attempt| {
+                attempt.role != Role::ChangedDuplicate && matches!(attempt.status, Some(201 | 402))
+            })
+            .cloned();
+        if let Some(given) = given {
+            state.tickets.insert(
+                spend.ticket.clone(),
+                ticket_state("completed", given.status, given.body.clone()),
+            );
+            let mut recheck = given;
+            recheck.role = Role::Recheck;
+            recheck.replayed = true;
+            spend.attempts.push(recheck);
+        }
+    }
+    (history, state)
+}
+
+/// Every acknowledged outcome in the ledger and replayed by a resend after the run passes.
+#[test]
+fn acknowledged_outcomes_that_replay_pass() {
+    let (history, state) = rechecked();
+    assert_eq!(audit_with(&history, &state, &RETRIES).violations, vec![]);
+}
+
+/// An acknowledged withdrawal the ledger lost — the failover's replica never had it —
+/// executes again when resent after the run: flagged by name, as lost (the ticket read
+/// back is issued) and as executed again, not as a duplicate of the load.
+#[test]
+fn an_acknowledged_outcome_lost_and_executed_again_is_flagged() {
+    let (mut history, mut state) = rechecked();
+    state
+        .tickets
+        .insert("t1".into(), ticket_state("issued", None, None));
+    let again = json!({ "ticket_id": "t1", "account_id": ACCOUNT, "amount": 30, "balance": 55 });
+    let recheck = history.spends[0].attempts.last_mut().unwrap();
+    recheck.replayed = false;
+    recheck.body = Some(again);
+    let found = kinds_with_retries(&history, &state);
+    assert!(
+        found.contains(&ViolationKind::AcknowledgedOutcomeLost),
+        "{found:?}"
+    );
+    assert!(found.contains(&ViolationKind::ExecutedAgain), "{found:?}");
+    assert!(!found.contains(&ViolationKind::ExecutedTwice), "{found:?}");
+    assert!(!found.contains(&ViolationKind::ReplayMismatch), "{found:?}");
+}
+
+/// A resend after the run that finds no ticket (404 `ticket-not-found`) means the ledger
+/// lost the ticket with its outcome.
+#[test]
+fn a_recheck_that_finds_no_ticket_is_an_acknowledged_outcome_lost() {
+    let (mut history, mut state) = rechecked();
+    state.tickets.insert("t3".into(), TicketState::missing());
+    let recheck = history.spends[2].attempts.last_mut().unwrap();
+    recheck.status = Some(404);
+    recheck.replayed = false;
+    recheck.body = Some(problem(404, "ticket-not-found"));
+    let found = kinds_with_retries(&history, &state);
+    assert!(
+        found
+            .iter()
+            .all(|kind| *kind == ViolationKind::AcknowledgedOutcomeLost),
+        "{found:?}"
+    );
+    assert_eq!(found.len(), 2, "the read-back and the resend: {found:?}");
+}
+
+fn kinds_with_retries(history: &History, state: &FinalState) -> Vec<ViolationKind> {
+    audit_with(history, state, &RETRIES)
+        .violations
+        .iter()
+        .map(|violation| violation.kind)
+        .collect()
 }
 
 /// 429 `rate-limited` and 503 `outcome-unknown` are declared transient answers, for spends
@@ -772,4 +863,19 @@ fn a_refusal_as_paid_for_an_unpaid_order_is_flagged() {
     account.balance = 85;
     account.entries.pop();
     assert_eq!(kinds(&history, &state), vec![ViolationKind::OrderMismatch]);
+}
+
+/// An account opened with a 201 that the ledger does not know after the run (its reads
+/// answered 401 or 404): one acknowledged outcome lost, naming it, and its spends — lost
+/// with it — not judged one by one.
+#[test]
+fn an_account_the_ledger_lost_is_one_acknowledged_outcome_lost() {
+    let (history, mut state) = rechecked();
+    state.accounts.clear();
+    state.tickets.clear();
+    state.lost_accounts.push(ACCOUNT.into());
+    let found = audit_with(&history, &state, &RETRIES).violations;
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].kind, ViolationKind::AcknowledgedOutcomeLost);
+    assert_eq!(found[0].account, ACCOUNT);
 }

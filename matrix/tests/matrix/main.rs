@@ -6,6 +6,7 @@
 mod cells;
 mod dispatcher;
 mod failover;
+mod ledger_cluster;
 mod retries;
 mod webhooks;
 
