@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The ledger cluster: three PostgreSQL nodes under Patroni (its state in the etcd that
-# scripts/services.sh runs on 127.0.0.1:2379), HAProxy in front on loopback routing to the
+# scripts/services.sh runs on 127.0.0.1:2379, through its v2 API), HAProxy in front on loopback routing to the
 # primary by Patroni's REST health check. Each node lives in a network namespace of its
 # own, so a fault is a cut link, not a proxy. docs/ledger-failover.md explains it.
 #
@@ -64,8 +64,8 @@ ns_of() { echo "payonce-l$(index_of "$1")"; }
 install_missing() {
   local missing=()
   command -v patroni >/dev/null || missing+=(patroni)
-  # Patroni's etcd3 client is built on python-etcd's; Debian's patroni may pull in another
-  # DCS's library in its place.
+  # Patroni's etcd client is python-etcd; Debian's patroni may pull in another DCS's
+  # library in its place.
   /usr/bin/python3 -c 'import etcd' 2>/dev/null || missing+=(python3-etcd)
   command -v haproxy >/dev/null || missing+=(haproxy)
   command -v jq >/dev/null || missing+=(jq)
@@ -224,7 +224,11 @@ restapi:
   listen: 0.0.0.0:8008
   connect_address: 10.77.0.1$i:8008
 
-etcd3:
+# etcd's v2 API, not v3: Debian's Patroni (3.0.2) renews a leader key on v3 with a plain
+# put, so a primary that was stopped past its TTL overwrites its successor's key when it
+# wakes — taking the lead back, and the successor's acknowledged commits are rewound away
+# (upstream fixed it in 3.0.3). On v2 the renewal is a compare-and-swap on its own name.
+etcd:
   hosts: 10.77.0.1:2379
   # 10.77.0.1 is a relay, not a member: the members etcd advertises are on loopback.
   use_proxies: true
@@ -329,25 +333,28 @@ dcs_config() {
 # standby streams to it; and every member runs, so that a fault injected next finds the
 # whole cluster (a member restarted by `up` after a kill first rewinds and catches up).
 serving() {
-  local synchronous=$1 member view leader=no sync=no
+  local synchronous=$1 member view leader=no sync=no timelines=""
   for member in $MEMBERS; do
     view=$(member_view "$member")
     [ -n "$view" ] || return 1
     [ "$(jq -r '.state' <<<"$view")" = running ] || return 1
+    # On one timeline: a member still on an older one has yet to rewind and restart.
+    timelines+="$(jq -r '.timeline' <<<"$view") "
     if [ "$(jq -r '.role + "/" + .state' <<<"$view")" = master/running ]; then leader=yes; fi
     if [ "$(jq -r '.sync_standby // false' <<<"$view")" = true ] &&
        [ "$(jq -r '.state' <<<"$view")" = running ]; then sync=yes; fi
   done
   [ "$leader" = yes ] || return 1
+  [ "$(tr ' ' '\n' <<<"$timelines" | sort -u | grep -c .)" = 1 ] || return 1
   [ "$synchronous" = false ] || [ "$sync" = yes ] || return 1
   "$PG_BIN/psql" -X -q -At "postgresql://postgres@127.0.0.1:$WRITE_PORT/postgres?connect_timeout=2" \
     -c 'select not pg_is_in_recovery()' 2>/dev/null | grep -qx t
 }
 
+# A key of the cluster's, as Patroni keeps it in etcd (v2 API).
 etcd_value() {
-  curl -fsS --max-time 2 http://127.0.0.1:2379/v3/kv/range \
-    -d "{\"key\": \"$(printf %s "$ETCD_PREFIX$SCOPE/$1" | base64 -w0)\"}" 2>/dev/null |
-    jq -r '.kvs[0].value // empty | @base64d'
+  curl -fsS --max-time 2 "http://127.0.0.1:2379/v2/keys$ETCD_PREFIX$SCOPE/$1" 2>/dev/null |
+    jq -r '.node.value // empty'
 }
 
 # Debian's Patroni 3.0.2 can be left with a /sync key that names a former primary: a
@@ -364,8 +371,7 @@ repair_sync_key() {
   sync_leader=$(etcd_value sync | jq -r '.leader // empty' 2>/dev/null || true)
   if [ -n "$sync_leader" ] && [ "$sync_leader" != "$leader" ]; then
     echo "ledger-cluster: /sync names $sync_leader, the primary is $leader: clearing it" >&2
-    curl -fsS --max-time 2 -X POST http://127.0.0.1:2379/v3/kv/deleterange \
-      -d "{\"key\": \"$(printf %s "$ETCD_PREFIX$SCOPE/sync" | base64 -w0)\"}" >/dev/null
+    curl -fsS --max-time 2 -X DELETE "http://127.0.0.1:2379/v2/keys$ETCD_PREFIX$SCOPE/sync" >/dev/null
   fi
 }
 
@@ -400,8 +406,8 @@ cmd_up() {
     *) die "up takes only --async" ;;
   esac
   install_missing
-  curl -fsS --max-time 2 http://127.0.0.1:2379/health 2>/dev/null | grep -q '"health":"true"' ||
-    die "etcd does not answer on 127.0.0.1:2379: run scripts/services.sh first"
+  curl -fsS --max-time 2 http://127.0.0.1:2379/v2/keys/ >/dev/null 2>&1 ||
+    die "etcd's v2 API does not answer on 127.0.0.1:2379: run scripts/services.sh first"
   network_up
   haproxy_up
   local member
@@ -415,13 +421,20 @@ cmd_up() {
     sleep 0.2
   done
   for member in pg2 pg3; do patroni_up "$member" "$synchronous"; done
-  while [ "$SECONDS" -lt "$deadline" ]; do
-    set_mode "$synchronous" 2>/dev/null && serving "$synchronous" && break
+  # Serving on two looks a second apart: a member that rejoined after a fault may still
+  # be rewound and restarted by its Patroni a moment after it first shows as running.
+  local steady=0
+  while [ "$SECONDS" -lt "$deadline" ] && [ "$steady" -lt 2 ]; do
+    if set_mode "$synchronous" 2>/dev/null && serving "$synchronous"; then
+      steady=$((steady + 1))
+      [ "$steady" -lt 2 ] && sleep 1
+      continue
+    fi
+    steady=0
     [ "$synchronous" = false ] || repair_sync_key
     sleep 0.2
   done
-  set_mode "$synchronous" && serving "$synchronous" ||
-    die "no primary serves on 127.0.0.1:$WRITE_PORT after 120 s (see $LOGS)"
+  [ "$steady" -ge 2 ] || die "no primary serves on 127.0.0.1:$WRITE_PORT after 120 s (see $LOGS)"
   echo "postgres://postgres@127.0.0.1:$WRITE_PORT/postgres"
 }
 
@@ -479,9 +492,8 @@ cmd_down() {
   done
   if pid=$(haproxy_pid); then kill "$pid"; fi
   network_down
-  # The cluster's keys in etcd (v3 JSON API: a range is [key, range_end), base64).
-  curl -fsS --max-time 3 -X POST http://127.0.0.1:2379/v3/kv/deleterange \
-    -d "{\"key\": \"$(printf %s "$ETCD_PREFIX" | base64)\", \"range_end\": \"$(printf %s "${ETCD_PREFIX%/}0" | base64)\"}" \
+  # The cluster's keys in etcd.
+  curl -fsS --max-time 3 -X DELETE "http://127.0.0.1:2379/v2/keys${ETCD_PREFIX%/}?recursive=true" \
     >/dev/null 2>&1 || true
   as_root rm -rf "$STATE"
 }

@@ -145,12 +145,17 @@ fi
 zk_ok || { echo "ZooKeeper did not start on 127.0.0.1:2181 (see /var/log/payonce)" >&2; exit 1; }
 
 # --- etcd --------------------------------------------------------------------
-# Debian's etcd-server (3.4): one member, on loopback.
+# Debian's etcd-server (3.4): one member, on loopback. Its v2 API is on as well: the ledger
+# cluster's Patroni keeps its state through it (scripts/ledger-cluster.sh says why); the
+# lock's etcd backend speaks v3.
 etcd_ok() {
-  curl -fsS --max-time 2 http://127.0.0.1:2379/health 2>/dev/null | grep -q '"health":"true"'
+  curl -fsS --max-time 2 http://127.0.0.1:2379/health 2>/dev/null | grep -q '"health":"true"' &&
+    curl -fsS --max-time 2 http://127.0.0.1:2379/v2/keys/ >/dev/null 2>&1
 }
 command -v etcd >/dev/null || install etcd-server
 if ! etcd_ok; then
+  # One started earlier without the v2 API is started again with it (its data stays).
+  as_root start-stop-daemon --stop --oknodo --retry 10 --exec /usr/bin/etcd >/dev/null
   as_root mkdir -p /var/lib/payonce/etcd /var/log/payonce
   as_root start-stop-daemon --start --oknodo --background --make-pidfile \
     --pidfile /var/lib/payonce/etcd.pid --output /var/log/payonce/etcd.log \
@@ -158,7 +163,7 @@ if ! etcd_ok; then
     --name payonce --data-dir /var/lib/payonce/etcd \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
-    --initial-cluster payonce=http://127.0.0.1:2380
+    --initial-cluster payonce=http://127.0.0.1:2380 --enable-v2=true
   for _ in $(seq 100); do
     etcd_ok && break
     sleep 0.2

@@ -91,9 +91,10 @@ impl Api {
     /// one from the environment), and connects to `localhost` only on 127.0.0.1 or ::1,
     /// whatever the system's resolver says.
     ///
-    /// Setup and read-back calls resend by payonce-client's default policy, moving on to
-    /// the next target after no answer, a 429 or a 503 (an instance killed during the run must
-    /// not stop the read-back); the run's spends and ticket requests resend by its own
+    /// Setup and read-back calls resend by payonce-client's default policy (or the one
+    /// [`resending_by`](Self::resending_by) gives), moving on to the next target after no
+    /// answer, a 429 or a 503 (an instance killed during the run must not stop the
+    /// read-back); the run's spends and ticket requests resend by its own
     /// ([`RetryPolicy`](crate::retry::RetryPolicy)).
     pub fn new(targets: Vec<String>, connections: usize) -> Result<Self, ClientError> {
         let http = Client::builder()
@@ -123,6 +124,12 @@ impl Api {
             payonce,
             targets,
         })
+    }
+
+    /// The same, its setup and read-back calls resending by `policy` instead.
+    pub fn resending_by(mut self, policy: ResendPolicy) -> Self {
+        self.payonce = self.payonce.with_resend_policy(policy);
+        self
     }
 
     /// The targets.

@@ -7,6 +7,7 @@ use hdrhistogram::Histogram;
 use plotters::prelude::*;
 use serde_json::json;
 
+use crate::audit::ViolationKind;
 use crate::run::RunResult;
 
 /// Latency at a quantile, in milliseconds.
@@ -87,6 +88,7 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
                 unresolved.tickets - unresolved.completed
             ),
         ),
+        ("acknowledged outcomes rechecked", rechecked(result)),
         ("tickets that moved money", executed_tickets.to_string()),
         (
             "double spends (audit)",
@@ -113,6 +115,34 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
         ("webhooks", webhooks(result)),
         ("violations", result.violations.len().to_string()),
     ]
+}
+
+/// The recheck after the load: each acknowledged outcome sent once more, and how many of
+/// those sends replayed it.
+fn rechecked(result: &RunResult) -> String {
+    let (mut sent, mut replayed, mut lost) = (0, 0, 0);
+    for spend in &result.history.spends {
+        let rechecks: Vec<_> = spend
+            .attempts
+            .iter()
+            .filter(|attempt| attempt.role == crate::history::Role::Recheck)
+            .collect();
+        if let Some(last) = rechecks.last() {
+            sent += 1;
+            if last.replayed {
+                replayed += 1;
+            }
+        }
+    }
+    for violation in &result.violations {
+        if matches!(
+            violation.kind,
+            ViolationKind::AcknowledgedOutcomeLost | ViolationKind::ExecutedAgain
+        ) {
+            lost += 1;
+        }
+    }
+    format!("{sent} resent after the run: {replayed} replayed; {lost} lost or executed again")
 }
 
 /// Where the payouts ended, and how long they took to.

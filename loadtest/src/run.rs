@@ -436,7 +436,13 @@ struct Live {
 
 /// Runs the load, reads the ledger back, and audits.
 pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
-    let api = Api::new(options.targets.clone(), options.clients * 3)?;
+    let mut api = Api::new(options.targets.clone(), options.clients * 3)?;
+    // A run that resends longer than payonce-client's default (about 10 s of trying) — one
+    // that outlasts a database failover, say — opens its later rounds' accounts and reads
+    // back as patiently as it spends.
+    if options.retry.max_attempts > payonce_client::ResendPolicy::default().max_attempts {
+        api = api.resending_by(options.retry.resend());
+    }
     let receiver = match options.webhooks {
         Some(faults) => Some(
             Receiver::start(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), faults)

@@ -2,13 +2,16 @@
 //! (`scripts/ledger-cluster.sh`), with synchronous and with asynchronous replication,
 //! under the faults that lose a primary:
 //!
+//! - `none`: the cluster's baseline;
 //! - `primary-kill`: the primary's Patroni and postmaster get SIGKILL — a failover;
 //! - `primary-stop`: every process of the primary's node is stopped (SIGSTOP) past
 //!   Patroni's TTL, then continued — a zombie primary that wakes to find a successor;
 //! - `primary-partition`: the primary's link to the cluster network (etcd, its replicas,
 //!   the write endpoint's proxy) is taken down past the TTL and brought back, while the
 //!   third payonce instance, whose `DATABASE_URL` is the cluster's side endpoint, still
-//!   reaches it — the split brain: an old primary still taking writes.
+//!   reaches it — the split brain: an old primary still taking writes;
+//! - `replica-kill`: the synchronous standby (asynchronous: a replica) gets SIGKILL —
+//!   nothing should notice but a pause while the primary names another standby.
 //!
 //! Each cell runs the load test's load (resending clients, payouts to a private bank, the
 //! recheck of every acknowledged outcome after the run) against three payonce instances
@@ -74,6 +77,7 @@ pub enum LocksOn {
     /// A private Redis beside the cluster.
     Redis,
     /// PostgreSQL advisory locks on the cluster itself, through the write endpoint.
+    #[serde(rename = "postgres-advisory")]
     Cluster,
 }
 
@@ -91,28 +95,36 @@ impl LocksOn {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum LedgerFault {
+    /// No fault: the cluster's baseline.
+    None,
     /// SIGKILL to its Patroni and postmaster.
     PrimaryKill,
     /// SIGSTOP to every process of its node past the TTL, then SIGCONT.
     PrimaryStop,
     /// Its cluster link down past the TTL, then up.
     PrimaryPartition,
+    /// SIGKILL to the synchronous standby's (or a replica's) Patroni and postmaster.
+    ReplicaKill,
 }
 
 impl LedgerFault {
     /// Every fault, in the table's order.
-    pub const ALL: [LedgerFault; 3] = [
+    pub const ALL: [LedgerFault; 5] = [
+        LedgerFault::None,
         LedgerFault::PrimaryKill,
         LedgerFault::PrimaryStop,
         LedgerFault::PrimaryPartition,
+        LedgerFault::ReplicaKill,
     ];
 
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
+            Self::None => "none",
             Self::PrimaryKill => "primary-kill",
             Self::PrimaryStop => "primary-stop",
             Self::PrimaryPartition => "primary-partition",
+            Self::ReplicaKill => "replica-kill",
         }
     }
 
@@ -149,6 +161,10 @@ pub struct LedgerRow {
     pub executed_twice: usize,
     /// Executed transfers at the bank for payouts the ledger does not have.
     pub unknown_at_bank: usize,
+    /// When the outcomes that were lost had been acknowledged, in seconds from the fault
+    /// (earliest, latest): before it, the replication lag took them; after it, a primary
+    /// that should no longer have been one gave them.
+    pub lost_acknowledged_at: Option<(f64, f64)>,
     /// Double spends the audit counted in the ledger's entries (stale writes past a lock
     /// the failover dropped).
     pub double_spends: u64,
@@ -176,6 +192,7 @@ impl LedgerRow {
             acknowledged_lost: 0,
             executed_twice: 0,
             unknown_at_bank: 0,
+            lost_acknowledged_at: None,
             double_spends: 0,
             unserved_seconds: 0.0,
             answers_5xx: BTreeMap::new(),
@@ -292,24 +309,33 @@ impl LedgerCluster<'_> {
             .map_err(|error| MatrixError::Setup(format!("ledger-cluster.sh status: {error}")))
     }
 
-    /// Injects the fault into the member that is primary now; returns once it is healed
-    /// (a killed member stays dead: the next cell's `up` restarts it).
+    /// Injects the fault into the member that is primary now (or, for `replica-kill`,
+    /// the synchronous standby, else a replica); returns once it is healed (a killed
+    /// member stays dead: the next cell's `up` restarts it).
     async fn inject(&self, fault: LedgerFault) -> Result<(), MatrixError> {
         let status = self.status()?;
-        let primary = status
-            .members
-            .iter()
-            .find(|member| member.role == "leader")
+        let with_role = |roles: &[&str]| {
+            roles
+                .iter()
+                .find_map(|role| status.members.iter().find(|member| member.role == *role))
+        };
+        let primary = with_role(&["leader"])
             .ok_or_else(|| MatrixError::Setup("the cluster has no primary".into()))?;
+        let kill = |member: &Member| {
+            let pids: Vec<String> = [member.patroni_pid, member.pid]
+                .into_iter()
+                .flatten()
+                .map(|pid| pid.to_string())
+                .collect();
+            run_command("kill", &[&["-KILL".to_owned()], &pids[..]].concat())
+        };
         match fault {
-            LedgerFault::PrimaryKill => {
-                let pids: Vec<String> = [primary.patroni_pid, primary.pid]
-                    .into_iter()
-                    .flatten()
-                    .map(|pid| pid.to_string())
-                    .collect();
-                run_command("kill", &[&["-KILL".to_owned()], &pids[..]].concat())?;
-            }
+            LedgerFault::None => {}
+            LedgerFault::PrimaryKill => kill(primary)?,
+            LedgerFault::ReplicaKill => kill(
+                with_role(&["sync_standby", "replica"])
+                    .ok_or_else(|| MatrixError::Setup("the cluster has no replica".into()))?,
+            )?,
             LedgerFault::PrimaryStop => {
                 let pids = namespace_pids(&primary.namespace)?;
                 run_command("kill", &[&["-STOP".to_owned()], &pids[..]].concat())?;
@@ -377,7 +403,9 @@ pub async fn run_ledger(
     let mut table = Vec::new();
     for &(replication, locks) in rows {
         for &fault in faults {
-            let tries = if replication == Replication::Async {
+            // Only a lost primary can lose what it acknowledged.
+            let may_lose = !matches!(fault, LedgerFault::None | LedgerFault::ReplicaKill);
+            let tries = if replication == Replication::Async && may_lose {
                 ASYNC_TRIES
             } else {
                 1
@@ -536,6 +564,7 @@ fn row_of(
         acknowledged_lost: counted(&lost),
         executed_twice: counted(&twice),
         unknown_at_bank,
+        lost_acknowledged_at: lost_acknowledged_at(result, fault_ms),
         double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
         unserved_seconds: unserved_after(result, fault_ms).as_secs_f64(),
         answers_5xx: answers_5xx(result),
@@ -547,6 +576,38 @@ fn row_of(
         tries: 1,
         skipped: None,
     }
+}
+
+/// The earliest and latest time, in seconds from the fault, at which an outcome the
+/// ledger lost had been given to a client (its first definitive answer).
+fn lost_acknowledged_at(result: &RunResult, fault_ms: u64) -> Option<(f64, f64)> {
+    let lost: std::collections::HashSet<&str> = result
+        .violations
+        .iter()
+        .filter(|violation| violation.kind == ViolationKind::AcknowledgedOutcomeLost)
+        .filter_map(|violation| violation.ticket.as_deref())
+        .collect();
+    let times: Vec<f64> = result
+        .history
+        .spends
+        .iter()
+        .filter(|spend| lost.contains(spend.ticket.as_str()))
+        .filter_map(|spend| {
+            spend.attempts.iter().find(|attempt| {
+                attempt.role != loadtest::history::Role::Recheck
+                    && attempt
+                        .status
+                        .is_some_and(|status| (200..300).contains(&status) || status == 402)
+            })
+        })
+        .map(|attempt| {
+            (attempt.sent_at_ms as f64 + attempt.latency_us as f64 / 1000.0 - fault_ms as f64)
+                / 1000.0
+        })
+        .collect();
+    let earliest = times.iter().copied().reduce(f64::min)?;
+    let latest = times.iter().copied().reduce(f64::max)?;
+    Some((earliest, latest))
 }
 
 /// The longest stretch, from `fault_ms` into the run on, in which no spend of the load

@@ -204,6 +204,11 @@ pub fn print_ledger(rows: &[LedgerRow], out: &mut impl std::io::Write) -> std::i
             .map(|(answer, count)| format!("{count} × {answer}"))
             .collect::<Vec<_>>()
             .join(", ");
+        if let Some((earliest, latest)) = row.lost_acknowledged_at {
+            note.push_str(&format!(
+                "; lost outcomes acknowledged {earliest:+.1} s to {latest:+.1} s from the fault"
+            ));
+        }
         if row.other_violations > 0 {
             note.push_str(&format!("; {} other audit findings", row.other_violations));
         }

@@ -5,6 +5,8 @@
 //! - synchronous replication, the primary killed: every outcome a client was given is in
 //!   the ledger after the failover and replays when resent, no ticket executed twice, no
 //!   transfer at the bank without its payout, nothing else the audit could find;
+//! - synchronous replication, the synchronous standby killed: nobody notices — no
+//!   request is told the database was unavailable or the outcome unknown, nothing lost;
 //! - asynchronous replication, the primary cut off from its cluster while the third
 //!   instance still reaches it: the old primary acknowledges writes no replica has, and
 //!   the audit names them as acknowledged outcomes lost — the check finds what it is for.
@@ -62,6 +64,7 @@ async fn synchronous_replication_loses_nothing_and_asynchronous_is_caught_losing
     let (payonce, bank) = (crate::payonce(), crate::bank());
 
     let sync = one_cell(Replication::Sync, LedgerFault::PrimaryKill, &payonce, &bank).await;
+    let replica = one_cell(Replication::Sync, LedgerFault::ReplicaKill, &payonce, &bank).await;
     let asynchronous = one_cell(
         Replication::Async,
         LedgerFault::PrimaryPartition,
@@ -77,6 +80,21 @@ async fn synchronous_replication_loses_nothing_and_asynchronous_is_caught_losing
     assert_eq!(sync.other_violations, 0, "{sync:?}");
     // The kill is noticed only when the leader's key expires: writes wait for it.
     assert!(sync.unserved_seconds > 0.0, "{sync:?}");
+
+    assert_eq!(replica.skipped, None, "{replica:?}");
+    assert!(!replica.lost_anything(), "{replica:?}");
+    assert_eq!(replica.other_violations, 0, "{replica:?}");
+    let database_said = |row: &LedgerRow| {
+        row.answers_5xx
+            .keys()
+            .filter(|answer| {
+                answer.ends_with("database-unavailable") || answer.ends_with("outcome-unknown")
+            })
+            .count()
+    };
+    assert_eq!(database_said(&replica), 0, "{replica:?}");
+    // A primary's loss is told as such.
+    assert!(database_said(&sync) > 0, "{sync:?}");
 
     assert_eq!(asynchronous.skipped, None, "{asynchronous:?}");
     assert!(asynchronous.acknowledged_lost > 0, "{asynchronous:?}");
