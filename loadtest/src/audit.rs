@@ -151,7 +151,7 @@ fn named(attempt: &Attempt, names: &[&str]) -> bool {
 
 /// An answer that settles the ticket's outcome of a spend of `kind`: it executed (201, or
 /// 202 for a payout), or a stored refusal.
-pub(crate) fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
+pub fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
     match attempt.status {
         Some(status) if status == kind.executed_status() => true,
         Some(402) => named(attempt, &STORED_REFUSALS),
@@ -560,21 +560,18 @@ fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_
 /// stored outcome read back decides; a ticket still issued has none.
 fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Option<Outcome> {
     let ticket = Some(spend.ticket.as_str());
-    let same_request: Vec<&Attempt> = spend
+    let mut same_request: Vec<&Attempt> = spend
         .attempts
         .iter()
         .filter(|attempt| {
             attempt.role != Role::ChangedDuplicate && is_definitive(spend.kind, attempt)
         })
         .collect();
-    // The load's own attempts; the rechecks after it are judged apart, as executions of
-    // an outcome already given.
-    let (during_load, rechecks): (Vec<&Attempt>, Vec<&Attempt>) = same_request
+    // The load's own attempts are judged for executing twice; the rechecks after it apart,
+    // as executions of an outcome already given.
+    let originals = same_request
         .iter()
-        .partition(|attempt| attempt.role != Role::Recheck);
-    let originals = during_load
-        .iter()
-        .filter(|attempt| !attempt.replayed)
+        .filter(|attempt| attempt.role != Role::Recheck && !attempt.replayed)
         .count();
     if originals > 1 {
         flag(
@@ -583,11 +580,16 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             format!("{originals} attempts executed (answered without Idempotent-Replayed)"),
         );
     }
-    let executed_again: Vec<&&Attempt> = rechecks
+    // A recheck that executed instead of replaying an outcome the load had been given.
+    let acknowledged = same_request
         .iter()
-        .filter(|attempt| !attempt.replayed && !during_load.is_empty())
-        .collect();
-    for again in &executed_again {
+        .any(|attempt| attempt.role != Role::Recheck);
+    let executed_again =
+        |attempt: &Attempt| attempt.role == Role::Recheck && !attempt.replayed && acknowledged;
+    for again in same_request
+        .iter()
+        .filter(|attempt| executed_again(attempt))
+    {
         flag(
             ViolationKind::ExecutedAgain,
             ticket,
@@ -598,14 +600,7 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             ),
         );
     }
-    let same_request: Vec<&Attempt> = same_request
-        .into_iter()
-        .filter(|attempt| {
-            !executed_again
-                .iter()
-                .any(|again| std::ptr::eq(**again, *attempt))
-        })
-        .collect();
+    same_request.retain(|attempt| !executed_again(attempt));
     let stored = state.tickets.get(&spend.ticket);
     let Some(reference) = same_request
         .iter()

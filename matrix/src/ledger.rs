@@ -30,6 +30,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use loadtest::audit::ViolationKind;
+use loadtest::history::{Attempt, Role, SpendRecord};
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
 use serde::{Deserialize, Serialize};
@@ -82,6 +83,14 @@ pub enum LocksOn {
 }
 
 impl LocksOn {
+    /// Both, in the table's order.
+    pub const ALL: [LocksOn; 2] = [LocksOn::Redis, LocksOn::Cluster];
+
+    /// One of [`name`](Self::name)'s.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|locks| locks.name() == name)
+    }
+
     /// Its name in the table.
     pub fn name(self) -> &'static str {
         match self {
@@ -382,15 +391,16 @@ fn namespace_pids(namespace: &str) -> Result<Vec<String>, MatrixError> {
         .collect())
 }
 
-/// The rows: each replication with the locks on Redis, then on the cluster.
-pub fn rows(replications: &[Replication]) -> Vec<(Replication, LocksOn)> {
-    let mut rows = Vec::new();
-    for locks in [LocksOn::Redis, LocksOn::Cluster] {
-        for &replication in replications {
-            rows.push((replication, locks));
-        }
-    }
-    rows
+/// The rows: each replication with the locks on each of `locks`, in that order.
+pub fn rows(replications: &[Replication], locks: &[LocksOn]) -> Vec<(Replication, LocksOn)> {
+    locks
+        .iter()
+        .flat_map(|&on| {
+            replications
+                .iter()
+                .map(move |&replication| (replication, on))
+        })
+        .collect()
 }
 
 /// Runs every row under every fault; a cell that cannot be run is a row saying why.
@@ -593,12 +603,10 @@ fn lost_acknowledged_at(result: &RunResult, fault_ms: u64) -> Option<(f64, f64)>
         .iter()
         .filter(|spend| lost.contains(spend.ticket.as_str()))
         .filter_map(|spend| {
-            spend.attempts.iter().find(|attempt| {
-                attempt.role != loadtest::history::Role::Recheck
-                    && attempt
-                        .status
-                        .is_some_and(|status| (200..300).contains(&status) || status == 402)
-            })
+            spend
+                .attempts
+                .iter()
+                .find(|attempt| acknowledged_during_load(spend, attempt))
         })
         .map(|attempt| {
             (attempt.sent_at_ms as f64 + attempt.latency_us as f64 / 1000.0 - fault_ms as f64)
@@ -608,6 +616,13 @@ fn lost_acknowledged_at(result: &RunResult, fault_ms: u64) -> Option<(f64, f64)>
     let earliest = times.iter().copied().reduce(f64::min)?;
     let latest = times.iter().copied().reduce(f64::max)?;
     Some((earliest, latest))
+}
+
+/// Whether `attempt`, sent during the load (not the recheck after it), got an answer that
+/// settles its ticket: the load test's own judgement of a definitive answer.
+fn acknowledged_during_load(spend: &SpendRecord, attempt: &Attempt) -> bool {
+    !matches!(attempt.role, Role::Recheck | Role::ChangedDuplicate)
+        && loadtest::audit::is_definitive(spend.kind, attempt)
 }
 
 /// The longest stretch, from `fault_ms` into the run on, in which no spend of the load
@@ -622,14 +637,7 @@ fn unserved_after(result: &RunResult, fault_ms: u64) -> Duration {
             spend
                 .attempts
                 .iter()
-                .filter(|attempt| attempt.role != loadtest::history::Role::Recheck)
-                .filter(|attempt| {
-                    attempt.status.is_some_and(|status| {
-                        (200..300).contains(&status) || status == 402 || status == 409
-                    }) && !attempt.problem().is_some_and(|kind| {
-                        kind.ends_with("request-in-progress") || kind.ends_with("account-busy")
-                    })
-                })
+                .filter(|attempt| acknowledged_during_load(spend, attempt))
                 .map(|attempt| attempt.sent_at_ms + attempt.latency_us / 1000)
         })
         .filter(|&at| at >= fault_ms)

@@ -236,12 +236,8 @@ async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::In
         )?;
         let locks = parse_all(
             &cli.ledger_locks,
-            &[LocksOn::Redis, LocksOn::Cluster],
-            |name| {
-                [LocksOn::Redis, LocksOn::Cluster]
-                    .into_iter()
-                    .find(|on| on.name() == name)
-            },
+            &LocksOn::ALL,
+            LocksOn::parse,
             LocksOn::name,
             "lock row",
         )?;
@@ -254,10 +250,7 @@ async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::In
             return ExitCode::from(2);
         }
     };
-    let rows: Vec<_> = ledger::rows(&replications)
-        .into_iter()
-        .filter(|(_, on)| locks.contains(on))
-        .collect();
+    let rows = ledger::rows(&replications, &locks);
     let bank = beside_this_program(cli.bank.as_ref(), "payonce-bank");
     let script = cli
         .ledger_cluster

@@ -21,13 +21,21 @@ use matrix::ledger::{
     self, LedgerFault, LedgerOptions, LedgerRow, LocksOn, Replication, default_script,
 };
 
-fn cluster_script(args: &[&str]) {
-    let status = Command::new("bash")
-        .arg(default_script())
-        .args(args)
-        .status()
-        .unwrap();
-    assert!(status.success(), "ledger-cluster.sh {args:?}");
+/// Takes the cluster down when dropped — at the test's end, and on a panic half-way, so the
+/// next run and CI find no namespaces or nodes left over.
+struct TakenDown;
+
+impl Drop for TakenDown {
+    fn drop(&mut self) {
+        let down = Command::new("bash")
+            .arg(default_script())
+            .arg("down")
+            .status();
+        assert!(
+            std::thread::panicking() || down.is_ok_and(|status| status.success()),
+            "ledger-cluster.sh down failed"
+        );
+    }
 }
 
 async fn one_cell(
@@ -62,6 +70,7 @@ async fn one_cell(
 async fn synchronous_replication_loses_nothing_and_asynchronous_is_caught_losing() {
     let _turn = crate::ONE_AT_A_TIME.lock().await;
     let (payonce, bank) = (crate::payonce(), crate::bank());
+    let taken_down = TakenDown;
 
     let sync = one_cell(Replication::Sync, LedgerFault::PrimaryKill, &payonce, &bank).await;
     let replica = one_cell(Replication::Sync, LedgerFault::ReplicaKill, &payonce, &bank).await;
@@ -72,7 +81,7 @@ async fn synchronous_replication_loses_nothing_and_asynchronous_is_caught_losing
         &bank,
     )
     .await;
-    cluster_script(&["down"]);
+    drop(taken_down);
 
     assert_eq!(sync.skipped, None, "{sync:?}");
     assert!(sync.requests > 0, "{sync:?}");
