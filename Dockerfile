@@ -5,7 +5,7 @@
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
 COPY . .
-RUN cargo build --release --locked -p api -p bank -p loadtest
+RUN cargo build --release --locked -p api -p bank -p loadtest --features api/all-locks,api/otlp
 
 FROM debian:bookworm-slim
 RUN apt-get update \

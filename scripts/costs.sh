@@ -13,4 +13,4 @@ cd "$(dirname "$0")/.."
 scripts/services.sh
 export DATABASE_URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 export REDIS_URL="${REDIS_URL:-redis://127.0.0.1:6379}"
-cargo run --release --locked -p api --features demo --example lock_costs -- "$@"
+cargo run --release --locked -p api --features demo,all-locks --example lock_costs -- "$@"

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/services.sh
-cargo build --release --locked -p api --features demo -p matrix -p bank
+cargo build --release --locked -p api --features api/demo,api/all-locks -p matrix -p bank
 out=target/matrix
 mkdir -p "$out"
 

@@ -2,7 +2,7 @@
 //! lock services × faults matrix (`scripts/costs.sh` runs this).
 //!
 //! ```text
-//! cargo run --release -p api --features demo --example lock_costs -- --seconds 5 --rounds 3
+//! cargo run --release -p api --features demo,all-locks --example lock_costs -- --seconds 5 --rounds 3
 //! ```
 //!
 //! For each service — Redis, Redlock (three private `redis-server`s; with the `demo`

@@ -3,7 +3,7 @@
 //! rounds (the target: at most 10% slower).
 //!
 //! ```text
-//! cargo build --release -p api && cargo run --release -p api --example trace_bench -- --seconds 10 --rounds 5
+//! cargo build --release -p api --features otlp && cargo run --release -p api --example trace_bench -- --seconds 10 --rounds 5
 //! ```
 //!
 //! Each round makes a fresh database and starts two `payonce` processes (the release
@@ -81,7 +81,7 @@ fn payonce_binary() -> Result<std::path::PathBuf, BoxError> {
     let binary = dir.join("payonce");
     if !binary.exists() {
         return Err(format!(
-            "{} is missing: cargo build --release -p api",
+            "{} is missing: cargo build --release -p api --features otlp",
             binary.display()
         )
         .into());

@@ -606,6 +606,13 @@ pub enum LockUrl {
 impl LockUrl {
     /// Reads a URL by its scheme.
     pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        // A service this binary was built without is refused here, before anything
+        // connects, naming the cargo feature that builds it.
+        if let Ok(kind) = lock::LockServiceKind::of_url(url)
+            && let Some(why) = kind.not_built()
+        {
+            return Err(ConfigError::Invalid(format!("PAYONCE_LOCK_URL: {why}")));
+        }
         let scheme = url.split_once("://").map(|(scheme, _)| scheme);
         match scheme {
             Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),

@@ -57,6 +57,27 @@ fn exporting() -> bool {
     .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
 }
 
+/// Spans exported in batches over OTLP/HTTP, configured by the `OTEL_EXPORTER_OTLP_*`
+/// variables.
+#[cfg(feature = "otlp")]
+fn with_otlp_exporter(
+    provider: opentelemetry_sdk::trace::TracerProviderBuilder,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, Box<dyn std::error::Error>> {
+    let exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .build()?;
+    Ok(provider.with_batch_exporter(exporter))
+}
+
+/// A build without the exporter refuses an endpoint rather than dropping every span
+/// silently: whoever set it expects traces to arrive.
+#[cfg(not(feature = "otlp"))]
+fn with_otlp_exporter(
+    _: opentelemetry_sdk::trace::TracerProviderBuilder,
+) -> Result<opentelemetry_sdk::trace::TracerProviderBuilder, Box<dyn std::error::Error>> {
+    Err("OTEL_EXPORTER_OTLP_ENDPOINT is set, but this build cannot export traces: build with `--features otlp`, e.g. `cargo build --release -p api --features otlp`".into())
+}
+
 /// Installs the process's logging and tracing: the `RUST_LOG` filter (`info,sqlx=warn`
 /// by default), the log lines in `format`, and the OpenTelemetry layer.
 pub fn init(format: LogFormat) -> Result<Telemetry, Box<dyn std::error::Error>> {
@@ -65,13 +86,12 @@ pub fn init(format: LogFormat) -> Result<Telemetry, Box<dyn std::error::Error>> 
     if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
         resource = resource.with_service_name("payonce");
     }
-    let mut provider = SdkTracerProvider::builder().with_resource(resource.build());
-    if exporting() {
-        let exporter = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .build()?;
-        provider = provider.with_batch_exporter(exporter);
-    }
+    let provider = SdkTracerProvider::builder().with_resource(resource.build());
+    let provider = if exporting() {
+        with_otlp_exporter(provider)?
+    } else {
+        provider
+    };
     let provider = provider.build();
     let tracer = provider.tracer("payonce");
     global::set_tracer_provider(provider.clone());

@@ -221,7 +221,7 @@ fn counting<B: lock::LockBackend + 'static>(
     }
 }
 
-/// Opens the service `name` names (`redis`, `redis-cluster`, `zookeeper`, `etcd` with the feature,
+/// Opens the service `name` names (`redis`, `redis-cluster`, `zookeeper`, `etcd`,
 /// `postgres`, `mysql`, `mysql-row`, `memcached`, `hazelcast`), with a root or namespace of
 /// the run's own.
 pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {

@@ -49,6 +49,7 @@ impl LockError {
     }
 }
 
+#[cfg(feature = "redis")]
 impl From<redis::RedisError> for LockError {
     fn from(error: redis::RedisError) -> Self {
         Self::unavailable(error)

@@ -1,72 +1,194 @@
 //! The one entry to the stores: [`open`] picks the backend a URL names and wraps it in a
 //! [`LockService`] with the options every store takes; [`in_process`] is the same without
 //! a URL. Callers that need a store's own settings (say a pool's size) open its backend
-//! themselves and wrap it with [`LockService::from_arc`].
+//! themselves and wrap it with [`LockService::from_arc`]. [`LockServiceKind`] names the
+//! service a URL asks for and the cargo feature that builds it, so a binary built without
+//! it refuses the URL by name instead of failing somewhere later.
 
 use crate::backend::LockOptions;
 use crate::error::LockError;
-use crate::hazelcast::HazelcastBackend;
 use crate::in_process::InProcessBackend;
-use crate::memcached::{MemcachedBackend, MemcachedOptions};
-use crate::mysql::row::{MySqlRowBackend, MySqlRowOptions};
-use crate::mysql::table::{MySqlTableBackend, MySqlTableOptions};
-use crate::postgres::{PostgresBackend, PostgresOptions};
-use crate::redis_backend::RedisBackend;
 use crate::service::LockService;
-use crate::zookeeper::ZooKeeperBackend;
+
+/// A lock service a URL can name, by its scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LockServiceKind {
+    /// `redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`.
+    Redis,
+    /// `zk://`.
+    ZooKeeper,
+    /// `etcd://`.
+    Etcd,
+    /// `postgres://`, `postgresql://`: advisory locks.
+    Postgres,
+    /// `mysql://`: a lock table.
+    MySqlTable,
+    /// `mysql-row://`: InnoDB row locks.
+    MySqlRow,
+    /// `memcache://`, `memcached://`.
+    Memcached,
+    /// `hazelcast://`: the CP Subsystem's FencedLock.
+    Hazelcast,
+}
+
+impl LockServiceKind {
+    /// Every kind, in the order the docs list them.
+    pub const ALL: [Self; 8] = [
+        Self::Redis,
+        Self::ZooKeeper,
+        Self::Etcd,
+        Self::Postgres,
+        Self::MySqlTable,
+        Self::MySqlRow,
+        Self::Memcached,
+        Self::Hazelcast,
+    ];
+
+    /// The service `url` names by its scheme, whether or not this build has it.
+    pub fn of_url(url: &str) -> Result<Self, LockError> {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        Ok(match scheme {
+            "redis" | "rediss" | "redis-cluster" | "redis-sentinel" => Self::Redis,
+            "zk" => Self::ZooKeeper,
+            "etcd" => Self::Etcd,
+            "postgres" | "postgresql" => Self::Postgres,
+            "mysql" => Self::MySqlTable,
+            "mysql-row" => Self::MySqlRow,
+            "memcache" | "memcached" => Self::Memcached,
+            "hazelcast" => Self::Hazelcast,
+            _ => {
+                return Err(LockError::Invalid(format!(
+                    "a lock URL starts with redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {scheme:?}"
+                )));
+            }
+        })
+    }
+
+    /// The cargo feature (of this crate, and of the same name in `api`) that builds it.
+    pub fn feature(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::ZooKeeper => "zookeeper",
+            Self::Etcd => "etcd",
+            Self::Postgres => "postgres",
+            Self::MySqlTable | Self::MySqlRow => "mysql",
+            Self::Memcached => "memcached",
+            Self::Hazelcast => "hazelcast",
+        }
+    }
+
+    /// Whether this build has the service's client.
+    pub fn is_built(self) -> bool {
+        match self {
+            Self::Redis => cfg!(feature = "redis"),
+            Self::ZooKeeper => cfg!(feature = "zookeeper"),
+            Self::Etcd => cfg!(feature = "etcd"),
+            Self::Postgres => cfg!(feature = "postgres"),
+            Self::MySqlTable | Self::MySqlRow => cfg!(feature = "mysql"),
+            Self::Memcached => cfg!(feature = "memcached"),
+            Self::Hazelcast => cfg!(feature = "hazelcast"),
+        }
+    }
+
+    /// The service `url` names, or why this build cannot serve it: an unknown scheme, or
+    /// a service built out — the error then names the feature to build with.
+    pub fn built_for(url: &str) -> Result<Self, LockError> {
+        let kind = Self::of_url(url)?;
+        match kind.not_built() {
+            None => Ok(kind),
+            Some(why) => Err(LockError::Invalid(why)),
+        }
+    }
+
+    /// Why this build cannot serve the service, naming the feature to build with; `None`
+    /// when it can.
+    pub fn not_built(self) -> Option<String> {
+        (!self.is_built()).then(|| {
+            format!(
+                "this build has no {self:?} lock service: build with `--features {feature}` (or `--features all-locks`), e.g. `cargo build --release -p api --features {feature}`",
+                feature = self.feature()
+            )
+        })
+    }
+}
 
 /// The lock service `url` names, by its scheme, with at most `options.max_waiters` waiters
 /// per key in this process:
 /// - `redis://` or `rediss://` (one server), `redis-cluster://host:port[,host:port…]`
 ///   (any nodes of a cluster), `redis-sentinel://host:port[,host:port…]/<master name>`
-///   (the sentinels): [`RedisBackend`];
-/// - `zk://host:port[,host:port…][/root]`: [`ZooKeeperBackend`];
-/// - `etcd://host:port[,host:port…][/root]`: `EtcdBackend` (cargo feature `etcd`);
-/// - `postgres://` or `postgresql://`: [`PostgresBackend`] (advisory locks);
-/// - `mysql://…/<database>`: [`MySqlTableBackend`] (a lock table);
-/// - `mysql-row://…/<database>`: [`MySqlRowBackend`] (InnoDB row locks);
-/// - `memcache://host:port` or `memcached://`: [`MemcachedBackend`];
+///   (the sentinels): `RedisBackend` (cargo feature `redis`);
+/// - `zk://host:port[,host:port…][/root]`: `ZooKeeperBackend` (feature `zookeeper`);
+/// - `etcd://host:port[,host:port…][/root]`: `EtcdBackend` (feature `etcd`);
+/// - `postgres://` or `postgresql://`: `PostgresBackend`, advisory locks (feature
+///   `postgres`);
+/// - `mysql://…/<database>`: `MySqlTableBackend`, a lock table, and
+///   `mysql-row://…/<database>`: `MySqlRowBackend`, InnoDB row locks (feature `mysql`);
+/// - `memcache://host:port` or `memcached://`: `MemcachedBackend` (feature `memcached`);
 /// - `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`:
-///   [`HazelcastBackend`] (the CP Subsystem's FencedLock).
+///   `HazelcastBackend`, the CP Subsystem's FencedLock (feature `hazelcast`).
 ///
-/// Connects lazily, so a store that is down at start-up shows up as
+/// A service this build was made without is refused ([`LockError::Invalid`], naming the
+/// feature). Connects lazily, so a store that is down at start-up shows up as
 /// [`LockError::Unavailable`] on use rather than as a failure to start. Must be called
 /// inside a Tokio runtime.
+// A build with no lock service at all has only the refusal arm below.
+#[cfg_attr(
+    not(any(
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "etcd",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "memcached",
+        feature = "hazelcast"
+    )),
+    allow(unreachable_code)
+)]
 pub fn open(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    let locks = match scheme {
-        Some("redis" | "rediss" | "redis-cluster" | "redis-sentinel") => {
-            LockService::new(RedisBackend::open(url, options)?)
+    let locks: LockService = match LockServiceKind::built_for(url)? {
+        #[cfg(feature = "redis")]
+        LockServiceKind::Redis => {
+            LockService::new(crate::redis_backend::RedisBackend::open(url, options)?)
         }
-        Some("zk") => LockService::new(ZooKeeperBackend::open(url, options)?),
-        Some("etcd") => etcd(url, options)?,
-        Some("postgres" | "postgresql") => LockService::new(PostgresBackend::open(
-            url,
-            options,
-            PostgresOptions::default(),
-        )?),
-        Some("mysql") => LockService::new(MySqlTableBackend::open(
-            url,
-            options,
-            MySqlTableOptions::default(),
-        )?),
-        Some("mysql-row") => LockService::new(MySqlRowBackend::open(
-            url,
-            options,
-            MySqlRowOptions::default(),
-        )?),
-        Some("memcache" | "memcached") => LockService::new(MemcachedBackend::open(
-            url,
-            options,
-            MemcachedOptions::default(),
-        )?),
-        Some("hazelcast") => LockService::new(HazelcastBackend::open(url, options)?),
-        _ => {
-            return Err(LockError::Invalid(format!(
-                "a lock URL starts with redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {:?}",
-                url.split_once("://").map_or("", |(scheme, _)| scheme)
-            )));
+        #[cfg(feature = "zookeeper")]
+        LockServiceKind::ZooKeeper => {
+            LockService::new(crate::zookeeper::ZooKeeperBackend::open(url, options)?)
         }
+        #[cfg(feature = "etcd")]
+        LockServiceKind::Etcd => etcd(url, options)?,
+        #[cfg(feature = "postgres")]
+        LockServiceKind::Postgres => LockService::new(crate::postgres::PostgresBackend::open(
+            url,
+            options,
+            crate::postgres::PostgresOptions::default(),
+        )?),
+        #[cfg(feature = "mysql")]
+        LockServiceKind::MySqlTable => {
+            LockService::new(crate::mysql::table::MySqlTableBackend::open(
+                url,
+                options,
+                crate::mysql::table::MySqlTableOptions::default(),
+            )?)
+        }
+        #[cfg(feature = "mysql")]
+        LockServiceKind::MySqlRow => LockService::new(crate::mysql::row::MySqlRowBackend::open(
+            url,
+            options,
+            crate::mysql::row::MySqlRowOptions::default(),
+        )?),
+        #[cfg(feature = "memcached")]
+        LockServiceKind::Memcached => LockService::new(crate::memcached::MemcachedBackend::open(
+            url,
+            options,
+            crate::memcached::MemcachedOptions::default(),
+        )?),
+        #[cfg(feature = "hazelcast")]
+        LockServiceKind::Hazelcast => {
+            LockService::new(crate::hazelcast::HazelcastBackend::open(url, options)?)
+        }
+        // `built_for` refused every kind this build has no arm for.
+        #[allow(unreachable_patterns)]
+        kind => unreachable!("{kind:?} passed built_for without being built"),
     };
     Ok(locks.with_max_waiters(options.max_waiters))
 }
@@ -79,6 +201,7 @@ pub fn in_process(options: &LockOptions) -> LockService {
 }
 
 /// etcd's lease is whole seconds, two at least: the session asked for, rounded up to that.
+#[cfg(feature = "etcd")]
 fn etcd(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
     use std::time::Duration;
     let session = Duration::from_secs(options.session.as_secs_f64().ceil() as u64)
@@ -90,4 +213,86 @@ fn etcd(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
     Ok(LockService::new(crate::etcd::EtcdBackend::open(
         url, &options,
     )?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_scheme_names_its_service_and_feature() {
+        for (url, kind, feature) in [
+            ("redis://127.0.0.1:6379", LockServiceKind::Redis, "redis"),
+            ("rediss://h:6380", LockServiceKind::Redis, "redis"),
+            (
+                "redis-cluster://h:7000,h:7001",
+                LockServiceKind::Redis,
+                "redis",
+            ),
+            (
+                "redis-sentinel://h:26379/m",
+                LockServiceKind::Redis,
+                "redis",
+            ),
+            (
+                "zk://h:2181/payonce",
+                LockServiceKind::ZooKeeper,
+                "zookeeper",
+            ),
+            ("etcd://h:2379", LockServiceKind::Etcd, "etcd"),
+            ("postgres://u@h/db", LockServiceKind::Postgres, "postgres"),
+            ("postgresql://u@h/db", LockServiceKind::Postgres, "postgres"),
+            ("mysql://u@h/db", LockServiceKind::MySqlTable, "mysql"),
+            ("mysql-row://u@h/db", LockServiceKind::MySqlRow, "mysql"),
+            (
+                "memcache://h:11211",
+                LockServiceKind::Memcached,
+                "memcached",
+            ),
+            (
+                "memcached://h:11211",
+                LockServiceKind::Memcached,
+                "memcached",
+            ),
+            (
+                "hazelcast://h:5701",
+                LockServiceKind::Hazelcast,
+                "hazelcast",
+            ),
+        ] {
+            let found = LockServiceKind::of_url(url).expect(url);
+            assert_eq!((found, found.feature()), (kind, feature), "{url}");
+        }
+        assert!(matches!(
+            LockServiceKind::of_url("consul://h:8500"),
+            Err(LockError::Invalid(message)) if message.contains("\"consul\"")
+        ));
+    }
+
+    #[test]
+    fn a_service_built_out_is_refused_naming_its_feature() {
+        for kind in LockServiceKind::ALL {
+            let url = match kind {
+                LockServiceKind::Redis => "redis://127.0.0.1:1",
+                LockServiceKind::ZooKeeper => "zk://127.0.0.1:1",
+                LockServiceKind::Etcd => "etcd://127.0.0.1:1",
+                LockServiceKind::Postgres => "postgres://u@127.0.0.1:1/db",
+                LockServiceKind::MySqlTable => "mysql://u@127.0.0.1:1/db",
+                LockServiceKind::MySqlRow => "mysql-row://u@127.0.0.1:1/db",
+                LockServiceKind::Memcached => "memcache://127.0.0.1:1",
+                LockServiceKind::Hazelcast => "hazelcast://127.0.0.1:1",
+            };
+            match LockServiceKind::built_for(url) {
+                Ok(found) => assert!(found.is_built() && found == kind, "{url}"),
+                Err(LockError::Invalid(message)) => {
+                    assert!(!kind.is_built(), "{url}: {message}");
+                    assert!(
+                        message.contains(&format!("--features {}", kind.feature())),
+                        "{message}"
+                    );
+                }
+                Err(other) => panic!("{url}: {other}"),
+            }
+        }
+    }
 }

@@ -51,7 +51,7 @@ pub fn check_payonce(payonce: &Path) -> Result<(), MatrixError> {
     } else {
         Err(MatrixError::Setup(format!(
             "{} is built without the demonstration's strategies: \
-             cargo build --release -p api --features demo",
+             cargo build --release -p api --features demo,all-locks",
             payonce.display()
         )))
     }
@@ -194,7 +194,7 @@ impl Cluster {
             .map_err(|error| {
                 MatrixError::Setup(format!(
                     "cannot start {} ({error}); build it with \
-                     `cargo build --release -p api --features demo` or pass --payonce",
+                     `cargo build --release -p api --features demo,all-locks` or pass --payonce",
                     self.payonce.display()
                 ))
             })

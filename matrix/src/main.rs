@@ -47,7 +47,7 @@ struct Cli {
     /// Where to draw the grid (SVG).
     #[arg(long, default_value = "matrix-chart.svg")]
     chart: PathBuf,
-    /// The payonce binary, built with `--features demo` (default: the one beside
+    /// The payonce binary, built with `--features demo,all-locks` (default: the one beside
     /// this program).
     #[arg(long)]
     payonce: Option<PathBuf>,
