@@ -18,13 +18,14 @@
 //! - `payouts.rs`: the workers that send payouts to the bank, one key per payout, and
 //!   record its word; `reconcile.rs`: `payonce reconcile`, the payouts against the bank;
 //!   `bank_fault.rs`: the fault a payout may ask of the embedded mode's demonstration
-//!   bank, carried on its first attempt.
+//!   bank, carried on its first attempt; `retry_after.rs`: the wait a bank or a webhook
+//!   receiver asks for.
 //! - `webhooks/`: the workers that deliver each committed outcome's event to the
 //!   endpoints that want it, signed as the Standard Webhooks specification has it; the
 //!   secrets sealed at rest; the SSRF guard.
-//! - `render.rs`: the bodies stored under tickets; `error.rs`: every error as
-//!   problem+json; `metrics.rs`: Prometheus metrics; `telemetry.rs`: log lines (text or
-//!   JSON) and traces (OpenTelemetry, exported over OTLP when configured, W3C trace
+//! - `render.rs`: the bodies stored under tickets, and a payout as the contract shows it;
+//!   `error.rs`: every error as problem+json; `metrics.rs`: Prometheus metrics;
+//!   `telemetry.rs`: log lines (text or JSON) and traces (OpenTelemetry, exported over OTLP when configured, W3C trace
 //!   context in and out).
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
 //!   strategies' read-check-write path (reachable by configuration or, under
@@ -46,6 +47,7 @@ pub mod metrics;
 pub mod payouts;
 pub mod reconcile;
 pub mod render;
+mod retry_after;
 pub mod routes;
 pub mod state;
 pub mod telemetry;

@@ -50,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bank_fault::FirstAttemptFaults;
 use crate::metrics::Metrics;
+use crate::retry_after;
 
 /// How payouts are sent: where the bank is, and the schedule.
 #[derive(Debug, Clone)]
@@ -404,7 +405,7 @@ impl Dispatcher {
 /// A settled payout as its event (`payout.succeeded`, `payout.failed`) shows it: as
 /// `GET /v1/payouts/{payout_id}` does.
 fn render_payout(payout: &Payout) -> serde_json::Value {
-    serde_json::to_value(crate::routes::payouts::payout_view(payout.clone()))
+    serde_json::to_value(crate::render::payout_view(payout.clone()))
         .unwrap_or(serde_json::Value::Null)
 }
 
@@ -598,7 +599,7 @@ impl Bank {
             Err(error) => return no_word(unanswered("transfer", &error).to_owned(), None),
         };
         let status = response.status();
-        let retry_after = retry_after(&response);
+        let retry_after = retry_after::requested(&response);
         if status.is_success() {
             return match response.json::<bank::TransferView>().await {
                 Ok(transfer) => match self.found(transfer) {
@@ -762,19 +763,6 @@ fn no_word(error: String, retry_after: Option<Duration>) -> Answer {
         key_left_free: false,
         throttled: false,
     }
-}
-
-/// An answer's `Retry-After`, in seconds: the bank's, and a webhook receiver's.
-pub(crate) fn retry_after(response: &reqwest::Response) -> Option<Duration> {
-    response
-        .headers()
-        .get(reqwest::header::RETRY_AFTER)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-        .map(Duration::from_secs)
 }
 
 #[cfg(test)]

@@ -3,13 +3,14 @@
 //! transaction and decides the status; this decides the shape.
 
 use axum::http::StatusCode;
+use ledger::payouts::{Payout, bank_key};
 use ledger::{Execution, Operation, OperationResult, Refusal};
 use serde_json::{Map, Value, json};
 
 use crate::error::{problem, problem_with};
 
 pub use payonce_types::orders::OrderPaid;
-pub use payonce_types::payouts::PayoutAccepted;
+pub use payonce_types::payouts::{PayoutAccepted, PayoutView};
 pub use payonce_types::spends::{Drawn, MoneyMoved};
 
 /// The body stored for an execution.
@@ -75,6 +76,26 @@ pub fn render(execution: &Execution<'_>) -> Value {
     };
     // Serialising these plain structs cannot fail; keep the outcome storable regardless.
     body.unwrap_or_else(|error| json!({ "error": error.to_string() }))
+}
+
+/// A payout as the contract shows it: `GET /v1/payouts/{payout_id}`, and the body of its
+/// settlement's event (`payout.succeeded`, `payout.failed`).
+pub fn payout_view(payout: Payout) -> PayoutView {
+    PayoutView {
+        payout_id: payout.id.0,
+        account_id: payout.account_id.0,
+        ticket_id: payout.ticket_id.0,
+        amount: payout.amount.get(),
+        bank_key: bank_key(payout.id),
+        destination: payout.destination,
+        status: payout.status.as_str().to_owned(),
+        bank_transfer_id: payout.bank_transfer_id,
+        failure_reason: payout.failure_reason,
+        attempts: payout.attempts,
+        last_error: payout.last_error,
+        created_at: payout.created_at,
+        settled_at: payout.settled_at,
+    }
 }
 
 fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) -> Value {

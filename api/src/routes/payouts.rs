@@ -20,7 +20,7 @@ use crate::auth::{Caller, OwnAccount};
 use crate::bank_fault;
 use crate::error::{ApiError, Problem};
 use crate::extract::{IdempotencyKey, JsonBody, PayoutPath};
-use crate::render::PayoutAccepted;
+use crate::render::{PayoutAccepted, payout_view};
 use crate::routes::responses::{
     BodyTooLarge, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
 };
@@ -30,25 +30,6 @@ use crate::state::AppState;
 pub use payonce_types::payouts::{
     BankTransfer, BankTransferState, PayoutAtBank, PayoutRequest, PayoutView, PayoutsPage,
 };
-
-/// A payout as the contract shows it.
-pub(crate) fn payout_view(payout: Payout) -> PayoutView {
-    PayoutView {
-        payout_id: payout.id.0,
-        account_id: payout.account_id.0,
-        ticket_id: payout.ticket_id.0,
-        amount: payout.amount.get(),
-        bank_key: bank_key(payout.id),
-        destination: payout.destination,
-        status: payout.status.as_str().to_owned(),
-        bank_transfer_id: payout.bank_transfer_id,
-        failure_reason: payout.failure_reason,
-        attempts: payout.attempts,
-        last_error: payout.last_error,
-        created_at: payout.created_at,
-        settled_at: payout.settled_at,
-    }
-}
 
 /// Sends money out to an account at the bank: it leaves the balance at once, in the
 /// ticket's transaction, and the bank is called after — with one idempotency key for

@@ -46,7 +46,7 @@ use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::payouts::retry_after;
+use crate::retry_after;
 use guard::{Guard, GuardedResolver};
 use sealing::Sealer;
 
@@ -339,7 +339,7 @@ impl Webhooks {
             .map_err(|error| describe(&error))?;
         let status = response.status();
         let retry_after = matches!(status.as_u16(), 429 | 502 | 503 | 504)
-            .then(|| retry_after(&response))
+            .then(|| retry_after::requested(&response))
             .flatten();
         // The start of the answer only: a receiver cannot make payonce read a gigabyte.
         let mut kept = Vec::new();
