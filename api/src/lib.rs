@@ -25,8 +25,8 @@
 //!   secrets sealed at rest; the SSRF guard.
 //! - `render.rs`: the bodies stored under tickets, and a payout as the contract shows it;
 //!   `error.rs`: every error as problem+json; `metrics.rs`: Prometheus metrics;
-//!   `telemetry.rs`: log lines (text or JSON) and traces (OpenTelemetry, exported over OTLP when configured, W3C trace
-//!   context in and out).
+//!   `telemetry.rs`: log lines (text or JSON) and traces (OpenTelemetry, exported over
+//!   OTLP when configured, W3C trace context in and out).
 //! - `demo.rs`, with the cargo feature `demo` only: the demonstration — the unsafe lock
 //!   strategies' read-check-write path (reachable by configuration or, under
 //!   `PAYONCE_DEMO`, per request) and the injectable faults. A build without the feature
