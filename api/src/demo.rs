@@ -24,7 +24,7 @@ use tokio::time::Instant;
 use utoipa::openapi::path::{ParameterBuilder, ParameterIn};
 use utoipa::openapi::{Object, RefOr, Required, Type};
 
-use crate::config::{Config, LockUrl, Mode, Strategy};
+use crate::config::lock::Strategy;
 use crate::error::ApiError;
 use crate::render::render;
 
@@ -38,18 +38,6 @@ pub struct Recipes {
 }
 
 impl Recipes {
-    /// The recipes `config` can run: they are recipes on one Redis server, so only in the
-    /// distributed mode on plain Redis (none on a cluster, a Sentinel or another store).
-    pub fn for_config(config: &Config) -> Result<Self, LockError> {
-        match config.mode() {
-            Ok(Mode::Distributed {
-                locks: LockUrl::Redis(url),
-                ..
-            }) => Self::open(&url, &config.redlock_urls, &config.redis_namespace),
-            _ => Ok(Self::default()),
-        }
-    }
-
     /// Connects (lazily) to the Redis the recipes use, and to the Redlock nodes.
     pub fn open(
         redis_url: &str,

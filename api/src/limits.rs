@@ -19,6 +19,8 @@ use ledger::AccountId;
 
 use crate::error::ApiError;
 
+pub mod config;
+
 /// How fast clients and accounts may go; 0 is no limit.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Rates {

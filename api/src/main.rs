@@ -10,7 +10,7 @@ use ledger::{Ledger, LedgerOptions};
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let telemetry = match api::telemetry::init(cli.config.log_format) {
+    let telemetry = match api::telemetry::init(cli.config.telemetry.log_format) {
         Ok(telemetry) => telemetry,
         Err(error) => {
             eprintln!("payonce: logging and tracing: {error}");
@@ -52,9 +52,9 @@ async fn serve(config: &api::config::Config) -> Result<(), Box<dyn std::error::E
             "DEMONSTRATION MODE: the Payonce-Fault and Payonce-Strategy headers are honoured. Never in production."
         );
     }
-    if config.lock_strategy != api::config::Strategy::Fenced {
+    if config.lock.lock_strategy != api::config::Strategy::Fenced {
         tracing::warn!(
-            strategy = config.lock_strategy.name(),
+            strategy = config.lock.lock_strategy.name(),
             "UNSAFE LOCK STRATEGY: spends are not fenced; money can be spent twice. Demonstration only."
         );
     }
@@ -128,7 +128,7 @@ async fn existing_ledger(config: &api::config::Config, command: &str) -> Result<
 /// `payonce reconcile`: exit 0 when the ledger's payouts and the bank's transfers agree,
 /// 1 listing what disagrees, 2 when either cannot be read.
 async fn reconcile(config: &api::config::Config, bank: Option<String>) -> ExitCode {
-    let Some(bank) = bank.or_else(|| config.bank_url.clone()) else {
+    let Some(bank) = bank.or_else(|| config.payouts.bank_url.clone()) else {
         eprintln!("payonce reconcile: name the bank: --bank URL (or PAYONCE_BANK_URL)");
         return ExitCode::from(2);
     };

@@ -52,6 +52,8 @@ use crate::bank_fault::FirstAttemptFaults;
 use crate::metrics::Metrics;
 use crate::retry_after;
 
+pub mod config;
+
 /// How payouts are sent: where the bank is, and the schedule.
 #[derive(Debug, Clone)]
 pub struct PayoutSettings {

@@ -5,20 +5,22 @@ use std::time::Duration;
 
 use axum::http::HeaderValue;
 use ledger::{Ledger, LedgerError, LedgerOptions};
-use lock::{LockOptions, LockService};
+use lock::LockService;
 
 #[cfg(feature = "demo")]
+use crate::config::LockUrl;
+#[cfg(feature = "demo")]
 use crate::config::Strategy;
-use crate::config::{Config, ConfigError, LockUrl, Mode, OperatorKey};
+use crate::config::{Config, ConfigError, Mode, OperatorKey};
 #[cfg(feature = "demo")]
 use crate::demo::Recipes;
 use crate::flights::Flights;
-use crate::limits::{RateLimits, Rates};
+use crate::limits::RateLimits;
 use crate::metrics::Metrics;
-use crate::payouts::{PayoutSettings, Payouts};
+use crate::payouts::Payouts;
+use crate::webhooks::Webhooks;
 use crate::webhooks::inbox::Inbox;
 use crate::webhooks::sealing::Sealer;
-use crate::webhooks::{WebhookSettings, Webhooks};
 
 /// The settings handlers read.
 #[derive(Debug, Clone)]
@@ -64,32 +66,25 @@ impl Settings {
     /// The settings in `config`.
     pub fn from_config(config: &Config) -> Self {
         Self {
-            lock_ttl: config.lock_ttl,
-            lock_wait: config.lock_wait,
-            ticket_ttl: config.ticket_ttl,
-            retention: config.retention,
-            reap_interval: config.reap_interval,
-            audit_every: config.audit_every,
-            lock_idle: config.lock_idle,
+            lock_ttl: config.lock.lock_ttl,
+            lock_wait: config.lock.lock_wait,
+            ticket_ttl: config.ledger.ticket_ttl,
+            retention: config.ledger.retention,
+            reap_interval: config.ledger.reap_interval,
+            audit_every: config.ledger.audit_every,
+            lock_idle: config.lock.lock_idle,
             #[cfg(feature = "demo")]
-            strategy: config.lock_strategy,
+            strategy: config.lock.lock_strategy,
             #[cfg(feature = "demo")]
             demo: config.demo,
             instance: HeaderValue::from_str(&config.instance_name())
                 .unwrap_or_else(|_| HeaderValue::from_static("payonce")),
-            max_in_flight: config.max_in_flight,
-            max_connections: config.max_connections,
-            header_read_timeout: config.header_read_timeout,
-            // Validated with the rest of the configuration.
-            client_ip_header: config
-                .client_ip_header
-                .as_deref()
-                .and_then(|name| axum::http::HeaderName::from_bytes(name.as_bytes()).ok()),
-            trusted_proxies: config.trusted_proxies.clone(),
-            operator_key: config
-                .operator_key
-                .as_ref()
-                .map(|key| OperatorKey::new(key.expose())),
+            max_in_flight: config.limits.max_in_flight,
+            max_connections: config.limits.max_connections,
+            header_read_timeout: config.limits.header_read_timeout,
+            client_ip_header: config.limits.client_ip_header(),
+            trusted_proxies: config.limits.trusted_proxies.clone(),
+            operator_key: config.operator_key(),
         }
     }
 }
@@ -175,12 +170,8 @@ impl AppState {
     /// timeout) and sets up the locks, in the mode the configuration selects.
     pub async fn connect(config: &Config) -> Result<Self, StartError> {
         config.validate()?;
-        let options = LedgerOptions {
-            max_connections: config.db_max_connections,
-            batch_max: config.batch_max,
-            batch_workers: config.batch_workers,
-            ..LedgerOptions::default()
-        };
+        let options = config.ledger.options();
+        let lock_options = config.lock.options(&config.redis_namespace);
         let mode = config.mode()?;
         let lock_label = match &mode {
             Mode::Embedded { .. } => "in_process",
@@ -192,7 +183,7 @@ impl AppState {
                     std::fs::create_dir_all(dir)?;
                 }
                 let ledger = Ledger::open_sqlite(&sqlite_path, &options).await?;
-                let locks = lock::in_process(&lock_options(config));
+                let locks = lock::in_process(&lock_options);
                 (ledger, locks)
             }
             Mode::Distributed {
@@ -200,24 +191,19 @@ impl AppState {
                 locks,
             } => {
                 let ledger =
-                    open_with_retries(&database_url, &options, config.startup_timeout).await?;
-                (ledger, lock_service(&locks, config)?)
+                    open_with_retries(&database_url, &options, config.ledger.startup_timeout)
+                        .await?;
+                (ledger, lock::open(locks.url(), &lock_options)?)
             }
         };
-        let limits = RateLimits::new(&Rates {
-            accounts_per_minute: config.accounts_per_minute,
-            tickets_per_second: config.tickets_per_second,
-            spends_per_second: config.spends_per_second,
-            orders_per_second: config.orders_per_second,
-            bad_keys_per_minute: config.bad_keys_per_minute,
-        });
+        let limits = RateLimits::new(&config.limits.rates());
         let inner = Inner {
             metrics: Arc::new(Metrics::for_lock_service(lock_label)),
             ..Inner::new(ledger, locks, Settings::from_config(config), limits)
         };
         #[cfg(feature = "demo")]
         let inner = Inner {
-            recipes: Recipes::for_config(config)?,
+            recipes: recipes(config)?,
             ..inner
         };
         let webhooks = webhooks(config, &inner.ledger).await?;
@@ -281,24 +267,21 @@ impl AppState {
     }
 }
 
-/// The lock options every lock service takes. ZooKeeper's session and etcd's lease last
-/// `PAYONCE_LOCK_TTL`: the time after which a process that stopped heartbeating loses its
-/// locks, as a Redis lock without renewal does. The stores that share a server or a
-/// database with others are namespaced by `PAYONCE_REDIS_NAMESPACE`.
-fn lock_options(config: &Config) -> LockOptions {
-    LockOptions {
-        namespace: config.redis_namespace.clone(),
-        max_waiters: config.lock_max_waiters,
-        lock_delay: config.lock_delay,
-        idle: config.lock_idle,
-        session: config.lock_ttl,
-        ..LockOptions::default()
+/// The recipes `config` can run: they are recipes on one Redis server, so only in the
+/// distributed mode on plain Redis (none on a cluster, a Sentinel or another store).
+#[cfg(feature = "demo")]
+fn recipes(config: &Config) -> Result<Recipes, StartError> {
+    match config.mode()? {
+        Mode::Distributed {
+            locks: LockUrl::Redis(url),
+            ..
+        } => Ok(Recipes::open(
+            &url,
+            &config.lock.redlock_urls,
+            &config.redis_namespace,
+        )?),
+        _ => Ok(Recipes::default()),
     }
-}
-
-/// The lock service `url` names.
-fn lock_service(url: &LockUrl, config: &Config) -> Result<LockService, StartError> {
-    Ok(lock::open(url.url(), &lock_options(config))?)
 }
 
 /// Payouts as the configuration sets them up: to `PAYONCE_BANK_URL`; without one, in the
@@ -306,27 +289,11 @@ fn lock_service(url: &LockUrl, config: &Config) -> Result<LockService, StartErro
 /// the distributed mode none — instances must share one bank, and one in each would not
 /// be one.
 async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
-    let settings = |bank_url| PayoutSettings {
-        bank_url,
-        bank_timeout: config.bank_timeout,
-        workers: config.payout_workers,
-        lease: config.payout_lease,
-        retry_base: config.payout_retry_base,
-        retry_max: config.payout_retry_max,
-        attempts: config.payout_attempts,
-        throttle_max_age: config.payout_throttle_max_age,
-        poll: config.payout_poll,
-        #[cfg(feature = "demo")]
-        fresh_key_per_attempt: config.payout_keys == crate::config::PayoutKeys::FreshKeyPerAttempt,
-    };
-    match (&config.bank_url, config.mode()?) {
-        (Some(url), _) => {
-            let bank_url = url::Url::parse(url)
-                .map_err(|error| ConfigError::Invalid(format!("PAYONCE_BANK_URL: {error}")))?;
-            Payouts::new(settings(bank_url))
-                .map(Some)
-                .map_err(|error| StartError::Bank(error.to_string()))
-        }
+    let settings = |bank_url| config.payouts.settings(bank_url);
+    match (config.payouts.bank_url()?, config.mode()?) {
+        (Some(bank_url), _) => Payouts::new(settings(bank_url))
+            .map(Some)
+            .map_err(|error| StartError::Bank(error.to_string())),
         (None, Mode::Embedded { sqlite_path }) => {
             let store = sqlite_path.with_file_name("payonce-bank.db");
             Payouts::in_process(settings, &format!("sqlite:{}", store.display()))
@@ -345,7 +312,7 @@ const SEALING_KEY_NAME: &str = "webhook-secrets";
 /// Webhooks as the configuration sets them up, with their sealing key: the configured
 /// one, else the database's (made by the first instance that asks).
 async fn webhooks(config: &Config, ledger: &Ledger) -> Result<Webhooks, StartError> {
-    let key = match config.webhook_key_bytes()? {
+    let key = match config.webhooks.key_bytes()? {
         Some(key) => key,
         None => {
             let fresh: [u8; 32] = rand::random();
@@ -353,17 +320,7 @@ async fn webhooks(config: &Config, ledger: &Ledger) -> Result<Webhooks, StartErr
         }
     };
     let sealer = Sealer::new(&key).map_err(StartError::Webhooks)?;
-    let settings = WebhookSettings {
-        timeout: config.webhook_timeout,
-        schedule: config.webhook_retry_schedule.0.clone(),
-        concurrency: config.webhook_concurrency,
-        per_endpoint: config.webhook_per_endpoint,
-        lease: config.webhook_lease,
-        poll: config.webhook_poll,
-        allow_private: config.webhook_allow_private,
-        allowed_networks: config.webhook_allowed_networks.clone(),
-        rotation_window: config.webhook_rotation_window,
-    };
+    let settings = config.webhooks.settings();
     // The embedded mode hosts a demonstration inbox, as it hosts a bank.
     let inbox = match config.mode()? {
         Mode::Embedded { .. } => Some(

@@ -30,6 +30,7 @@
 //! - `signing.rs`: secrets and signatures; `sealing.rs`: secrets at rest; `guard.rs`:
 //!   which addresses deliveries may go to (the SSRF guard).
 
+pub mod config;
 pub mod guard;
 pub mod inbox;
 pub mod sealing;

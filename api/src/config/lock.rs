@@ -1,0 +1,248 @@
+//! The lock section: the account locks' timings and queue, the strategy that serialises
+//! spends, and the lock service a URL names ([`LockUrl`]).
+
+use std::time::Duration;
+
+use clap::Args;
+use lock::LockOptions;
+
+use crate::config::section::{ConfigError, config_section, duration, mask, shown_by_name};
+
+config_section! {
+    /// How spends wait for, hold and give up an account's lock.
+    #[derive(Args, Debug, Clone)]
+    pub struct LockConfig {
+        /// Lease of an account lock; the holder renews it every third of this.
+        #[arg(long, global = true, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
+        pub lock_ttl: Duration,
+        /// Chubby's lock-delay: after an account's lock holder vanished without releasing
+        /// (crashed, cut off), nobody takes the account for this long past its lease — more
+        /// time for a holder that only paused to notice. A released lock is free at once.
+        #[arg(long, global = true, env = "PAYONCE_LOCK_DELAY", default_value = "0s", value_parser = duration)]
+        pub lock_delay: Duration,
+        /// How long a spend waits for a busy account (or for its own duplicate to finish)
+        /// before answering 409.
+        #[arg(long, global = true, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
+        pub lock_wait: Duration,
+        /// How long a lock key must have gone unused before the lock service forgets its
+        /// state (fencing counter, queue): a store that expires state by itself uses it as the
+        /// expiry, the others prune at each reaping. Bounds what the lock service holds when
+        /// every order is a key of its own.
+        #[arg(long, global = true, env = "PAYONCE_LOCK_IDLE", default_value = "1h", value_parser = duration)]
+        pub lock_idle: Duration,
+        /// How spends serialise on an account. `fenced` is the only safe one; the others are
+        /// the classic recipes, kept to show how they spend money twice (only in a build with
+        /// the cargo feature `demo`).
+        #[arg(long, global = true, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
+        pub lock_strategy: Strategy,
+        /// The most spends one account may have waiting for its lock (or asking the lock
+        /// store for it) in this instance, and in the lock store's queue across all
+        /// instances; past it, a spend is answered 409 account-busy at once.
+        #[arg(
+            long,
+            global = true,
+            env = "PAYONCE_LOCK_MAX_WAITERS",
+            default_value_t = lock::DEFAULT_MAX_WAITERS
+        )]
+        pub lock_max_waiters: usize,
+        /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
+        #[arg(
+            long,
+            global = true,
+            env = "PAYONCE_REDLOCK_URLS",
+            value_delimiter = ',',
+            value_hint = clap::ValueHint::Url
+        )]
+        pub redlock_urls: Vec<String>,
+    }
+}
+
+impl LockConfig {
+    /// A lease long enough to renew, and idle state kept at least a lease.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if self.lock_ttl < Duration::from_millis(100) {
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_TTL must be at least 100ms".into(),
+            ));
+        }
+        if self.lock_idle < self.lock_ttl {
+            // A key idle for less than a lease may still have a holder.
+            return Err(ConfigError::Invalid(
+                "PAYONCE_LOCK_IDLE must be at least PAYONCE_LOCK_TTL".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The options every lock service takes. ZooKeeper's session and etcd's lease last
+    /// `PAYONCE_LOCK_TTL`: the time after which a process that stopped heartbeating loses
+    /// its locks, as a Redis lock without renewal does. The stores that share a server or a
+    /// database with others are namespaced by `namespace` (`PAYONCE_REDIS_NAMESPACE`).
+    pub fn options(&self, namespace: &str) -> LockOptions {
+        LockOptions {
+            namespace: namespace.to_owned(),
+            max_waiters: self.lock_max_waiters,
+            lock_delay: self.lock_delay,
+            idle: self.lock_idle,
+            session: self.lock_ttl,
+            ..LockOptions::default()
+        }
+    }
+}
+
+/// How spends on one account are kept apart.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// The account lock with fencing tokens, and the ledger's conditional update that
+    /// checks them. The default, and the only safe one.
+    Fenced,
+    /// No lock: read the balance, check it, write the new balance.
+    None,
+    /// SETNX, then EXPIRE, released with DEL; read-check-write.
+    SetnxExpire,
+    /// The timestamp lock with GETSET take-over; read-check-write.
+    Getset,
+    /// The instance's own lock service (whichever PAYONCE_LOCK_URL names), its fencing
+    /// token ignored: the application trusts the lock alone; read-check-write.
+    Unfenced,
+    /// Redlock over PAYONCE_REDLOCK_URLS, no fencing check; read-check-write.
+    Redlock,
+}
+
+impl Strategy {
+    /// Every strategy, safest first.
+    pub const ALL: [Strategy; 6] = [
+        Strategy::Fenced,
+        Strategy::None,
+        Strategy::SetnxExpire,
+        Strategy::Getset,
+        Strategy::Unfenced,
+        Strategy::Redlock,
+    ];
+
+    /// The name in configuration and headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Fenced => "fenced",
+            Self::None => "none",
+            Self::SetnxExpire => "setnx-expire",
+            Self::Getset => "getset",
+            Self::Unfenced => "unfenced",
+            Self::Redlock => "redlock",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|strategy| strategy.name() == name.trim())
+    }
+}
+
+shown_by_name!(Strategy);
+
+/// A lock service, by its URL's scheme.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LockUrl {
+    /// `redis://` or `rediss://`.
+    Redis(String),
+    /// `redis-cluster://host:port[,host:port…]`: a Redis Cluster.
+    RedisCluster(String),
+    /// `redis-sentinel://host:port[,host:port…]/<master>`: the master Redis Sentinel names.
+    RedisSentinel(String),
+    /// `zk://`: a ZooKeeper ensemble.
+    ZooKeeper(String),
+    /// `etcd://`: an etcd cluster.
+    Etcd(String),
+    /// `postgres://` or `postgresql://`: PostgreSQL advisory locks.
+    Postgres(String),
+    /// `mysql://`: a lock table in MySQL / MariaDB.
+    MySqlTable(String),
+    /// `mysql-row://`: InnoDB row locks in MySQL / MariaDB.
+    MySqlRow(String),
+    /// `memcache://`: a memcached server.
+    Memcached(String),
+    /// `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`: the CP
+    /// Subsystem's FencedLock in a Hazelcast cluster.
+    Hazelcast(String),
+}
+
+impl LockUrl {
+    /// Reads a URL by its scheme.
+    pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        // A service this binary was built without is refused here, before anything
+        // connects, naming the cargo feature that builds it.
+        if let Ok(kind) = lock::LockServiceKind::of_url(url)
+            && let Some(why) = kind.not_built()
+        {
+            return Err(ConfigError::Invalid(format!("PAYONCE_LOCK_URL: {why}")));
+        }
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+        match scheme {
+            Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
+            Some("redis-cluster") => Ok(Self::RedisCluster(url.to_owned())),
+            Some("redis-sentinel") => Ok(Self::RedisSentinel(url.to_owned())),
+            Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
+            Some("etcd") => Ok(Self::Etcd(url.to_owned())),
+            Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
+            Some("mysql") => Ok(Self::MySqlTable(url.to_owned())),
+            Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
+            Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
+            Some("hazelcast") => Ok(Self::Hazelcast(url.to_owned())),
+            _ => Err(ConfigError::Invalid(format!(
+                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {}",
+                mask(url)
+            ))),
+        }
+    }
+
+    /// The service's name, as printed.
+    pub fn service(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "Redis",
+            Self::RedisCluster(_) => "Redis Cluster",
+            Self::RedisSentinel(_) => "Redis Sentinel",
+            Self::ZooKeeper(_) => "ZooKeeper",
+            Self::Etcd(_) => "etcd",
+            Self::Postgres(_) => "PostgreSQL",
+            Self::MySqlTable(_) => "MySQL (lock table)",
+            Self::MySqlRow(_) => "MySQL (row locks)",
+            Self::Memcached(_) => "memcached",
+            Self::Hazelcast(_) => "Hazelcast",
+        }
+    }
+
+    /// The service's name as a metric label (`lock_service`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "redis",
+            Self::RedisCluster(_) => "redis_cluster",
+            Self::RedisSentinel(_) => "redis_sentinel",
+            Self::ZooKeeper(_) => "zookeeper",
+            Self::Etcd(_) => "etcd",
+            Self::Postgres(_) => "postgres",
+            Self::MySqlTable(_) => "mysql_table",
+            Self::MySqlRow(_) => "mysql_row",
+            Self::Memcached(_) => "memcached",
+            Self::Hazelcast(_) => "hazelcast",
+        }
+    }
+
+    /// The URL.
+    pub fn url(&self) -> &str {
+        match self {
+            Self::Redis(url)
+            | Self::RedisCluster(url)
+            | Self::RedisSentinel(url)
+            | Self::ZooKeeper(url)
+            | Self::Etcd(url)
+            | Self::Postgres(url)
+            | Self::MySqlTable(url)
+            | Self::MySqlRow(url)
+            | Self::Memcached(url)
+            | Self::Hazelcast(url) => url,
+        }
+    }
+}
