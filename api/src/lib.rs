@@ -4,8 +4,10 @@
 //! - `main.rs`: the binary — parses [`config::Cli`], then serves, audits or reconciles.
 //! - [`serve`] (this file): runs the app on a listener until the shutdown future completes,
 //!   with the reaper beside it. Tests call it with a port-0 listener.
-//! - `config.rs`: flags and environment variables, the mode they select, the start-up
-//!   report.
+//! - `config/`: flags and environment variables, the mode they select, the start-up
+//!   report generated from them; the sections of settings live beside their subsystems
+//!   (`config/lock.rs`, `config/ledger.rs`, `limits/config.rs`, `payouts/config.rs`,
+//!   `webhooks/config.rs`, `config/telemetry.rs`).
 //! - `state.rs`: [`state::AppState`] — ledger, locks, settings, metrics.
 //! - `routes/`: the router and its OpenAPI document (`mod.rs`), with the error answers
 //!   many operations share (`responses.rs`); accounts, tickets, the

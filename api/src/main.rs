@@ -128,7 +128,7 @@ async fn existing_ledger(config: &api::config::Config, command: &str) -> Result<
 /// `payonce reconcile`: exit 0 when the ledger's payouts and the bank's transfers agree,
 /// 1 listing what disagrees, 2 when either cannot be read.
 async fn reconcile(config: &api::config::Config, bank: Option<String>) -> ExitCode {
-    let Some(bank) = bank.or_else(|| config.payouts.bank_url.clone()) else {
+    let Some(bank) = bank.or_else(|| config.bank_url.clone()) else {
         eprintln!("payonce reconcile: name the bank: --bank URL (or PAYONCE_BANK_URL)");
         return ExitCode::from(2);
     };

@@ -290,7 +290,8 @@ fn recipes(config: &Config) -> Result<Recipes, StartError> {
 /// be one.
 async fn payouts(config: &Config) -> Result<Option<Payouts>, StartError> {
     let settings = |bank_url| config.payouts.settings(bank_url);
-    match (config.payouts.bank_url()?, config.mode()?) {
+    let bank_url = crate::payouts::config::bank_url(config.bank_url.as_deref())?;
+    match (bank_url, config.mode()?) {
         (Some(bank_url), _) => Payouts::new(settings(bank_url))
             .map(Some)
             .map_err(|error| StartError::Bank(error.to_string())),

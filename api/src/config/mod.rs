@@ -6,7 +6,9 @@
 //! (`config/lock.rs`), [`LedgerConfig`] (`config/ledger.rs`), [`LimitsConfig`]
 //! (`limits/config.rs`), [`PayoutConfig`] (`payouts/config.rs`), [`WebhookConfig`]
 //! (`webhooks/config.rs`) and [`TelemetryConfig`] (`config/telemetry.rs`). [`Config`]
-//! holds them, the settings that pick the mode and serve, and the checks across sections.
+//! holds them, the settings that say where things are and how to serve (fields programs
+//! set directly: the URLs, the namespace, the request timeout), and the checks across
+//! sections.
 //! The start-up report ([`Config`]'s `Display`) is generated from the arguments: every
 //! argument's environment variable, with the value its section reports (`section.rs`).
 
@@ -99,6 +101,12 @@ config_section! {
         /// docs/configuration.md lists.
         #[arg(long, global = true, env = "PAYONCE_LOCK_URL", value_hint = clap::ValueHint::Url)]
         pub lock_url: Option<String>,
+        /// The bank payouts go to (`payonce-bank` or anything with its contract). Unset in
+        /// the embedded mode: payonce starts one in the process, on a loopback port of its own,
+        /// with its store beside the ledger's file. Unset in the distributed mode: payouts are
+        /// refused (503 `payouts-unavailable`), since instances must share one bank.
+        #[arg(long, global = true, env = "PAYONCE_BANK_URL", value_hint = clap::ValueHint::Url)]
+        pub bank_url: Option<String>,
         /// Prefix of every Redis key and channel, so deployments can share a Redis.
         #[arg(
             long,
@@ -228,6 +236,7 @@ impl Config {
         self.limits.check()?;
         self.check_capacities()?;
         self.ledger.check()?;
+        crate::payouts::config::bank_url(self.bank_url.as_deref())?;
         self.payouts.check()?;
         self.webhooks.check()?;
         self.check_operator_key()?;

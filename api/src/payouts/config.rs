@@ -1,4 +1,6 @@
-//! The payouts section: the bank, and how its workers call it.
+//! The payouts section: how the workers call the bank. The bank itself
+//! (`PAYONCE_BANK_URL`) is named at the top of the configuration, beside the database,
+//! since `payonce reconcile` reads it too; [`bank_url`] checks it.
 
 use std::time::Duration;
 
@@ -8,15 +10,9 @@ use super::PayoutSettings;
 use crate::config::section::{ConfigError, config_section, duration, mask, shown_by_name};
 
 config_section! {
-    /// The bank payouts go to, and the workers' schedule.
+    /// The payout workers' schedule.
     #[derive(Args, Debug, Clone)]
     pub struct PayoutConfig {
-        /// The bank payouts go to (`payonce-bank` or anything with its contract). Unset in
-        /// the embedded mode: payonce starts one in the process, on a loopback port of its own,
-        /// with its store beside the ledger's file. Unset in the distributed mode: payouts are
-        /// refused (503 `payouts-unavailable`), since instances must share one bank.
-        #[arg(long, global = true, env = "PAYONCE_BANK_URL", value_hint = clap::ValueHint::Url)]
-        pub bank_url: Option<String>,
         /// How long one call to the bank may take; past it the attempt's outcome is unknown
         /// and the payout is sent again, with the same key.
         #[arg(long, global = true, env = "PAYONCE_BANK_TIMEOUT", default_value = "2s", value_parser = duration)]
@@ -93,10 +89,9 @@ impl PayoutKeys {
 shown_by_name!(PayoutKeys);
 
 impl PayoutConfig {
-    /// A bank URL payonce can call, and a payout schedule that can work: a lease that
-    /// outlasts the calls it covers, waits that grow, some workers.
+    /// A payout schedule that can work: a lease that outlasts the calls it covers, waits
+    /// that grow, some workers.
     pub fn check(&self) -> Result<(), ConfigError> {
-        self.bank_url()?;
         if self.bank_timeout.is_zero()
             || self.payout_poll.is_zero()
             || self.payout_throttle_max_age.is_zero()
@@ -132,20 +127,6 @@ impl PayoutConfig {
         Ok(())
     }
 
-    /// `PAYONCE_BANK_URL`, when set: an http:// or https:// URL.
-    pub fn bank_url(&self) -> Result<Option<url::Url>, ConfigError> {
-        let Some(url) = &self.bank_url else {
-            return Ok(None);
-        };
-        match url::Url::parse(url) {
-            Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(Some(parsed)),
-            _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_BANK_URL {} is not an http:// or https:// URL",
-                mask(url)
-            ))),
-        }
-    }
-
     /// The workers' settings, sending to `bank_url`.
     pub fn settings(&self, bank_url: url::Url) -> PayoutSettings {
         PayoutSettings {
@@ -161,5 +142,19 @@ impl PayoutConfig {
             #[cfg(feature = "demo")]
             fresh_key_per_attempt: self.payout_keys == PayoutKeys::FreshKeyPerAttempt,
         }
+    }
+}
+
+/// `PAYONCE_BANK_URL`, when set: a URL payonce can call, http:// or https://.
+pub fn bank_url(text: Option<&str>) -> Result<Option<url::Url>, ConfigError> {
+    let Some(text) = text else {
+        return Ok(None);
+    };
+    match url::Url::parse(text) {
+        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") => Ok(Some(parsed)),
+        _ => Err(ConfigError::Invalid(format!(
+            "PAYONCE_BANK_URL {} is not an http:// or https:// URL",
+            mask(text)
+        ))),
     }
 }
