@@ -28,7 +28,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use prometheus_client::registry::{Metric, Registry, Unit};
 use std::sync::atomic::AtomicU64;
 use tokio::time::Instant;
 
@@ -79,6 +79,139 @@ fn latency_histogram() -> Histogram {
     // 0.5 ms .. ~16 s
     Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
+
+/// A metric as `/metrics` describes it: its name (after its registry's prefix), its help
+/// text, and whether it is measured in seconds (`# UNIT`, `_seconds`) or counts things.
+struct Described {
+    name: &'static str,
+    help: &'static str,
+    in_seconds: bool,
+}
+
+/// Registers `metric` as `described`.
+fn register(registry: &mut Registry, described: &Described, metric: impl Metric) {
+    if described.in_seconds {
+        registry.register_with_unit(described.name, described.help, Unit::Seconds, metric);
+    } else {
+        registry.register(described.name, described.help, metric);
+    }
+}
+
+const HTTP_DURATION: Described = Described {
+    name: "http_server_request_duration",
+    help: "Duration of HTTP server requests, by method, route template and status (OpenTelemetry's http.server.request.duration; its count is the requests)",
+    in_seconds: true,
+};
+const REPLAYS: Described = Described {
+    name: "replays",
+    help: "Spends answered with a stored outcome",
+    in_seconds: false,
+};
+const EXECUTIONS: Described = Described {
+    name: "executions",
+    help: "Spends executed (outcome stored for the first time)",
+    in_seconds: false,
+};
+const LOCK_WAIT: Described = Described {
+    name: "lock_wait",
+    help: "Time spends waited for their account's lock",
+    in_seconds: true,
+};
+const LOCK_GRANTS: Described = Described {
+    name: "lock_grants",
+    help: "Account locks spends got, by how: free at once, or handed off by the holder they waited behind",
+    in_seconds: false,
+};
+const COMMIT_DURATION: Described = Described {
+    name: "ledger_commit_duration",
+    help: "Time a spend's commit took in the ledger, its wait for the group commit's next batch included",
+    in_seconds: true,
+};
+const AUDIT_VIOLATIONS: Described = Described {
+    name: "audit_violations",
+    help: "Broken ledger invariants the last periodic audit found (0: clean; see PAYONCE_AUDIT_EVERY)",
+    in_seconds: false,
+};
+const AUDIT_COMPLETED: Described = Described {
+    name: "audit_completed_timestamp",
+    help: "When the last periodic audit of the ledger finished, as a Unix time (0: none yet)",
+    in_seconds: true,
+};
+const LOCKS_LOST: Described = Described {
+    name: "locks_lost",
+    help: "Spends refused because the lock was lost or a newer holder had written",
+    in_seconds: false,
+};
+const STALE_TOKENS: Described = Described {
+    name: "stale_fencing_tokens",
+    help: "Writes the ledger refused for carrying an old fencing token",
+    in_seconds: false,
+};
+const LOCK_TIMEOUTS: Described = Described {
+    name: "lock_timeouts",
+    help: "Spends that gave up waiting for their account's lock (409)",
+    in_seconds: false,
+};
+const LOCK_QUEUE_FULL: Described = Described {
+    name: "lock_queue_full",
+    help: "Spends turned away because their account already had as many waiters as it takes (409)",
+    in_seconds: false,
+};
+const RATE_LIMITED: Described = Described {
+    name: "rate_limited",
+    help: "Requests refused by a rate limit (429)",
+    in_seconds: false,
+};
+const KEY_LOOKUPS: Described = Described {
+    name: "key_lookups",
+    help: "API keys looked up in the database: keys this instance did not remember",
+    in_seconds: false,
+};
+const PAYOUT_ATTEMPTS: Described = Described {
+    name: "payout_attempts",
+    help: "Calls to the bank for payouts, by what came of them: made, refused, or no word",
+    in_seconds: false,
+};
+const PAYOUTS: Described = Described {
+    name: "payouts",
+    help: "Payouts pending (status=\"pending\"), as last counted",
+    in_seconds: false,
+};
+const PAYOUTS_SETTLED: Described = Described {
+    name: "payouts_settled",
+    help: "Payouts this instance settled, by status: succeeded or failed",
+    in_seconds: false,
+};
+const OLDEST_PENDING_PAYOUT: Described = Described {
+    name: "payout_oldest_pending",
+    help: "How long the oldest pending payout has waited for the bank's word (0: none pending)",
+    in_seconds: true,
+};
+const WEBHOOK_ATTEMPTS: Described = Described {
+    name: "webhook_attempts",
+    help: "Webhook delivery attempts this instance recorded, by result: delivered, retried (a failure with attempts left), exhausted, endpoint_gone (410)",
+    in_seconds: false,
+};
+const WEBHOOK_DELIVERY_LAG: Described = Described {
+    name: "webhook_delivery_lag",
+    help: "From an event's commit to its delivery, for deliveries this instance made",
+    in_seconds: true,
+};
+const WEBHOOKS_PENDING: Described = Described {
+    name: "webhooks_pending",
+    help: "Webhook deliveries not done yet, as last counted",
+    in_seconds: false,
+};
+const OLDEST_UNDELIVERED_WEBHOOK: Described = Described {
+    name: "webhook_oldest_undelivered",
+    help: "How long ago the oldest undelivered webhook's event committed (0: none waiting)",
+    in_seconds: true,
+};
+const DEPENDENCY_UP: Described = Described {
+    name: "dependency_up",
+    help: "Whether the database and the lock store answered (1) or not (0) within 2 s, asked at each scrape as readiness asks",
+    in_seconds: false,
+};
 
 /// The service's metrics.
 #[derive(Debug)]
@@ -179,197 +312,114 @@ impl Metrics {
     /// `lock_service`.
     pub fn for_lock_service(lock_service: &'static str) -> Self {
         let mut registry = Registry::default();
-        let http_duration =
-            Family::<HttpLabels, Histogram, fn() -> Histogram>::new_with_constructor(
-                http_duration_histogram,
-            );
-        let replays = Counter::default();
-        let executions = Counter::default();
-        let lock_wait = latency_histogram();
-        let lock_grants = Family::<GrantLabels, Counter>::default();
-        let commit_duration = latency_histogram();
-        let audit_violations = Gauge::default();
-        let audit_completed = Gauge::<f64, AtomicU64>::default();
-        let locks_lost = Counter::default();
-        let stale_tokens = Counter::default();
-        let lock_timeouts = Counter::default();
-        let lock_queue_full = Counter::default();
-        let rate_limited = Counter::default();
-        let key_lookups = Counter::default();
-        let payout_attempts = Family::<OutcomeLabels, Counter>::default();
-        let payouts = Family::<StatusLabels, Gauge>::default();
-        let payouts_settled = Family::<StatusLabels, Counter>::default();
-        let oldest_pending_payout = Gauge::<f64, AtomicU64>::default();
-        let webhook_attempts = Family::<ResultLabels, Counter>::default();
-        let webhook_delivery_lag = latency_histogram();
-        let webhooks_pending = Gauge::default();
-        let oldest_undelivered_webhook = Gauge::<f64, AtomicU64>::default();
-        let dependency_up = Family::<DependencyLabels, Gauge>::default();
-        let batch_sizes = Arc::new(BatchSizes::default());
-        registry.register_with_unit(
-            "http_server_request_duration",
-            "Duration of HTTP server requests, by method, route template and status (OpenTelemetry's http.server.request.duration; its count is the requests)",
-            Unit::Seconds,
-            http_duration.clone(),
-        );
-        let own = registry.sub_registry_with_prefix("payonce");
-        own.register(
-            "replays",
-            "Spends answered with a stored outcome",
-            replays.clone(),
-        );
-        own.register(
-            "executions",
-            "Spends executed (outcome stored for the first time)",
-            executions.clone(),
-        );
-        let locks = own.sub_registry_with_label(("lock_service".into(), lock_service.into()));
-        locks.register_with_unit(
-            "lock_wait",
-            "Time spends waited for their account's lock",
-            Unit::Seconds,
-            lock_wait.clone(),
-        );
-        locks.register(
-            "lock_grants",
-            "Account locks spends got, by how: free at once, or handed off by the holder they waited behind",
-            lock_grants.clone(),
-        );
-        own.register_with_unit(
-            "ledger_commit_duration",
-            "Time a spend's commit took in the ledger, its wait for the group commit's next batch included",
-            Unit::Seconds,
-            commit_duration.clone(),
-        );
-        own.register(
-            "audit_violations",
-            "Broken ledger invariants the last periodic audit found (0: clean; see PAYONCE_AUDIT_EVERY)",
-            audit_violations.clone(),
-        );
-        own.register_with_unit(
-            "audit_completed_timestamp",
-            "When the last periodic audit of the ledger finished, as a Unix time (0: none yet)",
-            Unit::Seconds,
-            audit_completed.clone(),
-        );
-        own.register(
-            "locks_lost",
-            "Spends refused because the lock was lost or a newer holder had written",
-            locks_lost.clone(),
-        );
-        own.register(
-            "stale_fencing_tokens",
-            "Writes the ledger refused for carrying an old fencing token",
-            stale_tokens.clone(),
-        );
-        own.register(
-            "lock_timeouts",
-            "Spends that gave up waiting for their account's lock (409)",
-            lock_timeouts.clone(),
-        );
-        own.register(
-            "lock_queue_full",
-            "Spends turned away because their account already had as many waiters as it takes (409)",
-            lock_queue_full.clone(),
-        );
-        own.register(
-            "rate_limited",
-            "Requests refused by a rate limit (429)",
-            rate_limited.clone(),
-        );
-        own.register(
-            "key_lookups",
-            "API keys looked up in the database: keys this instance did not remember",
-            key_lookups.clone(),
-        );
-        own.register(
-            "payout_attempts",
-            "Calls to the bank for payouts, by what came of them: made, refused, or no word",
-            payout_attempts.clone(),
-        );
-        own.register(
-            "payouts",
-            "Payouts pending (status=\"pending\"), as last counted",
-            payouts.clone(),
-        );
-        own.register(
-            "payouts_settled",
-            "Payouts this instance settled, by status: succeeded or failed",
-            payouts_settled.clone(),
-        );
-        own.register_with_unit(
-            "payout_oldest_pending",
-            "How long the oldest pending payout has waited for the bank's word (0: none pending)",
-            Unit::Seconds,
-            oldest_pending_payout.clone(),
-        );
-        own.register(
-            "webhook_attempts",
-            "Webhook delivery attempts this instance recorded, by result: delivered, retried (a failure with attempts left), exhausted, endpoint_gone (410)",
-            webhook_attempts.clone(),
-        );
-        own.register_with_unit(
-            "webhook_delivery_lag",
-            "From an event's commit to its delivery, for deliveries this instance made",
-            Unit::Seconds,
-            webhook_delivery_lag.clone(),
-        );
-        own.register(
-            "webhooks_pending",
-            "Webhook deliveries not done yet, as last counted",
-            webhooks_pending.clone(),
-        );
-        own.register_with_unit(
-            "webhook_oldest_undelivered",
-            "How long ago the oldest undelivered webhook's event committed (0: none waiting)",
-            Unit::Seconds,
-            oldest_undelivered_webhook.clone(),
-        );
-        own.register(
-            "dependency_up",
-            "Whether the database and the lock store answered (1) or not (0) within 2 s, asked at each scrape as readiness asks",
-            dependency_up.clone(),
-        );
-        own.register_collector(Box::new(batch_sizes.clone()));
-        for how in GRANTS {
-            drop(lock_grants.get_or_create(&GrantLabels { how }));
-        }
-        for outcome in PAYOUT_OUTCOMES {
-            drop(payout_attempts.get_or_create(&OutcomeLabels { outcome }));
-        }
-        for status in PAYOUT_SETTLEMENTS {
-            drop(payouts_settled.get_or_create(&StatusLabels { status }));
-        }
-        drop(payouts.get_or_create(&StatusLabels { status: "pending" }));
-        for result in WEBHOOK_RESULTS {
-            drop(webhook_attempts.get_or_create(&ResultLabels { result }));
-        }
+        let metrics = Self::unregistered();
+        metrics.register(&mut registry, lock_service);
+        metrics.start_known_series_at_zero();
         Self {
             registry,
-            http_duration,
-            replays,
-            executions,
-            lock_wait,
-            lock_grants,
-            commit_duration,
-            audit_violations,
-            audit_completed,
-            locks_lost,
-            stale_tokens,
-            lock_timeouts,
-            lock_queue_full,
-            rate_limited,
-            key_lookups,
-            payout_attempts,
-            payouts,
-            payouts_settled,
-            oldest_pending_payout,
-            webhook_attempts,
-            webhook_delivery_lag,
-            webhooks_pending,
-            oldest_undelivered_webhook,
-            dependency_up,
-            batch_sizes,
+            ..metrics
+        }
+    }
+
+    /// Every metric at zero, in an empty registry.
+    fn unregistered() -> Self {
+        Self {
+            registry: Registry::default(),
+            http_duration: Family::new_with_constructor(http_duration_histogram),
+            replays: Counter::default(),
+            executions: Counter::default(),
+            lock_wait: latency_histogram(),
+            lock_grants: Family::default(),
+            commit_duration: latency_histogram(),
+            audit_violations: Gauge::default(),
+            audit_completed: Gauge::default(),
+            locks_lost: Counter::default(),
+            stale_tokens: Counter::default(),
+            lock_timeouts: Counter::default(),
+            lock_queue_full: Counter::default(),
+            rate_limited: Counter::default(),
+            key_lookups: Counter::default(),
+            payout_attempts: Family::default(),
+            payouts: Family::default(),
+            payouts_settled: Family::default(),
+            oldest_pending_payout: Gauge::default(),
+            webhook_attempts: Family::default(),
+            webhook_delivery_lag: latency_histogram(),
+            webhooks_pending: Gauge::default(),
+            oldest_undelivered_webhook: Gauge::default(),
+            dependency_up: Family::default(),
+            batch_sizes: Arc::new(BatchSizes::default()),
+        }
+    }
+
+    /// Registers every metric as the table above describes it: the HTTP histogram at the
+    /// top, payonce's own under `payonce_`, the lock metrics also labelled with
+    /// `lock_service`. `/metrics` lists them in this order.
+    fn register(&self, registry: &mut Registry, lock_service: &'static str) {
+        register(registry, &HTTP_DURATION, self.http_duration.clone());
+        let own = registry.sub_registry_with_prefix("payonce");
+        register(own, &REPLAYS, self.replays.clone());
+        register(own, &EXECUTIONS, self.executions.clone());
+        register(own, &COMMIT_DURATION, self.commit_duration.clone());
+        register(own, &AUDIT_VIOLATIONS, self.audit_violations.clone());
+        register(own, &AUDIT_COMPLETED, self.audit_completed.clone());
+        register(own, &LOCKS_LOST, self.locks_lost.clone());
+        register(own, &STALE_TOKENS, self.stale_tokens.clone());
+        register(own, &LOCK_TIMEOUTS, self.lock_timeouts.clone());
+        register(own, &LOCK_QUEUE_FULL, self.lock_queue_full.clone());
+        register(own, &RATE_LIMITED, self.rate_limited.clone());
+        register(own, &KEY_LOOKUPS, self.key_lookups.clone());
+        register(own, &PAYOUT_ATTEMPTS, self.payout_attempts.clone());
+        register(own, &PAYOUTS, self.payouts.clone());
+        register(own, &PAYOUTS_SETTLED, self.payouts_settled.clone());
+        register(
+            own,
+            &OLDEST_PENDING_PAYOUT,
+            self.oldest_pending_payout.clone(),
+        );
+        register(own, &WEBHOOK_ATTEMPTS, self.webhook_attempts.clone());
+        register(
+            own,
+            &WEBHOOK_DELIVERY_LAG,
+            self.webhook_delivery_lag.clone(),
+        );
+        register(own, &WEBHOOKS_PENDING, self.webhooks_pending.clone());
+        register(
+            own,
+            &OLDEST_UNDELIVERED_WEBHOOK,
+            self.oldest_undelivered_webhook.clone(),
+        );
+        register(own, &DEPENDENCY_UP, self.dependency_up.clone());
+        own.register_collector(Box::new(self.batch_sizes.clone()));
+        // A sub-registry is listed after its parent's metrics, whenever it was made.
+        let locks = own.sub_registry_with_label(("lock_service".into(), lock_service.into()));
+        register(locks, &LOCK_WAIT, self.lock_wait.clone());
+        register(locks, &LOCK_GRANTS, self.lock_grants.clone());
+    }
+
+    /// Starts every series whose labels are known in advance at zero.
+    fn start_known_series_at_zero(&self) {
+        for how in GRANTS {
+            drop(self.lock_grants.get_or_create(&GrantLabels { how }));
+        }
+        for outcome in PAYOUT_OUTCOMES {
+            drop(
+                self.payout_attempts
+                    .get_or_create(&OutcomeLabels { outcome }),
+            );
+        }
+        for status in PAYOUT_SETTLEMENTS {
+            drop(self.payouts_settled.get_or_create(&StatusLabels { status }));
+        }
+        drop(
+            self.payouts
+                .get_or_create(&StatusLabels { status: "pending" }),
+        );
+        for result in WEBHOOK_RESULTS {
+            drop(
+                self.webhook_attempts
+                    .get_or_create(&ResultLabels { result }),
+            );
         }
     }
 

@@ -98,48 +98,20 @@ pub fn payout_view(payout: Payout) -> PayoutView {
     }
 }
 
+/// The problem stored for a refused spend: its name, a detail that says what was short,
+/// and the figures behind it.
 fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) -> Value {
     let status =
         StatusCode::from_u16(execution.result.status()).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
     let mut extra = Map::new();
     extra.insert("ticket_id".into(), json!(execution.ticket_id.0));
     extra.insert("account_id".into(), json!(execution.account_id.0));
-    let (name, detail) = match (refusal, operation) {
-        (Refusal::InsufficientFunds { balance }, Operation::Withdrawal(amount)) => {
-            extra.insert("balance".into(), json!(balance));
-            extra.insert("amount".into(), json!(amount.get()));
-            (
-                "insufficient-funds",
-                format!(
-                    "the balance {balance} does not cover the withdrawal of {}",
-                    amount.get()
-                ),
-            )
-        }
-        (Refusal::InsufficientFunds { balance }, Operation::OrderPayment { order, amount }) => {
-            extra.insert("balance".into(), json!(balance));
-            extra.insert("amount".into(), json!(amount.get()));
-            extra.insert("order_id".into(), json!(order.0));
-            (
-                "insufficient-funds",
-                format!(
-                    "the balance {balance} does not cover the order's {}; the order stays open",
-                    amount.get()
-                ),
-            )
-        }
-        (Refusal::InsufficientFunds { balance }, Operation::Payout { amount, .. }) => {
-            extra.insert("balance".into(), json!(balance));
-            extra.insert("amount".into(), json!(amount.get()));
-            (
-                "insufficient-funds",
-                format!(
-                    "the balance {balance} does not cover the payout of {}; nothing was sent",
-                    amount.get()
-                ),
-            )
-        }
-        (Refusal::OrderAlreadyPaid { paid_by }, operation) => {
+    let (name, detail) = match refusal {
+        Refusal::InsufficientFunds { balance } => (
+            "insufficient-funds",
+            insufficient_funds(balance, operation, &mut extra),
+        ),
+        Refusal::OrderAlreadyPaid { paid_by } => {
             if let Operation::OrderPayment { order, .. } = operation {
                 extra.insert("order_id".into(), json!(order.0));
             }
@@ -149,29 +121,11 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
                 format!("the order was paid already, by ticket {paid_by}; nothing moved"),
             )
         }
-        (Refusal::InsufficientFunds { balance }, _) => {
-            extra.insert("balance".into(), json!(balance));
-            (
-                "insufficient-funds",
-                format!("the balance {balance} does not cover this"),
-            )
-        }
-        (Refusal::InsufficientPoints { points }, Operation::LotteryDraw(spend)) => {
-            extra.insert("points".into(), json!(points));
-            extra.insert("points_needed".into(), json!(spend.get()));
-            (
-                "insufficient-points",
-                format!("{points} points do not cover a draw of {}", spend.get()),
-            )
-        }
-        (Refusal::InsufficientPoints { points }, _) => {
-            extra.insert("points".into(), json!(points));
-            (
-                "insufficient-points",
-                format!("{points} points do not cover this"),
-            )
-        }
-        (Refusal::BalanceLimit { balance }, _) => {
+        Refusal::InsufficientPoints { points } => (
+            "insufficient-points",
+            insufficient_points(points, operation, &mut extra),
+        ),
+        Refusal::BalanceLimit { balance } => {
             extra.insert("balance".into(), json!(balance));
             (
                 "balance-limit",
@@ -180,4 +134,55 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
         }
     };
     problem_with(&problem(status, name, &detail), extra)
+}
+
+/// `insufficient-funds`: the balance, and the amount it did not cover where the spend has
+/// one; the detail.
+fn insufficient_funds(
+    balance: i64,
+    operation: Operation,
+    extra: &mut Map<String, Value>,
+) -> String {
+    extra.insert("balance".into(), json!(balance));
+    match operation {
+        Operation::Withdrawal(amount) => {
+            extra.insert("amount".into(), json!(amount.get()));
+            format!(
+                "the balance {balance} does not cover the withdrawal of {}",
+                amount.get()
+            )
+        }
+        Operation::OrderPayment { order, amount } => {
+            extra.insert("amount".into(), json!(amount.get()));
+            extra.insert("order_id".into(), json!(order.0));
+            format!(
+                "the balance {balance} does not cover the order's {}; the order stays open",
+                amount.get()
+            )
+        }
+        Operation::Payout { amount, .. } => {
+            extra.insert("amount".into(), json!(amount.get()));
+            format!(
+                "the balance {balance} does not cover the payout of {}; nothing was sent",
+                amount.get()
+            )
+        }
+        _ => format!("the balance {balance} does not cover this"),
+    }
+}
+
+/// `insufficient-points`: the points, and those a draw needed; the detail.
+fn insufficient_points(
+    points: i64,
+    operation: Operation,
+    extra: &mut Map<String, Value>,
+) -> String {
+    extra.insert("points".into(), json!(points));
+    match operation {
+        Operation::LotteryDraw(spend) => {
+            extra.insert("points_needed".into(), json!(spend.get()));
+            format!("{points} points do not cover a draw of {}", spend.get())
+        }
+        _ => format!("{points} points do not cover this"),
+    }
 }

@@ -30,6 +30,7 @@ use crate::routes::responses::{
 };
 use crate::routes::spends;
 use crate::state::AppState;
+use crate::webhooks::guard::Guard;
 use crate::webhooks::{Webhooks, signing};
 
 pub use payonce_types::webhooks::{
@@ -108,6 +109,52 @@ pub async fn create_endpoint(
     JsonBody(request): JsonBody<EndpointRequest>,
 ) -> Result<Response, ApiError> {
     let webhooks = webhooks(&state)?;
+    check_endpoint_request(&request)?;
+    let url = allowed_url(webhooks.guard(), &request.url).await?;
+    let fingerprint = spends::fingerprint(
+        &format!("/v1/accounts/{account}/webhook-endpoints"),
+        &request,
+    );
+    let id = EndpointId::random();
+    let secret = signing::new_secret();
+    let shown = signing::shown(&secret);
+    let new = NewEndpoint {
+        id,
+        account_id: account,
+        url: url.to_string(),
+        subscription: Subscription::of(request.events),
+        secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
+    };
+    let created = |endpoint: Endpoint| KeptAnswer {
+        status: 201,
+        body: view_value(&endpoint),
+        secret: Some(shown.clone()),
+    };
+    let ledger = state.ledger();
+    let answer = match key {
+        None => ledger.create_endpoint(&new).await?.map(created),
+        Some(IdempotencyKey(key)) => {
+            let key = RequestKey {
+                account,
+                key: key.0,
+                fingerprint: &fingerprint,
+            };
+            match ledger
+                .create_endpoint_once(&new, &key, &view_value, &shown)
+                .await?
+            {
+                Keyed::Ran(endpoint) => endpoint.map(created),
+                Keyed::Replayed(kept) => return Ok(with_secret(kept, true)),
+            }
+        }
+    };
+    let answer = answer.ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
+    Ok(with_secret(answer, false))
+}
+
+/// A creation's request within bounds: a URL of at most `MAX_URL` characters, and an event
+/// list, when there is one, of one to every type.
+fn check_endpoint_request(request: &EndpointRequest) -> Result<(), ApiError> {
     if request.url.chars().count() > MAX_URL {
         return Err(ApiError::WebhookUrlRefused(format!(
             "a URL has at most {MAX_URL} characters"
@@ -128,10 +175,12 @@ pub async fn create_endpoint(
             "events lists at least one event type; omit it for every type".into(),
         ));
     }
-    let guard = webhooks.guard();
-    let url = guard
-        .url(&request.url)
-        .map_err(ApiError::WebhookUrlRefused)?;
+    Ok(())
+}
+
+/// `text` as a URL the guard lets deliveries go to, in the form that is stored.
+async fn allowed_url(guard: &Guard, text: &str) -> Result<url::Url, ApiError> {
+    let url = guard.url(text).map_err(ApiError::WebhookUrlRefused)?;
     // What is stored is the parsed form, where a non-ASCII character may take up to twelve
     // (percent-encoded UTF-8, or a host's punycode): the bound holds for that form too.
     if url.as_str().len() > MAX_URL {
@@ -143,51 +192,7 @@ pub async fn create_endpoint(
         .resolves_somewhere_allowed(&url)
         .await
         .map_err(ApiError::WebhookUrlRefused)?;
-    let fingerprint = spends::fingerprint(
-        &format!("/v1/accounts/{account}/webhook-endpoints"),
-        &request,
-    );
-    let id = EndpointId::random();
-    let secret = signing::new_secret();
-    let shown = signing::shown(&secret);
-    let new = NewEndpoint {
-        id,
-        account_id: account,
-        url: url.to_string(),
-        subscription: Subscription::of(request.events),
-        secret_sealed: webhooks.sealer().seal(id.0.as_bytes(), &secret),
-    };
-    let ledger = state.ledger();
-    let answer = match key {
-        None => ledger
-            .create_endpoint(&new)
-            .await?
-            .map(|endpoint| KeptAnswer {
-                status: 201,
-                body: view_value(&endpoint),
-                secret: Some(shown.clone()),
-            }),
-        Some(IdempotencyKey(key)) => {
-            let key = RequestKey {
-                account,
-                key: key.0,
-                fingerprint: &fingerprint,
-            };
-            match ledger
-                .create_endpoint_once(&new, &key, &view_value, &shown)
-                .await?
-            {
-                Keyed::Ran(endpoint) => endpoint.map(|endpoint| KeptAnswer {
-                    status: 201,
-                    body: view_value(&endpoint),
-                    secret: Some(shown.clone()),
-                }),
-                Keyed::Replayed(kept) => return Ok(with_secret(kept, true)),
-            }
-        }
-    };
-    let answer = answer.ok_or(ApiError::WebhookEndpointLimit(MAX_ENDPOINTS_PER_ACCOUNT))?;
-    Ok(with_secret(answer, false))
+    Ok(url)
 }
 
 /// An endpoint as its creation's or rotation's answer shows it, less the secret: what is

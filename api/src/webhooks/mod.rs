@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use ledger::Ledger;
 use ledger::webhooks::{AttemptAnswer, DeliveryJob, DeliveryOutcome, Endpoint, EndpointId};
 use reqwest::StatusCode;
-use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -389,54 +389,117 @@ pub async fn dispatch(
     stopping: CancellationToken,
 ) {
     let settings = webhooks.settings.clone();
-    let slots = Arc::new(Semaphore::new(settings.concurrency));
-    // A few recorders side by side, each with its own transactions: one alone, waiting on
-    // the database for each batch, held the deliveries back.
-    let (finished, recorders): (Vec<_>, Vec<_>) = (0..RECORDERS)
+    let (finished, recorders) = start_recorders(&ledger, &metrics, settings.concurrency);
+    let dispatcher = Dispatcher {
+        slots: Arc::new(Semaphore::new(settings.concurrency)),
+        in_flight: Arc::new(InFlight::default()),
+        worker: format!("{instance}/webhooks"),
+        ledger,
+        webhooks,
+        settings,
+        finished,
+    };
+    while let Some(permits) = dispatcher.free_slots(&stopping).await {
+        let jobs = dispatcher.claim(permits.len()).await;
+        let (sent, over_cap) = dispatcher.send(jobs, permits).await;
+        dispatcher.hand_back(&over_cap).await;
+        if sent == 0 {
+            tokio::select! {
+                () = stopping.cancelled() => break,
+                () = dispatcher.webhooks.wake.notified() => {}
+                () = tokio::time::sleep(dispatcher.settings.poll) => {}
+            }
+        }
+    }
+    // Attempts in flight finish (each within the timeout) and are recorded; past a short
+    // wait they are left to their leases. (The dispatcher holds the recorders' senders.)
+    drop(dispatcher);
+    let _ =
+        tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(recorders)).await;
+}
+
+/// A few recorders side by side, each with its own transactions: one alone, waiting on
+/// the database for each batch, held the deliveries back. Their senders, and the tasks.
+fn start_recorders(
+    ledger: &Ledger,
+    metrics: &Arc<Metrics>,
+    concurrency: usize,
+) -> (
+    Vec<mpsc::Sender<Finished>>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
+    (0..RECORDERS)
         .map(|_| {
-            let (finished, answers) = mpsc::channel::<Finished>(settings.concurrency.max(1) * 2);
-            let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(&metrics)));
+            let (finished, answers) = mpsc::channel::<Finished>(concurrency.max(1) * 2);
+            let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(metrics)));
             (finished, recorder)
         })
-        .unzip();
-    let worker = format!("{instance}/webhooks");
-    let in_flight = Arc::new(InFlight::default());
-    loop {
+        .unzip()
+}
+
+/// What the dispatcher's rounds share: where deliveries are claimed and sent, the slots
+/// for attempts in flight (all, and per endpoint), and the recorders' senders.
+struct Dispatcher {
+    ledger: Ledger,
+    webhooks: Arc<Webhooks>,
+    settings: WebhookSettings,
+    slots: Arc<Semaphore>,
+    in_flight: Arc<InFlight>,
+    finished: Vec<mpsc::Sender<Finished>>,
+    worker: String,
+}
+
+impl Dispatcher {
+    /// Waits for a free slot, then takes as many more as are free (up to a claim's
+    /// batch); `None` once stopping.
+    async fn free_slots(&self, stopping: &CancellationToken) -> Option<Vec<OwnedSemaphorePermit>> {
         let first = tokio::select! {
-            () = stopping.cancelled() => break,
-            permit = Arc::clone(&slots).acquire_owned() => match permit {
-                Ok(permit) => permit,
-                Err(_) => break,
-            },
+            () = stopping.cancelled() => return None,
+            permit = Arc::clone(&self.slots).acquire_owned() => permit.ok()?,
         };
         let mut permits = vec![first];
         while permits.len() < CLAIM_BATCH {
-            match Arc::clone(&slots).try_acquire_owned() {
+            match Arc::clone(&self.slots).try_acquire_owned() {
                 Ok(permit) => permits.push(permit),
                 Err(_) => break,
             }
         }
-        let claimed = ledger
+        Some(permits)
+    }
+
+    /// Claims up to `count` due deliveries (none when the database cannot say).
+    async fn claim(&self, count: usize) -> Vec<DeliveryJob> {
+        let claimed = self
+            .ledger
             .claim_deliveries(
-                &worker,
-                settings.lease,
-                u32::try_from(permits.len()).unwrap_or(1),
+                &self.worker,
+                self.settings.lease,
+                u32::try_from(count).unwrap_or(1),
             )
             .await;
-        let jobs = match claimed {
-            Ok(jobs) => jobs,
-            Err(error) => {
-                tracing::warn!(%error, "cannot claim webhook deliveries");
-                Vec::new()
-            }
-        };
+        claimed.unwrap_or_else(|error| {
+            tracing::warn!(%error, "cannot claim webhook deliveries");
+            Vec::new()
+        })
+    }
+
+    /// Sends each claimed job in a task of its own, in the slots taken; how many went,
+    /// and the jobs over their endpoint's share.
+    async fn send(
+        &self,
+        jobs: Vec<DeliveryJob>,
+        mut permits: Vec<OwnedSemaphorePermit>,
+    ) -> (usize, Vec<DeliveryJob>) {
         let mut sent = 0_usize;
         let mut over_cap = Vec::new();
         for job in jobs {
             // One endpoint gets at most its share of the slots: a receiver that never
             // answers must not hold every slot for the timeout while other accounts'
             // events wait. What is over its share goes back, its attempt uncounted.
-            let Some(place) = in_flight.take(job.endpoint.id, settings.per_endpoint) else {
+            let Some(place) = self
+                .in_flight
+                .take(job.endpoint.id, self.settings.per_endpoint)
+            else {
                 over_cap.push(job);
                 continue;
             };
@@ -444,13 +507,13 @@ pub async fn dispatch(
             // slots taken, each waits for a slot.
             let permit = match permits.pop() {
                 Some(permit) => permit,
-                None => match Arc::clone(&slots).acquire_owned().await {
+                None => match Arc::clone(&self.slots).acquire_owned().await {
                     Ok(permit) => permit,
                     Err(_) => break,
                 },
             };
-            let webhooks = Arc::clone(&webhooks);
-            let finished = finished[job.job_id.unsigned_abs() as usize % RECORDERS].clone();
+            let webhooks = Arc::clone(&self.webhooks);
+            let finished = self.finished[job.job_id.unsigned_abs() as usize % RECORDERS].clone();
             sent += 1;
             tokio::spawn(async move {
                 let (answer, outcome) = webhooks.attempt(&job).await;
@@ -459,27 +522,20 @@ pub async fn dispatch(
                 drop(permit);
             });
         }
-        drop(permits);
+        (sent, over_cap)
+    }
+
+    /// Gives the jobs over their endpoint's share back, their attempts uncounted.
+    async fn hand_back(&self, over_cap: &[DeliveryJob]) {
         let handed_back: Vec<&DeliveryJob> = over_cap.iter().collect();
-        if let Err(error) = ledger
+        if let Err(error) = self
+            .ledger
             .hand_back_deliveries(&handed_back, HANDED_BACK_WAIT)
             .await
         {
             tracing::warn!(%error, deliveries = handed_back.len(), "cannot hand back deliveries over their endpoint's cap; they wait for their leases");
         }
-        if sent == 0 {
-            tokio::select! {
-                () = stopping.cancelled() => break,
-                () = webhooks.wake.notified() => {}
-                () = tokio::time::sleep(settings.poll) => {}
-            }
-        }
     }
-    // Attempts in flight finish (each within the timeout) and are recorded; past a short
-    // wait they are left to their leases.
-    drop(finished);
-    let _ =
-        tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(recorders)).await;
 }
 
 /// Records finished attempts, as many as have come in (up to a batch) per transaction.
