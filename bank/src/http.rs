@@ -293,29 +293,45 @@ fn admit(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(IdempotencyKey, TransferRequest, Option<Fault>), Problem> {
+    let key = idempotency_key(headers)?;
+    if !is_json(headers) {
+        return Err(Problem::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported-media-type",
+            "Unsupported media type",
+            "the body is JSON: Content-Type: application/json",
+        ));
+    }
+    let request = transfer_request(body)?;
+    let fault = demanded_fault(app, headers)?.or_else(|| app.faults.draw());
+    Ok((key, request, fault))
+}
+
+/// The request's one `Idempotency-Key`, valid.
+fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, Problem> {
     let mut keys = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let key = match (keys.next(), keys.next()) {
-        (None, _) => {
-            return Err(Problem::bad_request(
-                "idempotency-key-missing",
-                "a transfer needs an Idempotency-Key header",
-            ));
-        }
-        (Some(_), Some(_)) => {
-            return Err(Problem::bad_request(
-                "invalid-idempotency-key",
-                "the Idempotency-Key header was sent more than once",
-            ));
-        }
+    match (keys.next(), keys.next()) {
+        (None, _) => Err(Problem::bad_request(
+            "idempotency-key-missing",
+            "a transfer needs an Idempotency-Key header",
+        )),
+        (Some(_), Some(_)) => Err(Problem::bad_request(
+            "invalid-idempotency-key",
+            "the Idempotency-Key header was sent more than once",
+        )),
         (Some(value), None) => value
             .to_str()
             .map_err(|_| Problem::bad_request("invalid-idempotency-key", "the key is not ASCII"))
             .and_then(|raw| {
                 IdempotencyKey::parse(raw)
                     .map_err(|invalid| Problem::bad_request("invalid-idempotency-key", invalid.0))
-            })?,
-    };
-    let is_json = headers
+            }),
+    }
+}
+
+/// Whether the body is declared JSON (`application/json`, or `application/…+json`).
+fn is_json(headers: &HeaderMap) -> bool {
+    headers
         .get(CONTENT_TYPE)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.split(';').next())
@@ -324,15 +340,11 @@ fn admit(
             media == "application/json"
                 || (media.starts_with("application/") && media.ends_with("+json"))
         })
-        .unwrap_or(false);
-    if !is_json {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
-            "the body is JSON: Content-Type: application/json",
-        ));
-    }
+        .unwrap_or(false)
+}
+
+/// The transfer the body asks for.
+fn transfer_request(body: Result<Bytes, BytesRejection>) -> Result<TransferRequest, Problem> {
     let body = body.map_err(|rejection| {
         Problem::new(
             rejection.status(),
@@ -355,27 +367,28 @@ fn admit(
             )
         }
     })?;
-    let request = TransferRequest::parse(body).map_err(|invalid| Problem::invalid(invalid.0))?;
-    let demanded = match headers.get(FAULT_HEADER) {
-        Some(value) if app.demo_header => Some(
-            value
-                .to_str()
-                .ok()
-                .and_then(|name| name.trim().parse::<Fault>().ok())
-                .ok_or_else(|| {
-                    Problem::bad_request(
-                        "unknown-fault",
-                        format!(
-                            "{FAULT_HEADER} names one of: {}",
-                            Fault::ALL.map(Fault::name).join(", ")
-                        ),
-                    )
-                })?,
-        ),
-        _ => None,
-    };
-    let fault = demanded.or_else(|| app.faults.draw());
-    Ok((key, request, fault))
+    TransferRequest::parse(body).map_err(|invalid| Problem::invalid(invalid.0))
+}
+
+/// The fault the request's demonstration header names, when the bank honours the header.
+fn demanded_fault(app: &App, headers: &HeaderMap) -> Result<Option<Fault>, Problem> {
+    match headers.get(FAULT_HEADER) {
+        Some(value) if app.demo_header => value
+            .to_str()
+            .ok()
+            .and_then(|name| name.trim().parse::<Fault>().ok())
+            .map(Some)
+            .ok_or_else(|| {
+                Problem::bad_request(
+                    "unknown-fault",
+                    format!(
+                        "{FAULT_HEADER} names one of: {}",
+                        Fault::ALL.map(Fault::name).join(", ")
+                    ),
+                )
+            }),
+        _ => Ok(None),
+    }
 }
 
 /// The answer stored with a new transfer: 201 with the transfer, or the decline's 422.

@@ -50,6 +50,45 @@ macro_rules! on_pool {
     };
 }
 
+/// The row a first request under `key` writes, as it is before the insert gives it its id
+/// (0 until then) and `render` its answer.
+fn fresh_record(
+    key: &IdempotencyKey,
+    state: State,
+    request: &TransferRequest,
+    fingerprint: &str,
+    reason: Option<&str>,
+    created_at: i64,
+) -> Record {
+    Record {
+        id: 0,
+        idempotency_key: key.as_str().to_owned(),
+        state,
+        request: Some(request.clone()),
+        fingerprint: Some(fingerprint.to_owned()),
+        decline_reason: reason.map(str::to_owned),
+        answer: None,
+        created_at_micros: created_at,
+    }
+}
+
+/// [`Store::execute`]'s statements, in the order it runs them.
+const ADD_TO_TOTALS: &str =
+    "UPDATE bank_totals SET total = total + $1, transfers = transfers + $2 WHERE id = 1";
+const INSERT_TRANSFER: &str = "INSERT INTO bank_transfers
+                     (idempotency_key, state, destination, amount, reference, fingerprint,
+                      decline_reason, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                 ON CONFLICT (idempotency_key) DO NOTHING
+                 RETURNING id";
+const ADD_TO_DESTINATION: &str = "INSERT INTO bank_destinations (destination, total, transfers)
+                             VALUES ($1, $2, 1)
+                             ON CONFLICT (destination) DO UPDATE
+                             SET total = bank_destinations.total + excluded.total,
+                                 transfers = bank_destinations.transfers + 1";
+const STORE_ANSWER: &str =
+    "UPDATE bank_transfers SET answer_status = $1, answer_body = $2 WHERE id = $3";
+
 /// What [`Store::execute`] did.
 #[derive(Debug)]
 pub(crate) enum Execution {
@@ -213,35 +252,27 @@ impl Store {
         };
         let created_at = now_micros();
         let fingerprint = request.fingerprint();
+        let mut record = fresh_record(key, state, request, &fingerprint, reason, created_at);
         let inserted: Option<Record> = on_pool!(self, pool => {
             let mut tx = pool.begin().await?;
             // The grand total's row lock first, before the insert takes its id: ids are
             // then handed out in commit order (see the migration).
-            sqlx::query(
-                "UPDATE bank_totals SET total = total + $1, transfers = transfers + $2 WHERE id = 1",
-            )
-            .bind(moved)
-            .bind(counted)
-            .execute(&mut *tx)
-            .await?;
-            let id: Option<(i64,)> = sqlx::query_as(
-                "INSERT INTO bank_transfers
-                     (idempotency_key, state, destination, amount, reference, fingerprint,
-                      decline_reason, created_at)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
-                 ON CONFLICT (idempotency_key) DO NOTHING
-                 RETURNING id",
-            )
-            .bind(key.as_str())
-            .bind(state.as_str())
-            .bind(request.destination())
-            .bind(request.amount())
-            .bind(request.reference())
-            .bind(&fingerprint)
-            .bind(reason)
-            .bind(created_at)
-            .fetch_optional(&mut *tx)
-            .await?;
+            sqlx::query(ADD_TO_TOTALS)
+                .bind(moved)
+                .bind(counted)
+                .execute(&mut *tx)
+                .await?;
+            let id: Option<(i64,)> = sqlx::query_as(INSERT_TRANSFER)
+                .bind(key.as_str())
+                .bind(state.as_str())
+                .bind(request.destination())
+                .bind(request.amount())
+                .bind(request.reference())
+                .bind(&fingerprint)
+                .bind(reason)
+                .bind(created_at)
+                .fetch_optional(&mut *tx)
+                .await?;
             match id {
                 None => {
                     tx.rollback().await?;
@@ -249,37 +280,20 @@ impl Store {
                 }
                 Some((id,)) => {
                     if state == State::Executed {
-                        sqlx::query(
-                            "INSERT INTO bank_destinations (destination, total, transfers)
-                             VALUES ($1, $2, 1)
-                             ON CONFLICT (destination) DO UPDATE
-                             SET total = bank_destinations.total + excluded.total,
-                                 transfers = bank_destinations.transfers + 1",
-                        )
-                        .bind(request.destination())
-                        .bind(request.amount())
+                        sqlx::query(ADD_TO_DESTINATION)
+                            .bind(request.destination())
+                            .bind(request.amount())
+                            .execute(&mut *tx)
+                            .await?;
+                    }
+                    record.id = id;
+                    let answer = render(&record);
+                    sqlx::query(STORE_ANSWER)
+                        .bind(i32::from(answer.status))
+                        .bind(&answer.body)
+                        .bind(id)
                         .execute(&mut *tx)
                         .await?;
-                    }
-                    let mut record = Record {
-                        id,
-                        idempotency_key: key.as_str().to_owned(),
-                        state,
-                        request: Some(request.clone()),
-                        fingerprint: Some(fingerprint.clone()),
-                        decline_reason: reason.map(str::to_owned),
-                        answer: None,
-                        created_at_micros: created_at,
-                    };
-                    let answer = render(&record);
-                    sqlx::query(
-                        "UPDATE bank_transfers SET answer_status = $1, answer_body = $2 WHERE id = $3",
-                    )
-                    .bind(i32::from(answer.status))
-                    .bind(&answer.body)
-                    .bind(id)
-                    .execute(&mut *tx)
-                    .await?;
                     tx.commit().await?;
                     record.answer = Some(answer);
                     Some(record)
@@ -288,15 +302,17 @@ impl Store {
         });
         match inserted {
             Some(record) => Ok(Execution::Fresh(record)),
-            None => {
-                // ON CONFLICT DO NOTHING skipped the insert only because a committed row
-                // holds the key, so this read finds it.
-                let existing = self.find(key).await?.ok_or_else(|| {
-                    StoreError::Malformed(format!("key {:?} conflicted but is gone", key.as_str()))
-                })?;
-                Ok(Execution::Existing(existing))
-            }
+            None => Ok(Execution::Existing(self.conflicting(key).await?)),
         }
+    }
+
+    /// The row that holds `key`, after an insert under it did nothing.
+    async fn conflicting(&self, key: &IdempotencyKey) -> Result<Record, StoreError> {
+        // ON CONFLICT DO NOTHING skipped the insert only because a committed row holds the
+        // key, so this read finds it.
+        self.find(key).await?.ok_or_else(|| {
+            StoreError::Malformed(format!("key {:?} conflicted but is gone", key.as_str()))
+        })
     }
 
     /// Closes `key` when no transfer holds it: the row under the UNIQUE key is written as

@@ -5,12 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use payonce_types::accounts::{AccountView, CreatedAccount, EntriesPage, NewAccountRequest};
-use payonce_types::orders::{OrderPaid, OrderRequest, OrderView, PaymentRequest};
-use payonce_types::payouts::{
-    PayoutAccepted, PayoutAtBank, PayoutRequest, PayoutView, PayoutsPage,
-};
+use payonce_types::orders::{OrderRequest, OrderView};
+use payonce_types::payouts::{PayoutAtBank, PayoutView, PayoutsPage};
 use payonce_types::service::{Health, Readiness};
-use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
 use payonce_types::tickets::{TicketIssued, TicketView};
 use payonce_types::webhooks::{
     DeliveriesPage, EndpointList, EndpointRequest, EndpointWithSecret, InboxView,
@@ -24,8 +21,8 @@ use url::Url;
 use uuid::Uuid;
 
 use crate::Error;
-use crate::intent::{Attempt, Intent, Observer, ResendPolicy};
 use crate::problem::Problem;
+use crate::resend::{Attempt, Observer, ResendPolicy};
 
 /// A client of one payonce service: one base URL, or several instances of it tried in
 /// turn — a send that got no answer, a 429 or a 503 goes to the next.
@@ -180,6 +177,57 @@ enum Sent {
 }
 
 impl Sent {
+    /// Whether the next send goes to the next instance: after no answer, a 429 or a 503.
+    fn moves_on(&self) -> bool {
+        matches!(
+            self,
+            Self::None(_)
+                | Self::Answer {
+                    status: 429 | 503,
+                    ..
+                }
+        )
+    }
+
+    /// What send number `attempt` comes to under `policy`: a final answer, or an error to
+    /// send again after.
+    fn verdict<T: DeserializeOwned>(self, policy: &ResendPolicy, attempt: u32) -> Verdict<T> {
+        match self {
+            // A connection that could not be made carried nothing: sending again is
+            // safe even for a call that is not idempotent.
+            Self::None(error) if !policy.resend_unanswered && !error.is_connect() => {
+                Verdict::Final(Err(Error::Transport(error)))
+            }
+            Self::None(error) => Verdict::Resend {
+                error: Error::Transport(error),
+                retry_after: None,
+            },
+            Self::Answer {
+                status,
+                body,
+                replayed,
+                ..
+            } if (200..300).contains(&status) => Verdict::Final(match T::deserialize(&body) {
+                Ok(parsed) => Ok(Answered {
+                    body: parsed,
+                    status,
+                    replayed,
+                    attempts: attempt,
+                }),
+                Err(_) => Err(Error::Unexpected {
+                    status,
+                    body: body.to_string(),
+                }),
+            }),
+            Self::Answer {
+                status,
+                body,
+                retry_after,
+                ..
+            } => problem_verdict(policy, status, &body, retry_after),
+        }
+    }
+
     /// The send as an observer sees it.
     fn attempt(&self, number: u32, base_index: usize, base: &str, latency: Duration) -> Attempt {
         let base = base.to_owned();
@@ -245,7 +293,8 @@ impl Client {
     /// builder was given; past the last, it counts on from the first) and moving on from
     /// there by themselves after no answer, a 429 or a 503, instead of following the turn all
     /// clones share: for a caller that aims each request at an instance — a load test, a
-    /// test of failover. An [`Intent`] made from it keeps its own turn across its sends.
+    /// test of failover. An [`Intent`](crate::Intent) made from it keeps its own turn across
+    /// its sends.
     pub fn starting_at(&self, base: usize) -> Self {
         Self {
             start: Some(base),
@@ -255,9 +304,9 @@ impl Client {
 
     /// This client, calling `observer` with every send its calls make — ticket requests,
     /// reads, creates and the sends of its intents alike. An intent's own
-    /// [`Intent::on_attempt`] takes the place of this one for the intent's sends; the
-    /// ticket request of an intent that takes its own ticket is the client's call, and
-    /// comes here. Each call numbers its sends from 1.
+    /// [`Intent::on_attempt`](crate::Intent::on_attempt) takes the place of this one for the
+    /// intent's sends; the ticket request of an intent that takes its own ticket is the
+    /// client's call, and comes here. Each call numbers its sends from 1.
     pub fn on_attempt(&self, observer: impl Fn(&Attempt) + Send + Sync + 'static) -> Self {
         Self {
             observer: Some(Observer::new(observer)),
@@ -296,8 +345,9 @@ impl Client {
         self.get(&format!("/v1/accounts/{account}")).await
     }
 
-    /// A fresh ticket of the account. An [`Intent`] takes its own; this is for a caller
-    /// that keeps tickets itself (see [`Intent::with_ticket`]).
+    /// A fresh ticket of the account. An [`Intent`](crate::Intent) takes its own; this is
+    /// for a caller that keeps tickets itself (see
+    /// [`Intent::with_ticket`](crate::Intent::with_ticket)).
     pub async fn take_ticket(&self, account: Uuid) -> Result<TicketIssued, Error> {
         // A resend after no answer may issue a second ticket: harmless, an unused ticket
         // only expires.
@@ -499,58 +549,6 @@ impl Client {
         }
     }
 
-    /// Withdrawing `amount` (minor units) from the account, as an intent.
-    pub fn withdrawal(&self, account: Uuid, amount: i64) -> Intent<MoneyMoved> {
-        self.intent(
-            account,
-            format!("/v1/accounts/{account}/withdrawals"),
-            &MoneyRequest { amount },
-        )
-    }
-
-    /// Depositing `amount` into the account (the operator's key, where one is set), as an
-    /// intent.
-    pub fn deposit(&self, account: Uuid, amount: i64) -> Intent<MoneyMoved> {
-        self.intent(
-            account,
-            format!("/v1/accounts/{account}/deposits"),
-            &MoneyRequest { amount },
-        )
-    }
-
-    /// A lottery draw spending `points`, as an intent.
-    pub fn lottery_draw(&self, account: Uuid, points: i64) -> Intent<Drawn> {
-        self.intent(
-            account,
-            format!("/v1/accounts/{account}/lottery-draws"),
-            &DrawRequest { points },
-        )
-    }
-
-    /// Paying the order from its account, as an intent.
-    pub fn order_payment(&self, account: Uuid, order: Uuid) -> Intent<OrderPaid> {
-        self.intent(
-            account,
-            format!("/v1/orders/{order}/payments"),
-            &PaymentRequest {},
-        )
-    }
-
-    /// Paying out from the account to a bank account, as an intent.
-    pub fn payout(&self, account: Uuid, payout: &PayoutRequest) -> Intent<PayoutAccepted> {
-        self.intent(account, format!("/v1/accounts/{account}/payouts"), payout)
-    }
-
-    fn intent<T: DeserializeOwned>(
-        &self,
-        account: Uuid,
-        path: String,
-        body: &impl Serialize,
-    ) -> Intent<T> {
-        let body = serde_json::to_value(body).unwrap_or(Value::Null);
-        Intent::new(self.clone(), account, path, body)
-    }
-
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, Error> {
         let mut call = Call::new(self, Method::GET, path);
         self.send_with_resends(&self.policy, &mut call)
@@ -600,66 +598,13 @@ impl Client {
             // No answer, a 429 or a 503: the next send — this call's, or for an aimed call
             // the caller's own next one (after an `outcome-unknown`, say) — goes to the
             // next instance.
-            let move_on = matches!(
-                sent,
-                Sent::None(_)
-                    | Sent::Answer {
-                        status: 429 | 503,
-                        ..
-                    }
-            );
+            let move_on = sent.moves_on();
             if move_on && let Some(base) = &mut call.base {
                 *base = index + 1;
             }
-            let (error, retry_after) = match sent {
-                // A connection that could not be made carried nothing: sending again is
-                // safe even for a call that is not idempotent.
-                Sent::None(error) if !policy.resend_unanswered && !error.is_connect() => {
-                    return Err(Error::Transport(error));
-                }
-                Sent::None(error) => (Error::Transport(error), None),
-                Sent::Answer {
-                    status,
-                    body,
-                    replayed,
-                    ..
-                } if (200..300).contains(&status) => {
-                    return match T::deserialize(&body) {
-                        Ok(parsed) => Ok(Answered {
-                            body: parsed,
-                            status,
-                            replayed,
-                            attempts: attempt,
-                        }),
-                        Err(_) => Err(Error::Unexpected {
-                            status,
-                            body: body.to_string(),
-                        }),
-                    };
-                }
-                Sent::Answer {
-                    status,
-                    body,
-                    retry_after,
-                    ..
-                } => match Problem::from_body(status, &body, retry_after) {
-                    // An answer that means "it may have run" is, for a call that must not
-                    // run twice and has no key to make a resend a replay, as final as no
-                    // answer: a `503 timeout` comes after the handler may have committed.
-                    Some(problem)
-                        if problem.is_resendable()
-                            && (policy.resend_unanswered || !may_have_run(&problem)) =>
-                    {
-                        (Error::Refused(Box::new(problem)), retry_after)
-                    }
-                    Some(problem) => return Err(Error::Refused(Box::new(problem))),
-                    None => {
-                        return Err(Error::Unexpected {
-                            status,
-                            body: body.to_string(),
-                        });
-                    }
-                },
+            let (error, retry_after) = match sent.verdict(policy, attempt) {
+                Verdict::Final(answer) => return answer,
+                Verdict::Resend { error, retry_after } => (error, retry_after),
             };
             if attempt >= attempts {
                 return Err(Error::GaveUp {
@@ -733,7 +678,43 @@ impl Client {
     }
 }
 
-/// `?name=value&…` of the parameters that are set; empty if none is.
+/// What one send comes to: the call's answer, or an error it is sent again after.
+enum Verdict<T> {
+    Final(Result<Answered<T>, Error>),
+    Resend {
+        error: Error,
+        retry_after: Option<Duration>,
+    },
+}
+
+/// The verdict on a problem answer: resent when the problem is resendable and, for a call
+/// that may not be resent after it may have run, does not leave open that it ran.
+fn problem_verdict<T>(
+    policy: &ResendPolicy,
+    status: u16,
+    body: &Value,
+    retry_after: Option<Duration>,
+) -> Verdict<T> {
+    match Problem::from_body(status, body, retry_after) {
+        // An answer that means "it may have run" is, for a call that must not run twice
+        // and has no key to make a resend a replay, as final as no answer: a `503 timeout`
+        // comes after the handler may have committed.
+        Some(problem)
+            if problem.is_resendable() && (policy.resend_unanswered || !may_have_run(&problem)) =>
+        {
+            Verdict::Resend {
+                error: Error::Refused(Box::new(problem)),
+                retry_after,
+            }
+        }
+        Some(problem) => Verdict::Final(Err(Error::Refused(Box::new(problem)))),
+        None => Verdict::Final(Err(Error::Unexpected {
+            status,
+            body: body.to_string(),
+        })),
+    }
+}
+
 /// Whether a problem answer leaves open that the request ran: the server's (or a proxy's)
 /// timeout, which can come after the handler committed, and a lost commit answer.
 fn may_have_run(problem: &Problem) -> bool {
@@ -743,6 +724,7 @@ fn may_have_run(problem: &Problem) -> bool {
     )
 }
 
+/// `?name=value&…` of the parameters that are set; empty if none is.
 fn query(parameters: &[(&str, Option<String>)]) -> String {
     let mut url = url::form_urlencoded::Serializer::new(String::new());
     for (name, value) in parameters {

@@ -22,8 +22,10 @@
 //!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts;
 //!   a clone aimed at one instance ([`Client::starting_at`]) or with each send observed
 //!   ([`Client::on_attempt`]), as the load test uses it.
-//! - [`Intent`], [`Outcome`], [`ResendPolicy`], [`Attempt`] (`intent.rs`): one spend, its
-//!   resends, and each send as it went for a caller that records them.
+//! - [`Intent`], [`Outcome`] (`intent.rs`): one spend and what it came to, and the client's
+//!   calls that make one.
+//! - [`ResendPolicy`], [`Attempt`] (`resend.rs`): how a call is sent again, and each send
+//!   as it went for a caller that records them.
 //! - [`Problem`], [`ProblemKind`] (`problem.rs`): the problem types with their fields, and
 //!   which of them a resend may change ([`Problem::is_resendable`]).
 //! - [`webhooks`]: verifying the signature of a webhook payonce sent.
@@ -58,12 +60,14 @@
 mod client;
 mod intent;
 mod problem;
+mod resend;
 pub mod webhooks;
 
 pub use client::{Client, ClientBuilder};
-pub use intent::{Attempt, Intent, Outcome, ResendPolicy};
+pub use intent::{Intent, Outcome};
 pub use payonce_types as types;
 pub use problem::{Problem, ProblemKind};
+pub use resend::{Attempt, ResendPolicy};
 use uuid::Uuid;
 
 /// Why a call did not end with an outcome.

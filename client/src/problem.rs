@@ -144,89 +144,16 @@ impl Problem {
     pub fn from_body(status: u16, body: &Value, retry_after: Option<Duration>) -> Option<Self> {
         let object = body.as_object()?;
         let name = object.get("type")?.as_str()?.strip_prefix("/problems/")?;
-        let text = |key: &str| {
-            object
-                .get(key)
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let int = |key: &str| object.get(key).and_then(Value::as_i64);
-        let id = |key: &str| {
-            object
-                .get(key)
-                .and_then(Value::as_str)
-                .and_then(|text| text.parse::<Uuid>().ok())
-        };
-        let kind = match name {
-            "insufficient-funds" => ProblemKind::InsufficientFunds {
-                balance: int("balance").unwrap_or_default(),
-                amount: int("amount"),
-                order_id: id("order_id"),
-            },
-            "insufficient-points" => ProblemKind::InsufficientPoints {
-                points: int("points").unwrap_or_default(),
-                points_needed: int("points_needed"),
-            },
-            "order-already-paid" => match id("paid_by_ticket") {
-                Some(paid_by_ticket) => ProblemKind::OrderAlreadyPaid {
-                    paid_by_ticket,
-                    order_id: id("order_id"),
-                },
-                None => other(name, object),
-            },
-            "balance-limit" => ProblemKind::BalanceLimit {
-                balance: int("balance").unwrap_or_default(),
-            },
-            "idempotency-key-reuse" => ProblemKind::IdempotencyKeyReuse,
-            "idempotency-key-missing" => ProblemKind::IdempotencyKeyMissing,
-            "idempotency-key-invalid" => ProblemKind::IdempotencyKeyInvalid,
-            "request-in-progress" => ProblemKind::RequestInProgress,
-            "account-busy" => ProblemKind::AccountBusy,
-            "rate-limited" => ProblemKind::RateLimited,
-            "ticket-expired" => ProblemKind::TicketExpired,
-            "outcome-expired" => ProblemKind::OutcomeExpired,
-            "ticket-not-found" => ProblemKind::TicketNotFound,
-            "not-found" => ProblemKind::NotFound,
-            "order-not-found" => ProblemKind::OrderNotFound,
-            "payout-not-found" => ProblemKind::PayoutNotFound,
-            "unauthenticated" => ProblemKind::Unauthenticated,
-            "forbidden" => ProblemKind::Forbidden,
-            "operator-key-required" => ProblemKind::OperatorKeyRequired,
-            "invalid-request" => ProblemKind::InvalidRequest,
-            "malformed-json" => ProblemKind::MalformedJson,
-            "bad-request" => ProblemKind::BadRequest,
-            "payload-too-large" => ProblemKind::PayloadTooLarge,
-            "unsupported-media-type" => ProblemKind::UnsupportedMediaType,
-            "outcome-unknown" => ProblemKind::OutcomeUnknown,
-            "lock-lost" => ProblemKind::LockLost,
-            "lock-store-unavailable" => ProblemKind::LockStoreUnavailable,
-            "database-unavailable" => ProblemKind::DatabaseUnavailable,
-            "overloaded" => ProblemKind::Overloaded,
-            "timeout" => ProblemKind::Timeout,
-            "payouts-unavailable" => ProblemKind::PayoutsUnavailable,
-            "bank-unavailable" => ProblemKind::BankUnavailable,
-            "webhook-url-refused" => ProblemKind::WebhookUrlRefused,
-            "webhook-endpoint-limit" => ProblemKind::WebhookEndpointLimit,
-            "webhook-endpoint-not-found" => ProblemKind::WebhookEndpointNotFound,
-            "webhook-endpoint-disabled" => ProblemKind::WebhookEndpointDisabled,
-            "delivery-not-found" => ProblemKind::DeliveryNotFound,
-            "delivery-in-flight" => ProblemKind::DeliveryInFlight,
-            "webhooks-unavailable" => ProblemKind::WebhooksUnavailable,
-            "method-not-allowed" => ProblemKind::MethodNotAllowed,
-            "not-ready" => ProblemKind::NotReady,
-            "internal-error" => ProblemKind::InternalError,
-            "bank-fault-unknown" => ProblemKind::BankFaultUnknown,
-            "bank-fault-refused" => ProblemKind::BankFaultRefused,
-            _ => other(name, object),
-        };
+        let kind = kind_with_fields(name, object)
+            .or_else(|| kind_without_fields(name))
+            .unwrap_or_else(|| other(name, object));
         Some(Self {
             kind,
             status,
-            title: text("title"),
-            detail: text("detail"),
-            ticket_id: id("ticket_id"),
-            account_id: id("account_id"),
+            title: text(object, "title"),
+            detail: text(object, "detail"),
+            ticket_id: id(object, "ticket_id"),
+            account_id: id(object, "account_id"),
             retry_after,
         })
     }
@@ -251,6 +178,97 @@ impl Problem {
             _ => matches!(self.status, 429 | 503),
         }
     }
+}
+
+/// The kind of a problem type that carries fields of its own; `None` for the others.
+fn kind_with_fields(name: &str, object: &Map<String, Value>) -> Option<ProblemKind> {
+    let int = |key: &str| object.get(key).and_then(Value::as_i64);
+    Some(match name {
+        "insufficient-funds" => ProblemKind::InsufficientFunds {
+            balance: int("balance").unwrap_or_default(),
+            amount: int("amount"),
+            order_id: id(object, "order_id"),
+        },
+        "insufficient-points" => ProblemKind::InsufficientPoints {
+            points: int("points").unwrap_or_default(),
+            points_needed: int("points_needed"),
+        },
+        "order-already-paid" => match id(object, "paid_by_ticket") {
+            Some(paid_by_ticket) => ProblemKind::OrderAlreadyPaid {
+                paid_by_ticket,
+                order_id: id(object, "order_id"),
+            },
+            None => other(name, object),
+        },
+        "balance-limit" => ProblemKind::BalanceLimit {
+            balance: int("balance").unwrap_or_default(),
+        },
+        _ => return None,
+    })
+}
+
+/// The kind of a problem type that is its name alone; `None` for a name not among them.
+fn kind_without_fields(name: &str) -> Option<ProblemKind> {
+    Some(match name {
+        "idempotency-key-reuse" => ProblemKind::IdempotencyKeyReuse,
+        "idempotency-key-missing" => ProblemKind::IdempotencyKeyMissing,
+        "idempotency-key-invalid" => ProblemKind::IdempotencyKeyInvalid,
+        "request-in-progress" => ProblemKind::RequestInProgress,
+        "account-busy" => ProblemKind::AccountBusy,
+        "rate-limited" => ProblemKind::RateLimited,
+        "ticket-expired" => ProblemKind::TicketExpired,
+        "outcome-expired" => ProblemKind::OutcomeExpired,
+        "ticket-not-found" => ProblemKind::TicketNotFound,
+        "not-found" => ProblemKind::NotFound,
+        "order-not-found" => ProblemKind::OrderNotFound,
+        "payout-not-found" => ProblemKind::PayoutNotFound,
+        "unauthenticated" => ProblemKind::Unauthenticated,
+        "forbidden" => ProblemKind::Forbidden,
+        "operator-key-required" => ProblemKind::OperatorKeyRequired,
+        "invalid-request" => ProblemKind::InvalidRequest,
+        "malformed-json" => ProblemKind::MalformedJson,
+        "bad-request" => ProblemKind::BadRequest,
+        "payload-too-large" => ProblemKind::PayloadTooLarge,
+        "unsupported-media-type" => ProblemKind::UnsupportedMediaType,
+        "outcome-unknown" => ProblemKind::OutcomeUnknown,
+        "lock-lost" => ProblemKind::LockLost,
+        "lock-store-unavailable" => ProblemKind::LockStoreUnavailable,
+        "database-unavailable" => ProblemKind::DatabaseUnavailable,
+        "overloaded" => ProblemKind::Overloaded,
+        "timeout" => ProblemKind::Timeout,
+        "payouts-unavailable" => ProblemKind::PayoutsUnavailable,
+        "bank-unavailable" => ProblemKind::BankUnavailable,
+        "webhook-url-refused" => ProblemKind::WebhookUrlRefused,
+        "webhook-endpoint-limit" => ProblemKind::WebhookEndpointLimit,
+        "webhook-endpoint-not-found" => ProblemKind::WebhookEndpointNotFound,
+        "webhook-endpoint-disabled" => ProblemKind::WebhookEndpointDisabled,
+        "delivery-not-found" => ProblemKind::DeliveryNotFound,
+        "delivery-in-flight" => ProblemKind::DeliveryInFlight,
+        "webhooks-unavailable" => ProblemKind::WebhooksUnavailable,
+        "method-not-allowed" => ProblemKind::MethodNotAllowed,
+        "not-ready" => ProblemKind::NotReady,
+        "internal-error" => ProblemKind::InternalError,
+        "bank-fault-unknown" => ProblemKind::BankFaultUnknown,
+        "bank-fault-refused" => ProblemKind::BankFaultRefused,
+        _ => return None,
+    })
+}
+
+/// The field `key` as text; empty when it is missing or not a string.
+fn text(object: &Map<String, Value>, key: &str) -> String {
+    object
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// The field `key` as an id, when it is one.
+fn id(object: &Map<String, Value>, key: &str) -> Option<Uuid> {
+    object
+        .get(key)
+        .and_then(Value::as_str)
+        .and_then(|text| text.parse::<Uuid>().ok())
 }
 
 fn other(name: &str, object: &Map<String, Value>) -> ProblemKind {

@@ -42,95 +42,12 @@ use serde_json::Value;
 
 use crate::history::{
     AccountRecord, AccountState, Attempt, EntryRecord, FinalState, History, Role, SpendKind,
-    SpendRecord, TicketAttempt,
+    SpendRecord, TicketAttempt, TicketState,
 };
 pub use crate::payouts::PayoutTally;
+use crate::violation::Flag;
+pub use crate::violation::{Violation, ViolationKind};
 pub use crate::webhooks::WebhookTally;
-
-/// One broken expectation.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Violation {
-    /// Which expectation.
-    pub kind: ViolationKind,
-    /// The account concerned.
-    pub account: String,
-    /// The ticket concerned, if one.
-    pub ticket: Option<String>,
-    /// The particulars.
-    pub detail: String,
-}
-
-/// The expectations.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ViolationKind {
-    /// A status or problem type the contract does not declare for this request (a 500,
-    /// an undeclared 503, a 404 for a valid ticket...).
-    UndeclaredAnswer,
-    /// A request that got no answer at all (connection refused or reset, a timeout): a
-    /// crashing or hanging server, in a run that did not kill one on purpose.
-    Unanswered,
-    /// More than one attempt of the same request executed.
-    ExecutedTwice,
-    /// A definitive answer that differs from the ticket's outcome.
-    ReplayMismatch,
-    /// The ticket, read back after the run, stores another outcome than the one its
-    /// requests were answered with.
-    StoredOutcomeMismatch,
-    /// An outcome a client was given (a 2xx, or a stored refusal) that the ledger no
-    /// longer holds: the ticket, read back after the run, is still issued or unknown, or a
-    /// resend after the run found no ticket. What a failover to a replica that never got
-    /// the commit loses.
-    AcknowledgedOutcomeLost,
-    /// A resend after the run ([`Role::Recheck`]) executed the ticket again instead of
-    /// replaying the outcome a client had been given: the ledger lost it, and the money
-    /// moved twice.
-    ExecutedAgain,
-    /// A different request under a used ticket was not refused with 422.
-    ReuseNotRefused,
-    /// The final balance or points differ from what the executed tickets add up to.
-    BalanceMismatch,
-    /// A ticket that executed has no entry, more than one, or one that does not match it;
-    /// or a ticket that did not execute has one.
-    EntryMismatch,
-    /// An entry for a ticket the run never sent.
-    UnknownEntry,
-    /// The opening entry does not match the opening balance and points.
-    OpeningMismatch,
-    /// A balance or points below zero.
-    Negative,
-    /// The account's entries do not add up to its balance or points.
-    EntriesDoNotAddUp,
-    /// An entry decided on an older balance or points than the previous entry left: it
-    /// overwrote what was written since (a lost update).
-    StaleWrite,
-    /// An order paid by more than one ticket, or with more than one payment entry.
-    OrderPaidTwice,
-    /// An order's payments disagree with it: a ticket refused as `order-already-paid`
-    /// while the order has no payment, or a payment entry by a ticket that was not
-    /// answered 201 when one was.
-    OrderMismatch,
-    /// The run has no final state for something it must judge.
-    Missing,
-    /// A payout the bank executed more than once (under any keys).
-    PaidTwice,
-    /// A `succeeded` payout with no executed transfer of its amount at the bank.
-    MissingAtBank,
-    /// A `failed` payout — its money given back — that the bank executed.
-    ReversedButExecuted,
-    /// A committed outcome whose event the receiver never took.
-    EventMissing,
-    /// An event for an outcome the run did not commit: a request refused before it
-    /// executed, or a transaction that rolled back.
-    EventUnexpected,
-    /// A delivery whose signature did not verify with its endpoint's secret.
-    BadSignature,
-    /// One event delivered under more than one `webhook-id`: a receiver could not drop
-    /// the repeat.
-    EventIdsDiffer,
-    /// One `webhook-id` delivered with different bodies.
-    EventChanged,
-}
 
 const DECLARED_503: [&str; 5] = [
     "lock-lost",
@@ -406,9 +323,8 @@ fn audit_ticket_request(
     });
 }
 
-/// The auditor's way of recording a finding: kind, ticket, particulars.
-pub(crate) type Flag<'a> = dyn FnMut(ViolationKind, Option<&str>, String) + 'a;
-
+/// Audits one account: its spends' answers and outcomes, its payouts and orders, its
+/// final state and entries; its tally, when its final state was read.
 fn audit_account(
     account: &AccountRecord,
     spends: &[&SpendRecord],
@@ -434,11 +350,53 @@ fn audit_account(
     };
 
     let mut expected = (account.opening_balance, account.opening_points);
+    let Outcomes {
+        executed,
+        refused_as_paid,
+    } = outcomes(spends, state, options, &mut expected, &mut flag);
+    crate::payouts::audit_reversals(&executed, final_account, state, &mut expected, &mut flag);
+    audit_orders(
+        spends,
+        &executed,
+        &refused_as_paid,
+        final_account,
+        &mut flag,
+    );
+    let (expected_balance, expected_points) = expected;
+    audit_final(final_account, expected, &mut flag);
+    audit_entries(account, spends, &executed, final_account, &mut flag);
+    let double_spends = double_spends(account, final_account, &mut flag);
+    Some(AccountTally {
+        account: account.id.clone(),
+        expected_balance,
+        expected_points,
+        final_balance: final_account.balance,
+        final_points: final_account.points,
+        double_spends,
+    })
+}
+
+/// An account's spends by what they came to.
+struct Outcomes<'a> {
+    /// The tickets that executed, with their spend and answer.
+    executed: HashMap<&'a str, (&'a SpendRecord, Value)>,
+    /// The spends refused with 409 `order-already-paid`.
+    refused_as_paid: Vec<&'a SpendRecord>,
+}
+
+/// Judges each spend's answers and outcome, and adds the executed ones to `expected`.
+fn outcomes<'a>(
+    spends: &[&'a SpendRecord],
+    state: &FinalState,
+    options: &AuditOptions,
+    expected: &mut (i64, i64),
+    flag: &mut Flag<'_>,
+) -> Outcomes<'a> {
     let mut executed: HashMap<&str, (&SpendRecord, Value)> = HashMap::new();
     let mut refused_as_paid: Vec<&SpendRecord> = Vec::new();
-    for spend in spends {
-        audit_answers(spend, options, &mut flag);
-        let outcome = outcome(spend, state, &mut flag);
+    for &spend in spends {
+        audit_answers(spend, options, flag);
+        let outcome = outcome(spend, state, flag);
         if outcome.as_ref().is_some_and(|outcome| {
             outcome.status == 409
                 && outcome
@@ -452,20 +410,20 @@ fn audit_account(
         if let Some(outcome) =
             outcome.filter(|outcome| outcome.status == spend.kind.executed_status())
         {
-            apply(spend, &outcome.body, &mut expected, &mut flag);
+            apply(spend, &outcome.body, expected, flag);
             executed.insert(spend.ticket.as_str(), (spend, outcome.body));
         }
     }
-    crate::payouts::audit_reversals(&executed, final_account, state, &mut expected, &mut flag);
-    audit_orders(
-        spends,
-        &executed,
-        &refused_as_paid,
-        final_account,
-        &mut flag,
-    );
-    let (expected_balance, expected_points) = expected;
+    Outcomes {
+        executed,
+        refused_as_paid,
+    }
+}
 
+/// The account's final balance and points: what the executed tickets add up to, and not
+/// below zero.
+fn audit_final(final_account: &AccountState, expected: (i64, i64), flag: &mut Flag<'_>) {
+    let (expected_balance, expected_points) = expected;
     if expected_balance != final_account.balance || expected_points != final_account.points {
         flag(
             ViolationKind::BalanceMismatch,
@@ -484,17 +442,6 @@ fn audit_account(
             "the final balance or points are below zero".into(),
         );
     }
-
-    audit_entries(account, spends, &executed, final_account, &mut flag);
-    let double_spends = double_spends(account, final_account, &mut flag);
-    Some(AccountTally {
-        account: account.id.clone(),
-        expected_balance,
-        expected_points,
-        final_balance: final_account.balance,
-        final_points: final_account.points,
-        double_spends,
-    })
 }
 
 /// Every attempt of a spend got an answer the contract declares for it (a changed
@@ -560,6 +507,41 @@ fn audit_answers(spend: &SpendRecord, options: &AuditOptions, flag: &mut Flag<'_
 /// stored outcome read back decides; a ticket still issued has none.
 fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Option<Outcome> {
     let ticket = Some(spend.ticket.as_str());
+    let same_request = definitive_answers(spend, flag);
+    let stored = state.tickets.get(&spend.ticket);
+    let Some(reference) = same_request
+        .iter()
+        .find(|attempt| !attempt.replayed)
+        .or(same_request.first())
+    else {
+        return stored_outcome(stored, ticket, flag);
+    };
+    for other in &same_request {
+        if other.status != reference.status || other.body != reference.body {
+            flag(
+                ViolationKind::ReplayMismatch,
+                ticket,
+                format!(
+                    "{} {} differs from {} {}",
+                    status_text(other.status),
+                    compact(other.body.as_ref()),
+                    status_text(reference.status),
+                    compact(reference.body.as_ref())
+                ),
+            );
+        }
+    }
+    if let Some(stored) = stored {
+        audit_stored(stored, reference, ticket, flag);
+    }
+    let status = reference.status?;
+    reference.body.clone().map(|body| Outcome { status, body })
+}
+
+/// The definitive answers to the spend's own request (not its changed duplicate's), less
+/// the rechecks that executed again; flags those, and more than one execution by the load.
+fn definitive_answers<'a>(spend: &'a SpendRecord, flag: &mut Flag<'_>) -> Vec<&'a Attempt> {
+    let ticket = Some(spend.ticket.as_str());
     let mut same_request: Vec<&Attempt> = spend
         .attempts
         .iter()
@@ -601,46 +583,44 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
         );
     }
     same_request.retain(|attempt| !executed_again(attempt));
-    let stored = state.tickets.get(&spend.ticket);
-    let Some(reference) = same_request
-        .iter()
-        .find(|attempt| !attempt.replayed)
-        .or(same_request.first())
-    else {
-        return match stored {
-            Some(stored) => match (stored.status, &stored.body) {
-                (Some(status), Some(body)) => Some(Outcome {
-                    status,
-                    body: body.clone(),
-                }),
-                _ => None,
-            },
-            None => {
-                flag(
-                    ViolationKind::Missing,
-                    ticket,
-                    "no definitive answer and the ticket's state was not read".into(),
-                );
-                None
-            }
-        };
-    };
-    for other in &same_request {
-        if other.status != reference.status || other.body != reference.body {
+    same_request
+}
+
+/// The outcome of a ticket no request got a definitive answer for: the one stored, as read
+/// back; none while it is still issued.
+fn stored_outcome(
+    stored: Option<&TicketState>,
+    ticket: Option<&str>,
+    flag: &mut Flag<'_>,
+) -> Option<Outcome> {
+    match stored {
+        Some(stored) => match (stored.status, &stored.body) {
+            (Some(status), Some(body)) => Some(Outcome {
+                status,
+                body: body.clone(),
+            }),
+            _ => None,
+        },
+        None => {
             flag(
-                ViolationKind::ReplayMismatch,
+                ViolationKind::Missing,
                 ticket,
-                format!(
-                    "{} {} differs from {} {}",
-                    status_text(other.status),
-                    compact(other.body.as_ref()),
-                    status_text(reference.status),
-                    compact(reference.body.as_ref())
-                ),
+                "no definitive answer and the ticket's state was not read".into(),
             );
+            None
         }
     }
-    if let Some(stored) = stored.filter(|stored| stored.state != "completed") {
+}
+
+/// The ticket as read back against the answer its requests got: completed, storing that
+/// answer.
+fn audit_stored(
+    stored: &TicketState,
+    reference: &Attempt,
+    ticket: Option<&str>,
+    flag: &mut Flag<'_>,
+) {
+    if stored.state != "completed" {
         flag(
             ViolationKind::AcknowledgedOutcomeLost,
             ticket,
@@ -651,9 +631,7 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
                 stored.state
             ),
         );
-    } else if let Some(stored) =
-        stored.filter(|stored| (stored.status, &stored.body) != (reference.status, &reference.body))
-    {
+    } else if (stored.status, &stored.body) != (reference.status, &reference.body) {
         flag(
             ViolationKind::StoredOutcomeMismatch,
             ticket,
@@ -667,8 +645,6 @@ fn outcome(spend: &SpendRecord, state: &FinalState, flag: &mut Flag<'_>) -> Opti
             ),
         );
     }
-    let status = reference.status?;
-    reference.body.clone().map(|body| Outcome { status, body })
 }
 
 /// Adds an executed spend to the expected balance and points, checking that its answer
@@ -786,13 +762,18 @@ fn double_spends(
         spend.push(is_spend(entry));
         undone.push(false);
     }
+    count + repeated_spend_entries(rest)
+}
+
+/// The spend entries beyond the first of each ticket: each one a ticket executed again.
+fn repeated_spend_entries(entries: &[&EntryRecord]) -> u64 {
     let mut per_ticket: HashMap<&str, u64> = HashMap::new();
-    for entry in rest.iter().filter(|entry| is_spend(entry)) {
+    for entry in entries.iter().filter(|entry| is_spend(entry)) {
         if let Some(ticket) = entry.ticket_id.as_deref() {
             *per_ticket.entry(ticket).or_default() += 1;
         }
     }
-    count + per_ticket.values().map(|n| n - 1).sum::<u64>()
+    per_ticket.values().map(|n| n - 1).sum::<u64>()
 }
 
 /// An account's entries against what the run did: the opening entry, the sums, no

@@ -10,6 +10,8 @@
 //!   target turns out to have no bank.
 //! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
 //!   state, so tests can plant faults in recorded histories.
+//! - [`violation`] (`violation.rs`): what the audit finds, which the auditor and its
+//!   parts for payouts and webhooks all record.
 //! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's
 //!   transfers reconciled with them.
 //! - [`receiver`] (`receiver.rs`): the webhook receiver — a real HTTP server on loopback
@@ -39,4 +41,5 @@ pub mod report;
 pub mod retry;
 pub mod run;
 pub mod safety;
+pub mod violation;
 pub mod webhooks;

@@ -191,35 +191,51 @@ async fn main() -> ExitCode {
 }
 
 async fn run_command(args: RunArgs) -> ExitCode {
-    let limit = match (args.duration, args.requests) {
-        (Some(duration), None) => Limit::Duration(duration),
-        (None, Some(requests)) => Limit::Requests(requests),
-        _ => {
-            eprintln!("loadtest: give --duration or --requests (the run must be bounded)");
+    let (report_to, chart) = (args.report.clone(), args.chart.clone());
+    let options = match run_options(args) {
+        Ok(options) => options,
+        Err(error) => {
+            eprintln!("loadtest: {error}");
             return ExitCode::from(2);
         }
     };
-    if let Err(error) = safety::check_targets(&args.targets, args.allow_remote) {
+    let result = match run::run(options).await {
+        Ok(result) => result,
+        Err(error) => {
+            eprintln!("loadtest: {error}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut stdout = std::io::stdout().lock();
+    if let Err(error) = report::print_summary(&result, &mut stdout) {
         eprintln!("loadtest: {error}");
-        return ExitCode::from(2);
     }
-    if let Some(bank) = &args.bank
-        && let Err(error) = safety::check_targets(std::slice::from_ref(bank), args.allow_remote)
-    {
-        eprintln!("loadtest: --bank: {error}");
-        return ExitCode::from(2);
+    if let Some(path) = &report_to {
+        match report::write_json(&result, path) {
+            Ok(()) => println!("report: {}", path.display()),
+            Err(error) => eprintln!("loadtest: cannot write the report: {error}"),
+        }
     }
-    if args.payouts > WITHDRAWALS_AND_PAYOUTS {
-        eprintln!(
-            "loadtest: --payouts is at most {WITHDRAWALS_AND_PAYOUTS} (the withdrawals' share)"
-        );
-        return ExitCode::from(2);
+    match report::draw_chart(&result, &chart) {
+        Ok(()) => println!("chart: {}", chart.display()),
+        Err(error) => eprintln!("loadtest: cannot draw the chart: {error}"),
     }
-    if args.accounts == 0 || args.clients == 0 {
-        eprintln!("loadtest: --accounts and --clients must be at least 1");
-        return ExitCode::from(2);
+    if result.violations.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     }
-    let options = RunOptions {
+}
+
+/// The run the arguments ask for; why not, when they ask for one that must not be run.
+fn run_options(args: RunArgs) -> Result<RunOptions, String> {
+    let limit = match (args.duration, args.requests) {
+        (Some(duration), None) => Limit::Duration(duration),
+        (None, Some(requests)) => Limit::Requests(requests),
+        _ => return Err("give --duration or --requests (the run must be bounded)".into()),
+    };
+    check_run_args(&args)?;
+    Ok(RunOptions {
         retry: args.retry(),
         targets: args.targets,
         accounts: args.accounts,
@@ -248,33 +264,26 @@ async fn run_command(args: RunArgs) -> ExitCode {
             slow_for: args.receiver_slow_for,
             hang: args.receiver_hang,
         }),
-    };
-    let result = match run::run(options).await {
-        Ok(result) => result,
-        Err(error) => {
-            eprintln!("loadtest: {error}");
-            return ExitCode::from(2);
-        }
-    };
-    let mut stdout = std::io::stdout().lock();
-    if let Err(error) = report::print_summary(&result, &mut stdout) {
-        eprintln!("loadtest: {error}");
+    })
+}
+
+/// Refuses targets that are not loopback (unless allowed), a payouts' share beyond the
+/// withdrawals', and a run without accounts or clients.
+fn check_run_args(args: &RunArgs) -> Result<(), String> {
+    safety::check_targets(&args.targets, args.allow_remote)?;
+    if let Some(bank) = &args.bank {
+        safety::check_targets(std::slice::from_ref(bank), args.allow_remote)
+            .map_err(|error| format!("--bank: {error}"))?;
     }
-    if let Some(path) = &args.report {
-        match report::write_json(&result, path) {
-            Ok(()) => println!("report: {}", path.display()),
-            Err(error) => eprintln!("loadtest: cannot write the report: {error}"),
-        }
+    if args.payouts > WITHDRAWALS_AND_PAYOUTS {
+        return Err(format!(
+            "--payouts is at most {WITHDRAWALS_AND_PAYOUTS} (the withdrawals' share)"
+        ));
     }
-    match report::draw_chart(&result, &args.chart) {
-        Ok(()) => println!("chart: {}", args.chart.display()),
-        Err(error) => eprintln!("loadtest: cannot draw the chart: {error}"),
+    if args.accounts == 0 || args.clients == 0 {
+        return Err("--accounts and --clients must be at least 1".into());
     }
-    if result.violations.is_empty() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(1)
-    }
+    Ok(())
 }
 
 async fn healthz_command(args: HealthzArgs) -> ExitCode {

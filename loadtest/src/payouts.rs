@@ -15,10 +15,10 @@ use std::collections::HashMap;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::audit::{Flag, Violation, ViolationKind};
 use crate::history::{
     AccountState, FinalState, PayoutState, PayoutStatus, SpendKind, SpendRecord, TransferState,
 };
+use crate::violation::{Flag, Violation, ViolationKind};
 
 /// The run's payouts as they ended, and what the bank holds for them.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]

@@ -28,9 +28,121 @@ pub fn print_summary(result: &RunResult, out: &mut impl Write) -> std::io::Resul
 
 /// The summary's table: what was sent, how it was answered, what the audit found.
 fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
-    let counts = &result.counts;
-    let seconds = result.elapsed.as_secs_f64().max(0.001);
-    let executed_tickets = result
+    SUMMARY
+        .iter()
+        .map(|(name, value)| (*name, value(result)))
+        .collect()
+}
+
+/// A row of the summary: its name, and its value made from the run.
+type SummaryRow = (&'static str, fn(&RunResult) -> String);
+
+/// The summary's rows, in the order they print.
+const SUMMARY: &[SummaryRow] = &[
+    ("targets", |result| result.history.targets.join(", ")),
+    ("accounts", |result| {
+        result.history.accounts.len().to_string()
+    }),
+    ("duration", |result| format!("{:.1} s", seconds(result))),
+    ("retries", retry_policy),
+    ("tickets", |result| {
+        let counts = &result.counts;
+        format!(
+            "{} ({} ticket requests failed, {} resends)",
+            counts.tickets, counts.ticket_errors, counts.ticket_retries
+        )
+    }),
+    ("orders", |result| {
+        let counts = &result.counts;
+        format!(
+            "{} placed and paid ({} could not be placed)",
+            counts.orders, counts.order_errors
+        )
+    }),
+    ("spend requests (attempts)", |result| {
+        result.counts.requests.to_string()
+    }),
+    ("resends (attempt > 1)", |result| {
+        result.counts.retries.to_string()
+    }),
+    ("rate", |result| {
+        format!(
+            "{:.0} spend requests/s",
+            result.counts.requests as f64 / seconds(result)
+        )
+    }),
+    ("201 created", |result| result.counts.created.to_string()),
+    ("202 payout accepted", |result| {
+        result.counts.accepted.to_string()
+    }),
+    ("402 refused (stored)", |result| {
+        result.counts.payment_required.to_string()
+    }),
+    ("409 paid already / busy / in progress", |result| {
+        result.counts.conflict.to_string()
+    }),
+    ("422 reuse / limit", |result| {
+        result.counts.unprocessable.to_string()
+    }),
+    ("429 rate-limited", |result| {
+        result.counts.rate_limited.to_string()
+    }),
+    ("503 unavailable", |result| {
+        result.counts.unavailable.to_string()
+    }),
+    ("other status", |result| result.counts.other.to_string()),
+    ("no answer", |result| {
+        result.counts.transport_errors.to_string()
+    }),
+    ("replays (header)", |result| {
+        result.counts.replays.to_string()
+    }),
+    ("unresolved requests", |result| {
+        let unresolved = &result.unresolved;
+        format!(
+            "{} ({} tickets without a definitive answer: {} completed, {} nothing executed)",
+            unresolved.requests,
+            unresolved.tickets,
+            unresolved.completed,
+            unresolved.tickets - unresolved.completed
+        )
+    }),
+    ("acknowledged outcomes rechecked", rechecked),
+    ("tickets that moved money", |result| {
+        executed_tickets(result).to_string()
+    }),
+    ("double spends (audit)", |result| {
+        result
+            .tallies
+            .iter()
+            .map(|tally| tally.double_spends)
+            .sum::<u64>()
+            .to_string()
+    }),
+    ("latency p50 / p90 / p99 / max", |result| {
+        format!(
+            "{:.1} / {:.1} / {:.1} / {:.1} ms",
+            ms(&result.latency, 0.5),
+            ms(&result.latency, 0.9),
+            ms(&result.latency, 0.99),
+            result.latency.max() as f64 / 1000.0
+        )
+    }),
+    ("payouts", payouts),
+    ("payouts stopped", payouts_stopped),
+    ("payouts at the bank", bank),
+    ("webhooks", webhooks),
+    ("violations", |result| result.violations.len().to_string()),
+];
+
+/// The run's length in seconds, never zero (a rate divides by it).
+fn seconds(result: &RunResult) -> f64 {
+    result.elapsed.as_secs_f64().max(0.001)
+}
+
+/// The spends one of whose attempts was answered as executed.
+fn executed_tickets(result: &RunResult) -> usize {
+    result
         .history
         .spends
         .iter()
@@ -38,83 +150,7 @@ fn summary_rows(result: &RunResult) -> Vec<(&'static str, String)> {
             let executed = spend.kind.executed_status();
             spend.attempts.iter().any(|a| a.status == Some(executed))
         })
-        .count();
-    let unresolved = &result.unresolved;
-    vec![
-        ("targets", result.history.targets.join(", ")),
-        ("accounts", result.history.accounts.len().to_string()),
-        ("duration", format!("{seconds:.1} s")),
-        ("retries", retry_policy(result)),
-        (
-            "tickets",
-            format!(
-                "{} ({} ticket requests failed, {} resends)",
-                counts.tickets, counts.ticket_errors, counts.ticket_retries
-            ),
-        ),
-        (
-            "orders",
-            format!(
-                "{} placed and paid ({} could not be placed)",
-                counts.orders, counts.order_errors
-            ),
-        ),
-        ("spend requests (attempts)", counts.requests.to_string()),
-        ("resends (attempt > 1)", counts.retries.to_string()),
-        (
-            "rate",
-            format!("{:.0} spend requests/s", counts.requests as f64 / seconds),
-        ),
-        ("201 created", counts.created.to_string()),
-        ("202 payout accepted", counts.accepted.to_string()),
-        ("402 refused (stored)", counts.payment_required.to_string()),
-        (
-            "409 paid already / busy / in progress",
-            counts.conflict.to_string(),
-        ),
-        ("422 reuse / limit", counts.unprocessable.to_string()),
-        ("429 rate-limited", counts.rate_limited.to_string()),
-        ("503 unavailable", counts.unavailable.to_string()),
-        ("other status", counts.other.to_string()),
-        ("no answer", counts.transport_errors.to_string()),
-        ("replays (header)", counts.replays.to_string()),
-        (
-            "unresolved requests",
-            format!(
-                "{} ({} tickets without a definitive answer: {} completed, {} nothing executed)",
-                unresolved.requests,
-                unresolved.tickets,
-                unresolved.completed,
-                unresolved.tickets - unresolved.completed
-            ),
-        ),
-        ("acknowledged outcomes rechecked", rechecked(result)),
-        ("tickets that moved money", executed_tickets.to_string()),
-        (
-            "double spends (audit)",
-            result
-                .tallies
-                .iter()
-                .map(|tally| tally.double_spends)
-                .sum::<u64>()
-                .to_string(),
-        ),
-        (
-            "latency p50 / p90 / p99 / max",
-            format!(
-                "{:.1} / {:.1} / {:.1} / {:.1} ms",
-                ms(&result.latency, 0.5),
-                ms(&result.latency, 0.9),
-                ms(&result.latency, 0.99),
-                result.latency.max() as f64 / 1000.0
-            ),
-        ),
-        ("payouts", payouts(result)),
-        ("payouts stopped", payouts_stopped(result)),
-        ("payouts at the bank", bank(result)),
-        ("webhooks", webhooks(result)),
-        ("violations", result.violations.len().to_string()),
-    ]
+        .count()
 }
 
 /// The recheck after the load: each acknowledged outcome sent once more, and how many of
@@ -336,7 +372,17 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
     let root = SVGBackend::new(path, (1000, 800)).into_drawing_area();
     root.fill(&WHITE)?;
     let (top, bottom) = root.split_vertically(400);
+    draw_throughput(&top, result)?;
+    draw_latency(&bottom, result)?;
+    root.present()?;
+    Ok(())
+}
 
+/// A part of the chart's drawing.
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+/// Throughput over time: answers per second by class, over the run's whole seconds.
+fn draw_throughput(top: &Area<'_>, result: &RunResult) -> Result<(), Box<dyn std::error::Error>> {
     // Whole seconds only: the last, partial one would show as a drop to zero.
     let whole = (result.elapsed.as_secs() as usize).clamp(1, result.timeline.len().max(1));
     let timeline = &result.timeline[..whole.min(result.timeline.len())];
@@ -347,7 +393,7 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
         .max()
         .unwrap_or(1)
         .max(1);
-    let mut chart = ChartBuilder::on(&top)
+    let mut chart = ChartBuilder::on(top)
         .caption("Answers per second", ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(35)
@@ -389,7 +435,11 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
         .draw()?;
+    Ok(())
+}
 
+/// The latency distribution: latency against percentile, on a scale that spreads the tail.
+fn draw_latency(bottom: &Area<'_>, result: &RunResult) -> Result<(), Box<dyn std::error::Error>> {
     // x = -log10(1 - q): 1 is p90, 2 is p99, 3 is p99.9.
     let nines = |quantile: f64| -(1.0 - quantile).max(1e-4).log10();
     let points: Vec<(f64, f64)> = [
@@ -407,7 +457,7 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
         .iter()
         .map(|(_, latency)| *latency)
         .fold(1.0, f64::max);
-    let mut chart = ChartBuilder::on(&bottom)
+    let mut chart = ChartBuilder::on(bottom)
         .caption("Spend latency by percentile", ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(35)
@@ -432,7 +482,6 @@ pub fn draw_chart(result: &RunResult, path: &Path) -> Result<(), Box<dyn std::er
             .iter()
             .map(|&(x, y)| Circle::new((x, y), 3, BLUE.filled())),
     )?;
-    root.present()?;
     Ok(())
 }
 

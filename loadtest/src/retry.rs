@@ -15,7 +15,7 @@
 //! document (a 503 from something in between, say) is final, as it is for the client:
 //! the auditor judges it. So is a 503 `payouts-unavailable`, which the client returns at
 //! once: a target without a bank says it to every payout, and the run, told so, stops
-//! sending payouts (see [`run`](crate::run)).
+//! sending payouts (see `run.rs`).
 
 use std::time::Duration;
 

@@ -436,115 +436,21 @@ struct Live {
 
 /// Runs the load, reads the ledger back, and audits.
 pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
-    let mut api = Api::new(options.targets.clone(), options.clients * 3)?;
-    // A run that resends longer than payonce-client's default (about 10 s of trying) — one
-    // that outlasts a database failover, say — opens its later rounds' accounts and reads
-    // back as patiently as it spends.
-    if options.retry.max_attempts > payonce_client::ResendPolicy::default().max_attempts {
-        api = api.resending_by(options.retry.resend());
-    }
-    let receiver = match options.webhooks {
-        Some(faults) => Some(
-            Receiver::start(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), faults)
-                .await
-                .map_err(RunError::Receiver)?,
-        ),
-        None => None,
-    };
+    let api = api_for(&options)?;
+    let receiver = start_receiver(options.webhooks).await?;
     let rounds = Arc::new(Rounds::new(api.clone(), &options, receiver.clone()));
     // The first round is opened before the clock starts.
     rounds.round(0).await?;
 
-    let started = Instant::now();
-    let (stop_at, budget) = match options.limit {
-        Limit::Duration(duration) => (Some(started + duration), None),
-        Limit::Requests(requests) => (None, Some(requests)),
-    };
-    let issued = Arc::new(AtomicU64::new(0));
-    let live = Arc::new(Live::default());
-    let done = Arc::new(AtomicBool::new(false));
-    let progress = progress_bar(&options);
-    let ticker = tokio::spawn(tick(
-        progress.clone(),
-        live.clone(),
-        issued.clone(),
-        done.clone(),
-        started,
-        options.limit,
-    ));
-
-    let headers = options
-        .headers
-        .iter()
-        .map(|(name, value)| {
-            match (
-                HeaderName::from_bytes(name.as_bytes()),
-                HeaderValue::from_str(value),
-            ) {
-                (Ok(name), Ok(value)) => Ok((name, value)),
-                _ => Err(RunError::Header(format!("{name}: {value}"))),
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    // The faults' values are checked before the run: a fault that could not be sent must
-    // not let a cell pass without it.
-    let value = |text: &str| {
-        HeaderValue::from_str(text).map_err(|_| RunError::Header(format!("a fault: {text}")))
-    };
-    let fault = options
-        .fault
-        .as_ref()
-        .map(|fault| value(&fault.header))
-        .transpose()?;
-    let bank_fault = options
-        .bank_fault
-        .as_ref()
-        .map(|fault| value(&fault.fault))
-        .transpose()?;
-    let shared = Arc::new(Shared {
-        fault,
-        bank_fault,
-        payonce: api.payonce().with_resend_policy(options.retry.resend()),
-        headers,
-        api: api.clone(),
-        rounds: rounds.clone(),
-        options: options.clone(),
-        started,
-        stop_at,
-        budget,
-        issued: issued.clone(),
-        live: live.clone(),
-        payouts_stopped: AtomicBool::new(false),
-        payouts_as_withdrawals: AtomicU64::new(0),
-    });
-    let tasks: Vec<_> = (0..options.clients)
-        .map(|client| tokio::spawn(client_loop(client, shared.clone())))
-        .collect();
-    let mut all = Gathered::new()?;
-    for task in tasks {
-        all.merge(task.await??)?;
-    }
-    let Gathered {
-        tickets,
-        spends,
+    let Load {
+        mut history,
         counts,
         latency,
         timeline,
-    } = all;
-    let mut history = History {
-        targets: options.targets.clone(),
-        tickets,
-        spends,
-        ..History::default()
-    };
-    let elapsed = started.elapsed();
-    let payouts_stopped = PayoutsStopped::from_history(
-        &history,
-        shared.payouts_as_withdrawals.load(Ordering::Relaxed),
-    );
-    done.store(true, Ordering::Relaxed);
-    let _ = ticker.await;
-    progress.finish_and_clear();
+        elapsed,
+        payouts_stopped,
+        shared,
+    } = drive(&api, &rounds, &options).await?;
     history.accounts = rounds.all().await;
     shared.recheck(&mut history).await;
 
@@ -582,6 +488,135 @@ pub async fn run(options: RunOptions) -> Result<RunResult, RunError> {
         metrics,
         payouts_stopped,
     })
+}
+
+/// The client of the run's targets.
+fn api_for(options: &RunOptions) -> Result<Api, RunError> {
+    let api = Api::new(options.targets.clone(), options.clients * 3)?;
+    // A run that resends longer than payonce-client's default (about 10 s of trying) — one
+    // that outlasts a database failover, say — opens its later rounds' accounts and reads
+    // back as patiently as it spends.
+    if options.retry.max_attempts > payonce_client::ResendPolicy::default().max_attempts {
+        return Ok(api.resending_by(options.retry.resend()));
+    }
+    Ok(api)
+}
+
+/// The webhook receiver, listening, when the run has one.
+async fn start_receiver(faults: Option<ReceiverFaults>) -> Result<Option<Receiver>, RunError> {
+    let Some(faults) = faults else {
+        return Ok(None);
+    };
+    Receiver::start(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), faults)
+        .await
+        .map(Some)
+        .map_err(RunError::Receiver)
+}
+
+/// What the load itself came to: the clients' sends and answers (without the accounts,
+/// which the rounds hold, or the recheck, which comes after), and the state they shared.
+struct Load {
+    history: History,
+    counts: Counts,
+    latency: Histogram<u64>,
+    timeline: Vec<Second>,
+    elapsed: Duration,
+    payouts_stopped: Option<PayoutsStopped>,
+    shared: Arc<Shared>,
+}
+
+/// Runs the clients from the start of the clock until the limit, the progress bar
+/// showing them, and gathers what they sent and were answered.
+async fn drive(api: &Api, rounds: &Arc<Rounds>, options: &RunOptions) -> Result<Load, RunError> {
+    let started = Instant::now();
+    let issued = Arc::new(AtomicU64::new(0));
+    let live = Arc::new(Live::default());
+    let done = Arc::new(AtomicBool::new(false));
+    let progress = progress_bar(options);
+    let ticker = tokio::spawn(tick(
+        progress.clone(),
+        live.clone(),
+        issued.clone(),
+        done.clone(),
+        started,
+        options.limit,
+    ));
+    let shared = Arc::new(Shared::new(api, rounds, options, started, issued, live)?);
+    let tasks: Vec<_> = (0..options.clients)
+        .map(|client| tokio::spawn(client_loop(client, shared.clone())))
+        .collect();
+    let mut all = Gathered::new()?;
+    for task in tasks {
+        all.merge(task.await??)?;
+    }
+    let Gathered {
+        tickets,
+        spends,
+        counts,
+        latency,
+        timeline,
+    } = all;
+    let history = History {
+        targets: options.targets.clone(),
+        tickets,
+        spends,
+        ..History::default()
+    };
+    let elapsed = started.elapsed();
+    let payouts_stopped = PayoutsStopped::from_history(
+        &history,
+        shared.payouts_as_withdrawals.load(Ordering::Relaxed),
+    );
+    done.store(true, Ordering::Relaxed);
+    let _ = ticker.await;
+    progress.finish_and_clear();
+    Ok(Load {
+        history,
+        counts,
+        latency,
+        timeline,
+        elapsed,
+        payouts_stopped,
+        shared,
+    })
+}
+
+/// The run's own headers, as HTTP carries them.
+fn own_headers(headers: &[(String, String)]) -> Result<Vec<(HeaderName, HeaderValue)>, RunError> {
+    headers
+        .iter()
+        .map(|(name, value)| {
+            match (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                (Ok(name), Ok(value)) => Ok((name, value)),
+                _ => Err(RunError::Header(format!("{name}: {value}"))),
+            }
+        })
+        .collect()
+}
+
+/// The values of `Payonce-Fault` and `Payonce-Bank-Fault`, when the run sends them.
+fn fault_values(
+    options: &RunOptions,
+) -> Result<(Option<HeaderValue>, Option<HeaderValue>), RunError> {
+    // The faults' values are checked before the run: a fault that could not be sent must
+    // not let a cell pass without it.
+    let value = |text: &str| {
+        HeaderValue::from_str(text).map_err(|_| RunError::Header(format!("a fault: {text}")))
+    };
+    let fault = options
+        .fault
+        .as_ref()
+        .map(|fault| value(&fault.header))
+        .transpose()?;
+    let bank_fault = options
+        .bank_fault
+        .as_ref()
+        .map(|fault| value(&fault.fault))
+        .transpose()?;
+    Ok((fault, bank_fault))
 }
 
 /// The accounts of each round (see the module docs), opened when a client first needs them.
@@ -755,6 +790,39 @@ async fn client_loop(client: usize, shared: Arc<Shared>) -> Result<Gathered, Run
 }
 
 impl Shared {
+    /// What the clients share, from the clock's start on.
+    fn new(
+        api: &Api,
+        rounds: &Arc<Rounds>,
+        options: &RunOptions,
+        started: Instant,
+        issued: Arc<AtomicU64>,
+        live: Arc<Live>,
+    ) -> Result<Self, RunError> {
+        let (stop_at, budget) = match options.limit {
+            Limit::Duration(duration) => (Some(started + duration), None),
+            Limit::Requests(requests) => (None, Some(requests)),
+        };
+        let headers = own_headers(&options.headers)?;
+        let (fault, bank_fault) = fault_values(options)?;
+        Ok(Self {
+            fault,
+            bank_fault,
+            payonce: api.payonce().with_resend_policy(options.retry.resend()),
+            headers,
+            api: api.clone(),
+            rounds: rounds.clone(),
+            options: options.clone(),
+            started,
+            stop_at,
+            budget,
+            issued,
+            live,
+            payouts_stopped: AtomicBool::new(false),
+            payouts_as_withdrawals: AtomicU64::new(0),
+        })
+    }
+
     /// The next spend to make, or `None` when the run is over.
     async fn next_plan(&self, cursor: &mut Cursor) -> Result<Option<Plan>, RunError> {
         if self.stop_at.is_some_and(|stop| Instant::now() >= stop) {

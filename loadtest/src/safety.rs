@@ -3,7 +3,7 @@
 //!
 //! Three things keep it there. [`check_targets`] refuses a target that is not a loopback
 //! address. The one host name it accepts, `localhost`, must resolve to loopback addresses
-//! only — and the client ([`Api`](crate::client::Api)) does not look it up again: it pins
+//! only — and the client (`client::Api`) does not look it up again: it pins
 //! `localhost` to [`LOCALHOST`], so the name cannot lead anywhere else later (a changed
 //! hosts file, a resolver that answers otherwise the second time). And the client follows
 //! no redirect and uses no proxy, so a target cannot send it elsewhere either.

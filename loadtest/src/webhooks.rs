@@ -17,9 +17,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::audit::{Violation, ViolationKind};
 use crate::history::{FinalState, History, PayoutStatus, SpendKind};
 use crate::receiver::Receipt;
+use crate::violation::{Violation, ViolationKind};
 
 /// An event the run's outcomes call for: its ticket and type.
 pub type Expected = (String, &'static str);
@@ -101,28 +101,56 @@ pub fn audit_webhooks(
     receipts: &[Receipt],
     violations: &mut Vec<Violation>,
 ) -> WebhookTally {
-    let mut flag = |kind, account: &str, ticket: &str, detail: String| {
-        violations.push(Violation {
-            kind,
-            account: account.to_owned(),
-            ticket: (!ticket.is_empty()).then(|| ticket.to_owned()),
-            detail,
-        });
-    };
     let mut tally = WebhookTally {
         received: true,
         expected: expected.len(),
         requests: receipts.len(),
         ..WebhookTally::default()
     };
-    // By event: its ids and bodies, whether taken, the first arrival's lag.
-    struct Seen<'a> {
-        ids: HashSet<&'a str>,
-        bodies: HashMap<&'a str, u64>,
-        taken: usize,
-        first_lag: Option<u64>,
-        account: &'a str,
-    }
+    let seen = by_event(receipts, &mut tally, violations);
+    let mut lags = judge_seen(&seen, expected, &mut tally, violations);
+    judge_expected(expected, &seen, &mut tally, violations);
+    lags.sort_unstable();
+    let quantile =
+        |q: f64| (!lags.is_empty()).then(|| lags[((lags.len() - 1) as f64 * q).round() as usize]);
+    tally.first_arrival_p50_ms = quantile(0.5);
+    tally.first_arrival_p99_ms = quantile(0.99);
+    tally
+}
+
+/// One event as the receiver got it: its ids and bodies, whether taken, the first
+/// arrival's lag.
+struct Seen<'a> {
+    ids: HashSet<&'a str>,
+    bodies: HashMap<&'a str, u64>,
+    taken: usize,
+    first_lag: Option<u64>,
+    account: &'a str,
+}
+
+/// A finding about the webhooks of one ticket (none when `ticket` is empty).
+fn flag(
+    violations: &mut Vec<Violation>,
+    kind: ViolationKind,
+    account: &str,
+    ticket: &str,
+    detail: String,
+) {
+    violations.push(Violation {
+        kind,
+        account: account.to_owned(),
+        ticket: (!ticket.is_empty()).then(|| ticket.to_owned()),
+        detail,
+    });
+}
+
+/// The receipts gathered by event (ticket and type), each delivery's signature and body
+/// checked on the way.
+fn by_event<'a>(
+    receipts: &'a [Receipt],
+    tally: &mut WebhookTally,
+    violations: &mut Vec<Violation>,
+) -> HashMap<(&'a str, &'a str), Seen<'a>> {
     let mut seen: HashMap<(&str, &str), Seen<'_>> = HashMap::new();
     for receipt in receipts {
         if !receipt.taken() {
@@ -130,6 +158,7 @@ pub fn audit_webhooks(
         }
         if !receipt.verified {
             flag(
+                violations,
                 ViolationKind::BadSignature,
                 &receipt.account,
                 &receipt.ticket_id,
@@ -151,6 +180,7 @@ pub fn audit_webhooks(
         event.ids.insert(&receipt.webhook_id);
         match event.bodies.get(receipt.webhook_id.as_str()) {
             Some(body) if *body != receipt.body_hash => flag(
+                violations,
                 ViolationKind::EventChanged,
                 &receipt.account,
                 &receipt.ticket_id,
@@ -167,10 +197,22 @@ pub fn audit_webhooks(
             event.taken += 1;
         }
     }
+    seen
+}
+
+/// Judges each event that came: one `webhook-id`, and an outcome the run committed; the
+/// repeats counted. The first arrivals' lags.
+fn judge_seen(
+    seen: &HashMap<(&str, &str), Seen<'_>>,
+    expected: &BTreeMap<Expected, String>,
+    tally: &mut WebhookTally,
+    violations: &mut Vec<Violation>,
+) -> Vec<u64> {
     let mut lags = Vec::new();
-    for ((ticket, kind), event) in &seen {
+    for ((ticket, kind), event) in seen {
         if event.ids.len() > 1 {
             flag(
+                violations,
                 ViolationKind::EventIdsDiffer,
                 event.account,
                 ticket,
@@ -182,6 +224,7 @@ pub fn audit_webhooks(
         }
         if !expected.keys().any(|(t, k)| t == ticket && k == kind) {
             flag(
+                violations,
                 ViolationKind::EventUnexpected,
                 event.account,
                 ticket,
@@ -190,27 +233,31 @@ pub fn audit_webhooks(
         }
         lags.extend(event.first_lag);
     }
+    lags
+}
+
+/// Judges each expected event: the receiver took it at least once.
+fn judge_expected(
+    expected: &BTreeMap<Expected, String>,
+    seen: &HashMap<(&str, &str), Seen<'_>>,
+    tally: &mut WebhookTally,
+    violations: &mut Vec<Violation>,
+) {
     for ((ticket, kind), account) in expected {
-        match seen.get(&(ticket.as_str(), *kind)) {
-            Some(event) if event.taken > 0 => tally.delivered += 1,
-            Some(_) => flag(
-                ViolationKind::EventMissing,
-                account,
-                ticket,
-                format!("{kind} came but the receiver never took it"),
-            ),
-            None => flag(
-                ViolationKind::EventMissing,
-                account,
-                ticket,
-                format!("{kind} never came"),
-            ),
-        }
+        let detail = match seen.get(&(ticket.as_str(), *kind)) {
+            Some(event) if event.taken > 0 => {
+                tally.delivered += 1;
+                continue;
+            }
+            Some(_) => format!("{kind} came but the receiver never took it"),
+            None => format!("{kind} never came"),
+        };
+        flag(
+            violations,
+            ViolationKind::EventMissing,
+            account,
+            ticket,
+            detail,
+        );
     }
-    lags.sort_unstable();
-    let quantile =
-        |q: f64| (!lags.is_empty()).then(|| lags[((lags.len() - 1) as f64 * q).round() as usize]);
-    tally.first_arrival_p50_ms = quantile(0.5);
-    tally.first_arrival_p99_ms = quantile(0.99);
-    tally
 }

@@ -485,8 +485,39 @@ async fn run_cell(
     )
     .await?;
     let load = Duration::from_secs_f64(options.seconds);
-    let run_options = RunOptions {
-        targets: instances.targets(),
+    let run_options = cell_load(options, instances.targets(), bank.url(), load);
+    let fault_at = load.mul_f64(0.2);
+    let injected = async {
+        sleep(fault_at).await;
+        cluster.inject(fault).await
+    };
+    let (result, injected) = tokio::join!(run(run_options), injected);
+    injected?;
+    let result = result?;
+    let fault_ms = fault_at.as_millis() as u64;
+    let unknown_at_bank = unknown_at_bank(&bank.url(), &result).await?;
+    drop(instances);
+    Ok(row_of(
+        replication,
+        locks,
+        fault,
+        options.seconds,
+        &result,
+        fault_ms,
+        unknown_at_bank,
+    ))
+}
+
+/// The load of a cell, for `load`: spends and payouts with duplicates, from clients that
+/// resend with the same ticket.
+fn cell_load(
+    options: &LedgerOptions<'_>,
+    targets: Vec<String>,
+    bank_url: String,
+    load: Duration,
+) -> RunOptions {
+    RunOptions {
+        targets,
         accounts: options.accounts,
         clients: options.clients,
         limit: Limit::Duration(load),
@@ -510,30 +541,10 @@ async fn run_cell(
             max_attempts: 40,
             ..RetryPolicy::default()
         },
-        bank: Some(bank.url()),
+        bank: Some(bank_url),
         drain: Duration::from_secs(60),
         webhooks: None,
-    };
-    let fault_at = load.mul_f64(0.2);
-    let injected = async {
-        sleep(fault_at).await;
-        cluster.inject(fault).await
-    };
-    let (result, injected) = tokio::join!(run(run_options), injected);
-    injected?;
-    let result = result?;
-    let fault_ms = fault_at.as_millis() as u64;
-    let unknown_at_bank = unknown_at_bank(&bank.url(), &result).await?;
-    drop(instances);
-    Ok(row_of(
-        replication,
-        locks,
-        fault,
-        options.seconds,
-        &result,
-        fault_ms,
-        unknown_at_bank,
-    ))
+    }
 }
 
 fn row_of(

@@ -11,7 +11,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use matrix::dispatcher::{BankFault, DispatchOptions, DispatchRow, Keys};
-use matrix::ledger::{self, LedgerFault, LedgerOptions, LocksOn, Replication};
+use matrix::ledger::{self, LedgerFault, LedgerOptions, LedgerRow, LocksOn, Replication};
 use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, report};
 
 #[derive(Parser, Debug)]
@@ -219,31 +219,11 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
 /// The ledger table alone: its rows, printed as they finish, the table, its JSON. Exit
 /// code 1 if a synchronous row lost anything (the promise), 2 if a cell could not run.
 async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::Instant) -> ExitCode {
-    let chosen = (|| {
-        let replications = parse_all(
-            &cli.replication,
-            &Replication::ALL,
-            Replication::parse,
-            Replication::name,
-            "replication",
-        )?;
-        let faults = parse_all(
-            &cli.faults,
-            &LedgerFault::ALL,
-            LedgerFault::parse,
-            LedgerFault::name,
-            "fault",
-        )?;
-        let locks = parse_all(
-            &cli.ledger_locks,
-            &LocksOn::ALL,
-            LocksOn::parse,
-            LocksOn::name,
-            "lock row",
-        )?;
-        Ok::<_, String>((replications, faults, locks))
-    })();
-    let (replications, faults, locks) = match chosen {
+    let LedgerChoices {
+        replications,
+        faults,
+        locks,
+    } = match ledger_choices(cli) {
         Ok(chosen) => chosen,
         Err(error) => {
             eprintln!("payonce-matrix: {error}");
@@ -273,20 +253,7 @@ async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::In
     );
     let table = tokio::select! {
         table = ledger::run_ledger(&ledger_options, &rows, &faults, |row| {
-            eprintln!(
-                "  {:<6} {:<17} {:<17} {} lost, {} executed twice, {} unknown at the bank, {:.1} s unserved ({:.0} s)",
-                row.replication.name(),
-                row.locks.name(),
-                row.fault.name(),
-                row.acknowledged_lost,
-                row.executed_twice,
-                row.unknown_at_bank,
-                row.unserved_seconds,
-                started.elapsed().as_secs_f64(),
-            );
-            if let Some(why) = &row.skipped {
-                eprintln!("    {why}");
-            }
+            print_ledger_row(row, started)
         }) => table,
         () = interrupted() => {
             eprintln!("payonce-matrix: interrupted");
@@ -301,6 +268,67 @@ async fn ledger_table(cli: &Cli, options: &MatrixOptions, started: std::time::In
         }
     }
     println!("elapsed: {:.1} s in all", started.elapsed().as_secs_f64());
+    ledger_verdict(&table)
+}
+
+/// The rows and columns of the ledger table the command line chose.
+struct LedgerChoices {
+    replications: Vec<Replication>,
+    faults: Vec<LedgerFault>,
+    locks: Vec<LocksOn>,
+}
+
+/// The replications, faults and lock rows of the ledger table the command line chose.
+fn ledger_choices(cli: &Cli) -> Result<LedgerChoices, String> {
+    let replications = parse_all(
+        &cli.replication,
+        &Replication::ALL,
+        Replication::parse,
+        Replication::name,
+        "replication",
+    )?;
+    let faults = parse_all(
+        &cli.faults,
+        &LedgerFault::ALL,
+        LedgerFault::parse,
+        LedgerFault::name,
+        "fault",
+    )?;
+    let locks = parse_all(
+        &cli.ledger_locks,
+        &LocksOn::ALL,
+        LocksOn::parse,
+        LocksOn::name,
+        "lock row",
+    )?;
+    Ok(LedgerChoices {
+        replications,
+        faults,
+        locks,
+    })
+}
+
+/// A ledger row as it finishes, on stderr.
+fn print_ledger_row(row: &LedgerRow, started: std::time::Instant) {
+    eprintln!(
+        "  {:<6} {:<17} {:<17} {} lost, {} executed twice, {} unknown at the bank, {:.1} s unserved ({:.0} s)",
+        row.replication.name(),
+        row.locks.name(),
+        row.fault.name(),
+        row.acknowledged_lost,
+        row.executed_twice,
+        row.unknown_at_bank,
+        row.unserved_seconds,
+        started.elapsed().as_secs_f64(),
+    );
+    if let Some(why) = &row.skipped {
+        eprintln!("    {why}");
+    }
+}
+
+/// The ledger table's verdict, printed, as the exit code: 2 if a cell could not run, 1 if
+/// a synchronous row lost anything.
+fn ledger_verdict(table: &[LedgerRow]) -> ExitCode {
     let failed = table.iter().filter(|row| row.skipped.is_some()).count();
     let sync_lost = table
         .iter()

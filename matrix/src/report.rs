@@ -29,19 +29,7 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
     )?;
     writeln!(out, "{}", "-".repeat(154))?;
     for row in rows {
-        let note = match (&row.skipped, row.other_violations) {
-            (Some(why), _) if why.starts_with("failed") => why.clone(),
-            (Some(why), _) => format!("n/a: {why}"),
-            (None, 0) => String::new(),
-            (None, other) => format!("{other} other audit findings"),
-        };
-        let note = match row.unserved_ms {
-            Some(ms) if note.is_empty() => {
-                format!("unserved {:.1} s", ms as f64 / 1000.0)
-            }
-            Some(ms) => format!("{note}; unserved {:.1} s", ms as f64 / 1000.0),
-            None => note,
-        };
+        let note = note(row);
         if row.skipped.is_some() {
             writeln!(
                 out,
@@ -81,6 +69,23 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         )?;
     }
     Ok(())
+}
+
+/// A row's note: why it was not run, the audit's other findings, how long it went unserved.
+fn note(row: &Row) -> String {
+    let note = match (&row.skipped, row.other_violations) {
+        (Some(why), _) if why.starts_with("failed") => why.clone(),
+        (Some(why), _) => format!("n/a: {why}"),
+        (None, 0) => String::new(),
+        (None, other) => format!("{other} other audit findings"),
+    };
+    match row.unserved_ms {
+        Some(ms) if note.is_empty() => {
+            format!("unserved {:.1} s", ms as f64 / 1000.0)
+        }
+        Some(ms) => format!("{note}; unserved {:.1} s", ms as f64 / 1000.0),
+        None => note,
+    }
 }
 
 fn create_parent(path: &Path) -> std::io::Result<()> {
@@ -233,10 +238,8 @@ pub fn print_ledger(rows: &[LedgerRow], out: &mut impl std::io::Write) -> std::i
     Ok(())
 }
 
-/// The matrix as a grid: one cell per row × fault, red with the count where the audit
-/// found double spends, green where it found none, grey where the fault does not apply.
-pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
-    create_parent(path)?;
+/// The chart's rows (each line, in the order first met) and columns (each fault, likewise).
+fn lines_and_faults(rows: &[Row]) -> (Vec<Line>, Vec<Fault>) {
     let mut lines: Vec<Line> = Vec::new();
     let mut faults: Vec<Fault> = Vec::new();
     for row in rows {
@@ -248,6 +251,35 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
             faults.push(row.fault);
         }
     }
+    (lines, faults)
+}
+
+/// A cell's colour and text (its lines split at `|`): grey for not run, red for a double
+/// spend, green for none; empty for a cell the matrix did not have.
+fn cell_look(found: Option<&Row>) -> (RGBColor, String) {
+    match found {
+        Some(row) if row.skipped.is_some() => (RGBColor(200, 200, 200), "n/a".to_owned()),
+        Some(row) if row.spent_twice() => (
+            RGBColor(220, 70, 60),
+            format!(
+                "{} double spends|{} money, {} pts",
+                row.double_spends, row.money_spent_twice, row.points_spent_twice
+            ),
+        ),
+        Some(row) if row.stale_fencing_tokens > 0 => (
+            RGBColor(70, 160, 90),
+            format!("none|{} stale tokens refused", row.stale_fencing_tokens),
+        ),
+        Some(_) => (RGBColor(70, 160, 90), "none".to_owned()),
+        None => (RGBColor(240, 240, 240), String::new()),
+    }
+}
+
+/// The matrix as a grid: one cell per row × fault, red with the count where the audit
+/// found double spends, green where it found none, grey where the fault does not apply.
+pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    create_parent(path)?;
+    let (lines, faults) = lines_and_faults(rows);
     let (cell_w, cell_h, left, top) = (150, 44, 190, 70);
     let width = left + cell_w * faults.len() as u32 + 20;
     let height = top + cell_h * lines.len() as u32 + 40;
@@ -279,22 +311,7 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
             let found = rows.iter().find(|row| {
                 row.service == line.service && row.guard == line.guard && row.fault == *fault
             });
-            let (color, text) = match found {
-                Some(row) if row.skipped.is_some() => (RGBColor(200, 200, 200), "n/a".to_owned()),
-                Some(row) if row.spent_twice() => (
-                    RGBColor(220, 70, 60),
-                    format!(
-                        "{} double spends|{} money, {} pts",
-                        row.double_spends, row.money_spent_twice, row.points_spent_twice
-                    ),
-                ),
-                Some(row) if row.stale_fencing_tokens > 0 => (
-                    RGBColor(70, 160, 90),
-                    format!("none|{} stale tokens refused", row.stale_fencing_tokens),
-                ),
-                Some(_) => (RGBColor(70, 160, 90), "none".to_owned()),
-                None => (RGBColor(240, 240, 240), String::new()),
-            };
+            let (color, text) = cell_look(found);
             root.draw(&Rectangle::new(
                 [
                     (x as i32, y as i32),
