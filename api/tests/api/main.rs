@@ -1,4 +1,4 @@
-//! The HTTP contract of DESIGN.md, checked against real servers on port-0 listeners:
+//! The HTTP contract of docs/api.md, checked against real servers on port-0 listeners:
 //! PostgreSQL + Redis, and the embedded mode (SQLite + in-process locks).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
