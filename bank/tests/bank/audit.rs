@@ -20,12 +20,8 @@ async fn the_audit_catches_tampering(db: Db) {
     bank.transfer(&key(), &body("acct-3", 7, ""), Some("decline"))
         .await;
     bank.close(&key()).await;
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("clean — 3 transfers executed, 600 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("clean — 3 transfers executed, 600 in total")
+        .await;
     let store = bank.stop().await;
 
     store
