@@ -289,7 +289,7 @@ async fn woken_promptly(
         .await
         .unwrap()
         .unwrap();
-    let waiter = crate::suite::spawn_acquire(&waiters, key, SECOND, 8 * SECOND);
+    let waiter = crate::suite::spawn_acquire(waiters, key, SECOND, 8 * SECOND);
     // Until the waiter has queued.
     sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();
