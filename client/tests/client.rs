@@ -80,6 +80,12 @@ async fn serve(config: &api::config::Config) -> String {
     base
 }
 
+/// An address nobody listens on: its port was free a moment ago.
+fn dead_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
 /// A payonce server in the embedded mode with `flags`, and Ada's account opened on it: a
 /// client with her key, her account, the base URL and the server's directory.
 async fn ada_on(flags: &[&str]) -> (Client, CreatedAccount, String, tempfile::TempDir) {
@@ -300,10 +306,7 @@ async fn a_lost_answer_is_resent_with_the_same_ticket_and_executes_once() {
 #[tokio::test]
 async fn a_dead_instance_among_the_bases_is_passed_over() {
     let (base, _dir) = server().await;
-    let dead = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
+    let dead = dead_address();
     let payonce = Client::builder()
         .base_url(&dead)
         .base_url(&base)
@@ -780,10 +783,7 @@ async fn an_aimed_intent_starts_where_told_and_aimed_headers_go_there_only() {
 async fn a_webhook_create_moves_on_from_a_refused_connection_and_replays_a_lost_answer() {
     use payonce_client::types::webhooks::EndpointRequest;
     let (base, _dir) = server_with(&["--webhook-allow-private"]).await;
-    let dead = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
+    let dead = dead_address();
     let payonce = Client::builder()
         .base_url(&dead)
         .base_url(&base)

@@ -200,13 +200,7 @@ async fn a_flood_of_wrong_keys_is_429_after_a_burst_of_look_ups() {
         unknown as f64
     );
 
-    let guess = app
-        .client
-        .get(app.url(&path))
-        .bearer_auth("po_one_more_guess")
-        .send()
-        .await
-        .unwrap();
+    let guess = app.get_as("po_one_more_guess", &path).await;
     let retry_after: u64 = guess.headers()["retry-after"]
         .to_str()
         .unwrap()
@@ -214,7 +208,7 @@ async fn a_flood_of_wrong_keys_is_429_after_a_burst_of_look_ups() {
         .unwrap();
     assert!((1..=60).contains(&retry_after), "{retry_after}");
     assert_problem(guess, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
-    let no_key = app.client.get(app.url(&path)).send().await.unwrap();
+    let no_key = app.get(&path).await;
     assert_problem(no_key, StatusCode::UNAUTHORIZED, "unauthenticated").await;
     assert_eq!(app.balance(&ada).await, (100, 0));
     assert_eq!(

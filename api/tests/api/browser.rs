@@ -236,7 +236,7 @@ async fn the_page_shows_replays_bursts_and_races() {
 
 async fn walkthrough(app: &TestApp, browser: &Client) {
     // The page allows only its own inline style and script, and requests to its origin.
-    let page = app.client.get(app.url("/")).send().await.unwrap();
+    let page = app.get("/").await;
     let header = |name: &str| {
         page.headers()
             .get(name)

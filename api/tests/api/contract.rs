@@ -7,7 +7,11 @@ use std::time::Duration;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, TestApp, assert_problem, read, spawn_app, spawn_app_with};
+use crate::helpers::{
+    Backend, SHORT_LEASE_DEMO, SendForJson, TestApp, assert_invalid_request, assert_problem, read,
+    spawn_app, spawn_app_with, text_of_type, the_next_holder_after_a_paused_one,
+    thirty_withdrawals_of_100_from_1000,
+};
 
 fn new_account_body(name: &str, balance: i64, points: i64) -> Value {
     json!({ "name": name, "balance": balance, "points": points })
@@ -71,12 +75,7 @@ pub async fn accounts_open_with_a_key_shown_once(backend: Backend) {
             .send()
             .await
             .unwrap();
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     let name_of_100 = new_account_body(&"é".repeat(100), 0, 0);
     let response = app
@@ -148,29 +147,12 @@ pub async fn account_reads_need_the_accounts_own_key(backend: Backend) {
         .await
         .unwrap();
     assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
-    let response = app
-        .client
-        .get(app.url("/v1/accounts/not-a-uuid"))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+    let response = app.get_as(&ada.key, "/v1/accounts/not-a-uuid").await;
     assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
     // Without a key, nothing about the path is looked at.
-    let response = app
-        .client
-        .get(app.url("/v1/accounts/not-a-uuid"))
-        .send()
-        .await
-        .unwrap();
+    let response = app.get("/v1/accounts/not-a-uuid").await;
     assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
-    let response = app
-        .client
-        .get(app.url("/v1/tickets/not-a-uuid"))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+    let response = app.get_as(&ada.key, "/v1/tickets/not-a-uuid").await;
     assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
 
     let (status, _, body) = read(
@@ -207,12 +189,8 @@ pub async fn entries_list_oldest_first_a_page_at_a_time(backend: Backend) {
         .client
         .get(format!("{url}?limit=3"))
         .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .send_for_json()
+        .await;
     let entries = first["entries"].as_array().unwrap();
     assert_eq!(entries.len(), 3);
     assert_eq!(entries[0]["kind"], "opening");
@@ -230,12 +208,8 @@ pub async fn entries_list_oldest_first_a_page_at_a_time(backend: Backend) {
         .client
         .get(format!("{url}?after={after}&limit=3"))
         .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .send_for_json()
+        .await;
     let amounts: Vec<i64> = rest["entries"]
         .as_array()
         .unwrap()
@@ -255,15 +229,7 @@ pub async fn entries_list_oldest_first_a_page_at_a_time(backend: Backend) {
             .unwrap();
         assert_problem(response, StatusCode::BAD_REQUEST, "bad-request").await;
     }
-    let bob = app.create_account(0, 0).await;
-    let response = app
-        .client
-        .get(&url)
-        .bearer_auth(&bob.key)
-        .send()
-        .await
-        .unwrap();
-    assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+    app.forbidden_to_another_account(&url).await;
 }
 
 /// Tickets: issued (201, Location), then completed with their stored response; readable
@@ -273,12 +239,8 @@ pub async fn tickets_show_their_state_and_stored_response(backend: Backend) {
     let ada = app.create_account(1000, 0).await;
     let bob = app.create_account(0, 0).await;
     let response = app
-        .client
-        .post(app.url(&format!("/v1/accounts/{}/tickets", ada.id)))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+        .post_as(&ada.key, &format!("/v1/accounts/{}/tickets", ada.id))
+        .await;
     assert_eq!(response.status(), StatusCode::CREATED);
     let location = response.headers()["location"].to_str().unwrap().to_owned();
     let issued: Value = response.json().await.unwrap();
@@ -338,12 +300,8 @@ pub async fn tickets_show_their_state_and_stored_response(backend: Backend) {
         .unwrap();
     assert_problem(response, StatusCode::NOT_FOUND, "ticket-not-found").await;
     let response = app
-        .client
-        .post(app.url(&format!("/v1/accounts/{}/tickets", ada.id)))
-        .bearer_auth(&bob.key)
-        .send()
-        .await
-        .unwrap();
+        .post_as(&bob.key, &format!("/v1/accounts/{}/tickets", ada.id))
+        .await;
     assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
 }
 
@@ -562,12 +520,7 @@ pub async fn lottery_draws_spend_points_and_replay_the_same_prize(backend: Backe
     ] {
         let ticket = app.ticket(&ada).await;
         let response = app.spend(&ada, "lottery-draws", &ticket, bad).await;
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     app.assert_audit_clean().await;
 }
@@ -629,21 +582,11 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
         let response = app
             .spend(&ada, "withdrawals", &ticket, json!({ "amount": amount }))
             .await;
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     for body in [json!({}), json!({ "amount": 5, "memo": "x" })] {
         let response = app.spend(&ada, "withdrawals", &ticket, body).await;
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     let send = |content_type: &'static str, body: String| {
         app.client
@@ -676,15 +619,7 @@ pub async fn validation_errors_store_nothing(backend: Backend) {
     )
     .await;
     // The body limit answered before the router: counted all the same.
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.lines().any(
             |line| line.starts_with("http_server_request_duration_seconds_count{")
@@ -801,26 +736,7 @@ pub async fn hundred_concurrent_copies_execute_once(backend: Backend) {
 /// the affordable number succeed, the rest are stored 402s.
 pub async fn concurrent_distinct_tickets_spend_exactly_the_balance(backend: Backend) {
     let app = spawn_app(backend).await;
-    let ada = app.create_account(1000, 0).await;
-    let mut tickets = Vec::new();
-    for _ in 0..30 {
-        tickets.push(app.ticket(&ada).await);
-    }
-    let results = futures::future::join_all(
-        tickets
-            .iter()
-            .map(|ticket| async { read(app.withdraw(&ada, ticket, 100).await).await }),
-    )
-    .await;
-    let created = results
-        .iter()
-        .filter(|(status, _, _)| *status == StatusCode::CREATED)
-        .count();
-    let refused = results
-        .iter()
-        .filter(|(status, _, _)| *status == StatusCode::PAYMENT_REQUIRED)
-        .count();
-    assert_eq!((created, refused), (10, 20), "{results:?}");
+    let ada = thirty_withdrawals_of_100_from_1000(&[&app]).await;
     assert_eq!(app.balance(&ada).await, (0, 0));
     app.assert_audit_clean().await;
 }
@@ -828,32 +744,14 @@ pub async fn concurrent_distinct_tickets_spend_exactly_the_balance(backend: Back
 /// A holder paused past its lease inside the critical section cannot commit: the next
 /// holder's write stands, the paused request gets 503 lock-lost, nothing is spent twice.
 pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
-    let app = spawn_app_with(
-        backend,
-        &["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"],
-    )
-    .await;
-    let ada = app.create_account(1000, 0).await;
-    let (paused_ticket, next_ticket) = (app.ticket(&ada).await, app.ticket(&ada).await);
-    let paused = app.spawn_withdrawal(
-        &ada,
-        &paused_ticket,
-        700,
-        &[("payonce-fault", "pause=1200ms")],
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, _, body) = read(app.withdraw(&ada, &next_ticket, 700).await).await;
+    let app = spawn_app_with(backend, SHORT_LEASE_DEMO).await;
+    let (ada, paused_ticket, (status, _, body)) =
+        the_next_holder_after_a_paused_one(&app, &app).await;
     assert_eq!(
         (status, body["balance"].as_i64()),
         (StatusCode::CREATED, Some(300)),
         "the next holder took over after the lease ran out"
     );
-    assert_problem(
-        paused.await.unwrap(),
-        StatusCode::SERVICE_UNAVAILABLE,
-        "lock-lost",
-    )
-    .await;
 
     assert_eq!(app.balance(&ada).await, (300, 0));
     let ticket = app.shown_ticket(&ada, &paused_ticket).await;
@@ -873,9 +771,9 @@ pub async fn paused_lock_holder_cannot_commit(backend: Backend) {
 /// /healthz, /readyz, /metrics, /openapi.json, /problems/{name} and / answer.
 pub async fn service_endpoints_answer(backend: Backend) {
     let app = spawn_app(backend).await;
-    let (status, _, body) = read(app.client.get(app.url("/healthz")).send().await.unwrap()).await;
+    let (status, _, body) = read(app.get("/healthz").await).await;
     assert_eq!((status, body), (StatusCode::OK, json!({ "status": "ok" })));
-    let (status, _, body) = read(app.client.get(app.url("/readyz")).send().await.unwrap()).await;
+    let (status, _, body) = read(app.get("/readyz").await).await;
     assert_eq!(
         (
             status,
@@ -884,50 +782,26 @@ pub async fn service_endpoints_answer(backend: Backend) {
         ),
         (StatusCode::OK, Some("ok"), Some("ok"))
     );
-    let metrics = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.get("/metrics").await.text().await.unwrap();
     assert!(
         metrics.contains("http_server_request_duration_seconds_count{"),
         "{metrics}"
     );
     assert!(metrics.contains("payonce_lock_wait_seconds"), "{metrics}");
-    let page = app.client.get(app.url("/")).send().await.unwrap();
-    assert!(
-        page.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/html")
-    );
-    assert!(page.text().await.unwrap().contains("payonce"));
+    let page = text_of_type(app.get("/").await, "text/html").await;
+    assert!(page.contains("payonce"));
     let spec = app.openapi().await;
     assert!(
         spec["openapi"].as_str().unwrap().starts_with("3.1"),
         "{}",
         spec["openapi"]
     );
-    let explanation = app
-        .client
-        .get(app.url("/problems/insufficient-funds"))
-        .send()
-        .await
-        .unwrap();
+    let explanation = app.get("/problems/insufficient-funds").await;
     assert_eq!(explanation.status(), StatusCode::OK);
     assert!(explanation.text().await.unwrap().contains("402"));
-    let response = app
-        .client
-        .get(app.url("/problems/no-such-problem"))
-        .send()
-        .await
-        .unwrap();
+    let response = app.get("/problems/no-such-problem").await;
     assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
-    let instance = app.client.get(app.url("/healthz")).send().await.unwrap();
+    let instance = app.get("/healthz").await;
     assert!(instance.headers().contains_key("payonce-instance"));
     assert!(instance.headers().contains_key("x-request-id"));
 }
@@ -935,12 +809,7 @@ pub async fn service_endpoints_answer(backend: Backend) {
 /// Unknown routes are 404 and wrong methods 405, both as problem+json.
 pub async fn unknown_routes_and_methods_are_problems(backend: Backend) {
     let app = spawn_app(backend).await;
-    let response = app
-        .client
-        .get(app.url("/v1/nothing-here"))
-        .send()
-        .await
-        .unwrap();
+    let response = app.get("/v1/nothing-here").await;
     assert_problem(response, StatusCode::NOT_FOUND, "not-found").await;
     let response = app
         .client
@@ -1086,13 +955,7 @@ pub async fn an_order_is_paid_exactly_once(backend: Backend) {
     let (status, replayed, _) = read(pay(&app, &ada, &order, &second).send().await.unwrap()).await;
     assert_eq!((status, replayed), (StatusCode::CONFLICT, true));
 
-    let read_back = app
-        .client
-        .get(app.url(&format!("/v1/orders/{order}")))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+    let read_back = app.get_as(&ada.key, &format!("/v1/orders/{order}")).await;
     let (status, _, view) = read(read_back).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
@@ -1102,12 +965,8 @@ pub async fn an_order_is_paid_exactly_once(backend: Backend) {
     assert_eq!(app.balance(&ada).await, (700, 0));
 
     let entries = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}/entries", ada.id)))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&ada.key, &format!("/v1/accounts/{}/entries", ada.id))
+        .await;
     let (_, _, page) = read(entries).await;
     let payments: Vec<&Value> = page["entries"]
         .as_array()
@@ -1170,26 +1029,14 @@ pub async fn concurrent_payments_of_one_order_pay_it_once(backend: Backend) {
     let short = pay(&app, &ada, &dear, &ticket).send().await.unwrap();
     let problem = assert_problem(short, StatusCode::PAYMENT_REQUIRED, "insufficient-funds").await;
     assert_eq!(problem["order_id"], json!(dear));
-    let view = app
-        .client
-        .get(app.url(&format!("/v1/orders/{dear}")))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+    let view = app.get_as(&ada.key, &format!("/v1/orders/{dear}")).await;
     assert_eq!(read(view).await.2["state"], json!("open"));
 
     let eve = app.create_account(1000, 0).await;
     let eves_ticket = app.ticket(&eve).await;
     let theirs = pay(&app, &eve, &order, &eves_ticket).send().await.unwrap();
     assert_problem(theirs, StatusCode::NOT_FOUND, "order-not-found").await;
-    let peek = app
-        .client
-        .get(app.url(&format!("/v1/orders/{order}")))
-        .bearer_auth(&eve.key)
-        .send()
-        .await
-        .unwrap();
+    let peek = app.get_as(&eve.key, &format!("/v1/orders/{order}")).await;
     assert_problem(peek, StatusCode::NOT_FOUND, "order-not-found").await;
     app.assert_audit_clean().await;
 }
@@ -1213,12 +1060,7 @@ pub async fn orders_refuse_bad_input(backend: Backend) {
             .send()
             .await
             .unwrap();
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     let order = place_order(&app, &ada, 5).await;
     let ticket = app.ticket(&ada).await;
@@ -1227,12 +1069,7 @@ pub async fn orders_refuse_bad_input(backend: Backend) {
         .send()
         .await
         .unwrap();
-    assert_problem(
-        with_a_body,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "invalid-request",
-    )
-    .await;
+    assert_invalid_request(with_a_body).await;
     let nobody = pay(&app, &ada, "not-an-order", &ticket)
         .send()
         .await

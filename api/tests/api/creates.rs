@@ -6,8 +6,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Backend, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
-    spawn_behind_a_cutter,
+    Backend, TestAccount, TestApp, assert_invalid_request, assert_problem, read, spawn_app,
+    spawn_app_with, spawn_behind_a_cutter,
 };
 
 /// The answer to the statement that commits an order (one statement, committed on its
@@ -38,15 +38,7 @@ async fn a_lost_answer_to_an_order_create_answers_the_order() {
         (&json!(250), &json!(description))
     );
     let order = body["order_id"].as_str().unwrap();
-    let (status, _, shown) = read(
-        app.client
-            .get(app.url(&format!("/v1/orders/{order}")))
-            .bearer_auth(&ada.key)
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let (status, _, shown) = read(app.get_as(&ada.key, &format!("/v1/orders/{order}")).await).await;
     assert_eq!((status, shown), (StatusCode::OK, body));
     assert_eq!(app.count("orders").await, 1);
     app.assert_audit_clean().await;
@@ -142,37 +134,21 @@ fn created_account(body: &Value) -> TestAccount {
     }
 }
 
-/// Runs each listed case against both backends.
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod on_postgres_and_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    super::$case(crate::helpers::Backend::Distributed).await;
-                }
-            )*
-        }
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    super::$case(crate::helpers::Backend::Embedded).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
-    an_account_create_with_a_key_answers_once,
-    an_order_create_with_a_key_answers_once,
-    an_account_body_must_be_an_object,
-    an_order_body_must_be_an_object,
-    a_withdrawal_body_must_be_an_object,
-    a_deposit_body_must_be_an_object,
-    a_draw_body_must_be_an_object,
-    a_payment_body_must_be_an_object,
+// Each listed case on both backends.
+on_backends!(
+    creates;
+    on_postgres_and_redis => Distributed,
+    embedded => Embedded;
+    [
+        an_account_create_with_a_key_answers_once,
+        an_order_create_with_a_key_answers_once,
+        an_account_body_must_be_an_object,
+        an_order_body_must_be_an_object,
+        a_withdrawal_body_must_be_an_object,
+        a_deposit_body_must_be_an_object,
+        a_draw_body_must_be_an_object,
+        a_payment_body_must_be_an_object,
+    ]
 );
 
 /// `POST /v1/accounts` with an `Idempotency-Key`: the same key and body answer the first
@@ -209,7 +185,7 @@ async fn an_account_create_with_a_key_answers_once(backend: Backend) {
     let refused = from("10.0.0.1", Some(&key), &json!({ "name": "" }))
         .await
         .unwrap();
-    assert_problem(refused, StatusCode::UNPROCESSABLE_ENTITY, "invalid-request").await;
+    assert_invalid_request(refused).await;
 
     let first = from("10.0.0.1", Some(&key), &request).await.unwrap();
     let location = first.headers()["location"].clone();
@@ -301,7 +277,7 @@ async fn an_order_create_with_a_key_answers_once(backend: Backend) {
     let request = json!({ "amount": 250, "description": "order #7" });
 
     let refused = place_order(&app, &ada, Some(&key), &json!({ "amount": 0 })).await;
-    assert_problem(refused, StatusCode::UNPROCESSABLE_ENTITY, "invalid-request").await;
+    assert_invalid_request(refused).await;
 
     let first = place_order(&app, &ada, Some(&key), &request).await;
     let location = first.headers()["location"].clone();
@@ -470,12 +446,7 @@ async fn a_body_must_be_an_object(backend: Backend, endpoint: Endpoint) {
             StatusCode::UNPROCESSABLE_ENTITY,
             "{endpoint:?} with {body}"
         );
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     // Malformed JSON stays 400, whatever it begins with.
     let malformed = post(r#"["Ada""#.to_owned()).await.unwrap();

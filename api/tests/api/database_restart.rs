@@ -294,15 +294,8 @@ async fn a_database_restart_loses_nothing_and_service_resumes_at_once() {
         assert_eq!(spend.status, StatusCode::CREATED, "{spend:?}");
         let account = &accounts[spend.account].1;
         let shown: Value = app
-            .client
-            .get(app.url(&format!("/v1/tickets/{}", spend.ticket)))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .get_json(&account.key, &format!("/v1/tickets/{}", spend.ticket))
+            .await;
         assert_eq!(shown["state"], "completed", "{shown}");
         assert_eq!(shown["response"]["status"], 201, "{shown}");
     }

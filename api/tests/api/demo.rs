@@ -7,7 +7,8 @@ use lock::testing::RedisServer;
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_config,
+    Backend, SHORT_LEASE_DEMO, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with,
+    spawn_config,
 };
 
 /// Eight concurrent withdrawals of the whole balance: how many were accepted.
@@ -107,25 +108,20 @@ async fn no_lock_spends_the_same_money_several_times() {
 /// `paused_lock_holder_cannot_commit`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis_lock_without_fencing_spends_twice_under_a_pause() {
-    let app = spawn_app_with(
-        Backend::Distributed,
-        &["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"],
-    )
-    .await;
+    let app = spawn_app_with(Backend::Distributed, SHORT_LEASE_DEMO).await;
     let account = app.create_account(100, 0).await;
-    let (paused, next) = (app.ticket(&account).await, app.ticket(&account).await);
+    let unfenced = ("payonce-strategy", "unfenced");
+    let paused = app.ticket(&account).await;
     let first = app.spawn_withdrawal(
         &account,
         &paused,
         100,
-        &[
-            ("payonce-strategy", "unfenced"),
-            ("payonce-fault", "pause=1s"),
-        ],
+        &[unfenced, ("payonce-fault", "pause=1s")],
     );
     tokio::time::sleep(Duration::from_millis(150)).await;
+    let next = app.ticket(&account).await;
     let second = app
-        .withdrawal(&account, &next, 100, &[("payonce-strategy", "unfenced")])
+        .withdrawal(&account, &next, 100, &[unfenced])
         .send()
         .await
         .unwrap();
@@ -162,25 +158,22 @@ async fn every_strategy_serves_a_spend_and_its_replay() {
     for strategy in api::config::Strategy::ALL {
         let ticket = app.ticket(&account).await;
         let headers = [("payonce-strategy", strategy.name())];
-        let (status, replayed, first) = read(
-            app.withdrawal(&account, &ticket, 10, &headers)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let send = || async {
+            read(
+                app.withdrawal(&account, &ticket, 10, &headers)
+                    .send()
+                    .await
+                    .unwrap(),
+            )
+            .await
+        };
+        let (status, replayed, first) = send().await;
         assert_eq!(
             (status, replayed),
             (StatusCode::CREATED, false),
             "{strategy:?}: {first}"
         );
-        let (status, replayed, again) = read(
-            app.withdrawal(&account, &ticket, 10, &headers)
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        let (status, replayed, again) = send().await;
         assert_eq!(
             (status, replayed, again),
             (StatusCode::CREATED, true, first),

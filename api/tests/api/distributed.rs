@@ -8,7 +8,8 @@ use lock::testing::{RedisServer, free_port};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    Backend, Shared, TestApp, assert_problem, read, spawn_app, spawn_config, spawn_with,
+    Backend, SHORT_LEASE_DEMO, Shared, TestApp, assert_problem, read, spawn_app, spawn_config,
+    spawn_with, the_next_holder_after_a_paused_one, thirty_withdrawals_of_100_from_1000,
 };
 
 async fn three_instances() -> Vec<TestApp> {
@@ -56,26 +57,8 @@ async fn three_instances_execute_one_ticket_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_spend_exactly_the_balance() {
     let instances = three_instances().await;
-    let ada = instances[0].create_account(1000, 0).await;
-    let mut tickets = Vec::new();
-    for i in 0..30 {
-        tickets.push(instances[i % 3].ticket(&ada).await);
-    }
-    let (instances_ref, ada_ref) = (&instances, &ada);
-    let results =
-        futures::future::join_all(tickets.iter().enumerate().map(|(i, ticket)| async move {
-            read(instances_ref[i % 3].withdraw(ada_ref, ticket, 100).await).await
-        }))
-        .await;
-    let created = results
-        .iter()
-        .filter(|(status, _, _)| *status == StatusCode::CREATED)
-        .count();
-    let refused = results
-        .iter()
-        .filter(|(status, _, _)| *status == StatusCode::PAYMENT_REQUIRED)
-        .count();
-    assert_eq!((created, refused), (10, 20));
+    let ada =
+        thirty_withdrawals_of_100_from_1000(&[&instances[0], &instances[1], &instances[2]]).await;
     assert_eq!(instances[1].balance(&ada).await, (0, 0));
     instances[0].assert_audit_clean().await;
 }
@@ -85,26 +68,10 @@ async fn three_instances_spend_exactly_the_balance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn paused_holder_on_one_instance_cannot_commit_after_another_wrote() {
     let shared = Shared::new(Backend::Distributed).await;
-    let flags = ["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"];
-    let first = spawn_with(shared.clone(), &flags).await;
-    let second = spawn_with(shared, &flags).await;
-    let ada = first.create_account(1000, 0).await;
-    let (paused_ticket, next_ticket) = (first.ticket(&ada).await, first.ticket(&ada).await);
-    let paused = first.spawn_withdrawal(
-        &ada,
-        &paused_ticket,
-        700,
-        &[("payonce-fault", "pause=1200ms")],
-    );
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let (status, _, _) = read(second.withdraw(&ada, &next_ticket, 700).await).await;
+    let first = spawn_with(shared.clone(), SHORT_LEASE_DEMO).await;
+    let second = spawn_with(shared, SHORT_LEASE_DEMO).await;
+    let (ada, _, (status, _, _)) = the_next_holder_after_a_paused_one(&first, &second).await;
     assert_eq!(status, StatusCode::CREATED);
-    assert_problem(
-        paused.await.unwrap(),
-        StatusCode::SERVICE_UNAVAILABLE,
-        "lock-lost",
-    )
-    .await;
     assert_eq!(first.balance(&ada).await, (300, 0));
     first.assert_audit_clean().await;
 }
@@ -198,7 +165,7 @@ async fn unreachable_lock_store_is_503_and_nothing_is_lost(app: TestApp) {
         "lock-store-unavailable",
     )
     .await;
-    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+    let response = app.get("/readyz").await;
     let body = assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "not-ready").await;
     assert_eq!(
         (body["database"].as_str(), body["lock_store"].as_str()),
@@ -261,19 +228,15 @@ async fn database_down_is_503_and_the_ticket_survives() {
     )
     .await;
     let response = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}", ada.id)))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+        .get_as(&ada.key, &format!("/v1/accounts/{}", ada.id))
+        .await;
     assert_problem(
         response,
         StatusCode::SERVICE_UNAVAILABLE,
         "database-unavailable",
     )
     .await;
-    let response = app.client.get(app.url("/readyz")).send().await.unwrap();
+    let response = app.get("/readyz").await;
     assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "not-ready").await;
 
     run(format!(
@@ -448,8 +411,8 @@ async fn a_grant_from_before_a_wipe_cannot_write_after_a_later_grant() {
         }
         app.assert_later_grant_wins(
             &ada,
-            (later_ticket, later.fencing_token().get()),
-            (paused_ticket, paused.fencing_token().get()),
+            (later_ticket, &later),
+            (paused_ticket, &paused),
             600,
             &format!("clock stepped back: {clock_stepped_back}"),
         )

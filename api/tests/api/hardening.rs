@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::helpers::{
     Backend, TestAccount, assert_problem, read, spawn_app, spawn_app_with, spawn_behind_a_cutter,
+    text_of_type,
 };
 
 /// The connection to PostgreSQL dies after COMMIT was sent and before its answer came
@@ -181,13 +182,13 @@ async fn past_the_in_flight_cap_requests_are_shed_at_once() {
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     let asked = Instant::now();
-    let response = app.client.get(app.url("/healthz")).send().await.unwrap();
+    let response = app.get("/healthz").await;
     assert!(asked.elapsed() < Duration::from_millis(500));
     assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "overloaded").await;
     for request in slow {
         assert_eq!(request.await.unwrap().status(), StatusCode::CREATED);
     }
-    let response = app.client.get(app.url("/healthz")).send().await.unwrap();
+    let response = app.get("/healthz").await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         app.metric("http_server_request_duration_seconds_count")
@@ -249,12 +250,8 @@ async fn rate_limits_refuse_with_retry_after_and_store_nothing() {
     let first = app.ticket(ada).await;
     let second = app.ticket(ada).await;
     let response = app
-        .client
-        .post(app.url(&format!("/v1/accounts/{}/tickets", ada.id)))
-        .bearer_auth(&ada.key)
-        .send()
-        .await
-        .unwrap();
+        .post_as(&ada.key, &format!("/v1/accounts/{}/tickets", ada.id))
+        .await;
     assert_problem(response, StatusCode::TOO_MANY_REQUESTS, "rate-limited").await;
 
     assert_eq!(
@@ -384,14 +381,8 @@ async fn metrics_pass_promtool_and_invented_methods_share_a_label() {
             .unwrap();
         assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     }
-    let response = app.client.get(app.url("/metrics")).send().await.unwrap();
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain; version=0.0.4")
-    );
-    let text = response.text().await.unwrap();
+    let response = app.get("/metrics").await;
+    let text = text_of_type(response, "text/plain; version=0.0.4").await;
     assert!(!text.contains("http_request_method=\"M0\""), "{text}");
     assert!(text.contains("http_request_method=\"_OTHER\""), "{text}");
 
@@ -421,13 +412,8 @@ async fn metrics_pass_promtool_and_invented_methods_share_a_label() {
         .send()
         .await
         .unwrap();
-    assert!(
-        response.headers()["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("application/openmetrics-text")
-    );
-    assert!(response.text().await.unwrap().ends_with("# EOF\n"));
+    let text = text_of_type(response, "application/openmetrics-text").await;
+    assert!(text.ends_with("# EOF\n"));
 }
 
 /// 100 concurrent copies of one request on one instance: one execution, 99 replays — and

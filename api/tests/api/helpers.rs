@@ -286,6 +286,55 @@ impl TestApp {
         format!("{}{path}", self.address)
     }
 
+    /// `GET path` with `key` as the bearer.
+    pub async fn get_as(&self, key: &str, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// `GET path`, without credentials.
+    pub async fn get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// `GET url` (a whole URL) with the key of another, fresh account is 403 `forbidden`.
+    /// Returns that account.
+    pub async fn forbidden_to_another_account(&self, url: &str) -> TestAccount {
+        let other = self.create_account(0, 0).await;
+        let response = self
+            .client
+            .get(url)
+            .bearer_auth(&other.key)
+            .send()
+            .await
+            .expect("request");
+        assert_problem(response, StatusCode::FORBIDDEN, "forbidden").await;
+        other
+    }
+
+    /// `POST path` with `key` as the bearer and no body.
+    pub async fn post_as(&self, key: &str, path: &str) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request")
+    }
+
+    /// `GET path` with `key` as the bearer: the JSON body.
+    pub async fn get_json(&self, key: &str, path: &str) -> Value {
+        self.get_as(key, path).await.json().await.expect("json")
+    }
+
     /// Stops the server and waits until it has finished in-flight requests.
     pub async fn stop(mut self) {
         if let Some(shutdown) = self.shutdown.take() {
@@ -315,12 +364,8 @@ impl TestApp {
     /// The ticket as `GET /v1/tickets/{id}` shows it to its account (asserting a 200).
     pub async fn shown_ticket(&self, account: &TestAccount, ticket: &str) -> Value {
         let (status, _, shown) = read(
-            self.client
-                .get(self.url(&format!("/v1/tickets/{ticket}")))
-                .bearer_auth(&account.key)
-                .send()
-                .await
-                .expect("request"),
+            self.get_as(&account.key, &format!("/v1/tickets/{ticket}"))
+                .await,
         )
         .await;
         assert_eq!(status, StatusCode::OK, "{shown}");
@@ -331,12 +376,8 @@ impl TestApp {
     pub async fn openapi(&self) -> Value {
         self.client
             .get(self.url("/openapi.json"))
-            .send()
+            .send_for_json()
             .await
-            .expect("request")
-            .json()
-            .await
-            .expect("json")
     }
 
     /// Withdraws `amount` straight through the ledger under a fencing `token` of the
@@ -373,11 +414,15 @@ impl TestApp {
     pub async fn assert_later_grant_wins(
         &self,
         account: &TestAccount,
-        later: (ledger::TicketId, u64),
-        earlier: (ledger::TicketId, u64),
+        later: (ledger::TicketId, &lock::LockGuard),
+        earlier: (ledger::TicketId, &lock::LockGuard),
         amount: i64,
         what: &str,
     ) {
+        let (later, earlier) = (
+            (later.0, later.1.fencing_token().get()),
+            (earlier.0, earlier.1.fencing_token().get()),
+        );
         let written = self
             .withdraw_under_token(account, later.0, amount, later.1)
             .await
@@ -395,12 +440,11 @@ impl TestApp {
 
     pub async fn ticket(&self, account: &TestAccount) -> String {
         let response = self
-            .client
-            .post(self.url(&format!("/v1/accounts/{}/tickets", account.id)))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .expect("request");
+            .post_as(
+                &account.key,
+                &format!("/v1/accounts/{}/tickets", account.id),
+            )
+            .await;
         assert_eq!(response.status(), StatusCode::CREATED);
         let body: Value = response.json().await.expect("json");
         body["ticket_id"].as_str().expect("ticket").to_owned()
@@ -475,15 +519,8 @@ impl TestApp {
 
     pub async fn balance(&self, account: &TestAccount) -> (i64, i64) {
         let body: Value = self
-            .client
-            .get(self.url(&format!("/v1/accounts/{}", account.id)))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .expect("request")
-            .json()
-            .await
-            .expect("json");
+            .get_json(&account.key, &format!("/v1/accounts/{}", account.id))
+            .await;
         (
             body["balance"].as_i64().expect("balance"),
             body["points"].as_i64().expect("points"),
@@ -497,15 +534,7 @@ impl TestApp {
 
     /// A metric's value from `/metrics` (summed over labels).
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .client
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .expect("request")
-            .text()
-            .await
-            .expect("text");
+        let text = self.get("/metrics").await.text().await.expect("text");
         text.lines()
             .filter(|line| !line.starts_with('#'))
             .filter(|line| {
@@ -530,6 +559,97 @@ impl TestApp {
     }
 }
 
+/// 30 withdrawals of 100 at once from an account of 1000, each with a ticket of its own,
+/// spread over `instances` in turn: exactly the affordable 10 are 201 and the other 20
+/// are 402. Returns the account.
+pub async fn thirty_withdrawals_of_100_from_1000(instances: &[&TestApp]) -> TestAccount {
+    let ada = instances[0].create_account(1000, 0).await;
+    let mut tickets = Vec::new();
+    for i in 0..30 {
+        tickets.push(instances[i % instances.len()].ticket(&ada).await);
+    }
+    let ada_ref = &ada;
+    let results = futures::future::join_all(tickets.iter().enumerate().map(|(i, ticket)| {
+        let instance = instances[i % instances.len()];
+        async move { read(instance.withdraw(ada_ref, ticket, 100).await).await }
+    }))
+    .await;
+    let answered = |wanted: StatusCode| {
+        results
+            .iter()
+            .filter(|(status, _, _)| *status == wanted)
+            .count()
+    };
+    assert_eq!(
+        (
+            answered(StatusCode::CREATED),
+            answered(StatusCode::PAYMENT_REQUIRED)
+        ),
+        (10, 20),
+        "{results:?}"
+    );
+    ada
+}
+
+/// The demonstration with a short lease: 300 ms, and spends that wait up to 5 s for their
+/// lock.
+pub const SHORT_LEASE_DEMO: &[&str] = &["--demo", "--lock-ttl", "300ms", "--lock-wait", "5s"];
+
+/// The paused-holder fault: on a fresh account of 1000, a withdrawal of 700 pauses 1.2 s
+/// inside its critical section (through `paused_on`), past its 300 ms lease; 100 ms in, the
+/// next withdrawal of 700 on another ticket goes through `next_on`. The paused request is
+/// answered 503 `lock-lost`. Returns the account, the paused request's ticket and the next
+/// request's answer.
+pub async fn the_next_holder_after_a_paused_one(
+    paused_on: &TestApp,
+    next_on: &TestApp,
+) -> (TestAccount, String, (StatusCode, bool, Value)) {
+    let ada = paused_on.create_account(1000, 0).await;
+    let (paused_ticket, next_ticket) = (paused_on.ticket(&ada).await, paused_on.ticket(&ada).await);
+    let paused = paused_on.spawn_withdrawal(
+        &ada,
+        &paused_ticket,
+        700,
+        &[("payonce-fault", "pause=1200ms")],
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let next = read(next_on.withdraw(&ada, &next_ticket, 700).await).await;
+    assert_problem(
+        paused.await.unwrap(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "lock-lost",
+    )
+    .await;
+    (ada, paused_ticket, next)
+}
+
+/// The body of a response whose content type starts with `content_type`.
+pub async fn text_of_type(response: Response, content_type: &str) -> String {
+    let shown = response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(shown.starts_with(content_type), "{shown}");
+    response.text().await.expect("text")
+}
+
+/// A request sent for its JSON body.
+pub trait SendForJson {
+    /// Sends the request and reads its body as JSON.
+    fn send_for_json<T: serde::de::DeserializeOwned>(self) -> impl Future<Output = T> + Send;
+}
+
+impl SendForJson for reqwest::RequestBuilder {
+    async fn send_for_json<T: serde::de::DeserializeOwned>(self) -> T {
+        self.send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("json")
+    }
+}
+
 /// Status, replay header and JSON body of a response.
 pub async fn read(response: Response) -> (StatusCode, bool, Value) {
     let status = response.status();
@@ -539,6 +659,16 @@ pub async fn read(response: Response) -> (StatusCode, bool, Value) {
         .is_some_and(|value| value == "true");
     let body = response.json().await.unwrap_or(Value::Null);
     (status, replayed, body)
+}
+
+/// Asserts a 422 `invalid-request`.
+pub async fn assert_invalid_request(response: Response) -> Value {
+    assert_problem(
+        response,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "invalid-request",
+    )
+    .await
 }
 
 /// Asserts a problem+json answer of this status and name.

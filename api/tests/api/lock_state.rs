@@ -105,8 +105,8 @@ async fn paused_holder_is_refused_once_its_key_was_forgotten<F, Fut>(
     assert!(later.fencing_token() > paused.fencing_token());
     app.assert_later_grant_wins(
         &ada,
-        (later_ticket, later.fencing_token().get()),
-        (paused_ticket, paused.fencing_token().get()),
+        (later_ticket, &later),
+        (paused_ticket, &paused),
         600,
         "a key forgotten meanwhile",
     )

@@ -41,8 +41,8 @@ async fn the_ledger_accepts_the_next_token_after_pruning(backend: Backend) {
     assert!(later.fencing_token() > stale.fencing_token());
     app.assert_later_grant_wins(
         &ada,
-        (tickets[1], later.fencing_token().get()),
-        (tickets[2], stale.fencing_token().get()),
+        (tickets[1], &later),
+        (tickets[2], &stale),
         300,
         &format!("{backend:?}"),
     )

@@ -5,7 +5,7 @@
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, spawn_app, spawn_app_with};
+use crate::helpers::{Backend, SendForJson, read, spawn_app, spawn_app_with};
 
 fn schema<'a>(spec: &'a Value, reference: &Value) -> &'a Value {
     let name = reference["$ref"]
@@ -128,164 +128,109 @@ async fn the_document_matches_the_routes_and_the_bodies() {
         );
     }
 
-    // Real bodies against their schemas.
+    // Real bodies against their schemas: each (path, method, status) documents the body
+    // the server answered, checked once all are in.
+    let mut answered: Vec<(&str, &str, u16, &str, Value)> = Vec::new();
     let created = app
         .client
         .post(app.url("/v1/accounts"))
         .json(&json!({ "name": "Ada", "balance": 100, "points": 3 }))
-        .send()
-        .await
-        .unwrap();
-    let created: Value = created.json().await.unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts", "post", 201),
-        &created,
+        .send_for_json::<Value>()
+        .await;
+    answered.push((
+        "/v1/accounts",
+        "post",
+        201,
         "created account",
-    );
+        created.clone(),
+    ));
     let account = crate::helpers::TestAccount {
         id: created["id"].as_str().unwrap().to_owned(),
         key: created["api_key"].as_str().unwrap().to_owned(),
     };
-    let body: Value = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}", account.id)))
-        .bearer_auth(&account.key)
-        .send()
+    let key = account.key.as_str();
+    let account_path = format!("/v1/accounts/{}", account.id);
+    let body = app.get_json(key, &account_path).await;
+    answered.push(("/v1/accounts/{id}", "get", 200, "account", body));
+    let issued = read(app.post_as(key, &format!("{account_path}/tickets")).await)
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}", "get", 200),
-        &body,
-        "account",
-    );
-    let issued: Value = app
-        .client
-        .post(app.url(&format!("/v1/accounts/{}/tickets", account.id)))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}/tickets", "post", 201),
-        &issued,
-        "ticket",
-    );
-    let ticket = issued["ticket_id"].as_str().unwrap();
-    let moved: Value = app
-        .withdraw(&account, ticket, 10)
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}/withdrawals", "post", 201),
-        &moved,
+        .2;
+    let ticket = issued["ticket_id"].as_str().unwrap().to_owned();
+    answered.push(("/v1/accounts/{id}/tickets", "post", 201, "ticket", issued));
+    let moved = read(app.withdraw(&account, &ticket, 10).await).await.2;
+    answered.push((
+        "/v1/accounts/{id}/withdrawals",
+        "post",
+        201,
         "withdrawal",
-    );
+        moved,
+    ));
     let draw_ticket = app.ticket(&account).await;
-    let drawn: Value = app
-        .spend(&account, "lottery-draws", &draw_ticket, json!({}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}/lottery-draws", "post", 201),
-        &drawn,
+    let drawn = read(
+        app.spend(&account, "lottery-draws", &draw_ticket, json!({}))
+            .await,
+    )
+    .await
+    .2;
+    answered.push((
+        "/v1/accounts/{id}/lottery-draws",
+        "post",
+        201,
         "draw",
-    );
-    let view: Value = app
-        .client
-        .get(app.url(&format!("/v1/tickets/{ticket}")))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/tickets/{ticket_id}", "get", 200),
-        &view,
-        "ticket view",
-    );
-    let page: Value = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}/entries", account.id)))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200),
-        &page,
-        "entries",
-    );
+        drawn,
+    ));
+    let view = app.get_json(key, &format!("/v1/tickets/{ticket}")).await;
+    answered.push(("/v1/tickets/{ticket_id}", "get", 200, "ticket view", view));
+    let page = app.get_json(key, &format!("{account_path}/entries")).await;
     let entry_schema = schema(
         &spec,
         &response_schema(&spec, "/v1/accounts/{id}/entries", "get", 200)["properties"]["entries"]["items"],
     );
     assert_fits(entry_schema, &page["entries"][0], "entry");
+    answered.push(("/v1/accounts/{id}/entries", "get", 200, "entries", page));
     // A payout, once the in-process bank made it, and what the bank holds for it.
     let payout_ticket = app.ticket(&account).await;
-    let accepted: Value = app
-        .spend(
-            &account,
-            "payouts",
-            &payout_ticket,
-            json!({ "amount": 5, "destination": "DE89370400440532013000" }),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
+    let to_the_bank = json!({ "amount": 5, "destination": "DE89370400440532013000" });
+    let accepted = read(
+        app.spend(&account, "payouts", &payout_ticket, to_the_bank)
+            .await,
+    )
+    .await
+    .2;
     let payout_id = accepted["payout_id"].as_str().unwrap();
-    let get = |path: String| {
-        let request = app.client.get(app.url(&path)).bearer_auth(&account.key);
-        async move { request.send().await.unwrap().json::<Value>().await.unwrap() }
-    };
     let mut payout = Value::Null;
     for _ in 0..200 {
-        payout = get(format!("/v1/payouts/{payout_id}")).await;
+        payout = app.get_json(key, &format!("/v1/payouts/{payout_id}")).await;
         if payout["status"] != "pending" {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_fits(
-        response_schema(&spec, "/v1/payouts/{payout_id}", "get", 200),
-        &payout,
-        "payout",
-    );
-    let held = get(format!("/v1/payouts/{payout_id}/bank")).await;
+    answered.push(("/v1/payouts/{payout_id}", "get", 200, "payout", payout));
+    let held = app
+        .get_json(key, &format!("/v1/payouts/{payout_id}/bank"))
+        .await;
     let held_schema = response_schema(&spec, "/v1/payouts/{payout_id}/bank", "get", 200);
-    assert_fits(held_schema, &held, "payout at the bank");
     assert_fits(
         schema(&spec, &held_schema["properties"]["transfers"]["items"]),
         &held["transfers"][0],
         "the bank's transfer",
     );
+    answered.push((
+        "/v1/payouts/{payout_id}/bank",
+        "get",
+        200,
+        "payout at the bank",
+        held,
+    ));
     let broke = app.ticket(&account).await;
-    let refused: Value = app
-        .withdraw(&account, &broke, 1_000_000)
+    let refused = read(app.withdraw(&account, &broke, 1_000_000).await)
         .await
-        .json()
-        .await
-        .unwrap();
-    assert_fits(
-        response_schema(&spec, "/v1/accounts/{id}/withdrawals", "post", 402),
-        &refused,
-        "402",
-    );
+        .2;
+    answered.push(("/v1/accounts/{id}/withdrawals", "post", 402, "402", refused));
+    for (path, method, status, what, body) in &answered {
+        assert_fits(response_schema(&spec, path, method, *status), body, what);
+    }
 }
 
 /// What the server enforces is in the document: the `Idempotency-Key` pattern (exactly
@@ -318,6 +263,16 @@ async fn the_document_says_what_the_server_enforces() {
             "{spend}"
         );
     }
+    // `POST path` documents its `status` answer with a description that mentions `mentions`.
+    let documented = |path: &str, status: &str, mentions: &str| {
+        let response = resolved(&spec, &spec["paths"][path]["post"]["responses"][status]);
+        assert!(
+            response["description"]
+                .as_str()
+                .is_some_and(|description| description.contains(mentions)),
+            "{path} {status}: {response}"
+        );
+    };
     // The creates take an optional key of the same syntax, and document its 400 and 422.
     for create in ["/v1/accounts", "/v1/accounts/{id}/orders"] {
         let key = parameter(create, "post", "Idempotency-Key");
@@ -326,19 +281,12 @@ async fn the_document_says_what_the_server_enforces() {
             (&json!(api::extract::IDEMPOTENCY_KEY_PATTERN), Some(false)),
             "{create}: {key}"
         );
-        let responses = &spec["paths"][create]["post"]["responses"];
         for (status, mentions) in [
             ("400", "Idempotency-Key"),
             ("422", "idempotency-key-reuse"),
             ("201", "Idempotent-Replayed"),
         ] {
-            let response = resolved(&spec, &responses[status]);
-            assert!(
-                response["description"]
-                    .as_str()
-                    .is_some_and(|description| description.contains(mentions)),
-                "{create} {status}: {response}"
-            );
+            documented(create, status, mentions);
         }
     }
     // A payout's demonstration fault: optional, one of the bank's faults (the list the
@@ -357,15 +305,8 @@ async fn the_document_says_what_the_server_enforces() {
         (&json!("header"), false, &json!(faults)),
         "{fault}"
     );
-    let responses = &spec["paths"]["/v1/accounts/{id}/payouts"]["post"]["responses"];
     for (status, mentions) in [("400", "bank-fault-unknown"), ("422", "bank-fault-refused")] {
-        let response = resolved(&spec, &responses[status]);
-        assert!(
-            response["description"]
-                .as_str()
-                .is_some_and(|description| description.contains(mentions)),
-            "payouts {status}: {response}"
-        );
+        documented("/v1/accounts/{id}/payouts", status, mentions);
     }
     // An instance that pays out to a bank at a URL refuses the header: it does not offer it.
     let paying_to_a_url =
@@ -400,12 +341,7 @@ async fn the_document_says_what_the_server_enforces() {
         .collect();
     assert_eq!(names, explained);
     for name in &names {
-        let response = app
-            .client
-            .get(app.url(&format!("/problems/{name}")))
-            .send()
-            .await
-            .unwrap();
+        let response = app.get(&format!("/problems/{name}")).await;
         assert_eq!(response.status(), StatusCode::OK, "{name}");
     }
     assert!(

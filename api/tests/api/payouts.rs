@@ -8,7 +8,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
+    Backend, SendForJson, Shared, TestAccount, TestApp, assert_invalid_request, assert_problem,
+    read, spawn_app_with, spawn_with,
 };
 
 /// A bank for one test: a `payonce-bank` process of its own (killed when dropped), its
@@ -50,12 +51,8 @@ impl TestBank {
         let page: Value = self
             .client
             .get(format!("{}/v1/transfers?limit=1000", self.url))
-            .send()
-            .await
-            .expect("the bank answers")
-            .json()
-            .await
-            .expect("a page");
+            .send_for_json()
+            .await;
         page["transfers"].as_array().cloned().unwrap_or_default()
     }
 
@@ -71,6 +68,23 @@ impl TestBank {
             response.status(),
             response.json().await.unwrap_or(Value::Null),
         )
+    }
+
+    /// Asks the bank straight for a transfer of `amount` to the test's destination under
+    /// `key`, with `reference`.
+    pub(crate) async fn make_transfer(
+        &self,
+        key: &str,
+        amount: i64,
+        reference: &str,
+    ) -> reqwest::Response {
+        self.client
+            .post(format!("{}/v1/transfers", self.url))
+            .header("Idempotency-Key", key)
+            .json(&json!({ "destination": "DE89370400440532013000", "amount": amount, "reference": reference }))
+            .send()
+            .await
+            .expect("the bank answers")
     }
 
     /// `payonce-bank audit` on its store: no key executed twice, the totals add up.
@@ -161,12 +175,8 @@ impl TestApp {
 
     /// What the bank holds for a payout, as payonce asks it.
     async fn at_bank(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
-        self.client
-            .get(self.url(&format!("/v1/payouts/{payout}/bank")))
-            .bearer_auth(&account.key)
-            .send()
+        self.get_as(&account.key, &format!("/v1/payouts/{payout}/bank"))
             .await
-            .expect("request")
     }
 
     /// The bank's one executed transfer for a settled `payout`, under its key, of its
@@ -213,12 +223,8 @@ impl TestApp {
     }
 
     async fn payout(&self, account: &TestAccount, payout: &str) -> reqwest::Response {
-        self.client
-            .get(self.url(&format!("/v1/payouts/{payout}")))
-            .bearer_auth(&account.key)
-            .send()
+        self.get_as(&account.key, &format!("/v1/payouts/{payout}"))
             .await
-            .expect("request")
     }
 
     /// The payout once the bank's word is recorded (bounded: 20 s).
@@ -360,15 +366,11 @@ pub async fn a_declined_payout_is_credited_back(backend: Backend) {
         "no money moved at the bank"
     );
     let entries: Value = app
-        .client
-        .get(app.url(&format!("/v1/accounts/{}/entries", account.id)))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .expect("request")
-        .json()
-        .await
-        .expect("entries");
+        .get_json(
+            &account.key,
+            &format!("/v1/accounts/{}/entries", account.id),
+        )
+        .await;
     let kinds: Vec<&str> = entries["entries"]
         .as_array()
         .expect("entries")
@@ -408,16 +410,7 @@ pub async fn a_payout_the_bank_never_made_fails_only_once_its_key_is_closed(back
             .is_some_and(|kind| kind.ends_with("idempotency-key-closed"))
     );
     // The closed key takes nothing later, even from a request that gets through.
-    let late = bank
-        .client
-        .post(format!("{}/v1/transfers", bank.url))
-        .header("Idempotency-Key", key)
-        .json(
-            &json!({ "destination": "DE89370400440532013000", "amount": 600, "reference": payout }),
-        )
-        .send()
-        .await
-        .expect("the bank answers");
+    let late = bank.make_transfer(key, 600, &payout).await;
     assert!(late.status() == StatusCode::CONFLICT || late.status().is_server_error());
     assert!(bank.transfers().await.is_empty());
     app.assert_audit_clean().await;
@@ -467,15 +460,8 @@ pub async fn a_payout_stays_pending_while_the_bank_is_away(backend: Backend) {
     );
     assert!(shown["last_error"].is_string(), "{shown}");
     assert_eq!(app.balance(&account).await.0, 900);
-    let (status, _, pending) = read(
-        app.client
-            .get(app.url("/v1/payouts?status=pending"))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let (status, _, pending) =
+        read(app.get_as(&account.key, "/v1/payouts?status=pending").await).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         pending["payouts"][0]["payout_id"],
@@ -598,15 +584,7 @@ pub async fn the_banks_address_reaches_no_account(backend: Backend) {
         "{shown}"
     );
     assert_names_no_bank(&shown.to_string(), &away_url);
-    let (status, _, listed) = read(
-        app.client
-            .get(app.url("/v1/payouts"))
-            .bearer_auth(&account.key)
-            .send()
-            .await
-            .expect("request"),
-    )
-    .await;
+    let (status, _, listed) = read(app.get_as(&account.key, "/v1/payouts").await).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(listed["payouts"][0]["payout_id"], json!(payout), "{listed}");
     assert_names_no_bank(&listed.to_string(), &away_url);
@@ -766,12 +744,7 @@ pub async fn payouts_refuse_what_they_cannot_do() {
         json!({ "amount": 10 }),
     ] {
         let response = app.spend(&account, "payouts", &ticket, body).await;
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     let response = app.pay_out(&account, &ticket, 10).await;
     assert_problem(
@@ -926,12 +899,7 @@ async fn the_bank_view_is_the_payouts_account_and_says_when_the_bank_is_away() {
     assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
     let response = app.at_bank(&mine, &uuid::Uuid::new_v4().to_string()).await;
     assert_problem(response, StatusCode::NOT_FOUND, "payout-not-found").await;
-    let response = app
-        .client
-        .get(app.url(&format!("/v1/payouts/{payout}/bank")))
-        .send()
-        .await
-        .expect("request");
+    let response = app.get(&format!("/v1/payouts/{payout}/bank")).await;
     assert_problem(response, StatusCode::UNAUTHORIZED, "unauthenticated").await;
     app.stop().await;
     bank.stop().await;
@@ -975,37 +943,22 @@ async fn the_bank_view_is_the_payouts_account_and_says_when_the_bank_is_away() {
     refusing.stop().await;
 }
 
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {
-        mod on_postgres_and_redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    super::$case(crate::helpers::Backend::Distributed).await;
-                }
-            )*
-        }
-        mod embedded {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $case() {
-                    super::$case(crate::helpers::Backend::Embedded).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
-    a_payout_reaches_the_bank_once,
-    lost_answers_after_the_commit_pay_once,
-    slow_answers_after_the_commit_pay_once,
-    a_declined_payout_is_credited_back,
-    a_payout_the_bank_never_made_fails_only_once_its_key_is_closed,
-    a_payout_stays_pending_while_the_bank_is_away,
-    the_banks_address_reaches_no_account,
-    a_bank_that_throttles_past_the_attempts_is_waited_out,
-    a_payout_throttled_past_its_age_fails_once_its_key_is_closed,
+// Each listed case on both backends.
+on_backends!(
+    payouts;
+    on_postgres_and_redis => Distributed,
+    embedded => Embedded;
+    [
+        a_payout_reaches_the_bank_once,
+        lost_answers_after_the_commit_pay_once,
+        slow_answers_after_the_commit_pay_once,
+        a_declined_payout_is_credited_back,
+        a_payout_the_bank_never_made_fails_only_once_its_key_is_closed,
+        a_payout_stays_pending_while_the_bank_is_away,
+        the_banks_address_reaches_no_account,
+        a_bank_that_throttles_past_the_attempts_is_waited_out,
+        a_payout_throttled_past_its_age_fails_once_its_key_is_closed,
+    ]
 );
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

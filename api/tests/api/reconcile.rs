@@ -6,7 +6,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
-use serde_json::json;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 
@@ -56,14 +55,7 @@ async fn reconcile_finds_what_the_ledger_and_the_bank_disagree_on() {
 
     // A second transfer for the same payout under a fresh key, and a stranger's.
     for (key, reference) in [("fresh-key-1", payout.as_str()), ("someone-else", "theirs")] {
-        let made = bank
-            .client
-            .post(format!("{}/v1/transfers", bank.url))
-            .header("Idempotency-Key", key)
-            .json(&json!({ "destination": "DE89370400440532013000", "amount": 200, "reference": reference }))
-            .send()
-            .await
-            .expect("the bank answers");
+        let made = bank.make_transfer(key, 200, reference).await;
         assert_eq!(made.status(), StatusCode::CREATED);
     }
     let dirty = run(&bank.url);
@@ -180,14 +172,7 @@ async fn a_payout_made_between_the_two_reads_is_no_stranger() {
     assert_eq!(app.settled(&account, &between).await["status"], "succeeded");
     let nobody = uuid::Uuid::new_v4().to_string();
     for (key, reference) in [("someone-else", "theirs"), ("a-stranger", nobody.as_str())] {
-        let made = bank
-            .client
-            .post(format!("{}/v1/transfers", bank.url))
-            .header("Idempotency-Key", key)
-            .json(&json!({ "destination": "DE89370400440532013000", "amount": 5, "reference": reference }))
-            .send()
-            .await
-            .expect("the bank answers");
+        let made = bank.make_transfer(key, 5, reference).await;
         assert_eq!(made.status(), StatusCode::CREATED);
     }
     let _ = held.release.send(());

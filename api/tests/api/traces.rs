@@ -19,7 +19,7 @@ use prost::Message;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, Shared};
+use crate::helpers::{Backend, SendForJson, Shared};
 
 /// The spans a receiver was sent.
 type Received = Arc<Mutex<Vec<Span>>>;
@@ -151,12 +151,8 @@ async fn one_withdrawal_is_one_trace_across_the_caller_and_payonce() {
     let account: Value = client
         .post(format!("{base}/v1/accounts"))
         .json(&json!({ "name": "traced", "balance": 100, "points": 0 }))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .send_for_json()
+        .await;
     let (id, key) = (
         account["id"].as_str().unwrap().to_owned(),
         account["api_key"].as_str().unwrap().to_owned(),
@@ -164,12 +160,8 @@ async fn one_withdrawal_is_one_trace_across_the_caller_and_payonce() {
     let ticket: Value = client
         .post(format!("{base}/v1/accounts/{id}/tickets"))
         .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .send_for_json()
+        .await;
     let ticket = ticket["ticket_id"].as_str().unwrap().to_owned();
     let subscribed = client
         .post(format!("{base}/v1/accounts/{id}/webhook-endpoints"))

@@ -15,7 +15,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_app_with, spawn_with,
+    Backend, Shared, TestAccount, TestApp, assert_invalid_request, assert_problem, read,
+    spawn_app_with, spawn_with,
 };
 
 /// One request the receiver got.
@@ -148,15 +149,11 @@ pub async fn create_endpoint(
 
 /// The account's endpoints, as `GET /v1/accounts/{id}/webhook-endpoints` lists them.
 async fn endpoints(app: &TestApp, account: &TestAccount) -> Value {
-    app.client
-        .get(app.url(&format!("/v1/accounts/{}/webhook-endpoints", account.id)))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    app.get_json(
+        &account.key,
+        &format!("/v1/accounts/{}/webhook-endpoints", account.id),
+    )
+    .await
 }
 
 /// Rotates the endpoint's secret; the answer.
@@ -191,12 +188,11 @@ async fn retry_by_hand(
 
 async fn deliveries(app: &TestApp, account: &TestAccount, endpoint: &str) -> Vec<Value> {
     let response = app
-        .client
-        .get(app.url(&format!("/v1/webhook-endpoints/{endpoint}/deliveries")))
-        .bearer_auth(&account.key)
-        .send()
-        .await
-        .unwrap();
+        .get_as(
+            &account.key,
+            &format!("/v1/webhook-endpoints/{endpoint}/deliveries"),
+        )
+        .await;
     let (status, _, body) = read(response).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     body["deliveries"].as_array().unwrap().clone()
@@ -356,12 +352,11 @@ pub async fn failures_retry_on_the_schedule_then_exhaust_and_a_retry_by_hand_del
     assert_problem(missing, StatusCode::NOT_FOUND, "delivery-not-found").await;
     let other = app.create_account(0, 0).await;
     let foreign = app
-        .client
-        .get(app.url(&format!("/v1/webhook-endpoints/{endpoint}/deliveries")))
-        .bearer_auth(&other.key)
-        .send()
-        .await
-        .unwrap();
+        .get_as(
+            &other.key,
+            &format!("/v1/webhook-endpoints/{endpoint}/deliveries"),
+        )
+        .await;
     assert_problem(foreign, StatusCode::NOT_FOUND, "webhook-endpoint-not-found").await;
 }
 
@@ -543,12 +538,7 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         json!({ "events": ["order.paid"] }),
     ] {
         let response = post(bad.clone()).await.unwrap();
-        assert_problem(
-            response,
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid-request",
-        )
-        .await;
+        assert_invalid_request(response).await;
     }
     let listed = endpoints(&app, &account).await;
     assert_eq!(listed["endpoints"], json!([]), "nothing was created");
@@ -582,15 +572,7 @@ pub async fn endpoints_refuse_bad_urls_and_belong_to_their_account(backend: Back
         "a secret is shown once"
     );
 
-    let other = app.create_account(0, 0).await;
-    let foreign = app
-        .client
-        .get(&url)
-        .bearer_auth(&other.key)
-        .send()
-        .await
-        .unwrap();
-    assert_problem(foreign, StatusCode::FORBIDDEN, "forbidden").await;
+    let other = app.forbidden_to_another_account(&url).await;
     let delete = |key: &str, endpoint: &str| {
         app.client
             .delete(format!("{url}/{endpoint}"))

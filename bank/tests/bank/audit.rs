@@ -20,35 +20,25 @@ async fn the_audit_catches_tampering(db: Db) {
     bank.transfer(&key(), &body("acct-3", 7, ""), Some("decline"))
         .await;
     bank.close(&key()).await;
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("clean — 3 transfers executed, 600 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("clean — 3 transfers executed, 600 in total")
+        .await;
     let store = bank.stop().await;
 
-    store
-        .execute("UPDATE bank_destinations SET total = total + 1 WHERE destination = 'acct-2'")
-        .await;
-    let (code, report) = crate::support::audit(&store.url).await;
-    assert_eq!(code, 1, "{report}");
-    assert!(
-        report.contains("destination-total: destination \"acct-2\""),
-        "{report}"
-    );
-    assert!(!report.contains("grand-total"), "{report}");
-
-    store
-        .execute("UPDATE bank_totals SET transfers = transfers + 1")
-        .await;
-    let (code, report) = crate::support::audit(&store.url).await;
-    assert_eq!(code, 1, "{report}");
-    assert!(report.contains("grand-total"), "{report}");
-
-    // A key executed twice: only possible once the UNIQUE index is gone.
-    store
-        .execute(
+    // Each tampering, on top of the ones before it: the rule the audit must name, and one
+    // it must not name yet.
+    let tamperings = [
+        (
+            "UPDATE bank_destinations SET total = total + 1 WHERE destination = 'acct-2'",
+            "destination-total: destination \"acct-2\"",
+            Some("grand-total"),
+        ),
+        (
+            "UPDATE bank_totals SET transfers = transfers + 1",
+            "grand-total",
+            None,
+        ),
+        // A key executed twice: only possible once the UNIQUE index is gone.
+        (
             "DROP INDEX bank_transfers_key;
              INSERT INTO bank_transfers
                  (idempotency_key, state, destination, amount, reference, fingerprint,
@@ -56,18 +46,24 @@ async fn the_audit_catches_tampering(db: Db) {
              SELECT idempotency_key, state, destination, amount, reference, fingerprint,
                     answer_status, answer_body, created_at
              FROM bank_transfers WHERE state = 'executed' AND destination = 'acct-2'",
-        )
-        .await;
-    let (code, report) = crate::support::audit(&store.url).await;
-    assert_eq!(code, 1, "{report}");
-    assert!(report.contains("key-executed-once"), "{report}");
-
-    store
-        .execute("UPDATE bank_transfers SET answer_status = 500 WHERE state = 'declined'")
-        .await;
-    let (code, report) = crate::support::audit(&store.url).await;
-    assert_eq!(code, 1, "{report}");
-    assert!(report.contains("answer-matches-state"), "{report}");
+            "key-executed-once",
+            None,
+        ),
+        (
+            "UPDATE bank_transfers SET answer_status = 500 WHERE state = 'declined'",
+            "answer-matches-state",
+            None,
+        ),
+    ];
+    for (tampering, named, not_yet) in tamperings {
+        store.execute(tampering).await;
+        let (code, report) = crate::support::audit(&store.url).await;
+        assert_eq!(code, 1, "{named}: {report}");
+        assert!(report.contains(named), "{named}: {report}");
+        if let Some(not_yet) = not_yet {
+            assert!(!report.contains(not_yet), "{named}: {report}");
+        }
+    }
 }
 on_both_stores!(the_audit_catches_tampering);
 

@@ -32,13 +32,7 @@ async fn unavailable_says_when_to_retry_and_does_nothing() {
         .transfer(&key, &body("acct-1", 5, ""), Some("unavailable"))
         .await;
     assert_eq!((refused.status, refused.problem()), (503, "unavailable"));
-    assert_eq!(
-        refused
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()),
-        Some("3")
-    );
+    assert_eq!(refused.header("retry-after"), Some("3"));
     assert_eq!(bank.get(&format!("/v1/transfers/{key}")).await.status, 404);
     assert_eq!(
         bank.transfer(&key, &body("acct-1", 5, ""), None)
@@ -66,13 +60,7 @@ async fn the_first_requests_are_throttled_then_taken() {
             (throttled.status, throttled.problem()),
             (429, "rate-limited")
         );
-        assert_eq!(
-            throttled
-                .headers
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok()),
-            Some("3")
-        );
+        assert_eq!(throttled.header("retry-after"), Some("3"));
         assert_eq!(bank.get(&format!("/v1/transfers/{key}")).await.status, 404);
     }
     let executed = bank.transfer(&key, &body("acct-1", 5, ""), None).await;
@@ -100,12 +88,8 @@ async fn a_decline_is_final_and_stored(db: Db) {
     assert_eq!(found.status, 200);
     assert_eq!(found.body["state"], "declined");
     assert_eq!(found.body["decline_reason"], "destination-closed");
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("0 transfers executed, 0 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("0 transfers executed, 0 in total")
+        .await;
 }
 on_both_stores!(a_decline_is_final_and_stored);
 

@@ -77,27 +77,27 @@ impl Store {
 
     /// Runs statements on the store directly, past the bank (to tamper with it).
     pub async fn execute(&self, sql: &str) {
-        let sql = sqlx::AssertSqlSafe(sql.to_owned());
         if self.url.starts_with("sqlite:") {
-            let mut connection = sqlx::SqliteConnection::connect(&self.url)
-                .await
-                .expect("open the SQLite store");
-            sqlx::raw_sql(sql)
-                .execute(&mut connection)
-                .await
-                .expect("run the statements");
-            let _ = connection.close().await;
+            run_statements::<sqlx::SqliteConnection>(&self.url, sql).await;
         } else {
-            let mut connection = sqlx::PgConnection::connect(&self.url)
-                .await
-                .expect("connect to the PostgreSQL store");
-            sqlx::raw_sql(sql)
-                .execute(&mut connection)
-                .await
-                .expect("run the statements");
-            let _ = connection.close().await;
+            run_statements::<sqlx::PgConnection>(&self.url, sql).await;
         }
     }
+}
+
+/// Runs `sql` on a connection of its own to the store at `url`.
+async fn run_statements<C: Connection>(url: &str, sql: &str)
+where
+    for<'c> &'c mut C: sqlx::Executor<'c, Database = C::Database>,
+{
+    let mut connection = C::connect(url)
+        .await
+        .unwrap_or_else(|error| panic!("connect to the store at {url}: {error}"));
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(&mut connection)
+        .await
+        .expect("run the statements");
+    let _ = connection.close().await;
 }
 
 impl Store {
@@ -248,12 +248,16 @@ impl Bank {
 
     /// Every transfer, through the list, page by page.
     pub async fn all_transfers(&self) -> Vec<Value> {
+        self.listed("/v1/transfers?limit=3").await
+    }
+
+    /// Every transfer `list` (the list's path with its query, less `after`) names,
+    /// following `next_after` page by page.
+    pub async fn listed(&self, list: &str) -> Vec<Value> {
         let mut all = Vec::new();
         let mut after = 0;
         loop {
-            let page = self
-                .get(&format!("/v1/transfers?after={after}&limit=3"))
-                .await;
+            let page = self.get(&format!("{list}&after={after}")).await;
             assert_eq!(page.status, 200, "{page:?}");
             all.extend(
                 page.body["transfers"]
@@ -272,6 +276,13 @@ impl Bank {
     /// Runs `payonce-bank audit` on the bank's store (see [`audit`]).
     pub async fn audit(&self) -> (i32, String) {
         audit(&self.store.url).await
+    }
+
+    /// Asserts the audit of its store passes, and that its report says `says`.
+    pub async fn assert_audit_clean(&self, says: &str) {
+        let (code, report) = self.audit().await;
+        assert_eq!(code, 0, "{report}");
+        assert!(report.contains(says), "{report}");
     }
 
     /// Sends `request` as raw bytes and reads until the bank closes the connection: what
@@ -338,6 +349,11 @@ impl Answer {
             headers,
             body,
         }
+    }
+
+    /// A header's value, if it is there and text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
     }
 
     /// Whether the answer is marked as a replay.

@@ -63,12 +63,8 @@ async fn a_key_reused_for_another_body_is_refused(db: Db) {
     let transfers = bank.all_transfers().await;
     assert_eq!(transfers.len(), 1);
     assert_eq!(transfers[0]["amount"], 500);
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("1 transfers executed, 500 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("1 transfers executed, 500 in total")
+        .await;
 }
 on_both_stores!(a_key_reused_for_another_body_is_refused);
 
@@ -172,12 +168,8 @@ async fn concurrent_requests_under_one_key_execute_once(db: Db) {
     );
     assert!(answers.iter().all(|answer| answer.body == answers[0].body));
     assert_eq!(bank.all_transfers().await.len(), 1);
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("1 transfers executed, 700 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("1 transfers executed, 700 in total")
+        .await;
 }
 on_both_stores!(concurrent_requests_under_one_key_execute_once);
 
@@ -218,12 +210,8 @@ async fn the_list_pages_through_every_transfer_in_order(db: Db) {
         let answer = bank.get(&format!("/v1/transfers{bad}")).await;
         assert!(matches!(answer.status, 400 | 422), "{bad}: {answer:?}");
     }
-    let (code, report) = bank.audit().await;
-    assert_eq!(code, 0, "{report}");
-    assert!(
-        report.contains("20 transfers executed, 210 in total"),
-        "{report}"
-    );
+    bank.assert_audit_clean("20 transfers executed, 210 in total")
+        .await;
 }
 on_both_stores!(the_list_pages_through_every_transfer_in_order);
 
@@ -248,26 +236,9 @@ async fn the_list_filters_by_reference(db: Db) {
         assert_eq!(theirs.status, 201, "{theirs:?}");
     }
     bank.close(&key()).await;
-    let mut listed = Vec::new();
-    let mut after = 0;
-    loop {
-        let page = bank
-            .get(&format!(
-                "/v1/transfers?reference=payout-7&after={after}&limit=2"
-            ))
-            .await;
-        assert_eq!(page.status, 200, "{page:?}");
-        listed.extend(
-            page.body["transfers"]
-                .as_array()
-                .expect("transfers")
-                .clone(),
-        );
-        match page.body["next_after"].as_i64() {
-            Some(next) => after = next,
-            None => break,
-        }
-    }
+    let listed = bank
+        .listed("/v1/transfers?reference=payout-7&limit=2")
+        .await;
     let keys: Vec<&str> = listed
         .iter()
         .map(|t| t["idempotency_key"].as_str().expect("a key"))

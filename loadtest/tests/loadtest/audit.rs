@@ -207,6 +207,13 @@ pub(crate) fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind>
         .collect()
 }
 
+/// Every kind in `expected` is among the `found` ones.
+pub(crate) fn assert_flagged(found: Vec<ViolationKind>, expected: &[ViolationKind]) {
+    for kind in expected {
+        assert!(found.contains(kind), "{kind:?} not in {found:?}");
+    }
+}
+
 /// The stale-write violations among `violations`.
 fn stale_writes(violations: &[Violation]) -> Vec<&Violation> {
     violations
@@ -245,9 +252,10 @@ fn a_planted_double_spend_is_flagged() {
         .entries
         .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
     account.balance = 55;
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
-    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    assert_flagged(
+        kinds(&history, &state),
+        &[ViolationKind::EntryMismatch, ViolationKind::BalanceMismatch],
+    );
     let audited = audit_with(&history, &state, &AuditOptions::default());
     assert_eq!(audited.tallies[0].double_spends, 1);
 }
@@ -421,8 +429,7 @@ fn ticket_requests_are_audited() {
 fn money_missing_without_an_entry_is_flagged() {
     let (history, mut state) = clean();
     state.accounts.get_mut(ACCOUNT).unwrap().balance = 55;
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    assert_flagged(kinds(&history, &state), &[ViolationKind::BalanceMismatch]);
 }
 
 /// A replay whose body differs from the original is flagged.
@@ -479,9 +486,10 @@ fn stray_entries_are_flagged() {
     account
         .entries
         .push(entry(6, Some("nobody"), "deposit", 1, 0, 85, 1));
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
-    assert!(found.contains(&ViolationKind::UnknownEntry), "{found:?}");
+    assert_flagged(
+        kinds(&history, &state),
+        &[ViolationKind::EntryMismatch, ViolationKind::UnknownEntry],
+    );
 }
 
 /// A balance below zero anywhere is flagged.

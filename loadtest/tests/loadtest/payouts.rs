@@ -12,7 +12,7 @@ use loadtest::report::{print_summary, write_json};
 use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
-use crate::audit::kinds;
+use crate::audit::{assert_flagged, kinds};
 use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
@@ -194,9 +194,10 @@ fn a_failed_payout_without_its_reversal_is_flagged() {
     let account = state.accounts.get_mut(ACCOUNT).unwrap();
     account.entries.pop();
     account.balance = 70;
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
-    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    assert_flagged(
+        kinds(&history, &state),
+        &[ViolationKind::EntryMismatch, ViolationKind::BalanceMismatch],
+    );
 }
 
 /// A reversal for a payout that succeeded gives money back that left: flagged, as is one
@@ -209,16 +210,14 @@ fn a_reversal_of_a_succeeded_payout_is_flagged() {
         .entries
         .push(entry(5, None, "payout_reversal", "p1", 20, 100));
     account.balance = 100;
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
+    assert_flagged(kinds(&history, &state), &[ViolationKind::EntryMismatch]);
     let (history, mut state) = clean();
     let account = state.accounts.get_mut(ACCOUNT).unwrap();
     account
         .entries
         .push(entry(5, None, "payout_reversal", "p9", 5, 85));
     account.balance = 85;
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::UnknownEntry), "{found:?}");
+    assert_flagged(kinds(&history, &state), &[ViolationKind::UnknownEntry]);
 }
 
 /// A payout's answer is 202: a withdrawal answered 202 is not declared, nor a payout
@@ -302,9 +301,10 @@ fn a_refused_payout_whose_ticket_executed_after_all_needs_its_entry() {
         body: accepted("t3", "p3", 30, 50).body,
     };
     state.tickets.insert("t3".into(), executed);
-    let found = kinds(&history, &state);
-    assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
-    assert!(found.contains(&ViolationKind::BalanceMismatch), "{found:?}");
+    assert_flagged(
+        kinds(&history, &state),
+        &[ViolationKind::EntryMismatch, ViolationKind::BalanceMismatch],
+    );
 }
 
 /// Against instances started without a bank, the run stops sending payouts on the first

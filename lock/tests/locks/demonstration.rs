@@ -69,15 +69,7 @@ async fn redlock_excludes(redlock: Arc<Redlock>) {
                         .acquire("k", Duration::from_secs(5), after(20_000))
                         .await
                         .unwrap();
-                    assert_eq!(
-                        inside.fetch_add(1, Ordering::SeqCst),
-                        0,
-                        "two holders at once"
-                    );
-                    let seen = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(seen + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
+                    crate::suite::read_modify_write_alone(&inside, &counter).await;
                     redlock.release(&guard).await;
                 }
             })

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lock::testing::EtcdServer;
 use lock::testing::etcd_operator::EtcdOperator;
-use lock::{EtcdBackend, FencingToken, LockOptions, LockService};
+use lock::{EtcdBackend, LockOptions, LockService};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::Store;
@@ -73,25 +73,7 @@ impl Store for PrivateEtcd {
 /// seen higher tokens, from another lock service.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase_across_a_server_restart() {
-    let mut etcd = PrivateEtcd::start();
-    let mut before = FencingToken::new(0);
-    for _ in 0..3 {
-        let mut guard = etcd.locks.try_acquire("k", SECOND).await.unwrap().unwrap();
-        assert!(guard.fencing_token() > before);
-        before = guard.fencing_token();
-        guard.release().await.unwrap();
-    }
-    let locks = etcd.lose_data().await;
-    let mut guard = locks
-        .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-        .await
-        .unwrap();
-    assert!(
-        guard.fencing_token() > before,
-        "{:?} after {before:?}",
-        guard.fencing_token()
-    );
-    guard.release().await.unwrap();
+    crate::suite::tokens_increase_across_a_server_restart(PrivateEtcd::start()).await;
 }
 
 /// Revoking the lease from outside (as an operator, or its expiry, would) deletes the lock
@@ -108,14 +90,7 @@ async fn lost_fires_when_the_lease_is_revoked_from_outside() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            other
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&other, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(200)).await;
 
     let lease = holder_backend.lease_id().await.unwrap();
@@ -152,44 +127,14 @@ async fn the_keep_alive_holds_a_lock_past_three_lease_ttls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_vanished_process_is_succeeded_after_its_lease_runs_out() {
     let server = EtcdServer::start().unwrap();
-    let lease_ttl = 2 * SECOND;
-    let url = server.url("/t");
-    let granted_at = tokio::task::spawn_blocking(move || {
-        // A runtime of its own stands for the process: dropping it stops its keep-alives.
-        let process = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let granted_at = process.block_on(async {
-            let locks = lock::open(
-                &url,
-                &LockOptions {
-                    session: lease_ttl,
-                    ..LockOptions::default()
-                },
-            )
-            .unwrap();
-            let guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
-            std::mem::forget(guard);
-            Instant::now()
-        });
-        process.shutdown_background();
-        granted_at
-    })
-    .await
-    .unwrap();
-    let successor_locks = LockService::from_arc(backend(&server, 4 * SECOND));
-    let mut successor = successor_locks
-        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
-        .await
-        .unwrap();
-    let waited = granted_at.elapsed();
-    assert!(
-        waited >= lease_ttl - Duration::from_millis(300),
-        "taken after {waited:?}, before the lease could run out"
-    );
-    assert!(waited < lease_ttl * 3, "took {waited:?}");
-    successor.release().await.unwrap();
+    let successors = LockService::from_arc(backend(&server, 4 * SECOND));
+    crate::suite::a_vanished_process_is_succeeded_after_its_session(
+        server.url("/t"),
+        2 * SECOND,
+        &successors,
+        "the lease could run out",
+    )
+    .await;
 }
 
 /// A hot key with 32 waiters: each hand-off costs a constant number of requests (the
@@ -202,12 +147,7 @@ async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
     let counted = backend(&server, 4 * SECOND);
     let locks = LockService::from_arc(counted.clone());
     // Queued first: 32 × (create and look, find the predecessor, watch it); then counted.
-    let (per_hand_off, _) =
-        crate::suite::requests_per_hand_off(&locks, || counted.requests(), 32).await;
-    assert!(
-        per_hand_off <= 3.5,
-        "{per_hand_off:.2} requests per hand-off"
-    );
+    crate::suite::a_hand_off_costs_at_most(&locks, || counted.requests(), 3.5).await;
 }
 
 /// Chubby's lock-delay on etcd: a holder whose lease ended without a release (revoked from
@@ -235,22 +175,22 @@ async fn lock_delay_holds_a_vanished_holders_key() {
     let holders = LockService::from_arc(holder_backend.clone());
     let others = LockService::from_arc(delayed(&server));
     let endpoint = server.endpoint();
-    let holder = holders.clone();
-    crate::suite::lock_delay_keeps_a_vanished_holders_key(
-        &holders,
-        &others,
-        delay,
-        |key| async move {
-            let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
-            let lease = holder_backend.lease_id().await.unwrap();
-            let operator = EtcdOperator::connect(&endpoint).unwrap();
-            operator.revoke_lease(lease).await.unwrap();
-            // Alive, and releasing after its lease was revoked: that is not a release.
-            drop(guard);
-            Duration::ZERO
-        },
-    )
+    crate::suite::lock_delay_after_an_ended_session(&holders, &others, delay, |_| async move {
+        let lease = holder_backend.lease_id().await.unwrap();
+        let operator = EtcdOperator::connect(&endpoint).unwrap();
+        operator.revoke_lease(lease).await.unwrap();
+    })
     .await;
+}
+
+impl crate::suite::Restart for EtcdServer {
+    fn stop(&mut self) {
+        EtcdServer::stop(self);
+    }
+
+    fn restart(&mut self) -> std::io::Result<()> {
+        EtcdServer::restart(self)
+    }
 }
 
 /// An etcd member of the test's own whose data loss is real: its data directory deleted,
@@ -286,46 +226,17 @@ async fn a_release_the_server_missed_is_retried() {
     let mut server = EtcdServer::start().unwrap();
     let holders = LockService::from_arc(with_options(
         &server,
-        LockOptions {
-            session: 30 * SECOND,
-            op_timeout: Some(SECOND),
-            ..LockOptions::default()
-        },
+        crate::suite::impatient_with_a_long_session(),
     ));
     let others = LockService::from_arc(backend(&server, 4 * SECOND));
-    let mut holder = holders
-        .try_acquire("k", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    server.stop();
-    let released = holder.release().await;
-    assert!(released.is_err(), "{released:?}");
-    server.restart().unwrap();
-    let back_at = Instant::now();
-    let mut next = others
-        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
-        .await
-        .expect("the missed release was never retried");
-    assert!(back_at.elapsed() < 15 * SECOND);
-    assert!(next.fencing_token() > holder.fencing_token());
-    next.release().await.unwrap();
+    crate::suite::a_release_the_server_missed_is_retried(&mut server, &holders, &others).await;
 }
 
 /// The cap on waiters is checked against etcd's queue, so it holds across processes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_waiter_cap_holds_across_processes() {
     let server = EtcdServer::start().unwrap();
-    let capped = || {
-        LockService::from_arc(with_options(
-            &server,
-            LockOptions {
-                op_timeout: Some(5 * SECOND),
-                max_waiters: 8,
-                ..LockOptions::default()
-            },
-        ))
-    };
+    let capped = || LockService::from_arc(with_options(&server, crate::suite::capped_at_8()));
     crate::suite::the_waiter_cap_holds_across([capped(), capped()]).await;
 }
 
@@ -336,14 +247,7 @@ async fn a_waiter_whose_key_vanished_gives_up() {
     let server = EtcdServer::start().unwrap();
     let locks = LockService::from_arc(backend(&server, 4 * SECOND));
     let mut holder = locks.try_acquire("k", 10 * SECOND).await.unwrap().unwrap();
-    let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&locks, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(300)).await;
     let operator = EtcdOperator::connect(&server.endpoint()).unwrap();
     let line = operator.keys_under("/t/locks/k/w/").await.unwrap();

@@ -192,14 +192,7 @@ async fn lost_fires_when_the_group_ends_a_cut_off_holders_session() {
         cluster.session_ttl(),
         "the group's time to live, granted"
     );
-    let waiter = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            other
-                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&other, "k", SECOND, 30 * SECOND);
     sleep(Duration::from_millis(300)).await;
     assert!(
         !waiter.is_finished(),

@@ -66,6 +66,22 @@ pub async fn first_grant_within(
     None
 }
 
+/// The first grant after a failover carries a token above every one `replicated` before
+/// it; released then, with `held`, the grant the failover may have lost.
+pub async fn after_the_failover(
+    mut first_after: lock::LockGuard,
+    replicated: lock::FencingToken,
+    held: lock::LockGuard,
+) {
+    assert!(
+        first_after.fencing_token() > replicated,
+        "{:?} after the failover, {replicated:?} replicated before it",
+        first_after.fencing_token()
+    );
+    first_after.release().await.unwrap();
+    drop(held);
+}
+
 /// Generates one `#[tokio::test]` per shared-suite case for a backend.
 macro_rules! shared_suite {
     ($backend:ident, $make:expr, $make_after_data_loss:expr) => {
@@ -124,7 +140,7 @@ shared_suite!(redis, shared_redis, redis_only::PrivateRedis::start);
 shared_suite!(
     redis_cluster,
     redis_cluster_only::shared_cluster,
-    redis_cluster_only::NamespaceLost::default
+    redis_cluster_only::namespace_lost
 );
 shared_suite!(in_process, LockService::in_process, InProcessStore::default);
 shared_suite!(
@@ -146,17 +162,17 @@ shared_suite!(
 shared_suite!(
     mysql_table,
     mysql_only::shared_mysql_table,
-    mysql_only::TableRowsLost::default
+    mysql_only::table_rows_lost
 );
 shared_suite!(
     mysql_row,
     mysql_only::shared_mysql_row,
-    mysql_only::RowCountersLost::default
+    mysql_only::row_counters_lost
 );
 shared_suite!(
     postgres,
     postgres_only::shared_postgres,
-    postgres_only::CountersLost::default
+    postgres_only::counters_lost
 );
 
 /// A lock store whose data can be lost, as a restart without persistence loses it.
@@ -165,6 +181,52 @@ pub trait Store {
     fn service(&self) -> LockService;
     /// Loses every lock and counter; returns the service to use afterwards.
     async fn lose_data(&mut self) -> LockService;
+}
+
+/// A shared store whose data under a namespace of the test's own is lost: `lose` deletes
+/// it, given the namespace — as a database restored from a backup taken before it was
+/// written, or a failover to a replica that had not replicated it, would lose it. The same
+/// service goes on across the loss.
+pub struct NamespaceLost {
+    namespace: String,
+    locks: LockService,
+    lose: fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+}
+
+impl std::fmt::Debug for NamespaceLost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceLost")
+            .field("namespace", &self.namespace)
+            .field("locks", &self.locks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NamespaceLost {
+    /// A service opened by `open` under a fresh namespace, whose data `lose` deletes.
+    pub fn new(
+        open: impl FnOnce(&str) -> LockService,
+        lose: fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) -> Self {
+        let namespace = format!("test-{:016x}", rand::random::<u64>());
+        let locks = open(&namespace);
+        Self {
+            namespace,
+            locks,
+            lose,
+        }
+    }
+}
+
+impl Store for NamespaceLost {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        (self.lose)(self.namespace.clone()).await;
+        self.locks.clone()
+    }
 }
 
 /// The in-process store loses its data the only way it can: the process restarts.
@@ -194,22 +256,7 @@ impl Store for InProcessStore {
 async fn in_process_lock_delay_keeps_a_vanished_holders_key() {
     let locks =
         LockService::new(lock::InProcessBackend::new().with_lock_delay(Duration::from_millis(700)));
-    let holder = locks.clone();
-    suite::lock_delay_keeps_a_vanished_holders_key(
-        &locks,
-        &locks,
-        Duration::from_millis(700),
-        |key| async move {
-            let guard = holder
-                .try_acquire(&key, Duration::from_millis(300))
-                .await
-                .unwrap()
-                .unwrap();
-            guard.abandon().await;
-            Duration::from_millis(300)
-        },
-    )
-    .await;
+    suite::lock_delay_keeps_an_abandoned_holders_key(&locks, Duration::from_millis(700)).await;
 }
 
 /// In process, pruning forgets a key nobody has held or waited for in the idle time —
@@ -274,18 +321,7 @@ async fn open_refuses_an_unknown_scheme_and_in_process_keeps_the_cap() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire(
-                    "k",
-                    Duration::from_secs(1),
-                    tokio::time::Instant::now() + Duration::from_secs(5),
-                )
-                .await
-        })
-    };
+    let waiter = suite::spawn_acquire(&locks, "k", Duration::from_secs(1), Duration::from_secs(5));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let crowded = locks
         .acquire(

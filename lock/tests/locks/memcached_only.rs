@@ -99,14 +99,7 @@ async fn an_evicted_lock_is_taken_and_its_holder_told() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let others = others.clone();
-        tokio::spawn(async move {
-            others
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&others, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(300)).await;
     let answer = operator(&format!("delete {namespace}:lock:k\r\n")).await;
     assert!(answer.starts_with("DELETED"), "{answer}");
@@ -137,22 +130,7 @@ async fn lock_delay_keeps_a_vanished_holders_item() {
         },
     )
     .unwrap();
-    let holder = locks.clone();
-    crate::suite::lock_delay_keeps_a_vanished_holders_key(
-        &locks,
-        &locks,
-        delay,
-        |key| async move {
-            let guard = holder
-                .try_acquire(&key, Duration::from_millis(300))
-                .await
-                .unwrap()
-                .unwrap();
-            guard.abandon().await;
-            Duration::from_millis(300)
-        },
-    )
-    .await;
+    crate::suite::lock_delay_keeps_an_abandoned_holders_key(&locks, delay).await;
 }
 
 /// memcached's CAS counter starts over after a restart, so the item of the next holder

@@ -16,8 +16,6 @@ use lock::{
 use sqlx::MySqlPool;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::Store;
-
 const SECOND: Duration = Duration::from_secs(1);
 
 pub fn mysql_url() -> String {
@@ -49,32 +47,19 @@ pub async fn operator() -> MySqlPool {
 
 /// The rows of one namespace lost — as a database restored from a backup taken before
 /// they were written would lose them.
-pub struct TableRowsLost {
-    namespace: String,
-    locks: LockService,
-}
-
-impl Default for TableRowsLost {
-    fn default() -> Self {
-        let namespace = namespace();
-        let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-        Self { namespace, locks }
-    }
-}
-
-impl Store for TableRowsLost {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        sqlx::query("DELETE FROM payonce_locks WHERE lock_key LIKE CONCAT(?, ':%')")
-            .bind(&self.namespace)
-            .execute(&operator().await)
-            .await
-            .unwrap();
-        self.locks.clone()
-    }
+pub fn table_rows_lost() -> crate::NamespaceLost {
+    crate::NamespaceLost::new(
+        |namespace| lock::open(&mysql_url(), &table_options(namespace)).unwrap(),
+        |namespace| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM payonce_locks WHERE lock_key LIKE CONCAT(?, ':%')")
+                    .bind(&namespace)
+                    .execute(&operator().await)
+                    .await
+                    .unwrap();
+            })
+        },
+    )
 }
 
 /// Two processes on one key through the lock table: no two holders at once, no update
@@ -103,14 +88,7 @@ async fn an_expired_row_is_taken_over_by_the_next_grant() {
         .unwrap()
         .unwrap();
     holder.stop_renewal().await;
-    let waiter = {
-        let others = others.clone();
-        tokio::spawn(async move {
-            others
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&others, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(300)).await;
     assert!(!waiter.is_finished());
     sqlx::query("UPDATE payonce_locks SET expires_at = NOW(6) WHERE lock_key = ?")
@@ -188,22 +166,7 @@ async fn table_lock_delay_keeps_a_vanished_holders_row() {
         },
     )
     .unwrap();
-    let holder = locks.clone();
-    crate::suite::lock_delay_keeps_a_vanished_holders_key(
-        &locks,
-        &locks,
-        delay,
-        |key| async move {
-            let guard = holder
-                .try_acquire(&key, Duration::from_millis(300))
-                .await
-                .unwrap()
-                .unwrap();
-            guard.abandon().await;
-            Duration::from_millis(300)
-        },
-    )
-    .await;
+    crate::suite::lock_delay_keeps_an_abandoned_holders_key(&locks, delay).await;
 }
 
 fn row_options(namespace: &str) -> LockOptions {
@@ -223,38 +186,25 @@ pub fn shared_mysql_row() -> LockService {
     lock::open(&row_url(), &row_options(&namespace())).unwrap()
 }
 
-/// The counters of one namespace lost, as [`TableRowsLost`] loses the table's rows.
-pub struct RowCountersLost {
-    namespace: String,
-    locks: LockService,
-}
-
-impl Default for RowCountersLost {
-    fn default() -> Self {
-        let namespace = namespace();
-        let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-        Self { namespace, locks }
-    }
-}
-
-impl Store for RowCountersLost {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        let operator = operator().await;
-        for table in ["payonce_lock_fences", "payonce_lock_rows"] {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DELETE FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
-            )))
-            .bind(&self.namespace)
-            .execute(&operator)
-            .await
-            .unwrap();
-        }
-        self.locks.clone()
-    }
+/// The counters of one namespace lost, as [`table_rows_lost`] loses the table's rows.
+pub fn row_counters_lost() -> crate::NamespaceLost {
+    crate::NamespaceLost::new(
+        |namespace| lock::open(&row_url(), &row_options(namespace)).unwrap(),
+        |namespace| {
+            Box::pin(async move {
+                let operator = operator().await;
+                for table in ["payonce_lock_fences", "payonce_lock_rows"] {
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DELETE FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
+                    )))
+                    .bind(&namespace)
+                    .execute(&operator)
+                    .await
+                    .unwrap();
+                }
+            })
+        },
+    )
 }
 
 /// Two processes on one key through row locks: no two holders at once, no update lost,
@@ -283,14 +233,7 @@ async fn lost_fires_when_the_holders_connection_is_killed() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let others = others.clone();
-        tokio::spawn(async move {
-            others
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&others, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(300)).await;
     let operator = operator().await;
     // The holder's session: the one blocking the waiter whose statement names our key.
@@ -442,14 +385,7 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
 
     // Its successor gets the row, bumps the counter, then waits out the delay holding
     // the row; it is dropped then.
-    let successor = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("k", 10 * SECOND, Instant::now() + 30 * SECOND)
-                .await
-        })
-    };
+    let successor = crate::suite::spawn_acquire(&locks, "k", 10 * SECOND, 30 * SECOND);
     let started = Instant::now();
     while fence().await.unwrap() == holders_fence {
         assert!(
@@ -546,14 +482,7 @@ async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
     // One connection holds K1; K2's grant locks its row on the other, and its bump then
     // waits for a connection that only K1's release gives back.
     let mut k1 = stalled.try_acquire("k1", SECOND).await.unwrap().unwrap();
-    let stalled_grant = {
-        let stalled = stalled.clone();
-        tokio::spawn(async move {
-            stalled
-                .acquire("k2", SECOND, Instant::now() + 20 * SECOND)
-                .await
-        })
-    };
+    let stalled_grant = crate::suite::spawn_acquire(&stalled, "k2", SECOND, 20 * SECOND);
     // Past the row's idle limit (the lease rounded up, plus a second): the server ended
     // the stalled grant's transaction, and another process takes the row.
     sleep(Duration::from_millis(2500)).await;

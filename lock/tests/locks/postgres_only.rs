@@ -11,8 +11,6 @@ use lock::{LockOptions, LockService, PostgresBackend, PostgresOptions};
 use sqlx::PgPool;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::Store;
-
 const SECOND: Duration = Duration::from_secs(1);
 
 fn database_url() -> String {
@@ -71,32 +69,19 @@ async fn terminate_holder(operator: &PgPool, namespace: &str, key: &str) {
 
 /// The counters of one namespace lost — as a database restored from a backup taken
 /// before they were written would lose them.
-pub struct CountersLost {
-    namespace: String,
-    locks: LockService,
-}
-
-impl Default for CountersLost {
-    fn default() -> Self {
-        let namespace = namespace();
-        let locks = lock::open(&database_url(), &options(&namespace)).unwrap();
-        Self { namespace, locks }
-    }
-}
-
-impl Store for CountersLost {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        sqlx::query("DELETE FROM payonce_lock_fences WHERE lock_key LIKE $1 || ':%'")
-            .bind(&self.namespace)
-            .execute(&operator().await)
-            .await
-            .unwrap();
-        self.locks.clone()
-    }
+pub fn counters_lost() -> crate::NamespaceLost {
+    crate::NamespaceLost::new(
+        |namespace| lock::open(&database_url(), &options(namespace)).unwrap(),
+        |namespace| {
+            Box::pin(async move {
+                sqlx::query("DELETE FROM payonce_lock_fences WHERE lock_key LIKE $1 || ':%'")
+                    .bind(&namespace)
+                    .execute(&operator().await)
+                    .await
+                    .unwrap();
+            })
+        },
+    )
 }
 
 /// Ending the holder's connection from outside releases its lock at once: the waiter of
@@ -112,14 +97,7 @@ async fn lost_fires_when_the_connection_is_terminated() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let others = others.clone();
-        tokio::spawn(async move {
-            others
-                .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&others, "k", SECOND, 10 * SECOND);
     sleep(Duration::from_millis(200)).await;
     let operator = operator().await;
     terminate_holder(&operator, &namespace, "k").await;
@@ -232,18 +210,9 @@ async fn lock_delay_holds_a_vanished_holders_key() {
     };
     let holders = LockService::from_arc(backend(&namespace, delayed.clone()));
     let others = LockService::from_arc(backend(&namespace, delayed));
-    let holder = holders.clone();
-    crate::suite::lock_delay_keeps_a_vanished_holders_key(
-        &holders,
-        &others,
-        delay,
-        |key| async move {
-            let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
-            terminate_holder(&operator().await, &namespace, &key).await;
-            drop(guard);
-            Duration::ZERO
-        },
-    )
+    crate::suite::lock_delay_after_an_ended_session(&holders, &others, delay, |key| async move {
+        terminate_holder(&operator().await, &namespace, &key).await;
+    })
     .await;
 }
 
@@ -271,14 +240,7 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
     let holders_fence = fence().await.unwrap();
 
     // Its successor takes the lock, then waits out the delay holding it; dropped then.
-    let successor = {
-        let locks = locks.clone();
-        tokio::spawn(async move {
-            locks
-                .acquire("k", 10 * SECOND, Instant::now() + 30 * SECOND)
-                .await
-        })
-    };
+    let successor = crate::suite::spawn_acquire(&locks, "k", 10 * SECOND, 30 * SECOND);
     let started = Instant::now();
     while fence().await.unwrap() == holders_fence {
         assert!(

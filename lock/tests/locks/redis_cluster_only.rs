@@ -9,8 +9,6 @@ use lock::testing::RedisCluster;
 use lock::{FencingToken, LockError, LockOptions, LockService};
 use tokio::time::{Instant, sleep};
 
-use crate::Store;
-
 const SECOND: Duration = Duration::from_secs(1);
 
 /// The shared cluster (`scripts/services.sh` starts one on 127.0.0.1:7000-7005).
@@ -42,42 +40,29 @@ pub fn shared_cluster() -> LockService {
 
 /// The shared cluster whose keys of one namespace are lost — what a failover to a replica
 /// that had not replicated them loses (the failover test below loses them for real).
-pub struct NamespaceLost {
-    namespace: String,
-    locks: LockService,
-}
-
-impl Default for NamespaceLost {
-    fn default() -> Self {
-        let namespace = namespace();
-        let locks = cluster_at(&cluster_url(), &namespace);
-        Self { namespace, locks }
-    }
-}
-
-impl Store for NamespaceLost {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        for port in masters(&cluster_url()).await {
-            let mut node = node(port).await;
-            let keys: Vec<String> = redis::cmd("KEYS")
-                .arg(format!("{}:*", self.namespace))
-                .query_async(&mut node)
-                .await
-                .unwrap();
-            for key in keys {
-                let _: i64 = redis::cmd("DEL")
-                    .arg(&key)
-                    .query_async(&mut node)
-                    .await
-                    .unwrap();
-            }
-        }
-        self.locks.clone()
-    }
+pub fn namespace_lost() -> crate::NamespaceLost {
+    crate::NamespaceLost::new(
+        |namespace| cluster_at(&cluster_url(), namespace),
+        |namespace| {
+            Box::pin(async move {
+                for port in masters(&cluster_url()).await {
+                    let mut node = node(port).await;
+                    let keys: Vec<String> = redis::cmd("KEYS")
+                        .arg(format!("{}:*", namespace))
+                        .query_async(&mut node)
+                        .await
+                        .unwrap();
+                    for key in keys {
+                        let _: i64 = redis::cmd("DEL")
+                            .arg(&key)
+                            .query_async(&mut node)
+                            .await
+                            .unwrap();
+                    }
+                }
+            })
+        },
+    )
 }
 
 async fn node(port: u16) -> redis::aio::MultiplexedConnection {
@@ -272,18 +257,12 @@ async fn a_killed_master_fails_over_and_tokens_never_go_back() {
     other.release().await.unwrap();
 
     // The killed master's keys: unavailable or held, never granted, until the failover.
-    let mut first_after = crate::first_grant_within(&locks, key, 30 * SECOND)
+    let first_after = crate::first_grant_within(&locks, key, 30 * SECOND)
         .await
         .expect("the replica took over within 30 s");
     let degraded = killed_at.elapsed();
     println!("failover: the killed master's locks were unavailable for {degraded:?}");
-    assert!(
-        first_after.fencing_token() > replicated,
-        "{:?} after the failover, {replicated:?} replicated before it",
-        first_after.fencing_token()
-    );
-    first_after.release().await.unwrap();
-    drop(held);
+    crate::after_the_failover(first_after, replicated, held).await;
 
     // Waiters on the slot are woken at once again: the subscription follows the slot to
     // the promoted replica.
@@ -310,14 +289,7 @@ async fn woken_promptly(
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let waiters = waiters.clone();
-        tokio::spawn(async move {
-            waiters
-                .acquire(key, SECOND, Instant::now() + 8 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(waiters, key, SECOND, 8 * SECOND);
     // Until the waiter has queued.
     sleep(Duration::from_millis(300)).await;
     let released_at = Instant::now();

@@ -661,23 +661,8 @@ async fn lock_delay_keeps_a_vanished_holders_key() {
         },
     )
     .unwrap();
-    let holder = locks.clone();
-    crate::suite::lock_delay_keeps_a_vanished_holders_key(
-        &locks,
-        &locks,
-        Duration::from_millis(700),
-        |key| async move {
-            let guard = holder
-                .try_acquire(&key, Duration::from_millis(300))
-                .await
-                .unwrap()
-                .unwrap();
-            guard.abandon().await;
-            // Its lease runs out 300 ms after the grant.
-            Duration::from_millis(300)
-        },
-    )
-    .await;
+    crate::suite::lock_delay_keeps_an_abandoned_holders_key(&locks, Duration::from_millis(700))
+        .await;
 }
 
 /// A key's fencing counter expires its idle time after the last lease ends, and with it

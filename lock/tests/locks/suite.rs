@@ -21,10 +21,36 @@ fn key() -> String {
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// A waiter on a task of its own: `locks.acquire(key, ttl, …)` with a deadline `within`
+/// from now.
+pub fn spawn_acquire(
+    locks: &LockService,
+    key: &str,
+    ttl: Duration,
+    within: Duration,
+) -> tokio::task::JoinHandle<Result<lock::LockGuard, LockError>> {
+    let (locks, key, deadline) = (locks.clone(), key.to_owned(), Instant::now() + within);
+    tokio::spawn(async move { locks.acquire(&key, ttl, deadline).await })
+}
+
 /// 32 tasks doing a read-modify-write that is not atomic on its own lose no update and
 /// never overlap.
 pub async fn mutual_exclusion_under_contention(locks: LockService) {
     read_modify_write_under(&[locks], 32, 20).await;
+}
+
+/// One read-modify-write of `counter` that is not atomic on its own, by a holder of the
+/// lock: asserts that nobody else is `inside` meanwhile.
+pub async fn read_modify_write_alone(inside: &AtomicUsize, counter: &AtomicU64) {
+    assert_eq!(
+        inside.fetch_add(1, Ordering::SeqCst),
+        0,
+        "two holders at once"
+    );
+    let seen = counter.load(Ordering::SeqCst);
+    tokio::task::yield_now().await;
+    counter.store(seen + 1, Ordering::SeqCst);
+    inside.fetch_sub(1, Ordering::SeqCst);
 }
 
 /// `tasks` tasks, spread over `instances`, each doing `rounds` read-modify-writes of one
@@ -43,15 +69,7 @@ pub async fn read_modify_write_under(instances: &[LockService], tasks: usize, ro
                         .acquire(&key, 5 * SECOND, after(30_000))
                         .await
                         .unwrap();
-                    assert_eq!(
-                        inside.fetch_add(1, Ordering::SeqCst),
-                        0,
-                        "two holders at once"
-                    );
-                    let seen = counter.load(Ordering::SeqCst);
-                    tokio::task::yield_now().await;
-                    counter.store(seen + 1, Ordering::SeqCst);
-                    inside.fetch_sub(1, Ordering::SeqCst);
+                    read_modify_write_alone(&inside, &counter).await;
                     assert!(guard.release().await.unwrap());
                 }
             })
@@ -860,6 +878,47 @@ pub async fn lock_delay_keeps_a_vanished_holders_key<F, Fut>(
     assert!(successor.release().await.unwrap());
 }
 
+/// Chubby's lock-delay where the holder vanishes by abandoning its guard, as a crashed
+/// process leaves its lease to run out: the key stays held for the lease (300 ms after the
+/// grant) and the delay; a released lock is free at once.
+pub async fn lock_delay_keeps_an_abandoned_holders_key(locks: &LockService, delay: Duration) {
+    let holder = locks.clone();
+    lock_delay_keeps_a_vanished_holders_key(locks, locks, delay, |key| async move {
+        let guard = holder
+            .try_acquire(&key, Duration::from_millis(300))
+            .await
+            .unwrap()
+            .unwrap();
+        guard.abandon().await;
+        // Its lease runs out 300 ms after the grant.
+        Duration::from_millis(300)
+    })
+    .await;
+}
+
+/// Chubby's lock-delay where the holder's session ends from outside while it holds the
+/// key (`end` ends it, given the key): its drop after that is no release, so its successor
+/// waits the delay from then.
+pub async fn lock_delay_after_an_ended_session<F, Fut>(
+    holders: &LockService,
+    others: &LockService,
+    delay: Duration,
+    end: F,
+) where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let holder = holders.clone();
+    lock_delay_keeps_a_vanished_holders_key(holders, others, delay, |key| async move {
+        let guard = holder.try_acquire(&key, SECOND).await.unwrap().unwrap();
+        end(key).await;
+        // Alive, and releasing after its session ended: that is not a release.
+        drop(guard);
+        Duration::ZERO
+    })
+    .await;
+}
+
 /// Two services on one store whose backends cap a key's queue at 8 in the store (their
 /// caps in process are looser): 20 waiters from both get 8 queued between them, served in
 /// turn, and 12 turned away at once.
@@ -1086,4 +1145,138 @@ pub async fn requests_per_hand_off(
         (requests() - before) as f64 / waiters as f64,
         started.elapsed(),
     )
+}
+
+/// A test server of the lock service's own that stops and starts again on its port, its
+/// data kept.
+pub trait Restart {
+    fn stop(&mut self);
+    fn restart(&mut self) -> std::io::Result<()>;
+}
+
+/// Fencing tokens strictly increase across the store's data loss when that loss is a
+/// restart that keeps the data (a consensus store's own counter), with no `raise_fencing`.
+pub async fn tokens_increase_across_a_server_restart(mut store: impl Store) {
+    let locks = store.service();
+    let mut before = FencingToken::new(0);
+    for _ in 0..3 {
+        let mut guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+        assert!(guard.fencing_token() > before);
+        before = guard.fencing_token();
+        guard.release().await.unwrap();
+    }
+    let locks = store.lose_data().await;
+    let mut guard = locks.acquire("k", SECOND, after(10_000)).await.unwrap();
+    assert!(
+        guard.fencing_token() > before,
+        "{:?} after {before:?}",
+        guard.fencing_token()
+    );
+    guard.release().await.unwrap();
+}
+
+/// A holder whose process vanishes keeps the lock until its session (`session`: the
+/// session timeout or lease TTL) runs out, then its successor through `successors` gets
+/// it. A runtime of its own stands for the process: dropping it stops its keep-alives and
+/// closes its connection without closing its session. `runs_out` names the end in the
+/// failure message.
+pub async fn a_vanished_process_is_succeeded_after_its_session(
+    url: String,
+    session: Duration,
+    successors: &LockService,
+    runs_out: &str,
+) {
+    let granted_at = tokio::task::spawn_blocking(move || {
+        let process = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let granted_at = process.block_on(async {
+            let locks = lock::open(
+                &url,
+                &lock::LockOptions {
+                    session,
+                    ..lock::LockOptions::default()
+                },
+            )
+            .unwrap();
+            let guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
+            std::mem::forget(guard);
+            Instant::now()
+        });
+        process.shutdown_background();
+        granted_at
+    })
+    .await
+    .unwrap();
+    let mut successor = successors
+        .acquire("k", SECOND, after(15_000))
+        .await
+        .unwrap();
+    let waited = granted_at.elapsed();
+    assert!(
+        waited >= session - Duration::from_millis(300),
+        "taken after {waited:?}, before {runs_out}"
+    );
+    assert!(waited < session * 3, "took {waited:?}");
+    successor.release().await.unwrap();
+}
+
+/// A hot key with 32 waiters: each hand-off costs at most `most` requests (counted by
+/// `requests`) and wakes exactly one waiter — had a release woken the whole queue, each
+/// waiter would have looked again, some 30 requests per hand-off.
+pub async fn a_hand_off_costs_at_most(locks: &LockService, requests: impl Fn() -> u64, most: f64) {
+    let (per_hand_off, _) = requests_per_hand_off(locks, requests, 32).await;
+    assert!(
+        per_hand_off <= most,
+        "{per_hand_off:.2} requests per hand-off"
+    );
+}
+
+/// A release the server never answered (it was down) is not forgotten: the session's
+/// cleaner deletes the key once the server is back, so another process (`others`) gets
+/// the lock then — not when the holder's session ends, which for a live process is never.
+/// `holders` give up on a request after a second.
+pub async fn a_release_the_server_missed_is_retried(
+    server: &mut impl Restart,
+    holders: &LockService,
+    others: &LockService,
+) {
+    let mut holder = holders
+        .try_acquire("k", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    server.stop();
+    let released = holder.release().await;
+    assert!(released.is_err(), "{released:?}");
+    server.restart().unwrap();
+    let back_at = Instant::now();
+    let mut next = others
+        .acquire("k", SECOND, after(15_000))
+        .await
+        .expect("the missed release was never retried");
+    assert!(back_at.elapsed() < 15 * SECOND);
+    assert!(next.fencing_token() > holder.fencing_token());
+    next.release().await.unwrap();
+}
+
+/// The options of an instance whose cap on waiters is kept in the lock service: 8, with a
+/// patient timeout for a server of the test's own.
+pub fn capped_at_8() -> lock::LockOptions {
+    lock::LockOptions {
+        op_timeout: Some(5 * SECOND),
+        max_waiters: 8,
+        ..lock::LockOptions::default()
+    }
+}
+
+/// The options of a process whose requests the server may miss: a long session, and a
+/// request given up after a second.
+pub fn impatient_with_a_long_session() -> lock::LockOptions {
+    lock::LockOptions {
+        session: 30 * SECOND,
+        op_timeout: Some(SECOND),
+        ..lock::LockOptions::default()
+    }
 }

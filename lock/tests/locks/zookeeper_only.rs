@@ -73,30 +73,7 @@ impl Store for PrivateZooKeeper {
 /// seen higher tokens, from another lock service.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_increase_across_a_server_restart() {
-    let mut zookeeper = PrivateZooKeeper::start();
-    let mut before = FencingToken::new(0);
-    for _ in 0..3 {
-        let mut guard = zookeeper
-            .locks
-            .try_acquire("k", SECOND)
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(guard.fencing_token() > before);
-        before = guard.fencing_token();
-        guard.release().await.unwrap();
-    }
-    let locks = zookeeper.lose_data().await;
-    let mut guard = locks
-        .acquire("k", SECOND, Instant::now() + 10 * SECOND)
-        .await
-        .unwrap();
-    assert!(
-        guard.fencing_token() > before,
-        "{:?} after {before:?}",
-        guard.fencing_token()
-    );
-    guard.release().await.unwrap();
+    crate::suite::tokens_increase_across_a_server_restart(PrivateZooKeeper::start()).await;
 }
 
 /// The session ended from outside — the holder cut off from the server past its session
@@ -126,14 +103,7 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
         .await
         .unwrap()
         .unwrap();
-    let waiter = {
-        let other = other.clone();
-        tokio::spawn(async move {
-            other
-                .acquire("k", SECOND, Instant::now() + 30 * SECOND)
-                .await
-        })
-    };
+    let waiter = crate::suite::spawn_acquire(&other, "k", SECOND, 30 * SECOND);
     sleep(Duration::from_millis(200)).await;
     assert!(
         !waiter.is_finished(),
@@ -164,45 +134,14 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_vanished_process_is_succeeded_after_its_session_timeout() {
     let server = ZooKeeperServer::start().unwrap();
-    let session_timeout = 2 * SECOND;
-    let url = server.url("/t");
-    let granted_at = tokio::task::spawn_blocking(move || {
-        // A runtime of its own stands for the process: dropping it closes its connection
-        // without closing its session.
-        let process = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let granted_at = process.block_on(async {
-            let locks = lock::open(
-                &url,
-                &LockOptions {
-                    session: session_timeout,
-                    ..LockOptions::default()
-                },
-            )
-            .unwrap();
-            let guard = locks.try_acquire("k", SECOND).await.unwrap().unwrap();
-            std::mem::forget(guard);
-            Instant::now()
-        });
-        process.shutdown_background();
-        granted_at
-    })
-    .await
-    .unwrap();
-    let successor_locks = LockService::from_arc(backend(&server, 4 * SECOND));
-    let mut successor = successor_locks
-        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
-        .await
-        .unwrap();
-    let waited = granted_at.elapsed();
-    assert!(
-        waited >= session_timeout - Duration::from_millis(300),
-        "taken after {waited:?}, before the session could time out"
-    );
-    assert!(waited < session_timeout * 3, "took {waited:?}");
-    successor.release().await.unwrap();
+    let successors = LockService::from_arc(backend(&server, 4 * SECOND));
+    crate::suite::a_vanished_process_is_succeeded_after_its_session(
+        server.url("/t"),
+        2 * SECOND,
+        &successors,
+        "the session could time out",
+    )
+    .await;
 }
 
 /// A hot key with 32 waiters: each hand-off costs a constant number of requests (the
@@ -215,12 +154,7 @@ async fn a_hand_off_costs_constant_requests_and_wakes_one_waiter() {
     let counted = backend(&server, 4 * SECOND);
     let locks = LockService::from_arc(counted.clone());
     // Queued first: 32 × (create, look, watch the predecessor); then counted.
-    let (per_hand_off, _) =
-        crate::suite::requests_per_hand_off(&locks, || counted.requests(), 32).await;
-    assert!(
-        per_hand_off <= 3.5,
-        "{per_hand_off:.2} requests per hand-off"
-    );
+    crate::suite::a_hand_off_costs_at_most(&locks, || counted.requests(), 3.5).await;
 }
 
 /// Chubby's lock-delay on ZooKeeper: a holder whose process vanished (its connection gone,
@@ -270,6 +204,16 @@ async fn lock_delay_holds_a_vanished_holders_key() {
         }
     })
     .await;
+}
+
+impl crate::suite::Restart for ZooKeeperServer {
+    fn stop(&mut self) {
+        ZooKeeperServer::stop(self);
+    }
+
+    fn restart(&mut self) -> std::io::Result<()> {
+        ZooKeeperServer::restart(self)
+    }
 }
 
 /// A ZooKeeper of the test's own whose data loss is real: its data directory deleted, every
@@ -330,46 +274,17 @@ async fn a_release_the_server_missed_is_retried() {
     let mut server = ZooKeeperServer::start().unwrap();
     let holders = LockService::from_arc(with_options(
         &server,
-        LockOptions {
-            session: 30 * SECOND,
-            op_timeout: Some(SECOND),
-            ..LockOptions::default()
-        },
+        crate::suite::impatient_with_a_long_session(),
     ));
     let others = LockService::from_arc(backend(&server, 4 * SECOND));
-    let mut holder = holders
-        .try_acquire("k", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    server.stop();
-    let released = holder.release().await;
-    assert!(released.is_err(), "{released:?}");
-    server.restart().unwrap();
-    let back_at = Instant::now();
-    let mut next = others
-        .acquire("k", SECOND, Instant::now() + 15 * SECOND)
-        .await
-        .expect("the missed release was never retried");
-    assert!(back_at.elapsed() < 15 * SECOND);
-    assert!(next.fencing_token() > holder.fencing_token());
-    next.release().await.unwrap();
+    crate::suite::a_release_the_server_missed_is_retried(&mut server, &holders, &others).await;
 }
 
 /// The cap on waiters is kept in ZooKeeper's queue, so it holds across processes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_waiter_cap_holds_across_processes() {
     let server = ZooKeeperServer::start().unwrap();
-    let capped = || {
-        LockService::from_arc(with_options(
-            &server,
-            LockOptions {
-                op_timeout: Some(5 * SECOND),
-                max_waiters: 8,
-                ..LockOptions::default()
-            },
-        ))
-    };
+    let capped = || LockService::from_arc(with_options(&server, crate::suite::capped_at_8()));
     crate::suite::the_waiter_cap_holds_across([capped(), capped()]).await;
 }
 
