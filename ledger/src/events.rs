@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
+use crate::claims::Claim;
 use crate::db_types::Timestamp;
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, placeholders};
 use crate::error::{LedgerError, commit_or_unknown};
 use crate::model::{AccountId, ApplyRequest, TicketId};
-use crate::outbox::Claim;
 use crate::requests::{Answer, KeptKey, RequestRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
@@ -391,14 +391,6 @@ pub(crate) fn recordable(text: &str) -> std::borrow::Cow<'_, str> {
     } else {
         std::borrow::Cow::Borrowed(text)
     }
-}
-
-/// `… IN ($first, …)` for `count` parameters.
-pub(crate) fn placeholders(first: usize, count: usize) -> String {
-    (first..first + count)
-        .map(|n| format!("${n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The webhook steps.
