@@ -4,11 +4,10 @@
 //! check, write the entry and store the outcome; an order payment under its order's lock.
 
 use serde_json::Value;
-use sqlx::types::Json;
 use sqlx::{Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::batch::{self, Batcher};
-use crate::db_types::Timestamp;
+use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
@@ -164,7 +163,7 @@ where
     for<'q> AccountId: Encode<'q, D> + Type<D>,
     for<'q> TicketId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
-    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> JsonText<'q>: Encode<'q, D> + Type<D>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> OrderRow: FromRow<'r, D::Row>,
     for<'q> OrderId: Encode<'q, D> + Type<D>,
@@ -568,12 +567,13 @@ where
         body: &Value,
         now: Timestamp,
     ) -> Result<(), LedgerError> {
+        let body = body.to_string();
         sqlx::query(COMPLETE_TICKET)
             .bind(request.ticket_id)
             .bind(kind)
             .bind(request.fingerprint)
             .bind(i32::from(status))
-            .bind(Json(body))
+            .bind(JsonText(&body))
             .bind(now)
             .bind(request.account_id)
             .execute(&mut **tx)

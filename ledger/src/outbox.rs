@@ -193,6 +193,7 @@ where
     for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> crate::db_types::JsonText<'q>: Encode<'q, D> + Type<D>,
     usize: ColumnIndex<D::Row>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
