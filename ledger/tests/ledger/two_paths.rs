@@ -360,8 +360,11 @@ struct Raw {
     tickets: Vec<TicketRaw>,
     entries: Vec<EntryRaw>,
     events: Vec<(Uuid, Uuid, String, Uuid, String, i64)>,
-    outbox: Vec<(String, Option<Uuid>, Option<Uuid>, i64, bool, i64, i64)>,
+    outbox: Vec<OutboxRaw>,
 }
+
+/// An outbox row: kind, event, endpoint, attempts, whether open, due at, made at.
+type OutboxRaw = (String, Option<Uuid>, Option<Uuid>, i64, bool, i64, i64);
 
 struct TicketRaw {
     id: Uuid,
