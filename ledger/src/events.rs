@@ -17,7 +17,7 @@ use crate::claims::Claim;
 use crate::db_types::Timestamp;
 use crate::dialect::{Dialect, placeholders};
 use crate::error::{LedgerError, commit_or_unknown};
-use crate::model::{AccountId, ApplyRequest, TicketId};
+use crate::model::{AccountId, ApplyRequest, OutcomeKind, TicketId};
 use crate::requests::{Answer, KeptKey, RequestRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
@@ -348,14 +348,14 @@ where
     Ok(())
 }
 
-/// Writes, in `tx`, the event a spend's outcome stored with `status` and `body` announces,
-/// if it announces one ([`event_of_outcome`]): what every transaction that stores a
-/// spend's outcome does before it commits (the group commit's statement does the same in
-/// SQL).
+/// Writes, in `tx`, the event a spend's outcome of kind `outcome`, stored with `body`,
+/// announces, if it announces one ([`event_of_outcome`]): what every transaction that
+/// stores a spend's outcome does before it commits (the group commit's statement does the
+/// same in SQL).
 pub(crate) async fn announce_outcome<D>(
     tx: &mut sqlx::Transaction<'static, D>,
     request: &ApplyRequest<'_>,
-    status: u16,
+    outcome: OutcomeKind,
     body: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), sqlx::Error>
@@ -369,13 +369,13 @@ where
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
 {
-    let Some(event) = event_of_outcome(request.operation.kind(), status) else {
+    let Some(event) = event_of_outcome(request.operation.kind(), outcome) else {
         return Ok(());
     };
     let data = outcome_data(
         request.account_id,
         request.ticket_id,
-        status,
+        outcome.status(),
         &body.to_string(),
     );
     record_event(tx, request.account_id, request.ticket_id, event, &data, now).await

@@ -106,7 +106,8 @@ pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
     Judgement, MAX_AMOUNT, NewAccount, NewOrder, Operation, OperationResult, Order, OrderId,
-    Outcome, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId, TicketState,
+    Outcome, OutcomeKind, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    TicketState,
 };
 
 use creates::{CreateKey, NewCreation};

@@ -37,10 +37,6 @@ use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{EventId, EventType, payout_data};
 
-/// The status a payout's outcome is stored with when the money left the account: accepted,
-/// not yet done — the bank has not been asked.
-pub(crate) const ACCEPTED: u16 = 202;
-
 macro_rules! payout_columns {
     () => {
         "p.id, p.account_id, p.ticket_id, p.amount, p.destination, p.status,
@@ -231,24 +227,21 @@ where
         };
         let planned = crate::apply::Planned::of(request.operation);
         let result = Self::move_or_refuse(&mut tx, request, &planned, token).await?;
-        let status = match result {
-            OperationResult::Applied {
-                balance, points, ..
-            } => {
-                let debit = Debit {
-                    payout,
-                    amount,
-                    destination,
-                    balance,
-                    points,
-                    token,
-                };
-                Self::record_payout(&mut tx, request, &debit, now).await?;
-                ACCEPTED
-            }
-            OperationResult::Refused(_) => result.status(),
-        };
-        Self::conclude(tx, request, &result, status, now, render).await
+        if let OperationResult::Applied {
+            balance, points, ..
+        } = result
+        {
+            let debit = Debit {
+                payout,
+                amount,
+                destination,
+                balance,
+                points,
+                token,
+            };
+            Self::record_payout(&mut tx, request, &debit, now).await?;
+        }
+        Self::conclude(tx, request, &result, now, render).await
     }
 
     /// The payout, its debit entry and its job.
