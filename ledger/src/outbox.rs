@@ -492,23 +492,7 @@ where
             )));
         };
         if status == PayoutStatus::Failed {
-            let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
-                .bind(account)
-                .bind(amount)
-                .fetch_one(&mut **tx)
-                .await?;
-            sqlx::query(INSERT_PAYOUT_ENTRY)
-                .bind(account)
-                .bind(None::<TicketId>)
-                .bind(EntryKind::PayoutReversal.as_str())
-                .bind(amount)
-                .bind(balance)
-                .bind(points)
-                .bind(token)
-                .bind(now)
-                .bind(job.payout.id)
-                .execute(&mut **tx)
-                .await?;
+            Self::reverse(tx, account, amount, job.payout.id, now).await?;
         }
         // The settlement's event, in its transaction: the payout as it now stands.
         let settled = Payout {
@@ -527,6 +511,34 @@ where
         let data = payout_data(account, job.payout.ticket_id, &render(&settled).to_string());
         record_event(tx, account, job.payout.ticket_id, event, &data, now).await?;
         Ok(true)
+    }
+
+    /// A failed payout's money back on `account`: the credit and its reversal entry.
+    async fn reverse(
+        tx: &mut sqlx::Transaction<'static, D>,
+        account: AccountId,
+        amount: i64,
+        payout: PayoutId,
+        now: Timestamp,
+    ) -> Result<(), LedgerError> {
+        let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
+            .bind(account)
+            .bind(amount)
+            .fetch_one(&mut **tx)
+            .await?;
+        sqlx::query(INSERT_PAYOUT_ENTRY)
+            .bind(account)
+            .bind(None::<TicketId>)
+            .bind(EntryKind::PayoutReversal.as_str())
+            .bind(amount)
+            .bind(balance)
+            .bind(points)
+            .bind(token)
+            .bind(now)
+            .bind(payout)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 }
 
