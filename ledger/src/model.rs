@@ -622,9 +622,10 @@ pub enum OperationResult {
     Refused(Refusal),
 }
 
-/// What came of a spend, in the ledger's own terms: what the events it announces, the
-/// audit and the API's edge (where the status and a payout's `Location` are chosen) decide
-/// by. Holds, captures, voids, expiries and refunds will each add their own.
+/// What came of a spend, in the ledger's own terms: what the event it announces, the
+/// audit and the API's edge (a payout's `Location`, the problem a refusal renders) decide
+/// by, and what its status is chosen from ([`OutcomeKind::status`]). Holds, captures,
+/// voids, expiries and refunds will each add their own.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OutcomeKind {
     /// It went through: money and points moved and an entry was written.
