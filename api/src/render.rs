@@ -1,6 +1,7 @@
 //! The bodies stored under a ticket: what the first execution answered, replayed byte for
 //! byte (as a JSON value) by every repeat. The ledger calls [`render`] inside its
-//! transaction and decides the status; this decides the shape.
+//! transaction and decides the outcome's kind, and with it the status
+//! ([`ledger::OutcomeKind::status`]); this decides the shape.
 
 use axum::http::StatusCode;
 use ledger::payouts::{Payout, bank_key};
@@ -102,7 +103,7 @@ pub fn payout_view(payout: Payout) -> PayoutView {
 /// and the figures behind it.
 fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) -> Value {
     let status =
-        StatusCode::from_u16(execution.result.status()).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
+        StatusCode::from_u16(execution.kind().status()).unwrap_or(StatusCode::UNPROCESSABLE_ENTITY);
     let mut extra = Map::new();
     extra.insert("ticket_id".into(), json!(execution.ticket_id.0));
     extra.insert("account_id".into(), json!(execution.account_id.0));

@@ -4,18 +4,17 @@
 //! check, write the entry and store the outcome; an order payment under its order's lock.
 
 use serde_json::Value;
-use sqlx::types::Json;
 use sqlx::{Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::batch::{self, Batcher};
-use crate::db_types::Timestamp;
+use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
 use crate::lottery;
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, Judgement, Operation, OperationResult,
-    OrderId, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    OrderId, OutcomeKind, Refusal, Renderer, StoredResponse, Ticket, TicketId,
 };
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
@@ -164,7 +163,7 @@ where
     for<'q> AccountId: Encode<'q, D> + Type<D>,
     for<'q> TicketId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
-    for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> JsonText<'q>: Encode<'q, D> + Type<D>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> OrderRow: FromRow<'r, D::Row>,
     for<'q> OrderId: Encode<'q, D> + Type<D>,
@@ -217,6 +216,7 @@ where
             credit: planned.credit,
             prize: planned.prize,
         };
+        let kind = OutcomeKind::of(&request.operation, &stand_in);
         let body = substitutable(&render(&request.execution(&stand_in)))?;
         let spend = batch::Spend {
             ticket_id: request.ticket_id,
@@ -228,9 +228,8 @@ where
             token,
             fingerprint: request.fingerprint.to_owned(),
             body,
-            status: stand_in.status(),
-            event: event_of_outcome(request.operation.kind(), stand_in.status())
-                .map(EventType::as_str),
+            status: kind.status(),
+            event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
         };
         let done = match batcher.apply(spend).await {
             Ok(done) => done,
@@ -238,8 +237,9 @@ where
         };
         if let Some(body) = done.written {
             return Some(Ok(Applied {
+                kind,
                 response: StoredResponse {
-                    status: stand_in.status(),
+                    status: kind.status(),
                     body,
                 },
                 replayed: false,
@@ -276,7 +276,7 @@ where
         let result = Self::move_or_refuse(&mut tx, request, planned, token).await?;
         // 4. The entry (only when something moved) and the outcome, in this transaction.
         Self::record_entry(&mut tx, request, planned, &result, token, now).await?;
-        Self::conclude(tx, request, &result, result.status(), now, render).await
+        Self::conclude(tx, request, &result, now, render).await
     }
 
     /// Steps 1 and 2 of every transaction that spends a ticket: lock the ticket, so
@@ -322,7 +322,7 @@ where
             None => Self::take_for_order(&mut tx, request, amount).await?,
         };
         Self::record_order_payment(&mut tx, request, order_id, amount, token, &result, now).await?;
-        Self::conclude(tx, request, &result, result.status(), now, render).await
+        Self::conclude(tx, request, &result, now, render).await
     }
 
     /// An order payment's order, locked: found with its account and of the amount the
@@ -538,22 +538,23 @@ where
     }
 
     /// The last step of every transaction that spends a ticket: the outcome rendered and
-    /// stored under the ticket with `status` (the result's own, but for a payout's
-    /// acceptance), and the transaction committed.
+    /// stored under the ticket with its kind's status, its event written, and the
+    /// transaction committed.
     pub(crate) async fn conclude(
         mut tx: sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         result: &OperationResult,
-        status: u16,
         now: Timestamp,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
-        let body = render(&request.execution(result));
-        let kind = request.operation.kind();
-        Self::complete_ticket(&mut tx, request, kind.as_str(), status, &body, now).await?;
-        announce_outcome(&mut tx, request, status, &body, now).await?;
+        let execution = request.execution(result);
+        let (kind, body) = (execution.kind(), render(&execution));
+        let (operation, status) = (request.operation.kind().as_str(), kind.status());
+        Self::complete_ticket(&mut tx, request, operation, status, &body, now).await?;
+        announce_outcome(&mut tx, request, kind, &body, now).await?;
         commit_or_unknown(tx).await?;
         Ok(Applied {
+            kind,
             response: StoredResponse { status, body },
             replayed: false,
         })
@@ -568,12 +569,13 @@ where
         body: &Value,
         now: Timestamp,
     ) -> Result<(), LedgerError> {
+        let body = body.to_string();
         sqlx::query(COMPLETE_TICKET)
             .bind(request.ticket_id)
             .bind(kind)
             .bind(request.fingerprint)
             .bind(i32::from(status))
-            .bind(Json(body))
+            .bind(JsonText(&body))
             .bind(now)
             .bind(request.account_id)
             .execute(&mut **tx)
@@ -606,7 +608,15 @@ fn judged(
     let refusal = match ticket.judge(request.fingerprint) {
         Judgement::Usable => return Ok(ticket),
         Judgement::Replay(response) => {
+            let kind = ticket.outcome.as_ref().and_then(|outcome| outcome.kind());
+            let Some(kind) = kind else {
+                return Err(Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
+                    "ticket {}: stored status {} is no outcome of its operation",
+                    ticket.id, response.status
+                )))));
+            };
             return Err(Ok(Applied {
+                kind,
                 response: response.clone(),
                 replayed: true,
             }));

@@ -5,12 +5,15 @@
 //! database. An empty result everywhere means clean. [`Audit::run`] runs them in turn, one
 //! named function a rule.
 
+use std::sync::LazyLock;
+
 use serde::Serialize;
-use sqlx::{ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
+use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
 
 use crate::error::LedgerError;
-use crate::model::{AccountId, OrderId, TicketId};
+use crate::model::{AccountId, EntryKind, OrderId, OutcomeKind, TicketId};
 use crate::payouts::PayoutId;
+use crate::webhooks::event_of_outcome;
 
 /// One broken invariant.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -37,8 +40,8 @@ pub enum Rule {
     RunningTotals,
     /// At most one entry per ticket.
     OneEntryPerTicket,
-    /// A ticket stored as 201 (202 for a payout) has its entry, on its account, of its
-    /// kind; any other ticket has none.
+    /// A ticket whose outcome moved money ([`OutcomeKind::moved`]: executed, a payout
+    /// accepted) has its entry, on its account, of its kind; any other ticket has none.
     OutcomeMatchesEntry,
     /// Every entry's ticket exists (used tickets are never deleted).
     EntryHasTicket,
@@ -59,9 +62,9 @@ pub enum Rule {
     /// points and credit nothing negative).
     EntrySigns,
     /// Every outcome that announces an event, committed since the ledger writes them, has
-    /// exactly one, of its type, on its account — a withdrawal stored as 201 or 402, a
-    /// draw or an order payment as 201, a settled payout; and every event announces such
-    /// an outcome (none for one that never committed).
+    /// exactly one, of its type, on its account — a spend's outcome of a kind that
+    /// announces one ([`event_of_outcome`]), a settled payout; and every event announces
+    /// such an outcome (none for one that never committed).
     EventPerOutcome,
 }
 
@@ -109,13 +112,80 @@ const DUPLICATE_ENTRIES: &str = "
     ) d ON d.ticket_id = e.ticket_id
     LIMIT 1000";
 
-const OUTCOME_VS_ENTRY: &str = "
-    SELECT t.id, t.account_id, t.response_status, t.operation, e.id, e.account_id, e.kind
-    FROM tickets t LEFT JOIN entries e ON e.ticket_id = t.id
-    WHERE (COALESCE(t.response_status, 0) IN (201, 202)) <> (e.id IS NOT NULL)
-       OR e.account_id <> t.account_id
-       OR e.kind <> t.operation
-    LIMIT 1000";
+/// The entry kinds a ticket can be used for.
+const SPENT_ON: [EntryKind; 5] = [
+    EntryKind::Withdrawal,
+    EntryKind::Deposit,
+    EntryKind::LotteryDraw,
+    EntryKind::OrderPayment,
+    EntryKind::Payout,
+];
+
+/// SQL: the [`OutcomeKind`] (its name) of ticket `t`'s stored outcome, NULL for an unused
+/// ticket (or a pair no outcome is stored as) — [`OutcomeKind::stored`], written out.
+fn outcome_kind_of_ticket() -> String {
+    let cases: String = SPENT_ON
+        .into_iter()
+        .flat_map(|operation| {
+            OutcomeKind::ALL
+                .into_iter()
+                .filter(move |kind| kind.can_come_of(operation))
+                .map(move |kind| {
+                    format!(
+                        " WHEN t.operation = '{}' AND t.response_status = {} THEN '{}'",
+                        operation.as_str(),
+                        kind.status(),
+                        kind.as_str()
+                    )
+                })
+        })
+        .collect();
+    format!("(CASE{cases} END)")
+}
+
+/// SQL: the names of `kinds`, for `IN (…)`.
+fn names_of(kinds: impl Iterator<Item = OutcomeKind>) -> String {
+    kinds
+        .map(|kind| format!("'{}'", kind.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+static OUTCOME_VS_ENTRY: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "SELECT t.id, t.account_id, t.response_status, t.operation, e.id, e.account_id, e.kind
+         FROM tickets t LEFT JOIN entries e ON e.ticket_id = t.id
+         WHERE COALESCE({kind} IN ({moved}), 1 = 0) <> (e.id IS NOT NULL)
+            OR e.account_id <> t.account_id
+            OR e.kind <> t.operation
+         LIMIT 1000",
+        kind = outcome_kind_of_ticket(),
+        moved = names_of(OutcomeKind::ALL.into_iter().filter(|kind| kind.moved())),
+    )
+});
+
+/// SQL: the event type ticket `t`'s stored outcome announces, NULL for none —
+/// [`event_of_outcome`] of its operation and kind, written out.
+fn event_of_ticket() -> String {
+    let kind = outcome_kind_of_ticket();
+    let cases: String = SPENT_ON
+        .into_iter()
+        .flat_map(|operation| {
+            OutcomeKind::ALL.into_iter().filter_map(move |outcome| {
+                event_of_outcome(operation, outcome).map(|event| (operation, outcome, event))
+            })
+        })
+        .map(|(operation, outcome, event)| {
+            format!(
+                " WHEN t.operation = '{}' AND {kind} = '{}' THEN '{}'",
+                operation.as_str(),
+                outcome.as_str(),
+                event.as_str()
+            )
+        })
+        .collect();
+    format!("CASE{cases} END")
+}
 
 const ORPHAN_ENTRIES: &str = "
     SELECT e.id, e.account_id, e.ticket_id
@@ -194,19 +264,15 @@ const ORDERS: &str = "
 /// The outcomes that announce an event (committed since `ledger_marks.events`), against
 /// the events: rows where one lacks the other, or their accounts differ, or an outcome has
 /// more than one.
-const EVENTS: &str = "
+static EVENTS: LazyLock<String> =
+    LazyLock::new(|| EVENTS_WITH_TYPE_OF_TICKET.replace("{type of ticket t}", &event_of_ticket()));
+
+/// [`EVENTS`]' text, with `{type of ticket t}` where the type ticket `t`'s outcome
+/// announces goes ([`event_of_ticket`]).
+const EVENTS_WITH_TYPE_OF_TICKET: &str = "
     WITH mark AS (SELECT at FROM ledger_marks WHERE name = 'events'),
     announced AS (
-        SELECT t.id AS ticket_id, t.account_id,
-               CASE WHEN t.operation = 'withdrawal' AND t.response_status = 201
-                        THEN 'withdrawal.succeeded'
-                    WHEN t.operation = 'withdrawal' AND t.response_status = 402
-                        THEN 'withdrawal.refused'
-                    WHEN t.operation = 'lottery_draw' AND t.response_status = 201
-                        THEN 'lottery.drawn'
-                    WHEN t.operation = 'order_payment' AND t.response_status = 201
-                        THEN 'order.paid'
-               END AS type
+        SELECT t.id AS ticket_id, t.account_id, {type of ticket t} AS type
         FROM tickets t
         WHERE t.completed_at >= (SELECT at FROM mark)
         UNION ALL
@@ -300,7 +366,9 @@ where
     /// [`Rule::EventPerOutcome`].
     async fn event_per_outcome(&self) -> Result<Vec<Violation>, LedgerError> {
         type Row = (Option<AccountId>, Option<AccountId>, TicketId, String, i64);
-        let rows: Vec<Row> = sqlx::query_as(EVENTS).fetch_all(self.pool).await?;
+        let rows: Vec<Row> = sqlx::query_as(AssertSqlSafe(EVENTS.as_str()))
+            .fetch_all(self.pool)
+            .await?;
         Ok(rows
             .into_iter()
             .filter_map(|(stray_on, committed_on, ticket, kind, events)| {
@@ -447,7 +515,7 @@ where
             Option<AccountId>,
             Option<String>,
         );
-        let rows: Vec<Pair> = sqlx::query_as(OUTCOME_VS_ENTRY)
+        let rows: Vec<Pair> = sqlx::query_as(AssertSqlSafe(OUTCOME_VS_ENTRY.as_str()))
             .fetch_all(self.pool)
             .await?;
         Ok(rows

@@ -439,18 +439,7 @@ async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
 /// replication, a fast shutdown between the commit and ReadyForQuery), and a FATAL that
 /// was waiting on an idle pooled connection looks no different.
 async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, Failed> {
-    let spends = || batch.iter().map(|queued| &queued.spend);
-    let tickets: Vec<uuid::Uuid> = spends().map(|spend| spend.ticket_id.0).collect();
-    let accounts: Vec<uuid::Uuid> = spends().map(|spend| spend.account_id.0).collect();
-    let kinds: Vec<&str> = spends().map(|spend| spend.kind).collect();
-    let debits: Vec<i64> = spends().map(|spend| spend.debit).collect();
-    let credits: Vec<i64> = spends().map(|spend| spend.credit).collect();
-    let points: Vec<i64> = spends().map(|spend| spend.points).collect();
-    let tokens: Vec<i64> = spends().map(|spend| spend.token).collect();
-    let fingerprints: Vec<&str> = spends().map(|spend| spend.fingerprint.as_str()).collect();
-    let bodies: Vec<&str> = spends().map(|spend| spend.body.as_str()).collect();
-    let statuses: Vec<i32> = spends().map(|spend| i32::from(spend.status)).collect();
-    let events: Vec<Option<&str>> = spends().map(|spend| spend.event).collect();
+    let columns = Columns::of(batch);
     let mut maybe_sent: Option<sqlx::Error> = None;
     for _ in 0..tries.max(1) {
         let mut connection = match pool.acquire().await {
@@ -463,47 +452,10 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
                 });
             }
         };
-        let mut answer = sqlx::query(APPLY_SPENDS)
-            .bind(&tickets)
-            .bind(&accounts)
-            .bind(&kinds)
-            .bind(&debits)
-            .bind(&credits)
-            .bind(&points)
-            .bind(&tokens)
-            .bind(&fingerprints)
-            .bind(&bodies)
-            .bind(BALANCE_STAND_IN.to_string())
-            .bind(POINTS_STAND_IN.to_string())
-            .bind(&statuses)
-            .bind(&events)
-            .fetch(&mut *connection);
-        // Row by row, to know whether any came before an error (see below).
-        let mut rows = Vec::with_capacity(batch.len());
-        let ended = loop {
-            match answer.try_next().await {
-                Ok(Some(row)) => rows.push(row),
-                Ok(None) => break None,
-                Err(error) => break Some(error),
-            }
-        };
-        drop(answer);
+        let (rows, ended) = columns.send(&mut connection).await;
         match ended {
             None => {
-                // The statement ran: an answer that cannot be read may hide written spends.
-                let unreadable = |error: LedgerError| Failed::Unknown(error.to_string());
-                let mut done = rows
-                    .iter()
-                    .zip(spends())
-                    .map(|(row, spend)| done(row, spend))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(unreadable)?;
-                if maybe_sent.is_some() {
-                    own_earlier_writes(&mut connection, batch, &mut done)
-                        .await
-                        .map_err(unreadable)?;
-                }
-                return Ok(done);
+                return answered(&mut connection, batch, &rows, maybe_sent.is_some()).await;
             }
             // The server ended the session before the statement gave a single row (it
             // gives one per spend before it commits, and the server sends what it has in
@@ -533,6 +485,95 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, 
         Some(sent) => Failed::Unknown(sent.to_string()),
         None => Failed::Unavailable,
     })
+}
+
+/// The spends of a batch as [`APPLY_SPENDS`] takes them: one array per column.
+struct Columns<'a> {
+    tickets: Vec<uuid::Uuid>,
+    accounts: Vec<uuid::Uuid>,
+    kinds: Vec<&'a str>,
+    debits: Vec<i64>,
+    credits: Vec<i64>,
+    points: Vec<i64>,
+    tokens: Vec<i64>,
+    fingerprints: Vec<&'a str>,
+    bodies: Vec<&'a str>,
+    statuses: Vec<i32>,
+    events: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(batch: &'a [Queued]) -> Self {
+        let spends = || batch.iter().map(|queued| &queued.spend);
+        Self {
+            tickets: spends().map(|spend| spend.ticket_id.0).collect(),
+            accounts: spends().map(|spend| spend.account_id.0).collect(),
+            kinds: spends().map(|spend| spend.kind).collect(),
+            debits: spends().map(|spend| spend.debit).collect(),
+            credits: spends().map(|spend| spend.credit).collect(),
+            points: spends().map(|spend| spend.points).collect(),
+            tokens: spends().map(|spend| spend.token).collect(),
+            fingerprints: spends().map(|spend| spend.fingerprint.as_str()).collect(),
+            bodies: spends().map(|spend| spend.body.as_str()).collect(),
+            statuses: spends().map(|spend| i32::from(spend.status)).collect(),
+            events: spends().map(|spend| spend.event).collect(),
+        }
+    }
+
+    /// Sends [`APPLY_SPENDS`] once on `connection`: the rows that came back, read one by
+    /// one to know whether any came before an error, and the error that ended the answer
+    /// if one did.
+    async fn send(&self, connection: &mut sqlx::PgConnection) -> (Vec<PgRow>, Option<sqlx::Error>) {
+        let mut answer = sqlx::query(APPLY_SPENDS)
+            .bind(&self.tickets)
+            .bind(&self.accounts)
+            .bind(&self.kinds)
+            .bind(&self.debits)
+            .bind(&self.credits)
+            .bind(&self.points)
+            .bind(&self.tokens)
+            .bind(&self.fingerprints)
+            .bind(&self.bodies)
+            .bind(BALANCE_STAND_IN.to_string())
+            .bind(POINTS_STAND_IN.to_string())
+            .bind(&self.statuses)
+            .bind(&self.events)
+            .fetch(connection);
+        let mut rows = Vec::with_capacity(self.tickets.len());
+        let ended = loop {
+            match answer.try_next().await {
+                Ok(Some(row)) => rows.push(row),
+                Ok(None) => break None,
+                Err(error) => break Some(error),
+            }
+        };
+        (rows, ended)
+    }
+}
+
+/// What the statement's whole answer, `rows`, says of each spend of `batch` — after an
+/// earlier try that may have run (`maybe_sent`), with the spends that try wrote found
+/// ([`own_earlier_writes`]). The statement ran: an answer that cannot be read may hide
+/// written spends, so it is unknown.
+async fn answered(
+    connection: &mut sqlx::PgConnection,
+    batch: &[Queued],
+    rows: &[PgRow],
+    maybe_sent: bool,
+) -> Result<Vec<Done>, Failed> {
+    let unreadable = |error: LedgerError| Failed::Unknown(error.to_string());
+    let mut done = rows
+        .iter()
+        .zip(batch)
+        .map(|(row, queued)| done(row, &queued.spend))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(unreadable)?;
+    if maybe_sent {
+        own_earlier_writes(connection, batch, &mut done)
+            .await
+            .map_err(unreadable)?;
+    }
+    Ok(done)
 }
 
 /// Finds, among the spends of `batch` that the last try did not write, those an earlier

@@ -71,3 +71,39 @@ impl Decode<'_, Sqlite> for Timestamp {
         Self::from_micros(<i64 as Decode<Sqlite>>::decode(value)?)
     }
 }
+
+/// A JSON document stored as exactly this text: `JSON` in PostgreSQL, `TEXT` in SQLite.
+/// What the group commit's statement stores is its own text too (`batch.rs`), so a body is
+/// stored byte for byte the same whichever path wrote it. (sqlx's `Json` is sent to
+/// PostgreSQL as `JSONB`, which a `JSON` column keeps as PostgreSQL's rendering of it:
+/// keys reordered by length, spaces added.)
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JsonText<'a>(pub &'a str);
+
+/// PostgreSQL's `json` type.
+const PG_JSON: PgTypeInfo = PgTypeInfo::with_oid(sqlx::postgres::types::Oid(114));
+
+impl Type<Postgres> for JsonText<'_> {
+    fn type_info() -> PgTypeInfo {
+        PG_JSON
+    }
+}
+
+impl Encode<'_, Postgres> for JsonText<'_> {
+    fn encode_by_ref(&self, buf: &mut PgArgumentBuffer) -> Result<IsNull, BoxDynError> {
+        // A `json` value's binary form is its text.
+        <&str as Encode<Postgres>>::encode_by_ref(&self.0, buf)
+    }
+}
+
+impl Type<Sqlite> for JsonText<'_> {
+    fn type_info() -> SqliteTypeInfo {
+        <str as Type<Sqlite>>::type_info()
+    }
+}
+
+impl<'q> Encode<'q, Sqlite> for JsonText<'q> {
+    fn encode_by_ref(&self, buf: &mut SqliteArgumentsBuffer) -> Result<IsNull, BoxDynError> {
+        <&str as Encode<Sqlite>>::encode_by_ref(&self.0, buf)
+    }
+}

@@ -309,3 +309,11 @@ impl Dialect for sqlx::Sqlite {
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
     const DELIVERY_STATE: &'static str = delivery_state!("");
 }
+
+/// `… IN ($first, …)` for `count` parameters.
+pub(crate) fn placeholders(first: usize, count: usize) -> String {
+    (first..first + count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
+use crate::claims::Claim;
 use crate::db_types::Timestamp;
-use crate::dialect::Dialect;
+use crate::dialect::{Dialect, placeholders};
 use crate::error::{LedgerError, commit_or_unknown};
-use crate::model::{AccountId, ApplyRequest, TicketId};
-use crate::outbox::Claim;
+use crate::model::{AccountId, ApplyRequest, OutcomeKind, TicketId};
 use crate::requests::{Answer, KeptKey, RequestRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{
@@ -348,14 +348,14 @@ where
     Ok(())
 }
 
-/// Writes, in `tx`, the event a spend's outcome stored with `status` and `body` announces,
-/// if it announces one ([`event_of_outcome`]): what every transaction that stores a
-/// spend's outcome does before it commits (the group commit's statement does the same in
-/// SQL).
+/// Writes, in `tx`, the event a spend's outcome of kind `outcome`, stored with `body`,
+/// announces, if it announces one ([`event_of_outcome`]): what every transaction that
+/// stores a spend's outcome does before it commits (the group commit's statement does the
+/// same in SQL).
 pub(crate) async fn announce_outcome<D>(
     tx: &mut sqlx::Transaction<'static, D>,
     request: &ApplyRequest<'_>,
-    status: u16,
+    outcome: OutcomeKind,
     body: &serde_json::Value,
     now: Timestamp,
 ) -> Result<(), sqlx::Error>
@@ -369,13 +369,13 @@ where
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
 {
-    let Some(event) = event_of_outcome(request.operation.kind(), status) else {
+    let Some(event) = event_of_outcome(request.operation.kind(), outcome) else {
         return Ok(());
     };
     let data = outcome_data(
         request.account_id,
         request.ticket_id,
-        status,
+        outcome.status(),
         &body.to_string(),
     );
     record_event(tx, request.account_id, request.ticket_id, event, &data, now).await
@@ -391,14 +391,6 @@ pub(crate) fn recordable(text: &str) -> std::borrow::Cow<'_, str> {
     } else {
         std::borrow::Cow::Borrowed(text)
     }
-}
-
-/// `… IN ($first, …)` for `count` parameters.
-pub(crate) fn placeholders(first: usize, count: usize) -> String {
-    (first..first + count)
-        .map(|n| format!("${n}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The webhook steps.
@@ -644,67 +636,10 @@ where
         else {
             return Ok(Vec::new());
         };
-        let mut events = HashMap::new();
-        let mut endpoints = HashMap::new();
-        {
-            let mut event_ids: Vec<EventId> = claimed.iter().map(|row| row.event_id).collect();
-            event_ids.sort();
-            event_ids.dedup();
-            let select = format!(
-                "SELECT {} FROM events e WHERE e.id IN ({})",
-                event_columns!("e"),
-                placeholders(1, event_ids.len())
-            );
-            let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
-            for id in &event_ids {
-                query = query.bind(*id);
-            }
-            for row in query.fetch_all(&mut *tx).await? {
-                let event = Event::try_from(row)?;
-                events.insert(event.id, event);
-            }
-            let mut endpoint_ids: Vec<EndpointId> =
-                claimed.iter().map(|row| row.endpoint_id).collect();
-            endpoint_ids.sort();
-            endpoint_ids.dedup();
-            let select = format!(
-                "SELECT {}, deleted_at FROM webhook_endpoints WHERE id IN ({})",
-                endpoint_columns!(),
-                placeholders(1, endpoint_ids.len())
-            );
-            let mut query = sqlx::query_as::<_, EndpointRow>(sqlx::AssertSqlSafe(select));
-            for id in &endpoint_ids {
-                query = query.bind(*id);
-            }
-            for row in query.fetch_all(&mut *tx).await? {
-                let stopped = if row.deleted_at.is_some() {
-                    Some(DeliveryStatus::EndpointDeleted)
-                } else if row.disabled_at.is_some() {
-                    Some(DeliveryStatus::EndpointDisabled)
-                } else {
-                    None
-                };
-                let endpoint = Endpoint::try_from(row)?;
-                endpoints.insert(endpoint.id, (endpoint, stopped));
-            }
-        }
-        // A delivery whose endpoint was deleted or disabled is not sent: it ends as the
-        // endpoint did. (A delete ends every open delivery it can see, and the spends'
-        // queueing waits for it, so none should be found here; this makes sure of it.)
-        let mut live = Vec::with_capacity(claimed.len());
-        for row in claimed {
-            match endpoints.get(&row.endpoint_id) {
-                Some((_, Some(stopped))) => {
-                    sqlx::query(END_DELIVERY)
-                        .bind(row.id)
-                        .bind(Timestamp(lease_until.0 - lease))
-                        .bind(outcome_name(*stopped))
-                        .execute(&mut *tx)
-                        .await?;
-                }
-                _ => live.push(row),
-            }
-        }
+        let events = Self::claimed_events(&mut tx, &claimed).await?;
+        let endpoints = Self::claimed_endpoints(&mut tx, &claimed).await?;
+        let claimed_at = Timestamp(lease_until.0 - lease);
+        let live = Self::end_stopped(&mut tx, claimed, &endpoints, claimed_at).await?;
         tx.commit().await?;
         live.into_iter()
             .map(|row| {
@@ -728,6 +663,92 @@ where
             .collect()
     }
 
+    /// The events of the `claimed` deliveries, by id.
+    async fn claimed_events(
+        tx: &mut sqlx::Transaction<'static, D>,
+        claimed: &[ClaimedRow],
+    ) -> Result<HashMap<EventId, Event>, LedgerError> {
+        let mut event_ids: Vec<EventId> = claimed.iter().map(|row| row.event_id).collect();
+        event_ids.sort();
+        event_ids.dedup();
+        let select = format!(
+            "SELECT {} FROM events e WHERE e.id IN ({})",
+            event_columns!("e"),
+            placeholders(1, event_ids.len())
+        );
+        let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
+        for id in &event_ids {
+            query = query.bind(*id);
+        }
+        let mut events = HashMap::new();
+        for row in query.fetch_all(&mut **tx).await? {
+            let event = Event::try_from(row)?;
+            events.insert(event.id, event);
+        }
+        Ok(events)
+    }
+
+    /// The endpoints of the `claimed` deliveries, by id, each with why it takes no more
+    /// deliveries if it does not (deleted, disabled).
+    async fn claimed_endpoints(
+        tx: &mut sqlx::Transaction<'static, D>,
+        claimed: &[ClaimedRow],
+    ) -> Result<HashMap<EndpointId, (Endpoint, Option<DeliveryStatus>)>, LedgerError> {
+        let mut endpoint_ids: Vec<EndpointId> = claimed.iter().map(|row| row.endpoint_id).collect();
+        endpoint_ids.sort();
+        endpoint_ids.dedup();
+        let select = format!(
+            "SELECT {}, deleted_at FROM webhook_endpoints WHERE id IN ({})",
+            endpoint_columns!(),
+            placeholders(1, endpoint_ids.len())
+        );
+        let mut query = sqlx::query_as::<_, EndpointRow>(sqlx::AssertSqlSafe(select));
+        for id in &endpoint_ids {
+            query = query.bind(*id);
+        }
+        let mut endpoints = HashMap::new();
+        for row in query.fetch_all(&mut **tx).await? {
+            let stopped = if row.deleted_at.is_some() {
+                Some(DeliveryStatus::EndpointDeleted)
+            } else if row.disabled_at.is_some() {
+                Some(DeliveryStatus::EndpointDisabled)
+            } else {
+                None
+            };
+            let endpoint = Endpoint::try_from(row)?;
+            endpoints.insert(endpoint.id, (endpoint, stopped));
+        }
+        Ok(endpoints)
+    }
+
+    /// The `claimed` deliveries whose endpoint takes them; the others ended, at `at`.
+    ///
+    /// A delivery whose endpoint was deleted or disabled is not sent: it ends as the
+    /// endpoint did. (A delete ends every open delivery it can see, and the spends'
+    /// queueing waits for it, so none should be found here; this makes sure of it.)
+    async fn end_stopped(
+        tx: &mut sqlx::Transaction<'static, D>,
+        claimed: Vec<ClaimedRow>,
+        endpoints: &HashMap<EndpointId, (Endpoint, Option<DeliveryStatus>)>,
+        at: Timestamp,
+    ) -> Result<Vec<ClaimedRow>, LedgerError> {
+        let mut live = Vec::with_capacity(claimed.len());
+        for row in claimed {
+            match endpoints.get(&row.endpoint_id) {
+                Some((_, Some(stopped))) => {
+                    sqlx::query(END_DELIVERY)
+                        .bind(row.id)
+                        .bind(at)
+                        .bind(outcome_name(*stopped))
+                        .execute(&mut **tx)
+                        .await?;
+                }
+                _ => live.push(row),
+            }
+        }
+        Ok(live)
+    }
+
     /// Records each claimed delivery's attempt and what comes of it, in one transaction —
     /// each only if it is still at the attempt it was claimed at (`false` in its place
     /// otherwise, nothing written for it). A receiver gone for good (410) disables its
@@ -739,77 +760,94 @@ where
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let mut recorded = Vec::with_capacity(outcomes.len());
-        for (job, answer, outcome) in outcomes {
-            let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-            let error = answer.error.as_deref().map(recordable);
-            let error = error.as_deref();
-            let body = answer.body.as_deref().map(recordable);
-            let ended = |status: DeliveryStatus| {
-                sqlx::query_as::<_, (i64,)>(FINISH_DELIVERY)
-                    .bind(job.job_id)
-                    .bind(attempt)
-                    .bind(now)
-                    .bind(outcome_name(status))
-                    .bind(error)
-            };
-            let row: Option<(i64,)> = match outcome {
-                DeliveryOutcome::Delivered => {
-                    ended(DeliveryStatus::Delivered)
-                        .fetch_optional(&mut *tx)
-                        .await?
-                }
-                DeliveryOutcome::Exhausted => {
-                    ended(DeliveryStatus::Exhausted)
-                        .fetch_optional(&mut *tx)
-                        .await?
-                }
-                DeliveryOutcome::EndpointGone => {
-                    let row = ended(DeliveryStatus::EndpointDisabled)
-                        .fetch_optional(&mut *tx)
-                        .await?;
-                    if row.is_some() {
-                        sqlx::query(DISABLE_ENDPOINT)
-                            .bind(job.endpoint.id)
-                            .bind(now)
-                            .bind("the receiver answered 410 Gone")
-                            .execute(&mut *tx)
-                            .await?;
-                        Self::stop_endpoint(
-                            &mut tx,
-                            job.endpoint.id,
-                            DeliveryStatus::EndpointDisabled,
-                            now,
-                        )
-                        .await?;
-                    }
-                    row
-                }
-                DeliveryOutcome::Retry { after } => {
-                    sqlx::query_as(POSTPONE_DELIVERY)
-                        .bind(job.job_id)
-                        .bind(attempt)
-                        .bind(Timestamp(now.0 + *after))
-                        .bind(error)
-                        .fetch_optional(&mut *tx)
-                        .await?
-                }
-            };
-            if row.is_some() {
-                sqlx::query(INSERT_ATTEMPT)
-                    .bind(job.job_id)
-                    .bind(attempt)
-                    .bind(now)
-                    .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
-                    .bind(answer.status.map(i32::from))
-                    .bind(error)
-                    .bind(body.as_deref())
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            recorded.push(row.is_some());
+        for &(job, answer, outcome) in outcomes {
+            recorded.push(Self::record_delivery(&mut tx, job, answer, outcome, now).await?);
         }
         commit_or_unknown(tx).await?;
         Ok(recorded)
+    }
+
+    /// Records, in `tx` at `now`, one claimed delivery's attempt and what comes of it, if
+    /// it is still at the attempt it was claimed at (`false` and nothing written if not).
+    async fn record_delivery(
+        tx: &mut sqlx::Transaction<'static, D>,
+        job: &DeliveryJob,
+        answer: &AttemptAnswer,
+        outcome: &DeliveryOutcome,
+        now: Timestamp,
+    ) -> Result<bool, LedgerError> {
+        let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
+        let error = answer.error.as_deref().map(recordable);
+        let error = error.as_deref();
+        let body = answer.body.as_deref().map(recordable);
+        let ended = |status: DeliveryStatus| {
+            sqlx::query_as::<_, (i64,)>(FINISH_DELIVERY)
+                .bind(job.job_id)
+                .bind(attempt)
+                .bind(now)
+                .bind(outcome_name(status))
+                .bind(error)
+        };
+        let row: Option<(i64,)> = match outcome {
+            DeliveryOutcome::Delivered => {
+                ended(DeliveryStatus::Delivered)
+                    .fetch_optional(&mut **tx)
+                    .await?
+            }
+            DeliveryOutcome::Exhausted => {
+                ended(DeliveryStatus::Exhausted)
+                    .fetch_optional(&mut **tx)
+                    .await?
+            }
+            DeliveryOutcome::EndpointGone => {
+                let row = ended(DeliveryStatus::EndpointDisabled)
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                if row.is_some() {
+                    Self::disable_gone_endpoint(tx, job.endpoint.id, now).await?;
+                }
+                row
+            }
+            DeliveryOutcome::Retry { after } => {
+                sqlx::query_as(POSTPONE_DELIVERY)
+                    .bind(job.job_id)
+                    .bind(attempt)
+                    .bind(Timestamp(now.0 + *after))
+                    .bind(error)
+                    .fetch_optional(&mut **tx)
+                    .await?
+            }
+        };
+        if row.is_some() {
+            sqlx::query(INSERT_ATTEMPT)
+                .bind(job.job_id)
+                .bind(attempt)
+                .bind(now)
+                .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
+                .bind(answer.status.map(i32::from))
+                .bind(error)
+                .bind(body.as_deref())
+                .execute(&mut **tx)
+                .await?;
+        }
+        Ok(row.is_some())
+    }
+
+    /// A receiver gone for good (410): its endpoint disabled at `now`, and the endpoint's
+    /// other deliveries ended.
+    async fn disable_gone_endpoint(
+        tx: &mut sqlx::Transaction<'static, D>,
+        endpoint: EndpointId,
+        now: Timestamp,
+    ) -> Result<(), LedgerError> {
+        sqlx::query(DISABLE_ENDPOINT)
+            .bind(endpoint)
+            .bind(now)
+            .bind("the receiver answered 410 Gone")
+            .execute(&mut **tx)
+            .await?;
+        Self::stop_endpoint(tx, endpoint, DeliveryStatus::EndpointDisabled, now).await?;
+        Ok(())
     }
 
     /// Gives claimed deliveries back unsent, due `after` from now, as if never claimed:

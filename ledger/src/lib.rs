@@ -28,7 +28,8 @@
 //!   where the first answer is kept and how an account's API key is sealed in it.
 //! - `payouts.rs`: payouts — money leaving for an outside bank ([`payouts::Payout`], its
 //!   job, the bank's [`payouts::Settlement`]); `outbox.rs`: their transactions — the debit
-//!   with the payout and its outbox job, and claiming, settling and postponing jobs.
+//!   with the payout and its outbox job, and claiming, settling and postponing jobs;
+//!   `claims.rs`: the claim every kind of outbox job (payouts, deliveries) is taken with.
 //! - [`webhooks`] (`webhooks.rs`): events — a committed outcome, announced — the
 //!   endpoints that want them and the deliveries between the two; `events.rs`: their
 //!   statements — the event and its deliveries written in the outcome's transaction, the
@@ -64,6 +65,7 @@ mod api_key;
 mod apply;
 mod audit;
 mod batch;
+mod claims;
 mod creates;
 mod db_types;
 #[cfg(feature = "demo")]
@@ -104,7 +106,8 @@ pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,
     Judgement, MAX_AMOUNT, NewAccount, NewOrder, Operation, OperationResult, Order, OrderId,
-    Outcome, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId, TicketState,
+    Outcome, OutcomeKind, PointsToSpend, Refusal, Renderer, StoredResponse, Ticket, TicketId,
+    TicketState,
 };
 
 use creates::{CreateKey, NewCreation};

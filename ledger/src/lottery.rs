@@ -35,8 +35,20 @@ pub const PRIZES: [Prize; 4] = [
     },
 ];
 
+#[cfg(feature = "test-support")]
+tokio::task_local! {
+    /// The prize every draw within a scope wins ([`crate::testing::with_prize`]): a test
+    /// that runs the same draws twice, to compare what two paths stored, needs the same
+    /// prizes both times.
+    pub(crate) static FIXED_PRIZE: &'static Prize;
+}
+
 /// Draws one prize, by weight.
 pub fn draw() -> &'static Prize {
+    #[cfg(feature = "test-support")]
+    if let Ok(prize) = FIXED_PRIZE.try_with(|prize| *prize) {
+        return prize;
+    }
     let total: u32 = PRIZES.iter().map(|prize| prize.weight).sum();
     let mut ticket = rand::random_range(0..total);
     for prize in &PRIZES {

@@ -298,8 +298,9 @@ pub enum Operation {
         amount: Amount,
     },
     /// Send money to an outside bank: the amount out now, and a payout (chosen beforehand,
-    /// its id included) that a worker sends to the bank after the commit. Stored as 202:
-    /// accepted, with the payout's live status at `GET /v1/payouts/{id}`.
+    /// its id included) that a worker sends to the bank after the commit. Its outcome is
+    /// [`OutcomeKind::PayoutAccepted`] (stored as 202), with the payout's live status at
+    /// `GET /v1/payouts/{id}`.
     Payout {
         /// The payout's id.
         payout: PayoutId,
@@ -407,6 +408,15 @@ pub struct Outcome {
     pub response: Option<StoredResponse>,
     /// When it was used.
     pub completed_at: OffsetDateTime,
+}
+
+impl Outcome {
+    /// What kind of outcome it is ([`OutcomeKind::stored`]); `None` once the retention
+    /// dropped the stored response.
+    pub fn kind(&self) -> Option<OutcomeKind> {
+        let response = self.response.as_ref()?;
+        OutcomeKind::stored(self.operation, response.status)
+    }
 }
 
 /// A ticket: the right to spend once.
@@ -612,17 +622,120 @@ pub enum OperationResult {
     Refused(Refusal),
 }
 
-impl OperationResult {
-    /// The HTTP status this outcome is stored with: 201 applied, 402 not enough money or
-    /// points, 422 a balance that would overflow, 409 an order paid already.
-    pub fn status(&self) -> u16 {
+/// What came of a spend, in the ledger's own terms: what the event it announces, the
+/// audit and the API's edge (a payout's `Location`, the problem a refusal renders) decide
+/// by, and what its status is chosen from ([`OutcomeKind::status`]). Holds, captures,
+/// voids, expiries and refunds will each add their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutcomeKind {
+    /// It went through: money and points moved and an entry was written.
+    Executed,
+    /// A payout's money left the account and the payout waits for the bank.
+    PayoutAccepted,
+    /// Refused: the balance does not cover the debit.
+    RefusedInsufficientFunds,
+    /// Refused: the points do not cover the spend.
+    RefusedInsufficientPoints,
+    /// Refused: the balance would pass its limit.
+    RefusedBalanceLimit,
+    /// Refused: the order was paid already, by another ticket.
+    RefusedOrderAlreadyPaid,
+}
+
+impl OutcomeKind {
+    /// Every kind.
+    pub const ALL: [Self; 6] = [
+        Self::Executed,
+        Self::PayoutAccepted,
+        Self::RefusedInsufficientFunds,
+        Self::RefusedInsufficientPoints,
+        Self::RefusedBalanceLimit,
+        Self::RefusedOrderAlreadyPaid,
+    ];
+
+    /// The kind of `operation` coming to `result`.
+    pub fn of(operation: &Operation, result: &OperationResult) -> Self {
+        match (operation, result) {
+            (Operation::Payout { .. }, OperationResult::Applied { .. }) => Self::PayoutAccepted,
+            (_, OperationResult::Applied { .. }) => Self::Executed,
+            (_, OperationResult::Refused(Refusal::InsufficientFunds { .. })) => {
+                Self::RefusedInsufficientFunds
+            }
+            (_, OperationResult::Refused(Refusal::InsufficientPoints { .. })) => {
+                Self::RefusedInsufficientPoints
+            }
+            (_, OperationResult::Refused(Refusal::BalanceLimit { .. })) => {
+                Self::RefusedBalanceLimit
+            }
+            (_, OperationResult::Refused(Refusal::OrderAlreadyPaid { .. })) => {
+                Self::RefusedOrderAlreadyPaid
+            }
+        }
+    }
+
+    /// Whether money or points moved: an outcome of this kind has its entry, any other
+    /// none.
+    pub fn moved(self) -> bool {
+        matches!(self, Self::Executed | Self::PayoutAccepted)
+    }
+
+    /// The HTTP status an outcome of this kind is answered, stored and announced with:
+    /// 201 executed, 202 a payout accepted, 402 not enough money or points, 422 a balance
+    /// that would overflow, 409 an order paid already.
+    ///
+    /// The one place a kind meets a status. The status is stored with the response (a
+    /// replay answers it as stored), so the kind of a stored outcome is read back from it
+    /// by [`OutcomeKind::stored`], its inverse, and from nowhere else: the events, the
+    /// audit and the API decide by the kind.
+    pub fn status(self) -> u16 {
         match self {
-            Self::Applied { .. } => 201,
-            Self::Refused(
-                Refusal::InsufficientFunds { .. } | Refusal::InsufficientPoints { .. },
-            ) => 402,
-            Self::Refused(Refusal::BalanceLimit { .. }) => 422,
-            Self::Refused(Refusal::OrderAlreadyPaid { .. }) => 409,
+            Self::Executed => 201,
+            Self::PayoutAccepted => 202,
+            Self::RefusedInsufficientFunds | Self::RefusedInsufficientPoints => 402,
+            Self::RefusedBalanceLimit => 422,
+            Self::RefusedOrderAlreadyPaid => 409,
+        }
+    }
+
+    /// Whether an operation of entry kind `operation` can come to this kind. Within one
+    /// operation no two kinds share a status, which is what lets [`OutcomeKind::stored`]
+    /// tell them apart.
+    pub fn can_come_of(self, operation: EntryKind) -> bool {
+        use EntryKind as E;
+        match self {
+            Self::Executed => matches!(
+                operation,
+                E::Deposit | E::Withdrawal | E::LotteryDraw | E::OrderPayment
+            ),
+            Self::PayoutAccepted => operation == E::Payout,
+            // What debits money: a draw spends points only.
+            Self::RefusedInsufficientFunds => {
+                matches!(operation, E::Withdrawal | E::OrderPayment | E::Payout)
+            }
+            Self::RefusedInsufficientPoints => operation == E::LotteryDraw,
+            // What credits money: a deposit, a draw's prize.
+            Self::RefusedBalanceLimit => matches!(operation, E::Deposit | E::LotteryDraw),
+            Self::RefusedOrderAlreadyPaid => operation == E::OrderPayment,
+        }
+    }
+
+    /// The kind of an outcome of `operation` stored with `status`; `None` for a pair no
+    /// outcome is stored as.
+    pub fn stored(operation: EntryKind, status: u16) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|kind| kind.status() == status && kind.can_come_of(operation))
+    }
+
+    /// Its name, as the audit's statements spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::PayoutAccepted => "payout_accepted",
+            Self::RefusedInsufficientFunds => "refused_insufficient_funds",
+            Self::RefusedInsufficientPoints => "refused_insufficient_points",
+            Self::RefusedBalanceLimit => "refused_balance_limit",
+            Self::RefusedOrderAlreadyPaid => "refused_order_already_paid",
         }
     }
 }
@@ -640,13 +753,23 @@ pub struct Execution<'a> {
     pub result: &'a OperationResult,
 }
 
+impl Execution<'_> {
+    /// What kind of outcome this is.
+    pub fn kind(&self) -> OutcomeKind {
+        OutcomeKind::of(self.operation, self.result)
+    }
+}
+
 /// Builds the JSON body stored (and replayed) for an execution. The ledger decides the
-/// status ([`OperationResult::status`]); the caller decides the body's shape.
+/// outcome's kind ([`Execution::kind`]), and with it the status ([`OutcomeKind::status`]);
+/// the caller decides the body's shape.
 pub type Renderer = dyn Fn(&Execution<'_>) -> Value + Send + Sync;
 
 /// The answer to `apply`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Applied {
+    /// What kind of outcome it is.
+    pub kind: OutcomeKind,
     /// The stored response.
     pub response: StoredResponse,
     /// True when the ticket had already been used and this is its stored outcome.
@@ -678,5 +801,61 @@ impl ApplyRequest<'_> {
             operation: &self.operation,
             result,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stored_outcome_reads_back_as_the_kind_it_was_stored_as() {
+        let spent_on = [
+            EntryKind::Withdrawal,
+            EntryKind::Deposit,
+            EntryKind::LotteryDraw,
+            EntryKind::OrderPayment,
+            EntryKind::Payout,
+        ];
+        for operation in spent_on {
+            for kind in OutcomeKind::ALL {
+                let read_back = OutcomeKind::stored(operation, kind.status());
+                if kind.can_come_of(operation) {
+                    assert_eq!(read_back, Some(kind), "{operation:?}");
+                } else {
+                    assert_ne!(read_back, Some(kind), "{operation:?}");
+                }
+            }
+        }
+        assert_eq!(OutcomeKind::stored(EntryKind::Withdrawal, 200), None);
+    }
+
+    #[test]
+    fn a_payouts_success_is_its_acceptance_and_only_it_and_executions_moved_money() {
+        let amount = Amount::new(5).unwrap();
+        let applied = OperationResult::Applied {
+            balance: 0,
+            points: 0,
+            credit: 0,
+            prize: None,
+        };
+        let payout = Operation::Payout {
+            payout: PayoutId::random(),
+            amount,
+            destination: Destination::new("a1").unwrap(),
+        };
+        assert_eq!(
+            OutcomeKind::of(&payout, &applied),
+            OutcomeKind::PayoutAccepted
+        );
+        assert_eq!(
+            OutcomeKind::of(&Operation::Withdrawal(amount), &applied),
+            OutcomeKind::Executed
+        );
+        let moved: Vec<_> = OutcomeKind::ALL
+            .into_iter()
+            .filter(|kind| kind.moved())
+            .collect();
+        assert_eq!(moved, [OutcomeKind::Executed, OutcomeKind::PayoutAccepted]);
     }
 }

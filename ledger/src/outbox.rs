@@ -19,10 +19,12 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
+use crate::claims::Claim;
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
+use crate::dialect::placeholders;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
-use crate::events::{placeholders, record_event};
+use crate::events::record_event;
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, EntryKind, OperationResult, OrderId, Renderer,
     TicketId,
@@ -34,10 +36,6 @@ use crate::payouts::{
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
 use crate::webhooks::{EventId, EventType, payout_data};
-
-/// The status a payout's outcome is stored with when the money left the account: accepted,
-/// not yet done — the bank has not been asked.
-pub(crate) const ACCEPTED: u16 = 202;
 
 macro_rules! payout_columns {
     () => {
@@ -104,13 +102,6 @@ const INSERT_PAYOUT_ENTRY: &str = "
 const INSERT_JOB: &str = "
     INSERT INTO outbox (kind, payout_id, due_at, created_at) VALUES ('payout', $1, $2, $2)";
 
-/// Whether a job of kind $2 is due at $1 whose lease ran out (or never was): read before a
-/// claim, so idle workers never take the writer.
-const ANY_DUE: &str = "
-    SELECT id FROM outbox
-    WHERE kind = $2 AND done_at IS NULL AND due_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
-    LIMIT 1";
-
 /// Ends job $1 at attempt $2 ($3 now): only if that is still the job's attempt and it is
 /// not done. Returns its payout.
 const FINISH_JOB: &str = "
@@ -138,76 +129,6 @@ const SETTLE_PAYOUT: &str = "
 const CREDIT_BACK: &str = "
     UPDATE accounts SET balance = balance + $2 WHERE id = $1
     RETURNING balance, points, fencing_token";
-
-/// A claim as made by [`SqlStore::claim_due`]: the write transaction it ran in (to read
-/// what the jobs need, then commit), the rows the claim returned, and the leases' end.
-pub(crate) struct Claim<D: sqlx::Database, R> {
-    pub tx: sqlx::Transaction<'static, D>,
-    pub rows: Vec<R>,
-    pub lease_until: Timestamp,
-}
-
-/// The step every kind of outbox job is claimed with.
-impl<D> SqlStore<D>
-where
-    D: Dialect,
-    D::Arguments: IntoArguments<D>,
-    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
-    for<'q> i64: Encode<'q, D> + Type<D>,
-    for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> Timestamp: Encode<'q, D> + Type<D>,
-    for<'r> (Timestamp,): FromRow<'r, D::Row>,
-    for<'r> (i64,): FromRow<'r, D::Row>,
-{
-    /// Claims up to `max` due jobs of `kind` for `worker` with `claim` (the dialect's
-    /// claim statement for that kind: $1 now, $2 lease until, $3 worker, $4 at most), each
-    /// for `lease` by the database's clock — after a look on the read pool, so an idle
-    /// worker never takes the writer. `None` when nothing was due or claimed.
-    pub(crate) async fn claim_due<R>(
-        &self,
-        kind: &str,
-        claim: &'static str,
-        worker: &str,
-        lease: Duration,
-        max: i64,
-    ) -> Result<Option<Claim<D, R>>, LedgerError>
-    where
-        for<'r> R: FromRow<'r, D::Row> + Send + Unpin,
-    {
-        let look = || async {
-            let mut connection = self.pool.acquire().await?;
-            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
-            let due: Option<(i64,)> = sqlx::query_as(ANY_DUE)
-                .bind(now)
-                .bind(kind)
-                .fetch_optional(&mut *connection)
-                .await?;
-            Ok::<_, sqlx::Error>(due.is_some())
-        };
-        if !self.on_live_connection(look).await? {
-            return Ok(None);
-        }
-        let mut tx = self.begin_write().await?;
-        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let lease_until = Timestamp(now.0 + lease);
-        let rows: Vec<R> = sqlx::query_as(claim)
-            .bind(now)
-            .bind(lease_until)
-            .bind(worker)
-            .bind(max)
-            .fetch_all(&mut *tx)
-            .await?;
-        if rows.is_empty() {
-            tx.commit().await?;
-            return Ok(None);
-        }
-        Ok(Some(Claim {
-            tx,
-            rows,
-            lease_until,
-        }))
-    }
-}
 
 /// A payout as read, with its job's attempts and last error.
 #[derive(FromRow)]
@@ -268,6 +189,7 @@ where
     for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> crate::db_types::JsonText<'q>: Encode<'q, D> + Type<D>,
     usize: ColumnIndex<D::Row>,
     for<'r> TicketRow: FromRow<'r, D::Row>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
@@ -305,24 +227,21 @@ where
         };
         let planned = crate::apply::Planned::of(request.operation);
         let result = Self::move_or_refuse(&mut tx, request, &planned, token).await?;
-        let status = match result {
-            OperationResult::Applied {
-                balance, points, ..
-            } => {
-                let debit = Debit {
-                    payout,
-                    amount,
-                    destination,
-                    balance,
-                    points,
-                    token,
-                };
-                Self::record_payout(&mut tx, request, &debit, now).await?;
-                ACCEPTED
-            }
-            OperationResult::Refused(_) => result.status(),
-        };
-        Self::conclude(tx, request, &result, status, now, render).await
+        if let OperationResult::Applied {
+            balance, points, ..
+        } = result
+        {
+            let debit = Debit {
+                payout,
+                amount,
+                destination,
+                balance,
+                points,
+                token,
+            };
+            Self::record_payout(&mut tx, request, &debit, now).await?;
+        }
+        Self::conclude(tx, request, &result, now, render).await
     }
 
     /// The payout, its debit entry and its job.
@@ -573,23 +492,7 @@ where
             )));
         };
         if status == PayoutStatus::Failed {
-            let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
-                .bind(account)
-                .bind(amount)
-                .fetch_one(&mut **tx)
-                .await?;
-            sqlx::query(INSERT_PAYOUT_ENTRY)
-                .bind(account)
-                .bind(None::<TicketId>)
-                .bind(EntryKind::PayoutReversal.as_str())
-                .bind(amount)
-                .bind(balance)
-                .bind(points)
-                .bind(token)
-                .bind(now)
-                .bind(job.payout.id)
-                .execute(&mut **tx)
-                .await?;
+            Self::reverse(tx, account, amount, job.payout.id, now).await?;
         }
         // The settlement's event, in its transaction: the payout as it now stands.
         let settled = Payout {
@@ -608,6 +511,34 @@ where
         let data = payout_data(account, job.payout.ticket_id, &render(&settled).to_string());
         record_event(tx, account, job.payout.ticket_id, event, &data, now).await?;
         Ok(true)
+    }
+
+    /// A failed payout's money back on `account`: the credit and its reversal entry.
+    async fn reverse(
+        tx: &mut sqlx::Transaction<'static, D>,
+        account: AccountId,
+        amount: i64,
+        payout: PayoutId,
+        now: Timestamp,
+    ) -> Result<(), LedgerError> {
+        let (balance, points, token): (i64, i64, i64) = sqlx::query_as(CREDIT_BACK)
+            .bind(account)
+            .bind(amount)
+            .fetch_one(&mut **tx)
+            .await?;
+        sqlx::query(INSERT_PAYOUT_ENTRY)
+            .bind(account)
+            .bind(None::<TicketId>)
+            .bind(EntryKind::PayoutReversal.as_str())
+            .bind(amount)
+            .bind(balance)
+            .bind(points)
+            .bind(token)
+            .bind(now)
+            .bind(payout)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
     }
 }
 

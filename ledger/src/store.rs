@@ -205,6 +205,7 @@ where
     for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Json<Value>: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
+    for<'q> crate::db_types::JsonText<'q>: Encode<'q, D> + Type<D>,
     for<'q> &'q str: ColumnIndex<D::Row>,
     usize: ColumnIndex<D::Row>,
     for<'r> AccountRow: FromRow<'r, D::Row>,

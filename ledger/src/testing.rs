@@ -126,6 +126,15 @@ impl TestDatabase {
     }
 }
 
+/// Runs `future` with every lottery draw it makes winning `prize`: the same draws, so that
+/// two runs of one set of spends can be compared.
+pub async fn with_prize<F: std::future::Future>(
+    prize: &'static crate::lottery::Prize,
+    future: F,
+) -> F::Output {
+    crate::lottery::FIXED_PRIZE.scope(prize, future).await
+}
+
 /// A transaction of its own that holds a ticket's row lock (PostgreSQL) or the database's
 /// write lock (SQLite) until released: what a slow concurrent writer looks like to
 /// `apply`.

@@ -17,7 +17,7 @@ use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
 use uuid::Uuid;
 
-use crate::model::{AccountId, EntryKind, TicketId};
+use crate::model::{AccountId, EntryKind, OutcomeKind, TicketId};
 
 /// The most endpoints an account may have at once.
 pub const MAX_ENDPOINTS_PER_ACCOUNT: usize = 16;
@@ -30,14 +30,16 @@ pub const MAX_URL: usize = 1024;
 /// the names the ledger stores are the names the API documents.
 pub use payonce_types::webhooks::EventType;
 
-/// The event a spend's stored outcome announces, if any: an operation of `kind` stored with
-/// `status`. A payout's acceptance (202) announces nothing: its settlement does.
-pub fn event_of_outcome(kind: EntryKind, status: u16) -> Option<EventType> {
-    match (kind, status) {
-        (EntryKind::Withdrawal, 201) => Some(EventType::WithdrawalSucceeded),
-        (EntryKind::Withdrawal, 402) => Some(EventType::WithdrawalRefused),
-        (EntryKind::LotteryDraw, 201) => Some(EventType::LotteryDrawn),
-        (EntryKind::OrderPayment, 201) => Some(EventType::OrderPaid),
+/// The event a spend's outcome announces, if any: an operation of entry kind `operation`
+/// that came to `outcome`. A payout's acceptance announces nothing: its settlement does.
+pub fn event_of_outcome(operation: EntryKind, outcome: OutcomeKind) -> Option<EventType> {
+    match (operation, outcome) {
+        (EntryKind::Withdrawal, OutcomeKind::Executed) => Some(EventType::WithdrawalSucceeded),
+        (EntryKind::Withdrawal, OutcomeKind::RefusedInsufficientFunds) => {
+            Some(EventType::WithdrawalRefused)
+        }
+        (EntryKind::LotteryDraw, OutcomeKind::Executed) => Some(EventType::LotteryDrawn),
+        (EntryKind::OrderPayment, OutcomeKind::Executed) => Some(EventType::OrderPaid),
         _ => None,
     }
 }
@@ -396,13 +398,31 @@ mod tests {
             );
         }
         assert_eq!(
-            event_of_outcome(EntryKind::Withdrawal, 402),
+            event_of_outcome(EntryKind::Withdrawal, OutcomeKind::RefusedInsufficientFunds),
             Some(EventType::WithdrawalRefused)
         );
-        assert_eq!(event_of_outcome(EntryKind::Payout, 202), None);
-        assert_eq!(event_of_outcome(EntryKind::Deposit, 201), None);
-        assert_eq!(event_of_outcome(EntryKind::LotteryDraw, 402), None);
-        assert_eq!(event_of_outcome(EntryKind::OrderPayment, 409), None);
+        assert_eq!(
+            event_of_outcome(EntryKind::Payout, OutcomeKind::PayoutAccepted),
+            None
+        );
+        assert_eq!(
+            event_of_outcome(EntryKind::Deposit, OutcomeKind::Executed),
+            None
+        );
+        assert_eq!(
+            event_of_outcome(
+                EntryKind::LotteryDraw,
+                OutcomeKind::RefusedInsufficientPoints
+            ),
+            None
+        );
+        assert_eq!(
+            event_of_outcome(
+                EntryKind::OrderPayment,
+                OutcomeKind::RefusedOrderAlreadyPaid
+            ),
+            None
+        );
     }
 
     #[test]

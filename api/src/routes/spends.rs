@@ -31,7 +31,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use ledger::{
-    AccountId, Amount, ApplyError, ApplyRequest, Judgement, Operation, PointsToSpend,
+    AccountId, Amount, ApplyError, ApplyRequest, Judgement, Operation, OutcomeKind, PointsToSpend,
     StoredResponse, TicketId,
 };
 use lock::{FencingToken, LockError, LockGuard};
@@ -305,7 +305,7 @@ impl Spend<'_> {
         match written {
             Some(applied) => {
                 self.state.metrics().executed();
-                Ok(stored_response(applied.response, false))
+                Ok(outcome_response(applied.kind, applied.response, false))
             }
             // Another request completed the ticket first: answer with its outcome.
             None => self
@@ -345,7 +345,7 @@ impl Spend<'_> {
                     // dropping the guard gives the lock back in the background.
                     drop(guard);
                     self.state.metrics().replayed();
-                    return Ok(stored_response(applied.response, true));
+                    return Ok(outcome_response(applied.kind, applied.response, true));
                 }
                 applied => applied,
             };
@@ -364,7 +364,7 @@ impl Spend<'_> {
                     if let Some(webhooks) = self.state.webhooks() {
                         webhooks.wake();
                     }
-                    Ok(stored_response(applied.response, false))
+                    Ok(outcome_response(applied.kind, applied.response, false))
                 }
                 Err(ApplyError::StaleToken { .. }) if still_held && !retried => {
                     // We held the lock all along, so no newer holder wrote: the token was
@@ -528,7 +528,14 @@ async fn replay_without_lock(
         Judgement::Usable => Ok(None),
         Judgement::Replay(response) => {
             state.metrics().replayed();
-            Ok(Some(stored_response(response.clone(), true)))
+            let kind = ticket.outcome.as_ref().and_then(ledger::Outcome::kind);
+            let kind = kind.ok_or_else(|| {
+                ApiError::from(ledger::LedgerError::Corrupt(format!(
+                    "ticket {ticket_id}: stored status {} is no outcome of its operation",
+                    response.status
+                )))
+            })?;
+            Ok(Some(outcome_response(kind, response.clone(), true)))
         }
         Judgement::Reused => Err(ApiError::IdempotencyKeyReuse),
         Judgement::Pruned => Err(ApiError::OutcomePruned),
@@ -536,17 +543,14 @@ async fn replay_without_lock(
     }
 }
 
-/// A stored response as sent: its status and body, JSON for successes and problem+json
-/// for refusals, and `Idempotent-Replayed: true` on repeats only.
-pub(crate) fn stored_response(response: StoredResponse, replayed: bool) -> Response {
-    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let content_type = if status.is_success() {
-        "application/json"
-    } else {
-        PROBLEM_JSON
-    };
-    // An accepted payout says where to watch it: its payout, named in the stored body.
-    let location = (status == StatusCode::ACCEPTED)
+/// A spend's stored outcome, of `kind`, as sent: as [`stored_response`], and an accepted
+/// payout says where to watch it — `Location`, its payout, named in the stored body.
+pub(crate) fn outcome_response(
+    kind: OutcomeKind,
+    response: StoredResponse,
+    replayed: bool,
+) -> Response {
+    let location = (kind == OutcomeKind::PayoutAccepted)
         .then(|| {
             response
                 .body
@@ -555,6 +559,24 @@ pub(crate) fn stored_response(response: StoredResponse, replayed: bool) -> Respo
         })
         .flatten()
         .and_then(|payout| HeaderValue::from_str(&format!("/v1/payouts/{payout}")).ok());
+    respond(response, location, replayed)
+}
+
+/// A stored response as sent: its status and body, JSON for successes and problem+json
+/// for refusals, and `Idempotent-Replayed: true` on repeats only.
+pub(crate) fn stored_response(response: StoredResponse, replayed: bool) -> Response {
+    respond(response, None, replayed)
+}
+
+/// A stored response as sent, with `location` (a header sent before the replay's, as the
+/// answers have always had them).
+fn respond(response: StoredResponse, location: Option<HeaderValue>, replayed: bool) -> Response {
+    let status = StatusCode::from_u16(response.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let content_type = if status.is_success() {
+        "application/json"
+    } else {
+        PROBLEM_JSON
+    };
     let mut answer = (
         status,
         [(header::CONTENT_TYPE, content_type)],

@@ -75,8 +75,9 @@ where
     ) -> Result<Option<Applied>, ApplyError> {
         let request = &write.request;
         let token = token_to_sql(request.fencing_token)?;
-        let status = write.result.status();
-        let body = render(&request.execution(&write.result));
+        let execution = request.execution(&write.result);
+        let (outcome, body) = (execution.kind(), render(&execution));
+        let status = outcome.status();
         let kind = request.operation.kind().as_str();
         let mut tx = self.begin_write().await?;
         if let OperationResult::Applied {
@@ -133,9 +134,10 @@ where
             return Ok(None);
         }
         // Unguarded as the write is, its outcome is announced like any other.
-        announce_outcome(&mut tx, request, status, &body, now).await?;
+        announce_outcome(&mut tx, request, outcome, &body, now).await?;
         commit_or_unknown(tx).await?;
         Ok(Some(Applied {
+            kind: outcome,
             response: StoredResponse { status, body },
             replayed: false,
         }))

@@ -5,6 +5,7 @@
 mod payouts;
 mod postgres_races;
 mod suite;
+mod two_paths;
 mod webhooks;
 
 macro_rules! suite_for {

@@ -56,12 +56,16 @@ pub async fn a_payout_debits_once_and_waits_for_the_bank(database: &TestDatabase
         .await
         .unwrap();
     assert_eq!((first.response.status, first.replayed), (202, false));
+    assert_eq!(first.kind, ledger::OutcomeKind::PayoutAccepted);
     // The same request again, even with another payout id chosen for it: the first's answer.
     let (_, again) = payout(300, "acct-7");
     let replay = apply(&ledger, account_id, ticket, again, "p300", 2)
         .await
         .unwrap();
-    assert_eq!((replay.response, replay.replayed), (first.response, true));
+    assert_eq!(
+        (replay.kind, replay.response, replay.replayed),
+        (first.kind, first.response, true)
+    );
 
     assert_eq!(
         ledger.account(account_id).await.unwrap().unwrap().balance,
@@ -99,10 +103,12 @@ pub async fn a_payout_the_balance_cannot_cover_is_refused_and_stored(database: &
         .await
         .unwrap();
     assert_eq!(refused.response.status, 402);
+    assert_eq!(refused.kind, ledger::OutcomeKind::RefusedInsufficientFunds);
     let replay = apply(&ledger, account_id, ticket, operation, "p300", 2)
         .await
         .unwrap();
     assert_eq!((replay.response.status, replay.replayed), (402, true));
+    assert_eq!(replay.kind, ledger::OutcomeKind::RefusedInsufficientFunds);
     assert_eq!(ledger.payout(id).await.unwrap(), None);
     assert!(
         ledger

@@ -17,13 +17,13 @@ use crate::suite::{account, apply, assert_clean, open, withdrawal};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
-async fn connect(database: &TestDatabase) -> PgConnection {
+pub async fn connect(database: &TestDatabase) -> PgConnection {
     PgConnection::connect(database.url()).await.unwrap()
 }
 
 /// Waits until a session of this test's database waits for a lock (true) or `task` has
 /// finished (false); panics after 10 s.
-async fn blocked_or_finished<T>(monitor: &mut PgConnection, task: &JoinHandle<T>) -> bool {
+pub async fn blocked_or_finished<T>(monitor: &mut PgConnection, task: &JoinHandle<T>) -> bool {
     for _ in 0..1000 {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity

@@ -14,7 +14,7 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 /// A renderer that records everything the ledger decided; a refusal also gets a problem
 /// `type` named as the API names it.
-fn render(execution: &Execution<'_>) -> Value {
+pub fn render(execution: &Execution<'_>) -> Value {
     let problem = match *execution.result {
         OperationResult::Applied { .. } => None,
         OperationResult::Refused(Refusal::InsufficientFunds { .. }) => {
