@@ -528,14 +528,16 @@ async fn replay_without_lock(
         Judgement::Usable => Ok(None),
         Judgement::Replay(response) => {
             state.metrics().replayed();
-            let kind = ticket.outcome.as_ref().and_then(ledger::Outcome::kind);
-            let kind = kind.ok_or_else(|| {
-                ApiError::from(ledger::LedgerError::Corrupt(format!(
-                    "ticket {ticket_id}: stored status {} is no outcome of its operation",
-                    response.status
-                )))
-            })?;
-            Ok(Some(outcome_response(kind, response.clone(), true)))
+            match ticket.outcome.as_ref().and_then(ledger::Outcome::kind) {
+                Some(kind) => Ok(Some(outcome_response(kind, response.clone(), true))),
+                // What is stored is the answer, whatever its kind: it is sent as it was
+                // stored (without a kind there is no Location to add), and the oddity is
+                // left for the audit to name.
+                None => {
+                    tracing::warn!(%ticket_id, status = response.status, "stored outcome of no known kind");
+                    Ok(Some(stored_response(response.clone(), true)))
+                }
+            }
         }
         Judgement::Reused => Err(ApiError::IdempotencyKeyReuse),
         Judgement::Pruned => Err(ApiError::OutcomePruned),
