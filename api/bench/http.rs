@@ -15,6 +15,21 @@ use uuid::Uuid;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+// The services a benchmark runs payonce on, flattened into its arguments: `--database-url`
+// and `--redis-url` (with `DATABASE_URL` and `REDIS_URL`). Plain comments: a doc comment
+// here would become the including command's about text.
+#[derive(clap::Args, Debug)]
+pub struct Services {
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+}
+
 /// payonce's configuration from `args`, as on its command line (and its environment).
 pub fn config(args: &[&str]) -> api::config::Config {
     use clap::Parser;

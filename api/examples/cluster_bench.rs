@@ -27,6 +27,8 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Parser, Debug)]
+// `--database-url`: the plain PostgreSQL the cluster is compared with.
+#[command(mut_arg("database_url", |arg| arg.help("The plain PostgreSQL it is compared with.")))]
 struct Args {
     /// The cluster's write endpoint (the last line of `scripts/ledger-cluster.sh up`).
     #[arg(
@@ -35,15 +37,8 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5440/postgres"
     )]
     cluster_url: String,
-    /// The plain PostgreSQL it is compared with.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
     /// wrk connections.
     #[arg(long, default_value_t = 32)]
     connections: usize,
@@ -83,11 +78,11 @@ async fn main() -> Result<(), http::BoxError> {
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let (plain, cluster) = if round % 2 == 1 {
-            let plain = measure(&args, &args.database_url).await?;
+            let plain = measure(&args, &args.services.database_url).await?;
             (plain, measure(&args, &args.cluster_url).await?)
         } else {
             let cluster = measure(&args, &args.cluster_url).await?;
-            (measure(&args, &args.database_url).await?, cluster)
+            (measure(&args, &args.services.database_url).await?, cluster)
         };
         println!(
             "round {round}: {cluster_is} {:.0} withdrawals/s (p50 {:.1} ms, p99 {:.1} ms); \
@@ -142,7 +137,7 @@ async fn measure_on(args: &Args, url: &str) -> Result<http::Withdrawals, http::B
         "--database-url",
         url,
         "--redis-url",
-        &args.redis_url,
+        &args.services.redis_url,
         "--redis-namespace",
         &namespace,
         "--db-max-connections",

@@ -46,14 +46,8 @@ struct Args {
     /// Accounts the withdrawals spread over.
     #[arg(long, default_value_t = 1000)]
     accounts: usize,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
     /// Seconds of replays (used tickets sent again, one connection) after each round's
     /// withdrawals; 0: none.
     #[arg(long, default_value_t = 3)]
@@ -88,7 +82,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for round in 1..=args.rounds {
         // A fresh database each round, so neither side inherits the other's (or an
         // earlier round's) tables, bloat or checkpoint debt.
-        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
         let measured = run_round(&args, database.url(), round).await;
         database.drop().await?;
         rounds.push(measured?);
@@ -133,7 +128,7 @@ async fn run_round(
             "--database-url",
             url,
             "--redis-url",
-            &args.redis_url,
+            &args.services.redis_url,
             "--redis-namespace",
             &namespace,
             "--db-max-connections",

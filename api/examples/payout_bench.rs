@@ -56,14 +56,8 @@ struct Args {
     /// Rounds; the summary gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
 }
 
 struct Round {
@@ -206,7 +200,7 @@ async fn dispatch_and_latency(
         "--database-url",
         database_url,
         "--redis-url",
-        &args.redis_url,
+        &args.services.redis_url,
         "--redis-namespace",
         &format!("payout-bench-{}", Uuid::new_v4().simple()),
         "--bank-url",
@@ -311,7 +305,8 @@ async fn main() -> Result<(), http::BoxError> {
     );
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
-        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
         // Alternate which goes first, so neither always meets the cooler machine.
         let measured = if round % 2 == 1 {
             let bank_per_sec = baseline(&args).await?;
