@@ -530,6 +530,20 @@ mod tests {
             .collect()
     }
 
+    /// A withdrawal (with a ticket) and a ticket request sent once each to `target`: the
+    /// statuses and `Retry-After`s payonce-client observed.
+    async fn withdrawal_and_ticket(target: String) -> Vec<(Option<u16>, Option<Duration>)> {
+        let api = Api::new(vec![target], 1).unwrap();
+        let (payonce, seen) = observed(&api);
+        let _ = payonce
+            .withdrawal(Uuid::nil(), 1)
+            .with_ticket(Uuid::nil())
+            .send()
+            .await;
+        let _ = payonce.take_ticket(Uuid::nil()).await;
+        statuses(&seen)
+    }
+
     /// A target that redirects elsewhere is not followed: the 307 is the recorded answer,
     /// and the place it points to never hears from the client.
     #[tokio::test]
@@ -542,15 +556,10 @@ mod tests {
             "",
         )])
         .await;
-        let api = Api::new(vec![target], 1).unwrap();
-        let (payonce, seen) = observed(&api);
-        let _ = payonce
-            .withdrawal(Uuid::nil(), 1)
-            .with_ticket(Uuid::nil())
-            .send()
-            .await;
-        let _ = payonce.take_ticket(Uuid::nil()).await;
-        assert_eq!(statuses(&seen), vec![(Some(307), None); 2]);
+        assert_eq!(
+            withdrawal_and_ticket(target).await,
+            vec![(Some(307), None); 2]
+        );
         assert!(
             reached.lock().unwrap().is_empty(),
             "the redirect was followed"
@@ -578,15 +587,10 @@ mod tests {
             ("", None),
         ] {
             let (target, _) = serve(vec![answer("409 Conflict", header, "{}")]).await;
-            let api = Api::new(vec![target], 1).unwrap();
-            let (payonce, seen) = observed(&api);
-            let _ = payonce
-                .withdrawal(Uuid::nil(), 1)
-                .with_ticket(Uuid::nil())
-                .send()
-                .await;
-            let _ = payonce.take_ticket(Uuid::nil()).await;
-            assert_eq!(statuses(&seen), vec![(Some(409), expected); 2]);
+            assert_eq!(
+                withdrawal_and_ticket(target).await,
+                vec![(Some(409), expected); 2]
+            );
         }
     }
 
