@@ -207,6 +207,16 @@ pub(crate) fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind>
         .collect()
 }
 
+/// Plants `entries` in the account's ledger in `state`, and sets its balance to `balance`
+/// if given.
+pub(crate) fn plant(state: &mut FinalState, balance: Option<i64>, entries: Vec<EntryRecord>) {
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.entries.extend(entries);
+    if let Some(balance) = balance {
+        account.balance = balance;
+    }
+}
+
 /// Every kind in `expected` is among the `found` ones.
 pub(crate) fn assert_flagged(found: Vec<ViolationKind>, expected: &[ViolationKind]) {
     for kind in expected {
@@ -247,11 +257,11 @@ fn a_clean_history_passes() {
 #[test]
 fn a_planted_double_spend_is_flagged() {
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
-    account.balance = 55;
+    plant(
+        &mut state,
+        Some(55),
+        vec![entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1)],
+    );
     assert_flagged(
         kinds(&history, &state),
         &[ViolationKind::EntryMismatch, ViolationKind::BalanceMismatch],
@@ -479,13 +489,14 @@ fn undeclared_answers_are_flagged() {
 #[test]
 fn stray_entries_are_flagged() {
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1));
-    account
-        .entries
-        .push(entry(6, Some("nobody"), "deposit", 1, 0, 85, 1));
+    plant(
+        &mut state,
+        None,
+        vec![
+            entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1),
+            entry(6, Some("nobody"), "deposit", 1, 0, 85, 1),
+        ],
+    );
     assert_flagged(
         kinds(&history, &state),
         &[ViolationKind::EntryMismatch, ViolationKind::UnknownEntry],
@@ -590,11 +601,11 @@ fn a_ticket_executed_by_a_lost_send_and_its_resend_is_flagged() {
         "t1".into(),
         ticket_state("completed", Some(201), Some(moved)),
     );
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
-    account.balance = 55;
+    plant(
+        &mut state,
+        Some(55),
+        vec![entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1)],
+    );
     let audited = audit_with(&history, &state, &RETRIES);
     let found: Vec<ViolationKind> = audited.violations.iter().map(|v| v.kind).collect();
     assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
@@ -634,11 +645,11 @@ fn an_unresolved_request_is_counted_and_its_ticket_judged() {
         }
     );
 
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1));
-    account.balance = 84;
+    plant(
+        &mut state,
+        Some(84),
+        vec![entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1)],
+    );
     let found: Vec<ViolationKind> = audit_with(&history, &state, &RETRIES)
         .violations
         .iter()

@@ -12,7 +12,7 @@ use loadtest::report::{print_summary, write_json};
 use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
-use crate::audit::{assert_flagged, kinds};
+use crate::audit::{assert_flagged, kinds, plant};
 use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
@@ -205,18 +205,18 @@ fn a_failed_payout_without_its_reversal_is_flagged() {
 #[test]
 fn a_reversal_of_a_succeeded_payout_is_flagged() {
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, None, "payout_reversal", "p1", 20, 100));
-    account.balance = 100;
+    plant(
+        &mut state,
+        Some(100),
+        vec![entry(5, None, "payout_reversal", "p1", 20, 100)],
+    );
     assert_flagged(kinds(&history, &state), &[ViolationKind::EntryMismatch]);
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, None, "payout_reversal", "p9", 5, 85));
-    account.balance = 85;
+    plant(
+        &mut state,
+        Some(85),
+        vec![entry(5, None, "payout_reversal", "p9", 5, 85)],
+    );
     assert_flagged(kinds(&history, &state), &[ViolationKind::UnknownEntry]);
 }
 
