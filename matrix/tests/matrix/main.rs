@@ -7,6 +7,8 @@ mod cells;
 mod dispatcher;
 mod failover;
 mod ledger_cluster;
+#[path = "../../../loadtest/tests/support/plain_run.rs"]
+mod plain_run;
 mod retries;
 mod webhooks;
 
@@ -14,8 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions};
+use loadtest::run::{Mix, RunOptions};
 
 /// One test at a time: each starts servers and instances of its own, and the cells'
 /// timing (a stall against a lease, a kill against the load) is what is under test — a
@@ -65,32 +66,17 @@ pub(crate) fn bank() -> PathBuf {
 }
 
 /// The tests' load on `targets`: `(accounts, clients)` for `length`, with `mix`; a third
-/// of the spends sent again (a fifth of those changed); no headers, faults or bank; each
-/// client turning through the targets, every request expected to be answered, default
-/// retries; 30 s to drain; no webhook receiver. Each test sets what it runs otherwise.
+/// of the spends sent again (a fifth of those changed); otherwise a plain run
+/// ([`plain_run::plain_run`]). Each test sets what it runs otherwise.
 pub(crate) fn load(
     targets: Vec<String>,
-    (accounts, clients): (usize, usize),
+    sizes: (usize, usize),
     length: Duration,
     mix: Mix,
 ) -> RunOptions {
     RunOptions {
-        targets,
-        accounts,
-        clients,
-        limit: Limit::Duration(length),
         duplicate_fraction: 0.3,
         changed_fraction: 0.2,
-        progress: false,
-        mix,
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
-        retry: RetryPolicy::default(),
-        bank: None,
-        drain: Duration::from_secs(30),
-        webhooks: None,
+        ..plain_run::plain_run(targets, sizes, length, mix)
     }
 }
