@@ -27,8 +27,8 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Parser, Debug)]
-// `--database-url`: the plain PostgreSQL the cluster is compared with.
-#[command(mut_arg("database_url", |arg| arg.help("The plain PostgreSQL it is compared with.")))]
+// The shared `--database-url`, with the help it has in this comparison.
+#[command(mut_arg("database_url", |arg| arg.help("The plain PostgreSQL it is compared with")))]
 struct Args {
     /// The cluster's write endpoint (the last line of `scripts/ledger-cluster.sh up`).
     #[arg(
