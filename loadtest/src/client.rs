@@ -530,6 +530,18 @@ mod tests {
             .collect()
     }
 
+    /// The 201 of a withdrawal of 1 with `ticket` from the nil account.
+    fn withdrawn(ticket: Uuid) -> String {
+        answer(
+            "201 Created",
+            "",
+            &format!(
+                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
+                Uuid::nil()
+            ),
+        )
+    }
+
     /// A withdrawal (with a ticket) and a ticket request sent once each to `target`: the
     /// statuses and `Retry-After`s payonce-client observed.
     async fn withdrawal_and_ticket(target: String) -> Vec<(Option<u16>, Option<Duration>)> {
@@ -605,14 +617,7 @@ mod tests {
             r#"{"type":"/problems/outcome-unknown","title":"Outcome unknown","status":503}"#,
         );
         let ticket = Uuid::new_v4();
-        let done = answer(
-            "201 Created",
-            "",
-            &format!(
-                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
-                Uuid::nil()
-            ),
-        );
+        let done = withdrawn(ticket);
         for (policy, script, expected) in [
             (
                 RetryPolicy {
@@ -668,14 +673,7 @@ mod tests {
     #[tokio::test]
     async fn resends_move_on_after_a_503_and_stay_after_a_409() {
         let ticket = Uuid::new_v4();
-        let done = answer(
-            "201 Created",
-            "",
-            &format!(
-                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
-                Uuid::nil()
-            ),
-        );
+        let done = withdrawn(ticket);
         let problem = |status: &str, name: &str| {
             answer(
                 status,
