@@ -30,6 +30,28 @@ pub struct Services {
     pub redis_url: String,
 }
 
+impl Services {
+    /// payonce's configuration ([`config`]) on the PostgreSQL database at `database_url`
+    /// and this Redis under `namespace`, then `more` arguments.
+    pub fn config(
+        &self,
+        database_url: &str,
+        namespace: &str,
+        more: &[&str],
+    ) -> api::config::Config {
+        let mut args = vec![
+            "--database-url",
+            database_url,
+            "--redis-url",
+            &self.redis_url,
+            "--redis-namespace",
+            namespace,
+        ];
+        args.extend_from_slice(more);
+        config(&args)
+    }
+}
+
 /// payonce's configuration from `args`, as on its command line (and its environment).
 pub fn config(args: &[&str]) -> api::config::Config {
     use clap::Parser;

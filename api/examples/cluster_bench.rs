@@ -133,16 +133,11 @@ async fn measure(args: &Args, admin_url: &str) -> Result<http::Withdrawals, http
 
 async fn measure_on(args: &Args, url: &str) -> Result<http::Withdrawals, http::BoxError> {
     let namespace = format!("bench-{}", Uuid::new_v4().simple());
-    let server = http::Server::start(http::config(&[
-        "--database-url",
+    let server = http::Server::start(args.services.config(
         url,
-        "--redis-url",
-        &args.services.redis_url,
-        "--redis-namespace",
         &namespace,
-        "--db-max-connections",
-        "32",
-    ]))
+        &["--db-max-connections", "32"],
+    ))
     .await?;
     let accounts = http::open_accounts(&server.address, args.accounts).await?;
     let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;

@@ -124,20 +124,18 @@ async fn run_round(
     let namespace = format!("bench-{}", Uuid::new_v4().simple());
     let (batch_max, batch_workers) = (args.batch_max.to_string(), args.batch_workers.to_string());
     let config = || {
-        http::config(&[
-            "--database-url",
+        args.services.config(
             url,
-            "--redis-url",
-            &args.services.redis_url,
-            "--redis-namespace",
             &namespace,
-            "--db-max-connections",
-            "32",
-            "--batch-max",
-            &batch_max,
-            "--batch-workers",
-            &batch_workers,
-        ])
+            &[
+                "--db-max-connections",
+                "32",
+                "--batch-max",
+                &batch_max,
+                "--batch-workers",
+                &batch_workers,
+            ],
+        )
     };
     let server = http::Server::start(config())
         .await

@@ -196,33 +196,31 @@ async fn dispatch_and_latency(
     let bank_address = free_address().await?;
     let bank_url = format!("http://{bank_address}");
     let workers = args.workers.to_string();
-    let server = http::Server::start(http::config(&[
-        "--database-url",
+    let server = http::Server::start(args.services.config(
         database_url,
-        "--redis-url",
-        &args.services.redis_url,
-        "--redis-namespace",
         &format!("payout-bench-{}", Uuid::new_v4().simple()),
-        "--bank-url",
-        &bank_url,
-        "--payout-workers",
-        &workers,
-        // Queued while the bank is away, each payout is tried once and put back for ten
-        // minutes (not tried again and again: that churn is not what is measured); the
-        // drain then makes them all due at once.
-        "--payout-retry-base",
-        "10m",
-        "--payout-retry-max",
-        "10m",
-        "--payout-attempts",
-        "1000000",
-        "--payout-poll",
-        "20ms",
-        "--spends-per-second",
-        "1000000",
-        "--tickets-per-second",
-        "1000000",
-    ]))
+        &[
+            "--bank-url",
+            &bank_url,
+            "--payout-workers",
+            &workers,
+            // Queued while the bank is away, each payout is tried once and put back for ten
+            // minutes (not tried again and again: that churn is not what is measured); the
+            // drain then makes them all due at once.
+            "--payout-retry-base",
+            "10m",
+            "--payout-retry-max",
+            "10m",
+            "--payout-attempts",
+            "1000000",
+            "--payout-poll",
+            "20ms",
+            "--spends-per-second",
+            "1000000",
+            "--tickets-per-second",
+            "1000000",
+        ],
+    ))
     .await?;
     let accounts = Arc::new(http::open_accounts(&server.address, 100).await?);
     let client = reqwest::Client::new();
