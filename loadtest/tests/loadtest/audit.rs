@@ -51,6 +51,26 @@ pub(crate) fn entry(
     }
 }
 
+/// A run's history on the one account, opened with 100 and `opening_points`: `tickets`,
+/// the ticket requests, and `spends`.
+pub(crate) fn history_of(
+    opening_points: i64,
+    tickets: Vec<TicketAttempt>,
+    spends: Vec<SpendRecord>,
+) -> History {
+    History {
+        targets: vec!["http://127.0.0.1:1".into()],
+        accounts: vec![AccountRecord {
+            id: ACCOUNT.into(),
+            key: "k".into(),
+            opening_balance: 100,
+            opening_points,
+        }],
+        tickets,
+        spends,
+    }
+}
+
 /// Opened with 100 and 3 points: a withdrawal of 30 (executed, then replayed twice, one
 /// duplicate with another amount refused), a refused withdrawal of 500 (replayed), a draw
 /// of 2 points crediting 10, a deposit of 5 whose only answer was a 503 but which the
@@ -60,19 +80,13 @@ fn clean() -> (History, FinalState) {
     let broke = problem(402, "insufficient-funds");
     let drawn = json!({ "ticket_id": "t3", "account_id": ACCOUNT, "prize": "bronze", "credit": 10, "points": 2, "points_after": 1, "balance": 80 });
     let deposited = json!({ "ticket_id": "t4", "account_id": ACCOUNT, "amount": 5, "balance": 85 });
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 3,
-        }],
-        tickets: ["t1", "t2", "t3", "t4", "t5"]
+    let history = history_of(
+        3,
+        ["t1", "t2", "t3", "t4", "t5"]
             .into_iter()
             .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
-        spends: vec![
+        vec![
             SpendRecord {
                 ticket: "t1".into(),
                 account: ACCOUNT.into(),
@@ -135,7 +149,7 @@ fn clean() -> (History, FinalState) {
                 ],
             },
         ],
-    };
+    );
     let mut state = FinalState::default();
     state.accounts.insert(
         ACCOUNT.into(),
@@ -288,26 +302,20 @@ fn lost_updates_count_each_overwritten_spend() {
             attempts: vec![attempt(Role::Original, 201, false, body)],
         }
     };
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 0,
-        }],
-        tickets: ["t1", "t2", "t3", "t4"]
+    let history = history_of(
+        0,
+        ["t1", "t2", "t3", "t4"]
             .into_iter()
             .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
-        spends: vec![
+        vec![
             withdrawal("t1", 10, 90),
             withdrawal("t2", 20, 70),
             withdrawal("t3", 30, 70),
             // Decided on the 70 that t3 left: not a stale write.
             withdrawal("t4", 5, 65),
         ],
-    };
+    );
     let mut state = FinalState::default();
     state.accounts.insert(
         ACCOUNT.into(),

@@ -5,14 +5,14 @@
 
 use loadtest::audit::{AuditOptions, Unresolved, ViolationKind, audit_with};
 use loadtest::history::{
-    AccountRecord, AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History,
-    PayoutState, PayoutStatus, Role, SpendKind, SpendRecord, TicketState, TransferState,
+    AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History, PayoutState,
+    PayoutStatus, Role, SpendKind, SpendRecord, TicketState, TransferState,
 };
 use loadtest::report::{print_summary, write_json};
 use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
-use crate::audit::{assert_flagged, kinds, plant};
+use crate::audit::{assert_flagged, history_of, kinds, plant};
 use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
@@ -91,20 +91,14 @@ fn clean() -> (History, FinalState) {
         order: None,
         attempts: vec![attempt],
     };
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 0,
-        }],
-        tickets: Vec::new(),
-        spends: vec![
+    let history = history_of(
+        0,
+        Vec::new(),
+        vec![
             spend("t1", 20, accepted("t1", "p1", 20, 80)),
             spend("t2", 10, accepted("t2", "p2", 10, 70)),
         ],
-    };
+    );
     let mut state = FinalState::default();
     state.accounts.insert(
         ACCOUNT.into(),
