@@ -71,6 +71,20 @@ pub(crate) fn history_of(
     }
 }
 
+/// The ledger's final state with the one account: `balance`, `points` and `entries`.
+pub(crate) fn state_of(balance: i64, points: i64, entries: Vec<EntryRecord>) -> FinalState {
+    let mut state = FinalState::default();
+    state.accounts.insert(
+        ACCOUNT.into(),
+        AccountState {
+            balance,
+            points,
+            entries,
+        },
+    );
+    state
+}
+
 /// Opened with 100 and 3 points: a withdrawal of 30 (executed, then replayed twice, one
 /// duplicate with another amount refused), a refused withdrawal of 500 (replayed), a draw
 /// of 2 points crediting 10, a deposit of 5 whose only answer was a 503 but which the
@@ -150,19 +164,15 @@ fn clean() -> (History, FinalState) {
             },
         ],
     );
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 85,
-            points: 1,
-            entries: vec![
-                entry(1, None, "opening", 100, 3, 100, 3),
-                entry(2, Some("t1"), "withdrawal", -30, 0, 70, 3),
-                entry(3, Some("t3"), "lottery_draw", 10, -2, 80, 1),
-                entry(4, Some("t4"), "deposit", 5, 0, 85, 1),
-            ],
-        },
+    let mut state = state_of(
+        85,
+        1,
+        vec![
+            entry(1, None, "opening", 100, 3, 100, 3),
+            entry(2, Some("t1"), "withdrawal", -30, 0, 70, 3),
+            entry(3, Some("t3"), "lottery_draw", 10, -2, 80, 1),
+            entry(4, Some("t4"), "deposit", 5, 0, 85, 1),
+        ],
     );
     state.tickets.insert(
         "t4".into(),
@@ -316,20 +326,16 @@ fn lost_updates_count_each_overwritten_spend() {
             withdrawal("t4", 5, 65),
         ],
     );
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 65,
-            points: 0,
-            entries: vec![
-                entry(1, None, "opening", 100, 0, 100, 0),
-                entry(2, Some("t1"), "withdrawal", -10, 0, 90, 0),
-                entry(3, Some("t2"), "withdrawal", -20, 0, 70, 0),
-                entry(4, Some("t3"), "withdrawal", -30, 0, 70, 0),
-                entry(5, Some("t4"), "withdrawal", -5, 0, 65, 0),
-            ],
-        },
+    let state = state_of(
+        65,
+        0,
+        vec![
+            entry(1, None, "opening", 100, 0, 100, 0),
+            entry(2, Some("t1"), "withdrawal", -10, 0, 90, 0),
+            entry(3, Some("t2"), "withdrawal", -20, 0, 70, 0),
+            entry(4, Some("t3"), "withdrawal", -30, 0, 70, 0),
+            entry(5, Some("t4"), "withdrawal", -5, 0, 65, 0),
+        ],
     );
     let audited = audit_with(&history, &state, &AuditOptions::default());
     let stale = stale_writes(&audited.violations);

@@ -5,14 +5,14 @@
 
 use loadtest::audit::{AuditOptions, Unresolved, ViolationKind, audit_with};
 use loadtest::history::{
-    AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History, PayoutState,
-    PayoutStatus, Role, SpendKind, SpendRecord, TicketState, TransferState,
+    Attempt, BankTransfer, EntryRecord, FinalState, History, PayoutState, PayoutStatus, Role,
+    SpendKind, SpendRecord, TicketState, TransferState,
 };
 use loadtest::report::{print_summary, write_json};
 use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
-use crate::audit::{assert_flagged, history_of, kinds, plant};
+use crate::audit::{assert_flagged, history_of, kinds, plant, state_of};
 use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
@@ -99,19 +99,15 @@ fn clean() -> (History, FinalState) {
             spend("t2", 10, accepted("t2", "p2", 10, 70)),
         ],
     );
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 80,
-            points: 0,
-            entries: vec![
-                entry(1, None, "opening", "", 100, 100),
-                entry(2, Some("t1"), "payout", "p1", -20, 80),
-                entry(3, Some("t2"), "payout", "p2", -10, 70),
-                entry(4, None, "payout_reversal", "p2", 10, 80),
-            ],
-        },
+    let mut state = state_of(
+        80,
+        0,
+        vec![
+            entry(1, None, "opening", "", 100, 100),
+            entry(2, Some("t1"), "payout", "p1", -20, 80),
+            entry(3, Some("t2"), "payout", "p2", -10, 70),
+            entry(4, None, "payout_reversal", "p2", 10, 80),
+        ],
     );
     state
         .payouts
