@@ -52,6 +52,13 @@ impl Services {
     }
 }
 
+/// The median of `pick` over `rounds` (of an even number, the upper middle one).
+pub fn median<T>(rounds: &[T], pick: impl Fn(&T) -> f64) -> f64 {
+    let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 /// payonce's configuration from `args`, as on its command line (and its environment).
 pub fn config(args: &[&str]) -> api::config::Config {
     use clap::Parser;

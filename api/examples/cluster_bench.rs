@@ -97,11 +97,8 @@ async fn main() -> Result<(), http::BoxError> {
         );
         rounds.push((plain, cluster));
     }
-    let median = |pick: &dyn Fn(&(http::Withdrawals, http::Withdrawals)) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median =
+        |pick: &dyn Fn(&(http::Withdrawals, http::Withdrawals)) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  {cluster_is:<20} {:>7.0} withdrawals/s   p50 {:.1} ms   p99 {:.1} ms",

@@ -89,11 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         rounds.push(measured?);
     }
 
-    let median = |pick: fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
     let ours = median(|r| r.withdrawals_per_sec);
     let theirs = median(|r| r.pgbench_tps);
     let ratio = median(|r| r.withdrawals_per_sec / r.pgbench_tps);

@@ -338,11 +338,7 @@ async fn main() -> Result<(), http::BoxError> {
         );
         rounds.push(measured);
     }
-    let median = |pick: fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  payonce dispatched {:>6.0} payouts/s   bank alone {:>6.0} transfers/s   ratio {:.2} (target >= 0.8)",

@@ -198,11 +198,7 @@ async fn main() -> Result<(), BoxError> {
         );
         rounds.push(measured);
     }
-    let median = |pick: &dyn Fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: &dyn Fn(&Round) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  tracing off      {:>7.0} withdrawals/s",
