@@ -194,20 +194,18 @@ fn a_failed_payout_without_its_reversal_is_flagged() {
 /// naming no payout of the run.
 #[test]
 fn a_reversal_of_a_succeeded_payout_is_flagged() {
-    let (history, mut state) = clean();
-    plant(
-        &mut state,
-        Some(100),
-        vec![entry(5, None, "payout_reversal", "p1", 20, 100)],
-    );
-    assert_flagged(kinds(&history, &state), &[ViolationKind::EntryMismatch]);
-    let (history, mut state) = clean();
-    plant(
-        &mut state,
-        Some(85),
-        vec![entry(5, None, "payout_reversal", "p9", 5, 85)],
-    );
-    assert_flagged(kinds(&history, &state), &[ViolationKind::UnknownEntry]);
+    for (payout, amount, balance, expected) in [
+        ("p1", 20, 100, ViolationKind::EntryMismatch),
+        ("p9", 5, 85, ViolationKind::UnknownEntry),
+    ] {
+        let (history, mut state) = clean();
+        plant(
+            &mut state,
+            Some(balance),
+            vec![entry(5, None, "payout_reversal", payout, amount, balance)],
+        );
+        assert_flagged(kinds(&history, &state), &[expected]);
+    }
 }
 
 /// A payout's answer is 202: a withdrawal answered 202 is not declared, nor a payout
