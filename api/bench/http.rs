@@ -15,6 +15,50 @@ use uuid::Uuid;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+// The services a benchmark runs payonce on, flattened into its arguments: `--database-url`
+// and `--redis-url` (with `DATABASE_URL` and `REDIS_URL`). Plain comments: a doc comment
+// here would become the including command's about text.
+#[derive(clap::Args, Debug)]
+pub struct Services {
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
+    )]
+    pub database_url: String,
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+}
+
+impl Services {
+    /// payonce's configuration ([`config`]) on the PostgreSQL database at `database_url`
+    /// and this Redis under `namespace`, then `more` arguments.
+    pub fn config(
+        &self,
+        database_url: &str,
+        namespace: &str,
+        more: &[&str],
+    ) -> api::config::Config {
+        let mut args = vec![
+            "--database-url",
+            database_url,
+            "--redis-url",
+            &self.redis_url,
+            "--redis-namespace",
+            namespace,
+        ];
+        args.extend_from_slice(more);
+        config(&args)
+    }
+}
+
+/// The median of `pick` over `rounds` (of an even number, the upper middle one).
+pub fn median<T>(rounds: &[T], pick: impl Fn(&T) -> f64) -> f64 {
+    let mut values: Vec<f64> = rounds.iter().map(pick).collect();
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
 /// payonce's configuration from `args`, as on its command line (and its environment).
 pub fn config(args: &[&str]) -> api::config::Config {
     use clap::Parser;

@@ -27,6 +27,8 @@ use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
 #[derive(Parser, Debug)]
+// The shared `--database-url`, with the help it has in this comparison.
+#[command(mut_arg("database_url", |arg| arg.help("The plain PostgreSQL it is compared with")))]
 struct Args {
     /// The cluster's write endpoint (the last line of `scripts/ledger-cluster.sh up`).
     #[arg(
@@ -35,15 +37,8 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5440/postgres"
     )]
     cluster_url: String,
-    /// The plain PostgreSQL it is compared with.
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
     /// wrk connections.
     #[arg(long, default_value_t = 32)]
     connections: usize,
@@ -83,11 +78,11 @@ async fn main() -> Result<(), http::BoxError> {
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
         let (plain, cluster) = if round % 2 == 1 {
-            let plain = measure(&args, &args.database_url).await?;
+            let plain = measure(&args, &args.services.database_url).await?;
             (plain, measure(&args, &args.cluster_url).await?)
         } else {
             let cluster = measure(&args, &args.cluster_url).await?;
-            (measure(&args, &args.database_url).await?, cluster)
+            (measure(&args, &args.services.database_url).await?, cluster)
         };
         println!(
             "round {round}: {cluster_is} {:.0} withdrawals/s (p50 {:.1} ms, p99 {:.1} ms); \
@@ -102,11 +97,8 @@ async fn main() -> Result<(), http::BoxError> {
         );
         rounds.push((plain, cluster));
     }
-    let median = |pick: &dyn Fn(&(http::Withdrawals, http::Withdrawals)) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median =
+        |pick: &dyn Fn(&(http::Withdrawals, http::Withdrawals)) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  {cluster_is:<20} {:>7.0} withdrawals/s   p50 {:.1} ms   p99 {:.1} ms",
@@ -138,16 +130,11 @@ async fn measure(args: &Args, admin_url: &str) -> Result<http::Withdrawals, http
 
 async fn measure_on(args: &Args, url: &str) -> Result<http::Withdrawals, http::BoxError> {
     let namespace = format!("bench-{}", Uuid::new_v4().simple());
-    let server = http::Server::start(http::config(&[
-        "--database-url",
+    let server = http::Server::start(args.services.config(
         url,
-        "--redis-url",
-        &args.redis_url,
-        "--redis-namespace",
         &namespace,
-        "--db-max-connections",
-        "32",
-    ]))
+        &["--db-max-connections", "32"],
+    ))
     .await?;
     let accounts = http::open_accounts(&server.address, args.accounts).await?;
     let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;

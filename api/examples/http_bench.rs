@@ -46,14 +46,8 @@ struct Args {
     /// Accounts the withdrawals spread over.
     #[arg(long, default_value_t = 1000)]
     accounts: usize,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
     /// Seconds of replays (used tickets sent again, one connection) after each round's
     /// withdrawals; 0: none.
     #[arg(long, default_value_t = 3)]
@@ -88,17 +82,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for round in 1..=args.rounds {
         // A fresh database each round, so neither side inherits the other's (or an
         // earlier round's) tables, bloat or checkpoint debt.
-        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
         let measured = run_round(&args, database.url(), round).await;
         database.drop().await?;
         rounds.push(measured?);
     }
 
-    let median = |pick: fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
     let ours = median(|r| r.withdrawals_per_sec);
     let theirs = median(|r| r.pgbench_tps);
     let ratio = median(|r| r.withdrawals_per_sec / r.pgbench_tps);
@@ -129,20 +120,18 @@ async fn run_round(
     let namespace = format!("bench-{}", Uuid::new_v4().simple());
     let (batch_max, batch_workers) = (args.batch_max.to_string(), args.batch_workers.to_string());
     let config = || {
-        http::config(&[
-            "--database-url",
+        args.services.config(
             url,
-            "--redis-url",
-            &args.redis_url,
-            "--redis-namespace",
             &namespace,
-            "--db-max-connections",
-            "32",
-            "--batch-max",
-            &batch_max,
-            "--batch-workers",
-            &batch_workers,
-        ])
+            &[
+                "--db-max-connections",
+                "32",
+                "--batch-max",
+                &batch_max,
+                "--batch-workers",
+                &batch_workers,
+            ],
+        )
     };
     let server = http::Server::start(config())
         .await

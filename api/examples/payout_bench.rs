@@ -56,14 +56,8 @@ struct Args {
     /// Rounds; the summary gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
 }
 
 struct Round {
@@ -202,33 +196,31 @@ async fn dispatch_and_latency(
     let bank_address = free_address().await?;
     let bank_url = format!("http://{bank_address}");
     let workers = args.workers.to_string();
-    let server = http::Server::start(http::config(&[
-        "--database-url",
+    let server = http::Server::start(args.services.config(
         database_url,
-        "--redis-url",
-        &args.redis_url,
-        "--redis-namespace",
         &format!("payout-bench-{}", Uuid::new_v4().simple()),
-        "--bank-url",
-        &bank_url,
-        "--payout-workers",
-        &workers,
-        // Queued while the bank is away, each payout is tried once and put back for ten
-        // minutes (not tried again and again: that churn is not what is measured); the
-        // drain then makes them all due at once.
-        "--payout-retry-base",
-        "10m",
-        "--payout-retry-max",
-        "10m",
-        "--payout-attempts",
-        "1000000",
-        "--payout-poll",
-        "20ms",
-        "--spends-per-second",
-        "1000000",
-        "--tickets-per-second",
-        "1000000",
-    ]))
+        &[
+            "--bank-url",
+            &bank_url,
+            "--payout-workers",
+            &workers,
+            // Queued while the bank is away, each payout is tried once and put back for ten
+            // minutes (not tried again and again: that churn is not what is measured); the
+            // drain then makes them all due at once.
+            "--payout-retry-base",
+            "10m",
+            "--payout-retry-max",
+            "10m",
+            "--payout-attempts",
+            "1000000",
+            "--payout-poll",
+            "20ms",
+            "--spends-per-second",
+            "1000000",
+            "--tickets-per-second",
+            "1000000",
+        ],
+    ))
     .await?;
     let accounts = Arc::new(http::open_accounts(&server.address, 100).await?);
     let client = reqwest::Client::new();
@@ -311,7 +303,8 @@ async fn main() -> Result<(), http::BoxError> {
     );
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
-        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
         // Alternate which goes first, so neither always meets the cooler machine.
         let measured = if round % 2 == 1 {
             let bank_per_sec = baseline(&args).await?;
@@ -345,11 +338,7 @@ async fn main() -> Result<(), http::BoxError> {
         );
         rounds.push(measured);
     }
-    let median = |pick: fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  payonce dispatched {:>6.0} payouts/s   bank alone {:>6.0} transfers/s   ratio {:.2} (target >= 0.8)",

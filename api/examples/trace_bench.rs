@@ -46,14 +46,8 @@ struct Args {
     /// Accounts the withdrawals spread over.
     #[arg(long, default_value_t = 1000)]
     accounts: usize,
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    database_url: String,
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
-    redis_url: String,
+    #[command(flatten)]
+    services: http::Services,
 }
 
 use http::BoxError;
@@ -102,7 +96,7 @@ async fn start(
     command
         .env("PAYONCE_ADDR", format!("127.0.0.1:{port}"))
         .env("DATABASE_URL", database)
-        .env("REDIS_URL", &args.redis_url)
+        .env("REDIS_URL", &args.services.redis_url)
         .env("PAYONCE_REDIS_NAMESPACE", namespace)
         .env("PAYONCE_DB_MAX_CONNECTIONS", "32")
         .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -191,7 +185,8 @@ async fn main() -> Result<(), BoxError> {
     let (endpoint, received) = receiver().await?;
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
-        let database = ScratchDatabase::create(&args.database_url, "payonce_bench").await?;
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
         let measured = run_round(&args, database.url(), round, &endpoint).await;
         database.drop().await?;
         let measured = measured?;
@@ -203,11 +198,7 @@ async fn main() -> Result<(), BoxError> {
         );
         rounds.push(measured);
     }
-    let median = |pick: &dyn Fn(&Round) -> f64| {
-        let mut values: Vec<f64> = rounds.iter().map(pick).collect();
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
+    let median = |pick: &dyn Fn(&Round) -> f64| http::median(&rounds, pick);
     println!("summary (medians over {} rounds):", args.rounds);
     println!(
         "  tracing off      {:>7.0} withdrawals/s",

@@ -95,6 +95,16 @@ async fn ada_on(flags: &[&str]) -> (Client, CreatedAccount, String, tempfile::Te
     (payonce.with_key(&ada.api_key), ada, base, dir)
 }
 
+/// Three tries at most, a millisecond apart at first and five at the most.
+fn three_quick_tries() -> ResendPolicy {
+    ResendPolicy {
+        max_attempts: 3,
+        first_backoff: Duration::from_millis(1),
+        max_backoff: Duration::from_millis(5),
+        ..ResendPolicy::default()
+    }
+}
+
 fn ada_request() -> NewAccountRequest {
     NewAccountRequest {
         name: "Ada".into(),
@@ -326,12 +336,7 @@ async fn a_dead_instance_among_the_bases_is_passed_over() {
     // Nothing but dead instances: it gives up, saying how often it tried.
     let nowhere = Client::builder()
         .base_url(&dead)
-        .resend_policy(ResendPolicy {
-            max_attempts: 3,
-            first_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(5),
-            ..ResendPolicy::default()
-        })
+        .resend_policy(three_quick_tries())
         .build()
         .unwrap();
     let Err(Error::GaveUp { attempts, last, .. }) = nowhere.open_account(&ada_request()).await
@@ -719,12 +724,7 @@ async fn an_aimed_intent_starts_where_told_and_aimed_headers_go_there_only() {
     let payonce = Client::builder()
         .base_url(&down)
         .base_url(&up)
-        .resend_policy(ResendPolicy {
-            max_attempts: 3,
-            first_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(5),
-            ..ResendPolicy::default()
-        })
+        .resend_policy(three_quick_tries())
         .build()
         .unwrap()
         .with_key("k");

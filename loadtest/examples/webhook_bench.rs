@@ -34,8 +34,10 @@ use ledger::{
     AccountId, Amount, ApplyRequest, Execution, Ledger, LedgerOptions, NewAccount, Operation,
 };
 use loadtest::receiver::{Receiver, ReceiverFaults};
-use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions};
+use loadtest::run::{Mix, RunOptions};
+
+#[path = "../tests/support/plain_run.rs"]
+mod plain_run;
 
 type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -259,27 +261,18 @@ async fn latency(args: &Args) -> Fallible<(Option<u64>, Option<u64>, usize, f64)
     let namespace = format!("webhook-bench-latency-{}", std::process::id());
     let target = serve(args, database.url(), &namespace).await?;
     let result = loadtest::run::run(RunOptions {
-        targets: vec![target],
-        accounts: 20,
-        clients: 16,
-        limit: Limit::Duration(Duration::from_secs(args.latency_seconds)),
         duplicate_fraction: 0.1,
-        changed_fraction: 0.0,
-        progress: false,
-        mix: Mix {
-            withdrawal: 0.45,
-            payout: 0.0,
-            ..Mix::default()
-        },
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
-        retry: RetryPolicy::default(),
-        bank: None,
-        drain: Duration::from_secs(30),
         webhooks: Some(ReceiverFaults::default()),
+        ..plain_run::plain_run(
+            vec![target],
+            (20, 16),
+            Duration::from_secs(args.latency_seconds),
+            Mix {
+                withdrawal: 0.45,
+                payout: 0.0,
+                ..Mix::default()
+            },
+        )
     })
     .await?;
     assert!(result.violations.is_empty(), "{:#?}", result.violations);

@@ -530,6 +530,32 @@ mod tests {
             .collect()
     }
 
+    /// The 201 of a withdrawal of 1 with `ticket` from the nil account.
+    fn withdrawn(ticket: Uuid) -> String {
+        answer(
+            "201 Created",
+            "",
+            &format!(
+                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
+                Uuid::nil()
+            ),
+        )
+    }
+
+    /// A withdrawal (with a ticket) and a ticket request sent once each to `target`: the
+    /// statuses and `Retry-After`s payonce-client observed.
+    async fn withdrawal_and_ticket(target: String) -> Vec<(Option<u16>, Option<Duration>)> {
+        let api = Api::new(vec![target], 1).unwrap();
+        let (payonce, seen) = observed(&api);
+        let _ = payonce
+            .withdrawal(Uuid::nil(), 1)
+            .with_ticket(Uuid::nil())
+            .send()
+            .await;
+        let _ = payonce.take_ticket(Uuid::nil()).await;
+        statuses(&seen)
+    }
+
     /// A target that redirects elsewhere is not followed: the 307 is the recorded answer,
     /// and the place it points to never hears from the client.
     #[tokio::test]
@@ -542,15 +568,10 @@ mod tests {
             "",
         )])
         .await;
-        let api = Api::new(vec![target], 1).unwrap();
-        let (payonce, seen) = observed(&api);
-        let _ = payonce
-            .withdrawal(Uuid::nil(), 1)
-            .with_ticket(Uuid::nil())
-            .send()
-            .await;
-        let _ = payonce.take_ticket(Uuid::nil()).await;
-        assert_eq!(statuses(&seen), vec![(Some(307), None); 2]);
+        assert_eq!(
+            withdrawal_and_ticket(target).await,
+            vec![(Some(307), None); 2]
+        );
         assert!(
             reached.lock().unwrap().is_empty(),
             "the redirect was followed"
@@ -578,15 +599,10 @@ mod tests {
             ("", None),
         ] {
             let (target, _) = serve(vec![answer("409 Conflict", header, "{}")]).await;
-            let api = Api::new(vec![target], 1).unwrap();
-            let (payonce, seen) = observed(&api);
-            let _ = payonce
-                .withdrawal(Uuid::nil(), 1)
-                .with_ticket(Uuid::nil())
-                .send()
-                .await;
-            let _ = payonce.take_ticket(Uuid::nil()).await;
-            assert_eq!(statuses(&seen), vec![(Some(409), expected); 2]);
+            assert_eq!(
+                withdrawal_and_ticket(target).await,
+                vec![(Some(409), expected); 2]
+            );
         }
     }
 
@@ -601,14 +617,7 @@ mod tests {
             r#"{"type":"/problems/outcome-unknown","title":"Outcome unknown","status":503}"#,
         );
         let ticket = Uuid::new_v4();
-        let done = answer(
-            "201 Created",
-            "",
-            &format!(
-                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
-                Uuid::nil()
-            ),
-        );
+        let done = withdrawn(ticket);
         for (policy, script, expected) in [
             (
                 RetryPolicy {
@@ -664,14 +673,7 @@ mod tests {
     #[tokio::test]
     async fn resends_move_on_after_a_503_and_stay_after_a_409() {
         let ticket = Uuid::new_v4();
-        let done = answer(
-            "201 Created",
-            "",
-            &format!(
-                r#"{{"ticket_id":"{ticket}","account_id":"{}","amount":1,"balance":9}}"#,
-                Uuid::nil()
-            ),
-        );
+        let done = withdrawn(ticket);
         let problem = |status: &str, name: &str| {
             answer(
                 status,

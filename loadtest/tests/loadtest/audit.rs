@@ -51,6 +51,40 @@ pub(crate) fn entry(
     }
 }
 
+/// A run's history on the one account, opened with 100 and `opening_points`: `tickets`,
+/// the ticket requests, and `spends`.
+pub(crate) fn history_of(
+    opening_points: i64,
+    tickets: Vec<TicketAttempt>,
+    spends: Vec<SpendRecord>,
+) -> History {
+    History {
+        targets: vec!["http://127.0.0.1:1".into()],
+        accounts: vec![AccountRecord {
+            id: ACCOUNT.into(),
+            key: "k".into(),
+            opening_balance: 100,
+            opening_points,
+        }],
+        tickets,
+        spends,
+    }
+}
+
+/// The ledger's final state with the one account: `balance`, `points` and `entries`.
+pub(crate) fn state_of(balance: i64, points: i64, entries: Vec<EntryRecord>) -> FinalState {
+    let mut state = FinalState::default();
+    state.accounts.insert(
+        ACCOUNT.into(),
+        AccountState {
+            balance,
+            points,
+            entries,
+        },
+    );
+    state
+}
+
 /// Opened with 100 and 3 points: a withdrawal of 30 (executed, then replayed twice, one
 /// duplicate with another amount refused), a refused withdrawal of 500 (replayed), a draw
 /// of 2 points crediting 10, a deposit of 5 whose only answer was a 503 but which the
@@ -60,19 +94,13 @@ fn clean() -> (History, FinalState) {
     let broke = problem(402, "insufficient-funds");
     let drawn = json!({ "ticket_id": "t3", "account_id": ACCOUNT, "prize": "bronze", "credit": 10, "points": 2, "points_after": 1, "balance": 80 });
     let deposited = json!({ "ticket_id": "t4", "account_id": ACCOUNT, "amount": 5, "balance": 85 });
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 3,
-        }],
-        tickets: ["t1", "t2", "t3", "t4", "t5"]
+    let history = history_of(
+        3,
+        ["t1", "t2", "t3", "t4", "t5"]
             .into_iter()
             .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
-        spends: vec![
+        vec![
             SpendRecord {
                 ticket: "t1".into(),
                 account: ACCOUNT.into(),
@@ -135,20 +163,16 @@ fn clean() -> (History, FinalState) {
                 ],
             },
         ],
-    };
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 85,
-            points: 1,
-            entries: vec![
-                entry(1, None, "opening", 100, 3, 100, 3),
-                entry(2, Some("t1"), "withdrawal", -30, 0, 70, 3),
-                entry(3, Some("t3"), "lottery_draw", 10, -2, 80, 1),
-                entry(4, Some("t4"), "deposit", 5, 0, 85, 1),
-            ],
-        },
+    );
+    let mut state = state_of(
+        85,
+        1,
+        vec![
+            entry(1, None, "opening", 100, 3, 100, 3),
+            entry(2, Some("t1"), "withdrawal", -30, 0, 70, 3),
+            entry(3, Some("t3"), "lottery_draw", 10, -2, 80, 1),
+            entry(4, Some("t4"), "deposit", 5, 0, 85, 1),
+        ],
     );
     state.tickets.insert(
         "t4".into(),
@@ -207,6 +231,16 @@ pub(crate) fn kinds(history: &History, state: &FinalState) -> Vec<ViolationKind>
         .collect()
 }
 
+/// Plants `entries` in the account's ledger in `state`, and sets its balance to `balance`
+/// if given.
+pub(crate) fn plant(state: &mut FinalState, balance: Option<i64>, entries: Vec<EntryRecord>) {
+    let account = state.accounts.get_mut(ACCOUNT).unwrap();
+    account.entries.extend(entries);
+    if let Some(balance) = balance {
+        account.balance = balance;
+    }
+}
+
 /// Every kind in `expected` is among the `found` ones.
 pub(crate) fn assert_flagged(found: Vec<ViolationKind>, expected: &[ViolationKind]) {
     for kind in expected {
@@ -247,11 +281,11 @@ fn a_clean_history_passes() {
 #[test]
 fn a_planted_double_spend_is_flagged() {
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
-    account.balance = 55;
+    plant(
+        &mut state,
+        Some(55),
+        vec![entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1)],
+    );
     assert_flagged(
         kinds(&history, &state),
         &[ViolationKind::EntryMismatch, ViolationKind::BalanceMismatch],
@@ -278,40 +312,30 @@ fn lost_updates_count_each_overwritten_spend() {
             attempts: vec![attempt(Role::Original, 201, false, body)],
         }
     };
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 0,
-        }],
-        tickets: ["t1", "t2", "t3", "t4"]
+    let history = history_of(
+        0,
+        ["t1", "t2", "t3", "t4"]
             .into_iter()
             .map(|ticket| ticket_request(Some(201), Some(ticket), None))
             .collect(),
-        spends: vec![
+        vec![
             withdrawal("t1", 10, 90),
             withdrawal("t2", 20, 70),
             withdrawal("t3", 30, 70),
             // Decided on the 70 that t3 left: not a stale write.
             withdrawal("t4", 5, 65),
         ],
-    };
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 65,
-            points: 0,
-            entries: vec![
-                entry(1, None, "opening", 100, 0, 100, 0),
-                entry(2, Some("t1"), "withdrawal", -10, 0, 90, 0),
-                entry(3, Some("t2"), "withdrawal", -20, 0, 70, 0),
-                entry(4, Some("t3"), "withdrawal", -30, 0, 70, 0),
-                entry(5, Some("t4"), "withdrawal", -5, 0, 65, 0),
-            ],
-        },
+    );
+    let state = state_of(
+        65,
+        0,
+        vec![
+            entry(1, None, "opening", 100, 0, 100, 0),
+            entry(2, Some("t1"), "withdrawal", -10, 0, 90, 0),
+            entry(3, Some("t2"), "withdrawal", -20, 0, 70, 0),
+            entry(4, Some("t3"), "withdrawal", -30, 0, 70, 0),
+            entry(5, Some("t4"), "withdrawal", -5, 0, 65, 0),
+        ],
     );
     let audited = audit_with(&history, &state, &AuditOptions::default());
     let stale = stale_writes(&audited.violations);
@@ -479,13 +503,14 @@ fn undeclared_answers_are_flagged() {
 #[test]
 fn stray_entries_are_flagged() {
     let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1));
-    account
-        .entries
-        .push(entry(6, Some("nobody"), "deposit", 1, 0, 85, 1));
+    plant(
+        &mut state,
+        None,
+        vec![
+            entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1),
+            entry(6, Some("nobody"), "deposit", 1, 0, 85, 1),
+        ],
+    );
     assert_flagged(
         kinds(&history, &state),
         &[ViolationKind::EntryMismatch, ViolationKind::UnknownEntry],
@@ -590,11 +615,11 @@ fn a_ticket_executed_by_a_lost_send_and_its_resend_is_flagged() {
         "t1".into(),
         ticket_state("completed", Some(201), Some(moved)),
     );
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1));
-    account.balance = 55;
+    plant(
+        &mut state,
+        Some(55),
+        vec![entry(5, Some("t1"), "withdrawal", -30, 0, 55, 1)],
+    );
     let audited = audit_with(&history, &state, &RETRIES);
     let found: Vec<ViolationKind> = audited.violations.iter().map(|v| v.kind).collect();
     assert!(found.contains(&ViolationKind::EntryMismatch), "{found:?}");
@@ -634,11 +659,11 @@ fn an_unresolved_request_is_counted_and_its_ticket_judged() {
         }
     );
 
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1));
-    account.balance = 84;
+    plant(
+        &mut state,
+        Some(84),
+        vec![entry(5, Some("t5"), "withdrawal", -1, 0, 84, 1)],
+    );
     let found: Vec<ViolationKind> = audit_with(&history, &state, &RETRIES)
         .violations
         .iter()

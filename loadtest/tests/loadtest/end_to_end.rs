@@ -6,8 +6,7 @@ use api::config::{Cli, Config};
 use api::state::AppState;
 use clap::Parser;
 use ledger::testing::TestDatabase;
-use loadtest::retry::RetryPolicy;
-use loadtest::run::{BankFaultPlan, Limit, RunOptions, run};
+use loadtest::run::{BankFaultPlan, RunOptions, run};
 
 pub fn config(args: &[&str]) -> Config {
     let mut argv = vec!["payonce"];
@@ -33,23 +32,14 @@ pub async fn serve(config: Config) -> String {
 
 pub fn options(targets: Vec<String>) -> RunOptions {
     RunOptions {
-        targets,
-        accounts: 4,
-        clients: 8,
-        limit: Limit::Duration(Duration::from_secs(3)),
         duplicate_fraction: 0.5,
         changed_fraction: 0.4,
-        progress: false,
-        mix: loadtest::run::Mix::default(),
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
-        retry: RetryPolicy::default(),
-        bank: None,
-        drain: Duration::from_secs(30),
-        webhooks: None,
+        ..crate::plain_run::plain_run(
+            targets,
+            (4, 8),
+            Duration::from_secs(3),
+            loadtest::run::Mix::default(),
+        )
     }
 }
 

@@ -6,4 +6,6 @@ mod audit;
 mod end_to_end;
 mod operations;
 mod payouts;
+#[path = "../support/plain_run.rs"]
+mod plain_run;
 mod webhooks;

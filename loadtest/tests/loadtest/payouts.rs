@@ -5,14 +5,14 @@
 
 use loadtest::audit::{AuditOptions, Unresolved, ViolationKind, audit_with};
 use loadtest::history::{
-    AccountRecord, AccountState, Attempt, BankTransfer, EntryRecord, FinalState, History,
-    PayoutState, PayoutStatus, Role, SpendKind, SpendRecord, TicketState, TransferState,
+    Attempt, BankTransfer, EntryRecord, FinalState, History, PayoutState, PayoutStatus, Role,
+    SpendKind, SpendRecord, TicketState, TransferState,
 };
 use loadtest::report::{print_summary, write_json};
 use loadtest::run::{Mix, RunOptions, run};
 use serde_json::json;
 
-use crate::audit::{assert_flagged, kinds};
+use crate::audit::{assert_flagged, history_of, kinds, plant, state_of};
 use crate::end_to_end::{Distributed, options};
 
 const ACCOUNT: &str = "a1";
@@ -91,33 +91,23 @@ fn clean() -> (History, FinalState) {
         order: None,
         attempts: vec![attempt],
     };
-    let history = History {
-        targets: vec!["http://127.0.0.1:1".into()],
-        accounts: vec![AccountRecord {
-            id: ACCOUNT.into(),
-            key: "k".into(),
-            opening_balance: 100,
-            opening_points: 0,
-        }],
-        tickets: Vec::new(),
-        spends: vec![
+    let history = history_of(
+        0,
+        Vec::new(),
+        vec![
             spend("t1", 20, accepted("t1", "p1", 20, 80)),
             spend("t2", 10, accepted("t2", "p2", 10, 70)),
         ],
-    };
-    let mut state = FinalState::default();
-    state.accounts.insert(
-        ACCOUNT.into(),
-        AccountState {
-            balance: 80,
-            points: 0,
-            entries: vec![
-                entry(1, None, "opening", "", 100, 100),
-                entry(2, Some("t1"), "payout", "p1", -20, 80),
-                entry(3, Some("t2"), "payout", "p2", -10, 70),
-                entry(4, None, "payout_reversal", "p2", 10, 80),
-            ],
-        },
+    );
+    let mut state = state_of(
+        80,
+        0,
+        vec![
+            entry(1, None, "opening", "", 100, 100),
+            entry(2, Some("t1"), "payout", "p1", -20, 80),
+            entry(3, Some("t2"), "payout", "p2", -10, 70),
+            entry(4, None, "payout_reversal", "p2", 10, 80),
+        ],
     );
     state
         .payouts
@@ -204,20 +194,18 @@ fn a_failed_payout_without_its_reversal_is_flagged() {
 /// naming no payout of the run.
 #[test]
 fn a_reversal_of_a_succeeded_payout_is_flagged() {
-    let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, None, "payout_reversal", "p1", 20, 100));
-    account.balance = 100;
-    assert_flagged(kinds(&history, &state), &[ViolationKind::EntryMismatch]);
-    let (history, mut state) = clean();
-    let account = state.accounts.get_mut(ACCOUNT).unwrap();
-    account
-        .entries
-        .push(entry(5, None, "payout_reversal", "p9", 5, 85));
-    account.balance = 85;
-    assert_flagged(kinds(&history, &state), &[ViolationKind::UnknownEntry]);
+    for (payout, amount, balance, expected) in [
+        ("p1", 20, 100, ViolationKind::EntryMismatch),
+        ("p9", 5, 85, ViolationKind::UnknownEntry),
+    ] {
+        let (history, mut state) = clean();
+        plant(
+            &mut state,
+            Some(balance),
+            vec![entry(5, None, "payout_reversal", payout, amount, balance)],
+        );
+        assert_flagged(kinds(&history, &state), &[expected]);
+    }
 }
 
 /// A payout's answer is 202: a withdrawal answered 202 is not declared, nor a payout

@@ -10,8 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use ledger::testing::TestDatabase;
-use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions, run};
+use loadtest::run::{Mix, RunOptions, run};
 use matrix::Service;
 use matrix::cluster::{Cluster, base_environment};
 use matrix::services::Servers;
@@ -33,27 +32,17 @@ async fn a_master_killed_under_load(service: Service) {
         .await
         .unwrap();
     let options = RunOptions {
-        targets: instances.targets(),
-        accounts: 12,
-        clients: 12,
-        limit: Limit::Duration(LOAD),
-        duplicate_fraction: 0.3,
-        changed_fraction: 0.2,
-        progress: false,
-        // The lock service's failover is under test, not payouts: the instances have no bank.
-        mix: Mix {
-            payout: 0.0,
-            ..Mix::default()
-        },
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
-        retry: RetryPolicy::default(),
-        bank: None,
         drain: Duration::ZERO,
-        webhooks: None,
+        ..crate::load(
+            instances.targets(),
+            (12, 12),
+            LOAD,
+            // The lock service's failover is under test, not payouts: the instances have no bank.
+            Mix {
+                payout: 0.0,
+                ..Mix::default()
+            },
+        )
     };
     let fail_over = async {
         tokio::time::sleep(LOAD / 4).await;

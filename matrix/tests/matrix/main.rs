@@ -7,11 +7,16 @@ mod cells;
 mod dispatcher;
 mod failover;
 mod ledger_cluster;
+#[path = "../../../loadtest/tests/support/plain_run.rs"]
+mod plain_run;
 mod retries;
 mod webhooks;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::time::Duration;
+
+use loadtest::run::{Mix, RunOptions};
 
 /// One test at a time: each starts servers and instances of its own, and the cells'
 /// timing (a stall against a lease, a kill against the load) is what is under test — a
@@ -58,4 +63,20 @@ pub(crate) fn payonce() -> PathBuf {
 /// The payonce-bank binary beside this test's.
 pub(crate) fn bank() -> PathBuf {
     bank::testing::binary_for_tests()
+}
+
+/// The tests' load on `targets`: `(accounts, clients)` for `length`, with `mix`; a third
+/// of the spends sent again (a fifth of those changed); otherwise a plain run
+/// ([`plain_run::plain_run`]). Each test sets what it runs otherwise.
+pub(crate) fn load(
+    targets: Vec<String>,
+    sizes: (usize, usize),
+    length: Duration,
+    mix: Mix,
+) -> RunOptions {
+    RunOptions {
+        duplicate_fraction: 0.3,
+        changed_fraction: 0.2,
+        ..plain_run::plain_run(targets, sizes, length, mix)
+    }
 }

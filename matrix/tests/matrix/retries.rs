@@ -10,7 +10,7 @@ use bank::testing::BankProcess;
 use ledger::testing::TestDatabase;
 use loadtest::audit::ViolationKind;
 use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions, RunResult, run};
+use loadtest::run::{Mix, RunOptions, RunResult, run};
 use lock::testing::RedisServer;
 use matrix::cluster::{Cluster, base_environment, paying_out_to};
 
@@ -39,27 +39,18 @@ async fn killed_mid_run(retry: RetryPolicy) -> RunResult {
         .await
         .unwrap();
     let options = RunOptions {
-        targets: cluster.targets(),
-        accounts: 4,
-        clients: 8,
-        limit: Limit::Duration(LOAD),
-        duplicate_fraction: 0.3,
-        changed_fraction: 0.2,
-        progress: false,
-        mix: Mix {
-            withdrawal: 0.3,
-            payout: 0.15,
-            ..Mix::default()
-        },
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
         retry,
         bank: Some(bank.url()),
-        drain: Duration::from_secs(30),
-        webhooks: None,
+        ..crate::load(
+            cluster.targets(),
+            (4, 8),
+            LOAD,
+            Mix {
+                withdrawal: 0.3,
+                payout: 0.15,
+                ..Mix::default()
+            },
+        )
     };
     let kill = async {
         tokio::time::sleep(LOAD / 3).await;

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use ledger::testing::TestDatabase;
 use loadtest::receiver::ReceiverFaults;
-use loadtest::retry::RetryPolicy;
-use loadtest::run::{Limit, Mix, RunOptions, run};
+use loadtest::run::{Mix, RunOptions, run};
 use lock::testing::RedisServer;
 use matrix::cluster::{Cluster, base_environment, claims_held};
 
@@ -41,32 +40,22 @@ async fn an_instance_killed_mid_delivery_loses_no_event() {
         .await
         .unwrap();
     let options = RunOptions {
-        targets: cluster.targets(),
-        accounts: 4,
-        clients: 8,
-        limit: Limit::Duration(LOAD),
-        duplicate_fraction: 0.3,
-        changed_fraction: 0.2,
-        progress: false,
-        // No bank here: no payouts.
-        mix: Mix {
-            withdrawal: 0.5,
-            payout: 0.0,
-            ..Mix::default()
-        },
-        headers: Vec::new(),
-        fault: None,
-        bank_fault: None,
-        sticky: false,
-        expect_unanswered: false,
-        retry: RetryPolicy::default(),
-        bank: None,
-        drain: Duration::from_secs(30),
         webhooks: Some(ReceiverFaults {
             slow: 1.0,
             slow_for: Duration::from_millis(600),
             ..ReceiverFaults::default()
         }),
+        ..crate::load(
+            cluster.targets(),
+            (4, 8),
+            LOAD,
+            // No bank here: no payouts.
+            Mix {
+                withdrawal: 0.5,
+                payout: 0.0,
+                ..Mix::default()
+            },
+        )
     };
     let doomed = cluster.instance(2);
     let database_url = database.url().to_owned();
