@@ -30,11 +30,11 @@ fn with_options(server: &EtcdServer, options: LockOptions) -> Arc<EtcdBackend> {
 
 /// An etcd member of the test's own. Its "data loss" is a restart: etcd keeps its data
 /// (and its revision) across one.
-pub type PrivateEtcd = crate::Restarting<EtcdServer>;
+pub type PrivateEtcd = crate::PrivateStore<EtcdServer>;
 
 impl PrivateEtcd {
     pub fn start() -> Self {
-        crate::Restarting::new(
+        crate::PrivateStore::restarting(
             EtcdServer::start().expect("an etcd member starts"),
             |server| LockService::from_arc(backend(server, 4 * SECOND)),
             |server| server.restart().expect("etcd restarts"),
@@ -169,13 +169,13 @@ impl crate::suite::Restart for EtcdServer {
 /// An etcd member of the test's own whose data loss is real: its data directory deleted,
 /// every key, lease and revision with it. The same service goes on across the wipe, as a
 /// running process would (its lease is gone).
-pub fn wiped(started: PrivateEtcd) -> crate::ServiceGoesOn<EtcdServer> {
-    crate::ServiceGoesOn {
-        server: started.server,
-        locks: started.locks,
-        lose: |server| server.wipe().expect("etcd restarts empty"),
-        settle: true,
-    }
+pub fn wiped(started: PrivateEtcd) -> crate::PrivateStore<EtcdServer> {
+    crate::PrivateStore::going_on(
+        started.server,
+        started.locks,
+        |server| server.wipe().expect("etcd restarts empty"),
+        true,
+    )
 }
 
 /// After a wipe the revisions start over, below tokens already handed out — a protected

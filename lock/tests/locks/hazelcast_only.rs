@@ -38,18 +38,18 @@ fn open(url: &str, options: &LockOptions) -> Arc<HazelcastBackend> {
 /// A cluster of the test's own. Its data loss is real: every member killed and started
 /// again, and Community Edition keeps no CP state across that. The same service goes on
 /// (its client finds a new cluster and starts over).
-pub type PrivateCluster = crate::ServiceGoesOn<HazelcastCluster>;
+pub type PrivateCluster = crate::PrivateStore<HazelcastCluster>;
 
 impl PrivateCluster {
     pub fn start() -> Self {
         let cluster = HazelcastCluster::start(4 * SECOND).expect("a Hazelcast cluster starts");
         let locks = LockService::from_arc(open(&cluster.url(), &own_namespace()));
-        crate::ServiceGoesOn {
-            server: cluster,
+        crate::PrivateStore::going_on(
+            cluster,
             locks,
-            lose: |cluster| cluster.wipe().expect("the cluster starts again"),
-            settle: true,
-        }
+            |cluster| cluster.wipe().expect("the cluster starts again"),
+            true,
+        )
     }
 }
 

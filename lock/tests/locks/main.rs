@@ -86,6 +86,12 @@ pub async fn holder_told_and_succeeded(
     successor_took_over(holder, successor).await;
 }
 
+/// Two processes on one key of the store at `url`: no two holders at once, no update
+/// lost.
+pub async fn exclusion_across_two_processes(url: &str) {
+    suite::read_modify_write_under(&two_processes(url, &test_namespace()), 16, 10).await;
+}
+
 /// The successor's grant fenced the lost `holder` off: a larger token, the holder's
 /// release touches nothing, the successor's releases its lock.
 pub async fn successor_took_over(mut holder: lock::LockGuard, mut successor: lock::LockGuard) {
@@ -94,74 +100,65 @@ pub async fn successor_took_over(mut holder: lock::LockGuard, mut successor: loc
     assert!(successor.release().await.unwrap());
 }
 
-/// A server of the test's own whose data loss is a restart — it keeps its data (and the
-/// source of its tokens) across one, which is the point: tokens need no catching up — and
-/// a service on it, opened again by `connect` after each restart.
-pub struct Restarting<S> {
+/// A server of the test's own, a service on it, and how the server loses its data
+/// (`lose`) and the service goes on: opened again by `connect`, or the same service (as a
+/// running process would go on, its client finding the server again) — with `settle`,
+/// once it grants again.
+pub struct PrivateStore<S> {
     pub server: S,
     pub locks: LockService,
-    connect: fn(&S) -> LockService,
-    restart: fn(&mut S),
+    lose: fn(&mut S),
+    connect: Option<fn(&S) -> LockService>,
+    settle: bool,
 }
 
-impl<S> Restarting<S> {
-    pub fn new(server: S, connect: fn(&S) -> LockService, restart: fn(&mut S)) -> Self {
+impl<S> PrivateStore<S> {
+    /// Data loss a `restart` — the server keeps its data (and the source of its tokens)
+    /// across one, which is the point: tokens need no catching up — after which `connect`
+    /// opens the service again.
+    pub fn restarting(server: S, connect: fn(&S) -> LockService, restart: fn(&mut S)) -> Self {
         let locks = connect(&server);
         Self {
             server,
             locks,
-            connect,
-            restart,
+            lose: restart,
+            connect: Some(connect),
+            settle: false,
+        }
+    }
+
+    /// Data `lose`s for real, `locks` going on across the loss; with `settle`, the loss is
+    /// over once it grants again.
+    pub fn going_on(server: S, locks: LockService, lose: fn(&mut S), settle: bool) -> Self {
+        Self {
+            server,
+            locks,
+            lose,
+            connect: None,
+            settle,
         }
     }
 }
 
-impl<S> std::fmt::Debug for Restarting<S> {
+impl<S> std::fmt::Debug for PrivateStore<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Restarting")
-            .field("locks", &self.locks)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S> Store for Restarting<S> {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        (self.restart)(&mut self.server);
-        self.locks = (self.connect)(&self.server);
-        self.locks.clone()
-    }
-}
-
-/// A server of the test's own whose data `lose` loses for real, and a service on it that
-/// goes on across the loss, as a running process would (its client finds the server
-/// again); with `settle`, the loss is over once the service grants again.
-pub struct ServiceGoesOn<S> {
-    pub server: S,
-    pub locks: LockService,
-    lose: fn(&mut S),
-    settle: bool,
-}
-
-impl<S> std::fmt::Debug for ServiceGoesOn<S> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceGoesOn")
+        f.debug_struct("PrivateStore")
             .field("locks", &self.locks)
             .field("settle", &self.settle)
             .finish_non_exhaustive()
     }
 }
 
-impl<S> Store for ServiceGoesOn<S> {
+impl<S> Store for PrivateStore<S> {
     fn service(&self) -> LockService {
         self.locks.clone()
     }
 
     async fn lose_data(&mut self) -> LockService {
         (self.lose)(&mut self.server);
+        if let Some(connect) = self.connect {
+            self.locks = connect(&self.server);
+        }
         if self.settle {
             zookeeper_only::wait_until_granting(&self.locks).await;
         }

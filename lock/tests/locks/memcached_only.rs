@@ -38,18 +38,18 @@ async fn operator(command: &str) -> String {
 /// A memcached of the test's own. Its data loss is a restart: memcached keeps nothing. The
 /// same service goes on: its pooled connections to the old server are found closed and
 /// replaced.
-pub type PrivateMemcached = crate::ServiceGoesOn<MemcachedServer>;
+pub type PrivateMemcached = crate::PrivateStore<MemcachedServer>;
 
 impl PrivateMemcached {
     pub fn start() -> Self {
         let server = MemcachedServer::start().expect("a memcached starts");
         let locks = lock::open(&server.url(), &patient_options("t")).unwrap();
-        crate::ServiceGoesOn {
+        crate::PrivateStore::going_on(
             server,
             locks,
-            lose: |server| server.restart().expect("memcached restarts"),
-            settle: false,
-        }
+            |server| server.restart().expect("memcached restarts"),
+            false,
+        )
     }
 }
 
@@ -57,8 +57,7 @@ impl PrivateMemcached {
 /// (no queue across processes: who polls first after a release wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exclusion_holds_across_processes() {
-    let instances = crate::two_processes(&memcached_url(), &test_namespace());
-    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::exclusion_across_two_processes(&memcached_url()).await;
 }
 
 /// The lock's item deleted behind the holder's back (an eviction, a `flush_all`): a

@@ -61,8 +61,7 @@ async fn delete_namespace(tables: &'static [&'static str], namespace: String) {
 /// lost (the table has no queue across processes: who polls first after a release wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_exclusion_holds_across_processes() {
-    let instances = crate::two_processes(&mysql_url(), &test_namespace());
-    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::exclusion_across_two_processes(&mysql_url()).await;
 }
 
 /// A lease the server's clock says ran out is taken over by the next grant, in one

@@ -30,11 +30,11 @@ fn with_options(server: &ZooKeeperServer, options: LockOptions) -> Arc<ZooKeeper
 /// A ZooKeeper of the test's own. Its "data loss" is a restart: ZooKeeper keeps its data
 /// (and its zxids) across one. After it, a new client: the old session ended with the
 /// server's restart, or will.
-pub type PrivateZooKeeper = crate::Restarting<ZooKeeperServer>;
+pub type PrivateZooKeeper = crate::PrivateStore<ZooKeeperServer>;
 
 impl PrivateZooKeeper {
     pub fn start() -> Self {
-        crate::Restarting::new(
+        crate::PrivateStore::restarting(
             ZooKeeperServer::start().expect("a ZooKeeper server starts"),
             |server| LockService::from_arc(backend(server, 4 * SECOND)),
             |server| server.restart().expect("ZooKeeper restarts"),
@@ -184,13 +184,13 @@ impl crate::suite::Restart for ZooKeeperServer {
 /// A ZooKeeper of the test's own whose data loss is real: its data directory deleted, every
 /// node and zxid with it. The same service goes on across the wipe, as a running process
 /// would (its session is gone; the parents it remembers are too).
-pub fn wiped(started: PrivateZooKeeper) -> crate::ServiceGoesOn<ZooKeeperServer> {
-    crate::ServiceGoesOn {
-        server: started.server,
-        locks: started.locks,
-        lose: |server| server.wipe().expect("ZooKeeper restarts empty"),
-        settle: true,
-    }
+pub fn wiped(started: PrivateZooKeeper) -> crate::PrivateStore<ZooKeeperServer> {
+    crate::PrivateStore::going_on(
+        started.server,
+        started.locks,
+        |server| server.wipe().expect("ZooKeeper restarts empty"),
+        true,
+    )
 }
 
 /// Retries a lock on a key of its own until the service grants it: the first calls after
