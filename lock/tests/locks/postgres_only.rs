@@ -34,6 +34,11 @@ fn backend(namespace: &str, options: LockOptions) -> Arc<PostgresBackend> {
     )
 }
 
+/// A patient service under `namespace`, as a process of its own would open it.
+fn patient(namespace: &str) -> LockService {
+    LockService::from_arc(backend(namespace, patient_options(namespace)))
+}
+
 /// The shared PostgreSQL, under a namespace of the test's own.
 pub fn shared_postgres() -> LockService {
     lock::open(&database_url(), &patient_options(&test_namespace())).unwrap()
@@ -77,8 +82,8 @@ pub fn counters_lost() -> crate::NamespaceLost {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_connection_is_terminated() {
     let namespace = test_namespace();
-    let holders = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
-    let others = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let holders = patient(&namespace);
+    let others = patient(&namespace);
     let holder = holders
         .try_acquire("k", 600 * Duration::from_millis(1))
         .await
@@ -138,7 +143,7 @@ async fn waiting_in_server(operator: &PgPool, namespace: &str, key: &str) -> i64
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_waiter_leaves_the_servers_queue() {
     let namespace = test_namespace();
-    let locks = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let locks = patient(&namespace);
     let operator = operator().await;
     crate::suite::a_dropped_waiter_leaves_the_servers_queue(&locks, || {
         waiting_in_server(&operator, &namespace, "k")
@@ -151,10 +156,7 @@ async fn a_dropped_waiter_leaves_the_servers_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exclusion_and_arrival_order_hold_across_processes() {
     let namespace = test_namespace();
-    let instances = [
-        LockService::from_arc(backend(&namespace, patient_options(&namespace))),
-        LockService::from_arc(backend(&namespace, patient_options(&namespace))),
-    ];
+    let instances = [patient(&namespace), patient(&namespace)];
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
     crate::suite::served_in_arrival_order(&instances, 8).await;
 }
@@ -210,7 +212,7 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
     )
     .await;
     // Free for another process at once (no lock-delay there: it released nothing).
-    let other = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let other = patient(&namespace);
     loop {
         if let Some(mut guard) = other.try_acquire("k", SECOND).await.unwrap() {
             assert!(guard.release().await.unwrap());
@@ -256,7 +258,7 @@ impl crate::sql_pruning::Tables for Counters {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pruned_keys_tokens_still_grow() {
     let namespace = test_namespace();
-    let locks = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let locks = patient(&namespace);
     crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, Counters { namespace }).await;
 }
 
@@ -264,8 +266,8 @@ async fn a_pruned_keys_tokens_still_grow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pruning_keeps_what_holders_and_waiters_need() {
     let namespace = test_namespace();
-    let locks = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
-    let others = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let locks = patient(&namespace);
+    let others = patient(&namespace);
     crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(
         locks,
         others,
@@ -278,6 +280,6 @@ async fn pruning_keeps_what_holders_and_waiters_need() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn state_stays_bounded_by_the_keys_in_use() {
     let namespace = test_namespace();
-    let locks = LockService::from_arc(backend(&namespace, patient_options(&namespace)));
+    let locks = patient(&namespace);
     crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, Counters { namespace }).await;
 }
