@@ -143,60 +143,42 @@ pub async fn hold_for(hold: Duration) -> Result<(), BoxError> {
     Ok(())
 }
 
-/// Where each lock service is: the benchmarks' command-line options (and environment).
-#[derive(clap::Args, Debug)]
-pub struct Urls {
-    #[arg(
-        long = "redis-url",
-        env = "REDIS_URL",
-        default_value = "redis://127.0.0.1:6379"
-    )]
-    pub redis: String,
+/// Declares [`Urls`]: a field a lock service, each with its option, environment variable
+/// and default URL.
+macro_rules! urls {
+    ($($(#[doc = $doc:tt])* $field:ident: $long:tt, $env:tt, $default:tt;)*) => {
+        /// Where each lock service is: the benchmarks' command-line options (and environment).
+        #[derive(clap::Args, Debug)]
+        pub struct Urls {
+            $(
+                $(#[doc = $doc])*
+                #[arg(long = $long, env = $env, default_value = $default)]
+                pub $field: String,
+            )*
+        }
+    };
+}
+
+urls! {
+    redis: "redis-url", "REDIS_URL",
+        "redis://127.0.0.1:6379";
     /// The Redis Cluster `scripts/services.sh` runs.
-    #[arg(
-        long = "redis-cluster-url",
-        env = "REDIS_CLUSTER_URL",
-        default_value = "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002"
-    )]
-    pub redis_cluster: String,
-    #[arg(
-        long = "zookeeper-url",
-        env = "ZOOKEEPER_URL",
-        default_value = "zk://127.0.0.1:2181"
-    )]
-    pub zookeeper: String,
-    #[arg(
-        long = "etcd-url",
-        env = "ETCD_URL",
-        default_value = "etcd://127.0.0.1:2379"
-    )]
-    pub etcd: String,
+    redis_cluster: "redis-cluster-url", "REDIS_CLUSTER_URL",
+        "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002";
+    zookeeper: "zookeeper-url", "ZOOKEEPER_URL",
+        "zk://127.0.0.1:2181";
+    etcd: "etcd-url", "ETCD_URL",
+        "etcd://127.0.0.1:2379";
     /// PostgreSQL: advisory locks, and the cost table's ledger.
-    #[arg(
-        long = "database-url",
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/postgres"
-    )]
-    pub postgres: String,
-    #[arg(
-        long = "mysql-url",
-        env = "MYSQL_URL",
-        default_value = "mysql://root@127.0.0.1:3306/payonce_locks"
-    )]
-    pub mysql: String,
-    #[arg(
-        long = "memcached-url",
-        env = "MEMCACHED_URL",
-        default_value = "memcache://127.0.0.1:11211"
-    )]
-    pub memcached: String,
+    postgres: "database-url", "DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/postgres";
+    mysql: "mysql-url", "MYSQL_URL",
+        "mysql://root@127.0.0.1:3306/payonce_locks";
+    memcached: "memcached-url", "MEMCACHED_URL",
+        "memcache://127.0.0.1:11211";
     /// The three Hazelcast members `scripts/services.sh` runs.
-    #[arg(
-        long = "hazelcast-url",
-        env = "HAZELCAST_URL",
-        default_value = "hazelcast://127.0.0.1:5701,127.0.0.1:5702,127.0.0.1:5703"
-    )]
-    pub hazelcast: String,
+    hazelcast: "hazelcast-url", "HAZELCAST_URL",
+        "hazelcast://127.0.0.1:5701,127.0.0.1:5702,127.0.0.1:5703";
 }
 
 /// A lock service and what counts its requests.
@@ -230,6 +212,8 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
         namespace: run.clone(),
         ..LockOptions::default()
     };
+    // ZooKeeper and etcd: a root of the run's own.
+    let rooted = |base: &str| format!("{base}/payonce-bench/{run}");
     Ok(match name {
         // One backend type for both: the URL's scheme picks one server or the cluster.
         "redis" | "redis-cluster" => {
@@ -246,27 +230,17 @@ pub fn counted(name: &str, urls: &Urls) -> Result<Counted, BoxError> {
         }
         "zookeeper" => counting(
             "zookeeper",
-            lock::ZooKeeperBackend::open(
-                &format!("{}/payonce-bench/{run}", urls.zookeeper),
-                &LockOptions::default(),
-            )?,
+            lock::ZooKeeperBackend::open(&rooted(&urls.zookeeper), &LockOptions::default())?,
             lock::ZooKeeperBackend::requests,
         ),
         "etcd" => counting(
             "etcd",
-            lock::EtcdBackend::open(
-                &format!("{}/payonce-bench/{run}", urls.etcd),
-                &LockOptions::default(),
-            )?,
+            lock::EtcdBackend::open(&rooted(&urls.etcd), &LockOptions::default())?,
             lock::EtcdBackend::requests,
         ),
         "postgres" => counting(
             "postgres",
-            lock::PostgresBackend::open(
-                &urls.postgres,
-                &options,
-                lock::PostgresOptions::default(),
-            )?,
+            lock::PostgresBackend::open(&urls.postgres, &options, Default::default())?,
             lock::PostgresBackend::requests,
         ),
         "mysql" => counting(

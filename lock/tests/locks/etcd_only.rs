@@ -12,28 +12,16 @@ use lock::testing::etcd_operator::EtcdOperator;
 use lock::{EtcdBackend, LockOptions, LockService};
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::Store;
-
 const SECOND: Duration = Duration::from_secs(1);
 
 /// The shared etcd (`ETCD_URL`, else 127.0.0.1:2379), under a root of the test's own so
 /// tests running in parallel never meet.
 pub fn shared_etcd() -> LockService {
-    let base = std::env::var("ETCD_URL").unwrap_or_else(|_| "etcd://127.0.0.1:2379".into());
-    let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
-    lock::open(&url, &LockOptions::default()).expect("a valid etcd URL")
+    crate::shared_under_own_root("ETCD_URL", "etcd://127.0.0.1:2379", "etcd")
 }
 
 fn backend(server: &EtcdServer, lease_ttl: Duration) -> Arc<EtcdBackend> {
-    with_options(
-        server,
-        LockOptions {
-            session: lease_ttl,
-            // Patient: a server of the test's own starts cold, beside the whole suite.
-            op_timeout: Some(5 * SECOND),
-            ..LockOptions::default()
-        },
-    )
+    with_options(server, crate::patient_session(lease_ttl))
 }
 
 fn with_options(server: &EtcdServer, options: LockOptions) -> Arc<EtcdBackend> {
@@ -41,29 +29,16 @@ fn with_options(server: &EtcdServer, options: LockOptions) -> Arc<EtcdBackend> {
 }
 
 /// An etcd member of the test's own. Its "data loss" is a restart: etcd keeps its data
-/// (and its revision) across one, which is the point — tokens need no catching up.
-pub struct PrivateEtcd {
-    pub server: EtcdServer,
-    pub locks: LockService,
-}
+/// (and its revision) across one.
+pub type PrivateEtcd = crate::PrivateStore<EtcdServer>;
 
 impl PrivateEtcd {
     pub fn start() -> Self {
-        let server = EtcdServer::start().expect("an etcd member starts");
-        let locks = LockService::from_arc(backend(&server, 4 * SECOND));
-        Self { server, locks }
-    }
-}
-
-impl Store for PrivateEtcd {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.server.restart().expect("etcd restarts");
-        self.locks = LockService::from_arc(backend(&self.server, 4 * SECOND));
-        self.locks.clone()
+        crate::PrivateStore::restarting(
+            EtcdServer::start().expect("an etcd member starts"),
+            |server| LockService::from_arc(backend(server, 4 * SECOND)),
+            |server| server.restart().expect("etcd restarts"),
+        )
     }
 }
 
@@ -85,7 +60,7 @@ async fn lost_fires_when_the_lease_is_revoked_from_outside() {
     let holder_backend = backend(&server, 4 * SECOND);
     let holder_locks = LockService::from_arc(holder_backend.clone());
     let other = LockService::from_arc(backend(&server, 4 * SECOND));
-    let mut holder = holder_locks
+    let holder = holder_locks
         .try_acquire("k", SECOND)
         .await
         .unwrap()
@@ -101,11 +76,9 @@ async fn lost_fires_when_the_lease_is_revoked_from_outside() {
     timeout(2 * SECOND, holder.lost())
         .await
         .expect("lost() did not fire after the lease was revoked");
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     assert!(revoked_at.elapsed() < 2 * SECOND);
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::successor_took_over(holder, successor).await;
 }
 
 /// The keep-alive stream keeps the process's lease, and its locks, alive: a lock held for
@@ -196,18 +169,13 @@ impl crate::suite::Restart for EtcdServer {
 /// An etcd member of the test's own whose data loss is real: its data directory deleted,
 /// every key, lease and revision with it. The same service goes on across the wipe, as a
 /// running process would (its lease is gone).
-pub struct WipedEtcd(PrivateEtcd);
-
-impl Store for WipedEtcd {
-    fn service(&self) -> LockService {
-        self.0.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.0.server.wipe().expect("etcd restarts empty");
-        crate::zookeeper_only::wait_until_granting(&self.0.locks).await;
-        self.0.locks.clone()
-    }
+pub fn wiped(started: PrivateEtcd) -> crate::PrivateStore<EtcdServer> {
+    crate::PrivateStore::going_on(
+        started.server,
+        started.locks,
+        |server| server.wipe().expect("etcd restarts empty"),
+        true,
+    )
 }
 
 /// After a wipe the revisions start over, below tokens already handed out — a protected
@@ -215,7 +183,7 @@ impl Store for WipedEtcd {
 /// token it accepted; then the next grant is above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fencing_catches_up_after_a_wipe() {
-    crate::suite::fencing_survives_data_loss_with_catch_up(WipedEtcd(PrivateEtcd::start())).await;
+    crate::suite::fencing_survives_data_loss_with_catch_up(wiped(PrivateEtcd::start())).await;
 }
 
 /// A release the server never answered (it was down) is not forgotten: the lease's cleaner

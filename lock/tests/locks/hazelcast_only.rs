@@ -10,9 +10,7 @@ use std::time::Duration;
 
 use lock::testing::{HazelcastCluster, Proxy};
 use lock::{HazelcastBackend, LockError, LockOptions, LockService, Sessions};
-use tokio::time::{Instant, sleep, timeout};
-
-use crate::Store;
+use tokio::time::{Instant, timeout};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -30,11 +28,7 @@ fn shared_url() -> String {
 /// Options with a namespace of the test's own, and patient: the members share two cores
 /// with the whole suite.
 fn own_namespace() -> LockOptions {
-    LockOptions {
-        namespace: format!("test-{:016x}", rand::random::<u64>()),
-        op_timeout: Some(5 * SECOND),
-        ..LockOptions::default()
-    }
+    crate::patient_options(&crate::test_namespace())
 }
 
 fn open(url: &str, options: &LockOptions) -> Arc<HazelcastBackend> {
@@ -44,28 +38,18 @@ fn open(url: &str, options: &LockOptions) -> Arc<HazelcastBackend> {
 /// A cluster of the test's own. Its data loss is real: every member killed and started
 /// again, and Community Edition keeps no CP state across that. The same service goes on
 /// (its client finds a new cluster and starts over).
-pub struct PrivateCluster {
-    pub cluster: HazelcastCluster,
-    pub locks: LockService,
-}
+pub type PrivateCluster = crate::PrivateStore<HazelcastCluster>;
 
 impl PrivateCluster {
     pub fn start() -> Self {
         let cluster = HazelcastCluster::start(4 * SECOND).expect("a Hazelcast cluster starts");
         let locks = LockService::from_arc(open(&cluster.url(), &own_namespace()));
-        Self { cluster, locks }
-    }
-}
-
-impl Store for PrivateCluster {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.cluster.wipe().expect("the cluster starts again");
-        crate::zookeeper_only::wait_until_granting(&self.locks).await;
-        self.locks.clone()
+        crate::PrivateStore::going_on(
+            cluster,
+            locks,
+            |cluster| cluster.wipe().expect("the cluster starts again"),
+            true,
+        )
     }
 }
 
@@ -192,12 +176,7 @@ async fn lost_fires_when_the_group_ends_a_cut_off_holders_session() {
         cluster.session_ttl(),
         "the group's time to live, granted"
     );
-    let waiter = crate::suite::spawn_acquire(&other, "k", SECOND, 30 * SECOND);
-    sleep(Duration::from_millis(300)).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter did not wait for the holder"
-    );
+    let waiter = crate::suite::waiter_behind_the_holder(&other, Duration::from_millis(300)).await;
 
     network.cut();
     let cut_at = Instant::now();

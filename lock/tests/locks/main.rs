@@ -22,6 +22,150 @@ use std::time::Duration;
 
 use lock::{LockOptions, LockService};
 
+/// A namespace of the test's own, so tests running in parallel never meet.
+pub fn test_namespace() -> String {
+    format!("test-{:016x}", rand::random::<u64>())
+}
+
+/// Options under `namespace`, patient: 5 s an operation, the servers sharing the machine
+/// with the whole suite.
+pub fn patient_options(namespace: &str) -> LockOptions {
+    LockOptions {
+        namespace: namespace.to_owned(),
+        op_timeout: Some(5 * Duration::from_secs(1)),
+        ..LockOptions::default()
+    }
+}
+
+/// Options with `session` as the lease (or session) of a server of the test's own —
+/// patient: such a server starts cold, beside the whole suite.
+pub fn patient_session(session: Duration) -> LockOptions {
+    LockOptions {
+        session,
+        op_timeout: Some(5 * Duration::from_secs(1)),
+        ..LockOptions::default()
+    }
+}
+
+/// The URL in the environment's `variable`, else `default`.
+pub fn url_from_env(variable: &str, default: &str) -> String {
+    std::env::var(variable).unwrap_or_else(|_| default.into())
+}
+
+/// The shared `what` server (at `variable`, else `default`), under a root of the test's
+/// own so tests running in parallel never meet.
+pub fn shared_under_own_root(variable: &str, default: &str, what: &str) -> LockService {
+    let url = format!(
+        "{}/payonce-tests/{:016x}",
+        url_from_env(variable, default),
+        rand::random::<u64>()
+    );
+    lock::open(&url, &LockOptions::default())
+        .unwrap_or_else(|error| panic!("a valid {what} URL: {error:?}"))
+}
+
+/// Two processes' services on the store at `url`, under one `namespace`, patient.
+pub fn two_processes(url: &str, namespace: &str) -> [LockService; 2] {
+    [
+        lock::open(url, &patient_options(namespace)).unwrap(),
+        lock::open(url, &patient_options(namespace)).unwrap(),
+    ]
+}
+
+/// The `holder`'s `lost()` fires `within` (else "lost() did not fire after {after}"),
+/// and its successor's grant fenced it off ([`successor_took_over`]).
+pub async fn holder_told_and_succeeded(
+    holder: lock::LockGuard,
+    successor: lock::LockGuard,
+    within: Duration,
+    after: &str,
+) {
+    tokio::time::timeout(within, holder.lost())
+        .await
+        .unwrap_or_else(|error| panic!("lost() did not fire after {after}: {error:?}"));
+    successor_took_over(holder, successor).await;
+}
+
+/// Two processes on one key of the store at `url`: no two holders at once, no update
+/// lost.
+pub async fn exclusion_across_two_processes(url: &str) {
+    suite::read_modify_write_under(&two_processes(url, &test_namespace()), 16, 10).await;
+}
+
+/// The successor's grant fenced the lost `holder` off: a larger token, the holder's
+/// release touches nothing, the successor's releases its lock.
+pub async fn successor_took_over(mut holder: lock::LockGuard, mut successor: lock::LockGuard) {
+    assert!(successor.fencing_token() > holder.fencing_token());
+    assert!(!holder.release().await.unwrap());
+    assert!(successor.release().await.unwrap());
+}
+
+/// A server of the test's own, a service on it, and how the server loses its data
+/// (`lose`) and the service goes on: opened again by `connect`, or the same service (as a
+/// running process would go on, its client finding the server again) — with `settle`,
+/// once it grants again.
+pub struct PrivateStore<S> {
+    pub server: S,
+    pub locks: LockService,
+    lose: fn(&mut S),
+    connect: Option<fn(&S) -> LockService>,
+    settle: bool,
+}
+
+impl<S> PrivateStore<S> {
+    /// Data loss a `restart` — the server keeps its data (and the source of its tokens)
+    /// across one, which is the point: tokens need no catching up — after which `connect`
+    /// opens the service again.
+    pub fn restarting(server: S, connect: fn(&S) -> LockService, restart: fn(&mut S)) -> Self {
+        let locks = connect(&server);
+        Self {
+            server,
+            locks,
+            lose: restart,
+            connect: Some(connect),
+            settle: false,
+        }
+    }
+
+    /// Data `lose`s for real, `locks` going on across the loss; with `settle`, the loss is
+    /// over once it grants again.
+    pub fn going_on(server: S, locks: LockService, lose: fn(&mut S), settle: bool) -> Self {
+        Self {
+            server,
+            locks,
+            lose,
+            connect: None,
+            settle,
+        }
+    }
+}
+
+impl<S> std::fmt::Debug for PrivateStore<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PrivateStore")
+            .field("locks", &self.locks)
+            .field("settle", &self.settle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Store for PrivateStore<S> {
+    fn service(&self) -> LockService {
+        self.locks.clone()
+    }
+
+    async fn lose_data(&mut self) -> LockService {
+        (self.lose)(&mut self.server);
+        if let Some(connect) = self.connect {
+            self.locks = connect(&self.server);
+        }
+        if self.settle {
+            zookeeper_only::wait_until_granting(&self.locks).await;
+        }
+        self.locks.clone()
+    }
+}
+
 /// The shared Redis (CI starts one on 6379), under a namespace of the test's own so tests
 /// running in parallel never meet.
 pub fn shared_redis() -> LockService {
@@ -33,7 +177,7 @@ pub fn redis_at(url: &str) -> LockService {
     lock::open(
         url,
         &LockOptions {
-            namespace: format!("test-{:016x}", rand::random::<u64>()),
+            namespace: test_namespace(),
             op_timeout: Some(Duration::from_secs(2)),
             ..LockOptions::default()
         },
@@ -208,13 +352,27 @@ impl NamespaceLost {
         open: impl FnOnce(&str) -> LockService,
         lose: fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
     ) -> Self {
-        let namespace = format!("test-{:016x}", rand::random::<u64>());
+        let namespace = test_namespace();
         let locks = open(&namespace);
         Self {
             namespace,
             locks,
             lose,
         }
+    }
+}
+
+impl NamespaceLost {
+    /// A patient service on the store at `url` under a fresh namespace, whose data `lose`
+    /// deletes.
+    pub fn patient_at(
+        url: &str,
+        lose: fn(String) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+    ) -> Self {
+        Self::new(
+            |namespace| lock::open(url, &patient_options(namespace)).unwrap(),
+            lose,
+        )
     }
 }
 

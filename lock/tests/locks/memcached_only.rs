@@ -10,7 +10,7 @@ use lock::testing::MemcachedServer;
 use lock::{LockBackend, LockOptions, LockService, MemcachedBackend, MemcachedOptions};
 use tokio::time::{Instant, sleep};
 
-use crate::Store;
+use crate::{patient_options, test_namespace};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -18,21 +18,9 @@ fn memcached_url() -> String {
     std::env::var("MEMCACHED_URL").unwrap_or_else(|_| "memcache://127.0.0.1:11211".into())
 }
 
-fn namespace() -> String {
-    format!("test-{:016x}", rand::random::<u64>())
-}
-
-fn options(namespace: &str) -> LockOptions {
-    LockOptions {
-        namespace: namespace.to_owned(),
-        op_timeout: Some(5 * SECOND),
-        ..LockOptions::default()
-    }
-}
-
 /// The shared memcached, under a namespace of the test's own.
 pub fn shared_memcached() -> LockService {
-    lock::open(&memcached_url(), &options(&namespace())).unwrap()
+    lock::open(&memcached_url(), &patient_options(&test_namespace())).unwrap()
 }
 
 /// Sends one command in memcached's text protocol, as an operator would, and returns the
@@ -47,30 +35,21 @@ async fn operator(command: &str) -> String {
     line
 }
 
-/// A memcached of the test's own. Its data loss is a restart: memcached keeps nothing.
-pub struct PrivateMemcached {
-    server: MemcachedServer,
-    locks: LockService,
-}
+/// A memcached of the test's own. Its data loss is a restart: memcached keeps nothing. The
+/// same service goes on: its pooled connections to the old server are found closed and
+/// replaced.
+pub type PrivateMemcached = crate::PrivateStore<MemcachedServer>;
 
 impl PrivateMemcached {
     pub fn start() -> Self {
         let server = MemcachedServer::start().expect("a memcached starts");
-        let locks = lock::open(&server.url(), &options("t")).unwrap();
-        Self { server, locks }
-    }
-}
-
-impl Store for PrivateMemcached {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.server.restart().expect("memcached restarts");
-        // The same service: its pooled connections to the old server are found closed
-        // and replaced.
-        self.locks.clone()
+        let locks = lock::open(&server.url(), &patient_options("t")).unwrap();
+        crate::PrivateStore::going_on(
+            server,
+            locks,
+            |server| server.restart().expect("memcached restarts"),
+            false,
+        )
     }
 }
 
@@ -78,12 +57,7 @@ impl Store for PrivateMemcached {
 /// (no queue across processes: who polls first after a release wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exclusion_holds_across_processes() {
-    let namespace = namespace();
-    let instances = [
-        lock::open(&memcached_url(), &options(&namespace)).unwrap(),
-        lock::open(&memcached_url(), &options(&namespace)).unwrap(),
-    ];
-    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::exclusion_across_two_processes(&memcached_url()).await;
 }
 
 /// The lock's item deleted behind the holder's back (an eviction, a `flush_all`): a
@@ -91,10 +65,9 @@ async fn exclusion_holds_across_processes() {
 /// CAS and `lost()` fires, and its release touches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_evicted_lock_is_taken_and_its_holder_told() {
-    let namespace = namespace();
-    let holders = lock::open(&memcached_url(), &options(&namespace)).unwrap();
-    let others = lock::open(&memcached_url(), &options(&namespace)).unwrap();
-    let mut holder = holders
+    let namespace = test_namespace();
+    let [holders, others] = crate::two_processes(&memcached_url(), &namespace);
+    let holder = holders
         .try_acquire("k", Duration::from_millis(600))
         .await
         .unwrap()
@@ -104,17 +77,12 @@ async fn an_evicted_lock_is_taken_and_its_holder_told() {
     let answer = operator(&format!("delete {namespace}:lock:k\r\n")).await;
     assert!(answer.starts_with("DELETED"), "{answer}");
     let evicted_at = Instant::now();
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     // At a poll (100 ms apart at most, jittered), not at a lease's end: the holder kept
     // renewing, so nothing but the deletion freed the key. Loose: the suite shares two
     // cores with the JVMs.
     assert!(evicted_at.elapsed() < SECOND);
-    tokio::time::timeout(2 * SECOND, holder.lost())
-        .await
-        .expect("lost() did not fire after the item was deleted");
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::holder_told_and_succeeded(holder, successor, 2 * SECOND, "the item was deleted").await;
 }
 
 /// Chubby's lock-delay on memcached: a holder that vanished keeps its item for its lease
@@ -126,7 +94,7 @@ async fn lock_delay_keeps_a_vanished_holders_item() {
         &memcached_url(),
         &LockOptions {
             lock_delay: delay,
-            ..options(&namespace())
+            ..patient_options(&test_namespace())
         },
     )
     .unwrap();
@@ -141,12 +109,17 @@ async fn lock_delay_keeps_a_vanished_holders_item() {
 async fn a_holder_from_before_a_restart_never_touches_the_next_holders_lock() {
     let mut server = MemcachedServer::start().expect("a memcached starts");
     let backend = Arc::new(
-        MemcachedBackend::open(&server.url(), &options("t"), MemcachedOptions::default()).unwrap(),
+        MemcachedBackend::open(
+            &server.url(),
+            &patient_options("t"),
+            MemcachedOptions::default(),
+        )
+        .unwrap(),
     );
     let before = LockService::from_arc(backend.clone());
     let mut old = before.try_acquire("k", 30 * SECOND).await.unwrap().unwrap();
     server.restart().expect("memcached restarts");
-    let after = lock::open(&server.url(), &options("t")).unwrap();
+    let after = lock::open(&server.url(), &patient_options("t")).unwrap();
     let mut new = after
         .try_acquire("k", 30 * SECOND)
         .await
@@ -194,26 +167,23 @@ async fn live_items(address: &str) -> Vec<String> {
 /// key held all the while keeps its counter through its renewals.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let locks = lock::open(
         &memcached_url(),
         &LockOptions {
             idle: SECOND,
-            ..options(&namespace)
+            ..patient_options(&namespace)
         },
     )
     .unwrap();
     crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
         let gone_by = Instant::now() + 10 * SECOND;
         for item in ["fence", "lock"] {
-            loop {
+            crate::suite::until_gone(gone_by, Duration::from_millis(100), || async {
                 let answer = operator(&format!("mg {namespace}:{item}:{key} v\r\n")).await;
-                if answer.starts_with("EN") {
-                    break;
-                }
-                assert!(Instant::now() < gone_by, "{item} still kept: {answer}");
-                sleep(Duration::from_millis(100)).await;
-            }
+                (!answer.starts_with("EN")).then(|| format!("{item} still kept: {answer}"))
+            })
+            .await;
         }
     })
     .await;
@@ -233,7 +203,7 @@ async fn state_of_10_000_keys_locked_once_expires() {
             &server.url(),
             &LockOptions {
                 idle: SECOND,
-                ..options("t")
+                ..patient_options("t")
             },
             MemcachedOptions {
                 max_connections: 32,

@@ -16,6 +16,8 @@ use lock::{
 use sqlx::MySqlPool;
 use tokio::time::{Instant, sleep, timeout};
 
+use crate::{patient_options, test_namespace};
+
 const SECOND: Duration = Duration::from_secs(1);
 
 pub fn mysql_url() -> String {
@@ -23,21 +25,9 @@ pub fn mysql_url() -> String {
         .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/payonce_locks".into())
 }
 
-pub fn namespace() -> String {
-    format!("test-{:016x}", rand::random::<u64>())
-}
-
-fn table_options(namespace: &str) -> LockOptions {
-    LockOptions {
-        namespace: namespace.to_owned(),
-        op_timeout: Some(5 * SECOND),
-        ..LockOptions::default()
-    }
-}
-
 /// The shared server's lock table, under a namespace of the test's own.
 pub fn shared_mysql_table() -> LockService {
-    lock::open(&mysql_url(), &table_options(&namespace())).unwrap()
+    lock::open(&mysql_url(), &patient_options(&test_namespace())).unwrap()
 }
 
 /// A connection of the test's own, to look and to act from outside.
@@ -48,30 +38,30 @@ pub async fn operator() -> MySqlPool {
 /// The rows of one namespace lost — as a database restored from a backup taken before
 /// they were written would lose them.
 pub fn table_rows_lost() -> crate::NamespaceLost {
-    crate::NamespaceLost::new(
-        |namespace| lock::open(&mysql_url(), &table_options(namespace)).unwrap(),
-        |namespace| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM payonce_locks WHERE lock_key LIKE CONCAT(?, ':%')")
-                    .bind(&namespace)
-                    .execute(&operator().await)
-                    .await
-                    .unwrap();
-            })
-        },
-    )
+    crate::NamespaceLost::patient_at(&mysql_url(), |namespace| {
+        Box::pin(delete_namespace(&["payonce_locks"], namespace))
+    })
+}
+
+/// Deletes the rows of `namespace` from `tables`, from outside.
+async fn delete_namespace(tables: &'static [&'static str], namespace: String) {
+    let operator = operator().await;
+    for table in tables {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DELETE FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
+        )))
+        .bind(&namespace)
+        .execute(&operator)
+        .await
+        .unwrap();
+    }
 }
 
 /// Two processes on one key through the lock table: no two holders at once, no update
 /// lost (the table has no queue across processes: who polls first after a release wins).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_exclusion_holds_across_processes() {
-    let namespace = namespace();
-    let instances = [
-        lock::open(&mysql_url(), &table_options(&namespace)).unwrap(),
-        lock::open(&mysql_url(), &table_options(&namespace)).unwrap(),
-    ];
-    crate::suite::read_modify_write_under(&instances, 16, 10).await;
+    crate::exclusion_across_two_processes(&mysql_url()).await;
 }
 
 /// A lease the server's clock says ran out is taken over by the next grant, in one
@@ -79,9 +69,8 @@ async fn table_exclusion_holds_across_processes() {
 /// would find it, and a waiter of another process gets it at its next poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_expired_row_is_taken_over_by_the_next_grant() {
-    let namespace = namespace();
-    let holders = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-    let others = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
+    let namespace = test_namespace();
+    let [holders, others] = crate::two_processes(&mysql_url(), &namespace);
     let mut holder = holders
         .try_acquire("k", 30 * SECOND)
         .await
@@ -97,15 +86,13 @@ async fn an_expired_row_is_taken_over_by_the_next_grant() {
         .await
         .unwrap();
     let expired_at = Instant::now();
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     assert!(
         expired_at.elapsed() < Duration::from_millis(300),
         "taken over {:?} after the lease ran out",
         expired_at.elapsed()
     );
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::successor_took_over(holder, successor).await;
 }
 
 /// 32 waiters on one key in one process: one polls at a time, and a release in the
@@ -113,40 +100,18 @@ async fn an_expired_row_is_taken_over_by_the_next_grant() {
 /// the next grant) however long the line, plus the polls of a waiter behind a holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_hand_off_in_one_process_costs_about_two_statements() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let counted = Arc::new(
         MySqlTableBackend::open(
             &mysql_url(),
-            &table_options(&namespace),
+            &patient_options(&namespace),
             MySqlTableOptions::default(),
         )
         .unwrap(),
     );
     let locks = LockService::from_arc(counted.clone());
-    let mut holder = locks
-        .try_acquire("hot", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    let waiters: Vec<_> = (0..32)
-        .map(|_| {
-            let locks = locks.clone();
-            tokio::spawn(async move {
-                let mut guard = locks
-                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
-                    .await
-                    .unwrap();
-                assert!(guard.release().await.unwrap());
-            })
-        })
-        .collect();
-    sleep(SECOND).await;
-    let before = counted.requests();
-    holder.release().await.unwrap();
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    let per_hand_off =
+        crate::suite::requests_per_hand_off_of_32(&locks, || counted.requests(), || async {}).await;
     assert!(
         per_hand_off <= 3.0,
         "{per_hand_off:.2} statements per hand-off"
@@ -162,19 +127,11 @@ async fn table_lock_delay_keeps_a_vanished_holders_row() {
         &mysql_url(),
         &LockOptions {
             lock_delay: delay,
-            ..table_options(&namespace())
+            ..patient_options(&test_namespace())
         },
     )
     .unwrap();
     crate::suite::lock_delay_keeps_an_abandoned_holders_key(&locks, delay).await;
-}
-
-fn row_options(namespace: &str) -> LockOptions {
-    LockOptions {
-        namespace: namespace.to_owned(),
-        op_timeout: Some(5 * SECOND),
-        ..LockOptions::default()
-    }
 }
 
 fn row_url() -> String {
@@ -183,39 +140,24 @@ fn row_url() -> String {
 
 /// The shared server's row locks, under a namespace of the test's own.
 pub fn shared_mysql_row() -> LockService {
-    lock::open(&row_url(), &row_options(&namespace())).unwrap()
+    lock::open(&row_url(), &patient_options(&test_namespace())).unwrap()
 }
 
 /// The counters of one namespace lost, as [`table_rows_lost`] loses the table's rows.
 pub fn row_counters_lost() -> crate::NamespaceLost {
-    crate::NamespaceLost::new(
-        |namespace| lock::open(&row_url(), &row_options(namespace)).unwrap(),
-        |namespace| {
-            Box::pin(async move {
-                let operator = operator().await;
-                for table in ["payonce_lock_fences", "payonce_lock_rows"] {
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "DELETE FROM {table} WHERE lock_key LIKE CONCAT(?, ':%')"
-                    )))
-                    .bind(&namespace)
-                    .execute(&operator)
-                    .await
-                    .unwrap();
-                }
-            })
-        },
-    )
+    crate::NamespaceLost::patient_at(&row_url(), |namespace| {
+        Box::pin(delete_namespace(
+            &["payonce_lock_fences", "payonce_lock_rows"],
+            namespace,
+        ))
+    })
 }
 
 /// Two processes on one key through row locks: no two holders at once, no update lost,
 /// and waiters served in the order they started waiting (the server's lock queue).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_exclusion_and_arrival_order_hold_across_processes() {
-    let namespace = namespace();
-    let instances = [
-        lock::open(&row_url(), &row_options(&namespace)).unwrap(),
-        lock::open(&row_url(), &row_options(&namespace)).unwrap(),
-    ];
+    let instances = crate::two_processes(&row_url(), &test_namespace());
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
     crate::suite::served_in_arrival_order(&instances, 8).await;
 }
@@ -225,10 +167,9 @@ async fn row_exclusion_and_arrival_order_hold_across_processes() {
 /// `lost()` fires at its next heartbeat, and its release touches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_holders_connection_is_killed() {
-    let namespace = namespace();
-    let holders = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let mut holder = holders
+    let namespace = test_namespace();
+    let [holders, others] = crate::two_processes(&row_url(), &namespace);
+    let holder = holders
         .try_acquire("k", Duration::from_millis(600))
         .await
         .unwrap()
@@ -257,18 +198,14 @@ async fn lost_fires_when_the_holders_connection_is_killed() {
         .await
         .unwrap();
     let killed_at = Instant::now();
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     assert!(
         killed_at.elapsed() < Duration::from_millis(500),
         "granted {:?} after the holder's connection was killed",
         killed_at.elapsed()
     );
-    timeout(2 * SECOND, holder.lost())
-        .await
-        .expect("lost() did not fire after the connection was killed");
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::holder_told_and_succeeded(holder, successor, 2 * SECOND, "the connection was killed")
+        .await;
 }
 
 /// Statements of other sessions waiting for the row of `namespace:key`, as the server's
@@ -293,8 +230,8 @@ async fn row_waiters_in_server(operator: &MySqlPool, namespace: &str, key: &str)
 /// blocked in a lock wait does not notice a closed socket.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_row_waiter_leaves_the_servers_queue() {
-    let namespace = namespace();
-    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let namespace = test_namespace();
+    let locks = lock::open(&row_url(), &patient_options(&namespace)).unwrap();
     let operator = operator().await;
     crate::suite::a_dropped_waiter_leaves_the_servers_queue(&locks, || {
         row_waiters_in_server(&operator, &namespace, "k")
@@ -308,13 +245,12 @@ async fn a_dropped_row_waiter_leaves_the_servers_queue() {
 /// frees nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_paused_holder_loses_the_row_after_its_lease() {
-    let namespace = namespace();
-    let holders = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let namespace = test_namespace();
+    let [holders, others] = crate::two_processes(&row_url(), &namespace);
     let mut holder = holders.try_acquire("k", SECOND).await.unwrap().unwrap();
     holder.stop_renewal().await;
     let paused_at = Instant::now();
-    let mut successor = others
+    let successor = others
         .acquire("k", SECOND, Instant::now() + 10 * SECOND)
         .await
         .unwrap();
@@ -324,9 +260,7 @@ async fn a_paused_holder_loses_the_row_after_its_lease() {
         "taken after {waited:?}"
     );
     assert!(waited < 4 * SECOND, "taken only after {waited:?}");
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::successor_took_over(holder, successor).await;
 }
 
 /// Chubby's lock-delay on row locks: a holder whose transaction the server ended (it
@@ -338,7 +272,7 @@ async fn row_lock_delay_holds_a_vanished_holders_row() {
     let delay = Duration::from_millis(700);
     let delayed = LockOptions {
         lock_delay: delay,
-        ..row_options(&namespace())
+        ..patient_options(&test_namespace())
     };
     let locks = lock::open(&row_url(), &delayed).unwrap();
     let holder = locks.clone();
@@ -363,10 +297,10 @@ async fn row_lock_delay_holds_a_vanished_holders_row() {
 /// gone back to the pool with its transaction open until the server's idle timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let delayed = LockOptions {
         lock_delay: 5 * SECOND,
-        ..row_options(&namespace)
+        ..patient_options(&namespace)
     };
     let locks = lock::open(&row_url(), &delayed).unwrap();
     let operator = operator().await;
@@ -385,22 +319,13 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_row() {
 
     // Its successor gets the row, bumps the counter, then waits out the delay holding
     // the row; it is dropped then.
-    let successor = crate::suite::spawn_acquire(&locks, "k", 10 * SECOND, 30 * SECOND);
-    let started = Instant::now();
-    while fence().await.unwrap() == holders_fence {
-        assert!(
-            started.elapsed() < 10 * SECOND,
-            "the successor never got the row"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    sleep(Duration::from_millis(200)).await;
-    assert!(
-        !successor.is_finished(),
-        "the successor did not wait the delay"
-    );
-    successor.abort();
-    let dropped_at = Instant::now();
+    let dropped_at = crate::suite::successor_dropped_during_the_delay(
+        &locks,
+        fence,
+        holders_fence,
+        "got the row",
+    )
+    .await;
     loop {
         let mut probe = operator.begin().await.unwrap();
         let free =
@@ -433,11 +358,8 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
         let named = url
             .as_str()
             .replacen("mysql://", &format!("{scheme}://"), 1);
-        let locks = if scheme == "mysql" {
-            lock::open(&named, &table_options(&namespace())).unwrap()
-        } else {
-            lock::open(&named, &row_options(&namespace())).unwrap()
-        };
+        // The lock table and row locks take the same options.
+        let locks = lock::open(&named, &patient_options(&test_namespace())).unwrap();
         let pinged = locks.ping().await;
         let operator = operator().await;
         let made: Option<String> = sqlx::query_scalar(
@@ -464,16 +386,16 @@ async fn a_ping_on_a_server_without_the_database_makes_it() {
 /// holder ahead of its successor.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_whose_bump_outlived_its_row_lock_fails() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let stalled = LockService::new(
         MySqlRowBackend::open(
             &row_url(),
-            &row_options(&namespace),
+            &patient_options(&namespace),
             MySqlRowOptions { max_connections: 2 },
         )
         .unwrap(),
     );
-    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
+    let others = lock::open(&row_url(), &patient_options(&namespace)).unwrap();
     // K2's row exists, so the stalled grant needs no connection to make it.
     let mut first = others.try_acquire("k2", SECOND).await.unwrap().unwrap();
     let first_token = first.fencing_token();
@@ -538,16 +460,22 @@ impl crate::sql_pruning::Tables for Rows {
 const LOCK_TABLE: &[&str] = &["payonce_locks"];
 const ROW_TABLES: &[&str] = &["payonce_lock_rows", "payonce_lock_fences"];
 
+/// `N` processes' services on `url` under a namespace of the test's own, and that
+/// namespace's rows in `tables`.
+fn pruned_at<const N: usize>(
+    url: &str,
+    tables: &'static [&'static str],
+) -> ([LockService; N], Rows) {
+    let namespace = test_namespace();
+    let processes = std::array::from_fn(|_| lock::open(url, &patient_options(&namespace)).unwrap());
+    (processes, Rows { namespace, tables })
+}
+
 /// Pruning forgets an idle key's row in the lock table, and its next token is still
 /// larger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_a_pruned_keys_tokens_still_grow() {
-    let namespace = namespace();
-    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: LOCK_TABLE,
-    };
+    let ([locks], tables) = pruned_at(&mysql_url(), LOCK_TABLE);
     crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
 }
 
@@ -555,13 +483,7 @@ async fn table_a_pruned_keys_tokens_still_grow() {
 /// idle period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_pruning_keeps_what_holders_and_waiters_need() {
-    let namespace = namespace();
-    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-    let others = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: LOCK_TABLE,
-    };
+    let ([locks, others], tables) = pruned_at(&mysql_url(), LOCK_TABLE);
     crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
 }
 
@@ -569,12 +491,7 @@ async fn table_pruning_keeps_what_holders_and_waiters_need() {
 /// pruning pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn table_state_stays_bounded_by_the_keys_in_use() {
-    let namespace = namespace();
-    let locks = lock::open(&mysql_url(), &table_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: LOCK_TABLE,
-    };
+    let ([locks], tables) = pruned_at(&mysql_url(), LOCK_TABLE);
     crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
 }
 
@@ -582,12 +499,7 @@ async fn table_state_stays_bounded_by_the_keys_in_use() {
 /// larger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_a_pruned_keys_tokens_still_grow() {
-    let namespace = namespace();
-    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: ROW_TABLES,
-    };
+    let ([locks], tables) = pruned_at(&row_url(), ROW_TABLES);
     crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, tables).await;
 }
 
@@ -595,13 +507,7 @@ async fn row_a_pruned_keys_tokens_still_grow() {
 /// waiter of another process in the row's queue: neither sees the row vanish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_pruning_keeps_what_holders_and_waiters_need() {
-    let namespace = namespace();
-    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let others = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: ROW_TABLES,
-    };
+    let ([locks, others], tables) = pruned_at(&row_url(), ROW_TABLES);
     crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(locks, others, tables).await;
 }
 
@@ -609,12 +515,7 @@ async fn row_pruning_keeps_what_holders_and_waiters_need() {
 /// pruning pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn row_state_stays_bounded_by_the_keys_in_use() {
-    let namespace = namespace();
-    let locks = lock::open(&row_url(), &row_options(&namespace)).unwrap();
-    let tables = Rows {
-        namespace,
-        tables: ROW_TABLES,
-    };
+    let ([locks], tables) = pruned_at(&row_url(), ROW_TABLES);
     crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, tables).await;
 }
 
@@ -630,8 +531,8 @@ async fn row_pruning_locks_no_other_keys_row() {
     let mut url = url::Url::parse(&row_url()).unwrap();
     let database = format!("payonce_prune_{:08x}", rand::random::<u32>());
     url.set_path(&format!("/{database}"));
-    let pruned = lock::open(url.as_str(), &row_options(&namespace())).unwrap();
-    let others = lock::open(url.as_str(), &row_options(&namespace())).unwrap();
+    let pruned = lock::open(url.as_str(), &patient_options(&test_namespace())).unwrap();
+    let others = lock::open(url.as_str(), &patient_options(&test_namespace())).unwrap();
     for key in 0..50 {
         let mut guard = pruned
             .try_acquire(&format!("k{key}"), SECOND)

@@ -9,25 +9,15 @@ use std::time::Duration;
 
 use lock::{LockOptions, LockService, PostgresBackend, PostgresOptions};
 use sqlx::PgPool;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
+
+use crate::{patient_options, test_namespace};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
-}
-
-fn options(namespace: &str) -> LockOptions {
-    LockOptions {
-        namespace: namespace.to_owned(),
-        op_timeout: Some(5 * SECOND),
-        ..LockOptions::default()
-    }
-}
-
-fn namespace() -> String {
-    format!("test-{:016x}", rand::random::<u64>())
 }
 
 fn backend(namespace: &str, options: LockOptions) -> Arc<PostgresBackend> {
@@ -44,9 +34,14 @@ fn backend(namespace: &str, options: LockOptions) -> Arc<PostgresBackend> {
     )
 }
 
+/// A patient service under `namespace`, as a process of its own would open it.
+fn patient(namespace: &str) -> LockService {
+    LockService::from_arc(backend(namespace, patient_options(namespace)))
+}
+
 /// The shared PostgreSQL, under a namespace of the test's own.
 pub fn shared_postgres() -> LockService {
-    lock::open(&database_url(), &options(&namespace())).unwrap()
+    lock::open(&database_url(), &patient_options(&test_namespace())).unwrap()
 }
 
 /// A connection of the test's own, to look and to act from outside.
@@ -70,18 +65,15 @@ async fn terminate_holder(operator: &PgPool, namespace: &str, key: &str) {
 /// The counters of one namespace lost — as a database restored from a backup taken
 /// before they were written would lose them.
 pub fn counters_lost() -> crate::NamespaceLost {
-    crate::NamespaceLost::new(
-        |namespace| lock::open(&database_url(), &options(namespace)).unwrap(),
-        |namespace| {
-            Box::pin(async move {
-                sqlx::query("DELETE FROM payonce_lock_fences WHERE lock_key LIKE $1 || ':%'")
-                    .bind(&namespace)
-                    .execute(&operator().await)
-                    .await
-                    .unwrap();
-            })
-        },
-    )
+    crate::NamespaceLost::patient_at(&database_url(), |namespace| {
+        Box::pin(async move {
+            sqlx::query("DELETE FROM payonce_lock_fences WHERE lock_key LIKE $1 || ':%'")
+                .bind(&namespace)
+                .execute(&operator().await)
+                .await
+                .unwrap();
+        })
+    })
 }
 
 /// Ending the holder's connection from outside releases its lock at once: the waiter of
@@ -89,10 +81,10 @@ pub fn counters_lost() -> crate::NamespaceLost {
 /// release touches nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lost_fires_when_the_connection_is_terminated() {
-    let namespace = namespace();
-    let holders = LockService::from_arc(backend(&namespace, options(&namespace)));
-    let others = LockService::from_arc(backend(&namespace, options(&namespace)));
-    let mut holder = holders
+    let namespace = test_namespace();
+    let holders = patient(&namespace);
+    let others = patient(&namespace);
+    let holder = holders
         .try_acquire("k", 600 * Duration::from_millis(1))
         .await
         .unwrap()
@@ -102,18 +94,13 @@ async fn lost_fires_when_the_connection_is_terminated() {
     let operator = operator().await;
     terminate_holder(&operator, &namespace, "k").await;
     let ended_at = Instant::now();
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     assert!(
         ended_at.elapsed() < Duration::from_millis(500),
         "granted {:?} after the holder's connection ended",
         ended_at.elapsed()
     );
-    timeout(2 * SECOND, holder.lost())
-        .await
-        .expect("lost() did not fire after the connection ended");
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::holder_told_and_succeeded(holder, successor, 2 * SECOND, "the connection ended").await;
 }
 
 /// 32 waiters on one key from one process: the server's queue holds one of them at a time
@@ -121,35 +108,15 @@ async fn lost_fires_when_the_connection_is_terminated() {
 /// the release and the next waiter's wait — however long the line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_waiter_per_process_in_the_servers_queue() {
-    let namespace = namespace();
-    let counted = backend(&namespace, options(&namespace));
+    let namespace = test_namespace();
+    let counted = backend(&namespace, patient_options(&namespace));
     let locks = LockService::from_arc(counted.clone());
-    let mut holder = locks
-        .try_acquire("hot", 10 * SECOND)
-        .await
-        .unwrap()
-        .unwrap();
-    let waiters: Vec<_> = (0..32)
-        .map(|_| {
-            let locks = locks.clone();
-            tokio::spawn(async move {
-                let mut guard = locks
-                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
-                    .await
-                    .unwrap();
-                assert!(guard.release().await.unwrap());
-            })
-        })
-        .collect();
-    sleep(SECOND).await;
-    let operator = operator().await;
-    assert_eq!(waiting_in_server(&operator, &namespace, "hot").await, 1);
-    let before = counted.requests();
-    holder.release().await.unwrap();
-    for waiter in waiters {
-        waiter.await.unwrap();
-    }
-    let per_hand_off = (counted.requests() - before) as f64 / 32.0;
+    let queued = || async {
+        let operator = operator().await;
+        assert_eq!(waiting_in_server(&operator, &namespace, "hot").await, 1);
+    };
+    let per_hand_off =
+        crate::suite::requests_per_hand_off_of_32(&locks, || counted.requests(), queued).await;
     assert!(
         per_hand_off <= 2.5,
         "{per_hand_off:.2} statements per hand-off"
@@ -175,8 +142,8 @@ async fn waiting_in_server(operator: &PgPool, namespace: &str, key: &str) -> i64
 /// the lock wait, so the wait never takes the lock when its turn comes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dropped_waiter_leaves_the_servers_queue() {
-    let namespace = namespace();
-    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let namespace = test_namespace();
+    let locks = patient(&namespace);
     let operator = operator().await;
     crate::suite::a_dropped_waiter_leaves_the_servers_queue(&locks, || {
         waiting_in_server(&operator, &namespace, "k")
@@ -188,11 +155,8 @@ async fn a_dropped_waiter_leaves_the_servers_queue() {
 /// in the order they started waiting.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exclusion_and_arrival_order_hold_across_processes() {
-    let namespace = namespace();
-    let instances = [
-        LockService::from_arc(backend(&namespace, options(&namespace))),
-        LockService::from_arc(backend(&namespace, options(&namespace))),
-    ];
+    let namespace = test_namespace();
+    let instances = [patient(&namespace), patient(&namespace)];
     crate::suite::read_modify_write_under(&instances, 16, 10).await;
     crate::suite::served_in_arrival_order(&instances, 8).await;
 }
@@ -202,11 +166,11 @@ async fn exclusion_and_arrival_order_hold_across_processes() {
 /// the lock but waits the delay before using it; a released lock goes on at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn lock_delay_holds_a_vanished_holders_key() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let delay = Duration::from_millis(700);
     let delayed = LockOptions {
         lock_delay: delay,
-        ..options(&namespace)
+        ..patient_options(&namespace)
     };
     let holders = LockService::from_arc(backend(&namespace, delayed.clone()));
     let others = LockService::from_arc(backend(&namespace, delayed));
@@ -221,10 +185,10 @@ async fn lock_delay_holds_a_vanished_holders_key() {
 /// connection gone back to the pool, where its next user would hold it too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
-    let namespace = namespace();
+    let namespace = test_namespace();
     let delayed = LockOptions {
         lock_delay: 5 * SECOND,
-        ..options(&namespace)
+        ..patient_options(&namespace)
     };
     let locks = LockService::from_arc(backend(&namespace, delayed));
     let operator = operator().await;
@@ -240,24 +204,15 @@ async fn a_grant_dropped_during_the_lock_delay_frees_the_lock() {
     let holders_fence = fence().await.unwrap();
 
     // Its successor takes the lock, then waits out the delay holding it; dropped then.
-    let successor = crate::suite::spawn_acquire(&locks, "k", 10 * SECOND, 30 * SECOND);
-    let started = Instant::now();
-    while fence().await.unwrap() == holders_fence {
-        assert!(
-            started.elapsed() < 10 * SECOND,
-            "the successor never took the lock"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    sleep(Duration::from_millis(200)).await;
-    assert!(
-        !successor.is_finished(),
-        "the successor did not wait the delay"
-    );
-    successor.abort();
-    let dropped_at = Instant::now();
+    let dropped_at = crate::suite::successor_dropped_during_the_delay(
+        &locks,
+        fence,
+        holders_fence,
+        "took the lock",
+    )
+    .await;
     // Free for another process at once (no lock-delay there: it released nothing).
-    let other = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let other = patient(&namespace);
     loop {
         if let Some(mut guard) = other.try_acquire("k", SECOND).await.unwrap() {
             assert!(guard.release().await.unwrap());
@@ -302,17 +257,17 @@ impl crate::sql_pruning::Tables for Counters {
 /// Pruning forgets an idle key's counter, and its next token is still larger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_pruned_keys_tokens_still_grow() {
-    let namespace = namespace();
-    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let namespace = test_namespace();
+    let locks = patient(&namespace);
     crate::sql_pruning::a_pruned_keys_tokens_still_grow(locks, Counters { namespace }).await;
 }
 
 /// Pruning keeps the counter of a key held, and waited for, longer than the idle period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pruning_keeps_what_holders_and_waiters_need() {
-    let namespace = namespace();
-    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
-    let others = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let namespace = test_namespace();
+    let locks = patient(&namespace);
+    let others = patient(&namespace);
     crate::sql_pruning::pruning_keeps_what_holders_and_waiters_need(
         locks,
         others,
@@ -324,7 +279,7 @@ async fn pruning_keeps_what_holders_and_waiters_need() {
 /// Ten thousand keys locked once each leave no counter behind after a pruning pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn state_stays_bounded_by_the_keys_in_use() {
-    let namespace = namespace();
-    let locks = LockService::from_arc(backend(&namespace, options(&namespace)));
+    let namespace = test_namespace();
+    let locks = patient(&namespace);
     crate::sql_pruning::state_stays_bounded_by_the_keys_in_use(locks, Counters { namespace }).await;
 }

@@ -17,10 +17,6 @@ fn cluster_url() -> String {
         .unwrap_or_else(|_| "redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002".into())
 }
 
-fn namespace() -> String {
-    format!("test-{:016x}", rand::random::<u64>())
-}
-
 fn cluster_at(url: &str, namespace: &str) -> LockService {
     lock::open(
         url,
@@ -35,7 +31,7 @@ fn cluster_at(url: &str, namespace: &str) -> LockService {
 
 /// The shared cluster, under a namespace of the test's own.
 pub fn shared_cluster() -> LockService {
-    cluster_at(&cluster_url(), &namespace())
+    cluster_at(&cluster_url(), &crate::test_namespace())
 }
 
 /// The shared cluster whose keys of one namespace are lost — what a failover to a replica
@@ -106,7 +102,7 @@ async fn masters(url: &str) -> Vec<u16> {
 /// at once, not when the holder's 10 s lease would have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wake_ups_reach_waiters_on_every_node() {
-    let namespace = namespace();
+    let namespace = crate::test_namespace();
     let holders = cluster_at(&cluster_url(), &namespace);
     let waiters = cluster_at(&cluster_url(), &namespace);
     // Three keys that land on three different masters (slots 0-5460, 5461-10922, 10923-).
@@ -310,7 +306,7 @@ async fn woken_promptly(
 /// expires and fencing stays whole.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
-    let namespace = namespace();
+    let namespace = crate::test_namespace();
     let locks = lock::open(
         &cluster_url(),
         &LockOptions {
@@ -323,7 +319,7 @@ async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     .unwrap();
     crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
         let gone_by = Instant::now() + 5 * SECOND;
-        loop {
+        crate::suite::until_gone(gone_by, Duration::from_millis(50), || async {
             let mut left = Vec::new();
             for port in masters(&cluster_url()).await {
                 let keys: Vec<String> = redis::cmd("KEYS")
@@ -333,12 +329,9 @@ async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
                     .unwrap();
                 left.extend(keys);
             }
-            if left.is_empty() {
-                break;
-            }
-            assert!(Instant::now() < gone_by, "still kept: {left:?}");
-            sleep(Duration::from_millis(50)).await;
-        }
+            (!left.is_empty()).then(|| format!("still kept: {left:?}"))
+        })
+        .await;
     })
     .await;
 }

@@ -34,11 +34,7 @@ impl PrivateRedis {
     }
 
     pub async fn raw(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.server.url())
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap()
+        raw_at(&self.server.url()).await
     }
 
     /// Commands clients sent since the last `CONFIG RESETSTAT`, from INFO commandstats:
@@ -72,18 +68,28 @@ impl PrivateRedis {
     }
 }
 
+/// A connection of the test's own to the Redis at `url`, to look and to act from outside.
+async fn raw_at(url: &str) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(url)
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// A private server's client options: namespace `t`, 2 s an operation.
+fn under_t() -> LockOptions {
+    LockOptions {
+        namespace: "t".into(),
+        op_timeout: Some(Duration::from_secs(2)),
+        ..LockOptions::default()
+    }
+}
+
 /// One more client of `server`, as another payonce instance would be: its own connection
 /// and its own wake-up channel.
 fn instance(server: &RedisServer) -> RedisBackend {
-    RedisBackend::open(
-        &server.url(),
-        &LockOptions {
-            namespace: "t".into(),
-            op_timeout: Some(Duration::from_secs(2)),
-            ..LockOptions::default()
-        },
-    )
-    .unwrap()
+    RedisBackend::open(&server.url(), &under_t()).unwrap()
 }
 
 impl Store for PrivateRedis {
@@ -217,24 +223,26 @@ async fn hand_offs_cost_a_constant_number_of_commands() {
     );
 }
 
+/// An acquire of `k` with a deadline 800 ms away fails `Unavailable`, within 900 ms.
+async fn unavailable_by_the_deadline(locks: &LockService) {
+    let started = Instant::now();
+    let result = locks
+        .acquire("k", SECOND, started + Duration::from_millis(800))
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(result, Err(LockError::Unavailable { .. })),
+        "{result:?}"
+    );
+    assert!(took < Duration::from_millis(900), "took {took:?}");
+}
+
 /// With Redis unreachable, acquire fails with `Unavailable` within its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_redis_is_unavailable_within_the_deadline() {
     let url = format!("redis://127.0.0.1:{}", free_port().unwrap());
     let locks = redis_at(&url);
-    let started = Instant::now();
-    let result = locks
-        .acquire("k", SECOND, started + Duration::from_millis(800))
-        .await;
-    assert!(
-        matches!(result, Err(LockError::Unavailable { .. })),
-        "{result:?}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "took {:?}",
-        started.elapsed()
-    );
+    unavailable_by_the_deadline(&locks).await;
 
     let started = Instant::now();
     let result = locks.try_acquire("k", SECOND).await;
@@ -263,19 +271,7 @@ async fn silent_redis_is_unavailable_within_the_deadline() {
         }
     });
     let locks = redis_at(&url);
-    let started = Instant::now();
-    let result = locks
-        .acquire("k", SECOND, started + Duration::from_millis(800))
-        .await;
-    assert!(
-        matches!(result, Err(LockError::Unavailable { .. })),
-        "{result:?}"
-    );
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "took {:?}",
-        started.elapsed()
-    );
+    unavailable_by_the_deadline(&locks).await;
 }
 
 /// A Redis that stops answering once the service is connected and subscribed (frozen
@@ -292,17 +288,7 @@ async fn frozen_redis_is_unavailable_within_the_deadline() {
     assert!(warm.release().await.unwrap());
     redis.server.pause().unwrap();
 
-    let started = Instant::now();
-    let result = redis
-        .locks
-        .acquire("k", SECOND, started + Duration::from_millis(800))
-        .await;
-    let took = started.elapsed();
-    assert!(
-        matches!(result, Err(LockError::Unavailable { .. })),
-        "{result:?}"
-    );
-    assert!(took < Duration::from_millis(900), "took {took:?}");
+    unavailable_by_the_deadline(&redis.locks).await;
 
     // try_acquire has no deadline of its own: the op timeout (2 s here) bounds it.
     let started = Instant::now();
@@ -393,15 +379,7 @@ async fn slow_proxy(upstream: u16, delay: Duration) -> u16 {
 async fn an_answer_after_the_deadline_leaves_no_ghost_holder() {
     let redis = PrivateRedis::start();
     let port = slow_proxy(redis.server.port(), Duration::from_millis(100)).await;
-    let locks = lock::open(
-        &format!("redis://127.0.0.1:{port}"),
-        &LockOptions {
-            namespace: "t".into(),
-            op_timeout: Some(Duration::from_secs(2)),
-            ..LockOptions::default()
-        },
-    )
-    .unwrap();
+    let locks = lock::open(&format!("redis://127.0.0.1:{port}"), &under_t()).unwrap();
     // Subscribe (and load the scripts) first, with time to spare.
     let mut warm = locks
         .acquire("k", 10 * SECOND, Instant::now() + 5 * SECOND)
@@ -672,32 +650,20 @@ async fn lock_delay_keeps_a_vanished_holders_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_idle_keys_counter_expires_and_fencing_stays_whole() {
     let server = RedisServer::start().unwrap();
-    let locks = lock::open(
-        &server.url(),
-        &LockOptions {
-            namespace: "t".into(),
-            op_timeout: Some(2 * SECOND),
-            idle: Duration::from_millis(200),
-            ..LockOptions::default()
-        },
-    )
-    .unwrap();
+    let idle = Duration::from_millis(200);
+    let locks = lock::open(&server.url(), &LockOptions { idle, ..under_t() }).unwrap();
     let url = server.url();
     crate::suite::forgotten_key_keeps_fencing(&locks, |key| async move {
-        let mut raw = redis::Client::open(url)
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let raw = raw_at(&url).await;
         let gone_by = Instant::now() + 5 * SECOND;
-        loop {
-            let left: Vec<String> = raw.keys(format!("t:*{{{key}}}")).await.unwrap();
-            if left.is_empty() {
-                break;
+        crate::suite::until_gone(gone_by, Duration::from_millis(50), || {
+            let (mut raw, key) = (raw.clone(), key.clone());
+            async move {
+                let left: Vec<String> = raw.keys(format!("t:*{{{key}}}")).await.unwrap();
+                (!left.is_empty()).then(|| format!("still kept: {left:?}"))
             }
-            assert!(Instant::now() < gone_by, "still kept: {left:?}");
-            sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     })
     .await;
 }
@@ -712,19 +678,13 @@ async fn state_of_10_000_keys_locked_once_expires() {
     let locks = lock::open(
         &server.url(),
         &LockOptions {
-            namespace: "t".into(),
-            op_timeout: Some(2 * SECOND),
             idle: SECOND,
-            ..LockOptions::default()
+            ..under_t()
         },
     )
     .unwrap();
     let took = crate::suite::lock_fresh_keys(&locks, 10_000).await;
-    let mut raw = redis::Client::open(server.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut raw = raw_at(&server.url()).await;
     let keys: Vec<String> = raw.keys("*").await.unwrap();
     let mut ttls = redis::pipe();
     for key in &keys {
@@ -737,14 +697,14 @@ async fn state_of_10_000_keys_locked_once_expires() {
         .count();
     assert_eq!(lasting, 0, "of {} keys", keys.len());
     let expired_by = Instant::now() + 10 * SECOND;
-    loop {
-        let size: i64 = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
-        if size == 0 {
-            break;
+    crate::suite::until_gone(expired_by, Duration::from_millis(100), || {
+        let mut raw = raw.clone();
+        async move {
+            let size: i64 = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+            (size != 0).then(|| format!("{size} keys kept"))
         }
-        assert!(Instant::now() < expired_by, "{size} keys kept");
-        sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     eprintln!(
         "10,000 keys locked in {took:?}; {} keys right after",
         keys.len()

@@ -33,6 +33,101 @@ pub fn spawn_acquire(
     tokio::spawn(async move { locks.acquire(&key, ttl, deadline).await })
 }
 
+/// 32 waiters on `hot` in one process, behind a holder: a second after they started,
+/// `queued()` looks at them; then the holder releases, and each is served and releases.
+/// Returns the requests `requests()` counts from that release on, per hand-off.
+pub async fn requests_per_hand_off_of_32<F>(
+    locks: &LockService,
+    requests: impl Fn() -> u64,
+    queued: impl FnOnce() -> F,
+) -> f64
+where
+    F: std::future::Future<Output = ()>,
+{
+    let mut holder = locks
+        .try_acquire("hot", 10 * SECOND)
+        .await
+        .unwrap()
+        .unwrap();
+    let waiters: Vec<_> = (0..32)
+        .map(|_| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let mut guard = locks
+                    .acquire("hot", 10 * SECOND, Instant::now() + 30 * SECOND)
+                    .await
+                    .unwrap();
+                assert!(guard.release().await.unwrap());
+            })
+        })
+        .collect();
+    sleep(SECOND).await;
+    queued().await;
+    let before = requests();
+    holder.release().await.unwrap();
+    for waiter in waiters {
+        waiter.await.unwrap();
+    }
+    (requests() - before) as f64 / 32.0
+}
+
+/// Looks every `every` until `look()` finds nothing kept (`None`); past `gone_by`, fails
+/// with what it found (`Some`).
+pub async fn until_gone<F>(gone_by: Instant, every: Duration, mut look: impl FnMut() -> F)
+where
+    F: std::future::Future<Output = Option<String>>,
+{
+    while let Some(kept) = look().await {
+        assert!(Instant::now() < gone_by, "{kept}");
+        sleep(every).await;
+    }
+}
+
+/// A waiter of `other` on `k`, behind a holder: still waiting after `looked_after`.
+pub async fn waiter_behind_the_holder(
+    other: &LockService,
+    looked_after: Duration,
+) -> tokio::task::JoinHandle<Result<lock::LockGuard, LockError>> {
+    let waiter = spawn_acquire(other, "k", SECOND, 30 * SECOND);
+    sleep(looked_after).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter did not wait for the holder"
+    );
+    waiter
+}
+
+/// The successor of a vanished holder whose fence `fence()` read `holders_fence`: spawned
+/// on `locks`, it takes `key` (the fence moves on; else "the successor never {took}"),
+/// then waits out the lock-delay holding it — and is dropped there. Returns when.
+pub async fn successor_dropped_during_the_delay<F, E>(
+    locks: &LockService,
+    fence: impl Fn() -> F,
+    holders_fence: i64,
+    took: &str,
+) -> Instant
+where
+    F: std::future::Future<Output = Result<i64, E>>,
+    E: std::fmt::Debug,
+{
+    let successor = spawn_acquire(locks, "k", 10 * SECOND, 30 * SECOND);
+    let started = Instant::now();
+    while fence().await.unwrap() == holders_fence {
+        assert!(
+            started.elapsed() < 10 * SECOND,
+            "the successor never {took}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    sleep(Duration::from_millis(200)).await;
+    assert!(
+        !successor.is_finished(),
+        "the successor did not wait the delay"
+    );
+    successor.abort();
+    Instant::now()
+}
+
 /// 32 tasks doing a read-modify-write that is not atomic on its own lose no update and
 /// never overlap.
 pub async fn mutual_exclusion_under_contention(locks: LockService) {
@@ -711,17 +806,49 @@ pub async fn tokens_never_repeat_after_data_loss(mut store: impl Store) {
 pub async fn a_crowd_beyond_the_cap_is_turned_away_at_once(locks: LockService) {
     let locks = locks.with_max_waiters(8);
     let key = key();
-    let mut holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let holder = locks.try_acquire(&key, 10 * SECOND).await.unwrap().unwrap();
+    let served = Served {
+        within_ms: 5_000,
+        released_checked: false,
+        turned_away_within: Duration::from_millis(250),
+    };
+    crowd_meets_a_cap_of_8(&[locks], holder, &key, served, Duration::from_millis(300)).await;
+}
+
+/// How a crowd's waiters go: each one's deadline, whether a served one's release must
+/// say it released, and how soon one is turned away.
+#[derive(Clone, Copy)]
+struct Served {
+    within_ms: u64,
+    released_checked: bool,
+    turned_away_within: Duration,
+}
+
+/// 20 waiters on `key` from `instances` in turn, behind `holder` — released `holding`
+/// later — where a key's queue is capped at 8: 8 are served in turn, the 12 others turned
+/// away at once.
+async fn crowd_meets_a_cap_of_8(
+    instances: &[LockService],
+    mut holder: lock::LockGuard,
+    key: &str,
+    served: Served,
+    holding: Duration,
+) {
     let started = Instant::now();
     let crowd: Vec<_> = (0..20)
-        .map(|_| {
-            let (locks, key) = (locks.clone(), key.clone());
+        .map(|i| {
+            let (locks, key) = (instances[i % instances.len()].clone(), key.to_owned());
             tokio::spawn(async move {
-                let acquired = locks.acquire(&key, 10 * SECOND, after(5_000)).await;
+                let acquired = locks
+                    .acquire(&key, 10 * SECOND, after(served.within_ms))
+                    .await;
                 let answered_in = started.elapsed();
                 match acquired {
                     Ok(mut guard) => {
-                        guard.release().await.unwrap();
+                        let released = guard.release().await.unwrap();
+                        if served.released_checked {
+                            assert!(released);
+                        }
                         Ok(())
                     }
                     Err(LockError::QueueFull { max_waiters, .. }) => {
@@ -733,21 +860,21 @@ pub async fn a_crowd_beyond_the_cap_is_turned_away_at_once(locks: LockService) {
             })
         })
         .collect();
-    sleep(Duration::from_millis(300)).await;
+    sleep(holding).await;
     assert!(holder.release().await.unwrap());
     let mut turned_away = Vec::new();
-    let mut served = 0;
+    let mut served_count = 0;
     for waiter in crowd {
         match waiter.await.unwrap() {
-            Ok(()) => served += 1,
+            Ok(()) => served_count += 1,
             Err(answered_in) => turned_away.push(answered_in),
         }
     }
-    assert_eq!((served, turned_away.len()), (8, 12));
+    assert_eq!((served_count, turned_away.len()), (8, 12));
     assert!(
         turned_away
             .iter()
-            .all(|answered_in| *answered_in < Duration::from_millis(250)),
+            .all(|answered_in| *answered_in < served.turned_away_within),
         "turned away only after {turned_away:?}"
     );
 }
@@ -925,47 +1052,17 @@ pub async fn lock_delay_after_an_ended_session<F, Fut>(
 pub async fn the_waiter_cap_holds_across(instances: [LockService; 2]) {
     let instances = instances.map(|locks| locks.with_max_waiters(64));
     let key = key();
-    let mut holder = instances[0]
+    let holder = instances[0]
         .try_acquire(&key, 10 * SECOND)
         .await
         .unwrap()
         .unwrap();
-    let started = Instant::now();
-    let crowd: Vec<_> = (0..20)
-        .map(|i| {
-            let (locks, key) = (instances[i % 2].clone(), key.clone());
-            tokio::spawn(async move {
-                let acquired = locks.acquire(&key, 10 * SECOND, after(10_000)).await;
-                let answered_in = started.elapsed();
-                match acquired {
-                    Ok(mut guard) => {
-                        assert!(guard.release().await.unwrap());
-                        Ok(())
-                    }
-                    Err(LockError::QueueFull { max_waiters, .. }) => {
-                        assert_eq!(max_waiters, 8);
-                        Err(answered_in)
-                    }
-                    Err(error) => panic!("{error:?}"),
-                }
-            })
-        })
-        .collect();
-    sleep(SECOND).await;
-    assert!(holder.release().await.unwrap());
-    let mut turned_away = Vec::new();
-    let mut served = 0;
-    for waiter in crowd {
-        match waiter.await.unwrap() {
-            Ok(()) => served += 1,
-            Err(answered_in) => turned_away.push(answered_in),
-        }
-    }
-    assert_eq!((served, turned_away.len()), (8, 12));
-    assert!(
-        turned_away.iter().all(|answered_in| *answered_in < SECOND),
-        "turned away only after {turned_away:?}"
-    );
+    let served = Served {
+        within_ms: 10_000,
+        released_checked: true,
+        turned_away_within: SECOND,
+    };
+    crowd_meets_a_cap_of_8(&instances, holder, &key, served, SECOND).await;
 }
 
 /// For stores whose waiters wait in the server's own queue: a waiter whose call is dropped

@@ -9,30 +9,18 @@ use std::time::Duration;
 
 use lock::testing::{Proxy, ZooKeeperServer};
 use lock::{FencingToken, LockOptions, LockService, ZooKeeperBackend};
-use tokio::time::{Instant, sleep, timeout};
-
-use crate::Store;
+use tokio::time::{Instant, sleep};
 
 const SECOND: Duration = Duration::from_secs(1);
 
 /// The shared ZooKeeper (`ZOOKEEPER_URL`, else 127.0.0.1:2181), under a root of the test's
 /// own so tests running in parallel never meet.
 pub fn shared_zookeeper() -> LockService {
-    let base = std::env::var("ZOOKEEPER_URL").unwrap_or_else(|_| "zk://127.0.0.1:2181".into());
-    let url = format!("{base}/payonce-tests/{:016x}", rand::random::<u64>());
-    lock::open(&url, &LockOptions::default()).expect("a valid ZooKeeper URL")
+    crate::shared_under_own_root("ZOOKEEPER_URL", "zk://127.0.0.1:2181", "ZooKeeper")
 }
 
 fn backend(server: &ZooKeeperServer, session_timeout: Duration) -> Arc<ZooKeeperBackend> {
-    with_options(
-        server,
-        LockOptions {
-            session: session_timeout,
-            // Patient: a server of the test's own starts cold, beside the whole suite.
-            op_timeout: Some(5 * SECOND),
-            ..LockOptions::default()
-        },
-    )
+    with_options(server, crate::patient_session(session_timeout))
 }
 
 fn with_options(server: &ZooKeeperServer, options: LockOptions) -> Arc<ZooKeeperBackend> {
@@ -40,30 +28,17 @@ fn with_options(server: &ZooKeeperServer, options: LockOptions) -> Arc<ZooKeeper
 }
 
 /// A ZooKeeper of the test's own. Its "data loss" is a restart: ZooKeeper keeps its data
-/// (and its zxids) across one, which is the point — tokens need no catching up.
-pub struct PrivateZooKeeper {
-    pub server: ZooKeeperServer,
-    pub locks: LockService,
-}
+/// (and its zxids) across one. After it, a new client: the old session ended with the
+/// server's restart, or will.
+pub type PrivateZooKeeper = crate::PrivateStore<ZooKeeperServer>;
 
 impl PrivateZooKeeper {
     pub fn start() -> Self {
-        let server = ZooKeeperServer::start().expect("a ZooKeeper server starts");
-        let locks = LockService::from_arc(backend(&server, 4 * SECOND));
-        Self { server, locks }
-    }
-}
-
-impl Store for PrivateZooKeeper {
-    fn service(&self) -> LockService {
-        self.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.server.restart().expect("ZooKeeper restarts");
-        // A new client: the old session ended with the server's restart, or will.
-        self.locks = LockService::from_arc(backend(&self.server, 4 * SECOND));
-        self.locks.clone()
+        crate::PrivateStore::restarting(
+            ZooKeeperServer::start().expect("a ZooKeeper server starts"),
+            |server| LockService::from_arc(backend(server, 4 * SECOND)),
+            |server| server.restart().expect("ZooKeeper restarts"),
+        )
     }
 }
 
@@ -98,21 +73,16 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
     );
     let holder_locks = LockService::from_arc(holder_backend);
     let other = LockService::from_arc(backend(&server, session_timeout));
-    let mut holder = holder_locks
+    let holder = holder_locks
         .try_acquire("k", SECOND)
         .await
         .unwrap()
         .unwrap();
-    let waiter = crate::suite::spawn_acquire(&other, "k", SECOND, 30 * SECOND);
-    sleep(Duration::from_millis(200)).await;
-    assert!(
-        !waiter.is_finished(),
-        "the waiter did not wait for the holder"
-    );
+    let waiter = crate::suite::waiter_behind_the_holder(&other, Duration::from_millis(200)).await;
 
     network.cut();
     let cut_at = Instant::now();
-    let mut successor = waiter.await.unwrap().unwrap();
+    let successor = waiter.await.unwrap().unwrap();
     // Not before the session timed out: until then the session, and the node, live.
     assert!(
         cut_at.elapsed() >= session_timeout.mul_f64(0.9),
@@ -120,12 +90,7 @@ async fn lost_fires_when_the_session_is_ended_from_outside() {
         cut_at.elapsed()
     );
     network.heal();
-    timeout(10 * SECOND, holder.lost())
-        .await
-        .expect("lost() did not fire after the session ended");
-    assert!(successor.fencing_token() > holder.fencing_token());
-    assert!(!holder.release().await.unwrap());
-    assert!(successor.release().await.unwrap());
+    crate::holder_told_and_succeeded(holder, successor, 10 * SECOND, "the session ended").await;
 }
 
 /// A holder whose process vanishes — its connection gone without a goodbye — keeps the
@@ -219,18 +184,13 @@ impl crate::suite::Restart for ZooKeeperServer {
 /// A ZooKeeper of the test's own whose data loss is real: its data directory deleted, every
 /// node and zxid with it. The same service goes on across the wipe, as a running process
 /// would (its session is gone; the parents it remembers are too).
-pub struct WipedZooKeeper(PrivateZooKeeper);
-
-impl Store for WipedZooKeeper {
-    fn service(&self) -> LockService {
-        self.0.locks.clone()
-    }
-
-    async fn lose_data(&mut self) -> LockService {
-        self.0.server.wipe().expect("ZooKeeper restarts empty");
-        wait_until_granting(&self.0.locks).await;
-        self.0.locks.clone()
-    }
+pub fn wiped(started: PrivateZooKeeper) -> crate::PrivateStore<ZooKeeperServer> {
+    crate::PrivateStore::going_on(
+        started.server,
+        started.locks,
+        |server| server.wipe().expect("ZooKeeper restarts empty"),
+        true,
+    )
 }
 
 /// Retries a lock on a key of its own until the service grants it: the first calls after
@@ -260,10 +220,7 @@ pub async fn wait_until_granting(locks: &LockService) {
 /// it accepted; then the next grant is above it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fencing_catches_up_after_a_wipe() {
-    crate::suite::fencing_survives_data_loss_with_catch_up(WipedZooKeeper(
-        PrivateZooKeeper::start(),
-    ))
-    .await;
+    crate::suite::fencing_survives_data_loss_with_catch_up(wiped(PrivateZooKeeper::start())).await;
 }
 
 /// A release the server never answered (it was down) is not forgotten: the session's
