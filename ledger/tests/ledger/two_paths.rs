@@ -392,14 +392,10 @@ macro_rules! read_raw {
         let micros: fn(&str) -> String = $micros;
         let connection = &mut $connection;
         let mut raw = Raw::default();
-        for row in sqlx::query("SELECT id, balance, points, fencing_token FROM accounts")
+        raw.accounts = sqlx::query_as("SELECT id, balance, points, fencing_token FROM accounts")
             .fetch_all(&mut *connection)
             .await
-            .unwrap()
-        {
-            raw.accounts
-                .push((row.get(0), row.get(1), row.get(2), row.get(3)));
-        }
+            .unwrap();
         let tickets = format!(
             "SELECT id, account_id, operation, fingerprint, CAST(response_status AS BIGINT),
                     CAST(response_body AS TEXT), {} FROM tickets",
@@ -451,41 +447,20 @@ macro_rules! read_raw {
             "SELECT id, account_id, type, ticket_id, data, {} FROM events",
             micros("created_at")
         );
-        for row in sqlx::query(sqlx::AssertSqlSafe(events))
+        raw.events = sqlx::query_as(sqlx::AssertSqlSafe(events))
             .fetch_all(&mut *connection)
             .await
-            .unwrap()
-        {
-            raw.events.push((
-                row.get(0),
-                row.get(1),
-                row.get(2),
-                row.get(3),
-                row.get(4),
-                row.get(5),
-            ));
-        }
+            .unwrap();
         let outbox = format!(
             "SELECT kind, event_id, endpoint_id, CAST(attempts AS BIGINT), done_at IS NULL,
                     {}, {} FROM outbox",
             micros("due_at"),
             micros("created_at")
         );
-        for row in sqlx::query(sqlx::AssertSqlSafe(outbox))
+        raw.outbox = sqlx::query_as(sqlx::AssertSqlSafe(outbox))
             .fetch_all(&mut *connection)
             .await
-            .unwrap()
-        {
-            raw.outbox.push((
-                row.get(0),
-                row.get(1),
-                row.get(2),
-                row.get(3),
-                row.get(4),
-                row.get(5),
-                row.get(6),
-            ));
-        }
+            .unwrap();
         raw
     }};
 }
