@@ -106,5 +106,8 @@ async fn synchronous_replication_loses_nothing_and_asynchronous_is_caught_losing
     assert!(database_said(&sync) > 0, "{sync:?}");
 
     assert_eq!(asynchronous.skipped, None, "{asynchronous:?}");
-    assert!(asynchronous.acknowledged_lost > 0, "{asynchronous:?}");
+    // What the promoted replica never received shows as acknowledged outcomes gone, or as
+    // payouts whose records went and that the bank then executed a second time: which of
+    // the two a run catches depends on what was in flight when the link was cut.
+    assert!(asynchronous.lost_anything(), "{asynchronous:?}");
 }
