@@ -2,10 +2,13 @@
 //! both databases; [`on_pool!`] writes each operation once and runs it on whichever pool
 //! the store holds.
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::SqlStr;
+use sqlx::migrate::{Migration, MigrationType, Migrator};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
@@ -15,6 +18,54 @@ use crate::model::{IdempotencyKey, Record, State, StoredAnswer, TransferRequest,
 /// a database with payonce's ledger (whose migrations use sqlx's default table) without
 /// either taking the other's history for its own.
 const MIGRATIONS_TABLE: &str = "_bank_migrations";
+
+/// The migrations, embedded: `(version, description, SQL)`, named as sqlx names a
+/// directory's files (`0002_reference.sql`: 2, "reference"). Listed here rather than read
+/// by `sqlx::migrate!`, whose proc-macro crate compiles sqlx and its drivers a second time
+/// for the compiler's host; a test holds the lists to the directories.
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "bank",
+        include_str!("../migrations/postgres/0001_bank.sql"),
+    ),
+    (
+        2,
+        "reference",
+        include_str!("../migrations/postgres/0002_reference.sql"),
+    ),
+];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "bank",
+        include_str!("../migrations/sqlite/0001_bank.sql"),
+    ),
+    (
+        2,
+        "reference",
+        include_str!("../migrations/sqlite/0002_reference.sql"),
+    ),
+];
+
+fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
+    let mut migrator = Migrator::with_migrations(
+        files
+            .iter()
+            .map(|&(version, description, sql)| {
+                Migration::new(
+                    version,
+                    Cow::Borrowed(description),
+                    MigrationType::Simple,
+                    SqlStr::from_static(sql),
+                    false,
+                )
+            })
+            .collect(),
+    );
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
 
 /// A database error, as the store reports it.
 #[derive(Debug, thiserror::Error)]
@@ -201,16 +252,8 @@ impl Store {
 
     async fn migrate(&self) -> Result<(), StoreError> {
         match self {
-            Self::Sqlite(pool) => {
-                let mut migrator = sqlx::migrate!("./migrations/sqlite");
-                migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-                migrator.run(pool).await?;
-            }
-            Self::Postgres(pool) => {
-                let mut migrator = sqlx::migrate!("./migrations/postgres");
-                migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
-                migrator.run(pool).await?;
-            }
+            Self::Sqlite(pool) => migrator(SQLITE_MIGRATIONS).run(pool).await?,
+            Self::Postgres(pool) => migrator(POSTGRES_MIGRATIONS).run(pool).await?,
         }
         Ok(())
     }
@@ -384,5 +427,31 @@ impl Store {
     /// Closes the pool.
     pub(crate) async fn close_pool(&self) {
         on_pool!(self, pool => pool.close().await);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The embedded lists are what sqlx reads from the directories, checksums included (a
+    /// database migrated by either keeps its history).
+    #[tokio::test]
+    async fn the_embedded_migrations_are_the_directories() {
+        let versions = |migrator: &Migrator| {
+            let read = migrator.iter();
+            read.map(|m| (m.version, m.description.to_string(), m.checksum.to_vec()))
+                .collect::<Vec<_>>()
+        };
+        for (files, directory) in [
+            (POSTGRES_MIGRATIONS, "migrations/postgres"),
+            (SQLITE_MIGRATIONS, "migrations/sqlite"),
+        ] {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(directory);
+            let read = Migrator::new(path.as_path())
+                .await
+                .expect("the directory reads");
+            assert_eq!(versions(&migrator(files)), versions(&read), "{directory}");
+        }
     }
 }

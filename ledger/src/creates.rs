@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 use uuid::Uuid;
 
+use crate::db_types::from_row;
 use crate::error::LedgerError;
 use crate::model::{AccountId, OrderId, StoredResponse};
 
@@ -139,15 +140,16 @@ pub(crate) struct NewCreation<'a> {
     pub sealed_api_key: Option<Vec<u8>>,
 }
 
-/// A creation record as the database holds it.
-#[derive(sqlx::FromRow)]
-pub(crate) struct CreationRow {
-    fingerprint: String,
-    created_account: Option<AccountId>,
-    created_order: Option<OrderId>,
-    response_status: i32,
-    response_body: Json<Value>,
-    sealed_api_key: Option<Vec<u8>>,
+from_row! {
+    /// A creation record as the database holds it.
+    pub(crate) struct CreationRow {
+        fingerprint: String,
+        created_account: Option<AccountId>,
+        created_order: Option<OrderId>,
+        response_status: i32,
+        response_body: Json<Value>,
+        sealed_api_key: Option<Vec<u8>>,
+    }
 }
 
 /// What a found record means to a create that meant to make `ours` with `fingerprint`:

@@ -1,11 +1,13 @@
-//! Column types that differ between the two databases, behind one Rust type each.
+//! Column types that differ between the two databases, behind one Rust type each; the
+//! identifiers as columns; rows read into structs.
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
+use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueRef};
 use sqlx::sqlite::{SqliteArgumentsBuffer, SqliteTypeInfo, SqliteValueRef};
-use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
+use sqlx::{Database, Decode, Encode, Postgres, Sqlite, Type};
 use time::OffsetDateTime;
+use uuid::Uuid;
 
 /// A point in time, to the microsecond: `TIMESTAMPTZ` in PostgreSQL, `INTEGER`
 /// microseconds since the Unix epoch in SQLite (where text timestamps of varying precision
@@ -107,3 +109,94 @@ impl<'q> Encode<'q, Sqlite> for JsonText<'q> {
         <&str as Encode<Sqlite>>::encode_by_ref(&self.0, buf)
     }
 }
+
+/// The identifiers (a UUID in a newtype) as columns of either database: each is the UUID
+/// it holds — what `#[derive(sqlx::Type)] #[sqlx(transparent)]` would write, without
+/// sqlx's proc-macro crate and the second compile of sqlx it brings (see `build.rs`).
+macro_rules! uuid_columns {
+    ($($id:path),* $(,)?) => {$(
+        impl<DB: Database> Type<DB> for $id
+        where
+            Uuid: Type<DB>,
+        {
+            fn type_info() -> DB::TypeInfo {
+                <Uuid as Type<DB>>::type_info()
+            }
+
+            fn compatible(ty: &DB::TypeInfo) -> bool {
+                <Uuid as Type<DB>>::compatible(ty)
+            }
+        }
+
+        impl<'q, DB: Database> Encode<'q, DB> for $id
+        where
+            Uuid: Encode<'q, DB>,
+        {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <DB as Database>::ArgumentBuffer,
+            ) -> Result<IsNull, BoxDynError> {
+                <Uuid as Encode<'q, DB>>::encode_by_ref(&self.0, buf)
+            }
+
+            fn produces(&self) -> Option<DB::TypeInfo> {
+                <Uuid as Encode<'q, DB>>::produces(&self.0)
+            }
+
+            fn size_hint(&self) -> usize {
+                <Uuid as Encode<'q, DB>>::size_hint(&self.0)
+            }
+        }
+
+        impl<'r, DB: Database> Decode<'r, DB> for $id
+        where
+            Uuid: Decode<'r, DB>,
+        {
+            fn decode(value: <DB as Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
+                Ok(Self(<Uuid as Decode<'r, DB>>::decode(value)?))
+            }
+        }
+
+        impl PgHasArrayType for $id {
+            fn array_type_info() -> PgTypeInfo {
+                <Uuid as PgHasArrayType>::array_type_info()
+            }
+        }
+    )*};
+}
+
+uuid_columns!(
+    crate::model::AccountId,
+    crate::model::TicketId,
+    crate::model::OrderId,
+    crate::model::PayoutId,
+    crate::webhooks::EndpointId,
+    crate::webhooks::EventId,
+);
+
+/// A struct read from a row by column name, one field a column of the same name, on
+/// either database — what `#[derive(sqlx::FromRow)]` would write (see `uuid_columns`).
+macro_rules! from_row {
+    ($(#[$meta:meta])* $vis:vis struct $name:ident {
+        $($(#[$field_meta:meta])* $field_vis:vis $field:ident: $ty:ty),* $(,)?
+    }) => {
+        $(#[$meta])*
+        $vis struct $name {
+            $($(#[$field_meta])* $field_vis $field: $ty),*
+        }
+
+        impl<'r, R: sqlx::Row> sqlx::FromRow<'r, R> for $name
+        where
+            &'static str: sqlx::ColumnIndex<R>,
+            $($ty: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,)*
+        {
+            fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+                Ok(Self {
+                    $($field: row.try_get(stringify!($field))?),*
+                })
+            }
+        }
+    };
+}
+
+pub(crate) use from_row;

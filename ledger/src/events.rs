@@ -11,10 +11,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Row, Type};
 
 use crate::claims::Claim;
-use crate::db_types::Timestamp;
+use crate::db_types::{Timestamp, from_row};
 use crate::dialect::{Dialect, placeholders};
 use crate::error::{LedgerError, commit_or_unknown};
 use crate::model::{AccountId, ApplyRequest, OutcomeKind, TicketId};
@@ -176,7 +176,6 @@ fn outcome_name(status: DeliveryStatus) -> Option<&'static str> {
 }
 
 /// An endpoint as read.
-#[derive(FromRow)]
 pub(crate) struct EndpointRow {
     id: EndpointId,
     account_id: AccountId,
@@ -188,9 +187,38 @@ pub(crate) struct EndpointRow {
     disabled_at: Option<Timestamp>,
     disabled_reason: Option<String>,
     created_at: Timestamp,
-    /// When it was deleted: read by a claim alone (the other reads see live endpoints only).
-    #[sqlx(default)]
+    /// When it was deleted: read by a claim alone (the other reads see live endpoints
+    /// only, and leave the column out).
     deleted_at: Option<Timestamp>,
+}
+
+impl<'r, R: Row> FromRow<'r, R> for EndpointRow
+where
+    &'static str: ColumnIndex<R>,
+    EndpointId: Decode<'r, R::Database> + Type<R::Database>,
+    AccountId: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Vec<u8>: Decode<'r, R::Database> + Type<R::Database>,
+    Timestamp: Decode<'r, R::Database> + Type<R::Database>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            account_id: row.try_get("account_id")?,
+            url: row.try_get("url")?,
+            event_types: row.try_get("event_types")?,
+            secret_sealed: row.try_get("secret_sealed")?,
+            previous_secret_sealed: row.try_get("previous_secret_sealed")?,
+            previous_secret_until: row.try_get("previous_secret_until")?,
+            disabled_at: row.try_get("disabled_at")?,
+            disabled_reason: row.try_get("disabled_reason")?,
+            created_at: row.try_get("created_at")?,
+            deleted_at: match row.try_get("deleted_at") {
+                Err(sqlx::Error::ColumnNotFound(_)) => None,
+                read => read?,
+            },
+        })
+    }
 }
 
 impl TryFrom<EndpointRow> for Endpoint {
@@ -222,15 +250,16 @@ impl TryFrom<EndpointRow> for Endpoint {
     }
 }
 
-/// An event as read (the columns of `event_columns!`).
-#[derive(FromRow)]
-pub(crate) struct EventRow {
-    event_id: EventId,
-    account_id: AccountId,
-    event_type: String,
-    ticket_id: TicketId,
-    data: String,
-    event_created_at: Timestamp,
+from_row! {
+    /// An event as read (the columns of `event_columns!`).
+    pub(crate) struct EventRow {
+        event_id: EventId,
+        account_id: AccountId,
+        event_type: String,
+        ticket_id: TicketId,
+        data: String,
+        event_created_at: Timestamp,
+    }
 }
 
 impl TryFrom<EventRow> for Event {
@@ -250,37 +279,58 @@ impl TryFrom<EventRow> for Event {
     }
 }
 
-/// A claimed delivery's outbox columns.
-#[derive(FromRow)]
-pub(crate) struct ClaimedRow {
-    id: i64,
-    event_id: EventId,
-    endpoint_id: EndpointId,
-    attempts: i32,
+from_row! {
+    /// A claimed delivery's outbox columns.
+    pub(crate) struct ClaimedRow {
+        id: i64,
+        event_id: EventId,
+        endpoint_id: EndpointId,
+        attempts: i32,
+    }
 }
 
-/// A delivery as listed.
-#[derive(FromRow)]
+/// A delivery as listed: its outbox columns beside its event's.
 pub(crate) struct DeliveryRow {
     id: i64,
     endpoint_id: EndpointId,
     done_at: Option<Timestamp>,
     outcome: Option<String>,
     due_at: Timestamp,
-    #[sqlx(flatten)]
     event: EventRow,
 }
 
-/// An attempt as read.
-#[derive(FromRow)]
-pub(crate) struct AttemptRow {
-    job_id: i64,
-    attempt: i32,
-    recorded_at: Timestamp,
-    duration_ms: i64,
-    response_status: Option<i32>,
-    error: Option<String>,
-    response_body: Option<String>,
+impl<'r, R: Row> FromRow<'r, R> for DeliveryRow
+where
+    &'static str: ColumnIndex<R>,
+    i64: Decode<'r, R::Database> + Type<R::Database>,
+    EndpointId: Decode<'r, R::Database> + Type<R::Database>,
+    String: Decode<'r, R::Database> + Type<R::Database>,
+    Timestamp: Decode<'r, R::Database> + Type<R::Database>,
+    EventRow: FromRow<'r, R>,
+{
+    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            endpoint_id: row.try_get("endpoint_id")?,
+            done_at: row.try_get("done_at")?,
+            outcome: row.try_get("outcome")?,
+            due_at: row.try_get("due_at")?,
+            event: EventRow::from_row(row)?,
+        })
+    }
+}
+
+from_row! {
+    /// An attempt as read.
+    pub(crate) struct AttemptRow {
+        job_id: i64,
+        attempt: i32,
+        recorded_at: Timestamp,
+        duration_ms: i64,
+        response_status: Option<i32>,
+        error: Option<String>,
+        response_body: Option<String>,
+    }
 }
 
 impl From<AttemptRow> for Attempt {
@@ -298,13 +348,14 @@ impl From<AttemptRow> for Attempt {
     }
 }
 
-/// A delivery's state, for a retry by hand.
-#[derive(FromRow)]
-pub(crate) struct DeliveryStateRow {
-    done_at: Option<Timestamp>,
-    lease_until: Option<Timestamp>,
-    disabled_at: Option<Timestamp>,
-    deleted_at: Option<Timestamp>,
+from_row! {
+    /// A delivery's state, for a retry by hand.
+    pub(crate) struct DeliveryStateRow {
+        done_at: Option<Timestamp>,
+        lease_until: Option<Timestamp>,
+        disabled_at: Option<Timestamp>,
+        deleted_at: Option<Timestamp>,
+    }
 }
 
 /// Writes the event of an outcome committed in `tx`, and queues it for each of its

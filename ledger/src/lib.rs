@@ -44,8 +44,9 @@
 //!   `Ledger::read_unguarded` and `Ledger::write_unguarded`.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors
 //!   (unavailable vs. constraint vs. other).
-//! - `db_types.rs`, `api_key.rs`: timestamps across both databases; key generation and
-//!   hashing.
+//! - `db_types.rs`, `api_key.rs`: timestamps, JSON text and identifiers as columns of
+//!   both databases; key generation and hashing.
+//! - `migrations.rs`: the schema's migrations, embedded by `build.rs`.
 //!
 //! # The transaction that applies an operation
 //! `apply(ticket, operation, fingerprint, fencing_token)` runs in one database
@@ -75,6 +76,7 @@ mod error;
 mod events;
 mod inserts;
 pub mod lottery;
+mod migrations;
 mod model;
 mod outbox;
 pub mod payouts;
@@ -117,9 +119,6 @@ use payouts::{
 };
 use sql_store::SqlStore;
 use store::Store;
-
-static POSTGRES_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/postgres");
-static SQLITE_MIGRATIONS: sqlx::migrate::Migrator = sqlx::migrate!("../migrations/sqlite");
 
 /// How to open the ledger.
 #[derive(Clone, Debug)]
@@ -282,7 +281,7 @@ impl Ledger {
             })
             .connect_with(connect)
             .await?;
-        POSTGRES_MIGRATIONS.run(&pool).await?;
+        migrations::postgres().run(&pool).await?;
         let batcher = batch::Batcher::start(
             pool.clone(),
             batch::Shape {
@@ -320,7 +319,7 @@ impl Ledger {
             .acquire_timeout(options.write_queue_timeout)
             .connect_with(connect.clone())
             .await?;
-        SQLITE_MIGRATIONS.run(&writer).await?;
+        migrations::sqlite().run(&writer).await?;
         // Read-only: a write sent to a reader by mistake fails at once, instead of
         // contending for the file lock beside the writer and waiting out the busy timeout.
         let readers = SqlitePoolOptions::new()

@@ -14,27 +14,18 @@ use crate::lottery::Prize;
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
 
 /// An account's identifier.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct AccountId(pub Uuid);
 
 /// A ticket's identifier: the idempotency key of one spend.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct TicketId(pub Uuid);
 
 /// An order's identifier.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct OrderId(pub Uuid);
 
 impl OrderId {
@@ -53,11 +44,8 @@ impl std::fmt::Display for OrderId {
 /// A payout's identifier; the bank's idempotency key is derived from it
 /// ([`Payout::bank_key`](crate::payouts::Payout::bank_key)), so every attempt of one payout
 /// carries the same key.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct PayoutId(pub Uuid);
 
 impl PayoutId {

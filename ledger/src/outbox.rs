@@ -21,6 +21,7 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::claims::Claim;
 use crate::db_types::Timestamp;
+use crate::db_types::from_row;
 use crate::dialect::Dialect;
 use crate::dialect::placeholders;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
@@ -130,21 +131,22 @@ const CREDIT_BACK: &str = "
     UPDATE accounts SET balance = balance + $2 WHERE id = $1
     RETURNING balance, points, fencing_token";
 
-/// A payout as read, with its job's attempts and last error.
-#[derive(FromRow)]
-pub(crate) struct PayoutRow {
-    id: PayoutId,
-    account_id: AccountId,
-    ticket_id: TicketId,
-    amount: i64,
-    destination: String,
-    status: String,
-    bank_transfer_id: Option<String>,
-    failure_reason: Option<String>,
-    created_at: Timestamp,
-    settled_at: Option<Timestamp>,
-    attempts: i32,
-    last_error: Option<String>,
+from_row! {
+    /// A payout as read, with its job's attempts and last error.
+    pub(crate) struct PayoutRow {
+        id: PayoutId,
+        account_id: AccountId,
+        ticket_id: TicketId,
+        amount: i64,
+        destination: String,
+        status: String,
+        bank_transfer_id: Option<String>,
+        failure_reason: Option<String>,
+        created_at: Timestamp,
+        settled_at: Option<Timestamp>,
+        attempts: i32,
+        last_error: Option<String>,
+    }
 }
 
 impl TryFrom<PayoutRow> for Payout {

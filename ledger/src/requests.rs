@@ -26,6 +26,7 @@ use uuid::Uuid;
 
 use crate::creates::{CreateKey, CreateScope};
 use crate::db_types::Timestamp;
+use crate::db_types::from_row;
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, ResultExt};
 use crate::model::AccountId;
@@ -86,14 +87,15 @@ const REQUEST: &str = "
     SELECT fingerprint, request_id, response_status, response_body, sealed_secret
     FROM webhook_requests WHERE key_hash = $1";
 
-/// A kept request as read.
-#[derive(FromRow)]
-pub(crate) struct RequestRow {
-    fingerprint: String,
-    request_id: Uuid,
-    response_status: i32,
-    response_body: Json<Value>,
-    sealed_secret: Option<Vec<u8>>,
+from_row! {
+    /// A kept request as read.
+    pub(crate) struct RequestRow {
+        fingerprint: String,
+        request_id: Uuid,
+        response_status: i32,
+        response_body: Json<Value>,
+        sealed_secret: Option<Vec<u8>>,
+    }
 }
 
 /// A request's key as the ledger keeps it: the record's id, and what seals its secret.

@@ -4,10 +4,10 @@
 //! writer inserts it.
 
 use serde_json::Value;
-use sqlx::FromRow;
 use sqlx::types::Json;
 
 use crate::db_types::Timestamp;
+use crate::db_types::from_row;
 use crate::error::LedgerError;
 use crate::model::{
     Account, AccountId, Amount, Entry, EntryKind, Order, OrderId, Outcome, StoredResponse, Ticket,
@@ -32,16 +32,17 @@ macro_rules! order_columns {
 }
 pub(crate) use order_columns;
 
-#[derive(FromRow)]
-pub(crate) struct OrderRow {
-    id: OrderId,
-    account_id: AccountId,
-    pub(crate) amount: i64,
-    description: String,
-    pub(crate) fencing_token: i64,
-    pub(crate) paid_by_ticket: Option<TicketId>,
-    paid_at: Option<Timestamp>,
-    created_at: Timestamp,
+from_row! {
+    pub(crate) struct OrderRow {
+        id: OrderId,
+        account_id: AccountId,
+        pub(crate) amount: i64,
+        description: String,
+        pub(crate) fencing_token: i64,
+        pub(crate) paid_by_ticket: Option<TicketId>,
+        paid_at: Option<Timestamp>,
+        created_at: Timestamp,
+    }
 }
 
 impl TryFrom<OrderRow> for Order {
@@ -62,13 +63,14 @@ impl TryFrom<OrderRow> for Order {
     }
 }
 
-#[derive(FromRow)]
-pub(crate) struct AccountRow {
-    id: AccountId,
-    name: String,
-    balance: i64,
-    points: i64,
-    created_at: Timestamp,
+from_row! {
+    pub(crate) struct AccountRow {
+        id: AccountId,
+        name: String,
+        balance: i64,
+        points: i64,
+        created_at: Timestamp,
+    }
 }
 
 impl From<AccountRow> for Account {
@@ -83,19 +85,20 @@ impl From<AccountRow> for Account {
     }
 }
 
-#[derive(FromRow)]
-pub(crate) struct TicketRow {
-    id: TicketId,
-    pub(crate) account_id: AccountId,
-    created_at: Timestamp,
-    expires_at: Timestamp,
-    operation: Option<String>,
-    fingerprint: Option<String>,
-    response_status: Option<i32>,
-    response_body: Option<Json<Value>>,
-    completed_at: Option<Timestamp>,
-    /// The database's clock when the row was read.
-    read_at: Timestamp,
+from_row! {
+    pub(crate) struct TicketRow {
+        id: TicketId,
+        pub(crate) account_id: AccountId,
+        created_at: Timestamp,
+        expires_at: Timestamp,
+        operation: Option<String>,
+        fingerprint: Option<String>,
+        response_status: Option<i32>,
+        response_body: Option<Json<Value>>,
+        completed_at: Option<Timestamp>,
+        /// The database's clock when the row was read.
+        read_at: Timestamp,
+    }
 }
 
 impl TryFrom<TicketRow> for Ticket {
@@ -143,20 +146,21 @@ impl TryFrom<TicketRow> for Ticket {
     }
 }
 
-#[derive(FromRow)]
-pub(crate) struct EntryRow {
-    id: i64,
-    account_id: AccountId,
-    ticket_id: Option<TicketId>,
-    kind: String,
-    amount: i64,
-    points: i64,
-    balance_after: i64,
-    points_after: i64,
-    fencing_token: i64,
-    created_at: Timestamp,
-    order_id: Option<OrderId>,
-    payout_id: Option<PayoutId>,
+from_row! {
+    pub(crate) struct EntryRow {
+        id: i64,
+        account_id: AccountId,
+        ticket_id: Option<TicketId>,
+        kind: String,
+        amount: i64,
+        points: i64,
+        balance_after: i64,
+        points_after: i64,
+        fencing_token: i64,
+        created_at: Timestamp,
+        order_id: Option<OrderId>,
+        payout_id: Option<PayoutId>,
+    }
 }
 
 impl TryFrom<EntryRow> for Entry {

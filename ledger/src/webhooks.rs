@@ -107,11 +107,8 @@ impl Subscription {
 }
 
 /// An endpoint's identifier.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct EndpointId(pub Uuid);
 
 impl EndpointId {
@@ -129,11 +126,8 @@ impl fmt::Display for EndpointId {
 
 /// An event's identifier: the `webhook-id` of every delivery of it, on every attempt —
 /// the receiver's key for dropping a repeat.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, sqlx::Type,
-)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-#[sqlx(transparent)]
 pub struct EventId(pub Uuid);
 
 impl EventId {
