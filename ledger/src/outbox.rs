@@ -20,8 +20,7 @@ use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
 
 use crate::claims::Claim;
-use crate::db_types::Timestamp;
-use crate::db_types::from_row;
+use crate::db_types::{Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::dialect::placeholders;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};

@@ -25,8 +25,7 @@ use sqlx::{Encode, Executor, FromRow, IntoArguments, Type};
 use uuid::Uuid;
 
 use crate::creates::{CreateKey, CreateScope};
-use crate::db_types::Timestamp;
-use crate::db_types::from_row;
+use crate::db_types::{Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, ResultExt};
 use crate::model::AccountId;

@@ -6,8 +6,7 @@
 use serde_json::Value;
 use sqlx::types::Json;
 
-use crate::db_types::Timestamp;
-use crate::db_types::from_row;
+use crate::db_types::{Timestamp, from_row};
 use crate::error::LedgerError;
 use crate::model::{
     Account, AccountId, Amount, Entry, EntryKind, Order, OrderId, Outcome, StoredResponse, Ticket,
