@@ -11,6 +11,18 @@ as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+# Runs the command after TRIES and PAUSE (its output discarded) up to TRIES times, PAUSE
+# seconds apart, until it succeeds. Never fails itself: each caller checks its service
+# afterwards and says what did not start.
+wait_until() {
+  local tries=$1 pause=$2
+  shift 2
+  for _ in $(seq "$tries"); do
+    "$@" >/dev/null 2>&1 && return 0
+    sleep "$pause"
+  done
+}
+
 apt_updated=no
 install() {
   if [ "$apt_updated" = no ]; then
@@ -39,10 +51,7 @@ if ! redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
   as_root mkdir -p /var/lib/redis /var/log/redis
   as_root redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" \
     --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log
-  for _ in $(seq 50); do
-    redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break
-    sleep 0.1
-  done
+  wait_until 50 0.1 redis-cli -h 127.0.0.1 -p 6379 ping
 fi
 redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null
 
@@ -70,10 +79,7 @@ if ! cluster_ok; then
     fi
   done
   for port in $cluster_ports; do
-    for _ in $(seq 50); do
-      redis-cli -h 127.0.0.1 -p "$port" ping >/dev/null 2>&1 && break
-      sleep 0.1
-    done
+    wait_until 50 0.1 redis-cli -h 127.0.0.1 -p "$port" ping
   done
   # Fresh nodes (no slots anywhere yet) are joined into a cluster; nodes that restarted
   # with their configuration find each other again by themselves.
@@ -81,10 +87,7 @@ if ! cluster_ok; then
     redis-cli --cluster create $(for port in $cluster_ports; do printf '127.0.0.1:%s ' "$port"; done) \
       --cluster-replicas 1 --cluster-yes >/dev/null
   fi
-  for _ in $(seq 200); do
-    cluster_ok && break
-    sleep 0.1
-  done
+  wait_until 200 0.1 cluster_ok
 fi
 cluster_ok || { echo "the Redis Cluster on 127.0.0.1:7000-7005 is not ok" >&2; exit 1; }
 
@@ -98,10 +101,7 @@ command -v wrk >/dev/null || install wrk
 version=$(ls /etc/postgresql | sort -V | tail -n 1)
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$version" main start
-  for _ in $(seq 100); do
-    pg_isready -q -h 127.0.0.1 -p 5432 && break
-    sleep 0.1
-  done
+  wait_until 100 0.1 pg_isready -q -h 127.0.0.1 -p 5432
 fi
 # A fresh Debian install asks for passwords on TCP; tests connect as postgres without
 # one, so trust loopback connections (this is a test machine).
@@ -137,10 +137,7 @@ if ! zk_ok; then
     "4lw.commands.whitelist=ruok,srvr,mntr" | as_root tee "$zk_home/zoo.cfg" >/dev/null
   as_root env ZOO_LOG_DIR=/var/log/payonce \
     /usr/share/zookeeper/bin/zkServer.sh start "$zk_home/zoo.cfg" >/dev/null 2>&1
-  for _ in $(seq 150); do
-    zk_ok && break
-    sleep 0.2
-  done
+  wait_until 150 0.2 zk_ok
 fi
 zk_ok || { echo "ZooKeeper did not start on 127.0.0.1:2181 (see /var/log/payonce)" >&2; exit 1; }
 
@@ -164,10 +161,7 @@ if ! etcd_ok; then
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
     --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
     --initial-cluster payonce=http://127.0.0.1:2380 --enable-v2=true
-  for _ in $(seq 100); do
-    etcd_ok && break
-    sleep 0.2
-  done
+  wait_until 100 0.2 etcd_ok
 fi
 etcd_ok || { echo "etcd did not start on 127.0.0.1:2379 (see /var/log/payonce/etcd.log)" >&2; exit 1; }
 
@@ -188,10 +182,7 @@ if ! mariadb_ok; then
       as_root start-stop-daemon --start --oknodo --background --exec /usr/bin/mysqld_safe -- \
         --bind-address=127.0.0.1
     fi
-    for _ in $(seq 100); do
-      as_root mysqladmin ping >/dev/null 2>&1 && break
-      sleep 0.2
-    done
+    wait_until 100 0.2 as_root mysqladmin ping
   fi
   mariadb_ok || as_root mysql -u root -e \
     "CREATE USER IF NOT EXISTS 'root'@'127.0.0.1' IDENTIFIED BY '';
@@ -216,10 +207,7 @@ memcached_ok() {
 command -v memcached >/dev/null || install memcached
 if ! memcached_ok; then
   as_root memcached -d -l 127.0.0.1 -p 11211 -U 0 -m 64 -u memcache
-  for _ in $(seq 50); do
-    memcached_ok && break
-    sleep 0.1
-  done
+  wait_until 50 0.1 memcached_ok
 fi
 memcached_ok || { echo "memcached did not start on 127.0.0.1:11211" >&2; exit 1; }
 
@@ -272,10 +260,7 @@ if ! hz_ok; then
       -Dpayonce.session-ttl=10 \
       -cp "$hz_jar" com.hazelcast.core.server.HazelcastMemberStarter
   done
-  for _ in $(seq 600); do
-    hz_ok && break
-    sleep 0.2
-  done
+  wait_until 600 0.2 hz_ok
 fi
 hz_ok || { echo "Hazelcast's CP Subsystem did not form on 127.0.0.1:5701-5703 (see /var/log/payonce/hazelcast-*.log)" >&2; exit 1; }
 if ! curl -fsS --max-time 2 http://127.0.0.1:5701/hazelcast/rest/cp-subsystem/groups 2>/dev/null | grep -q '"name":"default"'; then
@@ -312,9 +297,6 @@ if ! bank_ok; then
     --pidfile "$bank_home/payonce-bank.pid" --output /var/log/payonce/bank.log \
     --exec "$bank_home/payonce-bank" -- \
     --addr 127.0.0.1:7700 --database-url "sqlite:$bank_home/bank.db" --demo-header
-  for _ in $(seq 100); do
-    bank_ok && break
-    sleep 0.1
-  done
+  wait_until 100 0.1 bank_ok
 fi
 bank_ok || { echo "payonce-bank did not start on 127.0.0.1:7700 (see /var/log/payonce/bank.log)" >&2; exit 1; }

@@ -163,6 +163,33 @@ async fn accept(
     Ok(())
 }
 
+/// The name this instance's workers claim payouts and deliveries under: its
+/// `Payonce-Instance` name.
+fn worker_name(state: &AppState) -> String {
+    state
+        .settings()
+        .instance
+        .to_str()
+        .unwrap_or("payonce")
+        .to_owned()
+}
+
+/// Runs `count` at once and then every `poll` (at least a second, so a fast poll does not
+/// turn a metric into load) until `stopping`.
+async fn every_poll_until<Counted: Future<Output = ()>>(
+    stopping: &CancellationToken,
+    poll: Duration,
+    mut count: impl FnMut() -> Counted,
+) {
+    loop {
+        count().await;
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
+        }
+    }
+}
+
 /// The payout workers (`payouts.rs`), and a count of the pending payouts for the metrics,
 /// until `stopping`. Nothing where the instance has no bank.
 async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
@@ -175,30 +202,18 @@ async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
         payouts,
         state.shared_metrics(),
         state.webhooks().cloned(),
-        state
-            .settings()
-            .instance
-            .to_str()
-            .unwrap_or("payonce")
-            .to_owned(),
+        worker_name(&state),
         stopping.clone(),
     );
-    let counting = async {
-        loop {
-            // Pending ones only: they are few and indexed, where counting every payout
-            // every second would cost more as the table grows.
-            match state.ledger().pending_payouts().await {
-                Ok((pending, oldest)) => {
-                    state.metrics().pending_payouts(pending, age(oldest));
-                }
-                Err(error) => tracing::debug!(%error, "cannot count payouts"),
-            }
-            tokio::select! {
-                () = stopping.cancelled() => return,
-                () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
-            }
+    // Pending ones only: they are few and indexed, where counting every payout every
+    // second would cost more as the table grows.
+    let state = &state;
+    let counting = every_poll_until(&stopping, poll, move || async move {
+        match state.ledger().pending_payouts().await {
+            Ok((pending, oldest)) => state.metrics().pending_payouts(pending, age(oldest)),
+            Err(error) => tracing::debug!(%error, "cannot count payouts"),
         }
-    };
+    });
     tokio::join!(workers, counting);
 }
 
@@ -213,30 +228,18 @@ async fn dispatch_webhooks(state: AppState, stopping: CancellationToken) {
         state.ledger().clone(),
         webhooks,
         state.shared_metrics(),
-        state
-            .settings()
-            .instance
-            .to_str()
-            .unwrap_or("payonce")
-            .to_owned(),
+        worker_name(&state),
         stopping.clone(),
     );
-    let counting = async {
-        loop {
-            match state.ledger().webhook_backlog().await {
-                Ok(backlog) => {
-                    state
-                        .metrics()
-                        .webhook_backlog(backlog.pending, age(backlog.oldest_pending));
-                }
-                Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
-            }
-            tokio::select! {
-                () = stopping.cancelled() => return,
-                () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
-            }
+    let state = &state;
+    let counting = every_poll_until(&stopping, poll, move || async move {
+        match state.ledger().webhook_backlog().await {
+            Ok(backlog) => state
+                .metrics()
+                .webhook_backlog(backlog.pending, age(backlog.oldest_pending)),
+            Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
         }
-    };
+    });
     tokio::join!(deliveries, counting);
 }
 

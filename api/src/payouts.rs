@@ -693,22 +693,23 @@ impl Bank {
     /// What the bank holds under `key`.
     async fn look_up(&self, key: &str) -> Found {
         let url = self.url(&format!("/v1/transfers/{}", encode(key)));
-        match self.client.get(url).send().await {
-            Ok(response) => self.held(response).await,
-            Err(error) => Found::NoWord {
-                error: unanswered("look-up", &error).to_owned(),
-            },
-        }
+        self.ask_for_key(self.client.get(url), "look-up").await
     }
 
     /// Closes `key` at the bank unless a transfer holds it: then the bank never executes
     /// it. Answers what holds the key now.
     async fn close(&self, key: &str) -> Found {
         let url = self.url(&format!("/v1/transfers/{}/close", encode(key)));
-        match self.client.post(url).send().await {
+        self.ask_for_key(self.client.post(url), "close").await
+    }
+
+    /// Sends `request`, a question about one key (the `call`, for the error), and reads
+    /// what holds the key from the answer.
+    async fn ask_for_key(&self, request: reqwest::RequestBuilder, call: &'static str) -> Found {
+        match request.send().await {
             Ok(response) => self.held(response).await,
             Err(error) => Found::NoWord {
-                error: unanswered("close", &error).to_owned(),
+                error: unanswered(call, &error).to_owned(),
             },
         }
     }

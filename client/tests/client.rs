@@ -116,10 +116,7 @@ fn ada_request() -> NewAccountRequest {
 /// The crate docs' example, run.
 #[tokio::test]
 async fn one_intent_spends_once_however_often_it_is_sent() {
-    let (base, _dir) = server().await;
-    let payonce = Client::new(&base).unwrap();
-    let ada = payonce.open_account(&ada_request()).await.unwrap();
-    let payonce = payonce.with_key(&ada.api_key);
+    let (payonce, ada, _, _dir) = ada_on(&[]).await;
 
     let mut withdrawal = payonce.withdrawal(ada.id, 300);
     let first = withdrawal.send().await.unwrap();
@@ -263,10 +260,7 @@ async fn answer_dropping_proxy(upstream: String, cut: Arc<AtomicBool>) -> String
 /// with the same ticket, and learns the outcome as a replay — one execution.
 #[tokio::test]
 async fn a_lost_answer_is_resent_with_the_same_ticket_and_executes_once() {
-    let (base, _dir) = server().await;
-    let direct = Client::new(&base).unwrap();
-    let ada = direct.open_account(&ada_request()).await.unwrap();
-    let direct = direct.with_key(&ada.api_key);
+    let (direct, ada, base, _dir) = ada_on(&[]).await;
     let ticket = direct.take_ticket(ada.id).await.unwrap().ticket_id;
 
     let cut = Arc::new(AtomicBool::new(true));

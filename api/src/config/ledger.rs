@@ -13,44 +13,34 @@ config_section! {
     #[derive(Args, Debug, Clone)]
     pub struct LedgerConfig {
         /// How long a ticket stays usable.
-        #[arg(long, global = true, env = "PAYONCE_TICKET_TTL", default_value = "24h", value_parser = duration)]
+        #[arg(env = "PAYONCE_TICKET_TTL", default_value = "24h", value_parser = duration)]
         pub ticket_ttl: Duration,
         /// How long after a ticket's expiry its stored outcome is kept (the ticket itself
         /// stays, so it can never run again).
-        #[arg(long, global = true, env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
+        #[arg(env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
         pub retention: Duration,
         /// How often expired tickets and old outcomes are reaped.
-        #[arg(long, global = true, env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
+        #[arg(env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
         pub reap_interval: Duration,
         /// How often each instance audits the whole ledger for its metrics
         /// (`payonce_audit_violations`); `0s` turns it off. Every rule is a scan of its
         /// tables, so on a large ledger keep it rare, or turn it off and run `payonce audit`
         /// from one place on a schedule.
-        #[arg(long, global = true, env = "PAYONCE_AUDIT_EVERY", default_value = "1h", value_parser = duration)]
+        #[arg(env = "PAYONCE_AUDIT_EVERY", default_value = "1h", value_parser = duration)]
         pub audit_every: Duration,
         /// Database connections per instance.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_DB_MAX_CONNECTIONS",
-            default_value_t = 16
-        )]
+        #[arg(env = "PAYONCE_DB_MAX_CONNECTIONS", default_value_t = 16)]
         pub db_max_connections: u32,
         /// PostgreSQL: the most spends committed together in one batch (1: each spend its own
         /// transaction).
-        #[arg(long, global = true, env = "PAYONCE_BATCH_MAX", default_value_t = 64)]
+        #[arg(env = "PAYONCE_BATCH_MAX", default_value_t = 64)]
         pub batch_max: usize,
         /// PostgreSQL: how many batches of spends may be in flight at once (each account's
         /// spends always go in the same one's batches).
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_BATCH_WORKERS",
-            default_value_t = 2
-        )]
+        #[arg(env = "PAYONCE_BATCH_WORKERS", default_value_t = 2)]
         pub batch_workers: usize,
         /// How long to keep trying to reach the database at start-up.
-        #[arg(long, global = true, env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
+        #[arg(env = "PAYONCE_STARTUP_TIMEOUT", default_value = "30s", value_parser = duration)]
         pub startup_timeout: Duration,
     }
 }

@@ -13,46 +13,35 @@ config_section! {
     #[derive(Args, Debug, Clone)]
     pub struct LockConfig {
         /// Lease of an account lock; the holder renews it every third of this.
-        #[arg(long, global = true, env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
+        #[arg(env = "PAYONCE_LOCK_TTL", default_value = "10s", value_parser = duration)]
         pub lock_ttl: Duration,
         /// Chubby's lock-delay: after an account's lock holder vanished without releasing
         /// (crashed, cut off), nobody takes the account for this long past its lease — more
         /// time for a holder that only paused to notice. A released lock is free at once.
-        #[arg(long, global = true, env = "PAYONCE_LOCK_DELAY", default_value = "0s", value_parser = duration)]
+        #[arg(env = "PAYONCE_LOCK_DELAY", default_value = "0s", value_parser = duration)]
         pub lock_delay: Duration,
         /// How long a spend waits for a busy account (or for its own duplicate to finish)
         /// before answering 409.
-        #[arg(long, global = true, env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
+        #[arg(env = "PAYONCE_LOCK_WAIT", default_value = "2s", value_parser = duration)]
         pub lock_wait: Duration,
         /// How long a lock key must have gone unused before the lock service forgets its
         /// state (fencing counter, queue): a store that expires state by itself uses it as the
         /// expiry, the others prune at each reaping. Bounds what the lock service holds when
         /// every order is a key of its own.
-        #[arg(long, global = true, env = "PAYONCE_LOCK_IDLE", default_value = "1h", value_parser = duration)]
+        #[arg(env = "PAYONCE_LOCK_IDLE", default_value = "1h", value_parser = duration)]
         pub lock_idle: Duration,
         /// How spends serialise on an account. `fenced` is the only safe one; the others are
         /// the classic recipes, kept to show how they spend money twice (only in a build with
         /// the cargo feature `demo`).
-        #[arg(long, global = true, env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
+        #[arg(env = "PAYONCE_LOCK_STRATEGY", value_enum, default_value_t = Strategy::Fenced)]
         pub lock_strategy: Strategy,
         /// The most spends one account may have waiting for its lock (or asking the lock
         /// store for it) in this instance, and in the lock store's queue across all
         /// instances; past it, a spend is answered 409 account-busy at once.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_LOCK_MAX_WAITERS",
-            default_value_t = lock::DEFAULT_MAX_WAITERS
-        )]
+        #[arg(env = "PAYONCE_LOCK_MAX_WAITERS", default_value_t = lock::DEFAULT_MAX_WAITERS)]
         pub lock_max_waiters: usize,
         /// Independent Redis servers for the `redlock` strategy (at least 3), comma-separated.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_REDLOCK_URLS",
-            value_delimiter = ',',
-            value_hint = clap::ValueHint::Url
-        )]
+        #[arg(env = "PAYONCE_REDLOCK_URLS", value_delimiter = ',', value_hint = clap::ValueHint::Url)]
         pub redlock_urls: Vec<String>,
     }
 }

@@ -80,88 +80,64 @@ config_section! {
     #[derive(Args, Debug, Clone)]
     pub struct Config {
         /// Address to listen on.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_ADDR",
-            default_value = "127.0.0.1:8080"
-        )]
+        #[arg(env = "PAYONCE_ADDR", default_value = "127.0.0.1:8080")]
         pub addr: SocketAddr,
         /// PostgreSQL URL. With REDIS_URL: the distributed mode. With neither: embedded.
-        #[arg(long, global = true, env = "DATABASE_URL", value_hint = clap::ValueHint::Url)]
+        #[arg(env = "DATABASE_URL", value_hint = clap::ValueHint::Url)]
         pub database_url: Option<String>,
         /// Redis URL for the locks. With DATABASE_URL: the distributed mode. (The same as
         /// PAYONCE_LOCK_URL=redis://….)
-        #[arg(long, global = true, env = "REDIS_URL", value_hint = clap::ValueHint::Url)]
+        #[arg(env = "REDIS_URL", value_hint = clap::ValueHint::Url)]
         pub redis_url: Option<String>,
         /// The lock service, for the distributed mode: `redis://host:port[/db]`,
         /// `zk://host:port[,host:port…][/root]` (ZooKeeper),
         /// `etcd://host:port[,host:port…][/root]`,
         /// `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`, and the others
         /// docs/configuration.md lists.
-        #[arg(long, global = true, env = "PAYONCE_LOCK_URL", value_hint = clap::ValueHint::Url)]
+        #[arg(env = "PAYONCE_LOCK_URL", value_hint = clap::ValueHint::Url)]
         pub lock_url: Option<String>,
         /// The bank payouts go to (`payonce-bank` or anything with its contract). Unset in
         /// the embedded mode: payonce starts one in the process, on a loopback port of its own,
         /// with its store beside the ledger's file. Unset in the distributed mode: payouts are
         /// refused (503 `payouts-unavailable`), since instances must share one bank.
-        #[arg(long, global = true, env = "PAYONCE_BANK_URL", value_hint = clap::ValueHint::Url)]
+        #[arg(env = "PAYONCE_BANK_URL", value_hint = clap::ValueHint::Url)]
         pub bank_url: Option<String>,
         /// Prefix of every Redis key and channel, so deployments can share a Redis.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_REDIS_NAMESPACE",
-            default_value = "payonce"
-        )]
+        #[arg(env = "PAYONCE_REDIS_NAMESPACE", default_value = "payonce")]
         pub redis_namespace: String,
         /// Where the embedded mode keeps its SQLite file.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_DATA_DIR",
-            default_value = "./data"
-        )]
+        #[arg(env = "PAYONCE_DATA_DIR", default_value = "./data")]
         pub data_dir: PathBuf,
         /// Longest a request may take before it is answered 503.
-        #[arg(long, global = true, env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
+        #[arg(env = "PAYONCE_REQUEST_TIMEOUT", default_value = "30s", value_parser = duration)]
         pub request_timeout: Duration,
         /// This instance's name in the `Payonce-Instance` response header (default: the
         /// listen address).
-        #[arg(long, global = true, env = "PAYONCE_INSTANCE")]
+        #[arg(env = "PAYONCE_INSTANCE")]
         pub instance: Option<String>,
         /// The demonstration mode: honour the `Payonce-Fault` and `Payonce-Strategy` request
         /// headers. Only in a build with the cargo feature `demo` (one without it refuses to
         /// start with this set). Never in production.
-        #[arg(long, global = true, env = "PAYONCE_DEMO", default_value_t = false)]
+        #[arg(env = "PAYONCE_DEMO", default_value_t = false)]
         pub demo: bool,
         /// When set, opening an account with money or points, and every deposit, need
         /// `Authorization: Bearer <this key>`; unset, anyone may (the demonstration). At least
         /// 16 visible ASCII characters. A secret: prefer the environment variable to the flag.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_OPERATOR_KEY",
-            hide_env_values = true
-        )]
+        #[arg(env = "PAYONCE_OPERATOR_KEY", hide_env_values = true)]
         pub operator_key: Option<Secret>,
+    }
+    sections {
         /// The ledger's database and the lives of tickets.
-        #[command(flatten)]
         pub ledger: LedgerConfig,
         /// The account locks.
-        #[command(flatten)]
         pub lock: LockConfig,
         /// Capacities, rates and the client's address.
-        #[command(flatten)]
         pub limits: LimitsConfig,
         /// The bank and the payout workers.
-        #[command(flatten)]
         pub payouts: PayoutConfig,
         /// Webhook delivery.
-        #[command(flatten)]
         pub webhooks: WebhookConfig,
         /// Logging.
-        #[command(flatten)]
         pub telemetry: TelemetryConfig,
     }
 }

@@ -208,8 +208,12 @@ impl<T: Shown> Report for T {
 
 /// Declares a section of the configuration: a clap `Args` struct (its attributes and
 /// fields as written) that reports every field's value under the field's name — the
-/// argument's id — so the start-up report needs no row written for it. An optional
-/// `unset { field => "text" }` says what an unset field means, where `(unset)` would not.
+/// argument's id — so the start-up report needs no row written for it. Every field is a
+/// global `--flag` (the macro says `long, global = true` for all of them, so a field's own
+/// `#[arg(…)]` names only its variable and value). An optional `sections { field: Type }`
+/// flattens other sections in after the fields, reported row by row as their own; an
+/// optional `unset { field => "text" }` says what an unset field means, where `(unset)`
+/// would not.
 macro_rules! config_section {
     (
         $(#[$meta:meta])*
@@ -219,14 +223,24 @@ macro_rules! config_section {
                 $field_vis:vis $field:ident : $type:ty
             ),* $(,)?
         }
+        $(sections { $(
+            $(#[$section_meta:meta])*
+            $section_vis:vis $section:ident : $section_type:ty
+        ),* $(,)? })?
         $(unset { $($unset_field:ident => $unset_text:literal),* $(,)? })?
     ) => {
         $(#[$meta])*
         $vis struct $name {
             $(
+                #[arg(long, global = true)]
                 $(#[$field_meta])*
                 $field_vis $field: $type,
             )*
+            $($(
+                #[command(flatten)]
+                $(#[$section_meta])*
+                $section_vis $section: $section_type,
+            )*)?
         }
 
         impl $name {
@@ -243,6 +257,9 @@ macro_rules! config_section {
                 $(
                     $crate::config::section::Report::report(&self.$field, stringify!($field), rows);
                 )*
+                $($(
+                    $crate::config::section::Report::report(&self.$section, stringify!($section), rows);
+                )*)?
                 for row in &mut rows[first..] {
                     if let Some((_, text)) = Self::UNSET_SHOWN.iter().find(|(id, _)| *id == row.id) {
                         row.unset = Some(text);

@@ -12,7 +12,7 @@ config_section! {
     pub struct TelemetryConfig {
         /// How log lines are written: `text`, human-readable, or `json`, one object per line
         /// with the trace and span ids (traces go to `OTEL_EXPORTER_OTLP_ENDPOINT` when set).
-        #[arg(long, global = true, env = "PAYONCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+        #[arg(env = "PAYONCE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
         pub log_format: LogFormat,
     }
 }

@@ -14,84 +14,43 @@ config_section! {
     #[derive(Args, Debug, Clone)]
     pub struct LimitsConfig {
         /// The most requests this instance works on at once; past it, 503 overloaded.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_MAX_IN_FLIGHT",
-            default_value_t = 1024
-        )]
+        #[arg(env = "PAYONCE_MAX_IN_FLIGHT", default_value_t = 1024)]
         pub max_in_flight: usize,
         /// The most client connections this instance keeps open; past it, new ones wait to
         /// be accepted. Keep it below the process's file-descriptor limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_MAX_CONNECTIONS",
-            default_value_t = 4096
-        )]
+        #[arg(env = "PAYONCE_MAX_CONNECTIONS", default_value_t = 4096)]
         pub max_connections: usize,
         /// How long a client may take to send a request's head — and how long an idle
         /// keep-alive connection waits for its next request — before it is closed.
-        #[arg(long, global = true, env = "PAYONCE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
+        #[arg(env = "PAYONCE_HEADER_READ_TIMEOUT", default_value = "10s", value_parser = duration)]
         pub header_read_timeout: Duration,
         /// Accounts one client address may open per minute (in a burst, or spread out); 0:
         /// no limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_ACCOUNTS_PER_MINUTE",
-            default_value_t = 1200
-        )]
+        #[arg(env = "PAYONCE_ACCOUNTS_PER_MINUTE", default_value_t = 1200)]
         pub accounts_per_minute: u32,
         /// Tickets one account may take per second; 0: no limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_TICKETS_PER_SECOND",
-            default_value_t = 200
-        )]
+        #[arg(env = "PAYONCE_TICKETS_PER_SECOND", default_value_t = 200)]
         pub tickets_per_second: u32,
         /// Spends (withdrawals, deposits, draws, replays included) one account may send per
         /// second; 0: no limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_SPENDS_PER_SECOND",
-            default_value_t = 200
-        )]
+        #[arg(env = "PAYONCE_SPENDS_PER_SECOND", default_value_t = 200)]
         pub spends_per_second: u32,
         /// Orders one account may place per second; 0: no limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_ORDERS_PER_SECOND",
-            default_value_t = 200
-        )]
+        #[arg(env = "PAYONCE_ORDERS_PER_SECOND", default_value_t = 200)]
         pub orders_per_second: u32,
         /// Unknown or wrong API keys (or operator keys) one client address may send per
         /// minute (in a burst, or spread out); past it, 429 before the key is looked up. 0:
         /// no limit.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_BAD_KEYS_PER_MINUTE",
-            default_value_t = 60
-        )]
+        #[arg(env = "PAYONCE_BAD_KEYS_PER_MINUTE", default_value_t = 60)]
         pub bad_keys_per_minute: u32,
         /// A header carrying the client's address, set by a proxy in front (`x-real-ip`, or
         /// `x-forwarded-for`); read only from the peers in PAYONCE_TRUSTED_PROXIES, so the
         /// per-address limits count clients instead of the proxy.
-        #[arg(long, global = true, env = "PAYONCE_CLIENT_IP_HEADER")]
+        #[arg(env = "PAYONCE_CLIENT_IP_HEADER")]
         pub client_ip_header: Option<String>,
         /// The proxies whose PAYONCE_CLIENT_IP_HEADER is believed: CIDR blocks or addresses,
         /// comma-separated. Any other peer is the client itself, whatever it sends.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_TRUSTED_PROXIES",
-            value_delimiter = ',',
-            value_parser = network
-        )]
+        #[arg(env = "PAYONCE_TRUSTED_PROXIES", value_delimiter = ',', value_parser = network)]
         pub trusted_proxies: Vec<IpNet>,
     }
 }

@@ -15,54 +15,44 @@ config_section! {
     pub struct PayoutConfig {
         /// How long one call to the bank may take; past it the attempt's outcome is unknown
         /// and the payout is sent again, with the same key.
-        #[arg(long, global = true, env = "PAYONCE_BANK_TIMEOUT", default_value = "2s", value_parser = duration)]
+        #[arg(env = "PAYONCE_BANK_TIMEOUT", default_value = "2s", value_parser = duration)]
         pub bank_timeout: Duration,
         /// Payout workers in this instance: each claims due payouts and calls the bank.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_PAYOUT_WORKERS",
-            default_value_t = 4
-        )]
+        #[arg(env = "PAYONCE_PAYOUT_WORKERS", default_value_t = 4)]
         pub payout_workers: usize,
         /// How long a claimed payout is a worker's before another instance may take it over
         /// (a worker that died mid-call). At least three bank timeouts.
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_LEASE", default_value = "30s", value_parser = duration)]
+        #[arg(env = "PAYONCE_PAYOUT_LEASE", default_value = "30s", value_parser = duration)]
         pub payout_lease: Duration,
         /// The first wait before a payout is sent again (a timeout, a 5xx, a 429); it doubles
         /// with each attempt, with jitter, up to PAYONCE_PAYOUT_RETRY_MAX — or the bank's
         /// `Retry-After`, when it says one.
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_RETRY_BASE", default_value = "200ms", value_parser = duration)]
+        #[arg(env = "PAYONCE_PAYOUT_RETRY_BASE", default_value = "200ms", value_parser = duration)]
         pub payout_retry_base: Duration,
         /// The longest wait between two attempts of a payout.
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_RETRY_MAX", default_value = "1m", value_parser = duration)]
+        #[arg(env = "PAYONCE_PAYOUT_RETRY_MAX", default_value = "1m", value_parser = duration)]
         pub payout_retry_max: Duration,
         /// Attempts without the bank's word after which payonce asks the bank for the
         /// transfer by its key — and, if the bank has none, closes the key there and credits
         /// the money back. A bank that does not answer leaves the payout pending. Attempts
         /// the bank throttled (429) do not count: see PAYONCE_PAYOUT_THROTTLE_MAX_AGE.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_PAYOUT_ATTEMPTS",
-            default_value_t = 10
-        )]
+        #[arg(env = "PAYONCE_PAYOUT_ATTEMPTS", default_value_t = 10)]
         pub payout_attempts: u32,
         /// How old a payout may grow while the bank keeps throttling it (429, with or without
         /// `Retry-After`) before payonce asks the bank for it by key, as it does after
         /// PAYONCE_PAYOUT_ATTEMPTS. A bank that asks to wait has not refused, so throttles
         /// count toward no attempt budget; this bounds them by time instead.
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_THROTTLE_MAX_AGE", default_value = "1h", value_parser = duration)]
+        #[arg(env = "PAYONCE_PAYOUT_THROTTLE_MAX_AGE", default_value = "1h", value_parser = duration)]
         pub payout_throttle_max_age: Duration,
         /// How often idle payout workers look for due payouts (new ones of this instance wake
         /// them at once).
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
+        #[arg(env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
         pub payout_poll: Duration,
         /// The bank's idempotency key per payout: `one-key`, the same on every attempt (the
         /// only safe one), or `fresh-key-per-attempt`, a new key each retry as clients without
         /// a key scheme send — it pays twice; the demonstration's (only in a build with the
         /// cargo feature `demo`).
-        #[arg(long, global = true, env = "PAYONCE_PAYOUT_KEYS", value_enum, default_value_t = PayoutKeys::OneKey)]
+        #[arg(env = "PAYONCE_PAYOUT_KEYS", value_enum, default_value_t = PayoutKeys::OneKey)]
         pub payout_keys: PayoutKeys,
     }
 }

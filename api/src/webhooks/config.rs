@@ -17,76 +17,44 @@ config_section! {
         /// metadata addresses never are). Off: a client could otherwise make payonce call
         /// services inside its own network. The tests, the demonstration and the README's
         /// walkthrough set it.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_ALLOW_PRIVATE",
-            default_value_t = false
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_ALLOW_PRIVATE", default_value_t = false)]
         pub webhook_allow_private: bool,
         /// When set, the only networks webhook endpoints may be in (CIDR blocks or addresses,
         /// comma-separated): an egress allow-list on top of the other refusals.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_ALLOWED_NETWORKS",
-            value_delimiter = ',',
-            value_parser = network
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_ALLOWED_NETWORKS", value_delimiter = ',', value_parser = network)]
         pub webhook_allowed_networks: Vec<IpNet>,
         /// How long one webhook attempt may take, the receiver's answer included.
-        #[arg(long, global = true, env = "PAYONCE_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = duration)]
+        #[arg(env = "PAYONCE_WEBHOOK_TIMEOUT", default_value = "15s", value_parser = duration)]
         pub webhook_timeout: Duration,
         /// The waits before the second, third, … attempt of a webhook delivery,
         /// comma-separated; once they have run out the delivery is exhausted. The default is
         /// the Standard Webhooks specification's (each wait gets up to a tenth of jitter).
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_RETRY_SCHEDULE",
-            default_value = "5s,5m,30m,2h,5h,10h,10h",
-            value_parser = schedule
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_RETRY_SCHEDULE", default_value = "5s,5m,30m,2h,5h,10h,10h", value_parser = schedule)]
         pub webhook_retry_schedule: Schedule,
         /// Webhook deliveries in flight at once in this instance: a receiver that never
         /// answers holds one for the timeout.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_CONCURRENCY",
-            default_value_t = 64
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_CONCURRENCY", default_value_t = 64)]
         pub webhook_concurrency: usize,
         /// Webhook deliveries to one endpoint in flight at once in this instance: an endpoint
         /// that never answers holds at most this many slots, and the rest stay free for
         /// everyone else's.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_PER_ENDPOINT",
-            default_value_t = 8
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_PER_ENDPOINT", default_value_t = 8)]
         pub webhook_per_endpoint: usize,
         /// How long a claimed webhook delivery is this instance's before another may take it
         /// over (an instance that died mid-delivery). At least twice the timeout.
-        #[arg(long, global = true, env = "PAYONCE_WEBHOOK_LEASE", default_value = "60s", value_parser = duration)]
+        #[arg(env = "PAYONCE_WEBHOOK_LEASE", default_value = "60s", value_parser = duration)]
         pub webhook_lease: Duration,
         /// How often an idle instance looks for due webhook deliveries (its own commits wake
         /// it at once).
-        #[arg(long, global = true, env = "PAYONCE_WEBHOOK_POLL", default_value = "250ms", value_parser = duration)]
+        #[arg(env = "PAYONCE_WEBHOOK_POLL", default_value = "250ms", value_parser = duration)]
         pub webhook_poll: Duration,
         /// How long the secret before a rotation keeps signing beside the new one.
-        #[arg(long, global = true, env = "PAYONCE_WEBHOOK_ROTATION_WINDOW", default_value = "24h", value_parser = duration)]
+        #[arg(env = "PAYONCE_WEBHOOK_ROTATION_WINDOW", default_value = "24h", value_parser = duration)]
         pub webhook_rotation_window: Duration,
         /// The key that seals webhook secrets in the database: 32 bytes, in hex or base64.
         /// Unset, a key is made once and kept in the database itself (every instance reads
         /// the same): set it to keep a copy of the database alone from signing anything.
-        #[arg(
-            long,
-            global = true,
-            env = "PAYONCE_WEBHOOK_KEY",
-            hide_env_values = true
-        )]
+        #[arg(env = "PAYONCE_WEBHOOK_KEY", hide_env_values = true)]
         pub webhook_key: Option<Secret>,
     }
     unset {

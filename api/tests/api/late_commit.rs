@@ -9,19 +9,30 @@ use ledger::testing::PrivatePostgres;
 use reqwest::StatusCode;
 use serde_json::Value;
 
-use crate::helpers::{Backend, Shared, assert_problem, read, spawn_behind_a_cutter, spawn_config};
+use crate::helpers::{
+    Backend, Shared, TestAccount, TestApp, assert_problem, read, spawn_behind_a_cutter,
+    spawn_config,
+};
+
+/// An instance behind a cutter, an account with 1000, and a ticket of it whose spend's
+/// batch the cutter answers with FATAL after its commit, `tries` times.
+async fn a_spend_cut_after_its_commit(
+    tries: usize,
+) -> (TestApp, ledger::testing::CommitCutter, TestAccount, String) {
+    let (app, cutter) = spawn_behind_a_cutter().await;
+    let ada = app.create_account(1000, 0).await;
+    let ticket = app.ticket(&ada).await;
+    let id: uuid::Uuid = ticket.parse().unwrap();
+    cutter.arm_fatal_on(id.as_bytes(), tries);
+    (app, cutter, ada, ticket)
+}
 
 /// The server answers the statement that spends a ticket with FATAL after it committed:
 /// the batch is sent again, finds the spend written under its own fencing token, and
 /// answers the first execution as one — 201, not replayed — with the money moved once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fatal_after_the_commit_is_answered_as_the_first_execution() {
-    let (app, cutter) = spawn_behind_a_cutter().await;
-    let ada = app.create_account(1000, 0).await;
-    let ticket = app.ticket(&ada).await;
-
-    let id: uuid::Uuid = ticket.parse().unwrap();
-    cutter.arm_fatal_on(id.as_bytes(), 1);
+    let (app, cutter, ada, ticket) = a_spend_cut_after_its_commit(1).await;
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 300).await).await;
     assert_eq!(cutter.cuts(), 1);
     assert_eq!((status, replayed), (StatusCode::CREATED, false), "{body}");
@@ -39,15 +50,11 @@ async fn a_fatal_after_the_commit_is_answered_as_the_first_execution() {
 /// shows the spend completed, and resending with the same ticket replays the stored 201.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fatal_on_every_try_is_outcome_unknown() {
-    let (app, cutter) = spawn_behind_a_cutter().await;
-    let ada = app.create_account(1000, 0).await;
-    let ticket = app.ticket(&ada).await;
-
-    let id: uuid::Uuid = ticket.parse().unwrap();
-    cutter.arm_fatal_on(id.as_bytes(), 1000);
+    let (app, cutter, ada, ticket) = a_spend_cut_after_its_commit(1000).await;
     let response = app.withdraw(&ada, &ticket, 300).await;
     assert_problem(response, StatusCode::SERVICE_UNAVAILABLE, "outcome-unknown").await;
     assert!(cutter.cuts() >= 1);
+    let id: uuid::Uuid = ticket.parse().unwrap();
     cutter.arm_on(id.as_bytes(), 0);
 
     let shown = app.shown_ticket(&ada, &ticket).await;

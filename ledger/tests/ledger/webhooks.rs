@@ -59,6 +59,19 @@ fn payload(job: &DeliveryJob) -> Value {
     serde_json::from_str(&job.event.payload()).unwrap()
 }
 
+/// A ledger with one account (1000), an endpoint of it that wants every event, and one
+/// withdrawal of 10: one delivery due to that endpoint.
+async fn one_withdrawal_announced(database: &TestDatabase) -> (Ledger, EndpointId) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let hooks = endpoint(&ledger, account_id, None).await;
+    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    (ledger, hooks)
+}
+
 /// Each committed outcome writes one event, in its transaction, queued for every endpoint
 /// of the account that wants its type; the event carries the stored outcome. A replay, a
 /// stale token and another account's endpoints get nothing.
@@ -152,13 +165,7 @@ pub async fn every_outcome_announces_its_event_to_the_endpoints_that_want_it(
 /// as the next attempt, and only that attempt's word is recorded — with the attempt's
 /// answer, listed with the delivery.
 pub async fn a_delivery_is_recorded_only_at_the_attempt_it_was_claimed_at(database: &TestDatabase) {
-    let ledger = open(database).await;
-    let account_id = account(&ledger, 1000, 0).await;
-    let hooks = endpoint(&ledger, account_id, None).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
-    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
-        .await
-        .unwrap();
+    let (ledger, hooks) = one_withdrawal_announced(database).await;
 
     let first = ledger
         .claim_deliveries("a", Duration::from_millis(200), 10)
@@ -188,13 +195,7 @@ pub async fn a_delivery_is_recorded_only_at_the_attempt_it_was_claimed_at(databa
 /// A retry waits until it is due; a delivery out of attempts ends exhausted and is sent
 /// again only by hand — refused while a worker holds it.
 pub async fn retries_wait_and_an_exhausted_delivery_is_sent_again_by_hand(database: &TestDatabase) {
-    let ledger = open(database).await;
-    let account_id = account(&ledger, 1000, 0).await;
-    let hooks = endpoint(&ledger, account_id, None).await;
-    let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
-    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
-        .await
-        .unwrap();
+    let (ledger, hooks) = one_withdrawal_announced(database).await;
 
     let job = claim_all(&ledger, "a").await.remove(0);
     let delivery = job.job_id;
