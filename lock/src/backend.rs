@@ -102,22 +102,17 @@ pub enum Sessions {
 /// waits, sleeps until woken (never polls faster than the holder's lease runs out).
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
-    /// Takes the lock. With a `deadline`, queues behind earlier waiters until the lock is
-    /// handed over or the deadline passes ([`LockError::TimedOut`], or `Ok(None)` from a
-    /// store that did not measure the wait); with none, takes it only if it is free and
-    /// nobody is queued for it, never waiting (`Ok(None)` otherwise). `note` says what the
-    /// holder will be doing (see [`holder_note`](Self::holder_note)); may be empty.
+    /// Takes the lock on the [`Ask`]'s key. With a `deadline`, queues behind earlier
+    /// waiters until the lock is handed over or the deadline passes
+    /// ([`LockError::TimedOut`], or `Ok(None)` from a store that did not measure the
+    /// wait); with none, takes it only if it is free and nobody is queued for it, never
+    /// waiting (`Ok(None)` otherwise). The ask's `note` says what the holder will be doing
+    /// (see [`holder_note`](Self::holder_note)); may be empty.
     ///
     /// The caller ([`LockService`](crate::LockService)) has validated the request: the key
     /// is not empty, the TTL within [`MIN_TTL`]..=[`MAX_TTL`], the note at most
     /// [`MAX_NOTE`] bytes, and a deadline still ahead.
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError>;
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError>;
 
     /// The note of the lock's current holder, or `None` when it is free. Lets a waiter
     /// that gave up say what it was waiting behind.
@@ -280,11 +275,11 @@ impl LockOptions {
     }
 }
 
-/// One acquire as a store's steps see it: what was asked, and since when. The steps of a
-/// store's acquire (join the line, check the cap, grant, wait for the one ahead) share it
-/// rather than five arguments each.
+/// One acquire as a store sees it: what was asked, and since when — what
+/// [`LockBackend::acquire`] takes. The steps of a store's acquire (join the line, check the
+/// cap, grant, wait for the one ahead) share it rather than five arguments each.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Ask<'a> {
+pub struct Ask<'a> {
     pub(crate) key: &'a str,
     pub(crate) ttl: Duration,
     /// `None`: take the lock only if that needs no waiting.
@@ -295,13 +290,11 @@ pub(crate) struct Ask<'a> {
 }
 
 impl<'a> Ask<'a> {
-    /// An acquire beginning now.
-    pub(crate) fn new(
-        key: &'a str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &'a str,
-    ) -> Self {
+    /// An acquire of `key` for a lease of `ttl`, beginning now: waiting in line until
+    /// `deadline`, or with none only if that needs no waiting; `note` says what the holder
+    /// will be doing (may be empty). The request must be one
+    /// [`LockService`](crate::LockService) accepts (see [`LockBackend::acquire`]).
+    pub fn new(key: &'a str, ttl: Duration, deadline: Option<Instant>, note: &'a str) -> Self {
         debug_assert!(
             validate(key, ttl).is_ok() && validate_note(note).is_ok(),
             "a store was asked for what LockService refuses: key {key:?}, ttl {ttl:?}"

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::client::pb::{Compare, RangeRequest, RequestOp, TxnRequest, TxnResponse};
 use self::client::{Etcd, Members, deleted_or_cancelled};
-use crate::backend::{DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
+use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
 use crate::token::{FencingToken, OwnerToken};
 
@@ -486,61 +486,6 @@ impl EtcdBackend {
         Ok(true)
     }
 
-    /// Takes the lock, in named steps: [join the queue](Self::join_queue) (our key, and a
-    /// look at the line, in one request), [check the cap](Self::check_cap) on waiters,
-    /// then — until our key is the oldest — [wait for the key ahead of
-    /// ours](Self::wait_for_predecessor) and look again, and [grant](Self::grant). Waits
-    /// until the call's deadline, or never when it has none (then `Ok(None)` when the lock
-    /// is held).
-    async fn take(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        let call = Call {
-            key,
-            ttl,
-            deadline,
-            started: Instant::now(),
-        };
-        if deadline.is_some_and(|deadline| call.started >= deadline) {
-            // Nothing sent, so nothing to clean up.
-            return Err(LockError::TimedOut {
-                key: key.to_owned(),
-                waited: Duration::ZERO,
-            });
-        }
-        let client = self.client();
-        let lease = self.lease(&client, deadline).await?;
-        let keys = self.keys(key);
-        let (place, mut seen) = self.join_queue(&call, &client, &keys, lease, note).await?;
-        if deadline.is_some() {
-            self.check_cap(key, &place, &seen)?;
-        }
-        loop {
-            if !seen.ours_kept {
-                return Err(LockError::unavailable(
-                    "our etcd key vanished while queued (the lease ended)",
-                ));
-            }
-            if seen.holder == Some(place.revision) {
-                return self.grant(&call, &client, &keys, place, &seen).await;
-            }
-            let Some(deadline) = deadline else {
-                // Trying, not waiting: `place` leaves the queue as it drops.
-                return Ok(None);
-            };
-            self.wait_for_predecessor(&call, &client, &keys, &place, deadline)
-                .await?;
-            seen = self
-                .look(&client, &keys, &place.key, Some(deadline))
-                .await
-                .map_err(|error| call.waited_out(error))?;
-        }
-    }
-
     /// Joins the lock's queue: our key, on the lease — unless a cleaner already buried it
     /// — and a look at the holder and the base, in one request.
     async fn join_queue(
@@ -976,14 +921,60 @@ async fn clean_up(
 
 #[async_trait]
 impl LockBackend for EtcdBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(key, ttl, deadline, note).await
+    /// Takes the lock, in named steps: [join the queue](Self::join_queue) (our key, and a
+    /// look at the line, in one request), [check the cap](Self::check_cap) on waiters,
+    /// then — until our key is the oldest — [wait for the key ahead of
+    /// ours](Self::wait_for_predecessor) and look again, and [grant](Self::grant). Waits
+    /// until the call's deadline, or never when it has none (then `Ok(None)` when the lock
+    /// is held).
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        let Ask {
+            key,
+            ttl,
+            deadline,
+            note,
+            started,
+        } = ask;
+        let call = Call {
+            key,
+            ttl,
+            deadline,
+            started,
+        };
+        if deadline.is_some_and(|deadline| call.started >= deadline) {
+            // Nothing sent, so nothing to clean up.
+            return Err(LockError::TimedOut {
+                key: key.to_owned(),
+                waited: Duration::ZERO,
+            });
+        }
+        let client = self.client();
+        let lease = self.lease(&client, deadline).await?;
+        let keys = self.keys(key);
+        let (place, mut seen) = self.join_queue(&call, &client, &keys, lease, note).await?;
+        if deadline.is_some() {
+            self.check_cap(key, &place, &seen)?;
+        }
+        loop {
+            if !seen.ours_kept {
+                return Err(LockError::unavailable(
+                    "our etcd key vanished while queued (the lease ended)",
+                ));
+            }
+            if seen.holder == Some(place.revision) {
+                return self.grant(&call, &client, &keys, place, &seen).await;
+            }
+            let Some(deadline) = deadline else {
+                // Trying, not waiting: `place` leaves the queue as it drops.
+                return Ok(None);
+            };
+            self.wait_for_predecessor(&call, &client, &keys, &place, deadline)
+                .await?;
+            seen = self
+                .look(&client, &keys, &place.key, Some(deadline))
+                .await
+                .map_err(|error| call.waited_out(error))?;
+        }
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

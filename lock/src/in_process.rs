@@ -173,19 +173,10 @@ impl InProcessBackend {
 
 #[async_trait]
 impl LockBackend for InProcessBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        match deadline {
-            None => Ok(self.take_if_free(key, ttl, note)),
-            Some(deadline) => {
-                let ask = Ask::new(key, ttl, Some(deadline), note);
-                self.wait_in_line(ask, deadline).await.map(Some)
-            }
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        match ask.deadline {
+            None => Ok(self.take_if_free(ask.key, ask.ttl, ask.note)),
+            Some(deadline) => self.wait_in_line(ask, deadline).await.map(Some),
         }
     }
 

@@ -15,8 +15,8 @@
 //!   doing, so a waiter that gives up can tell what it waited behind. It validates every
 //!   request once and caps this process's waiters per key.
 //! - [`LockBackend`] (`backend.rs`): the trait a store implements, one atomic step per
-//!   method, in terms of [`Lease`]s — one `acquire(key, ttl, deadline, note)`, where no
-//!   deadline means never wait; [`LockOptions`], the limits (`MIN_TTL`, `MAX_NOTE`, …) and
+//!   method, in terms of [`Lease`]s — one `acquire(ask)`, an [`Ask`] of key, TTL,
+//!   deadline and note, where no deadline means never wait; [`LockOptions`], the limits (`MIN_TTL`, `MAX_NOTE`, …) and
 //!   the checks against them live beside it. Backends trust what they are given.
 //! - [`LockGuard`] (`guard.rs`): a held lease plus its watchdog, which renews at TTL/3 and
 //!   fires [`LockGuard::lost`] the moment the lease is gone.
@@ -145,8 +145,8 @@ mod zookeeper;
 pub mod testing;
 
 pub use backend::{
-    DEFAULT_MAX_WAITERS, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, MAX_FENCING_FLOOR,
-    MAX_NOTE, MAX_TTL, MIN_TTL, Sessions,
+    Ask, DEFAULT_MAX_WAITERS, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions,
+    MAX_FENCING_FLOOR, MAX_NOTE, MAX_TTL, MIN_TTL, Sessions,
 };
 pub use error::LockError;
 #[cfg(feature = "etcd")]

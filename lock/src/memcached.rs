@@ -582,10 +582,13 @@ impl MemcachedBackend {
         }
         Ok(false)
     }
+}
 
+#[async_trait]
+impl LockBackend for MemcachedBackend {
     /// Takes the lock: waits for the key's turn in this process, then polls the store
     /// until a grant (or once, without a deadline).
-    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
         let (item, counter) = self.items(ask.key)?;
         let Some((turn, _turn)) = self
             .turns
@@ -635,19 +638,6 @@ impl MemcachedBackend {
             ask.ttl,
             asked_at,
         )))
-    }
-}
-
-#[async_trait]
-impl LockBackend for MemcachedBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

@@ -391,56 +391,6 @@ impl PostgresBackend {
         failed(error)
     }
 
-    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
-    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
-    /// in this process, a connection of its own, the advisory lock (the server's queue of
-    /// waiters) with the fencing token in the same statement, the lock-delay.
-    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
-        if ask.key.contains('\0') || ask.note.contains('\0') {
-            return Err(LockError::Invalid(
-                "PostgreSQL text cannot hold a NUL character".to_owned(),
-            ));
-        }
-        self.ensure_schema().await?;
-        let name = self.name(ask.key);
-        // Our turn to wait in the server (in arrival order, in this process).
-        let Some(_turn) = self
-            .turns
-            .wait(&name, ask.deadline)
-            .await
-            .map_err(|()| ask.timed_out())?
-        else {
-            // Someone of ours is waiting for it: it is held.
-            return Ok(None);
-        };
-        // Closed unless handed on: an acquire that ends early (its call dropped mid-wait,
-        // an error after the lock may have been taken) leaves its lock state unknown.
-        let mut taken = Slot(Some(self.take_connection(&ask).await?));
-        let Some((fence, last_released)) = self.lock_advisory(&mut taken, &name, &ask).await?
-        else {
-            return Ok(None);
-        };
-        // The lock has no expiry in the server: the lease the guard keeps starts now, with
-        // the grant known, however long the wait was.
-        let granted_at = Instant::now();
-        let held = Held {
-            key: name,
-            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
-        };
-        if !last_released && !self.honour_lock_delay(&held, &ask).await {
-            return ask.not_granted();
-        }
-        let owner = OwnerToken::random();
-        self.held().insert(owner, held);
-        Ok(Some(Lease::new(
-            ask.key,
-            owner,
-            FencingToken::new(fence.max(0).unsigned_abs()),
-            ask.ttl,
-            granted_at,
-        )))
-    }
-
     /// A connection of the lock's own, not past the deadline.
     async fn take_connection(&self, ask: &Ask<'_>) -> Result<PoolConnection<Postgres>, LockError> {
         match self.connection(ask.deadline).await {
@@ -578,14 +528,54 @@ impl PostgresBackend {
 
 #[async_trait]
 impl LockBackend for PostgresBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(Ask::new(key, ttl, deadline, note)).await
+    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
+    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
+    /// in this process, a connection of its own, the advisory lock (the server's queue of
+    /// waiters) with the fencing token in the same statement, the lock-delay.
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        if ask.key.contains('\0') || ask.note.contains('\0') {
+            return Err(LockError::Invalid(
+                "PostgreSQL text cannot hold a NUL character".to_owned(),
+            ));
+        }
+        self.ensure_schema().await?;
+        let name = self.name(ask.key);
+        // Our turn to wait in the server (in arrival order, in this process).
+        let Some(_turn) = self
+            .turns
+            .wait(&name, ask.deadline)
+            .await
+            .map_err(|()| ask.timed_out())?
+        else {
+            // Someone of ours is waiting for it: it is held.
+            return Ok(None);
+        };
+        // Closed unless handed on: an acquire that ends early (its call dropped mid-wait,
+        // an error after the lock may have been taken) leaves its lock state unknown.
+        let mut taken = Slot(Some(self.take_connection(&ask).await?));
+        let Some((fence, last_released)) = self.lock_advisory(&mut taken, &name, &ask).await?
+        else {
+            return Ok(None);
+        };
+        // The lock has no expiry in the server: the lease the guard keeps starts now, with
+        // the grant known, however long the wait was.
+        let granted_at = Instant::now();
+        let held = Held {
+            key: name,
+            connection: Arc::new(tokio::sync::Mutex::new(Slot(Some(taken.hand_on())))),
+        };
+        if !last_released && !self.honour_lock_delay(&held, &ask).await {
+            return ask.not_granted();
+        }
+        let owner = OwnerToken::random();
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(fence.max(0).unsigned_abs()),
+            ask.ttl,
+            granted_at,
+        )))
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

@@ -18,7 +18,7 @@ use redis::{
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::backend::{Lease, LockBackend, LockOptions};
+use crate::backend::{Ask, Lease, LockBackend, LockOptions};
 use crate::error::LockError;
 use crate::redis_link::{self, ClusterLink, Connection, Link, SentinelLink};
 use crate::token::{FencingToken, OwnerToken};
@@ -759,16 +759,13 @@ impl RedisBackend {
 
 #[async_trait]
 impl LockBackend for RedisBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        match deadline {
-            None => self.take_if_free(key, ttl, note).await,
-            Some(deadline) => self.wait_in_line(key, ttl, deadline, note).await.map(Some),
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        match ask.deadline {
+            None => self.take_if_free(ask.key, ask.ttl, ask.note).await,
+            Some(deadline) => self
+                .wait_in_line(ask.key, ask.ttl, deadline, ask.note)
+                .await
+                .map(Some),
         }
     }
 

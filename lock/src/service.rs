@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{
-    DEFAULT_MAX_WAITERS, Lease, LockBackend, check_floor, validate, validate_note,
+    Ask, DEFAULT_MAX_WAITERS, Lease, LockBackend, check_floor, validate, validate_note,
 };
 use crate::error::LockError;
 use crate::guard::LockGuard;
@@ -151,7 +151,10 @@ impl LockService {
             return Err(timed_out());
         }
         let place = self.waiting.enter(key)?;
-        let lease = self.backend.acquire(key, ttl, Some(deadline), note).await?;
+        let lease = self
+            .backend
+            .acquire(Ask::new(key, ttl, Some(deadline), note))
+            .await?;
         drop(place);
         lease.map(|lease| self.guard(lease)).ok_or_else(timed_out)
     }
@@ -175,7 +178,7 @@ impl LockService {
     ) -> Result<Option<LockGuard>, LockError> {
         validate(key, ttl)?;
         validate_note(note)?;
-        let lease = self.backend.acquire(key, ttl, None, note).await?;
+        let lease = self.backend.acquire(Ask::new(key, ttl, None, note)).await?;
         Ok(lease.map(|lease| self.guard(lease)))
     }
 

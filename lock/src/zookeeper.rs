@@ -560,50 +560,6 @@ impl ZooKeeperBackend {
         }
     }
 
-    /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
-    /// (then `Ok(None)` when it is held). The recipe's steps: join the queue (a node of
-    /// ours), then look at it until we are first — the grant — or, behind others, check
-    /// the cap and wait for the node just ahead of ours to go.
-    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
-        if ask.deadline.is_some_and(|deadline| ask.started >= deadline) {
-            // Nothing sent, so nothing to clean up.
-            return Err(LockError::TimedOut {
-                key: ask.key.to_owned(),
-                waited: Duration::ZERO,
-            });
-        }
-        let session = self.session(ask.deadline).await?;
-        let mut place = self.join_queue(&session, &ask).await?;
-        // Once the lock was seen held, running out of time is a wait that timed out, not
-        // a store that did not answer.
-        let mut seen_held = false;
-        loop {
-            let looked_at = Instant::now();
-            let queue = self
-                .queue(&session.client, &place.parent, ask.deadline)
-                .await
-                .map_err(|failure| match ask.deadline {
-                    Some(deadline) if seen_held && Instant::now() >= deadline => ask.timed_out(),
-                    _ => failure.into(),
-                })?;
-            let position = place.position_in(&queue)?;
-            if position == 0 {
-                return self.grant(session, place, &ask, &queue, looked_at).await;
-            }
-            let Some(deadline) = ask.deadline else {
-                // Trying, not waiting: `place` leaves the queue as it drops.
-                return Ok(None);
-            };
-            if position > self.options.max_waiters {
-                return Err(ask.queue_full(self.options.max_waiters));
-            }
-            seen_held = true;
-            let ahead = format!("{}/{}", place.parent, queue.names[position - 1]);
-            self.wait_for_predecessor(&session, &mut place, &ahead, &ask, deadline)
-                .await?;
-        }
-    }
-
     /// Joins the key's queue: an ephemeral sequential node of ours, its data the note.
     async fn join_queue(&self, session: &Session, ask: &Ask<'_>) -> Result<Place, LockError> {
         let parent = self.parent(ask.key);
@@ -1045,14 +1001,48 @@ fn parse_base(data: &[u8]) -> u64 {
 
 #[async_trait]
 impl LockBackend for ZooKeeperBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(Ask::new(key, ttl, deadline, note)).await
+    /// Takes the lock; waits in line until `deadline`, or never when `deadline` is `None`
+    /// (then `Ok(None)` when it is held). The recipe's steps: join the queue (a node of
+    /// ours), then look at it until we are first — the grant — or, behind others, check
+    /// the cap and wait for the node just ahead of ours to go.
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        if ask.deadline.is_some_and(|deadline| ask.started >= deadline) {
+            // Nothing sent, so nothing to clean up.
+            return Err(LockError::TimedOut {
+                key: ask.key.to_owned(),
+                waited: Duration::ZERO,
+            });
+        }
+        let session = self.session(ask.deadline).await?;
+        let mut place = self.join_queue(&session, &ask).await?;
+        // Once the lock was seen held, running out of time is a wait that timed out, not
+        // a store that did not answer.
+        let mut seen_held = false;
+        loop {
+            let looked_at = Instant::now();
+            let queue = self
+                .queue(&session.client, &place.parent, ask.deadline)
+                .await
+                .map_err(|failure| match ask.deadline {
+                    Some(deadline) if seen_held && Instant::now() >= deadline => ask.timed_out(),
+                    _ => failure.into(),
+                })?;
+            let position = place.position_in(&queue)?;
+            if position == 0 {
+                return self.grant(session, place, &ask, &queue, looked_at).await;
+            }
+            let Some(deadline) = ask.deadline else {
+                // Trying, not waiting: `place` leaves the queue as it drops.
+                return Ok(None);
+            };
+            if position > self.options.max_waiters {
+                return Err(ask.queue_full(self.options.max_waiters));
+            }
+            seen_held = true;
+            let ahead = format!("{}/{}", place.parent, queue.names[position - 1]);
+            self.wait_for_predecessor(&session, &mut place, &ahead, &ask, deadline)
+                .await?;
+        }
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

@@ -738,19 +738,12 @@ struct OwnedAsk {
 
 #[async_trait]
 impl LockBackend for HazelcastBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        let ask = Ask::new(key, ttl, deadline, note);
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
         let owned = OwnedAsk {
-            key: key.to_owned(),
-            ttl,
-            deadline,
-            note: note.to_owned(),
+            key: ask.key.to_owned(),
+            ttl: ask.ttl,
+            deadline: ask.deadline,
+            note: ask.note.to_owned(),
         };
         let inner = self.inner.clone();
         let (answer, answered) = oneshot::channel();

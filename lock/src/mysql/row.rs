@@ -408,48 +408,6 @@ impl MySqlRowBackend {
         }
     }
 
-    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
-    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
-    /// in this process, a connection of its own, the row's lock (the server's queue of
-    /// waiters), the fencing token, the lock-delay.
-    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
-        let name = self.name(ask.key)?;
-        self.ensure_schema().await?;
-        let Some(_turn) = self
-            .turns
-            .wait(&name, ask.deadline)
-            .await
-            .map_err(|()| ask.timed_out())?
-        else {
-            return Ok(None);
-        };
-        let mut taken = self.take_connection(&ask).await?;
-        let Some(locked_at) = self.lock_row(&mut taken, &name, &ask).await? else {
-            return ask.not_granted();
-        };
-        let (held, token) = self.draw_token(taken, name, ask.note).await?;
-        // The lease runs from when the server locked the row (its idle clock started
-        // then), or from the last heartbeat of a lock-delay wait.
-        let granted_at = if self.options.lock_delay.is_zero() {
-            locked_at
-        } else {
-            match self.usable(&held, ask.ttl, ask.deadline).await? {
-                Usable::AtOnce => locked_at,
-                Usable::After(heartbeat) => heartbeat,
-                Usable::HandedOn => return ask.not_granted(),
-            }
-        };
-        let owner = OwnerToken::random();
-        self.held().insert(owner, held);
-        Ok(Some(Lease::new(
-            ask.key,
-            owner,
-            FencingToken::new(token),
-            ask.ttl,
-            granted_at,
-        )))
-    }
-
     /// A connection of the lock's own, not past the deadline.
     async fn take_connection(&self, ask: &Ask<'_>) -> Result<Taken, LockError> {
         let connection = match self.connection(ask.deadline).await {
@@ -886,14 +844,46 @@ impl MySqlRowBackend {
 
 #[async_trait]
 impl LockBackend for MySqlRowBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(Ask::new(key, ttl, deadline, note)).await
+    /// Takes the lock: waits in the server's queue until `deadline`, or not at all when
+    /// `deadline` is `None` (then `Ok(None)` when it is held). The steps: the key's turn
+    /// in this process, a connection of its own, the row's lock (the server's queue of
+    /// waiters), the fencing token, the lock-delay.
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+        let name = self.name(ask.key)?;
+        self.ensure_schema().await?;
+        let Some(_turn) = self
+            .turns
+            .wait(&name, ask.deadline)
+            .await
+            .map_err(|()| ask.timed_out())?
+        else {
+            return Ok(None);
+        };
+        let mut taken = self.take_connection(&ask).await?;
+        let Some(locked_at) = self.lock_row(&mut taken, &name, &ask).await? else {
+            return ask.not_granted();
+        };
+        let (held, token) = self.draw_token(taken, name, ask.note).await?;
+        // The lease runs from when the server locked the row (its idle clock started
+        // then), or from the last heartbeat of a lock-delay wait.
+        let granted_at = if self.options.lock_delay.is_zero() {
+            locked_at
+        } else {
+            match self.usable(&held, ask.ttl, ask.deadline).await? {
+                Usable::AtOnce => locked_at,
+                Usable::After(heartbeat) => heartbeat,
+                Usable::HandedOn => return ask.not_granted(),
+            }
+        };
+        let owner = OwnerToken::random();
+        self.held().insert(owner, held);
+        Ok(Some(Lease::new(
+            ask.key,
+            owner,
+            FencingToken::new(token),
+            ask.ttl,
+            granted_at,
+        )))
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

@@ -242,10 +242,13 @@ impl MySqlTableBackend {
             Ok(id)
         })
     }
+}
 
+#[async_trait]
+impl LockBackend for MySqlTableBackend {
     /// Takes the lock: waits for the key's turn in this process, then polls the table
     /// until a grant (or once, without a deadline).
-    async fn take(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
+    async fn acquire(&self, ask: Ask<'_>) -> Result<Option<Lease>, LockError> {
         let name = self.name(ask.key)?;
         self.ensure_schema().await?;
         let Some((turn, _turn)) = self
@@ -281,19 +284,6 @@ impl MySqlTableBackend {
             ask.ttl,
             asked_at,
         )))
-    }
-}
-
-#[async_trait]
-impl LockBackend for MySqlTableBackend {
-    async fn acquire(
-        &self,
-        key: &str,
-        ttl: Duration,
-        deadline: Option<Instant>,
-        note: &str,
-    ) -> Result<Option<Lease>, LockError> {
-        self.take(Ask::new(key, ttl, deadline, note)).await
     }
 
     async fn holder_note(&self, key: &str) -> Result<Option<String>, LockError> {

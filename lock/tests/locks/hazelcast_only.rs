@@ -129,13 +129,13 @@ async fn lock_delay_holds_a_vanished_holders_key() {
 /// its locks at once instead of a session's time to live later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_backend_dropped_closes_its_session_and_frees_its_locks() {
-    use lock::LockBackend;
+    use lock::{Ask, LockBackend};
     let options = own_namespace();
     let leaving = open(&shared_url(), &options);
     let staying = LockService::from_arc(open(&shared_url(), &options));
     // A grant without a guard: nothing but the session's close can free it.
     let _lease = leaving
-        .acquire("k", SECOND, None, "")
+        .acquire(Ask::new("k", SECOND, None, ""))
         .await
         .unwrap()
         .unwrap();
