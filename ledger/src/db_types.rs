@@ -3,11 +3,10 @@
 
 use sqlx::encode::IsNull;
 use sqlx::error::BoxDynError;
-use sqlx::postgres::{PgArgumentBuffer, PgHasArrayType, PgTypeInfo, PgValueRef};
+use sqlx::postgres::{PgArgumentBuffer, PgTypeInfo, PgValueRef};
 use sqlx::sqlite::{SqliteArgumentsBuffer, SqliteTypeInfo, SqliteValueRef};
-use sqlx::{Database, Decode, Encode, Postgres, Sqlite, Type};
+use sqlx::{Decode, Encode, Postgres, Sqlite, Type};
 use time::OffsetDateTime;
-use uuid::Uuid;
 
 /// A point in time, to the microsecond: `TIMESTAMPTZ` in PostgreSQL, `INTEGER`
 /// microseconds since the Unix epoch in SQLite (where text timestamps of varying precision
@@ -110,72 +109,98 @@ impl<'q> Encode<'q, Sqlite> for JsonText<'q> {
     }
 }
 
-/// The identifiers (a UUID in a newtype) as columns of either database: each is the UUID
-/// it holds — what `#[derive(sqlx::Type)] #[sqlx(transparent)]` would write, without
-/// sqlx's proc-macro crate and the second compile of sqlx it brings (see `build.rs`).
-macro_rules! uuid_columns {
-    ($($id:path),* $(,)?) => {$(
-        impl<DB: Database> Type<DB> for $id
+/// Defines an identifier: a UUID in a newtype, compared, hashed and (de)serialised as the
+/// UUID, shown as it, with `random()` for a fresh one — and a column of either database,
+/// the UUID it holds: what `#[derive(sqlx::Type)] #[sqlx(transparent)]` would write,
+/// without sqlx's proc-macro crate and the second compile of sqlx it brings (see
+/// `build.rs`). The doc comment written before `struct` is the type's own.
+macro_rules! identifier {
+    ($(#[$meta:meta])* $vis:vis struct $id:ident;) => {
+        $(#[$meta])*
+        #[derive(
+            Clone,
+            Copy,
+            Debug,
+            PartialEq,
+            Eq,
+            Hash,
+            PartialOrd,
+            Ord,
+            ::serde::Serialize,
+            ::serde::Deserialize,
+        )]
+        #[serde(transparent)]
+        $vis struct $id(pub ::uuid::Uuid);
+
+        impl $id {
+            /// A fresh random identifier.
+            pub fn random() -> Self {
+                Self(::uuid::Uuid::new_v4())
+            }
+        }
+
+        impl ::std::fmt::Display for $id {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Display::fmt(&self.0, f)
+            }
+        }
+
+        impl<DB: ::sqlx::Database> ::sqlx::Type<DB> for $id
         where
-            Uuid: Type<DB>,
+            ::uuid::Uuid: ::sqlx::Type<DB>,
         {
             fn type_info() -> DB::TypeInfo {
-                <Uuid as Type<DB>>::type_info()
+                <::uuid::Uuid as ::sqlx::Type<DB>>::type_info()
             }
 
             fn compatible(ty: &DB::TypeInfo) -> bool {
-                <Uuid as Type<DB>>::compatible(ty)
+                <::uuid::Uuid as ::sqlx::Type<DB>>::compatible(ty)
             }
         }
 
-        impl<'q, DB: Database> Encode<'q, DB> for $id
+        impl<'q, DB: ::sqlx::Database> ::sqlx::Encode<'q, DB> for $id
         where
-            Uuid: Encode<'q, DB>,
+            ::uuid::Uuid: ::sqlx::Encode<'q, DB>,
         {
             fn encode_by_ref(
                 &self,
-                buf: &mut <DB as Database>::ArgumentBuffer,
-            ) -> Result<IsNull, BoxDynError> {
-                <Uuid as Encode<'q, DB>>::encode_by_ref(&self.0, buf)
+                buf: &mut <DB as ::sqlx::Database>::ArgumentBuffer,
+            ) -> Result<::sqlx::encode::IsNull, ::sqlx::error::BoxDynError> {
+                <::uuid::Uuid as ::sqlx::Encode<'q, DB>>::encode_by_ref(&self.0, buf)
             }
 
             fn produces(&self) -> Option<DB::TypeInfo> {
-                <Uuid as Encode<'q, DB>>::produces(&self.0)
+                <::uuid::Uuid as ::sqlx::Encode<'q, DB>>::produces(&self.0)
             }
 
             fn size_hint(&self) -> usize {
-                <Uuid as Encode<'q, DB>>::size_hint(&self.0)
+                <::uuid::Uuid as ::sqlx::Encode<'q, DB>>::size_hint(&self.0)
             }
         }
 
-        impl<'r, DB: Database> Decode<'r, DB> for $id
+        impl<'r, DB: ::sqlx::Database> ::sqlx::Decode<'r, DB> for $id
         where
-            Uuid: Decode<'r, DB>,
+            ::uuid::Uuid: ::sqlx::Decode<'r, DB>,
         {
-            fn decode(value: <DB as Database>::ValueRef<'r>) -> Result<Self, BoxDynError> {
-                Ok(Self(<Uuid as Decode<'r, DB>>::decode(value)?))
+            fn decode(
+                value: <DB as ::sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, ::sqlx::error::BoxDynError> {
+                Ok(Self(<::uuid::Uuid as ::sqlx::Decode<'r, DB>>::decode(value)?))
             }
         }
 
-        impl PgHasArrayType for $id {
-            fn array_type_info() -> PgTypeInfo {
-                <Uuid as PgHasArrayType>::array_type_info()
+        impl ::sqlx::postgres::PgHasArrayType for $id {
+            fn array_type_info() -> ::sqlx::postgres::PgTypeInfo {
+                <::uuid::Uuid as ::sqlx::postgres::PgHasArrayType>::array_type_info()
             }
         }
-    )*};
+    };
 }
 
-uuid_columns!(
-    crate::model::AccountId,
-    crate::model::TicketId,
-    crate::model::OrderId,
-    crate::model::PayoutId,
-    crate::webhooks::EndpointId,
-    crate::webhooks::EventId,
-);
+pub(crate) use identifier;
 
 /// A struct read from a row by column name, one field a column of the same name, on
-/// either database — what `#[derive(sqlx::FromRow)]` would write (see `uuid_columns`).
+/// either database — what `#[derive(sqlx::FromRow)]` would write (see `identifier`).
 macro_rules! from_row {
     ($(#[$meta:meta])* $vis:vis struct $name:ident {
         $($(#[$field_meta:meta])* $field_vis:vis $field:ident: $ty:ty),* $(,)?

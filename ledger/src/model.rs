@@ -5,60 +5,34 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use time::OffsetDateTime;
-use uuid::Uuid;
 
+use crate::db_types::identifier;
 use crate::lottery::Prize;
 
 /// The largest amount one request may move, in minor units (and the largest number of
 /// points one draw may spend).
 pub const MAX_AMOUNT: i64 = 1_000_000_000_000;
 
-/// An account's identifier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct AccountId(pub Uuid);
-
-/// A ticket's identifier: the idempotency key of one spend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct TicketId(pub Uuid);
-
-/// An order's identifier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct OrderId(pub Uuid);
-
-impl OrderId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
+identifier! {
+    /// An account's identifier.
+    pub struct AccountId;
 }
 
-impl std::fmt::Display for OrderId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
+identifier! {
+    /// A ticket's identifier: the idempotency key of one spend.
+    pub struct TicketId;
 }
 
-/// A payout's identifier; the bank's idempotency key is derived from it
-/// ([`Payout::bank_key`](crate::payouts::Payout::bank_key)), so every attempt of one payout
-/// carries the same key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PayoutId(pub Uuid);
-
-impl PayoutId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
+identifier! {
+    /// An order's identifier.
+    pub struct OrderId;
 }
 
-impl fmt::Display for PayoutId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
+identifier! {
+    /// A payout's identifier; the bank's idempotency key is derived from it
+    /// ([`Payout::bank_key`](crate::payouts::Payout::bank_key)), so every attempt of one payout
+    /// carries the same key.
+    pub struct PayoutId;
 }
 
 /// The most bytes a destination has.
@@ -118,32 +92,6 @@ impl fmt::Debug for Destination {
 impl fmt::Display for Destination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
-    }
-}
-
-impl AccountId {
-    /// A fresh random identifier.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
-}
-
-impl TicketId {
-    /// A fresh random identifier.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
-}
-
-impl std::fmt::Display for AccountId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl std::fmt::Display for TicketId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.0.fmt(f)
     }
 }
 

@@ -9,14 +9,13 @@
 //! kind `webhook` (a [`DeliveryJob`] once claimed), leased and fenced by its attempts like
 //! a payout's. `events.rs` holds the statements.
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use time::OffsetDateTime;
 use time::format_description::well_known::Rfc3339;
-use uuid::Uuid;
 
+use crate::db_types::identifier;
 use crate::model::{AccountId, EntryKind, OutcomeKind, TicketId};
 
 /// The most endpoints an account may have at once.
@@ -106,41 +105,15 @@ impl Subscription {
     }
 }
 
-/// An endpoint's identifier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct EndpointId(pub Uuid);
-
-impl EndpointId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
+identifier! {
+    /// An endpoint's identifier.
+    pub struct EndpointId;
 }
 
-impl fmt::Display for EndpointId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-/// An event's identifier: the `webhook-id` of every delivery of it, on every attempt —
-/// the receiver's key for dropping a repeat.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct EventId(pub Uuid);
-
-impl EventId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        Self(Uuid::new_v4())
-    }
-}
-
-impl fmt::Display for EventId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
+identifier! {
+    /// An event's identifier: the `webhook-id` of every delivery of it, on every attempt —
+    /// the receiver's key for dropping a repeat.
+    pub struct EventId;
 }
 
 /// An endpoint to create; its secret is sealed by the caller, who alone holds the key.
@@ -380,6 +353,8 @@ pub struct WebhookBacklog {
 
 #[cfg(test)]
 mod tests {
+    use uuid::Uuid;
+
     use super::*;
 
     #[test]
