@@ -438,22 +438,11 @@ impl MemcachedBackend {
 
     /// Adds the lock's item if it is absent: its CAS value, or `None` when it is there.
     async fn add(&self, item: &str, note: &str, ttl: Duration) -> Result<Option<u64>, LockError> {
-        let added = self
-            .request(&Command::Set {
-                key: item,
-                value: note.as_bytes(),
-                flags: vec![self.ttl(ttl), "ME".to_owned(), "c".to_owned()],
-            })
-            .await;
-        match added.and_then(refused_by_status) {
-            Ok(Some(value)) => value
-                .cas
-                .map(Some)
-                .ok_or_else(|| LockError::unavailable("memcached returned no CAS value")),
-            Ok(None) => Err(LockError::unavailable("memcached returned no CAS value")),
-            Err(Refused::Status(Status::NotStored)) => Ok(None),
-            Err(refused) => Err(refused.into()),
-        }
+        let flags = vec![self.ttl(ttl), "ME".to_owned(), "c".to_owned()];
+        self.set(item, note, flags, |status| {
+            matches!(status, Status::NotStored)
+        })
+        .await
     }
 
     /// Rewrites the lock's item under `cas` with a new TTL: its new CAS, or `None` if the
@@ -465,20 +454,39 @@ impl MemcachedBackend {
         note: &str,
         ttl: Duration,
     ) -> Result<Option<u64>, LockError> {
-        let rewritten = self
+        let flags = vec![self.ttl(ttl), format!("C{cas}"), "c".to_owned()];
+        self.set(item, note, flags, |status| {
+            matches!(
+                status,
+                Status::Exists | Status::NotFound | Status::NotStored
+            )
+        })
+        .await
+    }
+
+    /// Sets the lock's item to `note` under `flags` (its TTL and the condition): its new
+    /// CAS, or `None` when memcached did not store it for a reason `not_stored` accepts.
+    async fn set(
+        &self,
+        item: &str,
+        note: &str,
+        flags: Vec<String>,
+        not_stored: fn(&Status) -> bool,
+    ) -> Result<Option<u64>, LockError> {
+        let set = self
             .request(&Command::Set {
                 key: item,
                 value: note.as_bytes(),
-                flags: vec![self.ttl(ttl), format!("C{cas}"), "c".to_owned()],
+                flags,
             })
             .await;
-        match rewritten.and_then(refused_by_status) {
+        match set.and_then(refused_by_status) {
             Ok(Some(value)) => value
                 .cas
                 .map(Some)
                 .ok_or_else(|| LockError::unavailable("memcached returned no CAS value")),
             Ok(None) => Err(LockError::unavailable("memcached returned no CAS value")),
-            Err(Refused::Status(Status::Exists | Status::NotFound | Status::NotStored)) => Ok(None),
+            Err(Refused::Status(status)) if not_stored(&status) => Ok(None),
             Err(refused) => Err(refused.into()),
         }
     }
