@@ -48,6 +48,7 @@ use self::client::pb::{Compare, RangeRequest, RequestOp, TxnRequest, TxnResponse
 use self::client::{Etcd, Members, deleted_or_cancelled};
 use crate::backend::{Ask, DEFAULT_OP_TIMEOUT, Lease, LockBackend, LockOptions, Sessions};
 use crate::error::LockError;
+use crate::open::host_urls;
 use crate::token::{FencingToken, OwnerToken};
 
 pub(crate) mod client;
@@ -248,11 +249,7 @@ impl EtcdBackend {
         };
         let root = root.trim_end_matches('/');
         let root = if root.is_empty() { "/payonce" } else { root };
-        let endpoints: Vec<String> = hosts
-            .split(',')
-            .filter(|host| !host.is_empty())
-            .map(|host| format!("http://{host}"))
-            .collect();
+        let endpoints = host_urls(hosts, "http://");
         if endpoints.is_empty() {
             return Err(LockError::Invalid(format!("bad etcd URL: {url}")));
         }

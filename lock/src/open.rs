@@ -215,6 +215,16 @@ fn etcd(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
     )?))
 }
 
+/// The servers a URL lists as `host:port[,host:port…]`, each as `prefix` (a scheme, and
+/// any credentials) followed by the host; empty entries are skipped.
+pub(crate) fn host_urls(hosts: &str, prefix: &str) -> Vec<String> {
+    hosts
+        .split(',')
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("{prefix}{host}"))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

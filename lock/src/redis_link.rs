@@ -27,6 +27,8 @@ use redis::sentinel::SentinelClient;
 use redis::{Client, Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::OnceCell;
 
+use crate::open::host_urls;
+
 /// Hash slots in a Redis Cluster.
 const SLOTS: u16 = 16384;
 
@@ -217,11 +219,7 @@ pub(crate) fn cluster_nodes(url: &str) -> Result<Vec<String>, String> {
     if hosts.contains('/') {
         return Err("a Redis Cluster has one database: no /<db> in a redis-cluster:// URL".into());
     }
-    let nodes: Vec<String> = hosts
-        .split(',')
-        .filter(|host| !host.is_empty())
-        .map(|host| format!("redis://{credentials}{host}"))
-        .collect();
+    let nodes = host_urls(hosts, &format!("redis://{credentials}"));
     if nodes.is_empty() {
         return Err(format!("{url:?} names no cluster node"));
     }
@@ -256,11 +254,7 @@ pub(crate) fn sentinel_parts(url: &str) -> Result<SentinelUrl, String> {
         }
         None => (None, hosts),
     };
-    let sentinels: Vec<String> = hosts
-        .split(',')
-        .filter(|host| !host.is_empty())
-        .map(|host| format!("redis://{host}"))
-        .collect();
+    let sentinels = host_urls(hosts, "redis://");
     if sentinels.is_empty() {
         return Err(format!("{url:?} names no sentinel"));
     }
