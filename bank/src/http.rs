@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
+use axum::extract::rejection::{BytesRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Extension, FromRequestParts, Path, Query, State};
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -472,24 +473,28 @@ fn key_closed() -> Problem {
     )
 }
 
-fn key_from_path(path: Result<Path<String>, PathRejection>) -> Result<IdempotencyKey, Problem> {
-    let Path(raw) = path.map_err(|rejection| {
-        Problem::bad_request("invalid-idempotency-key", rejection.body_text())
-    })?;
-    IdempotencyKey::parse(&raw)
-        .map_err(|invalid| Problem::bad_request("invalid-idempotency-key", invalid.0))
+/// The idempotency key a transfer's path names (`/v1/transfers/{key}`); a path without a
+/// valid one is refused with 400 `invalid-idempotency-key`.
+struct KeyInPath(IdempotencyKey);
+
+impl<S: Send + Sync> FromRequestParts<S> for KeyInPath {
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|rejection| {
+                Problem::bad_request("invalid-idempotency-key", rejection.body_text())
+            })?;
+        IdempotencyKey::parse(&raw)
+            .map(Self)
+            .map_err(|invalid| Problem::bad_request("invalid-idempotency-key", invalid.0))
+    }
 }
 
 /// `GET /v1/transfers/{key}`: the transfer under the key, or 404 — `transfer-not-found`
 /// (none yet) or `idempotency-key-closed` (none, and none ever will be).
-async fn get_transfer(
-    State(app): State<Arc<App>>,
-    path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let key = match key_from_path(path) {
-        Ok(key) => key,
-        Err(problem) => return problem.into_response(),
-    };
+async fn get_transfer(State(app): State<Arc<App>>, KeyInPath(key): KeyInPath) -> Response {
     match app.store.find(&key).await {
         Ok(Some(record)) => match record.view() {
             Some(view) => axum::Json(view).into_response(),
@@ -523,14 +528,7 @@ pub struct ClosedKey {
 
 /// `POST /v1/transfers/{key}/close`: 200 with the closed key, or with the transfer that
 /// holds the key already. Idempotent.
-async fn close_key(
-    State(app): State<Arc<App>>,
-    path: Result<Path<String>, PathRejection>,
-) -> Response {
-    let key = match key_from_path(path) {
-        Ok(key) => key,
-        Err(problem) => return problem.into_response(),
-    };
+async fn close_key(State(app): State<Arc<App>>, KeyInPath(key): KeyInPath) -> Response {
     match app.store.close(&key).await {
         Ok(record) => match record.view() {
             Some(view) => axum::Json(view).into_response(),
