@@ -101,15 +101,10 @@ impl Guard {
         Guard::Fenced,
     ];
 
-    /// Its name in the table and on the command line.
+    /// Its name in the table and on the command line: the name of the strategy it asks
+    /// for.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::SetnxExpire => "setnx-expire",
-            Self::Getset => "getset",
-            Self::Unfenced => "unfenced",
-            Self::Fenced => "fenced",
-        }
+        Strategy::from(self).name()
     }
 
     /// Parses a name.
@@ -146,6 +141,20 @@ impl Strategy {
             Self::Unfenced => "unfenced",
             Self::Redlock => "redlock",
             Self::Fenced => "fenced",
+        }
+    }
+}
+
+/// The strategy a guard asks for from a lock service with fencing tokens (Redlock's
+/// unfenced guard is [`Strategy::Redlock`]: see [`Line::strategy`]).
+impl From<Guard> for Strategy {
+    fn from(guard: Guard) -> Self {
+        match guard {
+            Guard::None => Self::None,
+            Guard::SetnxExpire => Self::SetnxExpire,
+            Guard::Getset => Self::Getset,
+            Guard::Unfenced => Self::Unfenced,
+            Guard::Fenced => Self::Fenced,
         }
     }
 }
@@ -189,12 +198,8 @@ impl Line {
     /// What payonce is asked for.
     pub fn strategy(self) -> Strategy {
         match (self.service, self.guard) {
-            (_, Guard::None) => Strategy::None,
-            (_, Guard::SetnxExpire) => Strategy::SetnxExpire,
-            (_, Guard::Getset) => Strategy::Getset,
             (Service::Redlock, Guard::Unfenced) => Strategy::Redlock,
-            (_, Guard::Unfenced) => Strategy::Unfenced,
-            (_, Guard::Fenced) => Strategy::Fenced,
+            (_, guard) => Strategy::from(guard),
         }
     }
 
@@ -647,5 +652,28 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
             .count(),
         skipped: None,
         ..Row::skipped(line, fault, "")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The guards keep their names, each the name of the strategy it asks for, save
+    /// Redlock's unfenced row, which asks for Redlock.
+    #[test]
+    fn a_guard_is_named_as_the_strategy_it_asks_for() {
+        assert_eq!(
+            Guard::ALL.map(Guard::name),
+            ["none", "setnx-expire", "getset", "unfenced", "fenced"]
+        );
+        for line in Line::all() {
+            let strategy = line.strategy();
+            if line.service == Service::Redlock && line.guard == Guard::Unfenced {
+                assert_eq!(strategy, Strategy::Redlock);
+            } else {
+                assert_eq!(strategy.name(), line.guard.name());
+            }
+        }
     }
 }
