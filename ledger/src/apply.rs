@@ -4,7 +4,7 @@
 //! check, write the entry and store the outcome; an order payment under its order's lock.
 
 use serde_json::Value;
-use sqlx::{Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
 use crate::batch::{self, Batcher};
 use crate::db_types::{JsonText, Timestamp};
@@ -155,7 +155,6 @@ impl Planned {
 impl<D> SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Type<D>,

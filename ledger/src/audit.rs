@@ -8,8 +8,9 @@
 use std::sync::LazyLock;
 
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, IntoArguments, Pool, Type};
+use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, Pool, Type};
 
+use crate::dialect::Dialect;
 use crate::error::LedgerError;
 use crate::model::{AccountId, EntryKind, OrderId, OutcomeKind, TicketId};
 use crate::payouts::PayoutId;
@@ -334,8 +335,7 @@ fn violation(
 
 impl<D> Audit<'_, D>
 where
-    D: Database,
-    D::Arguments: IntoArguments<D>,
+    D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'r> i64: Decode<'r, D> + Type<D>,
     for<'r> i32: Decode<'r, D> + Type<D>,

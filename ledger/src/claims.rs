@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::{Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{Encode, Executor, FromRow, Type};
 
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
@@ -31,7 +31,6 @@ pub(crate) struct Claim<D: sqlx::Database, R> {
 impl<D> SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,

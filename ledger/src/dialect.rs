@@ -3,12 +3,14 @@
 //! PostgreSQL and SQLite. Everything else is one text for both (`$1`-style parameters
 //! work in both).
 
-use sqlx::Database;
+use sqlx::{Database, IntoArguments};
 
 use crate::rows::{order_columns, ticket_columns};
 
 /// What differs between the two databases.
-pub(crate) trait Dialect: Database {
+/// Its arguments go into a query: said once here, where every generic statement needs it
+/// (a bound on an associated type in the supertrait is implied wherever `D: Dialect` is).
+pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// Opens a transaction that will write. SQLite takes the write lock up front, so two
     /// writers never deadlock upgrading from a read.
     const BEGIN_WRITE: &'static str;

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Row, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Row, Type};
 
 use crate::claims::Claim;
 use crate::db_types::{Timestamp, from_row};
@@ -371,7 +371,6 @@ pub(crate) async fn record_event<D>(
 ) -> Result<(), sqlx::Error>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> AccountId: Encode<'q, D> + Type<D>,
@@ -412,7 +411,6 @@ pub(crate) async fn announce_outcome<D>(
 ) -> Result<(), sqlx::Error>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> AccountId: Encode<'q, D> + Type<D>,
@@ -448,7 +446,6 @@ pub(crate) fn recordable(text: &str) -> std::borrow::Cow<'_, str> {
 impl<D> SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,

@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 
 use crate::creates::{CreationRow, NewCreation};
 use crate::db_types::Timestamp;
@@ -57,7 +57,6 @@ const CREATION: &str = "
 impl<D> SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Type<D>,

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 
 use crate::claims::Claim;
 use crate::db_types::{Timestamp, from_row};
@@ -174,7 +174,6 @@ impl TryFrom<PayoutRow> for Payout {
 impl<D> SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::{ColumnIndex, Decode, Encode, Executor, IntoArguments, Pool, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, Pool, Type};
 
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
@@ -23,7 +23,6 @@ pub(crate) async fn reap<D>(
 ) -> Result<(u64, u64, u64), LedgerError>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,

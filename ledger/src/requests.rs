@@ -21,7 +21,7 @@
 
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{Encode, Executor, FromRow, Type};
 use uuid::Uuid;
 
 use crate::creates::{CreateKey, CreateScope};
@@ -122,7 +122,6 @@ impl<'a> KeptKey<'a> {
     ) -> Result<Option<RequestRow>, LedgerError>
     where
         D: Dialect,
-        D::Arguments: IntoArguments<D>,
         for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
         for<'q> Vec<u8>: Encode<'q, D> + Type<D>,
         for<'r> RequestRow: FromRow<'r, D::Row>,
@@ -143,7 +142,6 @@ impl<'a> KeptKey<'a> {
     ) -> Result<Option<RequestRow>, LedgerError>
     where
         D: Dialect,
-        D::Arguments: IntoArguments<D>,
         for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
         for<'q> Vec<u8>: Encode<'q, D> + Type<D>,
         for<'q> Option<Vec<u8>>: Encode<'q, D>,

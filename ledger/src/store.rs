@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 use time::OffsetDateTime;
 
 use crate::audit::{Audit, Violation};
@@ -192,7 +192,6 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
 impl<D> Store for SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> Option<TicketId>: Encode<'q, D>,
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,

@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::types::Json;
-use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, IntoArguments, Type};
+use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
@@ -45,7 +45,6 @@ pub(crate) trait Unguarded: Send + Sync {
 impl<D> Unguarded for SqlStore<D>
 where
     D: Dialect,
-    D::Arguments: IntoArguments<D>,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Type<D>,
