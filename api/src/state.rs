@@ -8,7 +8,6 @@ use ledger::{Ledger, LedgerError, LedgerOptions};
 use lock::LockService;
 
 #[cfg(feature = "demo")]
-use crate::config::LockUrl;
 #[cfg(feature = "demo")]
 use crate::config::Strategy;
 use crate::config::{Config, ConfigError, Mode, OperatorKey};
@@ -272,14 +271,13 @@ impl AppState {
 #[cfg(feature = "demo")]
 fn recipes(config: &Config) -> Result<Recipes, StartError> {
     match config.mode()? {
-        Mode::Distributed {
-            locks: LockUrl::Redis(url),
-            ..
-        } => Ok(Recipes::open(
-            &url,
-            &config.lock.redlock_urls,
-            &config.redis_namespace,
-        )?),
+        Mode::Distributed { locks, .. } if locks.kind() == lock::LockServiceKind::Redis => {
+            Ok(Recipes::open(
+                locks.url(),
+                &config.lock.redlock_urls,
+                &config.redis_namespace,
+            )?)
+        }
         _ => Ok(Recipes::default()),
     }
 }

@@ -13,8 +13,12 @@ use crate::service::LockService;
 /// A lock service a URL can name, by its scheme.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LockServiceKind {
-    /// `redis://`, `rediss://`, `redis-cluster://`, `redis-sentinel://`.
+    /// `redis://`, `rediss://`: one server.
     Redis,
+    /// `redis-cluster://host:port[,host:port…]`: a Redis Cluster.
+    RedisCluster,
+    /// `redis-sentinel://host:port[,host:port…]/<master>`: the master Redis Sentinel names.
+    RedisSentinel,
     /// `zk://`.
     ZooKeeper,
     /// `etcd://`.
@@ -33,8 +37,10 @@ pub enum LockServiceKind {
 
 impl LockServiceKind {
     /// Every kind, in the order the docs list them.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 10] = [
         Self::Redis,
+        Self::RedisCluster,
+        Self::RedisSentinel,
         Self::ZooKeeper,
         Self::Etcd,
         Self::Postgres,
@@ -44,11 +50,17 @@ impl LockServiceKind {
         Self::Hazelcast,
     ];
 
-    /// The service `url` names by its scheme, whether or not this build has it.
-    pub fn of_url(url: &str) -> Result<Self, LockError> {
+    /// The schemes that name a lock service, as an error lists them.
+    pub const SCHEMES: &'static str = "redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://";
+
+    /// The service `url` names by its scheme, whether or not this build has it; `None` for
+    /// a scheme that names none.
+    pub fn of_scheme(url: &str) -> Option<Self> {
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        Ok(match scheme {
-            "redis" | "rediss" | "redis-cluster" | "redis-sentinel" => Self::Redis,
+        Some(match scheme {
+            "redis" | "rediss" => Self::Redis,
+            "redis-cluster" => Self::RedisCluster,
+            "redis-sentinel" => Self::RedisSentinel,
             "zk" => Self::ZooKeeper,
             "etcd" => Self::Etcd,
             "postgres" | "postgresql" => Self::Postgres,
@@ -56,18 +68,57 @@ impl LockServiceKind {
             "mysql-row" => Self::MySqlRow,
             "memcache" | "memcached" => Self::Memcached,
             "hazelcast" => Self::Hazelcast,
-            _ => {
-                return Err(LockError::Invalid(format!(
-                    "a lock URL starts with redis://, rediss://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {scheme:?}"
-                )));
-            }
+            _ => return None,
         })
+    }
+
+    /// The service `url` names by its scheme, whether or not this build has it.
+    pub fn of_url(url: &str) -> Result<Self, LockError> {
+        Self::of_scheme(url).ok_or_else(|| {
+            let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+            LockError::Invalid(format!(
+                "a lock URL starts with {}, got {scheme:?}",
+                Self::SCHEMES
+            ))
+        })
+    }
+
+    /// The service's name, as printed.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "Redis",
+            Self::RedisCluster => "Redis Cluster",
+            Self::RedisSentinel => "Redis Sentinel",
+            Self::ZooKeeper => "ZooKeeper",
+            Self::Etcd => "etcd",
+            Self::Postgres => "PostgreSQL",
+            Self::MySqlTable => "MySQL (lock table)",
+            Self::MySqlRow => "MySQL (row locks)",
+            Self::Memcached => "memcached",
+            Self::Hazelcast => "Hazelcast",
+        }
+    }
+
+    /// The service's name as a metric label (`lock_service`).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::RedisCluster => "redis_cluster",
+            Self::RedisSentinel => "redis_sentinel",
+            Self::ZooKeeper => "zookeeper",
+            Self::Etcd => "etcd",
+            Self::Postgres => "postgres",
+            Self::MySqlTable => "mysql_table",
+            Self::MySqlRow => "mysql_row",
+            Self::Memcached => "memcached",
+            Self::Hazelcast => "hazelcast",
+        }
     }
 
     /// The cargo feature (of this crate, and of the same name in `api`) that builds it.
     pub fn feature(self) -> &'static str {
         match self {
-            Self::Redis => "redis",
+            Self::Redis | Self::RedisCluster | Self::RedisSentinel => "redis",
             Self::ZooKeeper => "zookeeper",
             Self::Etcd => "etcd",
             Self::Postgres => "postgres",
@@ -80,7 +131,7 @@ impl LockServiceKind {
     /// Whether this build has the service's client.
     pub fn is_built(self) -> bool {
         match self {
-            Self::Redis => cfg!(feature = "redis"),
+            Self::Redis | Self::RedisCluster | Self::RedisSentinel => cfg!(feature = "redis"),
             Self::ZooKeeper => cfg!(feature = "zookeeper"),
             Self::Etcd => cfg!(feature = "etcd"),
             Self::Postgres => cfg!(feature = "postgres"),
@@ -105,7 +156,8 @@ impl LockServiceKind {
     pub fn not_built(self) -> Option<String> {
         (!self.is_built()).then(|| {
             format!(
-                "this build has no {self:?} lock service: build with `--features {feature}` (or `--features all-locks`), e.g. `cargo build --release -p api --features {feature}`",
+                "this build has no {name} lock service: build with `--features {feature}` (or `--features all-locks`), e.g. `cargo build --release -p api --features {feature}`",
+                name = self.name(),
                 feature = self.feature()
             )
         })
@@ -146,8 +198,9 @@ impl LockServiceKind {
 )]
 pub fn open(url: &str, options: &LockOptions) -> Result<LockService, LockError> {
     let locks: LockService = match LockServiceKind::built_for(url)? {
+        // One backend for the three: it reads the topology from the URL.
         #[cfg(feature = "redis")]
-        LockServiceKind::Redis => {
+        LockServiceKind::Redis | LockServiceKind::RedisCluster | LockServiceKind::RedisSentinel => {
             LockService::new(crate::redis_backend::RedisBackend::open(url, options)?)
         }
         #[cfg(feature = "zookeeper")]
@@ -236,12 +289,12 @@ mod tests {
             ("rediss://h:6380", LockServiceKind::Redis, "redis"),
             (
                 "redis-cluster://h:7000,h:7001",
-                LockServiceKind::Redis,
+                LockServiceKind::RedisCluster,
                 "redis",
             ),
             (
                 "redis-sentinel://h:26379/m",
-                LockServiceKind::Redis,
+                LockServiceKind::RedisSentinel,
                 "redis",
             ),
             (
@@ -284,6 +337,8 @@ mod tests {
         for kind in LockServiceKind::ALL {
             let url = match kind {
                 LockServiceKind::Redis => "redis://127.0.0.1:1",
+                LockServiceKind::RedisCluster => "redis-cluster://127.0.0.1:1",
+                LockServiceKind::RedisSentinel => "redis-sentinel://127.0.0.1:1/m",
                 LockServiceKind::ZooKeeper => "zk://127.0.0.1:1",
                 LockServiceKind::Etcd => "etcd://127.0.0.1:1",
                 LockServiceKind::Postgres => "postgres://u@127.0.0.1:1/db",

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use clap::Args;
-use lock::LockOptions;
+use lock::{LockOptions, LockServiceKind};
 
 use crate::config::section::{ConfigError, config_section, duration, mask, shown_by_name};
 
@@ -132,106 +132,59 @@ impl Strategy {
 
 shown_by_name!(Strategy);
 
-/// A lock service, by its URL's scheme.
+/// A lock service and the URL that names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LockUrl {
-    /// `redis://` or `rediss://`.
-    Redis(String),
-    /// `redis-cluster://host:port[,host:port…]`: a Redis Cluster.
-    RedisCluster(String),
-    /// `redis-sentinel://host:port[,host:port…]/<master>`: the master Redis Sentinel names.
-    RedisSentinel(String),
-    /// `zk://`: a ZooKeeper ensemble.
-    ZooKeeper(String),
-    /// `etcd://`: an etcd cluster.
-    Etcd(String),
-    /// `postgres://` or `postgresql://`: PostgreSQL advisory locks.
-    Postgres(String),
-    /// `mysql://`: a lock table in MySQL / MariaDB.
-    MySqlTable(String),
-    /// `mysql-row://`: InnoDB row locks in MySQL / MariaDB.
-    MySqlRow(String),
-    /// `memcache://`: a memcached server.
-    Memcached(String),
-    /// `hazelcast://host:port[,host:port…][/<cp-group>][?cluster=<name>]`: the CP
-    /// Subsystem's FencedLock in a Hazelcast cluster.
-    Hazelcast(String),
+pub struct LockUrl {
+    kind: LockServiceKind,
+    url: String,
 }
 
 impl LockUrl {
     /// Reads a URL by its scheme.
     pub fn parse(url: &str) -> Result<Self, ConfigError> {
+        let Some(kind) = LockServiceKind::of_scheme(url) else {
+            return Err(ConfigError::Invalid(format!(
+                "PAYONCE_LOCK_URL must start with {}, got {}",
+                LockServiceKind::SCHEMES,
+                mask(url)
+            )));
+        };
         // A service this binary was built without is refused here, before anything
         // connects, naming the cargo feature that builds it.
-        if let Ok(kind) = lock::LockServiceKind::of_url(url)
-            && let Some(why) = kind.not_built()
-        {
+        if let Some(why) = kind.not_built() {
             return Err(ConfigError::Invalid(format!("PAYONCE_LOCK_URL: {why}")));
         }
-        let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-        match scheme {
-            Some("redis" | "rediss") => Ok(Self::Redis(url.to_owned())),
-            Some("redis-cluster") => Ok(Self::RedisCluster(url.to_owned())),
-            Some("redis-sentinel") => Ok(Self::RedisSentinel(url.to_owned())),
-            Some("zk") => Ok(Self::ZooKeeper(url.to_owned())),
-            Some("etcd") => Ok(Self::Etcd(url.to_owned())),
-            Some("postgres" | "postgresql") => Ok(Self::Postgres(url.to_owned())),
-            Some("mysql") => Ok(Self::MySqlTable(url.to_owned())),
-            Some("mysql-row") => Ok(Self::MySqlRow(url.to_owned())),
-            Some("memcache" | "memcached") => Ok(Self::Memcached(url.to_owned())),
-            Some("hazelcast") => Ok(Self::Hazelcast(url.to_owned())),
-            _ => Err(ConfigError::Invalid(format!(
-                "PAYONCE_LOCK_URL must start with redis://, redis-cluster://, redis-sentinel://, zk://, etcd://, postgres://, mysql://, mysql-row://, memcache:// or hazelcast://, got {}",
-                mask(url)
-            ))),
+        Ok(Self {
+            kind,
+            url: url.to_owned(),
+        })
+    }
+
+    /// One Redis server (`REDIS_URL`'s).
+    pub fn redis(url: &str) -> Self {
+        Self {
+            kind: LockServiceKind::Redis,
+            url: url.to_owned(),
         }
+    }
+
+    /// Which service.
+    pub fn kind(&self) -> LockServiceKind {
+        self.kind
     }
 
     /// The service's name, as printed.
     pub fn service(&self) -> &'static str {
-        match self {
-            Self::Redis(_) => "Redis",
-            Self::RedisCluster(_) => "Redis Cluster",
-            Self::RedisSentinel(_) => "Redis Sentinel",
-            Self::ZooKeeper(_) => "ZooKeeper",
-            Self::Etcd(_) => "etcd",
-            Self::Postgres(_) => "PostgreSQL",
-            Self::MySqlTable(_) => "MySQL (lock table)",
-            Self::MySqlRow(_) => "MySQL (row locks)",
-            Self::Memcached(_) => "memcached",
-            Self::Hazelcast(_) => "Hazelcast",
-        }
+        self.kind.name()
     }
 
     /// The service's name as a metric label (`lock_service`).
     pub fn label(&self) -> &'static str {
-        match self {
-            Self::Redis(_) => "redis",
-            Self::RedisCluster(_) => "redis_cluster",
-            Self::RedisSentinel(_) => "redis_sentinel",
-            Self::ZooKeeper(_) => "zookeeper",
-            Self::Etcd(_) => "etcd",
-            Self::Postgres(_) => "postgres",
-            Self::MySqlTable(_) => "mysql_table",
-            Self::MySqlRow(_) => "mysql_row",
-            Self::Memcached(_) => "memcached",
-            Self::Hazelcast(_) => "hazelcast",
-        }
+        self.kind.label()
     }
 
     /// The URL.
     pub fn url(&self) -> &str {
-        match self {
-            Self::Redis(url)
-            | Self::RedisCluster(url)
-            | Self::RedisSentinel(url)
-            | Self::ZooKeeper(url)
-            | Self::Etcd(url)
-            | Self::Postgres(url)
-            | Self::MySqlTable(url)
-            | Self::MySqlRow(url)
-            | Self::Memcached(url)
-            | Self::Hazelcast(url) => url,
-        }
+        &self.url
     }
 }

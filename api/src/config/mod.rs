@@ -199,7 +199,7 @@ impl Config {
                 ))
             }
             (Some(url), _) => LockUrl::parse(url).map(Some),
-            (None, Some(url)) => Ok(Some(LockUrl::Redis(url.clone()))),
+            (None, Some(url)) => Ok(Some(LockUrl::redis(url))),
             (None, None) => Ok(None),
         }
     }
@@ -272,11 +272,8 @@ impl Config {
             Strategy::Fenced | Strategy::None | Strategy::Unfenced
         );
         let on_redis = matches!(
-            mode,
-            Mode::Distributed {
-                locks: LockUrl::Redis(_),
-                ..
-            }
+            &mode,
+            Mode::Distributed { locks, .. } if locks.kind() == ::lock::LockServiceKind::Redis
         );
         if needs_redis && !on_redis {
             return Err(ConfigError::Invalid(format!(
