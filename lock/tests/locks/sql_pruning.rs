@@ -118,9 +118,10 @@ pub const FRESH_KEYS: usize = 10_000;
 pub const RECENT_KEYS: usize = 10;
 
 /// The idle period of [`state_stays_bounded_by_the_keys_in_use`]: long enough for the
-/// recent keys and the pass, never a second less. MySQL's row locks make the slowest
-/// pass — they lock and delete row by row (`per_key` in `lock/src/mysql/row.rs`) — seen
-/// taking up to 7 s for the fresh keys on a loaded two-core machine.
+/// recent keys and the pass on a quiet machine; a longer pass is allowed for. MySQL's row
+/// locks make the slowest pass — they lock and delete row by row (`per_key` in
+/// `lock/src/mysql/row.rs`) — seen taking up to 7 s for the fresh keys on a loaded
+/// two-core machine, 13 s on a busier one.
 const BOUNDED_IDLE: Duration = Duration::from_secs(8);
 
 /// [`FRESH_KEYS`] fresh keys (as orders make them: each locked once), each locked and
@@ -153,6 +154,7 @@ pub async fn state_stays_bounded_by_the_keys_in_use(locks: LockService, tables: 
     );
 
     sleep(BOUNDED_IDLE + Duration::from_millis(500)).await;
+    let recent_from = Instant::now();
     let mut recent = BTreeSet::new();
     for order in 0..RECENT_KEYS {
         let key = format!("recent:{order}");
@@ -168,12 +170,24 @@ pub async fn state_stays_bounded_by_the_keys_in_use(locks: LockService, tables: 
         "{FRESH_KEYS} keys locked and released in {locked_in:?}; one pass forgot \
          {forgotten} in {pruned_in:?}; rows per table after it: {after:?}"
     );
-    assert_eq!(forgotten, FRESH_KEYS as u64);
     assert!(
         after.iter().all(|rows| *rows <= RECENT_KEYS as i64),
         "rows per table after pruning: {after:?}"
     );
-    for key in &recent {
-        assert!(tables.rows(Some(key)).await.iter().all(|rows| *rows == 1));
+    // Each batch judges idleness by the database's clock when it runs: a pass that
+    // outlasts the idle period (a loaded machine) may rightly forget a recent key too,
+    // which has by then been idle that long. Only a pass that ended within the idle
+    // period of the recent keys' use must have kept every one of them.
+    if recent_from.elapsed() < BOUNDED_IDLE {
+        assert_eq!(forgotten, FRESH_KEYS as u64);
+        for key in &recent {
+            assert!(tables.rows(Some(key)).await.iter().all(|rows| *rows == 1));
+        }
+    } else {
+        eprintln!("the pass outlasted the idle period: the recent keys were idle long enough");
+        assert!(
+            (FRESH_KEYS as u64..=(FRESH_KEYS + RECENT_KEYS) as u64).contains(&forgotten),
+            "forgot {forgotten}"
+        );
     }
 }
