@@ -8,9 +8,9 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use crate::helpers::{
-    Backend, SHORT_LEASE_DEMO, SendForJson, TestApp, assert_invalid_request, assert_problem, read,
-    spawn_app, spawn_app_with, text_of_type, the_next_holder_after_a_paused_one,
-    thirty_withdrawals_of_100_from_1000,
+    Backend, PATIENT_SPENDS, SHORT_LEASE_DEMO, SendForJson, TestApp, assert_invalid_request,
+    assert_problem, read, spawn_app, spawn_app_with, text_of_type,
+    the_next_holder_after_a_paused_one, thirty_withdrawals_of_100_from_1000,
 };
 
 fn new_account_body(name: &str, balance: i64, points: i64) -> Value {
@@ -735,7 +735,7 @@ pub async fn hundred_concurrent_copies_execute_once(backend: Backend) {
 /// Concurrent withdrawals with distinct tickets that together exceed the balance: exactly
 /// the affordable number succeed, the rest are stored 402s.
 pub async fn concurrent_distinct_tickets_spend_exactly_the_balance(backend: Backend) {
-    let app = spawn_app(backend).await;
+    let app = spawn_app_with(backend, PATIENT_SPENDS).await;
     let ada = thirty_withdrawals_of_100_from_1000(&[&app]).await;
     assert_eq!(app.balance(&ada).await, (0, 0));
     app.assert_audit_clean().await;

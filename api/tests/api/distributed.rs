@@ -8,15 +8,20 @@ use lock::testing::{RedisServer, free_port};
 use reqwest::StatusCode;
 
 use crate::helpers::{
-    Backend, SHORT_LEASE_DEMO, Shared, TestApp, assert_problem, read, spawn_app, spawn_config,
-    spawn_with, the_next_holder_after_a_paused_one, thirty_withdrawals_of_100_from_1000,
+    Backend, PATIENT_SPENDS, SHORT_LEASE_DEMO, Shared, TestApp, assert_problem, read, spawn_app,
+    spawn_config, spawn_with, the_next_holder_after_a_paused_one,
+    thirty_withdrawals_of_100_from_1000,
 };
 
 async fn three_instances() -> Vec<TestApp> {
+    three_instances_with(&[]).await
+}
+
+async fn three_instances_with(extra: &[&str]) -> Vec<TestApp> {
     let shared = Shared::new(Backend::Distributed).await;
     let mut instances = Vec::new();
     for _ in 0..3 {
-        instances.push(spawn_with(shared.clone(), &[]).await);
+        instances.push(spawn_with(shared.clone(), extra).await);
     }
     instances
 }
@@ -56,7 +61,7 @@ async fn three_instances_execute_one_ticket_once() {
 /// Withdrawals with distinct tickets over three instances: exactly the affordable number.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn three_instances_spend_exactly_the_balance() {
-    let instances = three_instances().await;
+    let instances = three_instances_with(PATIENT_SPENDS).await;
     let ada =
         thirty_withdrawals_of_100_from_1000(&[&instances[0], &instances[1], &instances[2]]).await;
     assert_eq!(instances[1].balance(&ada).await, (0, 0));

@@ -559,9 +559,15 @@ impl TestApp {
     }
 }
 
+/// Spends that wait up to 20 s for their account's lock: for the tests that queue many on
+/// one account to count outcomes. Under the default 2 s, the last in a queue of thirty
+/// is answered 409 `account-busy` whenever the machine is slow enough — a true answer, but
+/// not what those tests examine.
+pub const PATIENT_SPENDS: &[&str] = &["--lock-wait", "20s"];
+
 /// 30 withdrawals of 100 at once from an account of 1000, each with a ticket of its own,
-/// spread over `instances` in turn: exactly the affordable 10 are 201 and the other 20
-/// are 402. Returns the account.
+/// spread over `instances` in turn (spawned with [`PATIENT_SPENDS`]): exactly the
+/// affordable 10 are 201 and the other 20 are 402. Returns the account.
 pub async fn thirty_withdrawals_of_100_from_1000(instances: &[&TestApp]) -> TestAccount {
     let ada = instances[0].create_account(1000, 0).await;
     let mut tickets = Vec::new();
