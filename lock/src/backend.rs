@@ -280,13 +280,16 @@ impl LockOptions {
 /// cap, grant, wait for the one ahead) share it rather than five arguments each.
 #[derive(Clone, Copy, Debug)]
 pub struct Ask<'a> {
-    pub(crate) key: &'a str,
-    pub(crate) ttl: Duration,
+    /// The key, as the caller named it (a store adds its namespace).
+    pub key: &'a str,
+    /// The lease a grant carries.
+    pub ttl: Duration,
     /// `None`: take the lock only if that needs no waiting.
-    pub(crate) deadline: Option<Instant>,
-    pub(crate) note: &'a str,
+    pub deadline: Option<Instant>,
+    /// What the holder will be doing.
+    pub note: &'a str,
     /// When the call began, for how long a wait that timed out waited.
-    pub(crate) started: Instant,
+    pub started: Instant,
 }
 
 impl<'a> Ask<'a> {
