@@ -422,6 +422,9 @@ pub async fn waiters_acquire_in_arrival_order(locks: LockService) {
     served_in_arrival_order(&[locks], 8).await;
 }
 
+/// How long each waiter of [`served_in_arrival_order`] holds the lock once served.
+const HELD_IN_LINE: Duration = Duration::from_millis(50);
+
 /// `waiters` waiters, spread over `instances`, queue one after another behind a holder:
 /// asserts they acquire in the order they started waiting.
 pub async fn served_in_arrival_order(instances: &[LockService], waiters: usize) {
@@ -458,7 +461,12 @@ pub async fn served_in_arrival_order(instances: &[LockService], waiters: usize) 
         tasks.push(tokio::spawn(async move {
             let mut guard = acquiring.await.unwrap();
             order.lock().await.push(i);
-            sleep(Duration::from_millis(5)).await;
+            // Held a while: where a process sends one waiter per key to the server at a
+            // time (PostgreSQL, MySQL), its next waiter reaches the server only once its
+            // predecessor released, and must get there before the other process's holder
+            // releases in turn. Held 5 ms, a loaded machine's scheduling let the later
+            // waiter of the other process pass it: a CI run saw [0, 1, 3, 2, 5, 4, …].
+            sleep(HELD_IN_LINE).await;
             assert!(guard.release().await.unwrap());
         }));
         // Long enough for waiter i to be queued before i + 1 starts.
