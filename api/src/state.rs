@@ -8,7 +8,6 @@ use ledger::{Ledger, LedgerError, LedgerOptions};
 use lock::LockService;
 
 #[cfg(feature = "demo")]
-#[cfg(feature = "demo")]
 use crate::config::Strategy;
 use crate::config::{Config, ConfigError, Mode, OperatorKey};
 #[cfg(feature = "demo")]

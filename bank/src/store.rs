@@ -58,7 +58,7 @@ fn migrator(files: &'static [(i64, &'static str, &'static str)]) -> Migrator {
                     Cow::Borrowed(description),
                     MigrationType::Simple,
                     SqlStr::from_static(sql),
-                    false,
+                    sql.starts_with("-- no-transaction"),
                 )
             })
             .collect(),
@@ -440,8 +440,11 @@ mod tests {
     async fn the_embedded_migrations_are_the_directories() {
         let versions = |migrator: &Migrator| {
             let read = migrator.iter();
-            read.map(|m| (m.version, m.description.to_string(), m.checksum.to_vec()))
-                .collect::<Vec<_>>()
+            read.map(|m| {
+                let description = m.description.to_string();
+                (m.version, description, m.checksum.to_vec(), m.no_tx)
+            })
+            .collect::<Vec<_>>()
         };
         for (files, directory) in [
             (POSTGRES_MIGRATIONS, "migrations/postgres"),
