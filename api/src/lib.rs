@@ -1,7 +1,8 @@
 //! The payonce HTTP service.
 //!
 //! # Map
-//! - `main.rs`: the binary — parses [`config::Cli`], then serves, audits or reconciles.
+//! - `main.rs`: the binary — parses [`config::Cli`] and runs [`commands::run`], which
+//!   serves, audits or reconciles.
 //! - [`serve`] (this file): runs the app on a listener until the shutdown future completes,
 //!   with the reaper beside it. Tests call it with a port-0 listener.
 //! - `config/`: flags and environment variables, the mode they select, the start-up
@@ -38,6 +39,7 @@
 
 pub mod auth;
 pub mod bank_fault;
+pub mod commands;
 pub mod config;
 #[cfg(feature = "demo")]
 pub mod demo;
@@ -57,12 +59,14 @@ pub mod webhooks;
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::Request;
+use futures::future::BoxFuture;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -77,11 +81,36 @@ use crate::state::{AppState, Settings};
 /// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
 /// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile, audits
 /// the ledger every `audit_every`, and forgets the rate limits of clients gone quiet.
-pub async fn serve(
+pub fn serve(
     listener: TcpListener,
     state: AppState,
     request_timeout: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
+) -> BoxFuture<'static, std::io::Result<()>> {
+    serving(listener, state, request_timeout, Box::pin(shutdown))
+}
+
+/// Boxed so that the server's state machine is compiled here once: an `async fn`'s is
+/// compiled again in every crate that awaits it (the binary and each test crate would
+/// compile the whole stack — hyper, the router, the workers — once more).
+#[inline(never)]
+fn serving(
+    listener: TcpListener,
+    state: AppState,
+    request_timeout: Duration,
+    shutdown: Shutdown,
+) -> BoxFuture<'static, std::io::Result<()>> {
+    Box::pin(serve_until(listener, state, request_timeout, shutdown))
+}
+
+/// A future to wait for, of one type whatever the caller's.
+type Shutdown = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+async fn serve_until(
+    listener: TcpListener,
+    state: AppState,
+    request_timeout: Duration,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let stopping = CancellationToken::new();
     let reaper = tokio::spawn(reap(state.clone(), stopping.clone()));
@@ -107,7 +136,7 @@ async fn accept(
     listener: TcpListener,
     app: Router,
     settings: &Settings,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    mut shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let graceful = GracefulShutdown::new();
     let connections = Arc::new(Semaphore::new(settings.max_connections));
@@ -116,7 +145,6 @@ async fn accept(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(settings.header_read_timeout);
-    tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
             biased;

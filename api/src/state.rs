@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::HeaderValue;
+use futures::future::BoxFuture;
 use ledger::{Ledger, LedgerError, LedgerOptions};
 use lock::LockService;
 
@@ -166,7 +167,16 @@ impl AppState {
 
     /// Opens the ledger (retrying while the database is unreachable, up to the start-up
     /// timeout) and sets up the locks, in the mode the configuration selects.
-    pub async fn connect(config: &Config) -> Result<Self, StartError> {
+    ///
+    /// Boxed so that its state machine — the ledger's opening and migrations, the lock
+    /// service's connection, the embedded bank — is compiled once, in this library, rather
+    /// than again in every crate that awaits it.
+    #[inline(never)]
+    pub fn connect(config: &Config) -> BoxFuture<'_, Result<Self, StartError>> {
+        Box::pin(Self::connecting(config))
+    }
+
+    async fn connecting(config: &Config) -> Result<Self, StartError> {
         config.validate()?;
         let options = config.ledger.options();
         let lock_options = config.lock.options(&config.redis_namespace);
