@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo clippy -p api --lib --bins --locked -- -D warnings
 cargo clippy -p api --lib --bins --locked --no-default-features -- -D warnings
-for feature in redis zookeeper etcd postgres mysql memcached hazelcast; do
+for feature in redis redis-cluster redis-sentinel zookeeper etcd postgres mysql memcached hazelcast; do
   cargo clippy -p lock --lib --locked --no-default-features --features "$feature" -- -D warnings
 done
 
@@ -31,6 +31,8 @@ refuses() {
     exit 1
   fi
 }
+refuses "--features redis-cluster" DATABASE_URL=postgres://postgres@127.0.0.1:1/payonce PAYONCE_LOCK_URL=redis-cluster://127.0.0.1:7000,127.0.0.1:7001
+refuses "--features redis-sentinel" DATABASE_URL=postgres://postgres@127.0.0.1:1/payonce PAYONCE_LOCK_URL=redis-sentinel://127.0.0.1:26379/payonce
 refuses "--features zookeeper" DATABASE_URL=postgres://postgres@127.0.0.1:1/payonce PAYONCE_LOCK_URL=zk://127.0.0.1:2181/payonce
 refuses "--features etcd" DATABASE_URL=postgres://postgres@127.0.0.1:1/payonce PAYONCE_LOCK_URL=etcd://127.0.0.1:2379/payonce
 refuses "--features mysql" DATABASE_URL=postgres://postgres@127.0.0.1:1/payonce PAYONCE_LOCK_URL=mysql-row://root@127.0.0.1:3306/payonce_locks

@@ -22,7 +22,13 @@ PORTS=${PORTS:-"18181 18182 18183"}
 OUT=target/loadtest
 
 scripts/services.sh
-cargo build --release --locked -p api -p loadtest
+# The default build has the Redis (one server) and PostgreSQL locks; another lock service
+# needs its feature, so a run on one builds them all.
+features=()
+if [ -n "${PAYONCE_LOCK_URL:-}" ]; then
+  features=(--features api/all-locks)
+fi
+cargo build --release --locked -p api -p loadtest "${features[@]}"
 mkdir -p "$OUT"
 
 database="payonce_loadtest_$(date +%s)_$$"

@@ -118,7 +118,9 @@ impl LockServiceKind {
     /// The cargo feature (of this crate, and of the same name in `api`) that builds it.
     pub fn feature(self) -> &'static str {
         match self {
-            Self::Redis | Self::RedisCluster | Self::RedisSentinel => "redis",
+            Self::Redis => "redis",
+            Self::RedisCluster => "redis-cluster",
+            Self::RedisSentinel => "redis-sentinel",
             Self::ZooKeeper => "zookeeper",
             Self::Etcd => "etcd",
             Self::Postgres => "postgres",
@@ -131,7 +133,9 @@ impl LockServiceKind {
     /// Whether this build has the service's client.
     pub fn is_built(self) -> bool {
         match self {
-            Self::Redis | Self::RedisCluster | Self::RedisSentinel => cfg!(feature = "redis"),
+            Self::Redis => cfg!(feature = "redis"),
+            Self::RedisCluster => cfg!(feature = "redis-cluster"),
+            Self::RedisSentinel => cfg!(feature = "redis-sentinel"),
             Self::ZooKeeper => cfg!(feature = "zookeeper"),
             Self::Etcd => cfg!(feature = "etcd"),
             Self::Postgres => cfg!(feature = "postgres"),
@@ -166,9 +170,10 @@ impl LockServiceKind {
 
 /// The lock service `url` names, by its scheme, with at most `options.max_waiters` waiters
 /// per key in this process:
-/// - `redis://` or `rediss://` (one server), `redis-cluster://host:port[,host:port…]`
-///   (any nodes of a cluster), `redis-sentinel://host:port[,host:port…]/<master name>`
-///   (the sentinels): `RedisBackend` (cargo feature `redis`);
+/// - `redis://` or `rediss://` (one server; cargo feature `redis`),
+///   `redis-cluster://host:port[,host:port…]` (any nodes of a cluster; `redis-cluster`),
+///   `redis-sentinel://host:port[,host:port…]/<master name>` (the sentinels;
+///   `redis-sentinel`): `RedisBackend`;
 /// - `zk://host:port[,host:port…][/root]`: `ZooKeeperBackend` (feature `zookeeper`);
 /// - `etcd://host:port[,host:port…][/root]`: `EtcdBackend` (feature `etcd`);
 /// - `postgres://` or `postgresql://`: `PostgresBackend`, advisory locks (feature
@@ -290,12 +295,12 @@ mod tests {
             (
                 "redis-cluster://h:7000,h:7001",
                 LockServiceKind::RedisCluster,
-                "redis",
+                "redis-cluster",
             ),
             (
                 "redis-sentinel://h:26379/m",
                 LockServiceKind::RedisSentinel,
-                "redis",
+                "redis-sentinel",
             ),
             (
                 "zk://h:2181/payonce",

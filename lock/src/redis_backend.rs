@@ -1,4 +1,4 @@
-//! Locks in Redis — one server, or a Redis Cluster (`redis_link.rs`): one script round
+//! Locks in Redis — one server, or a Redis Cluster (`redis_link/`): one script round
 //! trip per acquire, release and renewal; waiters sleep until a release hands the lock to
 //! them over pub/sub.
 
@@ -9,18 +9,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::sentinel::{SentinelClient, SentinelServerType};
-use redis::{
-    Client, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, PushInfo, PushKind,
-    ServerErrorKind, Value,
-};
+use redis::{ErrorKind, FromRedisValue, PushInfo, PushKind, ServerErrorKind, Value};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::{Ask, Lease, LockBackend, LockOptions};
 use crate::error::LockError;
-use crate::redis_link::{self, ClusterLink, Connection, Link, SentinelLink};
+use crate::redis_link::{self, Connection, Link};
 use crate::token::{FencingToken, OwnerToken};
 
 const HAND_OFF: &str = include_str!("scripts/hand_off.lua");
@@ -278,27 +273,7 @@ impl RedisBackend {
             Arc::clone(&subscribed),
             Arc::clone(&subscribed_slots),
         );
-        let link = if url.starts_with("redis-sentinel://") {
-            let sentinels = sentinel_client(url)?;
-            let subscribed = Arc::clone(&subscribed);
-            let connect: redis_link::Connect = Box::new(move |master| {
-                ConnectionManager::new_lazy_with_config(
-                    master,
-                    manager_config(op_timeout, on_push.clone()),
-                )
-            });
-            Link::Sentinel(Arc::new(SentinelLink::new(sentinels, connect, subscribed)))
-        } else if url.starts_with("redis-cluster://") {
-            let nodes = redis_link::cluster_nodes(url).map_err(LockError::Invalid)?;
-            let client = redis_link::cluster_client(&nodes, op_timeout, on_push)
-                .map_err(|error| LockError::Invalid(format!("bad Redis Cluster URL: {error}")))?;
-            Link::Cluster(Arc::new(ClusterLink {
-                client,
-                connection: tokio::sync::OnceCell::new(),
-            }))
-        } else {
-            Link::Server(server_connection(url, op_timeout, on_push)?)
-        };
+        let link = Link::open(url, op_timeout, on_push, &subscribed)?;
         Ok(Self {
             link,
             scripts: Arc::new(Scripts::new()),
@@ -536,68 +511,6 @@ fn push_handler(
         }
         Ok(())
     }
-}
-
-/// The connection manager for the one server at `url` (`redis://host:port/db`): RESP3, so
-/// one multiplexed connection carries pub/sub pushes next to commands; connects lazily.
-fn server_connection(
-    url: &str,
-    op_timeout: Duration,
-    on_push: impl redis::aio::AsyncPushSender,
-) -> Result<ConnectionManager, LockError> {
-    let info = url
-        .into_connection_info()
-        .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let client = Client::open(info.set_redis_settings(settings))
-        .map_err(|error| LockError::Invalid(format!("bad Redis URL: {error}")))?;
-    ConnectionManager::new_lazy_with_config(client, manager_config(op_timeout, on_push))
-        .map_err(|error| LockError::Invalid(format!("Redis client: {error}")))
-}
-
-/// How a connection manager to one server connects, answers, reconnects and hands pub/sub
-/// pushes on.
-fn manager_config(
-    op_timeout: Duration,
-    on_push: impl redis::aio::AsyncPushSender,
-) -> ConnectionManagerConfig {
-    ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(op_timeout))
-        .set_response_timeout(Some(op_timeout))
-        .set_number_of_retries(1)
-        .set_min_delay(Duration::from_millis(20))
-        .set_max_delay(op_timeout)
-        .set_push_sender(on_push)
-        .set_automatic_resubscription()
-}
-
-/// The sentinels of `redis-sentinel://…/<master name>`, asked for the master with RESP3
-/// (and the URL's credentials, if any, for the master).
-fn sentinel_client(url: &str) -> Result<SentinelClient, LockError> {
-    let redis_link::SentinelUrl {
-        sentinels,
-        master_name,
-        credentials,
-    } = redis_link::sentinel_parts(url).map_err(LockError::Invalid)?;
-    let mut master = redis::RedisConnectionInfo::default().set_protocol(ProtocolVersion::RESP3);
-    if let Some((user, password)) = credentials {
-        if !user.is_empty() {
-            master = master.set_username(user);
-        }
-        master = master.set_password(password);
-    }
-    let node =
-        redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(master);
-    SentinelClient::build(
-        sentinels,
-        master_name,
-        Some(node),
-        SentinelServerType::Master,
-    )
-    .map_err(|error| LockError::Invalid(format!("bad Redis Sentinel URL: {error}")))
 }
 
 /// Whole milliseconds, rounded up so a short wait is not truncated to "don't wait".
