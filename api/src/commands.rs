@@ -106,7 +106,6 @@ async fn shutdown_signal() {
     tracing::info!("shutting down: finishing in-flight requests");
 }
 
-/// Exit codes: 0 clean, 1 violations found, 2 the audit could not run.
 /// The ledger a command reads: `DATABASE_URL`'s, or the embedded file — which must exist
 /// (opening would create an empty ledger, and an empty ledger is clean: better to say
 /// plainly that there is nothing here).
@@ -186,6 +185,8 @@ async fn reconcile(config: &Config, bank: Option<String>) -> ExitCode {
     }
 }
 
+/// `payonce audit`: exit 0 when every invariant holds, 1 listing the violations, 2 when
+/// the audit could not run.
 async fn audit(config: &Config, json: bool) -> ExitCode {
     let ledger = match existing_ledger(config, "audit").await {
         Ok(ledger) => ledger,
