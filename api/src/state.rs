@@ -279,15 +279,13 @@ impl AppState {
 /// distributed mode on plain Redis (none on a cluster, a Sentinel or another store).
 #[cfg(feature = "demo")]
 fn recipes(config: &Config) -> Result<Recipes, StartError> {
-    match config.mode()? {
-        Mode::Distributed { locks, .. } if locks.kind() == lock::LockServiceKind::Redis => {
-            Ok(Recipes::open(
-                locks.url(),
-                &config.lock.redlock_urls,
-                &config.redis_namespace,
-            )?)
-        }
-        _ => Ok(Recipes::default()),
+    match config.mode()?.one_redis() {
+        Some(locks) => Ok(Recipes::open(
+            locks.url(),
+            &config.lock.redlock_urls,
+            &config.redis_namespace,
+        )?),
+        None => Ok(Recipes::default()),
     }
 }
 

@@ -163,6 +163,19 @@ pub enum Mode {
     },
 }
 
+impl Mode {
+    /// The locks' URL when they are on one Redis server: what the demonstration's recipes
+    /// run on.
+    pub fn one_redis(&self) -> Option<&LockUrl> {
+        match self {
+            Self::Distributed { locks, .. } if locks.kind() == ::lock::LockServiceKind::Redis => {
+                Some(locks)
+            }
+            _ => None,
+        }
+    }
+}
+
 impl Config {
     /// The mode the URLs select.
     pub fn mode(&self) -> Result<Mode, ConfigError> {
@@ -271,11 +284,7 @@ impl Config {
             self.lock.lock_strategy,
             Strategy::Fenced | Strategy::None | Strategy::Unfenced
         );
-        let on_redis = matches!(
-            &mode,
-            Mode::Distributed { locks, .. } if locks.kind() == ::lock::LockServiceKind::Redis
-        );
-        if needs_redis && !on_redis {
+        if needs_redis && mode.one_redis().is_none() {
             return Err(ConfigError::Invalid(format!(
                 "PAYONCE_LOCK_STRATEGY={} needs Redis: set DATABASE_URL and REDIS_URL",
                 self.lock.lock_strategy.name()
