@@ -56,8 +56,7 @@ impl LockServiceKind {
     /// The service `url` names by its scheme, whether or not this build has it; `None` for
     /// a scheme that names none.
     pub fn of_scheme(url: &str) -> Option<Self> {
-        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        Some(match scheme {
+        Some(match scheme(url) {
             "redis" | "rediss" => Self::Redis,
             "redis-cluster" => Self::RedisCluster,
             "redis-sentinel" => Self::RedisSentinel,
@@ -75,10 +74,10 @@ impl LockServiceKind {
     /// The service `url` names by its scheme, whether or not this build has it.
     pub fn of_url(url: &str) -> Result<Self, LockError> {
         Self::of_scheme(url).ok_or_else(|| {
-            let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
             LockError::Invalid(format!(
-                "a lock URL starts with {}, got {scheme:?}",
-                Self::SCHEMES
+                "a lock URL starts with {}, got {:?}",
+                Self::SCHEMES,
+                scheme(url)
             ))
         })
     }
@@ -166,6 +165,11 @@ impl LockServiceKind {
             )
         })
     }
+}
+
+/// What stands before `://` in `url` (empty when nothing does).
+fn scheme(url: &str) -> &str {
+    url.split_once("://").map_or("", |(scheme, _)| scheme)
 }
 
 /// The lock service `url` names, by its scheme, with at most `options.max_waiters` waiters
