@@ -265,6 +265,11 @@ async fn dispatch_and_latency(
     sqlx::query("UPDATE outbox SET due_at = now() WHERE done_at IS NULL")
         .execute(&mut database)
         .await?;
+    // And the idle workers told, as a commit that queues payouts tells them.
+    sqlx::query("SELECT pg_notify($1, 'payout')")
+        .bind(ledger::BELL_CHANNEL)
+        .execute(&mut database)
+        .await?;
     let started = Instant::now();
     drained(&ledger).await?;
     let dispatched = args.payouts as f64 / started.elapsed().as_secs_f64();

@@ -202,82 +202,35 @@ fn worker_name(state: &AppState) -> String {
         .to_owned()
 }
 
-/// Runs `count` at once and then every `poll` (at least a second, so a fast poll does not
-/// turn a metric into load) until `stopping`.
-async fn every_poll_until<Counted: Future<Output = ()>>(
-    stopping: &CancellationToken,
-    poll: Duration,
-    mut count: impl FnMut() -> Counted,
-) {
-    loop {
-        count().await;
-        tokio::select! {
-            () = stopping.cancelled() => return,
-            () = tokio::time::sleep(poll.max(Duration::from_secs(1))) => {}
-        }
-    }
-}
-
-/// The payout workers (`payouts.rs`), and a count of the pending payouts for the metrics,
-/// until `stopping`. Nothing where the instance has no bank.
+/// The payout workers (`payouts.rs`), until `stopping`. Nothing where the instance has no
+/// bank.
 async fn dispatch_payouts(state: AppState, stopping: CancellationToken) {
     let Some(payouts) = state.payouts().cloned() else {
         return;
     };
-    let poll = payouts.settings().poll;
-    let workers = payouts::dispatch(
+    payouts::dispatch(
         state.ledger().clone(),
         payouts,
         state.shared_metrics(),
-        state.webhooks().cloned(),
         worker_name(&state),
-        stopping.clone(),
-    );
-    // Pending ones only: they are few and indexed, where counting every payout every
-    // second would cost more as the table grows.
-    let state = &state;
-    let counting = every_poll_until(&stopping, poll, move || async move {
-        match state.ledger().pending_payouts().await {
-            Ok((pending, oldest)) => state.metrics().pending_payouts(pending, age(oldest)),
-            Err(error) => tracing::debug!(%error, "cannot count payouts"),
-        }
-    });
-    tokio::join!(workers, counting);
+        stopping,
+    )
+    .await;
 }
 
-/// The webhook deliveries (`webhooks/`), and a count of the undelivered ones for the
-/// metrics, until `stopping`.
+/// The webhook deliveries (`webhooks/`), until `stopping`.
 async fn dispatch_webhooks(state: AppState, stopping: CancellationToken) {
     let Some(webhooks) = state.webhooks().cloned() else {
         return;
     };
-    let poll = webhooks.settings().poll;
-    let deliveries = webhooks::dispatch(
+    webhooks::dispatch(
         state.ledger().clone(),
         webhooks,
         state.shared_metrics(),
         worker_name(&state),
-        stopping.clone(),
-    );
-    let state = &state;
-    let counting = every_poll_until(&stopping, poll, move || async move {
-        match state.ledger().webhook_backlog().await {
-            Ok(backlog) => state
-                .metrics()
-                .webhook_backlog(backlog.pending, age(backlog.oldest_pending)),
-            Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
-        }
-    });
-    tokio::join!(deliveries, counting);
-}
-
-/// How long ago `since` was; zero for none (nothing waiting).
-fn age(since: Option<time::OffsetDateTime>) -> Duration {
-    since.map_or(Duration::ZERO, |at| {
-        (time::OffsetDateTime::now_utc() - at)
-            .try_into()
-            .unwrap_or_default()
-    })
+        stopping,
+    )
+    .await;
 }
 
 /// Rate limits of clients that went quiet are forgotten, so the limiters stay small.

@@ -41,11 +41,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use ledger::Ledger;
 use ledger::payouts::{JobOutcome, Payout, PayoutId, PayoutJob, Settlement, bank_key};
+use ledger::{JobKind, Ledger};
 use reqwest::StatusCode;
 use serde::Deserialize;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::bank_fault::FirstAttemptFaults;
@@ -115,13 +114,12 @@ impl PayoutSettings {
     }
 }
 
-/// What payouts need beside the ledger: the bank, the settings, and the bell that wakes an
-/// idle worker when this instance accepted a payout.
+/// What payouts need beside the ledger: the bank and the settings. (The ledger's bell
+/// wakes an idle worker when a payout is accepted here or elsewhere: `Ledger::rung`.)
 #[derive(Debug)]
 pub struct Payouts {
     bank: Bank,
     settings: PayoutSettings,
-    wake: Notify,
     /// The bank this process serves itself (the embedded mode), kept running as long as
     /// payouts are.
     in_process: Option<bank::ServerHandle>,
@@ -136,7 +134,6 @@ impl Payouts {
         Ok(Self {
             bank: Bank::new(settings.bank_url.clone(), settings.bank_timeout)?,
             settings,
-            wake: Notify::new(),
             in_process: None,
             first_attempt_faults: None,
         })
@@ -174,11 +171,6 @@ impl Payouts {
         Ok(payouts)
     }
 
-    /// Wakes an idle worker: a payout was accepted here.
-    pub fn wake(&self) {
-        self.wake.notify_one();
-    }
-
     /// The settings.
     pub fn settings(&self) -> &PayoutSettings {
         &self.settings
@@ -208,7 +200,6 @@ pub async fn dispatch(
     ledger: Ledger,
     payouts: Arc<Payouts>,
     metrics: Arc<Metrics>,
-    webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     instance: String,
     stopping: CancellationToken,
 ) {
@@ -218,7 +209,6 @@ pub async fn dispatch(
                 ledger: ledger.clone(),
                 payouts: Arc::clone(&payouts),
                 metrics: Arc::clone(&metrics),
-                webhooks: webhooks.clone(),
                 name: format!("{instance}/{number}"),
             };
             tokio::spawn(worker.run(stopping.clone()))
@@ -239,7 +229,6 @@ struct Dispatcher {
     ledger: Ledger,
     payouts: Arc<Payouts>,
     metrics: Arc<Metrics>,
-    webhooks: Option<Arc<crate::webhooks::Webhooks>>,
     name: String,
 }
 
@@ -251,10 +240,16 @@ impl Dispatcher {
         loop {
             let claimed = self
                 .ledger
-                .claim_payouts(&self.name, settings.lease, CLAIM_BATCH)
+                .claim_payouts_or_next(&self.name, settings.lease, CLAIM_BATCH)
                 .await;
+            let mut wait = settings.poll;
             match claimed {
-                Ok(jobs) if !jobs.is_empty() => {
+                Ok(claimed) if !claimed.jobs.is_empty() => {
+                    let jobs = claimed.jobs;
+                    // A full claim may have left more due: another worker takes it.
+                    if jobs.len() == CLAIM_BATCH as usize {
+                        self.ledger.wake_another(JobKind::Payout);
+                    }
                     let outcomes =
                         futures::future::join_all(jobs.iter().map(|job| self.send(job))).await;
                     self.record(&jobs, &outcomes).await;
@@ -263,13 +258,19 @@ impl Dispatcher {
                     }
                     continue;
                 }
-                Ok(_) => {}
+                Ok(claimed) => {
+                    if let Some(due) = claimed.next_due_in {
+                        wait = wait.min(due);
+                    }
+                }
                 Err(error) => tracing::warn!(%error, worker = %self.name, "cannot claim payouts"),
             }
+            // Asleep until a payout is accepted (here or elsewhere: the ledger rings), the
+            // next attempt known is due, or the poll interval passes.
             tokio::select! {
                 () = stopping.cancelled() => return,
-                () = self.payouts.wake.notified() => {}
-                () = tokio::time::sleep(settings.poll) => {}
+                () = self.ledger.rung(JobKind::Payout) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -368,9 +369,6 @@ impl Dispatcher {
     /// run out and another attempt asks the bank again: its answer for each key is the
     /// same.
     async fn record(&self, jobs: &[PayoutJob], outcomes: &[JobOutcome]) {
-        let settled_some = outcomes
-            .iter()
-            .any(|outcome| matches!(outcome, JobOutcome::Settled(_)));
         let pairs: Vec<(&PayoutJob, &JobOutcome)> = jobs.iter().zip(outcomes).collect();
         match self.ledger.record_payouts(&pairs, &render_payout).await {
             Ok(recorded) => {
@@ -394,12 +392,7 @@ impl Dispatcher {
             }
             Err(error) => {
                 tracing::warn!(%error, jobs = jobs.len(), "cannot record the payouts' outcomes; their leases will run out and they are sent again");
-                return;
             }
-        }
-        // A settlement writes its event with deliveries: the webhook dispatcher looks now.
-        if settled_some && let Some(webhooks) = &self.webhooks {
-            webhooks.wake();
         }
     }
 }

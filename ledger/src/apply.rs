@@ -7,6 +7,7 @@ use serde_json::Value;
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
 use crate::batch::{self, Batcher};
+use crate::bells::JobKind;
 use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
@@ -170,6 +171,7 @@ where
     for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+    usize: sqlx::ColumnIndex<D::Row>,
     for<'q> EventId: Encode<'q, D> + Type<D>,
 {
     /// [`Store::apply`](crate::store::Store::apply): an order payment on the transaction
@@ -275,7 +277,7 @@ where
         let result = Self::move_or_refuse(&mut tx, request, planned, token).await?;
         // 4. The entry (only when something moved) and the outcome, in this transaction.
         Self::record_entry(&mut tx, request, planned, &result, token, now).await?;
-        Self::conclude(tx, request, &result, now, render).await
+        self.conclude(tx, request, &result, now, render).await
     }
 
     /// Steps 1 and 2 of every transaction that spends a ticket: lock the ticket, so
@@ -321,7 +323,7 @@ where
             None => Self::take_for_order(&mut tx, request, amount).await?,
         };
         Self::record_order_payment(&mut tx, request, order_id, amount, token, &result, now).await?;
-        Self::conclude(tx, request, &result, now, render).await
+        self.conclude(tx, request, &result, now, render).await
     }
 
     /// An order payment's order, locked: found with its account and of the amount the
@@ -537,9 +539,10 @@ where
     }
 
     /// The last step of every transaction that spends a ticket: the outcome rendered and
-    /// stored under the ticket with its kind's status, its event written, and the
-    /// transaction committed.
+    /// stored under the ticket with its kind's status, its event written, the transaction
+    /// committed, and the webhook workers rung if the event queued deliveries.
     pub(crate) async fn conclude(
+        &self,
         mut tx: sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         result: &OperationResult,
@@ -550,8 +553,11 @@ where
         let (kind, body) = (execution.kind(), render(&execution));
         let (operation, status) = (request.operation.kind().as_str(), kind.status());
         Self::complete_ticket(&mut tx, request, operation, status, &body, now).await?;
-        announce_outcome(&mut tx, request, kind, &body, now).await?;
+        let queued = announce_outcome(&mut tx, request, kind, &body, now).await?;
         commit_or_unknown(tx).await?;
+        if queued {
+            self.bells.ring(JobKind::Webhook);
+        }
         Ok(Applied {
             kind,
             response: StoredResponse { status, body },

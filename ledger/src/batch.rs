@@ -29,6 +29,7 @@ use sqlx::types::Json;
 use sqlx::{FromRow, PgPool, Row};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::bells::{Bells, JobKind};
 use crate::error::{LedgerError, is_dead_connection};
 use crate::model::{AccountId, TicketId};
 use crate::rows::TicketRow;
@@ -183,12 +184,15 @@ const APPLY_SPENDS: &str = "
              JOIN subscribed AS s
                   ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
              CROSS JOIN judged AS j
+        RETURNING 1
     )
     SELECT c.id IS NOT NULL AS applied, c.balance_after, c.points_after,
            f.id, f.account_id, f.created_at, f.expires_at, f.operation, f.fingerprint,
            f.response_status, f.response_body, f.completed_at,
            j.read_at,
-           la.fencing_token AS recorded_token
+           la.fencing_token AS recorded_token,
+           -- Computed once for the batch: whether to ring the webhook workers.
+           EXISTS (SELECT FROM deliveries_queued) AS queued_deliveries
     FROM spends AS s
          LEFT JOIN completed AS c ON c.id = s.ticket_id
          -- Only a spend not written reads its ticket again, as the snapshot saw it.
@@ -307,7 +311,7 @@ pub(crate) struct Shape {
 
 impl Batcher {
     /// Starts the workers on the current runtime. They stop when the batcher is dropped.
-    pub(crate) fn start(pool: PgPool, shape: Shape) -> Self {
+    pub(crate) fn start(pool: PgPool, bells: Arc<Bells>, shape: Shape) -> Self {
         let max = shape.max.max(1);
         let sizes = Arc::new(Batches::new(max));
         let queues = (0..shape.workers.max(1))
@@ -316,6 +320,7 @@ impl Batcher {
                 tokio::spawn(work(
                     receiver,
                     pool.clone(),
+                    Arc::clone(&bells),
                     Arc::clone(&sizes),
                     max,
                     shape.tries,
@@ -355,6 +360,7 @@ impl Batcher {
 async fn work(
     mut queue: mpsc::Receiver<Queued>,
     pool: PgPool,
+    bells: Arc<Bells>,
     sizes: Arc<Batches>,
     max: usize,
     tries: u32,
@@ -378,7 +384,7 @@ async fn work(
         }
         let batch = take_batch(&mut waiting);
         sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
-        run(&pool, batch, tries).await;
+        run(&pool, &bells, batch, tries).await;
     }
 }
 
@@ -398,8 +404,9 @@ fn take_batch(waiting: &mut Vec<Queued>) -> Vec<Queued> {
     batch
 }
 
-/// Sends one batch and hands each spend its answer.
-async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
+/// Sends one batch, hands each spend its answer, and rings the webhook workers when the
+/// batch queued deliveries.
+async fn run(pool: &PgPool, bells: &Bells, batch: Vec<Queued>, tries: u32) {
     use tracing::Instrument;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     // One statement for many spends of many requests: its span is a root of its own,
@@ -411,7 +418,10 @@ async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
         span.add_link(origin.span().span_context().clone());
     }
     match send(pool, &batch, tries).instrument(span).await {
-        Ok(done) => {
+        Ok((done, queued_deliveries)) => {
+            if queued_deliveries {
+                bells.ring(JobKind::Webhook);
+            }
             for (queued, done) in batch.into_iter().zip(done) {
                 let _ = queued.answer.send(Ok(done));
             }
@@ -438,7 +448,7 @@ async fn run(pool: &PgPool, batch: Vec<Queued>, tries: u32) {
 /// after their commit too (a backend terminated while it waits for synchronous
 /// replication, a fast shutdown between the commit and ReadyForQuery), and a FATAL that
 /// was waiting on an idle pooled connection looks no different.
-async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<Vec<Done>, Failed> {
+async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<(Vec<Done>, bool), Failed> {
     let columns = Columns::of(batch);
     let mut maybe_sent: Option<sqlx::Error> = None;
     for _ in 0..tries.max(1) {
@@ -560,8 +570,14 @@ async fn answered(
     batch: &[Queued],
     rows: &[PgRow],
     maybe_sent: bool,
-) -> Result<Vec<Done>, Failed> {
+) -> Result<(Vec<Done>, bool), Failed> {
     let unreadable = |error: LedgerError| Failed::Unknown(error.to_string());
+    let queued_deliveries = match rows.first() {
+        Some(row) => row
+            .try_get("queued_deliveries")
+            .map_err(|error| unreadable(error.into()))?,
+        None => false,
+    };
     let mut done = rows
         .iter()
         .zip(batch)
@@ -573,7 +589,7 @@ async fn answered(
             .await
             .map_err(unreadable)?;
     }
-    Ok(done)
+    Ok((done, queued_deliveries))
 }
 
 /// Finds, among the spends of `batch` that the last try did not write, those an earlier

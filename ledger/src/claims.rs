@@ -12,12 +12,48 @@ use crate::dialect::Dialect;
 use crate::error::LedgerError;
 use crate::sql_store::SqlStore;
 
-/// Whether a job of kind $2 is due at $1 whose lease ran out (or never was): read before a
-/// claim, so idle workers never take the writer.
-const ANY_DUE: &str = "
-    SELECT id FROM outbox
-    WHERE kind = $2 AND done_at IS NULL AND due_at <= $1 AND (lease_until IS NULL OR lease_until <= $1)
-    LIMIT 1";
+/// What a worker's claim came back with.
+#[derive(Clone, Debug)]
+pub struct Claimed<J> {
+    /// The jobs claimed (none: nothing was due, or other workers took it first).
+    pub jobs: Vec<J>,
+    /// When nothing was due: how long until the first job not in flight is, by the
+    /// database's clock; `None` when there is no such job.
+    pub next_due_in: Option<Duration>,
+}
+
+impl<J> Claimed<J> {
+    fn nothing(next_due_in: Option<Duration>) -> Self {
+        Self {
+            jobs: Vec::new(),
+            next_due_in,
+        }
+    }
+
+    /// The jobs claimed, as the claim for them ran.
+    pub(crate) fn of(jobs: Vec<J>) -> Self {
+        Self {
+            jobs,
+            next_due_in: None,
+        }
+    }
+}
+
+/// What [`SqlStore::claim_due`] found: a claim, or nothing due (and when something is).
+pub(crate) enum Looked<D: sqlx::Database, R> {
+    Claim(Claim<D, R>),
+    Nothing { next_due_in: Option<Duration> },
+}
+
+impl<D: sqlx::Database, R> Looked<D, R> {
+    /// The claim; or, when nothing was claimed, the empty answer to return.
+    pub(crate) fn claim<J>(self) -> Result<Claim<D, R>, Claimed<J>> {
+        match self {
+            Self::Claim(claim) => Ok(claim),
+            Self::Nothing { next_due_in } => Err(Claimed::nothing(next_due_in)),
+        }
+    }
+}
 
 /// A claim as made by [`SqlStore::claim_due`]: the write transaction it ran in (to read
 /// what the jobs need, then commit), the rows the claim returned, and the leases' end.
@@ -36,12 +72,13 @@ where
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
     for<'r> (Timestamp,): FromRow<'r, D::Row>,
-    for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'r> (Timestamp, Option<Timestamp>): FromRow<'r, D::Row>,
 {
     /// Claims up to `max` due jobs of `kind` for `worker` with `claim` (the dialect's
     /// claim statement for that kind: $1 now, $2 lease until, $3 worker, $4 at most), each
     /// for `lease` by the database's clock — after a look on the read pool, so an idle
-    /// worker never takes the writer. `None` when nothing was due or claimed.
+    /// worker never takes the writer. Nothing, with when the next job is due, when none
+    /// was due; nothing, with no time, when other claims took the due ones first.
     pub(crate) async fn claim_due<R>(
         &self,
         kind: &str,
@@ -49,22 +86,27 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Option<Claim<D, R>>, LedgerError>
+    ) -> Result<Looked<D, R>, LedgerError>
     where
         for<'r> R: FromRow<'r, D::Row> + Send + Unpin,
     {
         let look = || async {
-            let mut connection = self.pool.acquire().await?;
-            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
-            let due: Option<(i64,)> = sqlx::query_as(ANY_DUE)
-                .bind(now)
+            let (now, first_due): (Timestamp, Option<Timestamp>) = sqlx::query_as(D::FIRST_FREE)
                 .bind(kind)
-                .fetch_optional(&mut *connection)
+                .fetch_one(&self.pool)
                 .await?;
-            Ok::<_, sqlx::Error>(due.is_some())
+            Ok::<_, sqlx::Error>(first_due.map(|due_at| (due_at.0 - now.0).try_into()))
         };
-        if !self.on_live_connection(look).await? {
-            return Ok(None);
+        match self.on_live_connection(look).await? {
+            // Due now: the difference is not positive.
+            Some(Err(_)) => {}
+            Some(Ok(wait)) if wait == Duration::ZERO => {}
+            Some(Ok(wait)) => {
+                return Ok(Looked::Nothing {
+                    next_due_in: Some(wait),
+                });
+            }
+            None => return Ok(Looked::Nothing { next_due_in: None }),
         }
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
@@ -78,9 +120,9 @@ where
             .await?;
         if rows.is_empty() {
             tx.commit().await?;
-            return Ok(None);
+            return Ok(Looked::Nothing { next_due_in: None });
         }
-        Ok(Some(Claim {
+        Ok(Looked::Claim(Claim {
             tx,
             rows,
             lease_until,

@@ -57,6 +57,9 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     const QUEUE_DELIVERIES: &'static str;
     /// A delivery's state and its endpoint's, for a retry by hand ([`delivery_state`]).
     const DELIVERY_STATE: &'static str;
+    /// The look before a claim ([`first_free`]): $1 the kind; returns the clock and when
+    /// the first job not in flight is due.
+    const FIRST_FREE: &'static str;
 }
 
 /// Event $1 of account $2 and type $3, queued at $4 for each live endpoint that wants it —
@@ -77,7 +80,8 @@ macro_rules! queue_deliveries {
             "INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
              SELECT 'webhook', $1, s.endpoint_id, $4, $4 FROM webhook_subscriptions s
              WHERE s.account_id = $2 AND s.event_type IN ($3, '*') ",
-            $lock
+            $lock,
+            " RETURNING id"
         )
     };
 }
@@ -187,6 +191,29 @@ macro_rules! claim_jobs {
     };
 }
 
+/// The look before a claim of kind $1: the database's clock, and when the first job of the
+/// kind in the claim's order whose lease ran out (or never was) is due — NULL when there
+/// is none. Read before a claim, so idle workers never take the writer; a worker that
+/// finds it in the future sleeps until then. It walks the claim's index from its head
+/// past the jobs in flight only: a job whose lease runs out later (its worker died) is
+/// found by a later look. One statement: the clock is read in it.
+macro_rules! first_free {
+    ($clock:expr) => {
+        concat!(
+            "WITH clock AS (SELECT ",
+            $clock,
+            " AS now)
+             SELECT clock.now,
+                    (SELECT due_at FROM outbox
+                     WHERE kind = $1 AND done_at IS NULL
+                       AND (lease_until IS NULL OR lease_until <= clock.now)
+                     ORDER BY kind, due_at, id
+                     LIMIT 1) AS first_due
+             FROM clock"
+        )
+    };
+}
+
 const POSTGRES_REAP: (&str, &str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
 const SQLITE_REAP: (&str, &str, &str, &str) = reap_statements!("");
 
@@ -261,6 +288,7 @@ impl Dialect for sqlx::Postgres {
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("FOR KEY SHARE OF s");
     // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
     const DELIVERY_STATE: &'static str = delivery_state!("FOR SHARE OF ep");
+    const FIRST_FREE: &'static str = first_free!(pg_clock!());
 }
 
 impl Dialect for sqlx::Sqlite {
@@ -310,6 +338,7 @@ impl Dialect for sqlx::Sqlite {
         claim_jobs!("webhook", "id, event_id, endpoint_id, attempts", "");
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
     const DELIVERY_STATE: &'static str = delivery_state!("");
+    const FIRST_FREE: &'static str = first_free!(sqlite_clock!());
 }
 
 /// `… IN ($first, …)` for `count` parameters.

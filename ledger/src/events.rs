@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Row, Type};
 
-use crate::claims::Claim;
+use crate::bells::JobKind;
+use crate::claims::{Claim, Claimed};
 use crate::db_types::{Timestamp, from_row};
 use crate::dialect::{Dialect, placeholders};
 use crate::error::{LedgerError, commit_or_unknown};
@@ -359,8 +360,9 @@ from_row! {
 }
 
 /// Writes the event of an outcome committed in `tx`, and queues it for each of its
-/// account's live endpoints that want it. (A function of its own, not a step of the store:
-/// every transaction that commits an outcome calls it, whatever else it needs.)
+/// account's live endpoints that want it: `true` when it queued any, so the caller rings
+/// the webhook workers once it committed. (A function of its own, not a step of the
+/// store: every transaction that commits an outcome calls it, whatever else it needs.)
 pub(crate) async fn record_event<D>(
     tx: &mut sqlx::Transaction<'static, D>,
     account: AccountId,
@@ -368,7 +370,7 @@ pub(crate) async fn record_event<D>(
     kind: EventType,
     data: &str,
     now: Timestamp,
-) -> Result<(), sqlx::Error>
+) -> Result<bool, sqlx::Error>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
@@ -377,6 +379,8 @@ where
     for<'q> TicketId: Encode<'q, D> + Type<D>,
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> i64: Decode<'q, D> + Type<D>,
+    usize: sqlx::ColumnIndex<D::Row>,
 {
     let id = EventId::random();
     sqlx::query(INSERT_EVENT)
@@ -388,27 +392,27 @@ where
         .bind(now)
         .execute(&mut **tx)
         .await?;
-    sqlx::query(D::QUEUE_DELIVERIES)
+    let queued: Vec<i64> = sqlx::query_scalar(D::QUEUE_DELIVERIES)
         .bind(id)
         .bind(account)
         .bind(kind.as_str())
         .bind(now)
-        .execute(&mut **tx)
+        .fetch_all(&mut **tx)
         .await?;
-    Ok(())
+    Ok(!queued.is_empty())
 }
 
 /// Writes, in `tx`, the event a spend's outcome of kind `outcome`, stored with `body`,
 /// announces, if it announces one ([`event_of_outcome`]): what every transaction that
 /// stores a spend's outcome does before it commits (the group commit's statement does the
-/// same in SQL).
+/// same in SQL). `true` when it queued deliveries.
 pub(crate) async fn announce_outcome<D>(
     tx: &mut sqlx::Transaction<'static, D>,
     request: &ApplyRequest<'_>,
     outcome: OutcomeKind,
     body: &serde_json::Value,
     now: Timestamp,
-) -> Result<(), sqlx::Error>
+) -> Result<bool, sqlx::Error>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
@@ -417,9 +421,11 @@ where
     for<'q> TicketId: Encode<'q, D> + Type<D>,
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> i64: Decode<'q, D> + Type<D>,
+    usize: sqlx::ColumnIndex<D::Row>,
 {
     let Some(event) = event_of_outcome(request.operation.kind(), outcome) else {
-        return Ok(());
+        return Ok(false);
     };
     let data = outcome_data(
         request.account_id,
@@ -673,16 +679,18 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<DeliveryJob>, LedgerError> {
-        let Some(Claim {
+    ) -> Result<Claimed<DeliveryJob>, LedgerError> {
+        let Claim {
             mut tx,
             rows: claimed,
             lease_until,
-        }) = self
+        } = match self
             .claim_due::<ClaimedRow>("webhook", D::CLAIM_DELIVERIES, worker, lease, max)
             .await?
-        else {
-            return Ok(Vec::new());
+            .claim()
+        {
+            Ok(claim) => claim,
+            Err(nothing) => return Ok(nothing),
         };
         let events = Self::claimed_events(&mut tx, &claimed).await?;
         let endpoints = Self::claimed_endpoints(&mut tx, &claimed).await?;
@@ -708,7 +716,8 @@ where
                         .ok_or_else(|| missing("endpoint"))?,
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()
+            .map(Claimed::of)
     }
 
     /// The events of the `claimed` deliveries, by id.
@@ -812,6 +821,13 @@ where
             recorded.push(Self::record_delivery(&mut tx, job, answer, outcome, now).await?);
         }
         commit_or_unknown(tx).await?;
+        // A later attempt was scheduled: this process's dispatcher, asleep, learns when.
+        if outcomes
+            .iter()
+            .any(|(_, _, outcome)| matches!(outcome, DeliveryOutcome::Retry { .. }))
+        {
+            self.bells.wake_here(JobKind::Webhook);
+        }
         Ok(recorded)
     }
 
@@ -917,6 +933,8 @@ where
                 .await?;
         }
         commit_or_unknown(tx).await?;
+        // Due again soon: this process's dispatcher, asleep, learns when.
+        self.bells.wake_here(JobKind::Webhook);
         Ok(())
     }
 
@@ -1019,6 +1037,7 @@ where
             return Ok(Err(found));
         }
         commit_or_unknown(tx).await?;
+        self.bells.ring(JobKind::Webhook);
         Ok(Ok(Ok(())))
     }
 

@@ -29,7 +29,10 @@
 //! - `payouts.rs`: payouts — money leaving for an outside bank ([`payouts::Payout`], its
 //!   job, the bank's [`payouts::Settlement`]); `outbox.rs`: their transactions — the debit
 //!   with the payout and its outbox job, and claiming, settling and postponing jobs;
-//!   `claims.rs`: the claim every kind of outbox job (payouts, deliveries) is taken with.
+//!   `claims.rs`: the claim every kind of outbox job (payouts, deliveries) is taken with,
+//!   and when the next one is due ([`Claimed`]); `bells.rs`: what wakes the jobs' workers
+//!   ([`Ledger::ring`], [`Ledger::rung`]) — in this process, and on PostgreSQL in every
+//!   instance, by a notification.
 //! - [`webhooks`] (`webhooks.rs`): events — a committed outcome, announced — the
 //!   endpoints that want them and the deliveries between the two; `events.rs`: their
 //!   statements — the event and its deliveries written in the outcome's transaction, the
@@ -66,6 +69,7 @@ mod api_key;
 mod apply;
 mod audit;
 mod batch;
+mod bells;
 mod claims;
 mod creates;
 mod db_types;
@@ -101,6 +105,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 
 pub use audit::{Rule, Violation};
 pub use batch::Batches;
+pub use bells::{CHANNEL as BELL_CHANNEL, JobKind};
+pub use claims::Claimed;
 pub use creates::{CreateRenderer, CreateScope, Created};
 #[cfg(feature = "demo")]
 pub use demo::UnguardedRead;
@@ -112,6 +118,7 @@ pub use model::{
     TicketState,
 };
 
+use bells::Bells;
 use creates::{CreateKey, NewCreation};
 use db_types::Timestamp;
 use payouts::{
@@ -170,6 +177,8 @@ pub struct Reaped {
 pub struct Ledger {
     store: Arc<dyn Store>,
     database: &'static str,
+    /// What wakes the outbox's workers when work is queued (`bells.rs`).
+    bells: Arc<Bells>,
     /// API key hash → account. Keys never change and accounts are never deleted, so an
     /// entry can never go stale; this saves a query on every authenticated request.
     /// Unknown keys are not cached.
@@ -219,10 +228,11 @@ fn placed(account_id: AccountId, new: &NewOrder) -> Order {
 }
 
 impl Ledger {
-    fn with_store(store: Arc<dyn Store>, database: &'static str) -> Self {
+    fn with_store(store: Arc<dyn Store>, database: &'static str, bells: Arc<Bells>) -> Self {
         Self {
             store,
             database,
+            bells,
             keys: moka::sync::Cache::new(KEY_CACHE_CAPACITY),
         }
     }
@@ -282,8 +292,10 @@ impl Ledger {
             .connect_with(connect)
             .await?;
         migrations::postgres().run(&pool).await?;
+        let bells = Bells::on_postgres(pool.clone());
         let batcher = batch::Batcher::start(
             pool.clone(),
+            Arc::clone(&bells),
             batch::Shape {
                 max: options.batch_max,
                 workers: options.batch_workers,
@@ -291,8 +303,8 @@ impl Ledger {
                 tries: options.max_connections + 1,
             },
         );
-        let store = SqlStore::new(pool.clone(), pool).with_batcher(batcher);
-        Ok(Self::with_store(Arc::new(store), "postgres"))
+        let store = SqlStore::new(pool.clone(), pool, Arc::clone(&bells)).with_batcher(batcher);
+        Ok(Self::with_store(Arc::new(store), "postgres", bells))
     }
 
     /// Opens (creating if needed) a SQLite ledger file and applies the migrations.
@@ -327,8 +339,9 @@ impl Ledger {
             .acquire_timeout(options.acquire_timeout)
             .connect_with(connect.read_only(true))
             .await?;
-        let store = SqlStore::new(readers, writer);
-        Ok(Self::with_store(Arc::new(store), "sqlite"))
+        let bells = Arc::new(Bells::here_only());
+        let store = SqlStore::new(readers, writer, Arc::clone(&bells));
+        Ok(Self::with_store(Arc::new(store), "sqlite", bells))
     }
 
     /// `"postgres"` or `"sqlite"`.
@@ -573,9 +586,38 @@ impl Ledger {
         lease: Duration,
         max: u32,
     ) -> Result<Vec<PayoutJob>, LedgerError> {
+        Ok(self.claim_payouts_or_next(worker, lease, max).await?.jobs)
+    }
+
+    /// [`Ledger::claim_payouts`], and when none was due, how long until one is: what an
+    /// idle worker sleeps for.
+    pub async fn claim_payouts_or_next(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Claimed<PayoutJob>, LedgerError> {
         self.store
             .claim_payouts(worker, lease, i64::from(max))
             .await
+    }
+
+    /// Work of `kind` was queued (a commit wrote outbox jobs): wakes a worker of this
+    /// process and, on PostgreSQL, the other instances' (`bells.rs`).
+    pub fn ring(&self, kind: JobKind) {
+        self.bells.ring(kind);
+    }
+
+    /// Wakes one more of this process's waiting workers of `kind`: a worker that found more
+    /// work than it takes at once calls for help.
+    pub fn wake_another(&self, kind: JobKind) {
+        self.bells.wake_here(kind);
+    }
+
+    /// Waits until work of `kind` may have been queued, here or elsewhere. A hint only:
+    /// workers still look on their poll interval.
+    pub async fn rung(&self, kind: JobKind) {
+        self.bells.rung(kind).await;
     }
 
     /// Records the bank's final word on a claimed job — the payout settled and, for a
@@ -750,6 +792,19 @@ impl Ledger {
         lease: Duration,
         max: u32,
     ) -> Result<Vec<webhooks::DeliveryJob>, LedgerError> {
+        Ok(self
+            .claim_deliveries_or_next(worker, lease, max)
+            .await?
+            .jobs)
+    }
+
+    /// [`Ledger::claim_deliveries`], and when none was due, how long until one is.
+    pub async fn claim_deliveries_or_next(
+        &self,
+        worker: &str,
+        lease: Duration,
+        max: u32,
+    ) -> Result<Claimed<webhooks::DeliveryJob>, LedgerError> {
         self.store
             .claim_deliveries(worker, lease, i64::from(max))
             .await

@@ -19,7 +19,8 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 
-use crate::claims::Claim;
+use crate::bells::JobKind;
+use crate::claims::{Claim, Claimed};
 use crate::db_types::{Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::dialect::placeholders;
@@ -241,7 +242,11 @@ where
             };
             Self::record_payout(&mut tx, request, &debit, now).await?;
         }
-        Self::conclude(tx, request, &result, now, render).await
+        let applied = self.conclude(tx, request, &result, now, render).await?;
+        if matches!(result, OperationResult::Applied { .. }) {
+            self.bells.ring(JobKind::Payout);
+        }
+        Ok(applied)
     }
 
     /// The payout, its debit entry and its job.
@@ -369,16 +374,18 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<PayoutJob>, LedgerError> {
-        let Some(Claim {
+    ) -> Result<Claimed<PayoutJob>, LedgerError> {
+        let Claim {
             mut tx,
             rows: claimed,
             lease_until,
-        }) = self
+        } = match self
             .claim_due::<(i64, PayoutId, i32, i32)>("payout", D::CLAIM_JOBS, worker, lease, max)
             .await?
-        else {
-            return Ok(Vec::new());
+            .claim()
+        {
+            Ok(claim) => claim,
+            Err(nothing) => return Ok(nothing),
         };
         // The claimed payouts in one statement: `… WHERE p.id IN ($1, …, $n)`.
         let select = format!(
@@ -412,7 +419,8 @@ where
                     lease_until: lease_until.0,
                 })
             })
-            .collect()
+            .collect::<Result<_, _>>()
+            .map(Claimed::of)
     }
 
     /// Records what came of each claimed job, in one transaction: the bank's final word
@@ -428,10 +436,11 @@ where
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let mut recorded = Vec::with_capacity(outcomes.len());
+        let mut queued = false;
         for (job, outcome) in outcomes {
             recorded.push(match outcome {
                 JobOutcome::Settled(settlement) => {
-                    Self::settle_in(&mut tx, job, settlement, now, render).await?
+                    Self::settle_in(&mut tx, job, settlement, now, render, &mut queued).await?
                 }
                 JobOutcome::Postponed {
                     after,
@@ -451,16 +460,29 @@ where
             });
         }
         commit_or_unknown(tx).await?;
+        // The settlements' events queued deliveries.
+        if queued {
+            self.bells.ring(JobKind::Webhook);
+        }
+        // A later attempt was scheduled: this process's workers, asleep, learn when.
+        if outcomes
+            .iter()
+            .any(|(_, outcome)| matches!(outcome, JobOutcome::Postponed { .. }))
+        {
+            self.bells.wake_here(JobKind::Payout);
+        }
         Ok(recorded)
     }
 
-    /// One job's settlement, inside `tx`.
+    /// One job's settlement, inside `tx`; `queued` becomes true if its event queued
+    /// deliveries.
     async fn settle_in(
         tx: &mut sqlx::Transaction<'static, D>,
         job: &PayoutJob,
         settlement: &Settlement,
         now: Timestamp,
         render: &PayoutRenderer,
+        queued: &mut bool,
     ) -> Result<bool, LedgerError> {
         let finished: Option<(PayoutId,)> = sqlx::query_as(FINISH_JOB)
             .bind(job.job_id)
@@ -509,7 +531,7 @@ where
             _ => EventType::PayoutSucceeded,
         };
         let data = payout_data(account, job.payout.ticket_id, &render(&settled).to_string());
-        record_event(tx, account, job.payout.ticket_id, event, &data, now).await?;
+        *queued |= record_event(tx, account, job.payout.ticket_id, event, &data, now).await?;
         Ok(true)
     }
 

@@ -2,10 +2,12 @@
 //! pools, and how a statement or a whole write runs again when its connection dies.
 
 use std::fmt;
+use std::sync::Arc;
 
 use sqlx::{Database, Pool};
 
 use crate::batch::Batcher;
+use crate::bells::Bells;
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, is_dead_connection};
 
@@ -24,11 +26,13 @@ pub(crate) struct SqlStore<D: Database> {
     connection_tries: u32,
     /// PostgreSQL's group commit (`batch.rs`): spends go through it first.
     pub(crate) batcher: Option<Batcher>,
+    /// Rung after a commit that queued outbox jobs (`bells.rs`).
+    pub(crate) bells: Arc<Bells>,
 }
 
 impl<D: Database> SqlStore<D> {
-    /// A store on `pool`, writing through `writer` (see the field).
-    pub(crate) fn new(pool: Pool<D>, writer: Pool<D>) -> Self {
+    /// A store on `pool`, writing through `writer` (see the field), ringing `bells`.
+    pub(crate) fn new(pool: Pool<D>, writer: Pool<D>, bells: Arc<Bells>) -> Self {
         let connection_tries = pool
             .options()
             .get_max_connections()
@@ -39,6 +43,7 @@ impl<D: Database> SqlStore<D> {
             writer,
             connection_tries,
             batcher: None,
+            bells,
         }
     }
 

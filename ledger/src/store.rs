@@ -14,6 +14,7 @@ use time::OffsetDateTime;
 
 use crate::audit::{Audit, Violation};
 use crate::batch::{Batcher, Batches};
+use crate::claims::Claimed;
 use crate::creates::{CreationRow, NewCreation};
 use crate::db_types::Timestamp;
 #[cfg(feature = "demo")]
@@ -105,7 +106,7 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<PayoutJob>, LedgerError>;
+    ) -> Result<Claimed<PayoutJob>, LedgerError>;
     /// Records what came of claimed jobs, in one transaction; `false` for each that was
     /// claimed again or settled meanwhile.
     async fn record_payouts(
@@ -144,7 +145,7 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<DeliveryJob>, LedgerError>;
+    ) -> Result<Claimed<DeliveryJob>, LedgerError>;
     /// Records claimed deliveries' attempts and outcomes, in one transaction.
     async fn record_deliveries(
         &self,
@@ -450,7 +451,7 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<PayoutJob>, LedgerError> {
+    ) -> Result<Claimed<PayoutJob>, LedgerError> {
         self.claim_jobs(worker, lease, max).await
     }
 
@@ -503,7 +504,7 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Vec<DeliveryJob>, LedgerError> {
+    ) -> Result<Claimed<DeliveryJob>, LedgerError> {
         SqlStore::claim_deliveries(self, worker, lease, max).await
     }
 

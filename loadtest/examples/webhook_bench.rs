@@ -19,6 +19,11 @@
 //!   draws, orders; no payouts) for `--latency-seconds` with a receiver that misbehaves in
 //!   no way: each event's time from its commit (its `timestamp`) to its first arrival.
 //!
+//! - **History** (`--history N`, instead of the two above): the delivery round twice, once
+//!   on a database that already holds `N` delivered events (each with its finished
+//!   delivery and its attempt, vacuumed, as a database that has run a while holds them)
+//!   and once on one that holds none. A claim's cost must not grow with what is finished.
+//!
 //! The two rates alternate in order round by round; the summary gives medians and the
 //! median of the per-round ratios.
 
@@ -62,6 +67,10 @@ struct Args {
     /// Rounds; the summary gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Compare delivery on a database holding this many delivered events with delivery on
+    /// an empty one, instead of payonce with the generator.
+    #[arg(long, default_value_t = 0)]
+    history: usize,
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
     redis_url: String,
 }
@@ -111,8 +120,50 @@ async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<String>
     Ok(address)
 }
 
-/// Deliveries per second: events committed while no payonce ran, then drained by one.
-async fn delivery_round(args: &Args, round: usize) -> Fallible<f64> {
+/// `count` events of `account` delivered to `endpoint` a day ago, each with its finished
+/// delivery and its one attempt, written in bulk; then vacuumed and analysed, as
+/// autovacuum leaves a database that has run a while.
+async fn delivered_history(
+    database: &str,
+    account: AccountId,
+    endpoint: EndpointId,
+    count: usize,
+) -> Fallible<()> {
+    use sqlx::Connection;
+    let mut connection = sqlx::PgConnection::connect(database).await?;
+    sqlx::query(
+        "WITH written AS (
+             INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
+             SELECT gen_random_uuid(), $1, 'withdrawal.succeeded', gen_random_uuid(),
+                    '{\"account_id\":\"' || $1 || '\",\"outcome\":{\"status\":201,\"body\":{\"amount\":1}}}',
+                    now() - interval '1 day'
+             FROM generate_series(1, $3)
+             RETURNING id
+         ), queued AS (
+             INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at, done_at,
+                                 outcome, attempts)
+             SELECT 'webhook', id, $2, now() - interval '1 day', now() - interval '1 day',
+                    now() - interval '1 day', 'delivered', 1
+             FROM written
+             RETURNING id
+         )
+         INSERT INTO webhook_attempts (job_id, attempt, recorded_at, duration_ms, response_status)
+         SELECT id, 1, now() - interval '1 day', 2, 204 FROM queued",
+    )
+    .bind(account.0)
+    .bind(endpoint.0)
+    .bind(i64::try_from(count)?)
+    .execute(&mut connection)
+    .await?;
+    sqlx::query("VACUUM ANALYZE events, outbox, webhook_attempts")
+        .execute(&mut connection)
+        .await?;
+    Ok(())
+}
+
+/// Deliveries per second: events committed while no payonce ran, then drained by one;
+/// `history` delivered events already in the database.
+async fn delivery_round(args: &Args, round: usize, history: usize) -> Fallible<f64> {
     let database = ledger::testing::TestDatabase::postgres().await?;
     let receiver = Receiver::start(loopback(), ReceiverFaults::default()).await?;
     let ledger = Ledger::open(database.url(), &LedgerOptions::default()).await?;
@@ -135,6 +186,9 @@ async fn delivery_round(args: &Args, round: usize) -> Fallible<f64> {
             .await?
             .ok_or("the endpoint limit")?;
         receiver.register(&account.0.to_string(), &signing::shown(&secret));
+        if history > 0 && accounts.is_empty() {
+            delivered_history(database.url(), account, id, history).await?;
+        }
         accounts.push(account);
     }
     // Each account's withdrawals in order (its fencing tokens grow), the accounts side by
@@ -286,6 +340,43 @@ async fn latency(args: &Args) -> Fallible<(Option<u64>, Option<u64>, usize, f64)
     ))
 }
 
+/// Delivery with `--history` delivered events beside delivery with none, alternating.
+async fn history_rounds(args: &Args) -> Fallible<()> {
+    let (mut with, mut without, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        let (kept, fresh) = if round % 2 == 0 {
+            let kept = delivery_round(args, round, args.history).await?;
+            (kept, delivery_round(args, round, 0).await?)
+        } else {
+            let fresh = delivery_round(args, round, 0).await?;
+            (delivery_round(args, round, args.history).await?, fresh)
+        };
+        println!(
+            "round {}: {kept:.0} events/s with {} delivered before, {fresh:.0} events/s with none; ratio {:.2}",
+            round + 1,
+            args.history,
+            kept / fresh
+        );
+        with.push(kept);
+        without.push(fresh);
+        ratios.push(kept / fresh);
+    }
+    let low = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let high = ratios.iter().copied().fold(0.0, f64::max);
+    println!();
+    println!("| what | payonce | baseline | ratio (target) |");
+    println!("|---|---|---|---|");
+    println!(
+        "| events delivered per second, {} queued, {} delivered before | {:.0}/s | the same with none before: {:.0}/s | {:.2}, rounds {low:.2}–{high:.2} (≥ 0.9) |",
+        args.events,
+        args.history,
+        median(&mut with),
+        median(&mut without),
+        median(&mut ratios)
+    );
+    Ok(())
+}
+
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
@@ -302,17 +393,20 @@ async fn main() -> Fallible<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if args.history > 0 {
+        return history_rounds(&args).await;
+    }
     let mut payonce = Vec::new();
     let mut direct = Vec::new();
     let mut ratios = Vec::new();
     for round in 0..args.rounds {
         // Alternating order: the machine's speed drifts within a minute.
         let (delivered, baseline) = if round % 2 == 0 {
-            let delivered = delivery_round(&args, round).await?;
+            let delivered = delivery_round(&args, round, 0).await?;
             (delivered, direct_round(&args).await?)
         } else {
             let baseline = direct_round(&args).await?;
-            (delivery_round(&args, round).await?, baseline)
+            (delivery_round(&args, round, 0).await?, baseline)
         };
         println!(
             "round {}: payonce delivered {delivered:.0} events/s; the generator straight to the receiver {baseline:.0} requests/s; ratio {:.2}",

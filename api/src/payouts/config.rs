@@ -44,9 +44,12 @@ config_section! {
         /// count toward no attempt budget; this bounds them by time instead.
         #[arg(env = "PAYONCE_PAYOUT_THROTTLE_MAX_AGE", default_value = "1h", value_parser = duration)]
         pub payout_throttle_max_age: Duration,
-        /// How often idle payout workers look for due payouts (new ones of this instance wake
-        /// them at once).
-        #[arg(env = "PAYONCE_PAYOUT_POLL", default_value = "500ms", value_parser = duration)]
+        /// The longest an idle payout worker waits before it looks for due payouts: a payout
+        /// accepted wakes one at once (here, and on PostgreSQL on every instance, by a
+        /// notification), and a worker wakes when the next attempt it knows of is due. The
+        /// poll finds what no bell announced: a dead instance's payouts once their leases
+        /// end.
+        #[arg(env = "PAYONCE_PAYOUT_POLL", default_value = "10s", value_parser = duration)]
         pub payout_poll: Duration,
         /// The bank's idempotency key per payout: `one-key`, the same on every attempt (the
         /// only safe one), or `fresh-key-per-attempt`, a new key each retry as clients without

@@ -9,7 +9,7 @@
 
 use axum::Json;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, header};
 use axum::response::Response;
 use ledger::payouts::{Destination, Payout, PayoutId, PayoutStatus, bank_key};
 use ledger::{Amount, Operation};
@@ -106,9 +106,6 @@ pub async fn send_payout(
     };
     let path = format!("/v1/accounts/{account}/payouts");
     let answer = spends::spend(&state, account, key, operation, &path, &request, &headers).await?;
-    if answer.status() == StatusCode::ACCEPTED {
-        payouts.wake();
-    }
     // The fault is kept only for the payout this request made, which the answer names. A
     // replay names the payout sent before, whose first attempt is its own business: this
     // request's fault, under an id nothing was made with, is forgotten as the guard drops.

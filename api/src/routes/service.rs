@@ -92,9 +92,43 @@ async fn probe(state: &AppState) -> (Result<(), String>, Result<(), String>) {
     (database, lock_store)
 }
 
+/// The pending payouts and the undelivered webhook deliveries, counted for a scrape: an
+/// instance nobody scrapes asks the database nothing. Both are counted on partial indexes
+/// of the open work, cheap however much is finished. Left as last counted when the
+/// database cannot say.
+async fn count_backlogs(state: &AppState) {
+    let limit = Duration::from_secs(2);
+    if state.payouts().is_some() {
+        match tokio::time::timeout(limit, state.ledger().pending_payouts()).await {
+            Ok(Ok((pending, oldest))) => state.metrics().pending_payouts(pending, age(oldest)),
+            Ok(Err(error)) => tracing::debug!(%error, "cannot count payouts"),
+            Err(_) => tracing::debug!("cannot count payouts within 2s"),
+        }
+    }
+    if state.webhooks().is_some() {
+        match tokio::time::timeout(limit, state.ledger().webhook_backlog()).await {
+            Ok(Ok(backlog)) => state
+                .metrics()
+                .webhook_backlog(backlog.pending, age(backlog.oldest_pending)),
+            Ok(Err(error)) => tracing::debug!(%error, "cannot count webhook deliveries"),
+            Err(_) => tracing::debug!("cannot count webhook deliveries within 2s"),
+        }
+    }
+}
+
+/// How long ago `since` was; zero for none (nothing waiting).
+fn age(since: Option<time::OffsetDateTime>) -> Duration {
+    since.map_or(Duration::ZERO, |at| {
+        (time::OffsetDateTime::now_utc() - at)
+            .try_into()
+            .unwrap_or_default()
+    })
+}
+
 /// Prometheus metrics: OpenMetrics text for a scraper that asks for it, the classic
 /// Prometheus text format otherwise. Each scrape first asks the database and the lock
-/// store whether they answer (`payonce_dependency_up`), as readiness does.
+/// store whether they answer (`payonce_dependency_up`), as readiness does, and counts the
+/// payouts and deliveries waiting.
 #[utoipa::path(
     get,
     path = "/metrics",
@@ -110,6 +144,9 @@ pub async fn metrics(State(state): State<AppState>, headers: HeaderMap) -> Respo
     state.metrics().dependency("lock_store", lock_store.is_ok());
     if let Some(batches) = state.ledger().batches() {
         state.metrics().batch_sizes(batches.counts());
+    }
+    if database.is_ok() {
+        count_backlogs(&state).await;
     }
     let openmetrics = headers
         .get_all(header::ACCEPT)

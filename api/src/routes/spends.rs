@@ -359,11 +359,6 @@ impl Spend<'_> {
             return match applied {
                 Ok(applied) => {
                     self.state.metrics().executed();
-                    // The outcome committed, maybe with deliveries of its event: this
-                    // instance's dispatcher looks now rather than at its next poll.
-                    if let Some(webhooks) = self.state.webhooks() {
-                        webhooks.wake();
-                    }
                     Ok(outcome_response(applied.kind, applied.response, false))
                 }
                 Err(ApplyError::StaleToken { .. }) if still_held && !retried => {

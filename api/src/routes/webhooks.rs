@@ -548,12 +548,7 @@ pub async fn retry_delivery(
         }
     };
     match retried {
-        Ok(()) => {
-            if let Some(webhooks) = state.webhooks() {
-                webhooks.wake();
-            }
-            Ok(StatusCode::ACCEPTED.into_response())
-        }
+        Ok(()) => Ok(StatusCode::ACCEPTED.into_response()),
         Err(RetryRefused::NotFound) => Err(ApiError::DeliveryNotFound),
         Err(RetryRefused::InFlight) => Err(ApiError::DeliveryInFlight),
         Err(RetryRefused::EndpointDisabled) => Err(ApiError::WebhookEndpointDisabled),

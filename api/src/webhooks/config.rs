@@ -44,9 +44,12 @@ config_section! {
         /// over (an instance that died mid-delivery). At least twice the timeout.
         #[arg(env = "PAYONCE_WEBHOOK_LEASE", default_value = "60s", value_parser = duration)]
         pub webhook_lease: Duration,
-        /// How often an idle instance looks for due webhook deliveries (its own commits wake
-        /// it at once).
-        #[arg(env = "PAYONCE_WEBHOOK_POLL", default_value = "250ms", value_parser = duration)]
+        /// The longest an idle instance waits before it looks for due webhook deliveries:
+        /// commits that queue some wake it at once (its own, and on PostgreSQL every
+        /// instance's, by a notification), and it wakes when the next one it knows of is
+        /// due. The poll finds what no bell announced: a dead instance's deliveries once
+        /// their leases end.
+        #[arg(env = "PAYONCE_WEBHOOK_POLL", default_value = "10s", value_parser = duration)]
         pub webhook_poll: Duration,
         /// How long the secret before a rotation keeps signing beside the new one.
         #[arg(env = "PAYONCE_WEBHOOK_ROTATION_WINDOW", default_value = "24h", value_parser = duration)]

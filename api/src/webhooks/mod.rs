@@ -40,10 +40,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ledger::Ledger;
 use ledger::webhooks::{AttemptAnswer, DeliveryJob, DeliveryOutcome, Endpoint, EndpointId};
+use ledger::{Claimed, JobKind, Ledger};
 use reqwest::StatusCode;
-use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
@@ -103,15 +103,14 @@ impl WebhookSettings {
     }
 }
 
-/// What webhooks need beside the ledger: the settings, the sealer of secrets, the HTTP
-/// client behind the guard, and the bell that wakes the dispatcher.
+/// What webhooks need beside the ledger: the settings, the sealer of secrets, and the HTTP
+/// client behind the guard. (The ledger's bell wakes the dispatcher: `Ledger::rung`.)
 #[derive(Debug)]
 pub struct Webhooks {
     settings: WebhookSettings,
     sealer: Sealer,
     guard: Guard,
     client: reqwest::Client,
-    wake: Notify,
     /// The demonstration inbox, in the embedded mode.
     inbox: Option<inbox::Inbox>,
 }
@@ -209,7 +208,6 @@ impl Webhooks {
             sealer,
             guard,
             client,
-            wake: Notify::new(),
             inbox,
         })
     }
@@ -232,11 +230,6 @@ impl Webhooks {
     /// Which addresses deliveries may go to.
     pub fn guard(&self) -> &Guard {
         &self.guard
-    }
-
-    /// Wakes the dispatcher: an outcome committed here may have queued deliveries.
-    pub fn wake(&self) {
-        self.wake.notify_one();
     }
 
     /// The secrets that sign for `endpoint` now: its own, and the one before a rotation
@@ -400,14 +393,21 @@ pub async fn dispatch(
         finished,
     };
     while let Some(permits) = dispatcher.free_slots(&stopping).await {
-        let jobs = dispatcher.claim(permits.len()).await;
-        let (sent, over_cap) = dispatcher.send(jobs, permits).await;
+        let claimed = dispatcher.claim(permits.len()).await;
+        let (sent, over_cap) = dispatcher.send(claimed.jobs, permits).await;
         dispatcher.hand_back(&over_cap).await;
         if sent == 0 {
+            // Asleep until work is queued (a commit here or elsewhere rings) or put back
+            // (a retry scheduled, a delivery handed back: the ledger wakes this process's
+            // dispatcher, which then learns when it is due), the next job known is due,
+            // or the poll interval passes.
+            let wait = claimed.next_due_in.map_or(dispatcher.settings.poll, |due| {
+                due.min(dispatcher.settings.poll)
+            });
             tokio::select! {
                 () = stopping.cancelled() => break,
-                () = dispatcher.webhooks.wake.notified() => {}
-                () = tokio::time::sleep(dispatcher.settings.poll) => {}
+                () = dispatcher.ledger.rung(JobKind::Webhook) => {}
+                () = tokio::time::sleep(wait) => {}
             }
         }
     }
@@ -468,10 +468,10 @@ impl Dispatcher {
     }
 
     /// Claims up to `count` due deliveries (none when the database cannot say).
-    async fn claim(&self, count: usize) -> Vec<DeliveryJob> {
+    async fn claim(&self, count: usize) -> Claimed<DeliveryJob> {
         let claimed = self
             .ledger
-            .claim_deliveries(
+            .claim_deliveries_or_next(
                 &self.worker,
                 self.settings.lease,
                 u32::try_from(count).unwrap_or(1),
@@ -479,7 +479,10 @@ impl Dispatcher {
             .await;
         claimed.unwrap_or_else(|error| {
             tracing::warn!(%error, "cannot claim webhook deliveries");
-            Vec::new()
+            Claimed {
+                jobs: Vec::new(),
+                next_due_in: None,
+            }
         })
     }
 

@@ -671,11 +671,24 @@ pub async fn duplicate_of_a_running_request_waits_and_replays(backend: Backend) 
 pub async fn duplicate_past_the_wait_is_409_request_in_progress(backend: Backend) {
     let app = spawn_app_with(backend, &["--demo", "--lock-wait", "200ms"]).await;
     let ada = app.create_account(1000, 0).await;
-    let ticket = app.ticket(&ada).await;
-    let slow = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=1200ms")]);
-    app.until_locks_taken(1.0).await;
-    let response = app.withdraw(&ada, &ticket, 100).await;
-    assert_problem(response, StatusCode::CONFLICT, "request-in-progress").await;
+    // The duplicate must come while the first holds the lock. On a loaded machine it can
+    // arrive after the first's pause is over — and is then a replay, rightly: that try
+    // did not set up the race, and another ticket tries again.
+    let mut tries = 0_u32;
+    let (ticket, slow) = loop {
+        tries += 1;
+        let ticket = app.ticket(&ada).await;
+        let taken = app.metric("payonce_lock_wait_seconds_count").await;
+        let slow = app.spawn_withdrawal(&ada, &ticket, 100, &[("payonce-fault", "pause=1200ms")]);
+        app.until_locks_taken(taken + 1.0).await;
+        let response = app.withdraw(&ada, &ticket, 100).await;
+        if slow.is_finished() && response.status() == StatusCode::CREATED && tries < 5 {
+            slow.await.unwrap();
+            continue;
+        }
+        assert_problem(response, StatusCode::CONFLICT, "request-in-progress").await;
+        break (ticket, slow);
+    };
     let (status, _, original) = read(slow.await.unwrap()).await;
     assert_eq!(status, StatusCode::CREATED);
     let (status, replayed, body) = read(app.withdraw(&ada, &ticket, 100).await).await;

@@ -46,7 +46,7 @@ impl<D> Unguarded for SqlStore<D>
 where
     D: Dialect,
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
-    for<'q> i64: Encode<'q, D> + Type<D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Type<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
     for<'q> AccountId: Encode<'q, D> + Type<D>,
@@ -133,8 +133,11 @@ where
             return Ok(None);
         }
         // Unguarded as the write is, its outcome is announced like any other.
-        announce_outcome(&mut tx, request, outcome, &body, now).await?;
+        let queued = announce_outcome(&mut tx, request, outcome, &body, now).await?;
         commit_or_unknown(tx).await?;
+        if queued {
+            self.bells.ring(crate::bells::JobKind::Webhook);
+        }
         Ok(Some(Applied {
             kind: outcome,
             response: StoredResponse { status, body },

@@ -2,6 +2,7 @@
 //! file per test: the same suite for both.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bells;
 mod payouts;
 mod postgres_races;
 mod suite;
@@ -20,6 +21,7 @@ macro_rules! suite_for {
                 a_succeeded_payout_keeps_its_money_out,
                 a_failed_payout_is_credited_back_once,
                 a_postponed_job_waits_until_it_is_due,
+                an_idle_claim_says_when_the_next_job_is_due,
                 throttled_claims_are_counted_apart_and_the_age_is_the_databases,
                 payouts_are_listed_and_counted_by_status,
                 audit_finds_a_failed_payout_without_its_reversal

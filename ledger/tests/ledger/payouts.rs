@@ -315,6 +315,39 @@ pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
     assert_eq!((again.payout.id, again.attempt), (id, 2));
 }
 
+/// A claim that finds nothing due says when the first job not in flight will be — what
+/// an idle worker sleeps until — by the database's clock; nothing at all open, no time.
+pub async fn an_idle_claim_says_when_the_next_job_is_due(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let nothing = ledger.claim_payouts_or_next("w", LEASE, 10).await.unwrap();
+    assert!(nothing.jobs.is_empty());
+    assert_eq!(nothing.next_due_in, None);
+
+    let account_id = account(&ledger, 1000, 0).await;
+    paid_out(&ledger, account_id, 100, 1).await;
+    let claimed = ledger.claim_payouts_or_next("w", LEASE, 10).await.unwrap();
+    assert_eq!(claimed.jobs.len(), 1);
+    // In flight: not what a worker waits for (its lease ends in 30 s).
+    let in_flight = ledger.claim_payouts_or_next("w", LEASE, 10).await.unwrap();
+    assert!(in_flight.jobs.is_empty());
+    assert_eq!(in_flight.next_due_in, None);
+
+    let wait = Duration::from_secs(60);
+    assert!(
+        ledger
+            .postpone_payout(&claimed.jobs[0], wait, "bank answered 503")
+            .await
+            .unwrap()
+    );
+    let later = ledger.claim_payouts_or_next("w", LEASE, 10).await.unwrap();
+    assert!(later.jobs.is_empty());
+    let next = later.next_due_in.expect("a job is due later");
+    assert!(
+        next > wait - Duration::from_secs(30) && next <= wait,
+        "{next:?}"
+    );
+}
+
 /// A postponement the bank asked for (a throttle) counts the job's throttled claims,
 /// beside its attempts, and a plain one does not; each claim says when it was made by the
 /// database's clock, so the payout's age at it is never negative.
