@@ -162,15 +162,24 @@ macro_rules! reap_statements {
 
 /// Claims up to $4 due jobs of one kind whose lease ran out (or never was) at $1: leased to
 /// $3 until $2, the attempt counted. Returns what `$returning` names. (Each dialect's
-/// `CLAIM_JOBS` and `CLAIM_DELIVERIES`, with its row lock.)
+/// `CLAIM_JOBS` and `CLAIM_DELIVERIES`, with its row lock, and how the update finds the
+/// rows picked.)
 ///
 /// The pick is a materialized CTE, evaluated once. Written as `WHERE id IN (SELECT … LIMIT
 /// $4 FOR UPDATE SKIP LOCKED)`, PostgreSQL may plan the subquery as the inner side of a
 /// semi-join and run it again for each row — and each run, skipping what the last one
 /// locked, picks other rows: a claim of 32 took 140 in one measured case, and a worker that
 /// sends no more than it asked for leaves the rest leased until their leases end.
+///
+/// The update finds the rows picked by their key alone, on PostgreSQL as an array
+/// (`id = ANY (ARRAY(…))`): the pick locked them, so nothing can have changed them, and a
+/// condition on `done_at` there would let the planner reach them through the index of open
+/// jobs instead. It did, once the statistics were taken with few jobs open — a database
+/// with a long history of finished ones is not analysed again for a burst of new ones —
+/// and it then walked every open job for each one picked: with 3,000 open, a claim took
+/// 48 ms instead of 2.6, and deliveries ran at a third of their rate.
 macro_rules! claim_jobs {
-    ($kind:literal, $returning:literal, $lock:literal) => {
+    ($kind:literal, $returning:literal, $lock:literal, $picked:literal) => {
         concat!(
             "WITH picked AS MATERIALIZED (
                  SELECT id FROM outbox
@@ -183,9 +192,9 @@ macro_rules! claim_jobs {
             $lock,
             ")
              UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
-             WHERE id IN (SELECT id FROM picked)
-               AND done_at IS NULL AND (lease_until IS NULL OR lease_until <= $1)
-             RETURNING ",
+             WHERE ",
+            $picked,
+            " RETURNING ",
             $returning
         )
     };
@@ -278,12 +287,14 @@ impl Dialect for sqlx::Postgres {
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
         "id, payout_id, attempts, throttled",
-        "FOR UPDATE SKIP LOCKED"
+        "FOR UPDATE SKIP LOCKED",
+        "id = ANY (ARRAY(SELECT id FROM picked))"
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
         "webhook",
         "id, event_id, endpoint_id, attempts",
-        "FOR UPDATE SKIP LOCKED"
+        "FOR UPDATE SKIP LOCKED",
+        "id = ANY (ARRAY(SELECT id FROM picked))"
     );
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("FOR KEY SHARE OF s");
     // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
@@ -332,10 +343,18 @@ impl Dialect for sqlx::Sqlite {
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = SQLITE_REAP.3;
     // One writer: claims never overlap.
-    const CLAIM_JOBS: &'static str =
-        claim_jobs!("payout", "id, payout_id, attempts, throttled", "");
-    const CLAIM_DELIVERIES: &'static str =
-        claim_jobs!("webhook", "id, event_id, endpoint_id, attempts", "");
+    const CLAIM_JOBS: &'static str = claim_jobs!(
+        "payout",
+        "id, payout_id, attempts, throttled",
+        "",
+        "id IN (SELECT id FROM picked)"
+    );
+    const CLAIM_DELIVERIES: &'static str = claim_jobs!(
+        "webhook",
+        "id, event_id, endpoint_id, attempts",
+        "",
+        "id IN (SELECT id FROM picked)"
+    );
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
     const DELIVERY_STATE: &'static str = delivery_state!("");
     const FIRST_FREE: &'static str = first_free!(sqlite_clock!());
