@@ -242,8 +242,7 @@ impl Dispatcher {
                 .ledger
                 .claim_payouts_or_next(&self.name, settings.lease, CLAIM_BATCH)
                 .await;
-            let mut wait = settings.poll;
-            match claimed {
+            let wait = match claimed {
                 Ok(claimed) if !claimed.jobs.is_empty() => {
                     let jobs = claimed.jobs;
                     // A full claim may have left more due: another worker takes it.
@@ -258,13 +257,12 @@ impl Dispatcher {
                     }
                     continue;
                 }
-                Ok(claimed) => {
-                    if let Some(due) = claimed.next_due_in {
-                        wait = wait.min(due);
-                    }
+                Ok(claimed) => claimed.idle_wait(settings.poll),
+                Err(error) => {
+                    tracing::warn!(%error, worker = %self.name, "cannot claim payouts");
+                    settings.poll
                 }
-                Err(error) => tracing::warn!(%error, worker = %self.name, "cannot claim payouts"),
-            }
+            };
             // Asleep until a payout is accepted (here or elsewhere: the ledger rings), the
             // next attempt known is due, or the poll interval passes.
             tokio::select! {

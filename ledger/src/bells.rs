@@ -123,7 +123,7 @@ impl Bells {
 
     /// Work of `kind` was queued: wakes a worker here, and tells the other instances.
     pub(crate) fn ring(&self, kind: JobKind) {
-        self.here[kind.index()].notify_one();
+        self.wake_here(kind);
         if let Some(elsewhere) = &self.elsewhere
             && !elsewhere.wanted[kind.index()].swap(true, Ordering::AcqRel)
         {
@@ -155,6 +155,13 @@ impl Bells {
     /// Wakes one more of this process's waiting workers of `kind` (or the next to wait).
     pub(crate) fn wake_here(&self, kind: JobKind) {
         self.here[kind.index()].notify_one();
+    }
+
+    /// Wakes a worker of every kind here: what was sent while nobody listened is gone.
+    fn wake_every_kind_here(&self) {
+        JobKind::ALL
+            .into_iter()
+            .for_each(|kind| self.wake_here(kind));
     }
 }
 
@@ -222,10 +229,8 @@ async fn listen(
                     bells.wake_here(kind);
                 }
             }
-            // The connection was lost (and made again): what was sent meanwhile is gone.
-            Ok(None) => JobKind::ALL
-                .into_iter()
-                .for_each(|kind| bells.wake_here(kind)),
+            // The connection was lost (and made again).
+            Ok(None) => bells.wake_every_kind_here(),
             Err(sqlx::Error::PoolClosed) => return,
             Err(error) => {
                 tracing::debug!(%error, "cannot listen for other instances' work; trying again");
@@ -235,13 +240,10 @@ async fn listen(
                     _ = &mut stopped => return,
                     () = tokio::time::sleep(Duration::from_secs(1)) => {}
                 }
-                // Whatever was sent while nobody listened is gone: every kind looks.
                 let Some(bells) = bells_weak.upgrade() else {
                     return;
                 };
-                JobKind::ALL
-                    .into_iter()
-                    .for_each(|kind| bells.wake_here(kind));
+                bells.wake_every_kind_here();
             }
         }
     }

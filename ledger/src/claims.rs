@@ -30,6 +30,12 @@ impl<J> Claimed<J> {
         }
     }
 
+    /// How long an idle worker sleeps after this claim, at most `poll`: until the next
+    /// job is due, if one is sooner.
+    pub fn idle_wait(&self, poll: Duration) -> Duration {
+        self.next_due_in.map_or(poll, |due| due.min(poll))
+    }
+
     /// The jobs claimed, as the claim for them ran.
     pub(crate) fn of(jobs: Vec<J>) -> Self {
         Self {
@@ -95,18 +101,14 @@ where
                 .bind(kind)
                 .fetch_one(&self.pool)
                 .await?;
-            Ok::<_, sqlx::Error>(first_due.map(|due_at| (due_at.0 - now.0).try_into()))
+            // Due now: the difference is not positive, and waits nothing.
+            Ok::<_, sqlx::Error>(
+                first_due.map(|due_at| Duration::try_from(due_at.0 - now.0).unwrap_or_default()),
+            )
         };
         match self.on_live_connection(look).await? {
-            // Due now: the difference is not positive.
-            Some(Err(_)) => {}
-            Some(Ok(wait)) if wait == Duration::ZERO => {}
-            Some(Ok(wait)) => {
-                return Ok(Looked::Nothing {
-                    next_due_in: Some(wait),
-                });
-            }
-            None => return Ok(Looked::Nothing { next_due_in: None }),
+            Some(wait) if wait.is_zero() => {}
+            next_due_in => return Ok(Looked::Nothing { next_due_in }),
         }
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;

@@ -71,25 +71,23 @@ pub async fn readyz(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// How long a probe or a scrape's count waits for an answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// `asked`'s answer within [`ANSWER_WITHIN`], or why there is none.
+async fn within<T, E: std::fmt::Display>(
+    asked: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(ANSWER_WITHIN, asked).await {
+        Ok(answer) => answer.map_err(|error| error.to_string()),
+        Err(_) => Err("no answer within 2s".to_owned()),
+    }
+}
+
 /// Whether the database and the lock store answer, each within 2 s: `Err` says why not.
 /// Readiness answers from it, and each scrape of the metrics records it.
 async fn probe(state: &AppState) -> (Result<(), String>, Result<(), String>) {
-    let limit = Duration::from_secs(2);
-    let (database, lock_store) = tokio::join!(
-        tokio::time::timeout(limit, state.ledger().ping()),
-        tokio::time::timeout(limit, state.locks().ping()),
-    );
-    let database = match database {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("no answer within 2s".to_owned()),
-    };
-    let lock_store = match lock_store {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err("no answer within 2s".to_owned()),
-    };
-    (database, lock_store)
+    tokio::join!(within(state.ledger().ping()), within(state.locks().ping()))
 }
 
 /// The pending payouts and the undelivered webhook deliveries, counted for a scrape: an
@@ -97,21 +95,18 @@ async fn probe(state: &AppState) -> (Result<(), String>, Result<(), String>) {
 /// of the open work, cheap however much is finished. Left as last counted when the
 /// database cannot say.
 async fn count_backlogs(state: &AppState) {
-    let limit = Duration::from_secs(2);
     if state.payouts().is_some() {
-        match tokio::time::timeout(limit, state.ledger().pending_payouts()).await {
-            Ok(Ok((pending, oldest))) => state.metrics().pending_payouts(pending, age(oldest)),
-            Ok(Err(error)) => tracing::debug!(%error, "cannot count payouts"),
-            Err(_) => tracing::debug!("cannot count payouts within 2s"),
+        match within(state.ledger().pending_payouts()).await {
+            Ok((pending, oldest)) => state.metrics().pending_payouts(pending, age(oldest)),
+            Err(error) => tracing::debug!(%error, "cannot count payouts"),
         }
     }
     if state.webhooks().is_some() {
-        match tokio::time::timeout(limit, state.ledger().webhook_backlog()).await {
-            Ok(Ok(backlog)) => state
+        match within(state.ledger().webhook_backlog()).await {
+            Ok(backlog) => state
                 .metrics()
                 .webhook_backlog(backlog.pending, age(backlog.oldest_pending)),
-            Ok(Err(error)) => tracing::debug!(%error, "cannot count webhook deliveries"),
-            Err(_) => tracing::debug!("cannot count webhook deliveries within 2s"),
+            Err(error) => tracing::debug!(%error, "cannot count webhook deliveries"),
         }
     }
 }

@@ -394,6 +394,7 @@ pub async fn dispatch(
     };
     while let Some(permits) = dispatcher.free_slots(&stopping).await {
         let claimed = dispatcher.claim(permits.len()).await;
+        let wait = claimed.idle_wait(dispatcher.settings.poll);
         let (sent, over_cap) = dispatcher.send(claimed.jobs, permits).await;
         dispatcher.hand_back(&over_cap).await;
         if sent == 0 {
@@ -401,9 +402,6 @@ pub async fn dispatch(
             // (a retry scheduled, a delivery handed back: the ledger wakes this process's
             // dispatcher, which then learns when it is due), the next job known is due,
             // or the poll interval passes.
-            let wait = claimed.next_due_in.map_or(dispatcher.settings.poll, |due| {
-                due.min(dispatcher.settings.poll)
-            });
             tokio::select! {
                 () = stopping.cancelled() => break,
                 () = dispatcher.ledger.rung(JobKind::Webhook) => {}
