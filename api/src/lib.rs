@@ -294,6 +294,15 @@ async fn reap(state: AppState, stopping: CancellationToken) {
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "reaping failed; will retry"),
         }
+        match state
+            .ledger()
+            .reap_finished_jobs(settings.delivery_retention, 1000)
+            .await
+        {
+            Ok(0) => {}
+            Ok(deliveries) => tracing::info!(deliveries, "reaped ended webhook deliveries"),
+            Err(error) => tracing::warn!(%error, "reaping deliveries failed; will retry"),
+        }
         match state.locks().prune_idle(settings.lock_idle).await {
             Ok(0) => {}
             Ok(forgotten) => tracing::info!(forgotten, "pruned idle lock keys"),

@@ -32,6 +32,8 @@ pub struct Settings {
     pub ticket_ttl: Duration,
     /// How long outcomes are kept after their ticket's expiry.
     pub retention: Duration,
+    /// How long an ended webhook delivery is kept.
+    pub delivery_retention: Duration,
     /// How often the reaper runs.
     pub reap_interval: Duration,
     /// How often the ledger is audited for the metrics (zero: never).
@@ -69,6 +71,7 @@ impl Settings {
             lock_wait: config.lock.lock_wait,
             ticket_ttl: config.ledger.ticket_ttl,
             retention: config.ledger.retention,
+            delivery_retention: config.ledger.delivery_retention,
             reap_interval: config.ledger.reap_interval,
             audit_every: config.ledger.audit_every,
             lock_idle: config.lock.lock_idle,

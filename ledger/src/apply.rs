@@ -553,7 +553,7 @@ where
         let (kind, body) = (execution.kind(), render(&execution));
         let (operation, status) = (request.operation.kind().as_str(), kind.status());
         Self::complete_ticket(&mut tx, request, operation, status, &body, now).await?;
-        let queued = announce_outcome(&mut tx, request, kind, &body, now).await?;
+        let queued = announce_outcome(&mut tx, request, kind, now).await?;
         commit_or_unknown(tx).await?;
         if queued {
             self.bells.ring(JobKind::Webhook);

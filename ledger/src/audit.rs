@@ -64,8 +64,9 @@ pub enum Rule {
     EntrySigns,
     /// Every outcome that announces an event, committed since the ledger writes them, has
     /// exactly one, of its type, on its account — a spend's outcome of a kind that
-    /// announces one ([`event_of_outcome`]), a settled payout; and every event announces
-    /// such an outcome (none for one that never committed).
+    /// announces one ([`event_of_outcome`]) is its own event (its ticket), a settled
+    /// payout has one row; every event row announces such an outcome (none for one that
+    /// never committed); and every delivery's event exists.
     EventPerOutcome,
 }
 
@@ -262,20 +263,42 @@ const ORDERS: &str = "
        OR (SELECT COUNT(*) FROM entries x WHERE x.order_id = o.id) > 1
     LIMIT 1000";
 
-/// The outcomes that announce an event (committed since `ledger_marks.events`), against
-/// the events: rows where one lacks the other, or their accounts differ, or an outcome has
-/// more than one.
+/// The outcomes that announce an event with a row of its own, against the `events` rows:
+/// rows where one lacks the other, or their accounts differ, or an outcome has more than
+/// one. Those are the payouts settled since `ledger_marks.events`, and the spends' outcomes
+/// committed between that mark and `outcome_events` — since then a spend's outcome is its
+/// event, its ticket, and a row of an outcome's type is one too many.
 static EVENTS: LazyLock<String> =
     LazyLock::new(|| EVENTS_WITH_TYPE_OF_TICKET.replace("{type of ticket t}", &event_of_ticket()));
+
+/// Deliveries whose event is nowhere: neither an `events` row of its type on the
+/// endpoint's account, nor a ticket of that account whose outcome announces that type.
+static DELIVERIES_WITHOUT_EVENT: LazyLock<String> = LazyLock::new(|| {
+    DELIVERIES_WITHOUT_EVENT_WITH_TYPE_OF_TICKET.replace("{type of ticket t}", &event_of_ticket())
+});
+
+const DELIVERIES_WITHOUT_EVENT_WITH_TYPE_OF_TICKET: &str = "
+    SELECT ep.account_id, o.event_id, o.id
+    FROM outbox o JOIN webhook_endpoints ep ON ep.id = o.endpoint_id
+    WHERE o.kind = 'webhook'
+      AND NOT EXISTS (SELECT 1 FROM events e
+                      WHERE e.id = o.event_id AND e.type = o.event_type
+                        AND e.account_id = ep.account_id)
+      AND NOT EXISTS (SELECT 1 FROM tickets t
+                      WHERE t.id = o.event_id AND t.account_id = ep.account_id
+                        AND {type of ticket t} = o.event_type)
+    LIMIT 1000";
 
 /// [`EVENTS`]' text, with `{type of ticket t}` where the type ticket `t`'s outcome
 /// announces goes ([`event_of_ticket`]).
 const EVENTS_WITH_TYPE_OF_TICKET: &str = "
     WITH mark AS (SELECT at FROM ledger_marks WHERE name = 'events'),
+    rowless AS (SELECT at FROM ledger_marks WHERE name = 'outcome_events'),
     announced AS (
         SELECT t.id AS ticket_id, t.account_id, {type of ticket t} AS type
         FROM tickets t
         WHERE t.completed_at >= (SELECT at FROM mark)
+          AND t.completed_at < (SELECT at FROM rowless)
         UNION ALL
         SELECT p.ticket_id, p.account_id,
                CASE p.status WHEN 'succeeded' THEN 'payout.succeeded' ELSE 'payout.failed' END
@@ -396,6 +419,26 @@ where
                     Some(ticket),
                     detail,
                 ))
+            })
+            .chain(self.deliveries_without_event().await?)
+            .collect())
+    }
+
+    /// [`Rule::EventPerOutcome`]'s other half: what a delivery sends exists.
+    async fn deliveries_without_event(&self) -> Result<Vec<Violation>, LedgerError> {
+        let rows: Vec<(AccountId, TicketId, i64)> =
+            sqlx::query_as(AssertSqlSafe(DELIVERIES_WITHOUT_EVENT.as_str()))
+                .fetch_all(self.pool)
+                .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(account, event, delivery)| {
+                violation(
+                    Rule::EventPerOutcome,
+                    account,
+                    Some(event),
+                    format!("delivery {delivery} sends an event that is nowhere"),
+                )
             })
             .collect())
     }

@@ -160,27 +160,21 @@ const APPLY_SPENDS: &str = "
         FROM written AS w CROSS JOIN judged AS j
         WHERE t.id = w.ticket_id
         RETURNING t.id, w.balance_after, w.points_after
-    ), events_written AS (
-        INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
-        SELECT gen_random_uuid(), w.account_id, w.event_type, w.ticket_id,
-               '{\"account_id\":\"' || w.account_id || '\",\"ticket_id\":\"' || w.ticket_id
-                   || '\",\"outcome\":{\"status\":' || w.status || ',\"body\":' || w.body_after
-                   || '}}',
-               j.read_at
-        FROM written AS w CROSS JOIN judged AS j
-        WHERE w.event_type IS NOT NULL
-        RETURNING id, account_id, type
+    ), announced AS (
+        -- An outcome's event is its ticket (its id, its stored outcome): no row of its own.
+        SELECT w.ticket_id AS id, w.account_id, w.event_type AS type
+        FROM written AS w WHERE w.event_type IS NOT NULL
     ), subscribed AS (
         -- Locked against a delete of the endpoint, as the transaction path's queue is
         -- (dialect.rs, `queue_deliveries!`): a delete waits for this commit, then ends
         -- what it queued.
         SELECT s.account_id, s.event_type, s.endpoint_id FROM webhook_subscriptions AS s
-        WHERE s.account_id IN (SELECT e.account_id FROM events_written AS e)
+        WHERE s.account_id IN (SELECT e.account_id FROM announced AS e)
         FOR KEY SHARE
     ), deliveries_queued AS (
-        INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
-        SELECT 'webhook', e.id, s.endpoint_id, j.read_at, j.read_at
-        FROM events_written AS e
+        INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
+        SELECT 'webhook', e.id, s.endpoint_id, e.type, j.read_at, j.read_at
+        FROM announced AS e
              JOIN subscribed AS s
                   ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
              CROSS JOIN judged AS j

@@ -46,6 +46,9 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     const DELETE_OLD_CREATIONS: &'static str;
     /// The reaper's deletion of webhook requests' records, as of creation records.
     const DELETE_OLD_REQUESTS: &'static str;
+    /// Deletes up to $2 outbox jobs that finished before $1 (their attempts with them);
+    /// returns their ids.
+    const DELETE_FINISHED_JOBS: &'static str;
     /// Claims due payout jobs ([`claim_jobs`]): $1 now, $2 lease until, $3 worker, $4 at
     /// most; returns each one's id, payout, attempt and throttled claims.
     const CLAIM_JOBS: &'static str;
@@ -77,8 +80,8 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
 macro_rules! queue_deliveries {
     ($lock:literal) => {
         concat!(
-            "INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at)
-             SELECT 'webhook', $1, s.endpoint_id, $4, $4 FROM webhook_subscriptions s
+            "INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
+             SELECT 'webhook', $1, s.endpoint_id, $3, $4, $4 FROM webhook_subscriptions s
              WHERE s.account_id = $2 AND s.event_type IN ($3, '*') ",
             $lock,
             " RETURNING id"
@@ -127,15 +130,19 @@ macro_rules! reap_statements {
                    AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NULL
                  RETURNING id"
             ),
+            // An outcome is its event too: kept while a delivery of it is (until the
+            // deliveries' own retention lets them go).
             concat!(
                 "UPDATE tickets SET response_body = NULL, pruned_at = $2
                  WHERE id IN (
                      SELECT id FROM tickets
                      WHERE pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                       AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = tickets.id)
                      LIMIT $3 ",
                 $lock,
                 ")
                    AND pruned_at IS NULL AND expires_at < $1 AND completed_at IS NOT NULL
+                   AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = tickets.id)
                  RETURNING id"
             ),
             concat!(
@@ -155,6 +162,17 @@ macro_rules! reap_statements {
                 ")
                    AND created_at < $1
                  RETURNING key_hash"
+            ),
+            // A delivery sent again by hand meanwhile is open again: the outer WHERE
+            // leaves it.
+            concat!(
+                "DELETE FROM outbox
+                 WHERE id IN (
+                     SELECT id FROM outbox WHERE done_at < $1 LIMIT $2 ",
+                $lock,
+                ")
+                   AND done_at < $1
+                 RETURNING id"
             ),
         )
     };
@@ -223,8 +241,16 @@ macro_rules! first_free {
     };
 }
 
-const POSTGRES_REAP: (&str, &str, &str, &str) = reap_statements!("FOR UPDATE SKIP LOCKED");
-const SQLITE_REAP: (&str, &str, &str, &str) = reap_statements!("");
+/// The reaper's statements, in the order of [`Dialect`]'s constants.
+type ReapStatements = (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static str,
+);
+const POSTGRES_REAP: ReapStatements = reap_statements!("FOR UPDATE SKIP LOCKED");
+const SQLITE_REAP: ReapStatements = reap_statements!("");
 
 /// PostgreSQL's clock. `clock_timestamp()`, not `now()`: `now()` is the transaction's
 /// start, which may precede a wait for a row lock by seconds.
@@ -283,6 +309,7 @@ impl Dialect for sqlx::Postgres {
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = POSTGRES_REAP.3;
+    const DELETE_FINISHED_JOBS: &'static str = POSTGRES_REAP.4;
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
@@ -292,7 +319,7 @@ impl Dialect for sqlx::Postgres {
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
         "webhook",
-        "id, event_id, endpoint_id, attempts",
+        "id, event_id, event_type, endpoint_id, attempts",
         "FOR UPDATE SKIP LOCKED",
         "id = ANY (ARRAY(SELECT id FROM picked))"
     );
@@ -342,6 +369,7 @@ impl Dialect for sqlx::Sqlite {
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = SQLITE_REAP.3;
+    const DELETE_FINISHED_JOBS: &'static str = SQLITE_REAP.4;
     // One writer: claims never overlap.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
@@ -351,7 +379,7 @@ impl Dialect for sqlx::Sqlite {
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
         "webhook",
-        "id, event_id, endpoint_id, attempts",
+        "id, event_id, event_type, endpoint_id, attempts",
         "",
         "id IN (SELECT id FROM picked)"
     );

@@ -147,24 +147,23 @@ const INSERT_ATTEMPT: &str = "
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// Up to $3 deliveries of endpoint $1 before delivery $2 (none: from the newest), newest
-/// first.
-const DELIVERIES: &str = concat!(
-    "SELECT o.id, o.endpoint_id, o.done_at, o.outcome, o.due_at, ",
-    event_columns!("e"),
-    " FROM outbox o JOIN events e ON e.id = o.event_id
-      WHERE o.endpoint_id = $1 AND o.kind = 'webhook' AND ($2 IS NULL OR o.id < $2)
-      ORDER BY o.id DESC
-      LIMIT $3"
-);
+/// first; their events are read apart ([`events_named`]).
+const DELIVERIES: &str = "
+    SELECT o.id, o.endpoint_id, o.done_at, o.outcome, o.due_at, o.event_id, o.event_type
+    FROM outbox o
+    WHERE o.endpoint_id = $1 AND o.kind = 'webhook' AND ($2 IS NULL OR o.id < $2)
+    ORDER BY o.id DESC
+    LIMIT $3";
 
 const REOPEN_DELIVERY: &str = "
     UPDATE outbox SET done_at = NULL, outcome = NULL, due_at = $2, lease_until = NULL,
                       leased_by = NULL
     WHERE id = $1";
 
+/// A delivery is queued as its event commits, so its creation is its event's.
 const BACKLOG: &str = "
-    SELECT CAST(COUNT(*) AS BIGINT), MIN(e.created_at)
-    FROM outbox o JOIN events e ON e.id = o.event_id
+    SELECT CAST(COUNT(*) AS BIGINT), MIN(o.created_at)
+    FROM outbox o
     WHERE o.kind = 'webhook' AND o.done_at IS NULL";
 
 const KEEP_SEALING_KEY: &str = "
@@ -285,40 +284,131 @@ from_row! {
     pub(crate) struct ClaimedRow {
         id: i64,
         event_id: EventId,
+        event_type: String,
         endpoint_id: EndpointId,
         attempts: i32,
     }
 }
 
-/// A delivery as listed: its outbox columns beside its event's.
-pub(crate) struct DeliveryRow {
-    id: i64,
-    endpoint_id: EndpointId,
-    done_at: Option<Timestamp>,
-    outcome: Option<String>,
-    due_at: Timestamp,
-    event: EventRow,
+from_row! {
+    /// A delivery as listed: its outbox columns, its event named by id and type.
+    pub(crate) struct DeliveryRow {
+        id: i64,
+        endpoint_id: EndpointId,
+        done_at: Option<Timestamp>,
+        outcome: Option<String>,
+        due_at: Timestamp,
+        event_id: EventId,
+        event_type: String,
+    }
 }
 
-impl<'r, R: Row> FromRow<'r, R> for DeliveryRow
-where
-    &'static str: ColumnIndex<R>,
-    i64: Decode<'r, R::Database> + Type<R::Database>,
-    EndpointId: Decode<'r, R::Database> + Type<R::Database>,
-    String: Decode<'r, R::Database> + Type<R::Database>,
-    Timestamp: Decode<'r, R::Database> + Type<R::Database>,
-    EventRow: FromRow<'r, R>,
-{
-    fn from_row(row: &'r R) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            id: row.try_get("id")?,
-            endpoint_id: row.try_get("endpoint_id")?,
-            done_at: row.try_get("done_at")?,
-            outcome: row.try_get("outcome")?,
-            due_at: row.try_get("due_at")?,
-            event: EventRow::from_row(row)?,
-        })
+from_row! {
+    /// An announcing ticket as read for its event: the stored outcome, as text.
+    pub(crate) struct AnnouncingRow {
+        id: TicketId,
+        account_id: AccountId,
+        response_status: Option<i32>,
+        body: Option<String>,
+        completed_at: Option<Timestamp>,
     }
+}
+
+/// Tickets' stored outcomes by id, for the events they announce: the body as the text
+/// stored (PostgreSQL's `json` keeps it as written).
+const ANNOUNCING_TICKETS: &str = "
+    SELECT id, account_id, response_status, CAST(response_body AS TEXT) AS body, completed_at
+    FROM tickets WHERE id IN ";
+
+/// The events `named` (by id, with the type the delivery carries), by id: an event written
+/// as a row of its own (a payout's settlement; any event older than migration 0013) is
+/// read from `events`; any other is an outcome's, whose id is its ticket's and whose data
+/// is the ticket's stored outcome. An event found in neither is left out.
+async fn events_named<D>(
+    connection: &mut D::Connection,
+    named: &[(EventId, &str)],
+) -> Result<HashMap<EventId, Event>, LedgerError>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> AnnouncingRow: FromRow<'r, D::Row>,
+{
+    let mut ids: Vec<EventId> = named.iter().map(|(id, _)| *id).collect();
+    ids.sort();
+    ids.dedup();
+    let mut events = HashMap::new();
+    if ids.is_empty() {
+        return Ok(events);
+    }
+    let select = format!(
+        "SELECT {} FROM events e WHERE e.id IN ({})",
+        event_columns!("e"),
+        placeholders(1, ids.len())
+    );
+    let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
+    for id in &ids {
+        query = query.bind(*id);
+    }
+    for row in query.fetch_all(&mut *connection).await? {
+        let event = Event::try_from(row)?;
+        events.insert(event.id, event);
+    }
+    let of_tickets: Vec<(EventId, &str)> = named
+        .iter()
+        .filter(|(id, _)| !events.contains_key(id))
+        .copied()
+        .collect();
+    if of_tickets.is_empty() {
+        return Ok(events);
+    }
+    let select = format!(
+        "{ANNOUNCING_TICKETS}({})",
+        placeholders(1, of_tickets.len())
+    );
+    let mut query = sqlx::query_as::<_, AnnouncingRow>(sqlx::AssertSqlSafe(select));
+    for (id, _) in &of_tickets {
+        query = query.bind(*id);
+    }
+    let tickets: HashMap<EventId, AnnouncingRow> = query
+        .fetch_all(&mut *connection)
+        .await?
+        .into_iter()
+        .map(|row| (EventId(row.id.0), row))
+        .collect();
+    for (id, type_name) in of_tickets {
+        let Some(ticket) = tickets.get(&id) else {
+            continue;
+        };
+        let corrupt = |what: &str| LedgerError::Corrupt(format!("event {id}: {what}"));
+        let event_type =
+            EventType::parse(type_name).ok_or_else(|| corrupt(&format!("type {type_name:?}")))?;
+        let (Some(status), Some(body), Some(completed_at)) = (
+            ticket.response_status,
+            ticket.body.as_deref(),
+            ticket.completed_at,
+        ) else {
+            return Err(corrupt("its ticket holds no stored outcome"));
+        };
+        events.insert(
+            id,
+            Event {
+                id,
+                account_id: ticket.account_id,
+                event_type,
+                ticket_id: ticket.id,
+                data: outcome_data(
+                    ticket.account_id,
+                    ticket.id,
+                    u16::try_from(status).unwrap_or_default(),
+                    body,
+                ),
+                created_at: completed_at.0,
+            },
+        );
+    }
+    Ok(events)
 }
 
 from_row! {
@@ -392,6 +482,28 @@ where
         .bind(now)
         .execute(&mut **tx)
         .await?;
+    queue_deliveries(tx, id, account, kind, now).await
+}
+
+/// Queues event `id` of `account` and type `kind` for each endpoint of the account that
+/// wants it, in `tx`, due at `now`. `true` when it queued any.
+async fn queue_deliveries<D>(
+    tx: &mut sqlx::Transaction<'static, D>,
+    id: EventId,
+    account: AccountId,
+    kind: EventType,
+    now: Timestamp,
+) -> Result<bool, sqlx::Error>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> i64: Decode<'q, D> + Type<D>,
+    usize: sqlx::ColumnIndex<D::Row>,
+{
     let queued: Vec<i64> = sqlx::query_scalar(D::QUEUE_DELIVERIES)
         .bind(id)
         .bind(account)
@@ -402,15 +514,15 @@ where
     Ok(!queued.is_empty())
 }
 
-/// Writes, in `tx`, the event a spend's outcome of kind `outcome`, stored with `body`,
-/// announces, if it announces one ([`event_of_outcome`]): what every transaction that
-/// stores a spend's outcome does before it commits (the group commit's statement does the
-/// same in SQL). `true` when it queued deliveries.
+/// Announces, in `tx`, the event a spend's outcome of kind `outcome` announces, if it
+/// announces one ([`event_of_outcome`]): what every transaction that stores a spend's
+/// outcome does before it commits (the group commit's statement does the same in SQL).
+/// The event is the ticket's stored outcome, its id the ticket's: no row is written for
+/// it, only its deliveries queued. `true` when it queued deliveries.
 pub(crate) async fn announce_outcome<D>(
     tx: &mut sqlx::Transaction<'static, D>,
     request: &ApplyRequest<'_>,
     outcome: OutcomeKind,
-    body: &serde_json::Value,
     now: Timestamp,
 ) -> Result<bool, sqlx::Error>
 where
@@ -427,13 +539,14 @@ where
     let Some(event) = event_of_outcome(request.operation.kind(), outcome) else {
         return Ok(false);
     };
-    let data = outcome_data(
+    queue_deliveries(
+        tx,
+        EventId(request.ticket_id.0),
         request.account_id,
-        request.ticket_id,
-        outcome.status(),
-        &body.to_string(),
-    );
-    record_event(tx, request.account_id, request.ticket_id, event, &data, now).await
+        event,
+        now,
+    )
+    .await
 }
 
 /// `text` as a TEXT column of either database takes it: PostgreSQL refuses a NUL
@@ -469,6 +582,7 @@ where
     usize: ColumnIndex<D::Row>,
     for<'r> EndpointRow: FromRow<'r, D::Row>,
     for<'r> EventRow: FromRow<'r, D::Row>,
+    for<'r> AnnouncingRow: FromRow<'r, D::Row>,
     for<'r> ClaimedRow: FromRow<'r, D::Row>,
     for<'r> DeliveryRow: FromRow<'r, D::Row>,
     for<'r> AttemptRow: FromRow<'r, D::Row>,
@@ -692,7 +806,11 @@ where
             Ok(claim) => claim,
             Err(nothing) => return Ok(nothing),
         };
-        let events = Self::claimed_events(&mut tx, &claimed).await?;
+        let named: Vec<(EventId, &str)> = claimed
+            .iter()
+            .map(|row| (row.event_id, row.event_type.as_str()))
+            .collect();
+        let events = events_named::<D>(&mut tx, &named).await?;
         let endpoints = Self::claimed_endpoints(&mut tx, &claimed).await?;
         let claimed_at = Timestamp(lease_until.0 - lease);
         let live = Self::end_stopped(&mut tx, claimed, &endpoints, claimed_at).await?;
@@ -718,31 +836,6 @@ where
             })
             .collect::<Result<_, _>>()
             .map(Claimed::of)
-    }
-
-    /// The events of the `claimed` deliveries, by id.
-    async fn claimed_events(
-        tx: &mut sqlx::Transaction<'static, D>,
-        claimed: &[ClaimedRow],
-    ) -> Result<HashMap<EventId, Event>, LedgerError> {
-        let mut event_ids: Vec<EventId> = claimed.iter().map(|row| row.event_id).collect();
-        event_ids.sort();
-        event_ids.dedup();
-        let select = format!(
-            "SELECT {} FROM events e WHERE e.id IN ({})",
-            event_columns!("e"),
-            placeholders(1, event_ids.len())
-        );
-        let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
-        for id in &event_ids {
-            query = query.bind(*id);
-        }
-        let mut events = HashMap::new();
-        for row in query.fetch_all(&mut **tx).await? {
-            let event = Event::try_from(row)?;
-            events.insert(event.id, event);
-        }
-        Ok(events)
     }
 
     /// The endpoints of the `claimed` deliveries, by id, each with why it takes no more
@@ -954,6 +1047,11 @@ where
                 .fetch_all(&self.pool)
         };
         let rows = self.on_live_connection(query).await?;
+        let named: Vec<(EventId, &str)> = rows
+            .iter()
+            .map(|row| (row.event_id, row.event_type.as_str()))
+            .collect();
+        let mut events = events_named::<D>(&mut *self.pool.acquire().await?, &named).await?;
         let mut attempts: HashMap<i64, Vec<Attempt>> = HashMap::new();
         if !rows.is_empty() {
             let select = format!(
@@ -991,7 +1089,9 @@ where
                 Ok(Delivery {
                     id: row.id,
                     endpoint_id: row.endpoint_id,
-                    event: Event::try_from(row.event)?,
+                    event: events.remove(&row.event_id).ok_or_else(|| {
+                        LedgerError::Corrupt(format!("delivery {}: its event is missing", row.id))
+                    })?,
                     status,
                     next_attempt_at: (status == DeliveryStatus::Pending).then_some(row.due_at.0),
                     attempts: attempts.remove(&row.id).unwrap_or_default(),

@@ -962,6 +962,27 @@ impl Ledger {
         }
     }
 
+    /// Deletes the outbox jobs that finished more than `retention` ago: webhook deliveries
+    /// that ended (delivered, exhausted, or ended with their endpoint), with their
+    /// attempts — from then on they are neither listed nor sent again by hand. (A payout's
+    /// job leaves as the payout settles; the payout stays whole.) Works in batches of
+    /// `batch` until none are left; returns how many it deleted.
+    pub async fn reap_finished_jobs(
+        &self,
+        retention: Duration,
+        batch: u32,
+    ) -> Result<u64, LedgerError> {
+        let batch = i64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let deleted = self.store.reap_finished_jobs(retention, batch).await?;
+            total += deleted;
+            if deleted < batch.unsigned_abs() {
+                return Ok(total);
+            }
+        }
+    }
+
     /// Checks that the database answers.
     pub async fn ping(&self) -> Result<(), LedgerError> {
         self.store.ping().await

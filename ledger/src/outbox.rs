@@ -42,7 +42,7 @@ macro_rules! payout_columns {
     () => {
         "p.id, p.account_id, p.ticket_id, p.amount, p.destination, p.status,
          p.bank_transfer_id, p.failure_reason, p.created_at, p.settled_at,
-         COALESCE(o.attempts, 0) AS attempts, o.last_error
+         COALESCE(o.attempts, p.attempts) AS attempts, o.last_error
          FROM payouts p LEFT JOIN outbox o ON o.payout_id = p.id"
     };
 }
@@ -103,11 +103,13 @@ const INSERT_PAYOUT_ENTRY: &str = "
 const INSERT_JOB: &str = "
     INSERT INTO outbox (kind, payout_id, due_at, created_at) VALUES ('payout', $1, $2, $2)";
 
-/// Ends job $1 at attempt $2 ($3 now): only if that is still the job's attempt and it is
-/// not done. Returns its payout.
+/// Ends job $1 at attempt $2: only if that is still the job's attempt. Returns its payout.
+///
+/// The job is deleted, not marked done: a settled payout's row holds all that is kept of
+/// it (its claims are copied there by [`SETTLE_PAYOUT`]), and a finished job left in the
+/// outbox would stay in its indexes, for every claim to walk past, until vacuum.
 const FINISH_JOB: &str = "
-    UPDATE outbox SET done_at = $3, lease_until = NULL, last_error = NULL
-    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    DELETE FROM outbox WHERE id = $1 AND attempts = $2 AND done_at IS NULL
     RETURNING payout_id";
 
 /// Puts job $1 at attempt $2 back, due at $3, with $4 what went wrong; $5 is 1 when the
@@ -118,11 +120,20 @@ const POSTPONE_JOB: &str = "
     WHERE id = $1 AND attempts = $2 AND done_at IS NULL
     RETURNING payout_id";
 
-/// Parameters: $1 payout, $2 status, $3 transfer id, $4 reason, $5 now. Only a pending
-/// payout is settled (a trigger refuses any change to a settled one, too).
+/// Parameters: $1 payout, $2 status, $3 transfer id, $4 reason, $5 now, $6 the claims its
+/// job took. Only a pending payout is settled: its job, just deleted at the attempt that
+/// settles it, existed only while it was pending, and the `payouts_settle_once` trigger
+/// refuses any change to a settled one.
+///
+/// The payout is found by its key alone. With `AND status = 'pending'` here, statistics
+/// taken when nearly every payout was settled (a long history; a burst of new ones is not
+/// analysed again) made the planner reach the row through the index of pending payouts,
+/// walking every pending one for each settlement: with 200,000 settled, payouts went out
+/// at 0.58 of the rate on an empty database.
 const SETTLE_PAYOUT: &str = "
-    UPDATE payouts SET status = $2, bank_transfer_id = $3, failure_reason = $4, settled_at = $5
-    WHERE id = $1 AND status = 'pending'
+    UPDATE payouts SET status = $2, bank_transfer_id = $3, failure_reason = $4, settled_at = $5,
+                       attempts = $6
+    WHERE id = $1
     RETURNING account_id, amount";
 
 /// A reversal's credit: no lock and no fencing token — adding to a balance cannot make any
@@ -487,7 +498,6 @@ where
         let finished: Option<(PayoutId,)> = sqlx::query_as(FINISH_JOB)
             .bind(job.job_id)
             .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
-            .bind(now)
             .fetch_optional(&mut **tx)
             .await?;
         if finished.is_none() {
@@ -505,6 +515,7 @@ where
             .bind(transfer_id)
             .bind(reason)
             .bind(now)
+            .bind(i32::try_from(job.attempt).unwrap_or(i32::MAX))
             .fetch_optional(&mut **tx)
             .await?;
         let Some((account, amount)) = settled else {

@@ -72,3 +72,28 @@ fn before(now: Timestamp, age: Duration) -> Timestamp {
             .unwrap_or(time::OffsetDateTime::UNIX_EPOCH),
     )
 }
+
+/// [`Store::reap_finished_jobs`](crate::store::Store::reap_finished_jobs): deletes at most
+/// `batch` outbox jobs that finished more than `retention` ago (by the clock on `pool`),
+/// through `writer`, with their attempts. Returns how many.
+pub(crate) async fn reap_finished_jobs<D>(
+    pool: &Pool<D>,
+    writer: &Pool<D>,
+    retention: Duration,
+    batch: i64,
+) -> Result<u64, LedgerError>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    usize: ColumnIndex<D::Row>,
+{
+    let now: Timestamp = sqlx::query_scalar(D::CLOCK).fetch_one(pool).await?;
+    let deleted: Vec<i64> = sqlx::query_scalar(D::DELETE_FINISHED_JOBS)
+        .bind(before(now, retention))
+        .bind(batch)
+        .fetch_all(writer)
+        .await?;
+    Ok(deleted.len() as u64)
+}

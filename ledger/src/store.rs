@@ -180,6 +180,10 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     /// `batch` of each; and deletes creation records made more than `retention` ago (by
     /// the creating instance's clock), at most `batch`. Returns how many of each.
     async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64, u64), LedgerError>;
+    /// Deletes at most `batch` outbox jobs that finished more than `retention` ago by the
+    /// database's clock, with their attempts. Returns how many.
+    async fn reap_finished_jobs(&self, retention: Duration, batch: i64)
+    -> Result<u64, LedgerError>;
     async fn ping(&self) -> Result<(), LedgerError>;
     async fn close(&self);
     /// The group commit's batch sizes, where there is one.
@@ -555,6 +559,14 @@ where
 
     async fn reap(&self, retention: Duration, batch: i64) -> Result<(u64, u64, u64), LedgerError> {
         reaper::reap(&self.pool, &self.writer, retention, batch).await
+    }
+
+    async fn reap_finished_jobs(
+        &self,
+        retention: Duration,
+        batch: i64,
+    ) -> Result<u64, LedgerError> {
+        reaper::reap_finished_jobs(&self.pool, &self.writer, retention, batch).await
     }
 
     async fn ping(&self) -> Result<(), LedgerError> {

@@ -120,9 +120,10 @@ async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<String>
     Ok(address)
 }
 
-/// `count` events of `account` delivered to `endpoint` a day ago, each with its finished
-/// delivery and its one attempt, written in bulk; then vacuumed and analysed, as
-/// autovacuum leaves a database that has run a while.
+/// `count` withdrawals of `account` announced to `endpoint` a day ago — each a completed
+/// ticket (an outcome is its own event) with its finished delivery and its one attempt,
+/// written in bulk; then vacuumed and analysed, as autovacuum leaves a database that has
+/// run a while.
 async fn delivered_history(
     database: &str,
     account: AccountId,
@@ -133,17 +134,17 @@ async fn delivered_history(
     let mut connection = sqlx::PgConnection::connect(database).await?;
     sqlx::query(
         "WITH written AS (
-             INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
-             SELECT gen_random_uuid(), $1, 'withdrawal.succeeded', gen_random_uuid(),
-                    '{\"account_id\":\"' || $1 || '\",\"outcome\":{\"status\":201,\"body\":{\"amount\":1}}}',
-                    now() - interval '1 day'
+             INSERT INTO tickets (id, account_id, created_at, expires_at, operation, fingerprint,
+                                  response_status, response_body, completed_at)
+             SELECT gen_random_uuid(), $1, now() - interval '1 day', now(), 'withdrawal',
+                    'history', 201, '{\"amount\":1}', now() - interval '1 day'
              FROM generate_series(1, $3)
              RETURNING id
          ), queued AS (
-             INSERT INTO outbox (kind, event_id, endpoint_id, due_at, created_at, done_at,
-                                 outcome, attempts)
-             SELECT 'webhook', id, $2, now() - interval '1 day', now() - interval '1 day',
-                    now() - interval '1 day', 'delivered', 1
+             INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at,
+                                 done_at, outcome, attempts)
+             SELECT 'webhook', id, $2, 'withdrawal.succeeded', now() - interval '1 day',
+                    now() - interval '1 day', now() - interval '1 day', 'delivered', 1
              FROM written
              RETURNING id
          )
@@ -155,7 +156,7 @@ async fn delivered_history(
     .bind(i64::try_from(count)?)
     .execute(&mut connection)
     .await?;
-    sqlx::query("VACUUM ANALYZE events, outbox, webhook_attempts")
+    sqlx::query("VACUUM ANALYZE tickets, outbox, webhook_attempts")
         .execute(&mut connection)
         .await?;
     Ok(())

@@ -19,6 +19,10 @@ config_section! {
         /// stays, so it can never run again).
         #[arg(env = "PAYONCE_RETENTION", default_value = "7days", value_parser = duration)]
         pub retention: Duration,
+        /// How long a webhook delivery stays listed, and can be sent again by hand, after
+        /// it ended; the reaper then deletes it with its attempts.
+        #[arg(env = "PAYONCE_DELIVERY_RETENTION", default_value = "30days", value_parser = duration)]
+        pub delivery_retention: Duration,
         /// How often expired tickets and old outcomes are reaped.
         #[arg(env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
         pub reap_interval: Duration,

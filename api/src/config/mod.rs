@@ -670,6 +670,7 @@ mod tests {
   PAYONCE_CLIENT_IP_HEADER     (unset)
   PAYONCE_DATA_DIR             /tmp/cfg/data
   PAYONCE_DB_MAX_CONNECTIONS   16
+  PAYONCE_DELIVERY_RETENTION   30days
   PAYONCE_DEMO                 false
   PAYONCE_HEADER_READ_TIMEOUT  10s
   PAYONCE_INSTANCE             127.0.0.1:0
@@ -731,6 +732,7 @@ mod tests {
   PAYONCE_CLIENT_IP_HEADER     x-real-ip
   PAYONCE_DATA_DIR             ./data
   PAYONCE_DB_MAX_CONNECTIONS   16
+  PAYONCE_DELIVERY_RETENTION   30days
   PAYONCE_DEMO                 false
   PAYONCE_HEADER_READ_TIMEOUT  10s
   PAYONCE_INSTANCE             one

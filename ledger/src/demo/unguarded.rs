@@ -133,7 +133,7 @@ where
             return Ok(None);
         }
         // Unguarded as the write is, its outcome is announced like any other.
-        let queued = announce_outcome(&mut tx, request, outcome, &body, now).await?;
+        let queued = announce_outcome(&mut tx, request, outcome, now).await?;
         commit_or_unknown(tx).await?;
         if queued {
             self.bells.ring(crate::bells::JobKind::Webhook);

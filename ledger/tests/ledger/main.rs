@@ -36,7 +36,9 @@ macro_rules! suite_for {
                 audit_finds_a_missing_event_and_a_stray_one,
                 a_claim_takes_at_most_what_it_asks_for,
                 an_answer_with_a_nul_byte_is_recorded_beside_the_others,
-                rotations_under_one_key_rotate_once
+                rotations_under_one_key_rotate_once,
+                ended_deliveries_are_reaped_after_the_retention,
+                an_outcome_is_kept_while_a_delivery_of_it_is
             );
             suite_for!(@cases $open, suite;
                 opening_an_account_writes_its_opening_entry,

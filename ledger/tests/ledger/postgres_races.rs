@@ -44,7 +44,7 @@ pub async fn blocked_or_finished<T>(monitor: &mut PgConnection, task: &JoinHandl
 }
 
 /// What `apply` writes for a withdrawal, done by hand inside `tx`: the move, the entry and
-/// the stored outcome.
+/// the stored outcome (which is its event too).
 async fn withdraw_by_hand(
     tx: &mut PgConnection,
     account_id: AccountId,
@@ -78,16 +78,7 @@ async fn withdraw_by_hand(
     .execute(&mut *tx)
     .await
     .unwrap();
-    // Its event too, as every committed outcome has one.
-    sqlx::query(
-        "INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
-         VALUES (gen_random_uuid(), $1, 'withdrawal.succeeded', $2, '{}', now())",
-    )
-    .bind(account_id)
-    .bind(ticket)
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    // (Its event is the stored outcome: nothing more to write.)
     sqlx::query(
         "UPDATE tickets
          SET operation = 'withdrawal', fingerprint = 'by-hand', response_status = 201,

@@ -393,19 +393,34 @@ pub async fn a_payout_announces_its_settlement_once(database: &TestDatabase) {
     assert_clean(&ledger).await;
 }
 
-/// The audit finds an outcome announced as something else (its event missing, and an
-/// event for an outcome that never was), and an outcome with no event at all.
+/// The audit finds a settlement announced as something else (its event missing, and an
+/// event for an outcome that never was), a settlement with no event at all, and a
+/// delivery whose event is nowhere (a withdrawal's outcome is its own event: sent as
+/// another type, it is no event).
 pub async fn audit_finds_a_missing_event_and_a_stray_one(database: &TestDatabase) {
-    let ledger = open(database).await;
-    let account_id = account(&ledger, 1000, 0).await;
+    let (ledger, _hooks) = one_withdrawal_announced(database).await;
+    let delivery = claim_all(&ledger, "w").await.remove(0);
+    let account_id = delivery.event.account_id;
+    assert_eq!(delivery.event.id.0, delivery.event.ticket_id.0);
     let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
-    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+    let operation = Operation::Payout {
+        payout: PayoutId::random(),
+        amount: Amount::new(300).unwrap(),
+        destination: Destination::new("acct-1").unwrap(),
+    };
+    apply(&ledger, account_id, ticket, operation, "p", 2)
         .await
         .unwrap();
+    let job = ledger.claim_payouts("p", LEASE, 1).await.unwrap().remove(0);
+    let render = |payout: &ledger::payouts::Payout| serde_json::json!({"payout_id": payout.id.0});
+    let settled = Settlement::Succeeded {
+        transfer_id: "t-1".to_owned(),
+    };
+    assert!(ledger.settle_payout(&job, &settled, &render).await.unwrap());
     assert_clean(&ledger).await;
 
     database
-        .execute("UPDATE events SET type = 'withdrawal.refused'")
+        .execute("UPDATE events SET type = 'withdrawal.succeeded'")
         .await
         .unwrap();
     let violations = ledger.audit().await.unwrap();
@@ -418,25 +433,37 @@ pub async fn audit_finds_a_missing_event_and_a_stray_one(database: &TestDatabase
     assert!(
         found
             .iter()
-            .any(|d| d.contains("no withdrawal.succeeded event")),
+            .any(|d| d.contains("no payout.succeeded event")),
         "{found:?}"
     );
     assert!(
         found
             .iter()
-            .any(|d| d.contains("withdrawal.refused event(s) for no such outcome")),
+            .any(|d| d.contains("withdrawal.succeeded event(s) for no such outcome")),
         "{found:?}"
     );
 
     database.execute("DELETE FROM events").await.unwrap();
+    database
+        .execute(&format!(
+            "UPDATE outbox SET event_type = 'withdrawal.refused' WHERE id = {}",
+            delivery.job_id
+        ))
+        .await
+        .unwrap();
     let violations = ledger.audit().await.unwrap();
-    assert_eq!(
-        violations
+    let found: Vec<_> = violations
+        .iter()
+        .filter(|v| v.rule == Rule::EventPerOutcome)
+        .map(|v| v.detail.clone())
+        .collect();
+    // The settlement without its event, its delivery, and the withdrawal's delivery.
+    assert_eq!(found.len(), 3, "{violations:#?}");
+    assert!(
+        found
             .iter()
-            .filter(|v| v.rule == Rule::EventPerOutcome)
-            .count(),
-        1,
-        "{violations:#?}"
+            .any(|d| d.contains(&format!("delivery {} sends an event", delivery.job_id))),
+        "{found:?}"
     );
 }
 
@@ -603,4 +630,121 @@ pub async fn rotations_under_one_key_rotate_once(database: &TestDatabase) {
         matches!(rotate(9, "another request").await, Ok(Keyed::Ran(Some(_)))),
         "the reaper freed the key"
     );
+}
+
+/// An ended delivery is kept for the retention — listed, and sent again by hand — and then
+/// reaped with its attempts; one still open, or open again because it was sent again by
+/// hand, is never reaped.
+pub async fn ended_deliveries_are_reaped_after_the_retention(database: &TestDatabase) {
+    let (ledger, hooks) = one_withdrawal_announced(database).await;
+    let delivered = claim_all(&ledger, "a").await.remove(0);
+    assert!(record(&ledger, &delivered, 200, DeliveryOutcome::Delivered).await);
+    let account_id = delivered.event.account_id;
+    for (amount, token) in [(11, 2), (12, 3)] {
+        let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+        apply(&ledger, account_id, ticket, withdrawal(amount), "w", token)
+            .await
+            .unwrap();
+    }
+    let mut claimed = claim_all(&ledger, "a").await;
+    assert_eq!(claimed.len(), 2);
+    let exhausted = claimed.remove(0);
+    assert!(record(&ledger, &exhausted, 503, DeliveryOutcome::Exhausted).await);
+    let open_one = claimed.remove(0).job_id;
+
+    assert_eq!(ledger.reap_finished_jobs(HOUR, 10).await.unwrap(), 0);
+    assert_eq!(ledger.deliveries(hooks, None, 10).await.unwrap().len(), 3);
+
+    // The exhausted one is sent again by hand: open once more, so kept.
+    assert_eq!(
+        ledger
+            .retry_delivery(hooks, exhausted.job_id)
+            .await
+            .unwrap(),
+        Ok(())
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // A batch of one: the reaper comes back until nothing is left.
+    assert_eq!(
+        ledger
+            .reap_finished_jobs(Duration::from_millis(10), 1)
+            .await
+            .unwrap(),
+        1,
+        "only the delivered one ended long enough ago"
+    );
+    let mut kept: Vec<i64> = ledger
+        .deliveries(hooks, None, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|delivery| delivery.id)
+        .collect();
+    kept.sort_unstable();
+    assert_eq!(kept, [exhausted.job_id, open_one]);
+    assert_eq!(
+        ledger
+            .retry_delivery(hooks, delivered.job_id)
+            .await
+            .unwrap(),
+        Err(RetryRefused::NotFound),
+        "a reaped delivery is gone"
+    );
+    assert_clean(&ledger).await;
+}
+
+/// An outcome is its own event: the reaper keeps a ticket's stored outcome, past its
+/// retention, while a delivery of it is kept (it can still be sent again by hand, byte for
+/// byte), and prunes it once the delivery is reaped.
+pub async fn an_outcome_is_kept_while_a_delivery_of_it_is(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let hooks = endpoint(&ledger, account_id, None).await;
+    let ticket = ledger
+        .issue_ticket(account_id, Duration::from_millis(400))
+        .await
+        .unwrap()
+        .id;
+    apply(&ledger, account_id, ticket, withdrawal(10), "w10", 1)
+        .await
+        .unwrap();
+    let first = claim_all(&ledger, "a").await.remove(0);
+    assert_eq!(first.event.id.0, ticket.0, "the event's id is its ticket's");
+    assert!(record(&ledger, &first, 200, DeliveryOutcome::Delivered).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    assert_eq!(
+        ledger
+            .reap(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .pruned_outcomes,
+        0
+    );
+    assert_eq!(
+        ledger.retry_delivery(hooks, first.job_id).await.unwrap(),
+        Ok(())
+    );
+    let again = claim_all(&ledger, "a").await.remove(0);
+    assert_eq!(again.event, first.event);
+    assert_eq!(payload(&again), payload(&first));
+    assert_eq!(payload(&again)["data"]["outcome"]["status"], 201);
+    assert!(record(&ledger, &again, 200, DeliveryOutcome::Delivered).await);
+
+    assert_eq!(
+        ledger
+            .reap_finished_jobs(Duration::ZERO, 100)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        ledger
+            .reap(Duration::ZERO, 100)
+            .await
+            .unwrap()
+            .pruned_outcomes,
+        1
+    );
+    assert_clean(&ledger).await;
 }
