@@ -107,9 +107,12 @@ const INSERT_JOB: &str = "
 ///
 /// The job is deleted, not marked done: a settled payout's row holds all that is kept of
 /// it (its claims are copied there by [`SETTLE_PAYOUT`]), and a finished job left in the
-/// outbox would stay in its indexes, for every claim to walk past, until vacuum.
+/// outbox would stay in its indexes, for every claim to walk past, until vacuum. So a
+/// payout's job that exists is open, and this and [`POSTPONE_JOB`] find it by key alone:
+/// a `done_at IS NULL` here would let the planner reach it through the index of open work
+/// and walk it (see `FINISH_DELIVERY` in `events.rs`).
 const FINISH_JOB: &str = "
-    DELETE FROM outbox WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    DELETE FROM outbox WHERE id = $1 AND attempts = $2
     RETURNING payout_id";
 
 /// Puts job $1 at attempt $2 back, due at $3, with $4 what went wrong; $5 is 1 when the
@@ -117,7 +120,7 @@ const FINISH_JOB: &str = "
 const POSTPONE_JOB: &str = "
     UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4,
                       throttled = throttled + $5
-    WHERE id = $1 AND attempts = $2 AND done_at IS NULL
+    WHERE id = $1 AND attempts = $2
     RETURNING payout_id";
 
 /// Parameters: $1 payout, $2 status, $3 transfer id, $4 reason, $5 now, $6 the claims its

@@ -48,4 +48,11 @@ ALTER TABLE outbox
         CHECK ((kind = 'webhook')
                = (event_id IS NOT NULL AND endpoint_id IS NOT NULL AND event_type IS NOT NULL));
 
+-- A delivery is open exactly while it has no outcome: the steps of a claimed delivery
+-- tell it by `outcome IS NULL`, which the planner cannot answer through the index of open
+-- work (see FINISH_DELIVERY in ledger/src/events.rs).
+ALTER TABLE outbox
+    ADD CONSTRAINT outbox_webhook_done_iff_outcome
+        CHECK (kind <> 'webhook' OR (done_at IS NULL) = (outcome IS NULL));
+
 INSERT INTO ledger_marks (name, at) VALUES ('outcome_events', clock_timestamp());

@@ -53,6 +53,8 @@ CREATE TABLE outbox_lean (
                = (event_id IS NOT NULL AND endpoint_id IS NOT NULL AND event_type IS NOT NULL)),
     CONSTRAINT outbox_outcome_only_for_webhooks_once_done
         CHECK (outcome IS NULL OR (kind = 'webhook' AND done_at IS NOT NULL)),
+    CONSTRAINT outbox_webhook_done_iff_outcome
+        CHECK (kind <> 'webhook' OR (done_at IS NULL) = (outcome IS NULL)),
     CONSTRAINT outbox_one_delivery_per_endpoint UNIQUE (event_id, endpoint_id)
 );
 
