@@ -5,6 +5,7 @@
 mod bells;
 mod payouts;
 mod postgres_races;
+mod stale_statistics;
 mod suite;
 mod two_paths;
 mod webhooks;
