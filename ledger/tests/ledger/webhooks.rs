@@ -693,6 +693,15 @@ pub async fn ended_deliveries_are_reaped_after_the_retention(database: &TestData
     assert_clean(&ledger).await;
 }
 
+/// How many stored outcomes a reaping with no retention prunes.
+async fn outcomes_pruned(ledger: &Ledger) -> u64 {
+    ledger
+        .reap(Duration::ZERO, 100)
+        .await
+        .unwrap()
+        .pruned_outcomes
+}
+
 /// An outcome is its own event: the reaper keeps a ticket's stored outcome, past its
 /// retention, while a delivery of it is kept (it can still be sent again by hand, byte for
 /// byte), and prunes it once the delivery is reaped.
@@ -713,14 +722,7 @@ pub async fn an_outcome_is_kept_while_a_delivery_of_it_is(database: &TestDatabas
     assert!(record(&ledger, &first, 200, DeliveryOutcome::Delivered).await);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
-    assert_eq!(
-        ledger
-            .reap(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .pruned_outcomes,
-        0
-    );
+    assert_eq!(outcomes_pruned(&ledger).await, 0);
     assert_eq!(
         ledger.retry_delivery(hooks, first.job_id).await.unwrap(),
         Ok(())
@@ -738,13 +740,6 @@ pub async fn an_outcome_is_kept_while_a_delivery_of_it_is(database: &TestDatabas
             .unwrap(),
         1
     );
-    assert_eq!(
-        ledger
-            .reap(Duration::ZERO, 100)
-            .await
-            .unwrap()
-            .pruned_outcomes,
-        1
-    );
+    assert_eq!(outcomes_pruned(&ledger).await, 1);
     assert_clean(&ledger).await;
 }
