@@ -1,7 +1,9 @@
-//! Webhooks in the database (the model is `webhooks.rs`): an event written and queued for
-//! its endpoints inside the transaction of the outcome it announces; the endpoints'
-//! creation, rotation and deletion; and the outbox's steps for deliveries — claim due ones
-//! for a lease, record each attempt's answer and what comes of it, send one again by hand.
+//! Webhooks in the database (the model is `webhooks.rs`): an event queued for its
+//! endpoints inside the transaction of the outcome it announces — a spend's outcome is its
+//! own event (the ticket, read back when a delivery is sent), a payout's settlement is
+//! written as an `events` row; the endpoints' creation, rotation and deletion; and the
+//! outbox's steps for deliveries — claim due ones for a lease, record each attempt's
+//! answer and what comes of it, send one again by hand.
 //!
 //! Deliveries are outbox jobs of kind `webhook`, so they share the payouts' guarantees: a
 //! job exists exactly when its event committed, a claim counts the attempt, and a worker

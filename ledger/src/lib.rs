@@ -35,14 +35,15 @@
 //!   instance, by a notification.
 //! - [`webhooks`] (`webhooks.rs`): events — a committed outcome, announced — the
 //!   endpoints that want them and the deliveries between the two; `events.rs`: their
-//!   statements — the event and its deliveries written in the outcome's transaction, the
+//!   statements — the deliveries written in the outcome's transaction (a spend's outcome
+//!   is its own event; a payout's settlement writes an `events` row), the
 //!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - [`requests`] (`requests.rs`): the webhook endpoints' POSTs sent with an idempotency
 //!   key (creation, rotation, a retry by hand) and where their first answer is kept.
 //! - `reaper.rs`: what the retention lets go (old tickets, outcomes, creation records, the
-//!   webhook requests' records).
+//!   webhook requests' records, ended deliveries).
 //! - `demo/` (cargo feature `demo` only): the demonstration's unguarded read-check-write,
 //!   `Ledger::read_unguarded` and `Ledger::write_unguarded`.
 //! - `error.rs`: [`LedgerError`], [`ApplyError`], and the classification of database errors

@@ -1,7 +1,10 @@
 //! The reaper: what the retention lets go — unused tickets deleted and used tickets'
-//! outcomes pruned once they expired long enough ago (by the database's clock), creation
-//! records and webhook requests' records deleted once made long enough ago — one batch of each per call. Its statements,
-//! which differ between the databases only in how they lock, are in `dialect.rs`.
+//! outcomes pruned once they expired long enough ago (by the database's clock; an outcome
+//! a delivery still sends is kept), creation records and webhook requests' records
+//! deleted once made long enough ago, one batch of each per call; and, by a retention of
+//! their own, webhook deliveries that ended long enough ago, with their attempts. Its
+//! statements, which differ between the databases only in how they lock, are in
+//! `dialect.rs`.
 
 use std::time::Duration;
 
