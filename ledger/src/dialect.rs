@@ -58,6 +58,9 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// Queues event $1 of account $2 and type $3 at $4 for each live endpoint that wants it
     /// ([`queue_deliveries`]).
     const QUEUE_DELIVERIES: &'static str;
+    /// The row lock `QUEUE_DELIVERIES` reads the subscriptions (`s`) with, for statements
+    /// built at run time that queue deliveries the same way.
+    const SUBSCRIPTIONS_LOCK: &'static str;
     /// A delivery's state and its endpoint's, for a retry by hand ([`delivery_state`]).
     const DELIVERY_STATE: &'static str;
     /// The look before a claim ([`first_free`]): $1 the kind; returns the clock and when
@@ -324,6 +327,7 @@ impl Dialect for sqlx::Postgres {
         "id = ANY (ARRAY(SELECT id FROM picked))"
     );
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("FOR KEY SHARE OF s");
+    const SUBSCRIPTIONS_LOCK: &'static str = "FOR KEY SHARE OF s";
     // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
     const DELIVERY_STATE: &'static str = delivery_state!("FOR SHARE OF ep");
     const FIRST_FREE: &'static str = first_free!(pg_clock!());
@@ -384,6 +388,7 @@ impl Dialect for sqlx::Sqlite {
         "id IN (SELECT id FROM picked)"
     );
     const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
+    const SUBSCRIPTIONS_LOCK: &'static str = "";
     const DELIVERY_STATE: &'static str = delivery_state!("");
     const FIRST_FREE: &'static str = first_free!(sqlite_clock!());
 }
@@ -392,6 +397,15 @@ impl Dialect for sqlx::Sqlite {
 pub(crate) fn placeholders(first: usize, count: usize) -> String {
     (first..first + count)
         .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `VALUES ($first, …), (…)`'s rows: `count` rows of `width` parameters each, numbered on
+/// from `first`. (Both databases name the columns of such a list `column1`, `column2`, ….)
+pub(crate) fn value_rows(first: usize, count: usize, width: usize) -> String {
+    (0..count)
+        .map(|row| format!("({})", placeholders(first + row * width, width)))
         .collect::<Vec<_>>()
         .join(", ")
 }

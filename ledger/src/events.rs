@@ -18,7 +18,7 @@ use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Row, Type};
 use crate::bells::JobKind;
 use crate::claims::{Claim, Claimed};
 use crate::db_types::{Timestamp, from_row};
-use crate::dialect::{Dialect, placeholders};
+use crate::dialect::{Dialect, placeholders, value_rows};
 use crate::error::{LedgerError, commit_or_unknown};
 use crate::model::{AccountId, ApplyRequest, OutcomeKind, TicketId};
 use crate::requests::{Answer, KeptKey, RequestRow};
@@ -36,11 +36,6 @@ pub(crate) struct Keeping<'a> {
     pub key: KeptKey<'a>,
     pub answer: &'a (dyn Fn(Option<&Endpoint>) -> Answer + Send + Sync),
 }
-
-/// Parameters: $1 id, $2 account, $3 type, $4 ticket, $5 data, $6 now.
-const INSERT_EVENT: &str = "
-    INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
-    VALUES ($1, $2, $3, $4, $5, $6)";
 
 macro_rules! endpoint_columns {
     () => {
@@ -459,16 +454,23 @@ from_row! {
     }
 }
 
-/// Writes the event of an outcome committed in `tx`, and queues it for each of its
-/// account's live endpoints that want it: `true` when it queued any, so the caller rings
-/// the webhook workers once it committed. (A function of its own, not a step of the
-/// store: every transaction that commits an outcome calls it, whatever else it needs.)
-pub(crate) async fn record_event<D>(
+/// An event to write as a row of its own (a payout's settlement).
+pub(crate) struct NewEvent {
+    pub account: AccountId,
+    pub ticket: TicketId,
+    pub kind: EventType,
+    /// The `data` object, as sent.
+    pub data: String,
+}
+
+/// Writes `events`, committed in `tx` at `now`, and queues each for its account's live
+/// endpoints that want it — two statements, however many: `true` when it queued any, so
+/// the caller rings the webhook workers once it committed. (A function of its own, not a
+/// step of the store: the transactions that settle payouts call it with what else they
+/// write.)
+pub(crate) async fn record_events<D>(
     tx: &mut sqlx::Transaction<'static, D>,
-    account: AccountId,
-    ticket: TicketId,
-    kind: EventType,
-    data: &str,
+    events: &[NewEvent],
     now: Timestamp,
 ) -> Result<bool, sqlx::Error>
 where
@@ -482,17 +484,48 @@ where
     for<'q> i64: Decode<'q, D> + Type<D>,
     usize: sqlx::ColumnIndex<D::Row>,
 {
-    let id = EventId::random();
-    sqlx::query(INSERT_EVENT)
-        .bind(id)
-        .bind(account)
-        .bind(kind.as_str())
-        .bind(ticket)
-        .bind(data)
-        .bind(now)
-        .execute(&mut **tx)
-        .await?;
-    queue_deliveries(tx, id, account, kind, now).await
+    if events.is_empty() {
+        return Ok(false);
+    }
+    let ids: Vec<EventId> = events.iter().map(|_| EventId::random()).collect();
+    // $1 now; then each event's id, account, type, ticket and data.
+    let insert = format!(
+        "INSERT INTO events (id, account_id, type, ticket_id, data, created_at)
+         SELECT v.column1, v.column2, v.column3, v.column4, v.column5, $1
+         FROM (VALUES {}) AS v",
+        value_rows(2, events.len(), 5)
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(insert)).bind(now);
+    for (id, event) in ids.iter().zip(events) {
+        query = query
+            .bind(*id)
+            .bind(event.account)
+            .bind(event.kind.as_str())
+            .bind(event.ticket)
+            .bind(event.data.as_str());
+    }
+    query.execute(&mut **tx).await?;
+    // As `QUEUE_DELIVERIES`, for every event at once: $1 now; then each event's id,
+    // account and type.
+    let queue = format!(
+        "INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
+         SELECT 'webhook', v.column1, s.endpoint_id, v.column3, $1, $1
+         FROM (VALUES {}) AS v
+              JOIN webhook_subscriptions s
+                   ON s.account_id = v.column2 AND s.event_type IN (v.column3, '*')
+         {}
+         RETURNING id",
+        value_rows(2, events.len(), 3),
+        D::SUBSCRIPTIONS_LOCK
+    );
+    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(queue)).bind(now);
+    for (id, event) in ids.iter().zip(events) {
+        query = query
+            .bind(*id)
+            .bind(event.account)
+            .bind(event.kind.as_str());
+    }
+    Ok(!query.fetch_all(&mut **tx).await?.is_empty())
 }
 
 /// Queues event `id` of `account` and type `kind` for each endpoint of the account that

@@ -25,7 +25,8 @@ macro_rules! suite_for {
                 an_idle_claim_says_when_the_next_job_is_due,
                 throttled_claims_are_counted_apart_and_the_age_is_the_databases,
                 payouts_are_listed_and_counted_by_status,
-                audit_finds_a_failed_payout_without_its_reversal
+                audit_finds_a_failed_payout_without_its_reversal,
+                a_claim_is_recorded_together_each_as_if_alone
             );
             suite_for!(@cases $open, webhooks;
                 every_outcome_announces_its_event_to_the_endpoints_that_want_it,

@@ -475,3 +475,93 @@ pub async fn audit_finds_a_failed_payout_without_its_reversal(database: &TestDat
         "{violations:#?}"
     );
 }
+
+/// A worker records its whole claim in one call: a success, a refusal (its money back
+/// with a reversal entry), a postponement, and one whose job moved on (claimed again at
+/// a later attempt) — each as if alone, and the settlements' events queued for the
+/// account's endpoint. Recorded again, the settlements find their jobs gone.
+pub async fn a_claim_is_recorded_together_each_as_if_alone(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    crate::webhooks::endpoint(&ledger, account_id, None).await;
+    let mut ids = Vec::new();
+    for (token, amount) in [(1, 100), (2, 200), (3, 300), (4, 50)] {
+        ids.push(paid_out(&ledger, account_id, amount, token).await);
+    }
+    let jobs = ledger.claim_payouts("w", LEASE, 10).await.unwrap();
+    assert_eq!(jobs.len(), 4);
+    let job_of = |id: PayoutId| jobs.iter().find(|job| job.payout.id == id).unwrap();
+    // The fourth's job was claimed again (its lease ran out): the worker's claim is stale.
+    let mut stale = job_of(ids[3]).clone();
+    stale.attempt = 0;
+    let outcomes = [
+        JobOutcome::Settled(Settlement::Succeeded {
+            transfer_id: "t-1".into(),
+        }),
+        JobOutcome::Settled(Settlement::Failed {
+            reason: "closed".into(),
+        }),
+        JobOutcome::Postponed {
+            after: Duration::ZERO,
+            error: "no answer".into(),
+            throttled: false,
+        },
+        JobOutcome::Settled(Settlement::Succeeded {
+            transfer_id: "t-4".into(),
+        }),
+    ];
+    let pairs: Vec<(&PayoutJob, &JobOutcome)> = vec![
+        (job_of(ids[0]), &outcomes[0]),
+        (job_of(ids[1]), &outcomes[1]),
+        (job_of(ids[2]), &outcomes[2]),
+        (&stale, &outcomes[3]),
+    ];
+    let recorded = ledger.record_payouts(&pairs, &render_payout).await.unwrap();
+    assert_eq!(recorded, [true, true, true, false]);
+
+    let shown = |id: PayoutId| {
+        let ledger = ledger.clone();
+        async move { ledger.payout(id).await.unwrap().unwrap() }
+    };
+    let succeeded = shown(ids[0]).await;
+    assert_eq!(
+        (
+            succeeded.status,
+            succeeded.bank_transfer_id.as_deref(),
+            succeeded.attempts
+        ),
+        (PayoutStatus::Succeeded, Some("t-1"), 1)
+    );
+    let failed = shown(ids[1]).await;
+    assert_eq!(
+        (failed.status, failed.failure_reason.as_deref()),
+        (PayoutStatus::Failed, Some("closed"))
+    );
+    assert_eq!(shown(ids[2]).await.status, PayoutStatus::Pending);
+    assert_eq!(shown(ids[3]).await.status, PayoutStatus::Pending);
+    // 1000 − 100 − 200 − 300 − 50, and the refused 200 back.
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        550
+    );
+    let events: Vec<_> = ledger
+        .claim_deliveries("hooks", LEASE, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|delivery| (delivery.event.ticket_id, delivery.event.event_type))
+        .collect();
+    assert_eq!(events.len(), 2, "{events:?}");
+    assert!(events.contains(&(
+        succeeded.ticket_id,
+        ledger::webhooks::EventType::PayoutSucceeded
+    )));
+    assert!(events.contains(&(failed.ticket_id, ledger::webhooks::EventType::PayoutFailed)));
+
+    let again = ledger
+        .record_payouts(&pairs[..2], &render_payout)
+        .await
+        .unwrap();
+    assert_eq!(again, [false, false]);
+    assert_clean(&ledger).await;
+}
