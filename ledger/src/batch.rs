@@ -166,7 +166,7 @@ const APPLY_SPENDS: &str = "
         FROM written AS w WHERE w.event_type IS NOT NULL
     ), subscribed AS (
         -- Locked against a delete of the endpoint, as the transaction path's queue is
-        -- (dialect.rs, `queue_deliveries!`): a delete waits for this commit, then ends
+        -- (dialect.rs, `SUBSCRIPTIONS_LOCK`): a delete waits for this commit, then ends
         -- what it queued.
         SELECT s.account_id, s.event_type, s.endpoint_id FROM webhook_subscriptions AS s
         WHERE s.account_id IN (SELECT e.account_id FROM announced AS e)

@@ -55,41 +55,24 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
     /// each one's id, event, endpoint and attempt.
     const CLAIM_DELIVERIES: &'static str;
-    /// Queues event $1 of account $2 and type $3 at $4 for each live endpoint that wants it
-    /// ([`queue_deliveries`]).
-    const QUEUE_DELIVERIES: &'static str;
-    /// The row lock `QUEUE_DELIVERIES` reads the subscriptions (`s`) with, for statements
-    /// built at run time that queue deliveries the same way.
+    /// The row lock with which an outcome's transaction reads the subscriptions (`s`) it
+    /// queues deliveries from (`events.rs`, `queue_deliveries`).
+    ///
+    /// Deleting an endpoint (or disabling it after a 410) removes its subscriptions, then
+    /// ends its open deliveries. Read without a lock, a spend's transaction could queue a
+    /// delivery from a subscription a delete removes right after, and commit after the
+    /// delete had ended what it could see: a delivery to a deleted endpoint, open for its
+    /// whole schedule. With the lock, a delete that comes later waits for the spend's
+    /// commit and then ends what it queued (each statement of the delete reads anew); a
+    /// delete that came first has removed the rows, which the locking read skips. `FOR KEY
+    /// SHARE` is the weakest lock a delete conflicts with: spends of one account do not
+    /// wait for one another. SQLite's single writer runs the two one after the other.
     const SUBSCRIPTIONS_LOCK: &'static str;
     /// A delivery's state and its endpoint's, for a retry by hand ([`delivery_state`]).
     const DELIVERY_STATE: &'static str;
     /// The look before a claim ([`first_free`]): $1 the kind; returns the clock and when
     /// the first job not in flight is due.
     const FIRST_FREE: &'static str;
-}
-
-/// Event $1 of account $2 and type $3, queued at $4 for each live endpoint that wants it —
-/// reading the subscriptions with a row lock that a delete of them waits for.
-///
-/// Deleting an endpoint (or disabling it after a 410) removes its subscriptions, then ends
-/// its open deliveries. Read without a lock, a spend's transaction could queue a delivery
-/// from a subscription a delete removes right after, and commit after the delete had ended
-/// what it could see: a delivery to a deleted endpoint, open for its whole schedule. With
-/// the lock, a delete that comes later waits for the spend's commit and then ends what it
-/// queued (each statement of the delete reads anew); a delete that came first has removed
-/// the rows, which the locking read skips. `FOR KEY SHARE` is the weakest lock a delete
-/// conflicts with: spends of one account do not wait for one another. SQLite's single
-/// writer runs the two one after the other.
-macro_rules! queue_deliveries {
-    ($lock:literal) => {
-        concat!(
-            "INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
-             SELECT 'webhook', $1, s.endpoint_id, $3, $4, $4 FROM webhook_subscriptions s
-             WHERE s.account_id = $2 AND s.event_type IN ($3, '*') ",
-            $lock,
-            " RETURNING id"
-        )
-    };
 }
 
 /// Delivery $1 of endpoint $2: when it was done and its lease, and when its endpoint was
@@ -326,7 +309,6 @@ impl Dialect for sqlx::Postgres {
         "FOR UPDATE SKIP LOCKED",
         "id = ANY (ARRAY(SELECT id FROM picked))"
     );
-    const QUEUE_DELIVERIES: &'static str = queue_deliveries!("FOR KEY SHARE OF s");
     const SUBSCRIPTIONS_LOCK: &'static str = "FOR KEY SHARE OF s";
     // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
     const DELIVERY_STATE: &'static str = delivery_state!("FOR SHARE OF ep");
@@ -387,7 +369,6 @@ impl Dialect for sqlx::Sqlite {
         "",
         "id IN (SELECT id FROM picked)"
     );
-    const QUEUE_DELIVERIES: &'static str = queue_deliveries!("");
     const SUBSCRIPTIONS_LOCK: &'static str = "";
     const DELIVERY_STATE: &'static str = delivery_state!("");
     const FIRST_FREE: &'static str = first_free!(sqlite_clock!());

@@ -505,36 +505,23 @@ where
             .bind(event.data.as_str());
     }
     query.execute(&mut **tx).await?;
-    // As `QUEUE_DELIVERIES`, for every event at once: $1 now; then each event's id,
-    // account and type.
-    let queue = format!(
-        "INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
-         SELECT 'webhook', v.column1, s.endpoint_id, v.column3, $1, $1
-         FROM (VALUES {}) AS v
-              JOIN webhook_subscriptions s
-                   ON s.account_id = v.column2 AND s.event_type IN (v.column3, '*')
-         {}
-         RETURNING id",
-        value_rows(2, events.len(), 3),
-        D::SUBSCRIPTIONS_LOCK
-    );
-    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(queue)).bind(now);
-    for (id, event) in ids.iter().zip(events) {
-        query = query
-            .bind(*id)
-            .bind(event.account)
-            .bind(event.kind.as_str());
-    }
-    Ok(!query.fetch_all(&mut **tx).await?.is_empty())
+    let announced: Vec<(EventId, AccountId, EventType)> = ids
+        .iter()
+        .zip(events)
+        .map(|(id, event)| (*id, event.account, event.kind))
+        .collect();
+    queue_deliveries(tx, &announced, now).await
 }
 
-/// Queues event `id` of `account` and type `kind` for each endpoint of the account that
-/// wants it, in `tx`, due at `now`. `true` when it queued any.
+/// Queues each event (id, account, type) of `announced` for each endpoint of its account
+/// that wants it, in `tx`, due at `now` — one statement, however many. `true` when it
+/// queued any.
+///
+/// The subscriptions are read with the dialect's [`SUBSCRIPTIONS_LOCK`](Dialect::SUBSCRIPTIONS_LOCK),
+/// which a delete of them waits for.
 async fn queue_deliveries<D>(
     tx: &mut sqlx::Transaction<'static, D>,
-    id: EventId,
-    account: AccountId,
-    kind: EventType,
+    announced: &[(EventId, AccountId, EventType)],
     now: Timestamp,
 ) -> Result<bool, sqlx::Error>
 where
@@ -547,14 +534,23 @@ where
     for<'q> i64: Decode<'q, D> + Type<D>,
     usize: sqlx::ColumnIndex<D::Row>,
 {
-    let queued: Vec<i64> = sqlx::query_scalar(D::QUEUE_DELIVERIES)
-        .bind(id)
-        .bind(account)
-        .bind(kind.as_str())
-        .bind(now)
-        .fetch_all(&mut **tx)
-        .await?;
-    Ok(!queued.is_empty())
+    // $1 now; then each event's id, account and type.
+    let queue = format!(
+        "INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
+         SELECT 'webhook', v.column1, s.endpoint_id, v.column3, $1, $1
+         FROM (VALUES {}) AS v
+              JOIN webhook_subscriptions s
+                   ON s.account_id = v.column2 AND s.event_type IN (v.column3, '*')
+         {}
+         RETURNING id",
+        value_rows(2, announced.len(), 3),
+        D::SUBSCRIPTIONS_LOCK
+    );
+    let mut query = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(queue)).bind(now);
+    for (id, account, kind) in announced {
+        query = query.bind(*id).bind(*account).bind(kind.as_str());
+    }
+    Ok(!query.fetch_all(&mut **tx).await?.is_empty())
 }
 
 /// Announces, in `tx`, the event a spend's outcome of kind `outcome` announces, if it
@@ -582,14 +578,8 @@ where
     let Some(event) = event_of_outcome(request.operation.kind(), outcome) else {
         return Ok(false);
     };
-    queue_deliveries(
-        tx,
-        EventId(request.ticket_id.0),
-        request.account_id,
-        event,
-        now,
-    )
-    .await
+    let announced = (EventId(request.ticket_id.0), request.account_id, event);
+    queue_deliveries(tx, &[announced], now).await
 }
 
 /// `text` as a TEXT column of either database takes it: PostgreSQL refuses a NUL
