@@ -118,7 +118,15 @@ macro_rules! event_columns {
     };
 }
 
-/// Ends delivery $1 at attempt $2 ($3 now) with outcome $4 and error $5.
+/// Records the answers of `count` claimed deliveries at $1 (now): for each, the delivery,
+/// the attempt it was claimed at, the outcome it ended with (none: tried again later), when
+/// it is due again (none: unchanged) and what went wrong. Returns each delivery recorded,
+/// with its attempt; one no longer at the attempt given (claimed again, or ended meanwhile)
+/// is left as it is.
+///
+/// One statement for a batch, not one per delivery: each statement that writes the outbox
+/// has its checks made ready anew, and per delivery that was the larger part of what
+/// PostgreSQL spent on recording.
 ///
 /// This and the other steps of one claimed delivery find it by key, and tell that it is
 /// still open by `outcome IS NULL` — the same thing for a delivery (a constraint says so:
@@ -127,16 +135,22 @@ macro_rules! event_columns {
 /// with statistics taken when nearly every delivery was done (a long history; a burst of
 /// new ones is not analysed again) it did, walking every open delivery for each one it
 /// recorded: with 1,000,000 delivered before, a recording took four times as long.
-const FINISH_DELIVERY: &str = "
-    UPDATE outbox SET done_at = $3, outcome = $4, last_error = $5, lease_until = NULL
-    WHERE id = $1 AND attempts = $2 AND outcome IS NULL
-    RETURNING id";
-
-/// Puts delivery $1 at attempt $2 back, due at $3, with $4 what went wrong.
-const POSTPONE_DELIVERY: &str = "
-    UPDATE outbox SET due_at = $3, lease_until = NULL, leased_by = NULL, last_error = $4
-    WHERE id = $1 AND attempts = $2 AND outcome IS NULL
-    RETURNING id";
+fn record_answers(count: usize) -> String {
+    format!(
+        "UPDATE outbox
+         SET done_at = CASE WHEN v.column3 IS NULL THEN NULL ELSE $1 END,
+             outcome = v.column3,
+             due_at = COALESCE(v.column4, outbox.due_at),
+             last_error = v.column5,
+             lease_until = NULL,
+             leased_by = CASE WHEN v.column3 IS NULL THEN NULL ELSE outbox.leased_by END
+         FROM (VALUES {}) AS v
+         WHERE outbox.id = v.column1 AND outbox.attempts = v.column2
+           AND outbox.outcome IS NULL
+         RETURNING outbox.id, outbox.attempts",
+        value_rows(2, count, 5)
+    )
+}
 
 /// Gives delivery $1, claimed at attempt $2, back unsent: due at $3, the claim's attempt
 /// uncounted.
@@ -144,12 +158,17 @@ const HAND_BACK_DELIVERY: &str = "
     UPDATE outbox SET attempts = attempts - 1, due_at = $3, lease_until = NULL, leased_by = NULL
     WHERE id = $1 AND attempts = $2 AND outcome IS NULL";
 
-/// Parameters: $1 delivery, $2 attempt, $3 now, $4 duration (ms), $5 status, $6 error,
-/// $7 body.
-const INSERT_ATTEMPT: &str = "
-    INSERT INTO webhook_attempts (job_id, attempt, recorded_at, duration_ms, response_status,
-                                  error, response_body)
-    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+/// Inserts `count` attempts, recorded at $1 (now): for each, the delivery, the attempt,
+/// its duration (ms), the receiver's status, what went wrong and the start of the answer.
+fn insert_attempts(count: usize) -> String {
+    format!(
+        "INSERT INTO webhook_attempts (job_id, attempt, recorded_at, duration_ms,
+                                       response_status, error, response_body)
+         SELECT v.column1, v.column2, $1, v.column3, v.column4, v.column5, v.column6
+         FROM (VALUES {}) AS v",
+        value_rows(2, count, 6)
+    )
+}
 
 /// Up to $3 deliveries of endpoint $1 before delivery $2 (none: from the newest), newest
 /// first; their events are read apart ([`events_named`]).
@@ -602,6 +621,7 @@ where
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<i32>: Encode<'q, D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'q> Option<i64>: Encode<'q, D>,
     for<'q> String: Decode<'q, D> + Type<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
@@ -932,19 +952,84 @@ where
         Ok(live)
     }
 
-    /// Records each claimed delivery's attempt and what comes of it, in one transaction —
-    /// each only if it is still at the attempt it was claimed at (`false` in its place
-    /// otherwise, nothing written for it). A receiver gone for good (410) disables its
-    /// endpoint and ends the endpoint's other deliveries.
+    /// Records each claimed delivery's attempt and what comes of it, in one transaction of
+    /// two statements (and one more per endpoint gone) — each only if it is still at the
+    /// attempt it was claimed at (`false` in its place otherwise, nothing written for it).
+    /// A receiver gone for good (410) disables its endpoint and ends the endpoint's other
+    /// deliveries.
     pub(crate) async fn record_deliveries(
         &self,
         outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
     ) -> Result<Vec<bool>, LedgerError> {
+        if outcomes.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let mut recorded = Vec::with_capacity(outcomes.len());
-        for &(job, answer, outcome) in outcomes {
-            recorded.push(Self::record_delivery(&mut tx, job, answer, outcome, now).await?);
+        let texts: Vec<_> = outcomes
+            .iter()
+            .map(|(_, answer, _)| {
+                (
+                    answer.error.as_deref().map(recordable),
+                    answer.body.as_deref().map(recordable),
+                )
+            })
+            .collect();
+        let attempt_of = |job: &DeliveryJob| i32::try_from(job.attempt).unwrap_or(i32::MAX);
+        let mut query =
+            sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(record_answers(outcomes.len())))
+                .bind(now);
+        for (&(job, _, outcome), (error, _)) in outcomes.iter().zip(&texts) {
+            let (ended, due) = match outcome {
+                DeliveryOutcome::Delivered => (Some(DeliveryStatus::Delivered), None),
+                DeliveryOutcome::Exhausted => (Some(DeliveryStatus::Exhausted), None),
+                DeliveryOutcome::EndpointGone => (Some(DeliveryStatus::EndpointDisabled), None),
+                DeliveryOutcome::Retry { after } => (None, Some(Timestamp(now.0 + *after))),
+            };
+            query = query
+                .bind(job.job_id)
+                .bind(attempt_of(job))
+                .bind(ended.and_then(outcome_name))
+                .bind(due)
+                .bind(error.as_deref());
+        }
+        let written: std::collections::HashSet<(i64, i32)> =
+            query.fetch_all(&mut *tx).await?.into_iter().collect();
+        let recorded: Vec<bool> = outcomes
+            .iter()
+            .map(|(job, _, _)| written.contains(&(job.job_id, attempt_of(job))))
+            .collect();
+        let answered: Vec<_> = outcomes
+            .iter()
+            .zip(&texts)
+            .zip(&recorded)
+            .filter_map(|(row, recorded)| recorded.then_some(row))
+            .collect();
+        if !answered.is_empty() {
+            let mut query =
+                sqlx::query(sqlx::AssertSqlSafe(insert_attempts(answered.len()))).bind(now);
+            for ((job, answer, _), (error, body)) in &answered {
+                query = query
+                    .bind(job.job_id)
+                    .bind(attempt_of(job))
+                    .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
+                    .bind(answer.status.map(i32::from))
+                    .bind(error.as_deref())
+                    .bind(body.as_deref());
+            }
+            query.execute(&mut *tx).await?;
+        }
+        // A receiver gone for good takes its endpoint's other deliveries with it — after
+        // the batch's own answers: one of them that did arrive is recorded as it was.
+        let mut gone: Vec<EndpointId> = answered
+            .iter()
+            .filter(|((_, _, outcome), _)| **outcome == DeliveryOutcome::EndpointGone)
+            .map(|((job, _, _), _)| job.endpoint.id)
+            .collect();
+        gone.sort_unstable();
+        gone.dedup();
+        for endpoint in gone {
+            Self::disable_gone_endpoint(&mut tx, endpoint, now).await?;
         }
         commit_or_unknown(tx).await?;
         // A later attempt was scheduled: this process's dispatcher, asleep, learns when.
@@ -955,72 +1040,6 @@ where
             self.bells.wake_here(JobKind::Webhook);
         }
         Ok(recorded)
-    }
-
-    /// Records, in `tx` at `now`, one claimed delivery's attempt and what comes of it, if
-    /// it is still at the attempt it was claimed at (`false` and nothing written if not).
-    async fn record_delivery(
-        tx: &mut sqlx::Transaction<'static, D>,
-        job: &DeliveryJob,
-        answer: &AttemptAnswer,
-        outcome: &DeliveryOutcome,
-        now: Timestamp,
-    ) -> Result<bool, LedgerError> {
-        let attempt = i32::try_from(job.attempt).unwrap_or(i32::MAX);
-        let error = answer.error.as_deref().map(recordable);
-        let error = error.as_deref();
-        let body = answer.body.as_deref().map(recordable);
-        let ended = |status: DeliveryStatus| {
-            sqlx::query_as::<_, (i64,)>(FINISH_DELIVERY)
-                .bind(job.job_id)
-                .bind(attempt)
-                .bind(now)
-                .bind(outcome_name(status))
-                .bind(error)
-        };
-        let row: Option<(i64,)> = match outcome {
-            DeliveryOutcome::Delivered => {
-                ended(DeliveryStatus::Delivered)
-                    .fetch_optional(&mut **tx)
-                    .await?
-            }
-            DeliveryOutcome::Exhausted => {
-                ended(DeliveryStatus::Exhausted)
-                    .fetch_optional(&mut **tx)
-                    .await?
-            }
-            DeliveryOutcome::EndpointGone => {
-                let row = ended(DeliveryStatus::EndpointDisabled)
-                    .fetch_optional(&mut **tx)
-                    .await?;
-                if row.is_some() {
-                    Self::disable_gone_endpoint(tx, job.endpoint.id, now).await?;
-                }
-                row
-            }
-            DeliveryOutcome::Retry { after } => {
-                sqlx::query_as(POSTPONE_DELIVERY)
-                    .bind(job.job_id)
-                    .bind(attempt)
-                    .bind(Timestamp(now.0 + *after))
-                    .bind(error)
-                    .fetch_optional(&mut **tx)
-                    .await?
-            }
-        };
-        if row.is_some() {
-            sqlx::query(INSERT_ATTEMPT)
-                .bind(job.job_id)
-                .bind(attempt)
-                .bind(now)
-                .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
-                .bind(answer.status.map(i32::from))
-                .bind(error)
-                .bind(body.as_deref())
-                .execute(&mut **tx)
-                .await?;
-        }
-        Ok(row.is_some())
     }
 
     /// A receiver gone for good (410): its endpoint disabled at `now`, and the endpoint's

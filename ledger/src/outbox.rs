@@ -111,7 +111,7 @@ const INSERT_JOB: &str = "
 /// outbox would stay in its indexes, for every claim to walk past, until vacuum. So a
 /// payout's job that exists is open, and this and [`POSTPONE_JOB`] find it by key alone:
 /// a `done_at IS NULL` here would let the planner reach it through the index of open work
-/// and walk it (see `FINISH_DELIVERY` in `events.rs`).
+/// and walk it (see `record_answers` in `events.rs`).
 fn finish_jobs(count: usize) -> String {
     format!(
         "DELETE FROM outbox WHERE (id, attempts) IN (VALUES {}) RETURNING id",

@@ -38,6 +38,7 @@ macro_rules! suite_for {
                 audit_finds_a_missing_event_and_a_stray_one,
                 a_claim_takes_at_most_what_it_asks_for,
                 an_answer_with_a_nul_byte_is_recorded_beside_the_others,
+                answers_are_recorded_together_each_as_if_alone,
                 rotations_under_one_key_rotate_once,
                 ended_deliveries_are_reaped_after_the_retention,
                 an_outcome_is_kept_while_a_delivery_of_it_is

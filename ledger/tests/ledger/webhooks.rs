@@ -563,6 +563,127 @@ pub async fn an_answer_with_a_nul_byte_is_recorded_beside_the_others(database: &
     assert_clean(&ledger).await;
 }
 
+/// Answers recorded in one batch each end as they would alone: a delivery, a retry, an
+/// exhaustion, a 410 — whose endpoint's other open delivery then ends with it, while its
+/// sibling delivered in the same batch stays delivered — and a dead worker's late word
+/// for a delivery claimed again since, which is not recorded beside the new claim's.
+pub async fn answers_are_recorded_together_each_as_if_alone(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let mut endpoints = Vec::new();
+    for withdrawals in [3, 1, 1, 1] {
+        let account_id = account(&ledger, 1000, 0).await;
+        endpoints.push(endpoint(&ledger, account_id, None).await);
+        for n in 1..=withdrawals {
+            let ticket = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+            apply(
+                &ledger,
+                account_id,
+                ticket,
+                withdrawal(n),
+                &format!("w{n}"),
+                u64::try_from(n).unwrap(),
+            )
+            .await
+            .unwrap();
+        }
+    }
+    let [gone, retried, exhausted, taken_over] = endpoints[..] else {
+        unreachable!()
+    };
+    // A worker's lease runs out on every delivery; another claims them all again.
+    let dead = ledger
+        .claim_deliveries("dead", Duration::from_millis(1), 100)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 6);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let jobs = claim_all(&ledger, "live").await;
+    assert_eq!(jobs.len(), 6);
+    assert!(jobs.iter().all(|job| job.attempt == 2));
+    let of = |endpoint: EndpointId| -> Vec<&DeliveryJob> {
+        jobs.iter()
+            .filter(|job| job.endpoint.id == endpoint)
+            .collect()
+    };
+    let late = dead
+        .iter()
+        .find(|job| job.endpoint.id == taken_over)
+        .unwrap();
+    let later = DeliveryOutcome::Retry { after: HOUR };
+    let (ok, refused, went) = (answered(204), answered(500), answered(410));
+    let answers: Vec<(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)> = vec![
+        (of(gone)[0], &went, &DeliveryOutcome::EndpointGone),
+        (of(gone)[1], &ok, &DeliveryOutcome::Delivered),
+        (of(retried)[0], &refused, &later),
+        (of(exhausted)[0], &refused, &DeliveryOutcome::Exhausted),
+        (late, &refused, &DeliveryOutcome::Exhausted),
+        (of(taken_over)[0], &ok, &DeliveryOutcome::Delivered),
+    ];
+    assert_eq!(
+        ledger.record_deliveries(&answers).await.unwrap(),
+        [true, true, true, true, false, true]
+    );
+
+    let statuses = |listed: &[ledger::webhooks::Delivery]| -> Vec<DeliveryStatus> {
+        let mut statuses: Vec<_> = listed.iter().map(|delivery| delivery.status).collect();
+        statuses.sort_by_key(|status| status.as_str());
+        statuses
+    };
+    let listed = ledger.deliveries(gone, None, 10).await.unwrap();
+    assert_eq!(
+        statuses(&listed),
+        [
+            DeliveryStatus::Delivered,
+            DeliveryStatus::EndpointDisabled,
+            DeliveryStatus::EndpointDisabled
+        ],
+        "{listed:#?}"
+    );
+    let unanswered = listed
+        .iter()
+        .find(|delivery| delivery.id == of(gone)[2].job_id)
+        .unwrap();
+    assert!(unanswered.attempts.is_empty(), "{unanswered:#?}");
+    assert!(
+        ledger
+            .endpoint(gone)
+            .await
+            .unwrap()
+            .unwrap()
+            .disabled
+            .is_some()
+    );
+
+    let pending = ledger
+        .deliveries(retried, None, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(pending.status, DeliveryStatus::Pending);
+    assert!(pending.next_attempt_at.is_some());
+    assert_eq!(pending.attempts.len(), 1);
+    assert_eq!(pending.attempts[0].answer, refused);
+    assert_eq!(
+        ledger.deliveries(exhausted, None, 10).await.unwrap()[0].status,
+        DeliveryStatus::Exhausted
+    );
+    let delivered = ledger
+        .deliveries(taken_over, None, 10)
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(delivered.status, DeliveryStatus::Delivered);
+    let numbers: Vec<u32> = delivered.attempts.iter().map(|a| a.attempt).collect();
+    assert_eq!(numbers, [2], "the late word of attempt 1 is not recorded");
+    assert_eq!(delivered.attempts[0].answer, ok);
+
+    assert!(
+        claim_all(&ledger, "live").await.is_empty(),
+        "the retry is not due"
+    );
+    assert_clean(&ledger).await;
+}
+
 /// Rotations sent at once under one idempotency key rotate once: one runs, the others get
 /// its answer (the same secret) and change nothing — the secret before it is the one the
 /// endpoint was made with. Another request under the key is refused; once the retention
