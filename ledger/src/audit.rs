@@ -8,10 +8,12 @@
 use std::sync::LazyLock;
 
 use serde::Serialize;
-use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Executor, Pool, Type};
+use sqlx::{AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, Pool, Type};
 
+use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::LedgerError;
+use crate::holds::{HoldId, RefundId};
 use crate::model::{AccountId, EntryKind, OrderId, OutcomeKind, TicketId};
 use crate::payouts::PayoutId;
 use crate::webhooks::event_of_outcome;
@@ -68,6 +70,19 @@ pub enum Rule {
     /// payout has one row; every event row announces such an outcome (none for one that
     /// never committed); and every delivery's event exists.
     EventPerOutcome,
+    /// A hold is resolved once and moves money once at most: a captured hold has exactly
+    /// one capture entry (its account, the ticket that captured it, the captured amount
+    /// out), any other hold none; and an account's `held` is what its holds still held
+    /// add up to.
+    HoldResolvedOnce,
+    /// What a payment's refunds add up to is the order's or the hold's `refunded_amount`,
+    /// never above what it paid (the order's amount once paid, the hold's captured
+    /// amount); each refund has exactly one entry (its account and ticket, its amount
+    /// back), on the account that paid.
+    RefundsWithinPayment,
+    /// available = balance − the holds held and not expired (by the database's clock),
+    /// never negative.
+    AvailableNonNegative,
 }
 
 const NEGATIVE: &str = "
@@ -224,6 +239,86 @@ const SIGNS: &str = "
        OR (kind = 'order_payment' AND (amount >= 0 OR points <> 0))
        OR (kind = 'payout' AND (amount >= 0 OR points <> 0))
        OR (kind = 'payout_reversal' AND (amount <= 0 OR points <> 0))
+       OR (kind = 'hold_capture' AND (amount >= 0 OR points <> 0))
+       OR (kind = 'refund' AND (amount <= 0 OR points <> 0))
+    LIMIT 1000";
+
+const HOLDS: &str = "
+    SELECT id, account_id, resolved_by_ticket, state, amount, captured_amount, captures,
+           matching
+    FROM (
+        SELECT h.id, h.account_id, h.resolved_by_ticket, h.state, h.amount, h.captured_amount,
+               CAST((SELECT COUNT(*) FROM entries e WHERE e.hold_id = h.id) AS BIGINT)
+                   AS captures,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.hold_id = h.id AND e.kind = 'hold_capture'
+                       AND e.account_id = h.account_id AND e.ticket_id = h.resolved_by_ticket
+                       AND e.amount = -h.captured_amount) AS BIGINT) AS matching
+        FROM holds h
+    ) moved
+    WHERE captures <> matching OR captures <> CASE WHEN state = 'captured' THEN 1 ELSE 0 END
+    LIMIT 1000";
+
+const HELD: &str = "
+    SELECT id, held, holds
+    FROM (
+        SELECT a.id, a.held,
+               CAST(COALESCE((SELECT SUM(h.amount) FROM holds h
+                              WHERE h.account_id = a.id AND h.state = 'held'), 0) AS BIGINT)
+                   AS holds
+        FROM accounts a
+    ) counted
+    WHERE held <> holds
+    LIMIT 1000";
+
+/// Parameters: $1 the database's clock.
+const AVAILABLE: &str = "
+    SELECT a.id, a.balance, CAST(SUM(h.amount) AS BIGINT)
+    FROM accounts a JOIN holds h ON h.account_id = a.id
+    WHERE h.state = 'held' AND h.expires_at > $1
+    GROUP BY a.id, a.balance
+    HAVING a.balance < SUM(h.amount)
+    LIMIT 1000";
+
+const REFUNDS: &str = "
+    SELECT id, account_id, ticket_id, amount, payer, entries, matching
+    FROM (
+        SELECT r.id, r.account_id, r.ticket_id, r.amount,
+               COALESCE((SELECT o.account_id FROM orders o WHERE o.id = r.order_id),
+                        (SELECT h.account_id FROM holds h WHERE h.id = r.hold_id)) AS payer,
+               CAST((SELECT COUNT(*) FROM entries e WHERE e.refund_id = r.id) AS BIGINT)
+                   AS entries,
+               CAST((SELECT COUNT(*) FROM entries e
+                     WHERE e.refund_id = r.id AND e.kind = 'refund'
+                       AND e.account_id = r.account_id AND e.ticket_id = r.ticket_id
+                       AND e.amount = r.amount) AS BIGINT) AS matching
+        FROM refunds r
+    ) refunded
+    WHERE entries <> 1 OR matching <> 1 OR payer IS NULL OR payer <> account_id
+    LIMIT 1000";
+
+const ORDER_REFUNDS: &str = "
+    SELECT id, account_id, refunded_amount, total, paid
+    FROM (
+        SELECT o.id, o.account_id, o.refunded_amount,
+               CAST(COALESCE((SELECT SUM(r.amount) FROM refunds r WHERE r.order_id = o.id), 0)
+                    AS BIGINT) AS total,
+               CASE WHEN o.paid_by_ticket IS NULL THEN 0 ELSE o.amount END AS paid
+        FROM orders o
+    ) refunded
+    WHERE refunded_amount <> total OR total > paid
+    LIMIT 1000";
+
+const HOLD_REFUNDS: &str = "
+    SELECT id, account_id, refunded_amount, total, paid
+    FROM (
+        SELECT h.id, h.account_id, h.refunded_amount,
+               CAST(COALESCE((SELECT SUM(r.amount) FROM refunds r WHERE r.hold_id = h.id), 0)
+                    AS BIGINT) AS total,
+               COALESCE(h.captured_amount, 0) AS paid
+        FROM holds h
+    ) refunded
+    WHERE refunded_amount <> total OR total > paid
     LIMIT 1000";
 
 const PAYOUTS: &str = "
@@ -367,6 +462,9 @@ where
     for<'r> TicketId: Decode<'r, D> + Type<D>,
     for<'r> OrderId: Decode<'r, D> + Type<D>,
     for<'r> PayoutId: Decode<'r, D> + Type<D>,
+    for<'r> HoldId: Decode<'r, D> + Type<D>,
+    for<'r> RefundId: Decode<'r, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
     usize: ColumnIndex<D::Row>,
 {
     /// Checks every rule; what breaks them, rule by rule in this order.
@@ -383,6 +481,9 @@ where
         found.extend(self.order_paid_once().await?);
         found.extend(self.payout_moved_once().await?);
         found.extend(self.event_per_outcome().await?);
+        found.extend(self.hold_resolved_once().await?);
+        found.extend(self.refunds_within_payment().await?);
+        found.extend(self.available_non_negative().await?);
         Ok(found)
     }
 
@@ -713,6 +814,115 @@ where
                     )
                 },
             )
+            .collect())
+    }
+
+    /// [`Rule::HoldResolvedOnce`].
+    async fn hold_resolved_once(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Moved = (
+            HoldId,
+            AccountId,
+            Option<TicketId>,
+            String,
+            i64,
+            Option<i64>,
+            i64,
+            i64,
+        );
+        let rows: Vec<Moved> = sqlx::query_as(HOLDS).fetch_all(self.pool).await?;
+        let mut found: Vec<Violation> = rows
+            .into_iter()
+            .map(
+                |(hold, account, ticket, state, amount, captured, captures, matching)| {
+                    violation(
+                        Rule::HoldResolvedOnce,
+                        account,
+                        ticket,
+                        format!(
+                            "hold {hold} of {amount}, {state} (captured {captured:?}): {captures} capture entries, {matching} of them its capture's"
+                        ),
+                    )
+                },
+            )
+            .collect();
+        let held: Vec<(AccountId, i64, i64)> = sqlx::query_as(HELD).fetch_all(self.pool).await?;
+        found.extend(held.into_iter().map(|(account, held, holds)| {
+            violation(
+                Rule::HoldResolvedOnce,
+                account,
+                None,
+                format!("held {held}, but its holds still held add up to {holds}"),
+            )
+        }));
+        Ok(found)
+    }
+
+    /// [`Rule::RefundsWithinPayment`].
+    async fn refunds_within_payment(&self) -> Result<Vec<Violation>, LedgerError> {
+        type Refunded = (
+            RefundId,
+            AccountId,
+            TicketId,
+            i64,
+            Option<AccountId>,
+            i64,
+            i64,
+        );
+        let rows: Vec<Refunded> = sqlx::query_as(REFUNDS).fetch_all(self.pool).await?;
+        let mut found: Vec<Violation> = rows
+            .into_iter()
+            .map(|(refund, account, ticket, amount, payer, entries, matching)| {
+                let payer = payer.map_or("no payment".to_owned(), |payer| payer.to_string());
+                violation(
+                    Rule::RefundsWithinPayment,
+                    account,
+                    Some(ticket),
+                    format!(
+                        "refund {refund} of {amount}, of a payment by {payer}: {entries} entries, {matching} of them its own"
+                    ),
+                )
+            })
+            .collect();
+        let orders: Vec<(OrderId, AccountId, i64, i64, i64)> =
+            sqlx::query_as(ORDER_REFUNDS).fetch_all(self.pool).await?;
+        found.extend(orders.into_iter().map(|(order, account, recorded, total, paid)| {
+            violation(
+                Rule::RefundsWithinPayment,
+                account,
+                None,
+                format!("order {order} paid {paid}: refunds add up to {total}, it records {recorded}"),
+            )
+        }));
+        let holds: Vec<(HoldId, AccountId, i64, i64, i64)> =
+            sqlx::query_as(HOLD_REFUNDS).fetch_all(self.pool).await?;
+        found.extend(holds.into_iter().map(|(hold, account, recorded, total, paid)| {
+            violation(
+                Rule::RefundsWithinPayment,
+                account,
+                None,
+                format!("hold {hold} captured {paid}: refunds add up to {total}, it records {recorded}"),
+            )
+        }));
+        Ok(found)
+    }
+
+    /// [`Rule::AvailableNonNegative`], by the database's clock.
+    async fn available_non_negative(&self) -> Result<Vec<Violation>, LedgerError> {
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(self.pool).await?;
+        let rows: Vec<(AccountId, i64, i64)> = sqlx::query_as(AVAILABLE)
+            .bind(now)
+            .fetch_all(self.pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(account, balance, held)| {
+                violation(
+                    Rule::AvailableNonNegative,
+                    account,
+                    None,
+                    format!("balance {balance}, but holds not yet expired set aside {held}"),
+                )
+            })
             .collect())
     }
 }

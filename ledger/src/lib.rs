@@ -38,6 +38,8 @@
 //!   statements — the deliveries written in the outcome's transaction (a spend's outcome
 //!   is its own event; a payout's settlement writes an `events` row), the
 //!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
+//! - [`holds`] (`holds.rs`): holds and refunds — their identifiers and states; the
+//!   database holds their rules on its own, and the audit checks them.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - [`requests`] (`requests.rs`): the webhook endpoints' POSTs sent with an idempotency
@@ -79,6 +81,7 @@ mod demo;
 mod dialect;
 mod error;
 mod events;
+pub mod holds;
 mod inserts;
 pub mod lottery;
 mod migrations;

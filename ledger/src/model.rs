@@ -278,6 +278,10 @@ pub enum EntryKind {
     Payout,
     /// A payout's money back: the bank refused it for good.
     PayoutReversal,
+    /// Money out, capturing a hold (all or part of it).
+    HoldCapture,
+    /// Money back, refunding part or all of a payment: an order's or a captured hold's.
+    Refund,
 }
 
 impl EntryKind {
@@ -291,6 +295,8 @@ impl EntryKind {
             Self::OrderPayment => "order_payment",
             Self::Payout => "payout",
             Self::PayoutReversal => "payout_reversal",
+            Self::HoldCapture => "hold_capture",
+            Self::Refund => "refund",
         }
     }
 
@@ -303,6 +309,8 @@ impl EntryKind {
             Self::OrderPayment,
             Self::Payout,
             Self::PayoutReversal,
+            Self::HoldCapture,
+            Self::Refund,
         ]
         .into_iter()
         .find(|kind| kind.as_str() == name)

@@ -230,6 +230,8 @@ where
     for<'q> Option<&'q str>: Encode<'q, D>,
     for<'q> PayoutId: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<PayoutId>: Encode<'q, D>,
+    for<'q> crate::holds::HoldId: Decode<'q, D> + Type<D>,
+    for<'q> crate::holds::RefundId: Decode<'q, D> + Type<D>,
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,

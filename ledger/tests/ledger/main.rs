@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod bells;
+mod holds;
 mod payouts;
 mod postgres_races;
 mod stale_statistics;
@@ -13,7 +14,13 @@ mod webhooks;
 macro_rules! suite_for {
     ($database:ident, $open:expr) => {
         mod $database {
-            use super::{payouts, suite, webhooks};
+            use super::{holds, payouts, suite, webhooks};
+
+            suite_for!(@cases $open, holds;
+                the_database_resolves_a_hold_once_in_time_and_within_it,
+                the_database_refunds_an_order_within_its_payment,
+                audit_finds_holds_and_refunds_out_of_line
+            );
 
             suite_for!(@cases $open, payouts;
                 a_payout_debits_once_and_waits_for_the_bank,
