@@ -351,6 +351,7 @@ impl From<ApplyError> for ApiError {
         match error {
             ApplyError::UnknownTicket => Self::TicketNotFound,
             ApplyError::UnknownOrder => Self::OrderNotFound,
+            ApplyError::UnknownHold => Self::NotFound("no such hold".to_owned()),
             ApplyError::TicketExpired => Self::TicketExpired,
             ApplyError::FingerprintMismatch => Self::IdempotencyKeyReuse,
             ApplyError::OutcomePruned => Self::OutcomePruned,

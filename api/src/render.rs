@@ -4,6 +4,7 @@
 //! ([`ledger::OutcomeKind::status`]); this decides the shape.
 
 use axum::http::StatusCode;
+use ledger::holds::{Hold, Payment};
 use ledger::payouts::{Payout, bank_key};
 use ledger::{Execution, Operation, OperationResult, Refusal};
 use serde_json::{Map, Value, json};
@@ -74,9 +75,103 @@ pub fn render(execution: &Execution<'_>) -> Value {
         (operation, OperationResult::Refused(refusal)) => {
             return refused(execution, operation, refusal);
         }
+        (
+            Operation::Hold { .. },
+            OperationResult::HoldChanged {
+                hold,
+                balance,
+                available,
+            },
+        ) => Ok(json!({
+            "hold_id": hold.id.0,
+            "account_id": account_id,
+            "ticket_id": ticket_id,
+            "amount": hold.amount.get(),
+            "state": hold.state.as_str(),
+            "expires_at": rfc3339(hold.expires_at),
+            "balance": balance,
+            "available": available,
+        })),
+        (
+            _,
+            OperationResult::HoldChanged {
+                hold,
+                balance,
+                available,
+            },
+        ) => {
+            let mut body = hold_view(&hold);
+            body["balance"] = json!(balance);
+            body["available"] = json!(available);
+            Ok(body)
+        }
+        (
+            _,
+            OperationResult::Refunded {
+                refund,
+                refunded_total,
+                refundable,
+                balance,
+            },
+        ) => {
+            let (paid_by, payment) = match refund.payment {
+                Payment::Order(order) => ("order_id", order.0),
+                Payment::Hold(hold) => ("hold_id", hold.0),
+            };
+            Ok(json!({
+                "refund_id": refund.id.0,
+                paid_by: payment,
+                "ticket_id": ticket_id,
+                "account_id": account_id,
+                "amount": refund.amount.get(),
+                "refunded_total": refunded_total,
+                "refundable": refundable,
+                "balance": balance,
+            }))
+        }
+        // A hold, a capture, a void or a refund never comes to a plain application: the
+        // ledger runs them on paths of their own, which answer as above.
+        (
+            Operation::Hold { .. }
+            | Operation::Capture { .. }
+            | Operation::Void { .. }
+            | Operation::Refund { .. },
+            OperationResult::Applied { balance, .. },
+        ) => Ok(json!({ "ticket_id": ticket_id, "account_id": account_id, "balance": balance })),
     };
     // Serialising these plain structs cannot fail; keep the outcome storable regardless.
     body.unwrap_or_else(|error| json!({ "error": error.to_string() }))
+}
+
+/// A hold as the contract shows it (`GET /v1/holds/{hold_id}`): the fields a hold has in
+/// its state, and none it does not.
+pub fn hold_view(hold: &Hold) -> Value {
+    let mut view = json!({
+        "hold_id": hold.id.0,
+        "account_id": hold.account_id.0,
+        "amount": hold.amount.get(),
+        "state": hold.state.as_str(),
+        "refunded_amount": hold.refunded_amount,
+        "expires_at": rfc3339(hold.expires_at),
+        "created_at": rfc3339(hold.created_at),
+    });
+    if let Some(captured) = hold.captured_amount {
+        view["captured_amount"] = json!(captured);
+    }
+    if let Some(resolved_at) = hold.resolved_at {
+        view["resolved_at"] = json!(rfc3339(resolved_at));
+    }
+    if let Some(ticket) = hold.resolved_by_ticket {
+        view["resolved_by_ticket"] = json!(ticket.0);
+    }
+    view
+}
+
+/// A time as the contract writes it: RFC 3339, UTC.
+fn rfc3339(at: time::OffsetDateTime) -> String {
+    at.to_offset(time::UtcOffset::UTC)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 /// A payout as the contract shows it: `GET /v1/payouts/{payout_id}`, and the body of its
@@ -107,6 +202,19 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
     let mut extra = Map::new();
     extra.insert("ticket_id".into(), json!(execution.ticket_id.0));
     extra.insert("account_id".into(), json!(execution.account_id.0));
+    match operation {
+        Operation::Capture { hold, .. } | Operation::Void { hold } => {
+            extra.insert("hold_id".into(), json!(hold.0));
+        }
+        Operation::Refund { payment, .. } => {
+            let (name, id) = match payment {
+                Payment::Order(order) => ("order_id", order.0),
+                Payment::Hold(hold) => ("hold_id", hold.0),
+            };
+            extra.insert(name.into(), json!(id));
+        }
+        _ => {}
+    }
     let (name, detail) = match refusal {
         Refusal::InsufficientFunds { balance } => (
             "insufficient-funds",
@@ -125,6 +233,31 @@ fn refused(execution: &Execution<'_>, operation: Operation, refusal: Refusal) ->
         Refusal::InsufficientPoints { points } => (
             "insufficient-points",
             insufficient_points(points, operation, &mut extra),
+        ),
+        Refusal::HoldNotHeld { state } => {
+            extra.insert("state".into(), json!(state.as_str()));
+            (
+                "hold-not-held",
+                format!("the hold is {}; nothing moved", state.as_str()),
+            )
+        }
+        Refusal::CaptureExceedsHold { held } => {
+            extra.insert("held".into(), json!(held));
+            (
+                "capture-exceeds-hold",
+                format!("the hold sets aside {held}, less than the capture asks; nothing moved"),
+            )
+        }
+        Refusal::RefundExceedsPayment { refundable } => {
+            extra.insert("refundable".into(), json!(refundable));
+            (
+                "refund-exceeds-payment",
+                format!("{refundable} of the payment is still refundable; nothing moved"),
+            )
+        }
+        Refusal::OrderNotPaid => (
+            "order-not-paid",
+            "the order is not paid: there is nothing to refund".to_owned(),
         ),
         Refusal::BalanceLimit { balance } => {
             extra.insert("balance".into(), json!(balance));
@@ -165,6 +298,13 @@ fn insufficient_funds(
             extra.insert("amount".into(), json!(amount.get()));
             format!(
                 "the balance {balance} does not cover the payout of {}; nothing was sent",
+                amount.get()
+            )
+        }
+        Operation::Hold { amount, .. } => {
+            extra.insert("amount".into(), json!(amount.get()));
+            format!(
+                "the money available of the balance {balance} does not cover a hold of {}",
                 amount.get()
             )
         }

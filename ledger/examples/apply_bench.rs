@@ -91,6 +91,11 @@ fn render(execution: &Execution<'_>) -> Value {
             "points": points,
         }),
         OperationResult::Refused(refusal) => json!({ "refused": format!("{refusal:?}") }),
+        // The benchmark spends only: no holds, no refunds.
+        OperationResult::HoldChanged { balance, .. }
+        | OperationResult::Refunded { balance, .. } => {
+            json!({ "balance": balance })
+        }
     }
 }
 

@@ -29,15 +29,50 @@ const INSERT_ORDER_PAYMENT: &str = "
                          points_after, fencing_token, created_at, order_id)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 
-/// An order payment's move: the order's amount out of the account if the balance covers
-/// it. No fencing token here — the lock the payer holds is the order's, whose token is
-/// checked and recorded on the order; the balance is still only ever changed by a
-/// conditional update, so payments and withdrawals of one account cannot overdraw it
-/// between them. Parameters: $1 account, $2 amount.
-const MOVE_FOR_ORDER: &str = "
-    UPDATE accounts SET balance = balance - $2
-    WHERE id = $1 AND balance >= $2
-    RETURNING balance, points";
+/// Whether what is left after a debit of `$debit` still covers the account's holds — the
+/// condition every debit's conditional update carries, so that no read comes before the
+/// write: `available` = balance − the holds held and not expired, never negative.
+///
+/// First against `held`, on the row being updated: it counts a hold past its expiry until
+/// the sweeper records it, so where it covers the debit the holds not expired do too, and
+/// the spend pays one comparison. Only where it does not are the holds not expired at
+/// `$now` (the database's clock, read in the transaction) added up, in the same statement
+/// — a subquery evaluated only when reached. A debit of 0 (a deposit, a draw) checks
+/// nothing: a credit cannot make available negative.
+macro_rules! available_covers {
+    ($debit:literal, $now:literal) => {
+        concat!(
+            "(",
+            $debit,
+            " = 0 OR balance - ",
+            $debit,
+            " >= held OR balance - ",
+            $debit,
+            " >= (SELECT coalesce(sum(h.amount), 0) FROM holds h
+                  WHERE h.account_id = accounts.id AND h.state = 'held' AND h.expires_at > ",
+            $now,
+            "))"
+        )
+    };
+}
+pub(crate) use available_covers;
+
+/// What the holds of account $1 not expired at $2 set aside.
+pub(crate) const SET_ASIDE: &str = "
+    SELECT CAST(coalesce(sum(amount), 0) AS BIGINT) FROM holds
+    WHERE account_id = $1 AND state = 'held' AND expires_at > $2";
+
+/// An order payment's move: the order's amount out of the account if the money available
+/// covers it (`available_covers!`). No fencing token here — the lock the payer holds is
+/// the order's, whose token is checked and recorded on the order; the balance is still
+/// only ever changed by a conditional update, so payments and withdrawals of one account
+/// cannot overdraw it between them. Parameters: $1 account, $2 amount, $3 now.
+const MOVE_FOR_ORDER: &str = concat!(
+    "UPDATE accounts SET balance = balance - $2
+     WHERE id = $1 AND balance >= $2 AND ",
+    available_covers!("$2", "$3"),
+    " RETURNING balance, points"
+);
 
 /// Records an order payment attempt's token (checked newer by the caller, on the locked
 /// row) and, when it paid, the paying ticket. Parameters: $1 order, $2 token, $3 paying
@@ -58,12 +93,16 @@ const RECORD_ORDER: &str = "
 /// Newer, not "at least as new": a grant's token is used for one write, so an equal token
 /// is a second holder carrying the same number — after the lock store lost its counters
 /// and handed a number out again — and the later of the two must not write.
-const MOVE: &str = "
-    UPDATE accounts
-    SET balance = balance - $2 + $3, points = points - $4, fencing_token = $5
-    WHERE id = $1 AND fencing_token < $5 AND balance >= $2 AND points >= $4
-      AND balance - $2 <= 9223372036854775807 - $3
-    RETURNING balance, points";
+///
+/// A debit is also held to the money available (`available_covers!`, $6 now).
+const MOVE: &str = concat!(
+    "UPDATE accounts
+     SET balance = balance - $2 + $3, points = points - $4, fencing_token = $5
+     WHERE id = $1 AND fencing_token < $5 AND balance >= $2 AND points >= $4
+       AND balance - $2 <= 9223372036854775807 - $3 AND ",
+    available_covers!("$2", "$6"),
+    " RETURNING balance, points"
+);
 
 /// A business refusal records the token like any write: a later grant's write must still
 /// be newer. Parameters: $1 account, $2 token (checked newer by the caller, on the locked
@@ -108,6 +147,26 @@ impl Planned {
                 spend: 0,
                 prize: None,
             },
+            // Holds and refunds run on paths of their own (`holding.rs`), never planned
+            // here; what they would ask of the account, for completeness.
+            Operation::Hold { amount, .. } => Self {
+                debit: amount.get(),
+                credit: 0,
+                spend: 0,
+                prize: None,
+            },
+            Operation::Capture { .. } | Operation::Void { .. } => Self {
+                debit: 0,
+                credit: 0,
+                spend: 0,
+                prize: None,
+            },
+            Operation::Refund { amount, .. } => Self {
+                debit: 0,
+                credit: amount.get(),
+                spend: 0,
+                prize: None,
+            },
             Operation::OrderPayment { amount, .. } | Operation::Payout { amount, .. } => Self {
                 debit: amount.get(),
                 credit: 0,
@@ -137,10 +196,10 @@ impl Planned {
         }
     }
 
-    /// Why an account holding `balance` and `points` cannot take this operation, if it
-    /// cannot.
-    fn refusal(&self, balance: i64, points: i64) -> Option<Refusal> {
-        if balance < self.debit {
+    /// Why an account holding `balance` and `points`, `set_aside` of the balance by its
+    /// holds, cannot take this operation, if it cannot.
+    fn refusal(&self, balance: i64, set_aside: i64, points: i64) -> Option<Refusal> {
+        if self.debit > 0 && balance - set_aside < self.debit {
             Some(Refusal::InsufficientFunds { balance })
         } else if points < self.spend {
             Some(Refusal::InsufficientPoints { points })
@@ -274,7 +333,7 @@ where
             Err(answer) => return answer,
         };
         // 3. Move money and points under the fencing check.
-        let result = Self::move_or_refuse(&mut tx, request, planned, token).await?;
+        let result = Self::move_or_refuse(&mut tx, request, planned, token, now).await?;
         // 4. The entry (only when something moved) and the outcome, in this transaction.
         Self::record_entry(&mut tx, request, planned, &result, token, now).await?;
         self.conclude(tx, request, &result, now, render).await
@@ -320,7 +379,7 @@ where
         let order = Self::lock_order(&mut tx, request, order_id, amount, token).await?;
         let result = match order.paid_by_ticket {
             Some(paid_by) => OperationResult::Refused(Refusal::OrderAlreadyPaid { paid_by }),
-            None => Self::take_for_order(&mut tx, request, amount).await?,
+            None => Self::take_for_order(&mut tx, request, amount, now).await?,
         };
         Self::record_order_payment(&mut tx, request, order_id, amount, token, &result, now).await?;
         self.conclude(tx, request, &result, now, render).await
@@ -357,15 +416,17 @@ where
     }
 
     /// An open order's amount taken from the account by a conditional update, or refused
-    /// (402) with the balance that did not cover it.
+    /// (402) with the balance whose available part did not cover it.
     async fn take_for_order(
         tx: &mut sqlx::Transaction<'static, D>,
         request: &ApplyRequest<'_>,
         amount: Amount,
+        now: Timestamp,
     ) -> Result<OperationResult, ApplyError> {
         let moved: Option<(i64, i64)> = sqlx::query_as(MOVE_FOR_ORDER)
             .bind(request.account_id)
             .bind(amount.get())
+            .bind(now)
             .fetch_optional(&mut **tx)
             .await
             .or_constraint()?;
@@ -437,11 +498,14 @@ where
         request: &ApplyRequest<'_>,
         planned: &Planned,
         token: i64,
+        now: Timestamp,
     ) -> Result<OperationResult, ApplyError> {
-        Ok(match Self::try_move(tx, request, planned, token).await? {
-            Some((balance, points)) => planned.applied(balance, points),
-            None => Self::settle_refused(tx, request, planned, token).await?,
-        })
+        Ok(
+            match Self::try_move(tx, request, planned, token, now).await? {
+                Some((balance, points)) => planned.applied(balance, points),
+                None => Self::settle_refused(tx, request, planned, token, now).await?,
+            },
+        )
     }
 
     /// Step 3: the conditional move.
@@ -450,6 +514,7 @@ where
         request: &ApplyRequest<'_>,
         planned: &Planned,
         token: i64,
+        now: Timestamp,
     ) -> Result<Option<(i64, i64)>, ApplyError> {
         Ok(sqlx::query_as::<_, (i64, i64)>(MOVE)
             .bind(request.account_id)
@@ -457,6 +522,7 @@ where
             .bind(planned.credit)
             .bind(planned.spend)
             .bind(token)
+            .bind(now)
             .fetch_optional(&mut **tx)
             .await
             .or_constraint()?)
@@ -473,11 +539,18 @@ where
         request: &ApplyRequest<'_>,
         planned: &Planned,
         token: i64,
+        now: Timestamp,
     ) -> Result<OperationResult, ApplyError> {
         let (balance, points, recorded): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
             .bind(request.account_id)
             .fetch_one(&mut **tx)
             .await?;
+        // What the holds set aside now: a debit is judged by the money available.
+        let set_aside = if planned.debit > 0 {
+            Self::set_aside(tx, request.account_id, now).await?
+        } else {
+            0
+        };
         if recorded >= token {
             return Err(stale(request, recorded));
         }
@@ -488,7 +561,7 @@ where
             "account {}: token {token} recorded over {recorded}",
             request.account_id
         );
-        match planned.refusal(balance, points) {
+        match planned.refusal(balance, set_aside, points) {
             Some(refusal) => {
                 sqlx::query(RECORD_TOKEN)
                     .bind(request.account_id)
@@ -498,7 +571,7 @@ where
                     .or_constraint()?;
                 Ok(OperationResult::Refused(refusal))
             }
-            None => match Self::try_move(tx, request, planned, token).await? {
+            None => match Self::try_move(tx, request, planned, token, now).await? {
                 Some((balance, points)) => Ok(planned.applied(balance, points)),
                 None => Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
                     "account {}: a move its locked row affords was refused",
@@ -506,6 +579,20 @@ where
                 )))),
             },
         }
+    }
+
+    /// What the holds of `account` not expired at `now` set aside ([`SET_ASIDE`]).
+    pub(crate) async fn set_aside(
+        tx: &mut sqlx::Transaction<'static, D>,
+        account: AccountId,
+        now: Timestamp,
+    ) -> Result<i64, LedgerError> {
+        let (set_aside,): (i64,) = sqlx::query_as(SET_ASIDE)
+            .bind(account)
+            .bind(now)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(set_aside)
     }
 
     /// Step 4, first half: the entry, only when something moved.

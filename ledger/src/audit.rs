@@ -50,7 +50,7 @@ pub enum Rule {
     EntryHasTicket,
     /// Fencing tokens never go backwards: along an account's entries, and the account's
     /// recorded token is at least every entry's (order payments, fenced by their order's
-    /// lock, are held to their order's token instead).
+    /// lock, are held to their order's token instead, captures to their hold's).
     FencingTokenOnlyGrows,
     /// An order is paid iff it has exactly one payment entry: of its amount, on its
     /// account, by the ticket the order names, with a token the order recorded.
@@ -106,13 +106,16 @@ const RUNNING: &str = "
         SELECT id, account_id, ticket_id, balance_after, points_after, fencing_token,
                CAST(SUM(amount) OVER running AS BIGINT) AS running_balance,
                CAST(SUM(points) OVER running AS BIGINT) AS running_points,
-               CASE WHEN kind = 'order_payment' THEN NULL
+               CASE WHEN kind IN ('order_payment', 'hold_capture', 'refund') THEN NULL
                     ELSE LAG(fencing_token) OVER fenced END AS previous_token
         FROM entries
         WINDOW running AS (PARTITION BY account_id ORDER BY id),
                -- The entries fenced by the account's lock; order payments carry their
-               -- order's token, from another counter.
-               fenced AS (PARTITION BY account_id, kind = 'order_payment' ORDER BY id)
+               -- order's token, captures their hold's, refunds their order's or hold's:
+               -- each from another counter.
+               fenced AS (PARTITION BY account_id,
+                                       kind IN ('order_payment', 'hold_capture', 'refund')
+                          ORDER BY id)
     ) chain
     WHERE balance_after <> running_balance
        OR points_after <> running_points
@@ -130,12 +133,16 @@ const DUPLICATE_ENTRIES: &str = "
     LIMIT 1000";
 
 /// The entry kinds a ticket can be used for.
-const SPENT_ON: [EntryKind; 5] = [
+const SPENT_ON: [EntryKind; 9] = [
     EntryKind::Withdrawal,
     EntryKind::Deposit,
     EntryKind::LotteryDraw,
     EntryKind::OrderPayment,
     EntryKind::Payout,
+    EntryKind::Hold,
+    EntryKind::HoldCapture,
+    EntryKind::HoldVoid,
+    EntryKind::Refund,
 ];
 
 /// SQL: the [`OutcomeKind`] (its name) of ticket `t`'s stored outcome, NULL for an unused
@@ -212,7 +219,8 @@ const ORPHAN_ENTRIES: &str = "
 
 const ACCOUNT_TOKENS: &str = "
     SELECT a.id, a.fencing_token, MAX(e.fencing_token)
-    FROM accounts a JOIN entries e ON e.account_id = a.id AND e.kind <> 'order_payment'
+    FROM accounts a JOIN entries e
+         ON e.account_id = a.id AND e.kind NOT IN ('order_payment', 'hold_capture', 'refund')
     GROUP BY a.id, a.fencing_token
     HAVING MAX(e.fencing_token) > a.fencing_token
     LIMIT 1000";
@@ -253,7 +261,8 @@ const HOLDS: &str = "
                CAST((SELECT COUNT(*) FROM entries e
                      WHERE e.hold_id = h.id AND e.kind = 'hold_capture'
                        AND e.account_id = h.account_id AND e.ticket_id = h.resolved_by_ticket
-                       AND e.amount = -h.captured_amount) AS BIGINT) AS matching
+                       AND e.amount = -h.captured_amount
+                       AND e.fencing_token <= h.fencing_token) AS BIGINT) AS matching
         FROM holds h
     ) moved
     WHERE captures <> matching OR captures <> CASE WHEN state = 'captured' THEN 1 ELSE 0 END

@@ -59,6 +59,9 @@ use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 ///   that one and the ones after it are not, and settle on the transaction path, which
 ///   stores the refusal. The account is updated once, to what its last written spend left
 ///   and that spend's token; each entry carries the balance and points after its own spend.
+///   A debit must leave at least the account's `held` (what its holds set aside, those
+///   past their expiry and not yet swept included); where only the holds not expired
+///   would allow it, the transaction path counts them and writes it.
 ///   The batcher sends one spend per ticket and per account and token; `judged` checks it
 ///   again and, were it not so, nothing is written (every spend then settles on the
 ///   transaction path).
@@ -95,7 +98,7 @@ const APPLY_SPENDS: &str = "
         WHERE t.id = ANY ($1::uuid[]) AND t.completed_at IS NULL
         ORDER BY t.id FOR UPDATE
     ), locked_accounts AS (
-        SELECT a.id, a.balance, a.points, a.fencing_token FROM accounts AS a
+        SELECT a.id, a.balance, a.points, a.fencing_token, a.held FROM accounts AS a
         WHERE a.id IN (SELECT s.account_id FROM spends AS s
                        JOIN locked_tickets AS t ON t.id = s.ticket_id)
         ORDER BY a.id FOR NO KEY UPDATE
@@ -109,7 +112,7 @@ const APPLY_SPENDS: &str = "
     ), usable AS (
         SELECT s.slot, s.account_id, s.token, s.debit, s.credit, s.spent,
                a.balance AS balance_found, a.points AS points_found,
-               a.fencing_token AS token_found,
+               a.fencing_token AS token_found, a.held,
                a.balance + coalesce(sum(s.credit - s.debit) OVER earlier, 0) AS balance_before,
                a.points - coalesce(sum(s.spent) OVER earlier, 0) AS points_before
         FROM spends AS s
@@ -126,6 +129,7 @@ const APPLY_SPENDS: &str = "
                (u.points_before - u.spent)::bigint AS points_after
         FROM (SELECT u.*,
                      bool_and(u.balance_before >= u.debit AND u.points_before >= u.spent
+                              AND (u.debit = 0 OR u.balance_before - u.debit >= u.held)
                               AND u.balance_before - u.debit + u.credit
                                   <= 9223372036854775807)
                          OVER (PARTITION BY u.account_id ORDER BY u.token

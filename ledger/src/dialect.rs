@@ -35,6 +35,12 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// latest version, locked until the transaction ends — found only with the account
     /// it belongs to. Parameters: $1 order, $2 its account.
     const LOCK_ORDER: &'static str;
+    /// A hold, from its latest version, locked until the transaction ends — found only
+    /// with the account it belongs to. Parameters: $1 hold, $2 its account.
+    const LOCK_HOLD: &'static str;
+    /// Records up to $2 held holds past their expiry at $1 (the database's clock) as
+    /// expired, earliest first; returns each with its account and amount.
+    const EXPIRE_HOLDS: &'static str;
     /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_UNUSED: &'static str;
@@ -255,6 +261,30 @@ macro_rules! sqlite_clock {
     };
 }
 
+/// The columns of a hold, in `HoldRow`'s order (`holding.rs`).
+macro_rules! hold_columns {
+    () => {
+        "id, account_id, ticket_id, amount, state, captured_amount, refunded_amount,
+         fencing_token, expires_at, created_at, resolved_at, resolved_by_ticket"
+    };
+}
+pub(crate) use hold_columns;
+
+/// [`Dialect::EXPIRE_HOLDS`], with the lock the picking takes (`$lock`).
+macro_rules! expire_holds {
+    ($lock:literal) => {
+        concat!(
+            "UPDATE holds SET state = 'expired', resolved_at = $1
+             WHERE id IN (SELECT id FROM holds
+                          WHERE state = 'held' AND expires_at <= $1
+                          ORDER BY expires_at LIMIT $2 ",
+            $lock,
+            ") AND state = 'held'
+             RETURNING id, account_id, amount"
+        )
+    };
+}
+
 impl Dialect for sqlx::Postgres {
     const BEGIN_WRITE: &'static str = "BEGIN";
     const CLOCK: &'static str = concat!("SELECT ", pg_clock!());
@@ -291,6 +321,14 @@ impl Dialect for sqlx::Postgres {
         order_columns!(),
         " FROM orders WHERE id = $1 AND account_id = $2 FOR UPDATE"
     );
+    const LOCK_HOLD: &'static str = concat!(
+        "SELECT ",
+        hold_columns!(),
+        " FROM holds WHERE id = $1 AND account_id = $2 FOR UPDATE"
+    );
+    // Sweepers on several instances take different holds; a hold a capture or a void
+    // holds is skipped, and found resolved or still due on a later sweep.
+    const EXPIRE_HOLDS: &'static str = expire_holds!("FOR UPDATE SKIP LOCKED");
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
@@ -351,6 +389,12 @@ impl Dialect for sqlx::Sqlite {
         order_columns!(),
         " FROM orders WHERE id = $1 AND account_id = $2"
     );
+    const LOCK_HOLD: &'static str = concat!(
+        "SELECT ",
+        hold_columns!(),
+        " FROM holds WHERE id = $1 AND account_id = $2"
+    );
+    const EXPIRE_HOLDS: &'static str = expire_holds!("");
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;

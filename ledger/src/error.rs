@@ -203,6 +203,9 @@ pub enum ApplyError {
     /// stored; the ticket stays usable.
     #[error("unknown order")]
     UnknownOrder,
+    /// No such hold, or another account's. Nothing was stored; the ticket stays usable.
+    #[error("unknown hold")]
+    UnknownHold,
     /// The ledger failed.
     #[error(transparent)]
     Ledger(#[from] LedgerError),

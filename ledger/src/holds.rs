@@ -57,3 +57,90 @@ impl HoldState {
         Self::ALL.into_iter().find(|state| state.as_str() == name)
     }
 }
+
+/// The longest a hold may last: seven days, as card authorizations commonly do.
+pub const MAX_HOLD_SECONDS: u32 = 604_800;
+
+/// How long a hold lasts from its creation, by the database's clock: 1 ..=
+/// [`MAX_HOLD_SECONDS`] seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct HoldLifetime(u32);
+
+/// A lifetime outside 1 ..= [`MAX_HOLD_SECONDS`] seconds.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("expires_in must be between 1 and {MAX_HOLD_SECONDS} seconds, got {0}")]
+pub struct InvalidLifetime(pub i64);
+
+impl HoldLifetime {
+    /// The longest, and what a hold gets when it names none.
+    pub const LONGEST: Self = Self(MAX_HOLD_SECONDS);
+
+    /// `seconds`, if within the bounds.
+    pub fn new(seconds: i64) -> Result<Self, InvalidLifetime> {
+        u32::try_from(seconds)
+            .ok()
+            .filter(|seconds| (1..=MAX_HOLD_SECONDS).contains(seconds))
+            .map(Self)
+            .ok_or(InvalidLifetime(seconds))
+    }
+
+    /// As a duration.
+    pub fn duration(self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(self.0))
+    }
+}
+
+/// The payment a refund gives money back from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Payment {
+    /// A paid order: refunded under the order's lock.
+    Order(crate::OrderId),
+    /// A captured hold: refunded under the hold's lock.
+    Hold(HoldId),
+}
+
+/// A hold as the API shows it. Its `state` is as of the database's clock when it was read:
+/// a hold past its expiry is expired, whether or not the sweeper has recorded it yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold {
+    /// Its identifier.
+    pub id: HoldId,
+    /// The account whose money it sets aside.
+    pub account_id: crate::AccountId,
+    /// The ticket that placed it.
+    pub ticket_id: crate::TicketId,
+    /// What it sets aside.
+    pub amount: crate::Amount,
+    /// Where it is in its life.
+    pub state: HoldState,
+    /// What its capture took, once captured.
+    pub captured_amount: Option<i64>,
+    /// What its refunds gave back.
+    pub refunded_amount: i64,
+    /// When it expires unless captured or voided before.
+    pub expires_at: time::OffsetDateTime,
+    /// When it was placed.
+    pub created_at: time::OffsetDateTime,
+    /// When it was captured, voided or expired (an expiry not yet swept: its `expires_at`).
+    pub resolved_at: Option<time::OffsetDateTime>,
+    /// The ticket that captured or voided it.
+    pub resolved_by_ticket: Option<crate::TicketId>,
+}
+
+/// A refund as made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Refund {
+    /// Its identifier.
+    pub id: RefundId,
+    /// The account the money went back to.
+    pub account_id: crate::AccountId,
+    /// The ticket that made it.
+    pub ticket_id: crate::TicketId,
+    /// The payment it refunds.
+    pub payment: Payment,
+    /// What it gave back.
+    pub amount: crate::Amount,
+    /// When it was made.
+    pub created_at: time::OffsetDateTime,
+}

@@ -38,8 +38,9 @@
 //!   statements — the deliveries written in the outcome's transaction (a spend's outcome
 //!   is its own event; a payout's settlement writes an `events` row), the
 //!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
-//! - [`holds`] (`holds.rs`): holds and refunds — their identifiers and states; the
-//!   database holds their rules on its own, and the audit checks them.
+//! - [`holds`] (`holds.rs`): holds and refunds — their identifiers, states and model;
+//!   the database holds their rules on its own, and the audit checks them;
+//!   `holding.rs`: their transactions — a hold placed, captured, voided, expired.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - [`requests`] (`requests.rs`): the webhook endpoints' POSTs sent with an idempotency
@@ -81,6 +82,7 @@ mod demo;
 mod dialect;
 mod error;
 mod events;
+mod holding;
 pub mod holds;
 mod inserts;
 pub mod lottery;
@@ -535,6 +537,28 @@ impl Ledger {
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         self.store.apply(&request, render).await
+    }
+
+    /// A hold, as of the database's clock: one past its expiry is expired, whether or not
+    /// the sweeper has recorded it yet.
+    pub async fn hold(&self, id: holds::HoldId) -> Result<Option<holds::Hold>, LedgerError> {
+        self.store.hold(id).await
+    }
+
+    /// Records every held hold past its expiry as expired, by the database's clock, in
+    /// transactions of up to `batch`, each hold released from its account's `held`; how
+    /// many. Safe on any number of instances at once: each hold is expired once, and never
+    /// one a capture or a void holds.
+    pub async fn expire_holds(&self, batch: u32) -> Result<u64, LedgerError> {
+        let batch = i64::from(batch.max(1));
+        let mut total = 0;
+        loop {
+            let expired = self.store.expire_holds(batch).await?;
+            total += expired;
+            if expired < batch.unsigned_abs() {
+                return Ok(total);
+            }
+        }
     }
 
     /// A payout, pending or settled.

@@ -7,6 +7,7 @@ use serde_json::Value;
 use time::OffsetDateTime;
 
 use crate::db_types::identifier;
+use crate::holds::{Hold, HoldId, HoldLifetime, HoldState, Payment, Refund, RefundId};
 use crate::lottery::Prize;
 
 /// The largest amount one request may move, in minor units (and the largest number of
@@ -245,6 +246,41 @@ pub enum Operation {
         /// The account at the bank.
         destination: Destination,
     },
+    /// Set money aside: `amount` counted against the account's available money until the
+    /// hold is captured, voided, or expires `expires_in` after it was placed, by the
+    /// database's clock. Moves no money; under the account's lock.
+    Hold {
+        /// The hold's id (chosen beforehand).
+        hold: HoldId,
+        /// What it sets aside.
+        amount: Amount,
+        /// How long it lasts.
+        expires_in: HoldLifetime,
+    },
+    /// Capture a held hold: `amount` of it (the whole hold when `None`) out of the
+    /// account, the rest released at once. Under the hold's lock.
+    Capture {
+        /// The hold.
+        hold: HoldId,
+        /// What to take; at most the hold.
+        amount: Option<Amount>,
+    },
+    /// Void a held hold: all of it released. Under the hold's lock.
+    Void {
+        /// The hold.
+        hold: HoldId,
+    },
+    /// Give `amount` of a payment back to the account — of a paid order, under the
+    /// order's lock, or of a captured hold, under the hold's — never more in all than was
+    /// paid.
+    Refund {
+        /// The refund's id (chosen beforehand).
+        refund: RefundId,
+        /// What it refunds.
+        payment: Payment,
+        /// How much.
+        amount: Amount,
+    },
 }
 
 impl Operation {
@@ -256,6 +292,10 @@ impl Operation {
             Self::LotteryDraw(_) => EntryKind::LotteryDraw,
             Self::OrderPayment { .. } => EntryKind::OrderPayment,
             Self::Payout { .. } => EntryKind::Payout,
+            Self::Hold { .. } => EntryKind::Hold,
+            Self::Capture { .. } => EntryKind::HoldCapture,
+            Self::Void { .. } => EntryKind::HoldVoid,
+            Self::Refund { .. } => EntryKind::Refund,
         }
     }
 }
@@ -278,8 +318,13 @@ pub enum EntryKind {
     Payout,
     /// A payout's money back: the bank refused it for good.
     PayoutReversal,
+    /// A hold placed: a ticket's operation only — a hold moves no money, and writes no
+    /// entry.
+    Hold,
     /// Money out, capturing a hold (all or part of it).
     HoldCapture,
+    /// A hold voided: a ticket's operation only, like [`EntryKind::Hold`].
+    HoldVoid,
     /// Money back, refunding part or all of a payment: an order's or a captured hold's.
     Refund,
 }
@@ -295,7 +340,9 @@ impl EntryKind {
             Self::OrderPayment => "order_payment",
             Self::Payout => "payout",
             Self::PayoutReversal => "payout_reversal",
+            Self::Hold => "hold",
             Self::HoldCapture => "hold_capture",
+            Self::HoldVoid => "hold_void",
             Self::Refund => "refund",
         }
     }
@@ -309,7 +356,9 @@ impl EntryKind {
             Self::OrderPayment,
             Self::Payout,
             Self::PayoutReversal,
+            Self::Hold,
             Self::HoldCapture,
+            Self::HoldVoid,
             Self::Refund,
         ]
         .into_iter()
@@ -546,6 +595,24 @@ pub enum Refusal {
         /// The ticket that paid it.
         paid_by: TicketId,
     },
+    /// The hold is not held: captured, voided or expired (a capture, a void, or a refund
+    /// of a hold never captured).
+    HoldNotHeld {
+        /// Its state.
+        state: HoldState,
+    },
+    /// The capture asked for more than the hold.
+    CaptureExceedsHold {
+        /// The hold's amount.
+        held: i64,
+    },
+    /// The refund asked for more than is still refundable of the payment.
+    RefundExceedsPayment {
+        /// What is still refundable.
+        refundable: i64,
+    },
+    /// The order is not paid: there is nothing to refund.
+    OrderNotPaid,
 }
 
 /// What executing an operation did.
@@ -564,6 +631,28 @@ pub enum OperationResult {
     },
     /// Refused for a business reason: nothing moved.
     Refused(Refusal),
+    /// A hold placed, captured or voided: the hold as it is now, and the account's balance
+    /// and available money after.
+    HoldChanged {
+        /// The hold.
+        hold: Hold,
+        /// The balance after.
+        balance: i64,
+        /// The balance less the holds held and not expired, after.
+        available: i64,
+    },
+    /// A refund made: the refund, what the payment's refunds add up to now and what is
+    /// still refundable of it, and the balance after.
+    Refunded {
+        /// The refund.
+        refund: Refund,
+        /// What the payment's refunds add up to, this one included.
+        refunded_total: i64,
+        /// What is still refundable of the payment.
+        refundable: i64,
+        /// The balance after.
+        balance: i64,
+    },
 }
 
 /// What came of a spend, in the ledger's own terms: what the event it announces, the
@@ -584,17 +673,36 @@ pub enum OutcomeKind {
     RefusedBalanceLimit,
     /// Refused: the order was paid already, by another ticket.
     RefusedOrderAlreadyPaid,
+    /// A hold placed (no money moved).
+    Held,
+    /// A hold captured: its captured amount left the account.
+    Captured,
+    /// A hold voided (no money moved).
+    Voided,
+    /// Refused: the hold is not held (captured, voided or expired).
+    RefusedHoldNotHeld,
+    /// Refused: the capture asked for more than the hold.
+    RefusedCaptureExceedsHold,
+    /// Refused: a refund of more than is refundable, of an order not paid, or of a hold
+    /// not captured.
+    RefusedRefund,
 }
 
 impl OutcomeKind {
     /// Every kind.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 12] = [
         Self::Executed,
         Self::PayoutAccepted,
         Self::RefusedInsufficientFunds,
         Self::RefusedInsufficientPoints,
         Self::RefusedBalanceLimit,
         Self::RefusedOrderAlreadyPaid,
+        Self::Held,
+        Self::Captured,
+        Self::Voided,
+        Self::RefusedHoldNotHeld,
+        Self::RefusedCaptureExceedsHold,
+        Self::RefusedRefund,
     ];
 
     /// The kind of `operation` coming to `result`.
@@ -614,18 +722,34 @@ impl OutcomeKind {
             (_, OperationResult::Refused(Refusal::OrderAlreadyPaid { .. })) => {
                 Self::RefusedOrderAlreadyPaid
             }
+            (Operation::Hold { .. }, OperationResult::HoldChanged { .. }) => Self::Held,
+            (Operation::Capture { .. }, OperationResult::HoldChanged { .. }) => Self::Captured,
+            (_, OperationResult::HoldChanged { .. }) => Self::Voided,
+            (_, OperationResult::Refunded { .. }) => Self::Executed,
+            (Operation::Refund { .. }, OperationResult::Refused(_))
+            | (
+                _,
+                OperationResult::Refused(
+                    Refusal::RefundExceedsPayment { .. } | Refusal::OrderNotPaid,
+                ),
+            ) => Self::RefusedRefund,
+            (_, OperationResult::Refused(Refusal::HoldNotHeld { .. })) => Self::RefusedHoldNotHeld,
+            (_, OperationResult::Refused(Refusal::CaptureExceedsHold { .. })) => {
+                Self::RefusedCaptureExceedsHold
+            }
         }
     }
 
     /// Whether money or points moved: an outcome of this kind has its entry, any other
     /// none.
     pub fn moved(self) -> bool {
-        matches!(self, Self::Executed | Self::PayoutAccepted)
+        matches!(self, Self::Executed | Self::PayoutAccepted | Self::Captured)
     }
 
     /// The HTTP status an outcome of this kind is answered, stored and announced with:
     /// 201 executed, 202 a payout accepted, 402 not enough money or points, 422 a balance
-    /// that would overflow, 409 an order paid already.
+    /// that would overflow, 409 an order paid already; 201 a hold placed, 200 one captured
+    /// or voided, 409 one not held, 422 a capture above the hold, 409 a refund refused.
     ///
     /// The one place a kind meets a status. The status is stored with the response (a
     /// replay answers it as stored), so the kind of a stored outcome is read back from it
@@ -638,6 +762,10 @@ impl OutcomeKind {
             Self::RefusedInsufficientFunds | Self::RefusedInsufficientPoints => 402,
             Self::RefusedBalanceLimit => 422,
             Self::RefusedOrderAlreadyPaid => 409,
+            Self::Held => 201,
+            Self::Captured | Self::Voided => 200,
+            Self::RefusedHoldNotHeld | Self::RefusedRefund => 409,
+            Self::RefusedCaptureExceedsHold => 422,
         }
     }
 
@@ -649,17 +777,27 @@ impl OutcomeKind {
         match self {
             Self::Executed => matches!(
                 operation,
-                E::Deposit | E::Withdrawal | E::LotteryDraw | E::OrderPayment
+                E::Deposit | E::Withdrawal | E::LotteryDraw | E::OrderPayment | E::Refund
             ),
             Self::PayoutAccepted => operation == E::Payout,
-            // What debits money: a draw spends points only.
+            // What takes from the money available: a draw spends points only.
             Self::RefusedInsufficientFunds => {
-                matches!(operation, E::Withdrawal | E::OrderPayment | E::Payout)
+                matches!(
+                    operation,
+                    E::Withdrawal | E::OrderPayment | E::Payout | E::Hold
+                )
             }
             Self::RefusedInsufficientPoints => operation == E::LotteryDraw,
-            // What credits money: a deposit, a draw's prize.
-            Self::RefusedBalanceLimit => matches!(operation, E::Deposit | E::LotteryDraw),
+            // What credits money: a deposit, a draw's prize, a refund.
+            Self::RefusedBalanceLimit => {
+                matches!(operation, E::Deposit | E::LotteryDraw | E::Refund)
+            }
             Self::RefusedOrderAlreadyPaid => operation == E::OrderPayment,
+            Self::Held => operation == E::Hold,
+            Self::Captured | Self::RefusedCaptureExceedsHold => operation == E::HoldCapture,
+            Self::Voided => operation == E::HoldVoid,
+            Self::RefusedHoldNotHeld => matches!(operation, E::HoldCapture | E::HoldVoid),
+            Self::RefusedRefund => operation == E::Refund,
         }
     }
 
@@ -680,6 +818,12 @@ impl OutcomeKind {
             Self::RefusedInsufficientPoints => "refused_insufficient_points",
             Self::RefusedBalanceLimit => "refused_balance_limit",
             Self::RefusedOrderAlreadyPaid => "refused_order_already_paid",
+            Self::Held => "held",
+            Self::Captured => "captured",
+            Self::Voided => "voided",
+            Self::RefusedHoldNotHeld => "refused_hold_not_held",
+            Self::RefusedCaptureExceedsHold => "refused_capture_exceeds_hold",
+            Self::RefusedRefund => "refused_refund",
         }
     }
 }
@@ -760,6 +904,10 @@ mod tests {
             EntryKind::LotteryDraw,
             EntryKind::OrderPayment,
             EntryKind::Payout,
+            EntryKind::Hold,
+            EntryKind::HoldCapture,
+            EntryKind::HoldVoid,
+            EntryKind::Refund,
         ];
         for operation in spent_on {
             for kind in OutcomeKind::ALL {
@@ -775,7 +923,7 @@ mod tests {
     }
 
     #[test]
-    fn a_payouts_success_is_its_acceptance_and_only_it_and_executions_moved_money() {
+    fn a_payouts_success_is_its_acceptance_and_only_it_executions_and_captures_moved_money() {
         let amount = Amount::new(5).unwrap();
         let applied = OperationResult::Applied {
             balance: 0,
@@ -800,6 +948,14 @@ mod tests {
             .into_iter()
             .filter(|kind| kind.moved())
             .collect();
-        assert_eq!(moved, [OutcomeKind::Executed, OutcomeKind::PayoutAccepted]);
+        assert_eq!(
+            moved,
+            [
+                OutcomeKind::Executed,
+                OutcomeKind::PayoutAccepted,
+                OutcomeKind::Captured
+            ],
+            "a hold placed or voided moves no money"
+        );
     }
 }

@@ -251,7 +251,7 @@ where
             Err(answer) => return answer,
         };
         let planned = crate::apply::Planned::of(request.operation);
-        let result = Self::move_or_refuse(&mut tx, request, &planned, token).await?;
+        let result = Self::move_or_refuse(&mut tx, request, &planned, token, now).await?;
         if let OperationResult::Applied {
             balance, points, ..
         } = result

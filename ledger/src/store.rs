@@ -86,6 +86,13 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
     ) -> Result<Applied, ApplyError>;
     async fn audit(&self) -> Result<Vec<Violation>, LedgerError>;
     async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError>;
+    /// A hold as of the database's clock.
+    async fn hold(
+        &self,
+        id: crate::holds::HoldId,
+    ) -> Result<Option<crate::holds::Hold>, LedgerError>;
+    /// Records up to `batch` held holds past their expiry as expired; how many.
+    async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError>;
     /// Up to `limit` of `account`'s payouts after `after`, in `status` where given, in the
     /// order they committed.
     async fn payouts(
@@ -423,11 +430,46 @@ where
                 .pay_out_in_transaction(request, payout, amount, destination, token, render)
                 .await;
         }
+        // Holds run under the hold's lock or, placed, the account's (`holding.rs`).
+        match request.operation {
+            Operation::Hold {
+                hold,
+                amount,
+                expires_in,
+            } => {
+                let token = token_to_sql(request.fencing_token)?;
+                return self
+                    .place_hold(request, hold, amount, expires_in, token, render)
+                    .await;
+            }
+            Operation::Capture { hold, amount } => {
+                let token = token_to_sql(request.fencing_token)?;
+                return self
+                    .resolve_hold(request, hold, Some(amount), token, render)
+                    .await;
+            }
+            Operation::Void { hold } => {
+                let token = token_to_sql(request.fencing_token)?;
+                return self.resolve_hold(request, hold, None, token, render).await;
+            }
+            _ => {}
+        }
         self.apply_operation(request, render).await
     }
 
     async fn payout(&self, id: PayoutId) -> Result<Option<Payout>, LedgerError> {
         self.find_payout(id).await
+    }
+
+    async fn hold(
+        &self,
+        id: crate::holds::HoldId,
+    ) -> Result<Option<crate::holds::Hold>, LedgerError> {
+        self.find_hold(id).await
+    }
+
+    async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError> {
+        SqlStore::expire_holds(self, batch).await
     }
 
     async fn payouts(

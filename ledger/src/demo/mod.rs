@@ -30,10 +30,15 @@ pub struct UnguardedRead {
 }
 
 /// The decision the application makes from a read, for the demonstration's
-/// read-check-write: (result, debit, credit, points spent).
-fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, i64, i64) {
+/// read-check-write: (result, debit, credit, points spent); `None` for holds and refunds,
+/// which the demonstration does not write unguarded.
+fn decide(operation: Operation, read: &UnguardedRead) -> Option<(OperationResult, i64, i64, i64)> {
     let (balance, points) = (read.balance, read.points);
-    match operation {
+    Some(match operation {
+        Operation::Hold { .. }
+        | Operation::Capture { .. }
+        | Operation::Void { .. }
+        | Operation::Refund { .. } => return None,
         // (The API runs order payments and payouts fenced only; the arm keeps the match
         // whole.)
         Operation::Withdrawal(amount)
@@ -84,7 +89,7 @@ fn decide(operation: Operation, read: &UnguardedRead) -> (OperationResult, i64, 
             };
             (result, 0, credit, spend)
         }
-    }
+    })
 }
 
 impl Ledger {
@@ -123,7 +128,12 @@ impl Ledger {
         read: &UnguardedRead,
         render: &Renderer,
     ) -> Result<Option<Applied>, ApplyError> {
-        let (result, debit, credit, spend) = decide(operation, read);
+        let (result, debit, credit, spend) = decide(operation, read).ok_or_else(|| {
+            LedgerError::Corrupt(format!(
+                "{} is not written unguarded",
+                operation.kind().as_str()
+            ))
+        })?;
         let write = UnguardedWrite {
             request: ApplyRequest {
                 ticket_id,

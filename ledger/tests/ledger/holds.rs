@@ -5,8 +5,12 @@
 
 use std::time::Duration;
 
+use ledger::holds::{HoldId, HoldLifetime, HoldState};
 use ledger::testing::TestDatabase;
-use ledger::{AccountId, Amount, Ledger, NewOrder, Operation, Rule, TicketId, Violation};
+use ledger::{
+    AccountId, Amount, ApplyError, EntryKind, Ledger, NewOrder, Operation, Rule, TicketId,
+    Violation,
+};
 
 use crate::suite::{account, apply, assert_clean, open};
 
@@ -340,4 +344,268 @@ pub async fn audit_finds_holds_and_refunds_out_of_line(database: &TestDatabase) 
         2,
         "the refund without its entry, and the order's total: {violations:#?}"
     );
+}
+
+fn place(amount: i64, seconds: i64) -> (HoldId, Operation) {
+    let hold = HoldId::random();
+    (
+        hold,
+        Operation::Hold {
+            hold,
+            amount: Amount::new(amount).unwrap(),
+            expires_in: HoldLifetime::new(seconds).unwrap(),
+        },
+    )
+}
+
+fn capture(hold: HoldId, amount: Option<i64>) -> Operation {
+    Operation::Capture {
+        hold,
+        amount: amount.map(|amount| Amount::new(amount).unwrap()),
+    }
+}
+
+fn withdrawal(amount: i64) -> Operation {
+    Operation::Withdrawal(Amount::new(amount).unwrap())
+}
+
+/// Spends `operation` on a fresh ticket of `account_id` under `token`.
+async fn spend(
+    ledger: &Ledger,
+    account_id: AccountId,
+    operation: Operation,
+    token: u64,
+) -> ledger::Applied {
+    let ticket = ticket(ledger, account_id).await;
+    apply(
+        ledger,
+        account_id,
+        ticket,
+        operation,
+        &format!("{operation:?}"),
+        token,
+    )
+    .await
+    .unwrap()
+}
+
+/// A hold sets money aside: spends and other holds see only what is available; it is
+/// captured within its amount, once — the rest released at once, one entry — and then
+/// neither voided nor captured again, each refusal stored under its ticket. A token its
+/// lock gave before is refused.
+pub async fn a_hold_sets_money_aside_and_is_captured_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let (hold, placing) = place(60, 3600);
+    let placed = spend(&ledger, account_id, placing, 1).await;
+    assert_eq!(placed.response.status, 201, "{}", placed.response.body);
+    assert_eq!(placed.response.body["state"], "held");
+    assert_eq!(placed.response.body["available"], 40);
+    assert_eq!(placed.response.body["balance"], 100);
+
+    let refused = spend(&ledger, account_id, withdrawal(41), 2).await;
+    assert_eq!(refused.response.status, 402, "{}", refused.response.body);
+    let new = NewOrder::new(Amount::new(41).unwrap(), "an order").unwrap();
+    let order = ledger.create_order(account_id, &new).await.unwrap();
+    let payment = Operation::OrderPayment {
+        order: order.id,
+        amount: order.amount,
+    };
+    let unpaid = spend(&ledger, account_id, payment, 1).await;
+    assert_eq!(unpaid.response.status, 402, "{}", unpaid.response.body);
+    let withdrawn = spend(&ledger, account_id, withdrawal(40), 3).await;
+    assert_eq!(
+        withdrawn.response.status, 201,
+        "{}",
+        withdrawn.response.body
+    );
+    let (_, another) = place(1, 3600);
+    assert_eq!(
+        spend(&ledger, account_id, another, 4).await.response.status,
+        402
+    );
+
+    let over = ticket(&ledger, account_id).await;
+    let too_much = apply(&ledger, account_id, over, capture(hold, Some(61)), "c61", 1)
+        .await
+        .unwrap();
+    assert_eq!(too_much.response.status, 422, "{}", too_much.response.body);
+    assert_eq!(
+        too_much.response.body["type"],
+        "/problems/capture-exceeds-hold"
+    );
+    let replayed = apply(&ledger, account_id, over, capture(hold, Some(61)), "c61", 9)
+        .await
+        .unwrap();
+    assert!(replayed.replayed);
+    assert_eq!(replayed.response, too_much.response);
+
+    let captured = spend(&ledger, account_id, capture(hold, Some(50)), 2).await;
+    assert_eq!(captured.response.status, 200, "{}", captured.response.body);
+    assert_eq!(captured.response.body["state"], "captured");
+    assert_eq!(captured.response.body["captured_amount"], 50);
+    assert_eq!(captured.response.body["balance"], 10);
+    assert_eq!(captured.response.body["available"], 10);
+
+    let voided = spend(&ledger, account_id, Operation::Void { hold }, 3).await;
+    assert_eq!(voided.response.status, 409, "{}", voided.response.body);
+    assert_eq!(voided.response.body["type"], "/problems/hold-not-held");
+    let again = spend(&ledger, account_id, capture(hold, None), 4).await;
+    assert_eq!(again.response.status, 409);
+    let stale_ticket = ticket(&ledger, account_id).await;
+    let stale = apply(
+        &ledger,
+        account_id,
+        stale_ticket,
+        capture(hold, None),
+        "c",
+        4,
+    )
+    .await;
+    assert!(
+        matches!(stale, Err(ApplyError::StaleToken { .. })),
+        "{stale:?}"
+    );
+
+    let read = ledger.hold(hold).await.unwrap().unwrap();
+    assert_eq!(read.state, HoldState::Captured);
+    assert_eq!(read.captured_amount, Some(50));
+    assert!(read.resolved_by_ticket.is_some());
+    let entries = ledger.entries(account_id, None, 10).await.unwrap();
+    let kinds: Vec<_> = entries.iter().map(|e| (e.kind, e.amount)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (EntryKind::Opening, 100),
+            (EntryKind::Withdrawal, -40),
+            (EntryKind::HoldCapture, -50)
+        ]
+    );
+    let other = account(&ledger, 100, 0).await;
+    let theirs_ticket = ticket(&ledger, other).await;
+    let theirs = apply(
+        &ledger,
+        other,
+        theirs_ticket,
+        Operation::Void { hold },
+        "v",
+        1,
+    )
+    .await;
+    assert!(matches!(theirs, Err(ApplyError::UnknownHold)), "{theirs:?}");
+    assert_clean(&ledger).await;
+}
+
+/// A hold past its expiry is expired as soon as the database's clock passes it: read so,
+/// no longer counted against a spend, no longer captured or voided — before any sweeper
+/// ran. The sweeper then records it once, releasing it from `held`.
+pub async fn a_hold_past_its_expiry_is_expired_before_it_is_swept(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 100, 0).await;
+    let (hold, placing) = place(100, 1);
+    assert_eq!(
+        spend(&ledger, account_id, placing, 1).await.response.status,
+        201
+    );
+    assert_eq!(
+        spend(&ledger, account_id, withdrawal(1), 2)
+            .await
+            .response
+            .status,
+        402
+    );
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    let read = ledger.hold(hold).await.unwrap().unwrap();
+    assert_eq!(read.state, HoldState::Expired);
+    assert_eq!(read.resolved_at, Some(read.expires_at));
+    let withdrawn = spend(&ledger, account_id, withdrawal(100), 3).await;
+    assert_eq!(
+        withdrawn.response.status, 201,
+        "{}",
+        withdrawn.response.body
+    );
+    for (operation, token) in [(capture(hold, None), 10), (Operation::Void { hold }, 11)] {
+        let refused = spend(&ledger, account_id, operation, token).await;
+        assert_eq!(refused.response.status, 409, "{}", refused.response.body);
+        assert_eq!(
+            refused.response.body["result"],
+            "HoldNotHeld { state: Expired }"
+        );
+    }
+    assert_clean(&ledger).await;
+
+    assert_eq!(ledger.expire_holds(10).await.unwrap(), 1);
+    assert_eq!(ledger.expire_holds(10).await.unwrap(), 0);
+    let swept = ledger.hold(hold).await.unwrap().unwrap();
+    assert_eq!(swept.state, HoldState::Expired);
+    assert!(swept.resolved_at.unwrap() >= swept.expires_at);
+    assert_clean(&ledger).await;
+}
+
+/// A capture, a void and the sweeper's expiry of one hold, at once, as its expiry comes:
+/// exactly one resolves it, whichever; the others find it resolved. Many times over.
+pub async fn capture_void_and_expiry_of_one_hold_settle_to_one_winner(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1_000_000, 0).await;
+    let mut outcomes = std::collections::BTreeMap::<&str, usize>::new();
+    for round in 0..12_u64 {
+        let (hold, placing) = place(10, 1);
+        assert_eq!(
+            spend(&ledger, account_id, placing, round + 1)
+                .await
+                .response
+                .status,
+            201
+        );
+        let (capture_ticket, void_ticket) = (
+            ticket(&ledger, account_id).await,
+            ticket(&ledger, account_id).await,
+        );
+        // Aim at the expiry: a second after placing, give or take the round's own delay.
+        tokio::time::sleep(Duration::from_millis(900 + round * 15)).await;
+        let (captured, voided, expired) = tokio::join!(
+            apply(
+                &ledger,
+                account_id,
+                capture_ticket,
+                capture(hold, None),
+                "c",
+                1
+            ),
+            apply(
+                &ledger,
+                account_id,
+                void_ticket,
+                Operation::Void { hold },
+                "v",
+                2
+            ),
+            ledger.expire_holds(10),
+        );
+        let expired = expired.unwrap();
+        let won = |answer: Result<ledger::Applied, ApplyError>| match answer {
+            Ok(applied) => applied.response.status == 200,
+            // The lower token, after the higher one wrote: not a winner.
+            Err(ApplyError::StaleToken { .. }) => false,
+            Err(error) => panic!("{error:?}"),
+        };
+        let (captured, voided) = (won(captured), won(voided));
+        let swept = ledger.expire_holds(10).await.unwrap();
+        let read = ledger.hold(hold).await.unwrap().unwrap();
+        let winners =
+            usize::from(captured) + usize::from(voided) + usize::from(expired + swept == 1);
+        assert_eq!(winners, 1, "round {round}: {read:?}");
+        assert!(expired + swept <= 1);
+        let state = match (captured, voided) {
+            (true, _) => "captured",
+            (_, true) => "voided",
+            _ => "expired",
+        };
+        assert_eq!(read.state.as_str(), state);
+        *outcomes.entry(state).or_default() += 1;
+    }
+    assert_eq!(outcomes.values().sum::<usize>(), 12, "{outcomes:?}");
+    println!("winners over 12 rounds: {outcomes:?}");
+    assert_clean(&ledger).await;
 }

@@ -19,7 +19,10 @@ macro_rules! suite_for {
             suite_for!(@cases $open, holds;
                 the_database_resolves_a_hold_once_in_time_and_within_it,
                 the_database_refunds_an_order_within_its_payment,
-                audit_finds_holds_and_refunds_out_of_line
+                audit_finds_holds_and_refunds_out_of_line,
+                a_hold_sets_money_aside_and_is_captured_once,
+                a_hold_past_its_expiry_is_expired_before_it_is_swept,
+                capture_void_and_expiry_of_one_hold_settle_to_one_winner
             );
 
             suite_for!(@cases $open, payouts;

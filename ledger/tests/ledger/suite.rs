@@ -27,6 +27,15 @@ pub fn render(execution: &Execution<'_>) -> Value {
         OperationResult::Refused(Refusal::OrderAlreadyPaid { .. }) => {
             Some("/problems/order-already-paid")
         }
+        OperationResult::HoldChanged { .. } | OperationResult::Refunded { .. } => None,
+        OperationResult::Refused(Refusal::HoldNotHeld { .. }) => Some("/problems/hold-not-held"),
+        OperationResult::Refused(Refusal::CaptureExceedsHold { .. }) => {
+            Some("/problems/capture-exceeds-hold")
+        }
+        OperationResult::Refused(Refusal::RefundExceedsPayment { .. }) => {
+            Some("/problems/refund-exceeds-payment")
+        }
+        OperationResult::Refused(Refusal::OrderNotPaid) => Some("/problems/order-not-paid"),
     };
     let (kind, balance, points, credit, prize) = match *execution.result {
         OperationResult::Applied {
@@ -42,6 +51,40 @@ pub fn render(execution: &Execution<'_>) -> Value {
             prize.map(|p| p.label),
         ),
         OperationResult::Refused(refusal) => (format!("{refusal:?}"), -1, -1, 0, None),
+        OperationResult::HoldChanged {
+            hold,
+            balance,
+            available,
+        } => {
+            return json!({
+                "ticket_id": execution.ticket_id,
+                "account_id": execution.account_id,
+                "result": "hold",
+                "hold_id": hold.id,
+                "state": hold.state.as_str(),
+                "amount": hold.amount.get(),
+                "captured_amount": hold.captured_amount,
+                "balance": balance,
+                "available": available,
+            });
+        }
+        OperationResult::Refunded {
+            refund,
+            refunded_total,
+            refundable,
+            balance,
+        } => {
+            return json!({
+                "ticket_id": execution.ticket_id,
+                "account_id": execution.account_id,
+                "result": "refunded",
+                "refund_id": refund.id,
+                "amount": refund.amount.get(),
+                "refunded_total": refunded_total,
+                "refundable": refundable,
+                "balance": balance,
+            });
+        }
     };
     json!({
         "ticket_id": execution.ticket_id,
@@ -830,7 +873,9 @@ pub async fn the_stored_body_is_the_renderers_with_the_numbers_after(database: &
 pub async fn a_body_with_the_balance_in_its_text_is_stored_as_rendered(database: &TestDatabase) {
     fn wordy(execution: &Execution<'_>) -> Value {
         let balance = match *execution.result {
-            OperationResult::Applied { balance, .. } => balance,
+            OperationResult::Applied { balance, .. }
+            | OperationResult::HoldChanged { balance, .. }
+            | OperationResult::Refunded { balance, .. } => balance,
             OperationResult::Refused(_) => -1,
         };
         json!({ "balance": balance, "detail": format!("the balance is now {balance}") })

@@ -1,0 +1,417 @@
+//! The transactions of holds (the model is `holds.rs`): placing one under the account's
+//! lock, capturing or voiding one under its own, the sweeper's expiries, and reading one
+//! back as of the database's clock.
+//!
+//! Each spend here is a ticket's, as every spend is: the ticket locked and judged first, the
+//! outcome — refusals included — stored under it in the same transaction
+//! (`apply.rs`, `conclude`). A hold moves no money: placing one adds its amount to the
+//! account's `held`, in a conditional update that checks the money available as every debit
+//! does; a capture takes the captured amount out and releases the whole hold from `held`,
+//! with one entry; a void and an expiry release it. Which of a capture, a void and an expiry
+//! wins is settled twice: by the hold's lock, and by the database on its own — the update
+//! that resolves a hold finds it only while it is held and not expired by the clock it
+//! writes (`holds_resolve_once`, `holds_resolved_in_time` in migration 0015).
+
+use std::collections::BTreeMap;
+
+use sqlx::{Decode, Encode, Executor, FromRow, Type};
+
+use crate::apply::available_covers;
+use crate::db_types::{JsonText, Timestamp, from_row};
+use crate::dialect::Dialect;
+use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
+use crate::holds::{Hold, HoldId, HoldLifetime, HoldState};
+use crate::model::{
+    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer, TicketId,
+};
+use crate::rows::{OrderRow, TicketRow};
+use crate::sql_store::SqlStore;
+use crate::webhooks::EventId;
+
+/// A hold's placing: its amount added to the account's `held` if the money available
+/// covers it, under the fencing check of the account's lock. Parameters: $1 account,
+/// $2 amount, $3 token, $4 now. Returns the balance.
+const PLACE: &str = concat!(
+    "UPDATE accounts SET held = held + $2, fencing_token = $3
+     WHERE id = $1 AND fencing_token < $3 AND ",
+    available_covers!("$2", "$4"),
+    " RETURNING balance"
+);
+
+/// A refused placing records the token like any write. Parameters: $1 account, $2 token.
+const RECORD_ACCOUNT_TOKEN: &str = "
+    UPDATE accounts SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
+
+/// Parameters: $1 hold, $2 account, $3 ticket, $4 amount, $5 expires at, $6 now.
+const INSERT_HOLD: &str = "
+    INSERT INTO holds (id, account_id, ticket_id, amount, expires_at, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6)";
+
+/// Resolves hold $1 as $2 (captured with $3, or voided with NULL) at $4 by ticket $5 under
+/// token $6 — only while it is held, not expired at $4, and the token is newer than any its
+/// lock gave before. Exactly one row, or the hold was not the caller's to resolve.
+const RESOLVE: &str = "
+    UPDATE holds
+    SET state = $2, captured_amount = $3, resolved_at = $4, resolved_by_ticket = $5,
+        fencing_token = $6
+    WHERE id = $1 AND state = 'held' AND expires_at > $4 AND fencing_token < $6
+    RETURNING id";
+
+/// A refused capture or void records the token like any write. Parameters: $1 hold,
+/// $2 token.
+const RECORD_HOLD_TOKEN: &str = "
+    UPDATE holds SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
+
+/// A resolution's release and a capture's debit: $2 out of account $1 (0 for a void or an
+/// expiry), and the hold's amount $3 out of what it holds aside. Returns the balance and
+/// points after.
+const RELEASE: &str = "
+    UPDATE accounts SET balance = balance - $2, held = held - $3 WHERE id = $1
+    RETURNING balance, points";
+
+/// A capture's entry: $1 account, $2 ticket, $3 amount (negative), $4 balance after,
+/// $5 points after, $6 the hold's token, $7 now, $8 the hold.
+const INSERT_CAPTURE_ENTRY: &str = "
+    INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                         points_after, fencing_token, created_at, hold_id)
+    VALUES ($1, $2, 'hold_capture', $3, 0, $4, $5, $6, $7, $8)";
+
+/// Parameters: $1 hold.
+const HOLD: &str = concat!(
+    "SELECT ",
+    crate::dialect::hold_columns!(),
+    " FROM holds WHERE id = $1"
+);
+
+from_row! {
+    /// A hold as stored.
+    pub(crate) struct HoldRow {
+        id: HoldId,
+        account_id: AccountId,
+        ticket_id: TicketId,
+        amount: i64,
+        state: String,
+        captured_amount: Option<i64>,
+        refunded_amount: i64,
+        fencing_token: i64,
+        expires_at: Timestamp,
+        created_at: Timestamp,
+        resolved_at: Option<Timestamp>,
+        resolved_by_ticket: Option<TicketId>,
+    }
+}
+
+impl HoldRow {
+    /// The hold as of `now` by the database's clock: one still held but past its expiry is
+    /// expired, resolved at its expiry, whether or not the sweeper has recorded it yet.
+    fn read_at(self, now: Timestamp) -> Result<Hold, LedgerError> {
+        let corrupt = |what: &str| LedgerError::Corrupt(format!("hold {}: {what}", self.id));
+        let stored = HoldState::parse(&self.state).ok_or_else(|| corrupt("state"))?;
+        let (state, resolved_at) = match stored {
+            HoldState::Held if self.expires_at.0 <= now.0 => {
+                (HoldState::Expired, Some(self.expires_at.0))
+            }
+            state => (state, self.resolved_at.map(|at| at.0)),
+        };
+        Ok(Hold {
+            id: self.id,
+            account_id: self.account_id,
+            ticket_id: self.ticket_id,
+            amount: Amount::new(self.amount).map_err(|_| corrupt("amount"))?,
+            state,
+            captured_amount: self.captured_amount,
+            refunded_amount: self.refunded_amount,
+            expires_at: self.expires_at.0,
+            created_at: self.created_at.0,
+            resolved_at,
+            resolved_by_ticket: self.resolved_by_ticket,
+        })
+    }
+}
+
+/// The holds' steps.
+impl<D> SqlStore<D>
+where
+    D: Dialect,
+    for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
+    for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> i32: Encode<'q, D> + Type<D>,
+    for<'q> &'q str: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> TicketId: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> JsonText<'q>: Encode<'q, D> + Type<D>,
+    for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'q> OrderId: Encode<'q, D> + Type<D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
+    for<'r> (i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
+    usize: sqlx::ColumnIndex<D::Row>,
+    for<'q> EventId: Encode<'q, D> + Type<D>,
+    for<'q> Option<i64>: Encode<'q, D>,
+    for<'q> HoldId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'r> HoldRow: FromRow<'r, D::Row>,
+{
+    /// A hold placed under the account's lock (fenced by its token): the ticket judged,
+    /// the amount added to `held` if the money available covers it (else 402, stored),
+    /// the hold written, expiring `expires_in` after the database's clock read now.
+    pub(crate) async fn place_hold(
+        &self,
+        request: &ApplyRequest<'_>,
+        hold: HoldId,
+        amount: Amount,
+        expires_in: HoldLifetime,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
+            Err(answer) => return answer,
+        };
+        let placed: Option<(i64,)> = sqlx::query_as(PLACE)
+            .bind(request.account_id)
+            .bind(amount.get())
+            .bind(token)
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .or_constraint()?;
+        let result = match placed {
+            Some((balance,)) => {
+                let expires_at = Timestamp(now.0 + expires_in.duration());
+                sqlx::query(INSERT_HOLD)
+                    .bind(hold)
+                    .bind(request.account_id)
+                    .bind(request.ticket_id)
+                    .bind(amount.get())
+                    .bind(expires_at)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                let set_aside = Self::set_aside(&mut tx, request.account_id, now).await?;
+                OperationResult::HoldChanged {
+                    hold: Hold {
+                        id: hold,
+                        account_id: request.account_id,
+                        ticket_id: request.ticket_id,
+                        amount,
+                        state: HoldState::Held,
+                        captured_amount: None,
+                        refunded_amount: 0,
+                        expires_at: expires_at.0,
+                        created_at: now.0,
+                        resolved_at: None,
+                        resolved_by_ticket: None,
+                    },
+                    balance,
+                    available: balance - set_aside,
+                }
+            }
+            None => {
+                let (balance, _, recorded): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+                    .bind(request.account_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                if recorded >= token {
+                    return Err(stale(request, recorded));
+                }
+                let set_aside = Self::set_aside(&mut tx, request.account_id, now).await?;
+                if balance - set_aside >= amount.get() {
+                    return Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
+                        "account {}: a hold its locked row affords was refused",
+                        request.account_id
+                    ))));
+                }
+                sqlx::query(RECORD_ACCOUNT_TOKEN)
+                    .bind(request.account_id)
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                OperationResult::Refused(Refusal::InsufficientFunds { balance })
+            }
+        };
+        self.conclude(tx, request, &result, now, render).await
+    }
+
+    /// A hold captured (`captured` is `Some`: that amount, or the whole hold when it is
+    /// `Some(None)`) or voided (`None`), under the hold's lock (fenced by its token): the
+    /// ticket judged; the hold locked, found with the account (else
+    /// [`ApplyError::UnknownHold`]); one not held by the database's clock read after its
+    /// lock is refused 409, and a capture above the hold 422, both stored; else the hold
+    /// resolved, released from `held`, and for a capture the amount taken out with its
+    /// entry.
+    pub(crate) async fn resolve_hold(
+        &self,
+        request: &ApplyRequest<'_>,
+        hold_id: HoldId,
+        captured: Option<Option<Amount>>,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        if let Err(answer) = Self::lock_and_judge(&mut tx, request).await? {
+            return answer;
+        }
+        let row: HoldRow = sqlx::query_as(D::LOCK_HOLD)
+            .bind(hold_id)
+            .bind(request.account_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(ApplyError::UnknownHold)?;
+        if row.fencing_token >= token {
+            return Err(stale(request, row.fencing_token));
+        }
+        // The clock once the hold is ours: a request that waited for the lock past the
+        // expiry finds the hold expired.
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let hold = row.read_at(now)?;
+        let capture = captured.map(|amount| amount.unwrap_or(hold.amount));
+        let refusal = if hold.state != HoldState::Held {
+            Some(Refusal::HoldNotHeld { state: hold.state })
+        } else {
+            capture
+                .filter(|capture| capture.get() > hold.amount.get())
+                .map(|_| Refusal::CaptureExceedsHold {
+                    held: hold.amount.get(),
+                })
+        };
+        let result = match refusal {
+            Some(refusal) => {
+                sqlx::query(RECORD_HOLD_TOKEN)
+                    .bind(hold_id)
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                OperationResult::Refused(refusal)
+            }
+            None => {
+                let (state, taken) = match capture {
+                    Some(amount) => (HoldState::Captured, amount.get()),
+                    None => (HoldState::Voided, 0),
+                };
+                Self::resolve(&mut tx, request, &hold, state, taken, token, now).await?
+            }
+        };
+        self.conclude(tx, request, &result, now, render).await
+    }
+
+    /// The resolving writes of a held hold: its row, the release (and a capture's debit
+    /// of `taken`), a capture's entry; the outcome.
+    async fn resolve(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        hold: &Hold,
+        state: HoldState,
+        taken: i64,
+        token: i64,
+        now: Timestamp,
+    ) -> Result<OperationResult, ApplyError> {
+        let captured = (state == HoldState::Captured).then_some(taken);
+        let resolved: Option<(HoldId,)> = sqlx::query_as(RESOLVE)
+            .bind(hold.id)
+            .bind(state.as_str())
+            .bind(captured)
+            .bind(now)
+            .bind(request.ticket_id)
+            .bind(token)
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?;
+        if resolved.is_none() {
+            return Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
+                "hold {}: held and ours when locked, not when resolved",
+                hold.id
+            ))));
+        }
+        let (balance, points): (i64, i64) = sqlx::query_as(RELEASE)
+            .bind(request.account_id)
+            .bind(taken)
+            .bind(hold.amount.get())
+            .fetch_one(&mut **tx)
+            .await
+            .or_constraint()?;
+        if let Some(captured) = captured {
+            sqlx::query(INSERT_CAPTURE_ENTRY)
+                .bind(request.account_id)
+                .bind(request.ticket_id)
+                .bind(-captured)
+                .bind(balance)
+                .bind(points)
+                .bind(token)
+                .bind(now)
+                .bind(hold.id)
+                .execute(&mut **tx)
+                .await
+                .or_constraint()?;
+        }
+        let set_aside = Self::set_aside(tx, request.account_id, now).await?;
+        Ok(OperationResult::HoldChanged {
+            hold: Hold {
+                state,
+                captured_amount: captured,
+                resolved_at: Some(now.0),
+                resolved_by_ticket: Some(request.ticket_id),
+                ..*hold
+            },
+            balance,
+            available: balance - set_aside,
+        })
+    }
+
+    /// Records up to `batch` held holds past their expiry as expired, by the database's
+    /// clock, in one transaction: each released from its account's `held`. How many.
+    pub(crate) async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError> {
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let expired: Vec<(HoldId, AccountId, i64)> = sqlx::query_as(D::EXPIRE_HOLDS)
+            .bind(now)
+            .bind(batch)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut released: BTreeMap<AccountId, i64> = BTreeMap::new();
+        for (_, account, amount) in &expired {
+            *released.entry(*account).or_default() += amount;
+        }
+        // In account order, as every writer locks accounts.
+        for (account, amount) in released {
+            sqlx::query(RELEASE)
+                .bind(account)
+                .bind(0_i64)
+                .bind(amount)
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_or_unknown(tx).await?;
+        Ok(expired.len() as u64)
+    }
+
+    /// Hold `id` as of the database's clock now, if there is one.
+    pub(crate) async fn find_hold(&self, id: HoldId) -> Result<Option<Hold>, LedgerError> {
+        let query = || async {
+            let mut connection = self.pool.acquire().await?;
+            let row: Option<HoldRow> = sqlx::query_as(HOLD)
+                .bind(id)
+                .fetch_optional(&mut *connection)
+                .await?;
+            let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *connection).await?;
+            Ok::<_, sqlx::Error>((row, now))
+        };
+        let (row, now) = self.on_live_connection(query).await?;
+        row.map(|row| row.read_at(now)).transpose()
+    }
+}
+
+/// The refusal of `request`'s token, which the account's or the hold's `recorded` one
+/// already passed.
+fn stale(request: &ApplyRequest<'_>, recorded: i64) -> ApplyError {
+    ApplyError::StaleToken {
+        presented: request.fencing_token,
+        recorded: recorded.max(0).unsigned_abs(),
+    }
+}
