@@ -1,6 +1,7 @@
-//! The transactions of holds (the model is `holds.rs`): placing one under the account's
-//! lock, capturing or voiding one under its own, the sweeper's expiries, and reading one
-//! back as of the database's clock.
+//! The transactions of holds and refunds (the model is `holds.rs`): placing a hold under
+//! the account's lock, capturing or voiding one under its own, the sweeper's expiries,
+//! reading one back as of the database's clock; and refunds of a paid order or a captured
+//! hold, under the lock of the payment, never above what it paid.
 //!
 //! Each spend here is a ticket's, as every spend is: the ticket locked and judged first, the
 //! outcome — refusals included — stored under it in the same transaction
@@ -20,7 +21,7 @@ use crate::apply::available_covers;
 use crate::db_types::{JsonText, Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
-use crate::holds::{Hold, HoldId, HoldLifetime, HoldState};
+use crate::holds::{Hold, HoldId, HoldLifetime, HoldState, Payment, Refund, RefundId};
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer, TicketId,
 };
@@ -75,6 +76,52 @@ const INSERT_CAPTURE_ENTRY: &str = "
     INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
                          points_after, fencing_token, created_at, hold_id)
     VALUES ($1, $2, 'hold_capture', $3, 0, $4, $5, $6, $7, $8)";
+
+/// A refund's credit: $2 back to account $1, unless the balance would pass its limit.
+/// Returns the balance and points after.
+const CREDIT: &str = "
+    UPDATE accounts SET balance = balance + $2
+    WHERE id = $1 AND balance <= 9223372036854775807 - $2
+    RETURNING balance, points";
+
+/// What order $1 paid (0 when not paid) and what its refunds add up to.
+const ORDER_REFUNDED: &str = "
+    SELECT CASE WHEN paid_by_ticket IS NULL THEN 0 ELSE amount END, refunded_amount
+    FROM orders WHERE id = $1";
+
+/// Adds $2 to order $1's refunds under token $3, only within what it paid. Returns the
+/// total.
+const REFUND_ORDER: &str = "
+    UPDATE orders SET refunded_amount = refunded_amount + $2, fencing_token = $3
+    WHERE id = $1 AND paid_by_ticket IS NOT NULL AND refunded_amount + $2 <= amount
+      AND fencing_token < $3
+    RETURNING refunded_amount";
+
+/// Adds $2 to hold $1's refunds under token $3, only within what it captured. Returns the
+/// total.
+const REFUND_HOLD: &str = "
+    UPDATE holds SET refunded_amount = refunded_amount + $2, fencing_token = $3
+    WHERE id = $1 AND state = 'captured' AND refunded_amount + $2 <= captured_amount
+      AND fencing_token < $3
+    RETURNING refunded_amount";
+
+/// A refused refund of an order records the token like any write. Parameters: $1 order,
+/// $2 token.
+const RECORD_ORDER_TOKEN: &str = "
+    UPDATE orders SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
+
+/// Parameters: $1 refund, $2 account, $3 ticket, $4 order or NULL, $5 hold or NULL,
+/// $6 amount, $7 now.
+const INSERT_REFUND: &str = "
+    INSERT INTO refunds (id, account_id, ticket_id, order_id, hold_id, amount, created_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7)";
+
+/// A refund's entry: $1 account, $2 ticket, $3 amount, $4 balance after, $5 points after,
+/// $6 the order's or hold's token, $7 now, $8 the refund.
+const INSERT_REFUND_ENTRY: &str = "
+    INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
+                         points_after, fencing_token, created_at, refund_id)
+    VALUES ($1, $2, 'refund', $3, 0, $4, $5, $6, $7, $8)";
 
 /// Parameters: $1 hold.
 const HOLD: &str = concat!(
@@ -152,6 +199,10 @@ where
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'q> Option<i64>: Encode<'q, D>,
     for<'q> HoldId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> RefundId: Encode<'q, D> + Type<D>,
+    for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
+    for<'q> Option<OrderId>: Encode<'q, D>,
+    for<'q> Option<HoldId>: Encode<'q, D>,
     for<'r> HoldRow: FromRow<'r, D::Row>,
 {
     /// A hold placed under the account's lock (fenced by its token): the ticket judged,
@@ -362,6 +413,187 @@ where
             balance,
             available: balance - set_aside,
         })
+    }
+
+    /// A refund of `payment` — under the order's lock for an order, the hold's for a hold
+    /// (fenced by that lock's token, recorded on the order or the hold): the ticket judged;
+    /// the payment locked, found with the account (else [`ApplyError::UnknownOrder`] or
+    /// [`ApplyError::UnknownHold`]); refused 409, stored, when the order is not paid, the
+    /// hold not captured, or the amount above what is still refundable; else the money
+    /// back on the account with its entry, the refund written, and the payment's refunded
+    /// total raised — which the database holds within what it paid on its own.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn refund(
+        &self,
+        request: &ApplyRequest<'_>,
+        refund_id: RefundId,
+        payment: Payment,
+        amount: Amount,
+        token: i64,
+        render: &Renderer,
+    ) -> Result<Applied, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
+            Err(answer) => return answer,
+        };
+        let (recorded, paid, refunded, refusal) = match payment {
+            Payment::Order(order) => {
+                let row: OrderRow = sqlx::query_as(D::LOCK_ORDER)
+                    .bind(order)
+                    .bind(request.account_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .ok_or(ApplyError::UnknownOrder)?;
+                let (paid, refunded): (i64, i64) = sqlx::query_as(ORDER_REFUNDED)
+                    .bind(order)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let refusal = row
+                    .paid_by_ticket
+                    .is_none()
+                    .then_some(Refusal::OrderNotPaid);
+                (row.fencing_token, paid, refunded, refusal)
+            }
+            Payment::Hold(hold) => {
+                let row: HoldRow = sqlx::query_as(D::LOCK_HOLD)
+                    .bind(hold)
+                    .bind(request.account_id)
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .ok_or(ApplyError::UnknownHold)?;
+                let recorded = row.fencing_token;
+                let hold = row.read_at(now)?;
+                let refusal = (hold.state != HoldState::Captured)
+                    .then_some(Refusal::HoldNotHeld { state: hold.state });
+                let paid = hold.captured_amount.unwrap_or(0);
+                (recorded, paid, hold.refunded_amount, refusal)
+            }
+        };
+        if recorded >= token {
+            return Err(stale(request, recorded));
+        }
+        let refundable = paid - refunded;
+        let refusal = refusal.or_else(|| {
+            (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
+        });
+        let credited: Option<(i64, i64)> = match refusal {
+            Some(_) => None,
+            None => sqlx::query_as(CREDIT)
+                .bind(request.account_id)
+                .bind(amount.get())
+                .fetch_optional(&mut *tx)
+                .await
+                .or_constraint()?,
+        };
+        let result = match (refusal, credited) {
+            (None, Some((balance, points))) => {
+                let total = Self::raise_refunded(&mut tx, payment, amount, token).await?;
+                let refund = Refund {
+                    id: refund_id,
+                    account_id: request.account_id,
+                    ticket_id: request.ticket_id,
+                    payment,
+                    amount,
+                    created_at: now.0,
+                };
+                Self::write_refund(&mut tx, &refund, balance, points, token).await?;
+                OperationResult::Refunded {
+                    refund,
+                    refunded_total: total,
+                    refundable: paid - total,
+                    balance,
+                }
+            }
+            (refusal, _) => {
+                let refusal = match refusal {
+                    Some(refusal) => refusal,
+                    None => {
+                        let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+                            .bind(request.account_id)
+                            .fetch_one(&mut *tx)
+                            .await?;
+                        Refusal::BalanceLimit { balance }
+                    }
+                };
+                let (record, id) = match payment {
+                    Payment::Order(order) => (RECORD_ORDER_TOKEN, order.0),
+                    Payment::Hold(hold) => (RECORD_HOLD_TOKEN, hold.0),
+                };
+                sqlx::query(record)
+                    .bind(id)
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                OperationResult::Refused(refusal)
+            }
+        };
+        self.conclude(tx, request, &result, now, render).await
+    }
+
+    /// The payment's refunded total raised by `amount` under `token`: the new total.
+    async fn raise_refunded(
+        tx: &mut sqlx::Transaction<'static, D>,
+        payment: Payment,
+        amount: Amount,
+        token: i64,
+    ) -> Result<i64, ApplyError> {
+        let (statement, id) = match payment {
+            Payment::Order(order) => (REFUND_ORDER, order.0),
+            Payment::Hold(hold) => (REFUND_HOLD, hold.0),
+        };
+        let total: Option<(i64,)> = sqlx::query_as(statement)
+            .bind(id)
+            .bind(amount.get())
+            .bind(token)
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?;
+        total.map(|(total,)| total).ok_or_else(|| {
+            ApplyError::Ledger(LedgerError::Corrupt(format!(
+                "{payment:?}: refundable and ours when locked, not when refunded"
+            )))
+        })
+    }
+
+    /// A refund's row and its entry.
+    async fn write_refund(
+        tx: &mut sqlx::Transaction<'static, D>,
+        refund: &Refund,
+        balance: i64,
+        points: i64,
+        token: i64,
+    ) -> Result<(), ApplyError> {
+        let (order, hold) = match refund.payment {
+            Payment::Order(order) => (Some(order), None),
+            Payment::Hold(hold) => (None, Some(hold)),
+        };
+        let now = Timestamp(refund.created_at);
+        sqlx::query(INSERT_REFUND)
+            .bind(refund.id)
+            .bind(refund.account_id)
+            .bind(refund.ticket_id)
+            .bind(order)
+            .bind(hold)
+            .bind(refund.amount.get())
+            .bind(now)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        sqlx::query(INSERT_REFUND_ENTRY)
+            .bind(refund.account_id)
+            .bind(refund.ticket_id)
+            .bind(refund.amount.get())
+            .bind(balance)
+            .bind(points)
+            .bind(token)
+            .bind(now)
+            .bind(refund.id)
+            .execute(&mut **tx)
+            .await
+            .or_constraint()?;
+        Ok(())
     }
 
     /// Records up to `batch` held holds past their expiry as expired, by the database's

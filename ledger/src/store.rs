@@ -237,8 +237,9 @@ where
     for<'q> Option<&'q str>: Encode<'q, D>,
     for<'q> PayoutId: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Option<PayoutId>: Encode<'q, D>,
-    for<'q> crate::holds::HoldId: Decode<'q, D> + Type<D>,
-    for<'q> crate::holds::RefundId: Decode<'q, D> + Type<D>,
+    for<'q> crate::holds::HoldId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> crate::holds::RefundId: Encode<'q, D> + Decode<'q, D> + Type<D>,
+    for<'q> Option<crate::holds::HoldId>: Encode<'q, D>,
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
@@ -430,7 +431,8 @@ where
                 .pay_out_in_transaction(request, payout, amount, destination, token, render)
                 .await;
         }
-        // Holds run under the hold's lock or, placed, the account's (`holding.rs`).
+        // Holds run under the hold's lock or, placed, the account's; refunds under the
+        // payment's (`holding.rs`).
         match request.operation {
             Operation::Hold {
                 hold,
@@ -451,6 +453,16 @@ where
             Operation::Void { hold } => {
                 let token = token_to_sql(request.fencing_token)?;
                 return self.resolve_hold(request, hold, None, token, render).await;
+            }
+            Operation::Refund {
+                refund,
+                payment,
+                amount,
+            } => {
+                let token = token_to_sql(request.fencing_token)?;
+                return self
+                    .refund(request, refund, payment, amount, token, render)
+                    .await;
             }
             _ => {}
         }

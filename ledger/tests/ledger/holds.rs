@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use ledger::holds::{HoldId, HoldLifetime, HoldState};
+use ledger::holds::{HoldId, HoldLifetime, HoldState, Payment, RefundId};
 use ledger::testing::TestDatabase;
 use ledger::{
     AccountId, Amount, ApplyError, EntryKind, Ledger, NewOrder, Operation, Rule, TicketId,
@@ -607,5 +607,170 @@ pub async fn capture_void_and_expiry_of_one_hold_settle_to_one_winner(database: 
     }
     assert_eq!(outcomes.values().sum::<usize>(), 12, "{outcomes:?}");
     println!("winners over 12 rounds: {outcomes:?}");
+    assert_clean(&ledger).await;
+}
+
+fn refund(payment: Payment, amount: i64) -> Operation {
+    Operation::Refund {
+        refund: RefundId::random(),
+        payment,
+        amount: Amount::new(amount).unwrap(),
+    }
+}
+
+/// Refunds of a paid order and of a captured hold: partial, repeated, never more in all
+/// than was paid — each refusal (409, with what is still refundable) stored and replayed;
+/// nothing refunded of an order not paid, or of a hold not captured. Each refund is an
+/// entry of its own.
+pub async fn refunds_never_exceed_the_payment(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let new = NewOrder::new(Amount::new(100).unwrap(), "an order").unwrap();
+    let (order, unpaid) = (
+        ledger.create_order(account_id, &new).await.unwrap(),
+        ledger.create_order(account_id, &new).await.unwrap(),
+    );
+    let payment = Operation::OrderPayment {
+        order: order.id,
+        amount: order.amount,
+    };
+    assert_eq!(
+        spend(&ledger, account_id, payment, 1).await.response.status,
+        201
+    );
+    let not_paid = spend(&ledger, account_id, refund(Payment::Order(unpaid.id), 1), 1).await;
+    assert_eq!(not_paid.response.status, 409);
+    assert_eq!(not_paid.response.body["type"], "/problems/order-not-paid");
+
+    let paid = Payment::Order(order.id);
+    let first = spend(&ledger, account_id, refund(paid, 60), 2).await;
+    assert_eq!(first.response.status, 201, "{}", first.response.body);
+    assert_eq!(first.response.body["refunded_total"], 60);
+    assert_eq!(first.response.body["refundable"], 40);
+    assert_eq!(first.response.body["balance"], 960);
+    let over_ticket = ticket(&ledger, account_id).await;
+    let over = apply(&ledger, account_id, over_ticket, refund(paid, 60), "r60", 3)
+        .await
+        .unwrap();
+    assert_eq!(over.response.status, 409, "{}", over.response.body);
+    assert_eq!(
+        over.response.body["type"],
+        "/problems/refund-exceeds-payment"
+    );
+    assert_eq!(
+        over.response.body["result"],
+        "RefundExceedsPayment { refundable: 40 }"
+    );
+    let again = apply(&ledger, account_id, over_ticket, refund(paid, 60), "r60", 9)
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    let rest = spend(&ledger, account_id, refund(paid, 40), 4).await;
+    assert_eq!(rest.response.status, 201);
+    assert_eq!(rest.response.body["refundable"], 0);
+    assert_eq!(rest.response.body["balance"], 1000);
+    assert_eq!(
+        spend(&ledger, account_id, refund(paid, 1), 5)
+            .await
+            .response
+            .status,
+        409
+    );
+
+    let (hold, placing) = place(50, 3600);
+    assert_eq!(
+        spend(&ledger, account_id, placing, 1).await.response.status,
+        201
+    );
+    let not_captured = spend(&ledger, account_id, refund(Payment::Hold(hold), 1), 1).await;
+    assert_eq!(not_captured.response.status, 409);
+    assert_eq!(
+        not_captured.response.body["type"],
+        "/problems/hold-not-held"
+    );
+    assert_eq!(
+        spend(&ledger, account_id, capture(hold, Some(30)), 2)
+            .await
+            .response
+            .status,
+        200
+    );
+    let captured = Payment::Hold(hold);
+    assert_eq!(
+        spend(&ledger, account_id, refund(captured, 31), 3)
+            .await
+            .response
+            .status,
+        409
+    );
+    let back = spend(&ledger, account_id, refund(captured, 30), 4).await;
+    assert_eq!(back.response.status, 201, "{}", back.response.body);
+    assert_eq!(back.response.body["balance"], 1000);
+    assert_eq!(
+        ledger.hold(hold).await.unwrap().unwrap().refunded_amount,
+        30
+    );
+
+    let refunds = ledger
+        .entries(account_id, None, 20)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|entry| entry.kind == EntryKind::Refund)
+        .map(|entry| entry.amount)
+        .collect::<Vec<_>>();
+    assert_eq!(refunds, [60, 40, 30]);
+    assert_clean(&ledger).await;
+}
+
+/// Refunds of one payment sent at once, each with its own ticket and token, and no lock
+/// between them: never more in all than was paid — the rest are refused (409) or,
+/// carrying a token older than one written, stale. (Under the order's lock, as the API
+/// sends them, they take turns, and exactly as many succeed as fit.)
+pub async fn concurrent_refunds_never_refund_more_than_was_paid(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    let new = NewOrder::new(Amount::new(100).unwrap(), "an order").unwrap();
+    let order = ledger.create_order(account_id, &new).await.unwrap();
+    let payment = Operation::OrderPayment {
+        order: order.id,
+        amount: order.amount,
+    };
+    assert_eq!(
+        spend(&ledger, account_id, payment, 1).await.response.status,
+        201
+    );
+    let mut tickets = Vec::new();
+    for _ in 0..8 {
+        tickets.push(ticket(&ledger, account_id).await);
+    }
+    let answers = futures::future::join_all(tickets.iter().zip(2_u64..).map(|(ticket, token)| {
+        apply(
+            &ledger,
+            account_id,
+            *ticket,
+            refund(Payment::Order(order.id), 30),
+            "r30",
+            token,
+        )
+    }))
+    .await;
+    let mut refunded = 0;
+    for answer in answers {
+        match answer {
+            Ok(applied) if applied.response.status == 201 => refunded += 30,
+            Ok(applied) => assert_eq!(applied.response.status, 409, "{}", applied.response.body),
+            Err(ApplyError::StaleToken { .. }) => {}
+            Err(error) => panic!("{error:?}"),
+        }
+    }
+    assert!((30..=90).contains(&refunded), "refunded {refunded}");
+    let entries = ledger.entries(account_id, None, 50).await.unwrap();
+    let total: i64 = entries
+        .iter()
+        .filter(|entry| entry.kind == EntryKind::Refund)
+        .map(|entry| entry.amount)
+        .sum();
+    assert_eq!(total, refunded);
     assert_clean(&ledger).await;
 }

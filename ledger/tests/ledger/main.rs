@@ -22,7 +22,9 @@ macro_rules! suite_for {
                 audit_finds_holds_and_refunds_out_of_line,
                 a_hold_sets_money_aside_and_is_captured_once,
                 a_hold_past_its_expiry_is_expired_before_it_is_swept,
-                capture_void_and_expiry_of_one_hold_settle_to_one_winner
+                capture_void_and_expiry_of_one_hold_settle_to_one_winner,
+                refunds_never_exceed_the_payment,
+                concurrent_refunds_never_refund_more_than_was_paid
             );
 
             suite_for!(@cases $open, payouts;
