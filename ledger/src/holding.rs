@@ -222,16 +222,42 @@ where
             Ok(now) => now,
             Err(answer) => return answer,
         };
-        let placed: Option<(i64,)> = sqlx::query_as(PLACE)
-            .bind(request.account_id)
-            .bind(amount.get())
-            .bind(token)
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .or_constraint()?;
+        let placed = match Self::try_place(&mut tx, request, amount, token, now).await? {
+            Some(balance) => Ok(balance),
+            None => {
+                let (balance, _, recorded): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+                    .bind(request.account_id)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                if recorded >= token {
+                    return Err(stale(request, recorded));
+                }
+                let set_aside = Self::set_aside(&mut tx, request.account_id, now).await?;
+                if balance - set_aside >= amount.get() {
+                    // A capture or a void of another hold committed in between (they run
+                    // under their hold's lock, not the account's) and released money: the
+                    // account's row is ours now, and a release only adds to what is
+                    // available.
+                    let again = Self::try_place(&mut tx, request, amount, token, now).await?;
+                    Ok(again.ok_or_else(|| {
+                        ApplyError::Ledger(LedgerError::Corrupt(format!(
+                            "account {}: a hold its locked row affords was refused",
+                            request.account_id
+                        )))
+                    })?)
+                } else {
+                    sqlx::query(RECORD_ACCOUNT_TOKEN)
+                        .bind(request.account_id)
+                        .bind(token)
+                        .execute(&mut *tx)
+                        .await
+                        .or_constraint()?;
+                    Err(Refusal::InsufficientFunds { balance })
+                }
+            }
+        };
         let result = match placed {
-            Some((balance,)) => {
+            Ok(balance) => {
                 let expires_at = Timestamp(now.0 + expires_in.duration());
                 sqlx::query(INSERT_HOLD)
                     .bind(hold)
@@ -262,31 +288,29 @@ where
                     available: balance - set_aside,
                 }
             }
-            None => {
-                let (balance, _, recorded): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
-                    .bind(request.account_id)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                if recorded >= token {
-                    return Err(stale(request, recorded));
-                }
-                let set_aside = Self::set_aside(&mut tx, request.account_id, now).await?;
-                if balance - set_aside >= amount.get() {
-                    return Err(ApplyError::Ledger(LedgerError::Corrupt(format!(
-                        "account {}: a hold its locked row affords was refused",
-                        request.account_id
-                    ))));
-                }
-                sqlx::query(RECORD_ACCOUNT_TOKEN)
-                    .bind(request.account_id)
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await
-                    .or_constraint()?;
-                OperationResult::Refused(Refusal::InsufficientFunds { balance })
-            }
+            Err(refusal) => OperationResult::Refused(refusal),
         };
         self.conclude(tx, request, &result, now, render).await
+    }
+
+    /// [`PLACE`]: the balance after, or `None` where the money available (or the token)
+    /// does not allow it.
+    async fn try_place(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        amount: Amount,
+        token: i64,
+        now: Timestamp,
+    ) -> Result<Option<i64>, ApplyError> {
+        let placed: Option<(i64,)> = sqlx::query_as(PLACE)
+            .bind(request.account_id)
+            .bind(amount.get())
+            .bind(token)
+            .bind(now)
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?;
+        Ok(placed.map(|(balance,)| balance))
     }
 
     /// A hold captured (`captured` is `Some`: that amount, or the whole hold when it is
