@@ -38,6 +38,9 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// A hold, from its latest version, locked until the transaction ends — found only
     /// with the account it belongs to. Parameters: $1 hold, $2 its account.
     const LOCK_HOLD: &'static str;
+    /// An account as the API shows it, `available` counted by the database's clock now.
+    /// Parameter: $1 account.
+    const READ_ACCOUNT: &'static str;
     /// Records up to $2 held holds past their expiry at $1 (the database's clock) as
     /// expired, earliest first; returns each with its account and amount.
     const EXPIRE_HOLDS: &'static str;
@@ -261,6 +264,21 @@ macro_rules! sqlite_clock {
     };
 }
 
+/// [`Dialect::READ_ACCOUNT`], with the dialect's clock.
+macro_rules! read_account {
+    ($clock:expr) => {
+        concat!(
+            "SELECT a.id, a.name, a.balance, a.points, a.created_at,
+                    a.balance - CAST(coalesce((SELECT sum(h.amount) FROM holds h
+                                               WHERE h.account_id = a.id AND h.state = 'held'
+                                                 AND h.expires_at > ",
+            $clock,
+            "), 0) AS BIGINT) AS available
+             FROM accounts a WHERE a.id = $1"
+        )
+    };
+}
+
 /// The columns of a hold, in `HoldRow`'s order (`holding.rs`).
 macro_rules! hold_columns {
     () => {
@@ -329,6 +347,7 @@ impl Dialect for sqlx::Postgres {
     // Sweepers on several instances take different holds; a hold a capture or a void
     // holds is skipped, and found resolved or still due on a later sweep.
     const EXPIRE_HOLDS: &'static str = expire_holds!("FOR UPDATE SKIP LOCKED");
+    const READ_ACCOUNT: &'static str = read_account!(pg_clock!());
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
@@ -395,6 +414,7 @@ impl Dialect for sqlx::Sqlite {
         " FROM holds WHERE id = $1 AND account_id = $2"
     );
     const EXPIRE_HOLDS: &'static str = expire_holds!("");
+    const READ_ACCOUNT: &'static str = read_account!(sqlite_clock!());
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;

@@ -214,6 +214,7 @@ fn opened(new: &NewAccount) -> (Account, String, [u8; 32]) {
         id: AccountId::random(),
         name: new.name().to_owned(),
         balance: new.balance(),
+        available: new.balance(),
         points: new.points(),
         created_at: Timestamp::now().0,
     };

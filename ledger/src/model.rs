@@ -375,6 +375,9 @@ pub struct Account {
     pub name: String,
     /// Money, in minor units; never negative.
     pub balance: i64,
+    /// The balance less every hold that is held and not past its expiry, by the
+    /// database's clock when read; never negative.
+    pub available: i64,
     /// Points; never negative.
     pub points: i64,
     /// When it was opened.

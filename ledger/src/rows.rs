@@ -67,6 +67,7 @@ from_row! {
         id: AccountId,
         name: String,
         balance: i64,
+        available: i64,
         points: i64,
         created_at: Timestamp,
     }
@@ -78,6 +79,7 @@ impl From<AccountRow> for Account {
             id: row.id,
             name: row.name,
             balance: row.balance,
+            available: row.available,
             points: row.points,
             created_at: row.created_at.0,
         }

@@ -286,11 +286,9 @@ where
 
     async fn account(&self, id: AccountId) -> Result<Option<Account>, LedgerError> {
         let query = || {
-            sqlx::query_as::<_, AccountRow>(
-                "SELECT id, name, balance, points, created_at FROM accounts WHERE id = $1",
-            )
-            .bind(id)
-            .fetch_optional(&self.pool)
+            sqlx::query_as::<_, AccountRow>(D::READ_ACCOUNT)
+                .bind(id)
+                .fetch_optional(&self.pool)
         };
         Ok(self.on_live_connection(query).await?.map(Account::from))
     }

@@ -42,6 +42,10 @@ pub struct AccountView {
     pub name: String,
     /// Money, in minor units.
     pub balance: i64,
+    /// The balance less every hold that is held and not past its expiry, by the ledger's
+    /// clock when read: what withdrawals, order payments, payouts and new holds may take.
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
+    pub available: i64,
     /// Points.
     pub points: i64,
     /// When it was opened (RFC 3339).

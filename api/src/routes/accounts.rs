@@ -28,6 +28,7 @@ fn account_view(account: Account) -> AccountView {
         id: account.id.0,
         name: account.name,
         balance: account.balance,
+        available: account.available,
         points: account.points,
         created_at: account.created_at,
     }
@@ -111,9 +112,15 @@ pub async fn create_account(
     Ok(response)
 }
 
-/// A new account's answer as it is stored: [`CreatedAccount`] but its API key.
+/// A new account's answer as it is stored: [`CreatedAccount`] but its API key (and
+/// without `available`, which the contract gives a read of the account: a new account has
+/// no holds).
 fn opened_body(account: &Account) -> Value {
-    serde_json::to_value(account_view(account.clone())).unwrap_or_default()
+    let mut body = serde_json::to_value(account_view(account.clone())).unwrap_or_default();
+    if let Value::Object(fields) = &mut body {
+        fields.remove("available");
+    }
+    body
 }
 
 /// Reads an account.

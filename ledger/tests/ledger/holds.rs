@@ -402,6 +402,8 @@ pub async fn a_hold_sets_money_aside_and_is_captured_once(database: &TestDatabas
     assert_eq!(placed.response.body["state"], "held");
     assert_eq!(placed.response.body["available"], 40);
     assert_eq!(placed.response.body["balance"], 100);
+    let read = ledger.account(account_id).await.unwrap().unwrap();
+    assert_eq!((read.balance, read.available), (100, 40));
 
     let refused = spend(&ledger, account_id, withdrawal(41), 2).await;
     assert_eq!(refused.response.status, 402, "{}", refused.response.body);
@@ -519,6 +521,12 @@ pub async fn a_hold_past_its_expiry_is_expired_before_it_is_swept(database: &Tes
     let read = ledger.hold(hold).await.unwrap().unwrap();
     assert_eq!(read.state, HoldState::Expired);
     assert_eq!(read.resolved_at, Some(read.expires_at));
+    let account_read = ledger.account(account_id).await.unwrap().unwrap();
+    assert_eq!(
+        (account_read.balance, account_read.available),
+        (100, 100),
+        "an expired hold sets nothing aside, swept or not"
+    );
     let withdrawn = spend(&ledger, account_id, withdrawal(100), 3).await;
     assert_eq!(
         withdrawn.response.status, 201,
