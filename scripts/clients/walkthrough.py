@@ -35,7 +35,7 @@ def main(base: str) -> None:
     payonce = AuthenticatedClient(base_url=base, token=ada.api_key, raise_on_unexpected_status=True)
 
     account = get_account.sync(client=payonce, id=ada.id)
-    assert (account.balance, account.points) == (1000, 5), account
+    assert (account.balance, account.available, account.points) == (1000, 1000, 5), account
 
     # Take a ticket, withdraw 300 with it: 201, balance 700.
     ticket = issue_ticket.sync(client=payonce, id=ada.id).ticket_id

@@ -27,7 +27,11 @@ const payonce = createClient<paths>({
 const account = { params: { path: { id: ada.id } } };
 
 const read = await payonce.GET("/v1/accounts/{id}", account);
-check(read.data?.balance === 1000 && read.data.points === 5, "read", read.data);
+check(
+  read.data?.balance === 1000 && read.data.available === 1000 && read.data.points === 5,
+  "read",
+  read.data,
+);
 
 async function ticket(): Promise<string> {
   const issued = await payonce.POST("/v1/accounts/{id}/tickets", account);
