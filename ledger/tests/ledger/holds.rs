@@ -74,6 +74,26 @@ async fn plant_hold(
     hold
 }
 
+/// The statement that resolves `hold` as `state`, capturing `captured` (SQL: a number or
+/// NULL), by ticket `by`, at the database's clock now — as a writer that skipped the
+/// ledger's checks would write it.
+fn resolution(
+    database: &TestDatabase,
+    hold: uuid::Uuid,
+    state: &str,
+    captured: &str,
+    by: TicketId,
+) -> String {
+    format!(
+        "UPDATE holds SET state = '{state}', captured_amount = {captured},
+                          resolved_at = {}, resolved_by_ticket = {}
+         WHERE id = {}",
+        clock_in(database, 0),
+        id(database, by.0),
+        id(database, hold)
+    )
+}
+
 fn has(violations: &[Violation], rule: Rule, account_id: AccountId) -> bool {
     violations
         .iter()
@@ -93,16 +113,9 @@ pub async fn the_database_resolves_a_hold_once_in_time_and_within_it(database: &
         ticket(&ledger, account_id).await,
     );
     let hold = plant_hold(database, account_id, made, 60, 3600, true).await;
+    let resolve =
+        |state: &str, captured: &str, by: TicketId| resolution(database, hold, state, captured, by);
     let hold = id(database, hold);
-    let now = clock_in(database, 0);
-    let resolve = |state: &str, captured: &str, by: TicketId| {
-        format!(
-            "UPDATE holds SET state = '{state}', captured_amount = {captured},
-                              resolved_at = {now}, resolved_by_ticket = {}
-             WHERE id = {hold}",
-            id(database, by.0)
-        )
-    };
     assert!(
         database
             .execute(&resolve("captured", "61", captured_by))
@@ -161,15 +174,10 @@ pub async fn the_database_resolves_a_hold_once_in_time_and_within_it(database: &
         false,
     )
     .await;
+    let late_resolve =
+        |state: &str, captured: &str, by: TicketId| resolution(database, late, state, captured, by);
     let late = id(database, late);
-    let late_resolve = |state: &str, captured: &str, by: TicketId| {
-        format!(
-            "UPDATE holds SET state = '{state}', captured_amount = {captured},
-                              resolved_at = {now}, resolved_by_ticket = {}
-             WHERE id = {late}",
-            id(database, by.0)
-        )
-    };
+    let now = clock_in(database, 0);
     assert!(
         database
             .execute(&late_resolve("captured", "10", other))
