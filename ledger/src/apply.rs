@@ -107,7 +107,7 @@ const MOVE: &str = concat!(
 /// A business refusal records the token like any write: a later grant's write must still
 /// be newer. Parameters: $1 account, $2 token (checked newer by the caller, on the locked
 /// row).
-const RECORD_TOKEN: &str = "
+pub(crate) const RECORD_TOKEN: &str = "
     UPDATE accounts SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
 
 /// Stores a ticket's outcome. Parameters: $1 ticket, $2 operation, $3 fingerprint,

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
-use crate::apply::available_covers;
+use crate::apply::{RECORD_TOKEN, available_covers};
 use crate::db_types::{JsonText, Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
@@ -38,10 +38,6 @@ const PLACE: &str = concat!(
     available_covers!("$2", "$4"),
     " RETURNING balance"
 );
-
-/// A refused placing records the token like any write. Parameters: $1 account, $2 token.
-const RECORD_ACCOUNT_TOKEN: &str = "
-    UPDATE accounts SET fencing_token = $2 WHERE id = $1 AND fencing_token < $2";
 
 /// Parameters: $1 hold, $2 account, $3 ticket, $4 amount, $5 expires at, $6 now.
 const INSERT_HOLD: &str = "
@@ -246,7 +242,8 @@ where
                         )))
                     })?)
                 } else {
-                    sqlx::query(RECORD_ACCOUNT_TOKEN)
+                    // A refused placing records the token like any write.
+                    sqlx::query(RECORD_TOKEN)
                         .bind(request.account_id)
                         .bind(token)
                         .execute(&mut *tx)
