@@ -676,8 +676,9 @@ where
     }
 }
 
-/// The refusal of `request`'s token, which the account's `recorded` one already passed.
-fn stale(request: &ApplyRequest<'_>, recorded: i64) -> ApplyError {
+/// The refusal of `request`'s token, which the `recorded` one — of the account, or of the
+/// order or hold whose lock the spend ran under — already passed.
+pub(crate) fn stale(request: &ApplyRequest<'_>, recorded: i64) -> ApplyError {
     ApplyError::StaleToken {
         presented: request.fencing_token,
         recorded: recorded.max(0).unsigned_abs(),

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
-use crate::apply::{RECORD_TOKEN, available_covers};
+use crate::apply::{RECORD_TOKEN, available_covers, stale};
 use crate::db_types::{JsonText, Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
@@ -79,11 +79,6 @@ const CREDIT: &str = "
     UPDATE accounts SET balance = balance + $2
     WHERE id = $1 AND balance <= 9223372036854775807 - $2
     RETURNING balance, points";
-
-/// What order $1 paid (0 when not paid) and what its refunds add up to.
-const ORDER_REFUNDED: &str = "
-    SELECT CASE WHEN paid_by_ticket IS NULL THEN 0 ELSE amount END, refunded_amount
-    FROM orders WHERE id = $1";
 
 /// Adds $2 to order $1's refunds under token $3, only within what it paid. Returns the
 /// total.
@@ -466,15 +461,12 @@ where
                     .fetch_optional(&mut *tx)
                     .await?
                     .ok_or(ApplyError::UnknownOrder)?;
-                let (paid, refunded): (i64, i64) = sqlx::query_as(ORDER_REFUNDED)
-                    .bind(order)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                let refusal = row
-                    .paid_by_ticket
-                    .is_none()
-                    .then_some(Refusal::OrderNotPaid);
-                (row.fencing_token, paid, refunded, refusal)
+                // The locked row says what the order paid and what its refunds add up to.
+                let (paid, refusal) = match row.paid_by_ticket {
+                    Some(_) => (row.amount, None),
+                    None => (0, Some(Refusal::OrderNotPaid)),
+                };
+                (row.fencing_token, paid, row.refunded_amount, refusal)
             }
             Payment::Hold(hold) => {
                 let row: HoldRow = sqlx::query_as(D::LOCK_HOLD)
@@ -657,14 +649,5 @@ where
         };
         let (row, now) = self.on_live_connection(query).await?;
         row.map(|row| row.read_at(now)).transpose()
-    }
-}
-
-/// The refusal of `request`'s token, which the account's or the hold's `recorded` one
-/// already passed.
-fn stale(request: &ApplyRequest<'_>, recorded: i64) -> ApplyError {
-    ApplyError::StaleToken {
-        presented: request.fencing_token,
-        recorded: recorded.max(0).unsigned_abs(),
     }
 }

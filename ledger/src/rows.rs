@@ -26,7 +26,8 @@ pub(crate) use ticket_columns;
 /// The columns of an order, in [`OrderRow`]'s order.
 macro_rules! order_columns {
     () => {
-        "id, account_id, amount, description, fencing_token, paid_by_ticket, paid_at, created_at"
+        "id, account_id, amount, description, fencing_token, paid_by_ticket, paid_at, created_at,
+         refunded_amount"
     };
 }
 pub(crate) use order_columns;
@@ -41,6 +42,7 @@ from_row! {
         pub(crate) paid_by_ticket: Option<TicketId>,
         paid_at: Option<Timestamp>,
         created_at: Timestamp,
+        pub(crate) refunded_amount: i64,
     }
 }
 
