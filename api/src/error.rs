@@ -62,6 +62,8 @@ pub enum ApiError {
     OrderNotFound,
     #[error("no such payout for this account")]
     PayoutNotFound,
+    #[error("no such hold for this account")]
+    HoldNotFound,
     #[error("this method is not allowed here")]
     MethodNotAllowed,
     #[error("the original request with this ticket is still executing; retry shortly")]
@@ -155,7 +157,8 @@ impl ApiError {
             Self::NotFound(_)
             | Self::TicketNotFound
             | Self::OrderNotFound
-            | Self::PayoutNotFound => StatusCode::NOT_FOUND,
+            | Self::PayoutNotFound
+            | Self::HoldNotFound => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestInProgress | Self::AccountBusy => StatusCode::CONFLICT,
             Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -193,6 +196,7 @@ impl ApiError {
             Self::TicketNotFound => "ticket-not-found",
             Self::OrderNotFound => "order-not-found",
             Self::PayoutNotFound => "payout-not-found",
+            Self::HoldNotFound => "hold-not-found",
             Self::MethodNotAllowed => "method-not-allowed",
             Self::RequestInProgress => "request-in-progress",
             Self::AccountBusy => "account-busy",
@@ -351,7 +355,7 @@ impl From<ApplyError> for ApiError {
         match error {
             ApplyError::UnknownTicket => Self::TicketNotFound,
             ApplyError::UnknownOrder => Self::OrderNotFound,
-            ApplyError::UnknownHold => Self::NotFound("no such hold".to_owned()),
+            ApplyError::UnknownHold => Self::HoldNotFound,
             ApplyError::TicketExpired => Self::TicketExpired,
             ApplyError::FingerprintMismatch => Self::IdempotencyKeyReuse,
             ApplyError::OutcomePruned => Self::OutcomePruned,
@@ -417,6 +421,11 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "The payout does not exist, or was sent from another account.",
     ),
     (
+        "hold-not-found",
+        404,
+        "The hold does not exist, or sets aside another account's money.",
+    ),
+    (
         "webhook-endpoint-not-found",
         404,
         "The webhook endpoint does not exist, was deleted, or belongs to another account.",
@@ -452,9 +461,29 @@ pub const EXPLANATIONS: &[(&str, u16, &str)] = &[
         "Other requests held the account's lock longer than this request may wait, or as many requests as an account may queue were already waiting (PAYONCE_LOCK_MAX_WAITERS). Nothing was executed; retry with the same ticket.",
     ),
     (
+        "hold-not-held",
+        409,
+        "The hold is not held: it was captured, voided, or expired (by the ledger's clock, swept or not) — `state` says which. Stored under the ticket you sent and replayed; nothing moved.",
+    ),
+    (
+        "refund-exceeds-payment",
+        409,
+        "The refund asks for more than is still refundable of the payment — `refundable` says how much is. Stored under the ticket you sent and replayed; nothing moved. A payment's refunds never add up to more than it paid.",
+    ),
+    (
+        "order-not-paid",
+        409,
+        "The order is not paid: there is nothing to refund. Stored under the ticket you sent and replayed; nothing moved.",
+    ),
+    (
         "order-already-paid",
         409,
         "The order was paid already, by the ticket in `paid_by_ticket`. This refusal is stored under the ticket you sent and replayed; nothing moved. An order is paid once, whatever the ticket.",
+    ),
+    (
+        "capture-exceeds-hold",
+        422,
+        "The capture asks for more than the hold sets aside — `held` says how much it does. Stored under the ticket you sent and replayed; nothing moved.",
     ),
     (
         "rate-limited",

@@ -9,6 +9,7 @@ use axum::extract::{ConnectInfo, FromRef, FromRequest, FromRequestParts, Path, R
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName, header};
 use ipnet::IpNet;
+use ledger::holds::HoldId;
 use ledger::payouts::PayoutId;
 use ledger::{AccountId, OrderId, TicketId};
 use serde::de::DeserializeOwned;
@@ -133,6 +134,23 @@ impl<S: Send + Sync> FromRequestParts<S> for OrderPath {
         Uuid::try_parse(&id)
             .map(|id| Self(OrderId(id)))
             .map_err(|_| ApiError::OrderNotFound)
+    }
+}
+
+/// A hold id from the path; one that is not a UUID names nothing (404).
+#[derive(Debug, Clone, Copy)]
+pub struct HoldPath(pub HoldId);
+
+impl<S: Send + Sync> FromRequestParts<S> for HoldPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        let Path(id) = Path::<String>::from_request_parts(parts, state)
+            .await
+            .map_err(|_| ApiError::HoldNotFound)?;
+        Uuid::try_parse(&id)
+            .map(|id| Self(HoldId(id)))
+            .map_err(|_| ApiError::HoldNotFound)
     }
 }
 

@@ -11,6 +11,9 @@ use serde_json::{Map, Value, json};
 
 use crate::error::{problem, problem_with};
 
+pub use payonce_types::holds::{
+    HoldPlaced, HoldRefunded, HoldResolved, HoldState, HoldView, OrderRefunded,
+};
 pub use payonce_types::orders::OrderPaid;
 pub use payonce_types::payouts::{PayoutAccepted, PayoutView};
 pub use payonce_types::spends::{Drawn, MoneyMoved};
@@ -82,16 +85,16 @@ pub fn render(execution: &Execution<'_>) -> Value {
                 balance,
                 available,
             },
-        ) => Ok(json!({
-            "hold_id": hold.id.0,
-            "account_id": account_id,
-            "ticket_id": ticket_id,
-            "amount": hold.amount.get(),
-            "state": hold.state.as_str(),
-            "expires_at": rfc3339(hold.expires_at),
-            "balance": balance,
-            "available": available,
-        })),
+        ) => serde_json::to_value(HoldPlaced {
+            hold_id: hold.id.0,
+            account_id,
+            ticket_id,
+            amount: hold.amount.get(),
+            state: hold_state(hold.state),
+            expires_at: hold.expires_at,
+            balance,
+            available,
+        }),
         (
             _,
             OperationResult::HoldChanged {
@@ -99,12 +102,11 @@ pub fn render(execution: &Execution<'_>) -> Value {
                 balance,
                 available,
             },
-        ) => {
-            let mut body = hold_view(&hold);
-            body["balance"] = json!(balance);
-            body["available"] = json!(available);
-            Ok(body)
-        }
+        ) => serde_json::to_value(HoldResolved {
+            hold: hold_view(&hold),
+            balance,
+            available,
+        }),
         (
             _,
             OperationResult::Refunded {
@@ -113,22 +115,28 @@ pub fn render(execution: &Execution<'_>) -> Value {
                 refundable,
                 balance,
             },
-        ) => {
-            let (paid_by, payment) = match refund.payment {
-                Payment::Order(order) => ("order_id", order.0),
-                Payment::Hold(hold) => ("hold_id", hold.0),
-            };
-            Ok(json!({
-                "refund_id": refund.id.0,
-                paid_by: payment,
-                "ticket_id": ticket_id,
-                "account_id": account_id,
-                "amount": refund.amount.get(),
-                "refunded_total": refunded_total,
-                "refundable": refundable,
-                "balance": balance,
-            }))
-        }
+        ) => match refund.payment {
+            Payment::Order(order) => serde_json::to_value(OrderRefunded {
+                refund_id: refund.id.0,
+                order_id: order.0,
+                ticket_id,
+                account_id,
+                amount: refund.amount.get(),
+                refunded_total,
+                refundable,
+                balance,
+            }),
+            Payment::Hold(hold) => serde_json::to_value(HoldRefunded {
+                refund_id: refund.id.0,
+                hold_id: hold.0,
+                ticket_id,
+                account_id,
+                amount: refund.amount.get(),
+                refunded_total,
+                refundable,
+                balance,
+            }),
+        },
         // A hold, a capture, a void or a refund never comes to a plain application: the
         // ledger runs them on paths of their own, which answer as above.
         (
@@ -145,33 +153,30 @@ pub fn render(execution: &Execution<'_>) -> Value {
 
 /// A hold as the contract shows it (`GET /v1/holds/{hold_id}`): the fields a hold has in
 /// its state, and none it does not.
-pub fn hold_view(hold: &Hold) -> Value {
-    let mut view = json!({
-        "hold_id": hold.id.0,
-        "account_id": hold.account_id.0,
-        "amount": hold.amount.get(),
-        "state": hold.state.as_str(),
-        "refunded_amount": hold.refunded_amount,
-        "expires_at": rfc3339(hold.expires_at),
-        "created_at": rfc3339(hold.created_at),
-    });
-    if let Some(captured) = hold.captured_amount {
-        view["captured_amount"] = json!(captured);
+pub fn hold_view(hold: &Hold) -> HoldView {
+    HoldView {
+        hold_id: hold.id.0,
+        account_id: hold.account_id.0,
+        amount: hold.amount.get(),
+        state: hold_state(hold.state),
+        captured_amount: hold.captured_amount,
+        refunded_amount: hold.refunded_amount,
+        expires_at: hold.expires_at,
+        created_at: hold.created_at,
+        resolved_at: hold.resolved_at,
+        resolved_by_ticket: hold.resolved_by_ticket.map(|ticket| ticket.0),
     }
-    if let Some(resolved_at) = hold.resolved_at {
-        view["resolved_at"] = json!(rfc3339(resolved_at));
-    }
-    if let Some(ticket) = hold.resolved_by_ticket {
-        view["resolved_by_ticket"] = json!(ticket.0);
-    }
-    view
 }
 
-/// A time as the contract writes it: RFC 3339, UTC.
-fn rfc3339(at: time::OffsetDateTime) -> String {
-    at.to_offset(time::UtcOffset::UTC)
-        .format(&time::format_description::well_known::Rfc3339)
-        .unwrap_or_default()
+/// A hold's state as the contract names it.
+fn hold_state(state: ledger::holds::HoldState) -> HoldState {
+    use ledger::holds::HoldState as Ledger;
+    match state {
+        Ledger::Held => HoldState::Held,
+        Ledger::Captured => HoldState::Captured,
+        Ledger::Voided => HoldState::Voided,
+        Ledger::Expired => HoldState::Expired,
+    }
 }
 
 /// A payout as the contract shows it: `GET /v1/payouts/{payout_id}`, and the body of its

@@ -40,6 +40,14 @@ pub fn integral<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i64
     deserializer.deserialize_any(Integral)
 }
 
+/// [`integral`], for a member that may be absent (with `#[serde(default)]`) or null.
+pub fn option<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<i64>, D::Error> {
+    #[derive(serde::Deserialize)]
+    struct Integral(#[serde(deserialize_with = "integral")] i64);
+
+    Ok(<Option<Integral> as serde::Deserialize>::deserialize(deserializer)?.map(|Integral(value)| value))
+}
+
 #[cfg(test)]
 mod integral_tests {
     #[derive(Debug, serde::Deserialize)]

@@ -19,6 +19,7 @@
 //! whatever the server adds later.
 
 pub mod accounts;
+pub mod holds;
 pub mod integral;
 pub mod orders;
 pub mod payouts;

@@ -2,6 +2,7 @@
 //! cannot drift apart), and the layers around them.
 
 pub mod accounts;
+pub mod holds;
 pub mod orders;
 pub mod payouts;
 pub mod responses;
@@ -73,7 +74,8 @@ pub const BODY_LIMIT: usize = 16 * 1024;
         (name = "accounts", description = "Accounts, their keys and their ledger entries"),
         (name = "tickets", description = "Tickets: the idempotency keys of spends"),
         (name = "spends", description = "Withdrawals, deposits and lottery draws, each sent with a ticket"),
-        (name = "orders", description = "Orders, each paid once whatever the ticket: the lock is the order's"),
+        (name = "orders", description = "Orders, each paid once whatever the ticket, and refunded never beyond what was paid: the lock is the order's"),
+        (name = "holds", description = "Money set aside, then captured once, voided once or expired once; refunds of a capture never beyond it: the lock is the hold's"),
         (name = "payouts", description = "Money sent to an outside bank, exactly once: debited with a ticket, sent after the commit with one idempotency key for every attempt"),
         (name = "webhooks", description = "Events pushed to the account's endpoints: one per committed outcome, signed as the Standard Webhooks specification has it, retried until delivered"),
         (name = "service", description = "Health, readiness, metrics and documentation"),
@@ -237,6 +239,12 @@ pub fn routes(
         .routes(routes!(orders::create_order))
         .routes(routes!(orders::get_order))
         .routes(routes!(orders::pay_order))
+        .routes(routes!(holds::refund_order))
+        .routes(routes!(holds::place_hold))
+        .routes(routes!(holds::get_hold))
+        .routes(routes!(holds::capture_hold))
+        .routes(routes!(holds::void_hold))
+        .routes(routes!(holds::refund_hold))
         .routes(routes!(payouts::send_payout))
         .routes(routes!(payouts::get_payout))
         .routes(routes!(payouts::get_payout_at_bank))

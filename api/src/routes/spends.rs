@@ -30,6 +30,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use ledger::holds::Payment;
 use ledger::{
     AccountId, Amount, ApplyError, ApplyRequest, Judgement, Operation, OutcomeKind, PointsToSpend,
     StoredResponse, TicketId,
@@ -181,7 +182,7 @@ pub async fn draw(
     .await
 }
 
-fn amount(value: i64) -> Result<Amount, ApiError> {
+pub(crate) fn amount(value: i64) -> Result<Amount, ApiError> {
     Amount::new(value).map_err(|invalid| ApiError::InvalidRequest(invalid.to_string()))
 }
 
@@ -200,8 +201,9 @@ struct Spend<'a> {
     ticket_id: TicketId,
     operation: Operation,
     fingerprint: String,
-    /// The lock it runs under: its order's for an order payment (an order is paid once,
-    /// whichever account lock or ticket a payment comes with), else its account's.
+    /// The lock it runs under: its order's for an order payment or refund (an order is
+    /// paid once, whatever account lock or ticket a payment comes with), its hold's for a
+    /// capture, a void or a hold's refund, else its account's.
     lock_key: String,
     /// The faults the request asks for (the demonstration, under `PAYONCE_DEMO`).
     #[cfg(feature = "demo")]
@@ -224,7 +226,17 @@ pub(crate) async fn spend(
         return Err(limited);
     }
     let lock_key = match operation {
-        Operation::OrderPayment { order, .. } => format!("lock:order:{order}"),
+        Operation::OrderPayment { order, .. }
+        | Operation::Refund {
+            payment: Payment::Order(order),
+            ..
+        } => format!("lock:order:{order}"),
+        Operation::Capture { hold, .. }
+        | Operation::Void { hold }
+        | Operation::Refund {
+            payment: Payment::Hold(hold),
+            ..
+        } => format!("lock:hold:{hold}"),
         _ => format!("lock:account:{account}"),
     };
     let settings = state.settings();

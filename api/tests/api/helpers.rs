@@ -700,7 +700,14 @@ pub async fn assert_problem(response: Response, status: StatusCode, name: &str) 
         body["title"].is_string() && body["detail"].is_string(),
         "{body}"
     );
-    if name == "order-already-paid" || name == "webhook-endpoint-disabled" {
+    let stored_refusals = [
+        "order-already-paid",
+        "webhook-endpoint-disabled",
+        "hold-not-held",
+        "refund-exceeds-payment",
+        "order-not-paid",
+    ];
+    if stored_refusals.contains(&name) {
         // A stored outcome, final: retrying changes nothing, so nothing says when to.
         assert!(retry_after.is_none(), "{name} with Retry-After");
     } else if status == StatusCode::CONFLICT || status == StatusCode::SERVICE_UNAVAILABLE {

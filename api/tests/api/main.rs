@@ -31,6 +31,7 @@ mod demo;
 mod distributed;
 mod hardening;
 mod helpers;
+mod holds;
 mod late_commit;
 mod lock_state;
 mod lock_state_sql;
