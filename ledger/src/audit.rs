@@ -67,8 +67,9 @@ pub enum Rule {
     /// Every outcome that announces an event, committed since the ledger writes them, has
     /// exactly one, of its type, on its account — a spend's outcome of a kind that
     /// announces one ([`event_of_outcome`]) is its own event (its ticket), a settled
-    /// payout has one row; every event row announces such an outcome (none for one that
-    /// never committed); and every delivery's event exists.
+    /// payout has one row, a hold recorded expired one `hold.expired` row; every event row
+    /// announces such an outcome (none for one that never committed); and every delivery's
+    /// event exists.
     EventPerOutcome,
     /// A hold is resolved once and moves money once at most: a captured hold has exactly
     /// one capture entry (its account, the ticket that captured it, the captured amount
@@ -369,7 +370,9 @@ const ORDERS: &str = "
 
 /// The outcomes that announce an event with a row of its own, against the `events` rows:
 /// rows where one lacks the other, or their accounts differ, or an outcome has more than
-/// one. Those are the payouts settled since `ledger_marks.events`, and the spends' outcomes
+/// one. Those are the payouts settled since `ledger_marks.events`, the holds expired (every
+/// one: holds came after events did; the event names the ticket that placed the hold), and
+/// the spends' outcomes
 /// committed between that mark and `outcome_events` — since then a spend's outcome is its
 /// event, its ticket, and a row of an outcome's type is one too many.
 static EVENTS: LazyLock<String> =
@@ -408,6 +411,10 @@ const EVENTS_WITH_TYPE_OF_TICKET: &str = "
                CASE p.status WHEN 'succeeded' THEN 'payout.succeeded' ELSE 'payout.failed' END
         FROM payouts p
         WHERE p.status <> 'pending' AND p.settled_at >= (SELECT at FROM mark)
+        UNION ALL
+        SELECT h.ticket_id, h.account_id, 'hold.expired'
+        FROM holds h
+        WHERE h.state = 'expired'
     ),
     expected AS (SELECT * FROM announced WHERE type IS NOT NULL),
     counted AS (

@@ -44,6 +44,13 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// Records up to $2 held holds past their expiry at $1 (the database's clock) as
     /// expired, earliest first; returns each with its account and amount.
     const EXPIRE_HOLDS: &'static str;
+    /// One row when a held hold is past its expiry by the database's clock, none else: the
+    /// sweeper's look before it takes a write transaction (one index probe of
+    /// `holds_expiring` when nothing is due).
+    const HOLDS_DUE: &'static str;
+    /// The holds held: how many, and how many of them are past their expiry by the
+    /// database's clock and not yet recorded expired (for the metrics).
+    const HOLD_COUNTS: &'static str;
     /// The reaper's deletion of unused tickets (see `reap_statements!`). Parameters: $1
     /// cutoff, $2 batch.
     const DELETE_UNUSED: &'static str;
@@ -298,7 +305,8 @@ macro_rules! expire_holds {
                           ORDER BY expires_at LIMIT $2 ",
             $lock,
             ") AND state = 'held'
-             RETURNING id, account_id, amount"
+             RETURNING ",
+            hold_columns!()
         )
     };
 }
@@ -347,6 +355,18 @@ impl Dialect for sqlx::Postgres {
     // Sweepers on several instances take different holds; a hold a capture or a void
     // holds is skipped, and found resolved or still due on a later sweep.
     const EXPIRE_HOLDS: &'static str = expire_holds!("FOR UPDATE SKIP LOCKED");
+    const HOLDS_DUE: &'static str = concat!(
+        "SELECT 1 FROM holds WHERE state = 'held' AND expires_at <= ",
+        pg_clock!(),
+        " LIMIT 1"
+    );
+    const HOLD_COUNTS: &'static str = concat!(
+        "SELECT CAST(COUNT(*) AS BIGINT),
+                CAST(COALESCE(SUM(CASE WHEN expires_at <= ",
+        pg_clock!(),
+        " THEN 1 ELSE 0 END), 0) AS BIGINT)
+         FROM holds WHERE state = 'held'"
+    );
     const READ_ACCOUNT: &'static str = read_account!(pg_clock!());
     const DELETE_UNUSED: &'static str = POSTGRES_REAP.0;
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
@@ -414,6 +434,18 @@ impl Dialect for sqlx::Sqlite {
         " FROM holds WHERE id = $1 AND account_id = $2"
     );
     const EXPIRE_HOLDS: &'static str = expire_holds!("");
+    const HOLDS_DUE: &'static str = concat!(
+        "SELECT 1 FROM holds WHERE state = 'held' AND expires_at <= ",
+        sqlite_clock!(),
+        " LIMIT 1"
+    );
+    const HOLD_COUNTS: &'static str = concat!(
+        "SELECT CAST(COUNT(*) AS BIGINT),
+                CAST(COALESCE(SUM(CASE WHEN expires_at <= ",
+        sqlite_clock!(),
+        " THEN 1 ELSE 0 END), 0) AS BIGINT)
+         FROM holds WHERE state = 'held'"
+    );
     const READ_ACCOUNT: &'static str = read_account!(sqlite_clock!());
     const DELETE_UNUSED: &'static str = SQLITE_REAP.0;
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;

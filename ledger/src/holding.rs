@@ -18,16 +18,20 @@ use std::collections::BTreeMap;
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
 use crate::apply::{RECORD_TOKEN, available_covers, stale};
+use crate::bells::JobKind;
 use crate::db_types::{JsonText, Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
-use crate::holds::{Hold, HoldId, HoldLifetime, HoldState, Payment, Refund, RefundId};
+use crate::events::{NewEvent, record_events};
+use crate::holds::{
+    Hold, HoldCounts, HoldId, HoldLifetime, HoldRenderer, HoldState, Payment, Refund, RefundId,
+};
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer, TicketId,
 };
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
-use crate::webhooks::EventId;
+use crate::webhooks::{EventId, EventType, hold_data};
 
 /// A hold's placing: its amount added to the account's `held` if the money available
 /// covers it, under the fencing check of the account's lock. Parameters: $1 account,
@@ -610,18 +614,45 @@ where
     }
 
     /// Records up to `batch` held holds past their expiry as expired, by the database's
-    /// clock, in one transaction: each released from its account's `held`. How many.
-    pub(crate) async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError> {
+    /// clock, in one transaction: each released from its account's `held`, and its
+    /// `hold.expired` event written (`render` shows the hold as the API does). The holds
+    /// expired.
+    pub(crate) async fn expire_holds(
+        &self,
+        batch: i64,
+        render: &HoldRenderer,
+    ) -> Result<Vec<Hold>, LedgerError> {
+        // A look first, outside any transaction: a sweep mostly finds nothing due, and then
+        // takes no write transaction (SQLite's would hold up every writer).
+        let due = self
+            .on_live_connection(|| async {
+                let mut connection = self.pool.acquire().await?;
+                sqlx::query(D::HOLDS_DUE)
+                    .fetch_optional(&mut *connection)
+                    .await
+            })
+            .await?;
+        if due.is_none() {
+            return Ok(Vec::new());
+        }
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
-        let expired: Vec<(HoldId, AccountId, i64)> = sqlx::query_as(D::EXPIRE_HOLDS)
+        let expired: Vec<Hold> = sqlx::query_as::<_, HoldRow>(D::EXPIRE_HOLDS)
             .bind(now)
             .bind(batch)
             .fetch_all(&mut *tx)
-            .await?;
+            .await?
+            .into_iter()
+            .map(|row| row.read_at(now))
+            .collect::<Result<_, _>>()?;
+        if expired.is_empty() {
+            // Another sweeper, or a capture, came first: nothing written.
+            tx.rollback().await?;
+            return Ok(expired);
+        }
         let mut released: BTreeMap<AccountId, i64> = BTreeMap::new();
-        for (_, account, amount) in &expired {
-            *released.entry(*account).or_default() += amount;
+        for hold in &expired {
+            *released.entry(hold.account_id).or_default() += hold.amount.get();
         }
         // In account order, as every writer locks accounts.
         for (account, amount) in released {
@@ -632,8 +663,37 @@ where
                 .execute(&mut *tx)
                 .await?;
         }
+        let events: Vec<NewEvent> = expired
+            .iter()
+            .map(|hold| NewEvent {
+                account: hold.account_id,
+                ticket: hold.ticket_id,
+                kind: EventType::HoldExpired,
+                data: hold_data(hold.account_id, hold.ticket_id, &render(hold).to_string()),
+            })
+            .collect();
+        let queued = record_events(&mut tx, &events, now).await?;
         commit_or_unknown(tx).await?;
-        Ok(expired.len() as u64)
+        if queued {
+            self.bells.ring(JobKind::Webhook);
+        }
+        Ok(expired)
+    }
+
+    /// The holds held, and those of them past their expiry (`Dialect::HOLD_COUNTS`).
+    pub(crate) async fn count_holds(&self) -> Result<HoldCounts, LedgerError> {
+        let (held, overdue): (i64, i64) = self
+            .on_live_connection(|| async {
+                let mut connection = self.pool.acquire().await?;
+                sqlx::query_as(D::HOLD_COUNTS)
+                    .fetch_one(&mut *connection)
+                    .await
+            })
+            .await?;
+        Ok(HoldCounts {
+            held: (held - overdue).max(0).unsigned_abs(),
+            overdue: overdue.max(0).unsigned_abs(),
+        })
     }
 
     /// Hold `id` as of the database's clock now, if there is one.

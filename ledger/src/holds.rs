@@ -144,3 +144,17 @@ pub struct Refund {
     /// When it was made.
     pub created_at: time::OffsetDateTime,
 }
+
+/// How a hold is shown in its expiry event (`hold.expired`): as the API shows it
+/// (`GET /v1/holds/{hold_id}`).
+pub type HoldRenderer = dyn Fn(&Hold) -> serde_json::Value + Send + Sync;
+
+/// The holds held, for the metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HoldCounts {
+    /// Holds held and not past their expiry: what they set aside is out of `available`.
+    pub held: u64,
+    /// Holds past their expiry that no sweep has recorded yet (expired to every reader
+    /// already); more than a few for more than a few seconds means no sweeper runs.
+    pub overdue: u64,
+}

@@ -547,19 +547,30 @@ impl Ledger {
     }
 
     /// Records every held hold past its expiry as expired, by the database's clock, in
-    /// transactions of up to `batch`, each hold released from its account's `held`; how
+    /// transactions of up to `batch`, each hold released from its account's `held` and its
+    /// `hold.expired` event written with it (`render` shows the hold as the API does); how
     /// many. Safe on any number of instances at once: each hold is expired once, and never
     /// one a capture or a void holds.
-    pub async fn expire_holds(&self, batch: u32) -> Result<u64, LedgerError> {
+    pub async fn expire_holds(
+        &self,
+        batch: u32,
+        render: &holds::HoldRenderer,
+    ) -> Result<u64, LedgerError> {
         let batch = i64::from(batch.max(1));
         let mut total = 0;
         loop {
-            let expired = self.store.expire_holds(batch).await?;
+            let expired = self.store.expire_holds(batch, render).await?.len() as u64;
             total += expired;
             if expired < batch.unsigned_abs() {
                 return Ok(total);
             }
         }
+    }
+
+    /// How many holds are held, and how many of them are past their expiry but not yet
+    /// recorded expired by a sweep.
+    pub async fn hold_counts(&self) -> Result<holds::HoldCounts, LedgerError> {
+        self.store.hold_counts().await
     }
 
     /// A payout, pending or settled.

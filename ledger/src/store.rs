@@ -24,6 +24,7 @@ use crate::error::{ApplyError, LedgerError, ResultExt};
 use crate::events::{
     AttemptRow, ClaimedRow, DeliveryRow, DeliveryStateRow, EndpointRow, EventRow, Keeping,
 };
+use crate::holds::HoldRenderer;
 use crate::inserts::{INSERT_ORDER, recognise_order};
 use crate::model::{
     Account, AccountId, Applied, ApplyRequest, Entry, Operation, Order, OrderId, Renderer, Ticket,
@@ -91,8 +92,15 @@ pub(crate) trait Store: Send + Sync + fmt::Debug + 'static {
         &self,
         id: crate::holds::HoldId,
     ) -> Result<Option<crate::holds::Hold>, LedgerError>;
-    /// Records up to `batch` held holds past their expiry as expired; how many.
-    async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError>;
+    /// Records up to `batch` held holds past their expiry as expired, each with its event
+    /// (`render` shows the hold); the holds expired.
+    async fn expire_holds(
+        &self,
+        batch: i64,
+        render: &HoldRenderer,
+    ) -> Result<Vec<crate::holds::Hold>, LedgerError>;
+    /// The holds held, and those past their expiry not yet recorded.
+    async fn hold_counts(&self) -> Result<crate::holds::HoldCounts, LedgerError>;
     /// Up to `limit` of `account`'s payouts after `after`, in `status` where given, in the
     /// order they committed.
     async fn payouts(
@@ -478,8 +486,16 @@ where
         self.find_hold(id).await
     }
 
-    async fn expire_holds(&self, batch: i64) -> Result<u64, LedgerError> {
-        SqlStore::expire_holds(self, batch).await
+    async fn expire_holds(
+        &self,
+        batch: i64,
+        render: &HoldRenderer,
+    ) -> Result<Vec<crate::holds::Hold>, LedgerError> {
+        SqlStore::expire_holds(self, batch, render).await
+    }
+
+    async fn hold_counts(&self) -> Result<crate::holds::HoldCounts, LedgerError> {
+        self.count_holds().await
     }
 
     async fn payouts(

@@ -39,6 +39,9 @@ pub fn event_of_outcome(operation: EntryKind, outcome: OutcomeKind) -> Option<Ev
         }
         (EntryKind::LotteryDraw, OutcomeKind::Executed) => Some(EventType::LotteryDrawn),
         (EntryKind::OrderPayment, OutcomeKind::Executed) => Some(EventType::OrderPaid),
+        (EntryKind::HoldCapture, OutcomeKind::Captured) => Some(EventType::HoldCaptured),
+        (EntryKind::HoldVoid, OutcomeKind::Voided) => Some(EventType::HoldVoided),
+        (EntryKind::Refund, OutcomeKind::Executed) => Some(EventType::RefundSucceeded),
         _ => None,
     }
 }
@@ -196,6 +199,16 @@ pub(crate) fn outcome_data(
 ) -> String {
     format!(
         r#"{{"account_id":"{account}","ticket_id":"{ticket}","outcome":{{"status":{status},"body":{body}}}}}"#,
+        account = account.0,
+        ticket = ticket.0,
+    )
+}
+
+/// The `data` of a hold's expiry event: the account, the ticket that placed the hold, and
+/// the hold as the API shows it (`hold`, rendered by the caller).
+pub(crate) fn hold_data(account: AccountId, ticket: TicketId, hold: &str) -> String {
+    format!(
+        r#"{{"account_id":"{account}","ticket_id":"{ticket}","hold":{hold}}}"#,
         account = account.0,
         ticket = ticket.0,
     )

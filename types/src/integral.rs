@@ -45,7 +45,10 @@ pub fn option<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Optio
     #[derive(serde::Deserialize)]
     struct Integral(#[serde(deserialize_with = "integral")] i64);
 
-    Ok(<Option<Integral> as serde::Deserialize>::deserialize(deserializer)?.map(|Integral(value)| value))
+    Ok(
+        <Option<Integral> as serde::Deserialize>::deserialize(deserializer)?
+            .map(|Integral(value)| value),
+    )
 }
 
 #[cfg(test)]

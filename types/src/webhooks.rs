@@ -28,17 +28,33 @@ pub enum EventType {
     /// The bank refused a payout for good; its money came back.
     #[serde(rename = "payout.failed")]
     PayoutFailed,
+    /// A hold captured (200): its captured amount out of the account, the rest released.
+    #[serde(rename = "hold.captured")]
+    HoldCaptured,
+    /// A hold voided (200): all of it released.
+    #[serde(rename = "hold.voided")]
+    HoldVoided,
+    /// A hold expired, recorded by a sweeper: all of it released.
+    #[serde(rename = "hold.expired")]
+    HoldExpired,
+    /// A refund of a paid order or a captured hold (201): money back on the account.
+    #[serde(rename = "refund.succeeded")]
+    RefundSucceeded,
 }
 
 impl EventType {
     /// Every type, in the catalogue's order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 10] = [
         Self::WithdrawalSucceeded,
         Self::WithdrawalRefused,
         Self::LotteryDrawn,
         Self::OrderPaid,
         Self::PayoutSucceeded,
         Self::PayoutFailed,
+        Self::HoldCaptured,
+        Self::HoldVoided,
+        Self::HoldExpired,
+        Self::RefundSucceeded,
     ];
 
     /// The name events carry (`withdrawal.succeeded`, …).
@@ -50,6 +66,10 @@ impl EventType {
             Self::OrderPaid => "order.paid",
             Self::PayoutSucceeded => "payout.succeeded",
             Self::PayoutFailed => "payout.failed",
+            Self::HoldCaptured => "hold.captured",
+            Self::HoldVoided => "hold.voided",
+            Self::HoldExpired => "hold.expired",
+            Self::RefundSucceeded => "refund.succeeded",
         }
     }
 
@@ -86,7 +106,7 @@ pub struct EndpointRequest {
     pub url: String,
     /// The event types it wants; omitted, every type (those added later too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 6))]
+    #[cfg_attr(feature = "openapi", schema(min_items = 1, max_items = 10))]
     pub events: Option<Vec<EventType>>,
 }
 

@@ -21,8 +21,7 @@ use crate::error::{ApiError, Problem};
 use crate::extract::{HoldPath, IdempotencyKey, JsonBody, OrderPath};
 use crate::render::{HoldPlaced, HoldRefunded, HoldResolved, HoldView, OrderRefunded, hold_view};
 use crate::routes::responses::{
-    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone,
-    Unauthenticated,
+    BodyTooLarge, MalformedSpend, NoSuchTicket, NotJson, OthersAccount, TicketGone, Unauthenticated,
 };
 use crate::routes::spends::{amount, spend};
 use crate::state::AppState;

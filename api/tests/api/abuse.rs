@@ -387,5 +387,5 @@ async fn the_document_names_the_operator_key_and_the_bad_key_limit() {
             );
         }
     }
-    assert_eq!(keyed, 22);
+    assert_eq!(keyed, 28);
 }

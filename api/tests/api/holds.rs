@@ -10,7 +10,13 @@ use crate::helpers::{Backend, TestAccount, TestApp, assert_problem, read, spawn_
 
 impl TestApp {
     /// POSTs `body` to `path` with `account`'s key and `ticket`.
-    async fn post_spend(&self, account: &TestAccount, path: &str, ticket: &str, body: Value) -> Response {
+    async fn post_spend(
+        &self,
+        account: &TestAccount,
+        path: &str,
+        ticket: &str,
+        body: Value,
+    ) -> Response {
         self.client
             .post(self.url(path))
             .bearer_auth(&account.key)
@@ -45,15 +51,21 @@ async fn a_hold_is_placed_captured_once_and_refunded_within_it(backend: Backend)
     let ticket = app.ticket(&ada).await;
     let placing = json!({ "amount": 60, "expires_in": 3600 });
     let path = format!("/v1/accounts/{}/holds", ada.id);
-    let (status, replayed, placed) = read(app.post_spend(&ada, &path, &ticket, placing.clone()).await).await;
+    let (status, replayed, placed) =
+        read(app.post_spend(&ada, &path, &ticket, placing.clone()).await).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, false), "{placed}");
     assert_eq!(placed["state"], "held");
-    assert_eq!((placed["balance"].as_i64(), placed["available"].as_i64()), (Some(100), Some(40)));
+    assert_eq!(
+        (placed["balance"].as_i64(), placed["available"].as_i64()),
+        (Some(100), Some(40))
+    );
     let (status, replayed, again) = read(app.post_spend(&ada, &path, &ticket, placing).await).await;
     assert_eq!((status, replayed), (StatusCode::CREATED, true));
     assert_eq!(again, placed);
     let hold = placed["hold_id"].as_str().unwrap().to_owned();
-    let account = app.get_json(&ada.key, &format!("/v1/accounts/{}", ada.id)).await;
+    let account = app
+        .get_json(&ada.key, &format!("/v1/accounts/{}", ada.id))
+        .await;
     assert_eq!(account["available"], 40, "{account}");
 
     // The money held is not there for a withdrawal.
@@ -62,18 +74,44 @@ async fn a_hold_is_placed_captured_once_and_refunded_within_it(backend: Backend)
 
     let capture = format!("/v1/holds/{hold}/capture");
     let too_much = app
-        .post_spend(&ada, &capture, &app.ticket(&ada).await, json!({ "amount": 61 }))
+        .post_spend(
+            &ada,
+            &capture,
+            &app.ticket(&ada).await,
+            json!({ "amount": 61 }),
+        )
         .await;
-    let problem = assert_problem(too_much, StatusCode::UNPROCESSABLE_ENTITY, "capture-exceeds-hold").await;
+    let problem = assert_problem(
+        too_much,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "capture-exceeds-hold",
+    )
+    .await;
     assert_eq!(problem["held"], 60, "{problem}");
-    let (status, _, captured) =
-        read(app.post_spend(&ada, &capture, &app.ticket(&ada).await, json!({ "amount": 45 })).await).await;
+    let (status, _, captured) = read(
+        app.post_spend(
+            &ada,
+            &capture,
+            &app.ticket(&ada).await,
+            json!({ "amount": 45 }),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "{captured}");
     assert_eq!(captured["state"], "captured");
     assert_eq!(captured["captured_amount"], 45);
-    assert_eq!((captured["balance"].as_i64(), captured["available"].as_i64()), (Some(55), Some(55)));
+    assert_eq!(
+        (captured["balance"].as_i64(), captured["available"].as_i64()),
+        (Some(55), Some(55))
+    );
     let void = app
-        .post_spend(&ada, &format!("/v1/holds/{hold}/void"), &app.ticket(&ada).await, json!({}))
+        .post_spend(
+            &ada,
+            &format!("/v1/holds/{hold}/void"),
+            &app.ticket(&ada).await,
+            json!({}),
+        )
         .await;
     let problem = assert_problem(void, StatusCode::CONFLICT, "hold-not-held").await;
     assert_eq!(problem["state"], "captured", "{problem}");
@@ -83,12 +121,31 @@ async fn a_hold_is_placed_captured_once_and_refunded_within_it(backend: Backend)
     assert_eq!(read_back["captured_amount"], 45);
 
     let refunds = format!("/v1/holds/{hold}/refunds");
-    let (status, _, refunded) =
-        read(app.post_spend(&ada, &refunds, &app.ticket(&ada).await, json!({ "amount": 40 })).await).await;
+    let (status, _, refunded) = read(
+        app.post_spend(
+            &ada,
+            &refunds,
+            &app.ticket(&ada).await,
+            json!({ "amount": 40 }),
+        )
+        .await,
+    )
+    .await;
     assert_eq!(status, StatusCode::CREATED, "{refunded}");
-    assert_eq!((refunded["refundable"].as_i64(), refunded["balance"].as_i64()), (Some(5), Some(95)));
+    assert_eq!(
+        (
+            refunded["refundable"].as_i64(),
+            refunded["balance"].as_i64()
+        ),
+        (Some(5), Some(95))
+    );
     let over = app
-        .post_spend(&ada, &refunds, &app.ticket(&ada).await, json!({ "amount": 6 }))
+        .post_spend(
+            &ada,
+            &refunds,
+            &app.ticket(&ada).await,
+            json!({ "amount": 6 }),
+        )
         .await;
     let problem = assert_problem(over, StatusCode::CONFLICT, "refund-exceeds-payment").await;
     assert_eq!(problem["refundable"], 5, "{problem}");
@@ -119,7 +176,12 @@ async fn two_refunds_at_once_one_fits(backend: Backend) {
         .unwrap();
     let order_id = order["order_id"].as_str().unwrap().to_owned();
     let pay = app
-        .post_spend(&ada, &format!("/v1/orders/{order_id}/payments"), &app.ticket(&ada).await, json!({}))
+        .post_spend(
+            &ada,
+            &format!("/v1/orders/{order_id}/payments"),
+            &app.ticket(&ada).await,
+            json!({}),
+        )
         .await;
     assert_eq!(pay.status(), StatusCode::CREATED);
     let path = format!("/v1/orders/{order_id}/refunds");
@@ -131,11 +193,26 @@ async fn two_refunds_at_once_one_fits(backend: Backend) {
     let (a, b) = (read(a).await, read(b).await);
     let mut statuses = [a.0, b.0];
     statuses.sort();
-    assert_eq!(statuses, [StatusCode::CREATED, StatusCode::CONFLICT], "{a:?} {b:?}");
-    let refused = if a.0 == StatusCode::CONFLICT { &a.2 } else { &b.2 };
+    assert_eq!(
+        statuses,
+        [StatusCode::CREATED, StatusCode::CONFLICT],
+        "{a:?} {b:?}"
+    );
+    let refused = if a.0 == StatusCode::CONFLICT {
+        &a.2
+    } else {
+        &b.2
+    };
     assert_eq!(refused["refundable"], 40, "{refused}");
-    assert!(refused["type"].as_str().unwrap().ends_with("refund-exceeds-payment"));
-    let entries = app.get_json(&ada.key, &format!("/v1/accounts/{}/entries", ada.id)).await;
+    assert!(
+        refused["type"]
+            .as_str()
+            .unwrap()
+            .ends_with("refund-exceeds-payment")
+    );
+    let entries = app
+        .get_json(&ada.key, &format!("/v1/accounts/{}/entries", ada.id))
+        .await;
     let refunds = entries["entries"]
         .as_array()
         .unwrap()

@@ -5,8 +5,9 @@
 
 use std::time::Duration;
 
-use ledger::holds::{HoldId, HoldLifetime, HoldState, Payment, RefundId};
+use ledger::holds::{Hold, HoldCounts, HoldId, HoldLifetime, HoldState, Payment, RefundId};
 use ledger::testing::TestDatabase;
+use ledger::webhooks::EventType;
 use ledger::{
     AccountId, Amount, ApplyError, EntryKind, Ledger, NewOrder, Operation, Rule, TicketId,
     Violation,
@@ -354,6 +355,11 @@ pub async fn audit_finds_holds_and_refunds_out_of_line(database: &TestDatabase) 
     );
 }
 
+/// A hold as an expiry event shows it, here.
+fn show(hold: &Hold) -> serde_json::Value {
+    serde_json::json!({"hold_id": hold.id.0, "state": hold.state.as_str()})
+}
+
 fn place(amount: i64, seconds: i64) -> (HoldId, Operation) {
     let hold = HoldId::random();
     (
@@ -517,6 +523,11 @@ pub async fn a_hold_past_its_expiry_is_expired_before_it_is_swept(database: &Tes
         spend(&ledger, account_id, placing, 1).await.response.status,
         201
     );
+    let held = HoldCounts {
+        held: 1,
+        overdue: 0,
+    };
+    assert_eq!(ledger.hold_counts().await.unwrap(), held);
     assert_eq!(
         spend(&ledger, account_id, withdrawal(1), 2)
             .await
@@ -550,9 +561,15 @@ pub async fn a_hold_past_its_expiry_is_expired_before_it_is_swept(database: &Tes
         );
     }
     assert_clean(&ledger).await;
+    let overdue = HoldCounts {
+        held: 0,
+        overdue: 1,
+    };
+    assert_eq!(ledger.hold_counts().await.unwrap(), overdue);
 
-    assert_eq!(ledger.expire_holds(10).await.unwrap(), 1);
-    assert_eq!(ledger.expire_holds(10).await.unwrap(), 0);
+    assert_eq!(ledger.expire_holds(10, &show).await.unwrap(), 1);
+    assert_eq!(ledger.expire_holds(10, &show).await.unwrap(), 0);
+    assert_eq!(ledger.hold_counts().await.unwrap(), HoldCounts::default());
     let swept = ledger.hold(hold).await.unwrap().unwrap();
     assert_eq!(swept.state, HoldState::Expired);
     assert!(swept.resolved_at.unwrap() >= swept.expires_at);
@@ -597,7 +614,7 @@ pub async fn capture_void_and_expiry_of_one_hold_settle_to_one_winner(database: 
                 "v",
                 2
             ),
-            ledger.expire_holds(10),
+            ledger.expire_holds(10, &show),
         );
         let expired = expired.unwrap();
         let won = |answer: Result<ledger::Applied, ApplyError>| match answer {
@@ -613,7 +630,7 @@ pub async fn capture_void_and_expiry_of_one_hold_settle_to_one_winner(database: 
         let mut swept = 0;
         if !captured && !voided {
             for _ in 0..100 {
-                swept += ledger.expire_holds(10).await.unwrap();
+                swept += ledger.expire_holds(10, &show).await.unwrap();
                 if expired + swept > 0 {
                     break;
                 }
@@ -800,5 +817,119 @@ pub async fn concurrent_refunds_never_refund_more_than_was_paid(database: &TestD
         .map(|entry| entry.amount)
         .sum();
     assert_eq!(total, refunded);
+    assert_clean(&ledger).await;
+}
+
+/// What becomes of a hold is announced in the transaction that decides it: a capture, a
+/// void and a refund as their tickets' outcomes (`hold.captured`, `hold.voided`,
+/// `refund.succeeded`), an expiry as an event of its own, written by the sweep that records
+/// it and naming the ticket that placed the hold. Placing a hold, or a refusal, announces
+/// nothing; a second sweep, nothing more.
+pub async fn what_becomes_of_a_hold_is_announced_once(database: &TestDatabase) {
+    let ledger = open(database).await;
+    let account_id = account(&ledger, 1000, 0).await;
+    crate::webhooks::endpoint(&ledger, account_id, None).await;
+
+    let (captured, placing) = place(100, 3600);
+    assert_eq!(
+        spend(&ledger, account_id, placing, 1).await.response.status,
+        201
+    );
+    let capture_ticket = ticket(&ledger, account_id).await;
+    let capture = apply(
+        &ledger,
+        account_id,
+        capture_ticket,
+        capture(captured, Some(60)),
+        "c",
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(capture.response.status, 200, "{}", capture.response.body);
+    let refund_ticket = ticket(&ledger, account_id).await;
+    let refunded = apply(
+        &ledger,
+        account_id,
+        refund_ticket,
+        refund(Payment::Hold(captured), 20),
+        "r",
+        2,
+    )
+    .await
+    .unwrap();
+    assert_eq!(refunded.response.status, 201, "{}", refunded.response.body);
+    let refused = spend(&ledger, account_id, refund(Payment::Hold(captured), 50), 3).await;
+    assert_eq!(refused.response.status, 409);
+
+    let (voided, placing) = place(50, 3600);
+    assert_eq!(
+        spend(&ledger, account_id, placing, 2).await.response.status,
+        201
+    );
+    let void_ticket = ticket(&ledger, account_id).await;
+    let void = apply(
+        &ledger,
+        account_id,
+        void_ticket,
+        Operation::Void { hold: voided },
+        "v",
+        1,
+    )
+    .await
+    .unwrap();
+    assert_eq!(void.response.status, 200);
+
+    let (expiring, placing) = place(30, 1);
+    let placing_ticket = ticket(&ledger, account_id).await;
+    let placed = apply(&ledger, account_id, placing_ticket, placing, "p", 3)
+        .await
+        .unwrap();
+    assert_eq!(placed.response.status, 201);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    assert_eq!(ledger.expire_holds(10, &show).await.unwrap(), 1);
+    assert_eq!(ledger.expire_holds(10, &show).await.unwrap(), 0);
+
+    let jobs = ledger
+        .claim_deliveries("w", Duration::from_secs(30), 100)
+        .await
+        .unwrap();
+    let mut seen: Vec<(EventType, ledger::TicketId)> = jobs
+        .iter()
+        .map(|job| (job.event.event_type, job.event.ticket_id))
+        .collect();
+    seen.sort();
+    let mut expected = vec![
+        (EventType::HoldCaptured, capture_ticket),
+        (EventType::RefundSucceeded, refund_ticket),
+        (EventType::HoldVoided, void_ticket),
+        (EventType::HoldExpired, placing_ticket),
+    ];
+    expected.sort();
+    assert_eq!(seen, expected);
+    for job in &jobs {
+        let body: serde_json::Value = serde_json::from_str(&job.event.payload()).unwrap();
+        assert_eq!(body["data"]["account_id"], account_id.0.to_string());
+        match job.event.event_type {
+            EventType::HoldExpired => {
+                assert_eq!(
+                    body["data"]["hold"],
+                    show(&ledger.hold(expiring).await.unwrap().unwrap())
+                );
+                assert_eq!(body["data"]["hold"]["state"], "expired");
+            }
+            EventType::HoldCaptured => {
+                assert_eq!(body["data"]["outcome"]["status"], 200);
+                assert_eq!(body["data"]["outcome"]["body"], capture.response.body);
+            }
+            EventType::HoldVoided => {
+                assert_eq!(body["data"]["outcome"]["body"], void.response.body);
+            }
+            _ => {
+                assert_eq!(body["data"]["outcome"]["status"], 201);
+                assert_eq!(body["data"]["outcome"]["body"], refunded.response.body);
+            }
+        }
+    }
     assert_clean(&ledger).await;
 }

@@ -24,7 +24,8 @@ macro_rules! suite_for {
                 a_hold_past_its_expiry_is_expired_before_it_is_swept,
                 capture_void_and_expiry_of_one_hold_settle_to_one_winner,
                 refunds_never_exceed_the_payment,
-                concurrent_refunds_never_refund_more_than_was_paid
+                concurrent_refunds_never_refund_more_than_was_paid,
+                what_becomes_of_a_hold_is_announced_once
             );
 
             suite_for!(@cases $open, payouts;
