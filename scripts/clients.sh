@@ -4,8 +4,8 @@
 # openapi-typescript, requests by openapi-fetch, npm) are generated from the document a
 # fresh payonce serves (the embedded mode, on a free loopback port), and each runs the
 # README's walkthrough against it — account, ticket, withdrawal, its replay, a reused
-# ticket refused, the ticket's stored answer, a draw, an order paid once, another
-# account's key refused (scripts/clients/walkthrough.{py,ts}). The TypeScript one is
+# ticket refused, the ticket's stored answer, a draw, an order paid once, a hold captured
+# in part and refunded in part, an order refunded in part, another account's key refused (scripts/clients/walkthrough.{py,ts}). The TypeScript one is
 # type-checked with `tsc --strict` first. Tool versions are pinned (the venv's pins, the
 # npm lock file). Everything lands in target/clients/.
 set -euo pipefail

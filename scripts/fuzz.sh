@@ -48,8 +48,11 @@ bearer = "\${PAYONCE_API_KEY}"
 # nobody's (404), and nothing past authentication would ever be reached.
 [parameters]
 "path.id" = "\${PAYONCE_ACCOUNT_ID}"
-# Likewise every {order_id} is the order this run placed for that account.
+# Likewise every {order_id} is the order this run placed for that account, and every
+# {hold_id} the hold it placed (seven days: it stays held through the run unless the
+# fuzzer captures or voids it, which it may).
 "path.order_id" = "\${PAYONCE_ORDER_ID}"
+"path.hold_id" = "\${PAYONCE_HOLD_ID}"
 
 # Mask the Authorization header and the api_key field, but show Idempotency-Key: the
 # default markers hide every header with "key" in its name.
@@ -186,6 +189,12 @@ fuzz() {
   PAYONCE_ORDER_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/orders" \
     -H "authorization: Bearer $PAYONCE_API_KEY" -H 'content-type: application/json' \
     -d '{"amount": 100, "description": "fuzz"}' | jq -r .order_id)
+  export PAYONCE_HOLD_ID
+  hold_ticket=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/tickets" \
+    -H "authorization: Bearer $PAYONCE_API_KEY" | jq -r .ticket_id)
+  PAYONCE_HOLD_ID=$(curl -fsS -X POST "$base/v1/accounts/$PAYONCE_ACCOUNT_ID/holds" \
+    -H "authorization: Bearer $PAYONCE_API_KEY" -H "idempotency-key: $hold_ticket" \
+    -H 'content-type: application/json' -d '{"amount": 100}' | jq -r .hold_id)
 
   # The key pattern the document states, for the hook (see above).
   export IDEMPOTENCY_KEY_PATTERN

@@ -118,11 +118,12 @@ async fn serve_until(
     let dispatcher = tokio::spawn(dispatch_payouts(state.clone(), stopping.clone()));
     let deliverer = tokio::spawn(dispatch_webhooks(state.clone(), stopping.clone()));
     let auditor = tokio::spawn(audit(state.clone(), stopping.clone()));
+    let sweeper = tokio::spawn(sweep_holds(state.clone(), stopping.clone()));
     let settings = state.settings().clone();
     let app = routes::app(state, request_timeout);
     let served = accept(listener, app, &settings, shutdown).await;
     stopping.cancel();
-    let _ = tokio::join!(reaper, forgetter, dispatcher, deliverer, auditor);
+    let _ = tokio::join!(reaper, forgetter, dispatcher, deliverer, auditor, sweeper);
     served
 }
 
@@ -241,6 +242,34 @@ async fn forget_idle_clients(state: AppState, stopping: CancellationToken) {
             () = tokio::time::sleep(Duration::from_secs(60)) => {}
         }
         state.limits().forget_idle();
+    }
+}
+
+/// Records the holds past their expiry as expired every `hold_sweep`: each released, with
+/// its `hold.expired` event showing the hold as `GET /v1/holds/{hold_id}` does. Every
+/// instance sweeps; the ledger expires each hold once, and skips one a capture or a void
+/// is deciding.
+async fn sweep_holds(state: AppState, stopping: CancellationToken) {
+    let every = state.settings().hold_sweep;
+    if every.is_zero() {
+        return;
+    }
+    let show = |hold: &ledger::holds::Hold| {
+        serde_json::to_value(render::hold_view(hold)).unwrap_or_default()
+    };
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        match state.ledger().expire_holds(500, &show).await {
+            Ok(0) => {}
+            Ok(expired) => {
+                tracing::debug!(expired, "recorded holds expired");
+                state.metrics().holds_expired(expired);
+            }
+            Err(error) => tracing::warn!(%error, "sweeping expired holds failed; will retry"),
+        }
     }
 }
 

@@ -52,6 +52,11 @@ struct StatusLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct GrantLabels {
     how: &'static str,
 }
@@ -62,6 +67,8 @@ const PAYOUT_OUTCOMES: [&str; 3] = ["made", "refused", "no_word"];
 const PAYOUT_SETTLEMENTS: [&str; 2] = ["succeeded", "failed"];
 /// What a webhook delivery attempt came to (`webhooks/`).
 const WEBHOOK_RESULTS: [&str; 4] = ["delivered", "retried", "exhausted", "endpoint_gone"];
+/// The states the hold gauge counts.
+const HOLD_STATES: [&str; 2] = ["held", "overdue"];
 /// How a spend got its account's lock: free at once, or handed off by a holder it waited
 /// behind.
 const GRANTS: [&str; 2] = ["free", "handed_off"];
@@ -207,6 +214,16 @@ const OLDEST_UNDELIVERED_WEBHOOK: Described = Described {
     help: "How long ago the oldest undelivered webhook's event committed (0: none waiting)",
     in_seconds: true,
 };
+const HOLDS: Described = Described {
+    name: "holds",
+    help: "Holds held, as last counted, by state: held (setting money aside) or overdue (past their expiry, expired to every reader, not yet recorded by a sweep; see PAYONCE_HOLD_SWEEP)",
+    in_seconds: false,
+};
+const HOLDS_EXPIRED: Described = Described {
+    name: "holds_expired",
+    help: "Holds this instance's sweeps recorded expired, each released with its hold.expired event",
+    in_seconds: false,
+};
 const DEPENDENCY_UP: Described = Described {
     name: "dependency_up",
     help: "Whether the database and the lock store answered (1) or not (0) within 2 s, asked at each scrape as readiness asks",
@@ -239,6 +256,8 @@ pub struct Metrics {
     webhook_delivery_lag: Histogram,
     webhooks_pending: Gauge,
     oldest_undelivered_webhook: Gauge<f64, AtomicU64>,
+    holds: Family<StateLabels, Gauge>,
+    holds_expired: Counter,
     dependency_up: Family<DependencyLabels, Gauge>,
     batch_sizes: Arc<BatchSizes>,
 }
@@ -347,6 +366,8 @@ impl Metrics {
             webhook_delivery_lag: latency_histogram(),
             webhooks_pending: Gauge::default(),
             oldest_undelivered_webhook: Gauge::default(),
+            holds: Family::default(),
+            holds_expired: Counter::default(),
             dependency_up: Family::default(),
             batch_sizes: Arc::new(BatchSizes::default()),
         }
@@ -389,6 +410,8 @@ impl Metrics {
             &OLDEST_UNDELIVERED_WEBHOOK,
             self.oldest_undelivered_webhook.clone(),
         );
+        register(own, &HOLDS, self.holds.clone());
+        register(own, &HOLDS_EXPIRED, self.holds_expired.clone());
         register(own, &DEPENDENCY_UP, self.dependency_up.clone());
         own.register_collector(Box::new(self.batch_sizes.clone()));
         // A sub-registry is listed after its parent's metrics, whenever it was made.
@@ -415,6 +438,9 @@ impl Metrics {
             self.payouts
                 .get_or_create(&StatusLabels { status: "pending" }),
         );
+        for state in HOLD_STATES {
+            drop(self.holds.get_or_create(&StateLabels { state }));
+        }
         for result in WEBHOOK_RESULTS {
             drop(
                 self.webhook_attempts
@@ -472,6 +498,20 @@ impl Metrics {
             .get_or_create(&StatusLabels { status: "pending" })
             .set(i64::try_from(pending).unwrap_or(i64::MAX));
         self.oldest_pending_payout.set(oldest_age.as_secs_f64());
+    }
+
+    /// The holds held and overdue, as counted.
+    pub fn hold_counts(&self, counts: ledger::holds::HoldCounts) {
+        for (state, count) in [("held", counts.held), ("overdue", counts.overdue)] {
+            self.holds
+                .get_or_create(&StateLabels { state })
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Holds a sweep of this instance recorded expired.
+    pub fn holds_expired(&self, expired: u64) {
+        self.holds_expired.inc_by(expired);
     }
 
     /// A payout this instance settled: `succeeded` or `failed`.

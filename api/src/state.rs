@@ -36,6 +36,8 @@ pub struct Settings {
     pub delivery_retention: Duration,
     /// How often the reaper runs.
     pub reap_interval: Duration,
+    /// How often holds past their expiry are recorded expired (zero: never).
+    pub hold_sweep: Duration,
     /// How often the ledger is audited for the metrics (zero: never).
     pub audit_every: Duration,
     /// How long a lock key goes unused before its state is pruned.
@@ -73,6 +75,7 @@ impl Settings {
             retention: config.ledger.retention,
             delivery_retention: config.ledger.delivery_retention,
             reap_interval: config.ledger.reap_interval,
+            hold_sweep: config.ledger.hold_sweep,
             audit_every: config.ledger.audit_every,
             lock_idle: config.lock.lock_idle,
             #[cfg(feature = "demo")]

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use payonce_types::accounts::{AccountView, CreatedAccount, EntriesPage, NewAccountRequest};
+use payonce_types::holds::HoldView;
 use payonce_types::orders::{OrderRequest, OrderView};
 use payonce_types::payouts::{PayoutAtBank, PayoutView, PayoutsPage};
 use payonce_types::service::{Health, Readiness};
@@ -394,6 +395,12 @@ impl Client {
         ]);
         self.get(&format!("/v1/accounts/{account}/entries{query}"))
             .await
+    }
+
+    /// A hold as it is now: `held`, or `captured`, `voided` or `expired` — expired as soon
+    /// as the ledger's clock passes `expires_at`, whether or not a sweep has recorded it.
+    pub async fn hold_state(&self, hold: Uuid) -> Result<HoldView, Error> {
+        self.get(&format!("/v1/holds/{hold}")).await
     }
 
     /// A payout and where it stands: `pending` until the bank's word, then `succeeded` or

@@ -3,6 +3,10 @@
 
 use std::marker::PhantomData;
 
+use payonce_types::holds::{
+    CaptureRequest, HoldPlaced, HoldRefunded, HoldRequest, HoldResolved, MAX_HOLD_SECONDS,
+    OrderRefunded, RefundRequest, VoidRequest,
+};
 use payonce_types::orders::{OrderPaid, PaymentRequest};
 use payonce_types::payouts::{PayoutAccepted, PayoutRequest};
 use payonce_types::spends::{DrawRequest, Drawn, MoneyMoved, MoneyRequest};
@@ -22,7 +26,7 @@ use crate::resend::{Attempt, Observer, ResendPolicy};
 pub struct Outcome<T> {
     /// The answer's body.
     pub body: T,
-    /// Its status (201 for a spend, 202 for a payout).
+    /// Its status (201 for a spend, 200 for a capture or a void, 202 for a payout).
     pub status: u16,
     /// Whether it was answered from the outcome stored by an earlier send
     /// (`Idempotent-Replayed: true`): nothing executed this time.
@@ -127,7 +131,8 @@ impl<T: DeserializeOwned> Intent<T> {
     /// or the policy's sends run out. Sending an intent again after an outcome answers the
     /// same outcome, as a replay.
     ///
-    /// A refusal stored under the ticket (402, 409 `order-already-paid`, 422) is
+    /// A refusal stored under the ticket (402; 409 `order-already-paid`, `hold-not-held`,
+    /// `refund-exceeds-payment`, `order-not-paid`; 422) is
     /// [`Error::Refused`], and stays the ticket's answer; a 503 `outcome-unknown` is
     /// [`Error::OutcomeUnknown`]; no final answer is [`Error::GaveUp`], with the ticket to
     /// send again with later. A payout to an instance without a bank (503
@@ -225,6 +230,55 @@ impl Client {
     /// Paying out from the account to a bank account, as an intent.
     pub fn payout(&self, account: Uuid, payout: &PayoutRequest) -> Intent<PayoutAccepted> {
         self.intent(account, format!("/v1/accounts/{account}/payouts"), payout)
+    }
+
+    /// Setting `amount` aside on the account until it is captured, voided, or expires
+    /// `expires_in` seconds from now (seven days if `None`), as an intent.
+    pub fn hold(&self, account: Uuid, amount: i64, expires_in: Option<i64>) -> Intent<HoldPlaced> {
+        self.intent(
+            account,
+            format!("/v1/accounts/{account}/holds"),
+            &HoldRequest {
+                amount,
+                expires_in: expires_in.unwrap_or(MAX_HOLD_SECONDS),
+            },
+        )
+    }
+
+    /// Capturing the hold of the account — `amount` of it, or all of it if `None`; the
+    /// rest released — as an intent. Once: a hold not held any more is refused
+    /// ([`ProblemKind::HoldNotHeld`]).
+    pub fn capture(&self, account: Uuid, hold: Uuid, amount: Option<i64>) -> Intent<HoldResolved> {
+        self.intent(
+            account,
+            format!("/v1/holds/{hold}/capture"),
+            &CaptureRequest { amount },
+        )
+    }
+
+    /// Voiding the hold of the account, all of it released, as an intent.
+    pub fn void(&self, account: Uuid, hold: Uuid) -> Intent<HoldResolved> {
+        self.intent(account, format!("/v1/holds/{hold}/void"), &VoidRequest {})
+    }
+
+    /// Giving `amount` of the account's paid order back to it, as an intent. Never more in
+    /// all than the order paid: past that, [`ProblemKind::RefundExceedsPayment`].
+    pub fn order_refund(&self, account: Uuid, order: Uuid, amount: i64) -> Intent<OrderRefunded> {
+        self.intent(
+            account,
+            format!("/v1/orders/{order}/refunds"),
+            &RefundRequest { amount },
+        )
+    }
+
+    /// Giving `amount` of the account's captured hold back to it, as an intent. Never
+    /// more in all than was captured.
+    pub fn hold_refund(&self, account: Uuid, hold: Uuid, amount: i64) -> Intent<HoldRefunded> {
+        self.intent(
+            account,
+            format!("/v1/holds/{hold}/refunds"),
+            &RefundRequest { amount },
+        )
     }
 
     fn intent<T: DeserializeOwned>(

@@ -17,9 +17,10 @@
 //!
 //! # Map
 //! - [`Client`] (`client.rs`): the typed calls of the whole contract — accounts and
-//!   entries, tickets, orders, payouts and what the bank holds for one, webhook endpoints,
-//!   deliveries and the demonstration inbox, health and readiness — and the
-//!   intents of the spends: withdrawals, deposits, lottery draws, order payments, payouts;
+//!   entries, tickets, orders, holds, payouts and what the bank holds for one, webhook
+//!   endpoints, deliveries and the demonstration inbox, health and readiness — and the
+//!   intents of the spends: withdrawals, deposits, lottery draws, order payments, holds,
+//!   their captures and voids, refunds, payouts;
 //!   a clone aimed at one instance ([`Client::starting_at`]) or with each send observed
 //!   ([`Client::on_attempt`]), as the load test uses it.
 //! - [`Intent`], [`Outcome`] (`intent.rs`): one spend and what it came to, and the client's

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use payonce_types::holds::HoldState;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -47,6 +48,15 @@ pub enum ProblemKind {
         paid_by_ticket: Uuid,
         order_id: Option<Uuid>,
     },
+    /// 409: the hold is not held — captured, voided or expired, as `state` says — so it
+    /// cannot be captured or voided (or, unless captured, refunded).
+    HoldNotHeld { state: Option<HoldState> },
+    /// 422: the capture asks for more than the hold sets aside (`held`).
+    CaptureExceedsHold { held: i64 },
+    /// 409: the refund asks for more than is still refundable of the payment.
+    RefundExceedsPayment { refundable: i64 },
+    /// 409: the order is not paid: nothing to refund.
+    OrderNotPaid,
     /// 422: the balance cannot grow by this much.
     BalanceLimit { balance: i64 },
     /// 422: this ticket was used for a different request.
@@ -73,6 +83,8 @@ pub enum ProblemKind {
     OrderNotFound,
     /// 404: no such payout.
     PayoutNotFound,
+    /// 404: no such hold of this account.
+    HoldNotFound,
     /// 401: no key, or not a key of this service.
     Unauthenticated,
     /// 403: another account's key.
@@ -203,6 +215,17 @@ fn kind_with_fields(name: &str, object: &Map<String, Value>) -> Option<ProblemKi
         "balance-limit" => ProblemKind::BalanceLimit {
             balance: int("balance").unwrap_or_default(),
         },
+        "hold-not-held" => ProblemKind::HoldNotHeld {
+            state: object
+                .get("state")
+                .and_then(|state| serde_json::from_value(state.clone()).ok()),
+        },
+        "capture-exceeds-hold" => ProblemKind::CaptureExceedsHold {
+            held: int("held").unwrap_or_default(),
+        },
+        "refund-exceeds-payment" => ProblemKind::RefundExceedsPayment {
+            refundable: int("refundable").unwrap_or_default(),
+        },
         _ => return None,
     })
 }
@@ -222,6 +245,8 @@ fn kind_without_fields(name: &str) -> Option<ProblemKind> {
         "not-found" => ProblemKind::NotFound,
         "order-not-found" => ProblemKind::OrderNotFound,
         "payout-not-found" => ProblemKind::PayoutNotFound,
+        "hold-not-found" => ProblemKind::HoldNotFound,
+        "order-not-paid" => ProblemKind::OrderNotPaid,
         "unauthenticated" => ProblemKind::Unauthenticated,
         "forbidden" => ProblemKind::Forbidden,
         "operator-key-required" => ProblemKind::OperatorKeyRequired,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use payonce_client::types::accounts::{CreatedAccount, NewAccountRequest};
+use payonce_client::types::holds::HoldState;
 use payonce_client::types::orders::{OrderRequest, OrderState};
 use payonce_client::types::tickets::TicketState;
 use payonce_client::{Client, Error, ProblemKind, ResendPolicy};
@@ -219,6 +220,65 @@ async fn an_order_is_paid_by_one_intent_only() {
     assert_eq!(
         (order.state, order.paid_by_ticket),
         (OrderState::Paid, Some(paid.ticket))
+    );
+}
+
+/// A hold taken, part of it captured, part of that refunded — each an intent, sent twice
+/// and executed once; a void after the capture and a refund past the capture are refusals
+/// with their fields; `available` follows.
+#[tokio::test]
+async fn a_hold_is_captured_once_and_refunded_within_it() {
+    let (payonce, ada, _, _dir) = ada_on(&[]).await;
+    let mut hold = payonce.hold(ada.id, 400, Some(3600));
+    let placed = hold.send().await.unwrap();
+    assert_eq!(
+        (placed.status, placed.body.balance, placed.body.available),
+        (201, 1000, 600)
+    );
+    assert!(hold.send().await.unwrap().replayed);
+    let hold_id = placed.body.hold_id;
+    assert_eq!(payonce.account(ada.id).await.unwrap().available, 600);
+
+    let mut capture = payonce.capture(ada.id, hold_id, Some(250));
+    let captured = capture.send().await.unwrap();
+    assert_eq!(captured.status, 200);
+    assert_eq!(
+        (
+            captured.body.hold.state,
+            captured.body.hold.captured_amount,
+            captured.body.balance,
+            captured.body.available
+        ),
+        (HoldState::Captured, Some(250), 750, 750)
+    );
+    assert!(capture.send().await.unwrap().replayed);
+    let Err(Error::Refused(problem)) = payonce.void(ada.id, hold_id).send().await else {
+        panic!("voided a captured hold")
+    };
+    assert_eq!(
+        problem.kind,
+        ProblemKind::HoldNotHeld {
+            state: Some(HoldState::Captured)
+        }
+    );
+
+    let refunded = payonce
+        .hold_refund(ada.id, hold_id, 200)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!((refunded.body.refundable, refunded.body.balance), (50, 950));
+    let Err(Error::Refused(problem)) = payonce.hold_refund(ada.id, hold_id, 60).send().await else {
+        panic!("refunded past the capture")
+    };
+    assert_eq!(
+        problem.kind,
+        ProblemKind::RefundExceedsPayment { refundable: 50 }
+    );
+    let read = payonce.hold_state(hold_id).await.unwrap();
+    assert_eq!(
+        (read.state, read.refunded_amount),
+        (HoldState::Captured, 200)
     );
 }
 

@@ -9,17 +9,21 @@ import uuid
 
 from payonce_client import AuthenticatedClient, Client
 from payonce_client.api.accounts import create_account, get_account
-from payonce_client.api.orders import create_order, get_order, pay_order
+from payonce_client.api.holds import capture_hold, get_hold, place_hold, refund_hold
+from payonce_client.api.orders import create_order, get_order, pay_order, refund_order
 from payonce_client.api.spends import draw, withdraw
 from payonce_client.api.tickets import get_ticket, issue_ticket
 from payonce_client.models import (
+    CaptureRequest,
     DrawRequest,
+    HoldRequest,
     MoneyMoved,
     MoneyRequest,
     NewAccountRequest,
     OrderRequest,
     PaymentRequest,
     Problem,
+    RefundRequest,
 )
 
 
@@ -91,6 +95,44 @@ def main(base: str) -> None:
     assert twice.status_code == 409, twice
     assert twice.parsed.type_ == "/problems/order-already-paid", twice.parsed
     assert get_order.sync(client=payonce, order_id=order.order_id).paid_by_ticket == paying
+
+    # A hold of 200 sets money aside: the balance stays, `available` drops. Capture 120 of
+    # it (the rest released at once), refund 50 of the capture, then 100 of the order.
+    before = get_account.sync(client=payonce, id=ada.id).balance
+    held = place_hold.sync_detailed(
+        client=payonce,
+        id=ada.id,
+        body=HoldRequest(amount=200, expires_in=3600),
+        idempotency_key=str(issue_ticket.sync(client=payonce, id=ada.id).ticket_id),
+    )
+    assert held.status_code == 201 and str(held.parsed.state) == "held", held
+    assert (held.parsed.balance, held.parsed.available) == (before, before - 200), held.parsed
+    hold = held.parsed.hold_id
+    captured = capture_hold.sync_detailed(
+        client=payonce,
+        hold_id=hold,
+        body=CaptureRequest(amount=120),
+        idempotency_key=str(issue_ticket.sync(client=payonce, id=ada.id).ticket_id),
+    )
+    assert captured.status_code == 200, captured
+    assert (str(captured.parsed.state), captured.parsed.captured_amount) == ("captured", 120)
+    assert captured.parsed.balance == captured.parsed.available == before - 120, captured.parsed
+    refunded = refund_hold.sync_detailed(
+        client=payonce,
+        hold_id=hold,
+        body=RefundRequest(amount=50),
+        idempotency_key=str(issue_ticket.sync(client=payonce, id=ada.id).ticket_id),
+    )
+    assert refunded.status_code == 201 and refunded.parsed.refundable == 70, refunded
+    assert get_hold.sync(client=payonce, hold_id=hold).refunded_amount == 50
+    order_refund = refund_order.sync_detailed(
+        client=payonce,
+        order_id=order.order_id,
+        body=RefundRequest(amount=100),
+        idempotency_key=str(issue_ticket.sync(client=payonce, id=ada.id).ticket_id),
+    )
+    assert order_refund.status_code == 201 and order_refund.parsed.refundable == 150, order_refund
+    assert order_refund.parsed.balance == before - 120 + 50 + 100, order_refund.parsed
 
     # Another account's key reads nothing of Ada's.
     stranger = create_account.sync(client=anyone, body=NewAccountRequest(name="Eve"))

@@ -104,4 +104,52 @@ check(
 const seen = await payonce.GET("/v1/orders/{order_id}", { params: { path: { order_id: order } } });
 check(seen.data?.paid_by_ticket === paying, "paid by", seen.data);
 
+// A hold of 200 sets money aside: the balance stays, `available` drops. Capture 120 of it
+// (the rest released at once), refund 50 of the capture, then 100 of the order.
+const before = (await payonce.GET("/v1/accounts/{id}", account)).data?.balance;
+check(before !== undefined, "balance before");
+const held = await payonce.POST("/v1/accounts/{id}/holds", {
+  params: { path: { id: ada.id }, header: { "Idempotency-Key": await ticket() } },
+  body: { amount: 200, expires_in: 3600 },
+});
+check(
+  held.response.status === 201 &&
+    held.data?.state === "held" &&
+    held.data.balance === before &&
+    held.data.available === before - 200,
+  "hold",
+  held.data,
+);
+const hold = held.data.hold_id;
+const captured = await payonce.POST("/v1/holds/{hold_id}/capture", {
+  params: { path: { hold_id: hold }, header: { "Idempotency-Key": await ticket() } },
+  body: { amount: 120 },
+});
+check(
+  captured.response.status === 200 &&
+    captured.data?.state === "captured" &&
+    captured.data.captured_amount === 120 &&
+    captured.data.available === before - 120,
+  "capture",
+  captured.data,
+);
+const refunded = await payonce.POST("/v1/holds/{hold_id}/refunds", {
+  params: { path: { hold_id: hold }, header: { "Idempotency-Key": await ticket() } },
+  body: { amount: 50 },
+});
+check(refunded.response.status === 201 && refunded.data?.refundable === 70, "refund", refunded.data);
+const readHold = await payonce.GET("/v1/holds/{hold_id}", { params: { path: { hold_id: hold } } });
+check(readHold.data?.refunded_amount === 50, "hold read", readHold.data);
+const orderRefund = await payonce.POST("/v1/orders/{order_id}/refunds", {
+  params: { path: { order_id: order }, header: { "Idempotency-Key": await ticket() } },
+  body: { amount: 100 },
+});
+check(
+  orderRefund.response.status === 201 &&
+    orderRefund.data?.refundable === 150 &&
+    orderRefund.data.balance === before - 120 + 50 + 100,
+  "order refund",
+  orderRefund.data,
+);
+
 console.log("typescript client (openapi-typescript + openapi-fetch): the walkthrough passed");

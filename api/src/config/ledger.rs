@@ -26,6 +26,13 @@ config_section! {
         /// How often expired tickets and old outcomes are reaped.
         #[arg(env = "PAYONCE_REAP_INTERVAL", default_value = "5m", value_parser = duration)]
         pub reap_interval: Duration,
+        /// How often each instance records the holds past their expiry as expired (their
+        /// release and their `hold.expired` events); `0s` turns it off. A hold past its
+        /// expiry is expired to every reader at once, swept or not: the sweep is what
+        /// announces it. Sweeps on many instances at once are safe; each costs one index
+        /// probe when nothing is due.
+        #[arg(env = "PAYONCE_HOLD_SWEEP", default_value = "1s", value_parser = duration)]
+        pub hold_sweep: Duration,
         /// How often each instance audits the whole ledger for its metrics
         /// (`payonce_audit_violations`); `0s` turns it off. Every rule is a scan of its
         /// tables, so on a large ledger keep it rare, or turn it off and run `payonce audit`

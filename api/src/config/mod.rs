@@ -673,6 +673,7 @@ mod tests {
   PAYONCE_DELIVERY_RETENTION   30days
   PAYONCE_DEMO                 false
   PAYONCE_HEADER_READ_TIMEOUT  10s
+  PAYONCE_HOLD_SWEEP           1s
   PAYONCE_INSTANCE             127.0.0.1:0
   PAYONCE_LOCK_DELAY           0s
   PAYONCE_LOCK_IDLE            1h
@@ -735,6 +736,7 @@ mod tests {
   PAYONCE_DELIVERY_RETENTION   30days
   PAYONCE_DEMO                 false
   PAYONCE_HEADER_READ_TIMEOUT  10s
+  PAYONCE_HOLD_SWEEP           1s
   PAYONCE_INSTANCE             one
   PAYONCE_LOCK_DELAY           0s
   PAYONCE_LOCK_IDLE            1h

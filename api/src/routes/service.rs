@@ -90,9 +90,9 @@ async fn probe(state: &AppState) -> (Result<(), String>, Result<(), String>) {
     tokio::join!(within(state.ledger().ping()), within(state.locks().ping()))
 }
 
-/// The pending payouts and the undelivered webhook deliveries, counted for a scrape: an
-/// instance nobody scrapes asks the database nothing. Both are counted on partial indexes
-/// of the open work, cheap however much is finished. Left as last counted when the
+/// The pending payouts, the holds held and the undelivered webhook deliveries, counted for
+/// a scrape: an instance nobody scrapes asks the database nothing. Each is counted on a
+/// partial index of the open work, cheap however much is finished. Left as last counted when the
 /// database cannot say.
 async fn count_backlogs(state: &AppState) {
     if state.payouts().is_some() {
@@ -100,6 +100,10 @@ async fn count_backlogs(state: &AppState) {
             Ok((pending, oldest)) => state.metrics().pending_payouts(pending, age(oldest)),
             Err(error) => tracing::debug!(%error, "cannot count payouts"),
         }
+    }
+    match within(state.ledger().hold_counts()).await {
+        Ok(counts) => state.metrics().hold_counts(counts),
+        Err(error) => tracing::debug!(%error, "cannot count holds"),
     }
     if state.webhooks().is_some() {
         match within(state.ledger().webhook_backlog()).await {

@@ -561,6 +561,49 @@ async fn walkthrough(app: &TestApp, browser: &Client) {
         "one entry for the payout's ticket"
     );
 
+    // "Refund twice at once": a payment of 100, two refunds of 60 sent together — one
+    // 201, one 409 with 40 refundable, one refund entry. Money first: the race spent it.
+    browser
+        .find(Locator::Css("input[name='operation'][value='deposits']"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    fill(browser, "amount", "300").await;
+    press(browser, "send").await;
+    press(browser, "refund-twice").await;
+    let refunded = text(browser, "refund-status").await;
+    contains(&refunded, "Payment of 100, refunded 60 twice at once: ");
+    contains(&refunded, "409 refund-exceeds-payment (40 refundable)");
+    contains(&refunded, "201 refunded 60");
+    contains(
+        &refunded,
+        "One refund fits; the ledger shows 1 refund entry — never more back than was paid.",
+    );
+    assert_eq!(focused(browser).await, "refund-twice");
+
+    // "Capture as it expires": a hold of two seconds captured at its edge — exactly one of
+    // captured or expired, and the page says which and why. Nothing is set aside after.
+    let before: i64 = text(browser, "balance").await.parse().unwrap();
+    press(browser, "capture-edge").await;
+    let edge = text(browser, "capture-status").await;
+    contains(&edge, "Exactly one of captured or expired.");
+    let taken = if edge.starts_with("Captured 50 of the hold of 50: ") {
+        contains(&edge, "it was still held, so the capture won");
+        50
+    } else {
+        assert!(edge.starts_with("Expired: "), "{edge}");
+        contains(&edge, "refused with 409 hold-not-held (state expired)");
+        0
+    };
+    println!("the capture at the edge: {edge}");
+    assert_eq!(text(browser, "balance").await, (before - taken).to_string());
+    assert_eq!(
+        text(browser, "available").await,
+        text(browser, "balance").await
+    );
+
     // The inbox got the withdrawal's event twice under one webhook-id — refused, then
     // taken — and every signature checks out in the tab, with the secret it holds.
     until(

@@ -6,7 +6,10 @@
 use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::helpers::{Backend, TestAccount, TestApp, assert_problem, read, spawn_app};
+use crate::helpers::{
+    Backend, TestAccount, TestApp, assert_problem, read, spawn_app, spawn_app_with,
+};
+use crate::webhooks::{Receiver, create_endpoint};
 
 impl TestApp {
     /// POSTs `body` to `path` with `account`'s key and `ticket`.
@@ -243,6 +246,74 @@ async fn a_void_and_a_capture_at_once_settle_to_one(backend: Backend) {
     app.assert_audit_clean().await;
 }
 
+/// A hold left to expire: expired to a reader at once, and no longer captured; the sweep
+/// records it once — one `hold.expired` delivery, showing the hold as `GET` does and naming
+/// the ticket that placed it — and counts it in the metrics. Its capture and void, had they
+/// come in time, would have announced themselves; a refusal announces nothing.
+async fn an_expiry_is_recorded_once_and_announced(backend: Backend) {
+    let app = spawn_app_with(
+        backend,
+        &["--webhook-allow-private", "--hold-sweep", "200ms"],
+    )
+    .await;
+    let receiver = Receiver::start().await;
+    let ada = app.create_account(100, 0).await;
+    create_endpoint(&app, &ada, &receiver.url, None).await;
+    let hold = app.hold(&ada, 40, 1).await;
+    let read_back = app.get_json(&ada.key, &format!("/v1/holds/{hold}")).await;
+    assert_eq!(read_back["state"], "held", "{read_back}");
+
+    let received = receiver.until(1).await;
+    let event = received[0].json();
+    assert_eq!(event["type"], "hold.expired", "{event}");
+    let read_back = app.get_json(&ada.key, &format!("/v1/holds/{hold}")).await;
+    assert_eq!(read_back["state"], "expired", "{read_back}");
+    assert_eq!(event["data"]["hold"], read_back);
+    assert_eq!(event["data"]["account_id"], ada.id);
+    let placing = app
+        .get_json(
+            &ada.key,
+            &format!(
+                "/v1/tickets/{}",
+                event["data"]["ticket_id"].as_str().unwrap()
+            ),
+        )
+        .await;
+    assert_eq!(placing["response"]["body"]["hold_id"], hold, "{placing}");
+
+    let late = app
+        .post_spend(
+            &ada,
+            &format!("/v1/holds/{hold}/capture"),
+            &app.ticket(&ada).await,
+            json!({}),
+        )
+        .await;
+    let problem = assert_problem(late, StatusCode::CONFLICT, "hold-not-held").await;
+    assert_eq!(problem["state"], "expired", "{problem}");
+    let account = app
+        .get_json(&ada.key, &format!("/v1/accounts/{}", ada.id))
+        .await;
+    assert_eq!(
+        (account["balance"].as_i64(), account["available"].as_i64()),
+        (Some(100), Some(100))
+    );
+
+    // A few sweeps more: nothing more is recorded or sent.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    assert_eq!(receiver.received().len(), 1, "{:#?}", receiver.received());
+    let metrics = app.get("/metrics").await.text().await.unwrap();
+    assert!(
+        metrics.contains("payonce_holds_expired_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("payonce_holds{state=\"overdue\"} 0\n"),
+        "{metrics}"
+    );
+    app.assert_audit_clean().await;
+}
+
 macro_rules! in_both_modes {
     ($($test:ident),* $(,)?) => {
         mod embedded {
@@ -268,4 +339,5 @@ in_both_modes!(
     a_hold_is_placed_captured_once_and_refunded_within_it,
     two_refunds_at_once_one_fits,
     a_void_and_a_capture_at_once_settle_to_one,
+    an_expiry_is_recorded_once_and_announced,
 );

@@ -1,0 +1,297 @@
+//! Authorize-then-capture pairs per second beside withdrawals per second, through one
+//! payonce instance on PostgreSQL + Redis, in alternating rounds.
+//!
+//! ```text
+//! cargo run --release -p api --example holds_bench -- --connections 32 --seconds 10 --rounds 5
+//! ```
+//!
+//! Each round makes a fresh database and starts one payonce server in this process
+//! (distributed mode, a Redis namespace of its own), opens 1,000 accounts through the API and
+//! issues tickets in bulk (the fixture; issuing is not what is measured). Then the same
+//! load generator — `--connections` clients in this process, each sending its next request
+//! as soon as the last was answered — measures, in alternating order (pairs first in odd
+//! rounds, withdrawals first in even ones):
+//!
+//! - withdrawals of 1, each with its own ticket: a 201 each;
+//! - pairs: a hold of 1 placed with one ticket (201), then captured whole with another
+//!   ticket of the same account (200) — two requests, two locks (the account's, then the
+//!   hold's), two transactions.
+//!
+//! A pair is two requests, so half the withdrawals' rate is what two withdrawals would cost;
+//! the issue's bar is 0.45. Any other answer fails the round. The load generator shares the
+//! machine with the server, the same for both sides.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use hdrhistogram::Histogram;
+use ledger::testing::ScratchDatabase;
+use serde_json::{Value, json};
+use sqlx::postgres::PgPoolOptions;
+use uuid::Uuid;
+
+#[path = "../bench/http.rs"]
+mod http;
+
+use http::BoxError;
+
+#[derive(Parser, Debug)]
+struct Args {
+    /// Clients sending at once.
+    #[arg(long, default_value_t = 32)]
+    connections: usize,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// Rounds; the summary gives medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Accounts the spends spread over.
+    #[arg(long, default_value_t = 1000)]
+    accounts: usize,
+    #[command(flatten)]
+    services: http::Services,
+}
+
+/// What one side measured.
+struct Measured {
+    /// Withdrawals, or pairs, completed per second.
+    per_sec: f64,
+    /// Latency of one withdrawal, or of one whole pair.
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+struct Round {
+    withdrawals: Measured,
+    pairs: Measured,
+}
+
+/// What a client sends, over and over.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Withdrawals,
+    Pairs,
+}
+
+/// An account's id and key, with tickets of it: one per withdrawal, two per pair.
+struct Spender {
+    account: Uuid,
+    key: String,
+    tickets: Vec<Uuid>,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let args = Args::parse();
+    println!(
+        "holds bench: connections={} seconds={} rounds={} accounts={}",
+        args.connections, args.seconds, args.rounds, args.accounts
+    );
+    let mut rounds = Vec::new();
+    for round in 1..=args.rounds {
+        let database =
+            ScratchDatabase::create(&args.services.database_url, "payonce_bench").await?;
+        let measured = run_round(&args, database.url(), round).await;
+        database.drop().await?;
+        let measured = measured?;
+        println!(
+            "round {round}: withdrawals {:.0}/s (p50 {:.1} ms, p99 {:.1} ms); pairs {:.0}/s (p50 {:.1} ms, p99 {:.1} ms); ratio {:.2}",
+            measured.withdrawals.per_sec,
+            measured.withdrawals.p50_ms,
+            measured.withdrawals.p99_ms,
+            measured.pairs.per_sec,
+            measured.pairs.p50_ms,
+            measured.pairs.p99_ms,
+            measured.pairs.per_sec / measured.withdrawals.per_sec
+        );
+        rounds.push(measured);
+    }
+    let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
+    println!("summary (medians over {} rounds):", args.rounds);
+    println!(
+        "  withdrawals               {:>7.0}/s   p50 {:.1} ms   p99 {:.1} ms",
+        median(|r| r.withdrawals.per_sec),
+        median(|r| r.withdrawals.p50_ms),
+        median(|r| r.withdrawals.p99_ms)
+    );
+    println!(
+        "  hold-then-capture pairs   {:>7.0}/s   p50 {:.1} ms   p99 {:.1} ms",
+        median(|r| r.pairs.per_sec),
+        median(|r| r.pairs.p50_ms),
+        median(|r| r.pairs.p99_ms)
+    );
+    println!(
+        "  ratio pairs/withdrawals   {:.2} (median of the rounds' ratios; target >= 0.45)",
+        median(|r| r.pairs.per_sec / r.withdrawals.per_sec)
+    );
+    Ok(())
+}
+
+/// One round on a fresh database: both sides on one server, in the round's order.
+async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxError> {
+    let namespace = format!("bench-{}", Uuid::new_v4().simple());
+    let server = http::Server::start(args.services.config(
+        url,
+        &namespace,
+        &[
+            "--db-max-connections",
+            "32",
+            "--spends-per-second",
+            "1000000",
+        ],
+    ))
+    .await?;
+    let accounts = http::open_accounts(&server.address, args.accounts).await?;
+    // Far more than either side can spend in its seconds here; running out fails the round.
+    let per_account = (args.seconds as usize * 30_000).div_ceil(args.accounts);
+    let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;
+    let spenders = issue(&raw, &accounts, per_account).await?;
+    sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
+    raw.close().await;
+    let spenders = Arc::new(spenders);
+
+    let order = if round % 2 == 1 {
+        [Work::Pairs, Work::Withdrawals]
+    } else {
+        [Work::Withdrawals, Work::Pairs]
+    };
+    let mut withdrawals = None;
+    let mut pairs = None;
+    for work in order {
+        let measured = measure(&server.address, &spenders, work, args).await?;
+        match work {
+            Work::Withdrawals => withdrawals = Some(measured),
+            Work::Pairs => pairs = Some(measured),
+        }
+    }
+    server.stop().await?;
+    Ok(Round {
+        withdrawals: withdrawals.ok_or("no withdrawals")?,
+        pairs: pairs.ok_or("no pairs")?,
+    })
+}
+
+/// `per_account` tickets for each account, inserted straight into the ledger's table.
+async fn issue(
+    raw: &sqlx::PgPool,
+    accounts: &[(Uuid, String)],
+    per_account: usize,
+) -> Result<Vec<std::sync::Mutex<Spender>>, BoxError> {
+    let mut spenders = Vec::with_capacity(accounts.len());
+    for (account, key) in accounts {
+        let tickets: Vec<Uuid> = (0..per_account).map(|_| Uuid::new_v4()).collect();
+        sqlx::query(
+            "INSERT INTO tickets (id, account_id, created_at, expires_at)
+             SELECT id, $2, now(), now() + interval '1 day' FROM UNNEST($1::uuid[]) AS t (id)",
+        )
+        .bind(&tickets)
+        .bind(account)
+        .execute(raw)
+        .await?;
+        spenders.push(std::sync::Mutex::new(Spender {
+            account: *account,
+            key: key.clone(),
+            tickets,
+        }));
+    }
+    Ok(spenders)
+}
+
+/// `count` unused tickets of the next account in turn, with the account.
+fn take(
+    spenders: &[std::sync::Mutex<Spender>],
+    turn: &AtomicUsize,
+    count: usize,
+) -> Result<(Uuid, String, Vec<Uuid>), BoxError> {
+    let index = turn.fetch_add(1, Ordering::Relaxed) % spenders.len();
+    let mut spender = spenders[index]
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if spender.tickets.len() < count {
+        return Err("the tickets ran out: raise the fixture".into());
+    }
+    let at = spender.tickets.len() - count;
+    let tickets = spender.tickets.split_off(at);
+    Ok((spender.account, spender.key.clone(), tickets))
+}
+
+/// `work` sent by `args.connections` clients for `args.seconds`: completions per second and
+/// each completion's latency.
+async fn measure(
+    address: &str,
+    spenders: &Arc<Vec<std::sync::Mutex<Spender>>>,
+    work: Work,
+    args: &Args,
+) -> Result<Measured, BoxError> {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.connections)
+        .build()?;
+    let turn = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let clients = (0..args.connections).map(|_| {
+        let (client, spenders, turn) = (client.clone(), spenders.clone(), turn.clone());
+        let address = address.to_owned();
+        tokio::spawn(async move {
+            let mut latencies = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+            while Instant::now() < deadline {
+                let sent = Instant::now();
+                match work {
+                    Work::Withdrawals => {
+                        let (account, key, tickets) = take(&spenders, &turn, 1)?;
+                        let url = format!("{address}/v1/accounts/{account}/withdrawals");
+                        expect(&client, &url, &key, tickets[0], json!({"amount": 1}), 201).await?;
+                    }
+                    Work::Pairs => {
+                        let (account, key, tickets) = take(&spenders, &turn, 2)?;
+                        let url = format!("{address}/v1/accounts/{account}/holds");
+                        let body = json!({"amount": 1, "expires_in": 3600});
+                        let placed = expect(&client, &url, &key, tickets[0], body, 201).await?;
+                        let hold = placed["hold_id"].as_str().ok_or("no hold id")?;
+                        let url = format!("{address}/v1/holds/{hold}/capture");
+                        expect(&client, &url, &key, tickets[1], json!({}), 200).await?;
+                    }
+                }
+                latencies.record(u64::try_from(sent.elapsed().as_micros()).unwrap_or(u64::MAX))?;
+            }
+            Ok::<_, BoxError>(latencies)
+        })
+    });
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
+    for finished in futures::future::join_all(clients).await {
+        all.add(finished??)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    Ok(Measured {
+        per_sec: all.len() as f64 / elapsed,
+        p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
+        p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
+    })
+}
+
+/// POSTs `body` to `url` with `key` and `ticket`; its body, if the answer is `status`.
+async fn expect(
+    client: &reqwest::Client,
+    url: &str,
+    key: &str,
+    ticket: Uuid,
+    body: Value,
+    status: u16,
+) -> Result<Value, BoxError> {
+    let response = client
+        .post(url)
+        .bearer_auth(key)
+        .header("idempotency-key", ticket.to_string())
+        .json(&body)
+        .send()
+        .await?;
+    let answered = response.status().as_u16();
+    let body: Value = response.json().await?;
+    if answered != status {
+        return Err(format!("{url} answered {answered}, not {status}: {body}").into());
+    }
+    Ok(body)
+}
