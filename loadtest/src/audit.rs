@@ -32,6 +32,8 @@
 //!
 //! - payouts: a failed one's money comes back once, and the bank executed each at most
 //!   once — see [`payouts`](crate::payouts).
+//! - holds and refunds: no hold resolved twice, none reading other than what executed, no
+//!   refunds above their payment, available never negative — see `holds.rs`.
 //!
 //! It also counts, per account, the double spends ([`AccountTally::double_spends`]).
 
@@ -66,14 +68,20 @@ fn named(attempt: &Attempt, names: &[&str]) -> bool {
         .is_some_and(|kind| names.iter().any(|name| kind.ends_with(name)))
 }
 
-/// An answer that settles the ticket's outcome of a spend of `kind`: it executed (201, or
-/// 202 for a payout), or a stored refusal.
+/// An answer that settles the ticket's outcome of a spend of `kind`: it executed (201; 202
+/// for a payout; 200 for a capture or a void), or a stored refusal.
 pub fn is_definitive(kind: SpendKind, attempt: &Attempt) -> bool {
-    match attempt.status {
-        Some(status) if status == kind.executed_status() => true,
-        Some(402) => named(attempt, &STORED_REFUSALS),
-        Some(409) => named(attempt, &["order-already-paid"]),
-        Some(422) => named(attempt, &["balance-limit"]),
+    match (kind, attempt.status) {
+        (_, Some(status)) if status == kind.executed_status() => true,
+        (_, Some(402)) => named(attempt, &STORED_REFUSALS),
+        (SpendKind::Capture | SpendKind::Void, Some(409)) => named(attempt, &["hold-not-held"]),
+        (SpendKind::Capture, Some(422)) => named(attempt, &["capture-exceeds-hold"]),
+        (SpendKind::Refund, Some(409)) => named(
+            attempt,
+            &["refund-exceeds-payment", "order-not-paid", "hold-not-held"],
+        ),
+        (_, Some(409)) => named(attempt, &["order-already-paid"]),
+        (_, Some(422)) => named(attempt, &["balance-limit"]),
         _ => false,
     }
 }
@@ -362,6 +370,7 @@ fn audit_account(
         final_account,
         &mut flag,
     );
+    crate::holds::audit_holds(account, spends, &executed, final_account, state, &mut flag);
     let (expected_balance, expected_points) = expected;
     audit_final(final_account, expected, &mut flag);
     audit_entries(account, spends, &executed, final_account, &mut flag);
@@ -657,8 +666,12 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
         SpendKind::Payout => ("amount", "payout of"),
         SpendKind::OrderPayment => ("amount", "payment of an order of"),
         SpendKind::LotteryDraw => ("points", "draw of"),
+        SpendKind::Hold => ("amount", "hold of"),
+        SpendKind::Capture => ("captured_amount", "capture of"),
+        SpendKind::Refund => ("amount", "refund of"),
+        SpendKind::Void => ("", ""),
     };
-    if number(field) != Some(spend.amount) {
+    if spend.kind != SpendKind::Void && number(field) != Some(spend.amount) {
         flag(
             ViolationKind::ReplayMismatch,
             ticket,
@@ -670,16 +683,21 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
         );
     }
     match spend.kind {
-        SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => {
+        SpendKind::Withdrawal
+        | SpendKind::OrderPayment
+        | SpendKind::Payout
+        | SpendKind::Capture => {
             expected.0 -= spend.amount;
         }
-        SpendKind::Deposit => expected.0 += spend.amount,
+        SpendKind::Deposit | SpendKind::Refund => expected.0 += spend.amount,
         SpendKind::LotteryDraw => {
             expected.1 -= spend.amount;
             expected.0 += number("credit").unwrap_or(0);
         }
+        // Money set aside, or released: none moved.
+        SpendKind::Hold | SpendKind::Void => {}
     }
-    for field in ["balance", "points_after"] {
+    for field in ["balance", "available", "points_after"] {
         if number(field).is_some_and(|value| value < 0) {
             flag(
                 ViolationKind::Negative,
@@ -694,7 +712,7 @@ fn apply(spend: &SpendRecord, body: &Value, expected: &mut (i64, i64), flag: &mu
 fn is_spend(entry: &EntryRecord) -> bool {
     matches!(
         entry.kind.as_str(),
-        "withdrawal" | "lottery_draw" | "order_payment" | "payout"
+        "withdrawal" | "lottery_draw" | "order_payment" | "payout" | "hold_capture"
     )
 }
 
@@ -895,6 +913,17 @@ fn one_matching_entry(
     found: &[&EntryRecord],
     flag: &mut impl FnMut(ViolationKind, Option<&str>, String),
 ) {
+    let Some(kind) = spend.kind.entry_kind() else {
+        // A hold, a void: money set aside or released, no entry.
+        if !found.is_empty() {
+            flag(
+                ViolationKind::EntryMismatch,
+                Some(ticket),
+                format!("moves no money, yet has {} entries", found.len()),
+            );
+        }
+        return;
+    };
     let [entry] = found else {
         flag(
             ViolationKind::EntryMismatch,
@@ -904,28 +933,34 @@ fn one_matching_entry(
         return;
     };
     let (amount, points) = match spend.kind {
-        SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => (-spend.amount, 0),
-        SpendKind::Deposit => (spend.amount, 0),
+        SpendKind::Withdrawal
+        | SpendKind::OrderPayment
+        | SpendKind::Payout
+        | SpendKind::Capture => (-spend.amount, 0),
+        SpendKind::Deposit | SpendKind::Refund => (spend.amount, 0),
         SpendKind::LotteryDraw => (
             body.get("credit").and_then(Value::as_i64).unwrap_or(0),
             -spend.amount,
         ),
+        SpendKind::Hold | SpendKind::Void => (0, 0),
     };
     let payout = body.get("payout_id").and_then(Value::as_str);
-    if entry.kind != spend.kind.entry_kind()
+    // An order refund's entry names no order: the refund is its own row.
+    let order = spend
+        .order
+        .as_ref()
+        .filter(|_| spend.kind != SpendKind::Refund);
+    if entry.kind != kind
         || (entry.amount, entry.points) != (amount, points)
-        || entry.order_id != spend.order
+        || entry.order_id.as_ref() != order
         || entry.payout_id.as_deref() != payout.filter(|_| spend.kind == SpendKind::Payout)
     {
         flag(
             ViolationKind::EntryMismatch,
             Some(ticket),
             format!(
-                "expected a {} entry of {amount} and {points} points, found {} of {} and {}",
-                spend.kind.entry_kind(),
-                entry.kind,
-                entry.amount,
-                entry.points
+                "expected a {kind} entry of {amount} and {points} points, found {} of {} and {}",
+                entry.kind, entry.amount, entry.points
             ),
         );
     }
@@ -950,7 +985,9 @@ fn audit_orders(
     for order in orders {
         let paid: Vec<&str> = spends
             .iter()
-            .filter(|spend| spend.order.as_deref() == Some(order))
+            .filter(|spend| {
+                spend.kind == SpendKind::OrderPayment && spend.order.as_deref() == Some(order)
+            })
             .map(|spend| spend.ticket.as_str())
             .filter(|ticket| executed.contains_key(ticket))
             .collect();

@@ -15,7 +15,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::history::{
-    AccountState, BankTransfer, EntryRecord, PayoutState, PayoutStatus, TicketState,
+    AccountState, BankTransfer, EntryRecord, HoldRead, PayoutState, PayoutStatus, TicketState,
 };
 
 /// Errors setting up or reading back (not the answers under test: those are recorded).
@@ -241,6 +241,7 @@ impl Api {
         let mut state = AccountState {
             balance: view.balance,
             points: view.points,
+            available: Some(view.available),
             entries: Vec::new(),
         };
         let mut after = None;
@@ -267,6 +268,33 @@ impl Api {
                 None => return Ok(state),
             }
         }
+    }
+
+    /// A hold as it reads now (its account and placing ticket left empty: the caller
+    /// knows them).
+    pub async fn hold_state(
+        &self,
+        target: usize,
+        hold: &str,
+        key: &str,
+    ) -> Result<HoldRead, ClientError> {
+        let view = self
+            .at(target, key)
+            .hold_state(id(hold, "a hold")?)
+            .await
+            .map_err(ClientError::payonce("read a hold"))?;
+        let state = serde_json::to_value(view.state)
+            .ok()
+            .and_then(|state| state.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        Ok(HoldRead {
+            account: String::new(),
+            ticket: String::new(),
+            amount: view.amount,
+            state,
+            captured_amount: view.captured_amount,
+            refunded_amount: view.refunded_amount,
+        })
     }
 
     /// A ticket's state and stored response.

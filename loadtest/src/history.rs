@@ -35,6 +35,15 @@ pub enum SpendKind {
     OrderPayment,
     /// `POST …/payouts`; the amount is money, sent on to the bank after the answer.
     Payout,
+    /// `POST …/holds`; the amount is money set aside, none moved.
+    Hold,
+    /// `POST /v1/holds/{hold}/capture`; the amount is the part captured.
+    Capture,
+    /// `POST /v1/holds/{hold}/void`; no amount (0).
+    Void,
+    /// `POST /v1/orders/{order}/refunds` or `/v1/holds/{hold}/refunds`; the amount is money
+    /// back.
+    Refund,
 }
 
 impl SpendKind {
@@ -43,18 +52,23 @@ impl SpendKind {
     pub fn executed_status(self) -> u16 {
         match self {
             Self::Payout => 202,
+            Self::Capture | Self::Void => 200,
             _ => 201,
         }
     }
 
-    /// The entry kind the ledger writes for it.
-    pub fn entry_kind(self) -> &'static str {
+    /// The entry kind the ledger writes for it; none for what moves no money (a hold, a
+    /// void).
+    pub fn entry_kind(self) -> Option<&'static str> {
         match self {
-            Self::Withdrawal => "withdrawal",
-            Self::Deposit => "deposit",
-            Self::LotteryDraw => "lottery_draw",
-            Self::OrderPayment => "order_payment",
-            Self::Payout => "payout",
+            Self::Withdrawal => Some("withdrawal"),
+            Self::Deposit => Some("deposit"),
+            Self::LotteryDraw => Some("lottery_draw"),
+            Self::OrderPayment => Some("order_payment"),
+            Self::Payout => Some("payout"),
+            Self::Capture => Some("hold_capture"),
+            Self::Refund => Some("refund"),
+            Self::Hold | Self::Void => None,
         }
     }
 }
@@ -177,9 +191,15 @@ pub struct SpendRecord {
     pub kind: SpendKind,
     /// The amount of the original request.
     pub amount: i64,
-    /// The order an order payment pays.
+    /// The order an order payment pays, or an order's refund gives back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub order: Option<String>,
+    /// The hold a capture, a void or a hold's refund acts on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<String>,
+    /// A hold's lifetime as asked, seconds (its requests carry it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in: Option<i64>,
     /// Every request sent with this ticket: each logical request's attempts in the order
     /// they were sent (those of concurrent requests are not interleaved).
     pub attempts: Vec<Attempt>,
@@ -222,8 +242,8 @@ pub struct EntryRecord {
     pub id: i64,
     /// The ticket that wrote it; `None` for the opening entry.
     pub ticket_id: Option<String>,
-    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout` or
-    /// `payout_reversal`.
+    /// `opening`, `deposit`, `withdrawal`, `lottery_draw`, `order_payment`, `payout`,
+    /// `payout_reversal`, `hold_capture` or `refund`.
     pub kind: String,
     /// The order an `order_payment` paid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -248,8 +268,28 @@ pub struct AccountState {
     pub balance: i64,
     /// Its points.
     pub points: i64,
+    /// The balance less the holds held and not expired, as the ledger answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available: Option<i64>,
     /// All its entries, oldest first.
     pub entries: Vec<EntryRecord>,
+}
+
+/// A hold the run placed, as `GET /v1/holds/{id}` shows it after the run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HoldRead {
+    /// The account it sets money aside on.
+    pub account: String,
+    /// The ticket that placed it (the run's; the hold does not show it).
+    pub ticket: String,
+    /// Minor units held.
+    pub amount: i64,
+    /// `held`, `captured`, `voided` or `expired`.
+    pub state: String,
+    /// What a capture took.
+    pub captured_amount: Option<i64>,
+    /// What its refunds gave back.
+    pub refunded_amount: i64,
 }
 
 /// A ticket as `GET /v1/tickets/{id}` shows it, read for every ticket of the run: for one
@@ -298,6 +338,9 @@ pub struct FinalState {
     /// What the bank holds for the run's payouts, when the run was given the bank.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bank: Option<Vec<BankTransfer>>,
+    /// By hold id: every hold the run placed (answered or stored 201).
+    #[serde(default)]
+    pub holds: HashMap<String, HoldRead>,
     /// What the run's webhook receiver got, when it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub webhooks: Option<Vec<crate::receiver::Receipt>>,

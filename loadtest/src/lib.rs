@@ -5,7 +5,8 @@
 //!
 //! # Map
 //! - `main.rs`: the `loadtest` binary — `loadtest [run]` and `loadtest healthz`.
-//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, the recheck of
+//! - [`run`] (`run.rs`): the generator — accounts, clients, duplicates, holds with their
+//!   captures, voids and refunds racing each other and the clock, the recheck of
 //!   every acknowledged outcome after the load, the read-back; payouts stopped when a
 //!   target turns out to have no bank.
 //! - [`audit`] (`audit.rs`): the auditor, a pure function of the history and the final
@@ -14,6 +15,8 @@
 //!   parts for payouts and webhooks all record.
 //! - [`payouts`] (`payouts.rs`): the audit of payouts — reversals, and the bank's
 //!   transfers reconciled with them.
+//! - `holds.rs`: the audit of holds and refunds — each hold resolved at most once and
+//!   reading what executed, refunds within their payment, available never negative.
 //! - [`receiver`] (`receiver.rs`): the webhook receiver — a real HTTP server on loopback
 //!   that verifies signatures and misbehaves on demand; [`webhooks`] (`webhooks.rs`): the
 //!   audit of what it got against the outcomes the run committed.
@@ -35,6 +38,7 @@ pub mod audit;
 pub mod client;
 pub mod healthz;
 pub mod history;
+mod holds;
 pub mod payouts;
 pub mod receiver;
 pub mod report;

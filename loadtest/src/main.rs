@@ -107,6 +107,12 @@ struct RunArgs {
     /// payouts (their share goes to the withdrawals) and its summary says why.
     #[arg(long, default_value = "0.05", value_parser = fraction)]
     payouts: f64,
+    /// Fraction of spends that place a hold (0 for none): a third expire in a second,
+    /// captured as they expire or left to expire; the rest captured in part, voided,
+    /// captured and voided at once, or left held; a captured one is refunded by two or
+    /// three requests at once, and paid orders likewise. Taken from the deposits' share.
+    #[arg(long, default_value = "0.05", value_parser = fraction)]
+    holds: f64,
     /// The bank the targets pay out to (their PAYONCE_BANK_URL): after the run its
     /// transfers are reconciled with the payouts — none executed twice, none succeeded
     /// yet missing, none given back yet executed. Loopback only, like the targets.
@@ -248,6 +254,7 @@ fn run_options(args: RunArgs) -> Result<RunOptions, String> {
         mix: Mix {
             withdrawal: WITHDRAWALS_AND_PAYOUTS - args.payouts,
             payout: args.payouts,
+            hold: args.holds,
             ..Mix::default()
         },
         headers: Vec::new(),
@@ -278,6 +285,12 @@ fn check_run_args(args: &RunArgs) -> Result<(), String> {
     if args.payouts > WITHDRAWALS_AND_PAYOUTS {
         return Err(format!(
             "--payouts is at most {WITHDRAWALS_AND_PAYOUTS} (the withdrawals' share)"
+        ));
+    }
+    let deposits = 1.0 - WITHDRAWALS_AND_PAYOUTS - Mix::default().draw - Mix::default().order;
+    if args.holds > deposits {
+        return Err(format!(
+            "--holds is at most {deposits:.2} (the deposits' share)"
         ));
     }
     if args.accounts == 0 || args.clients == 0 {

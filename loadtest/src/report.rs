@@ -71,6 +71,9 @@ const SUMMARY: &[SummaryRow] = &[
             result.counts.requests as f64 / seconds(result)
         )
     }),
+    ("200 hold captured / voided", |result| {
+        result.counts.resolved.to_string()
+    }),
     ("201 created", |result| result.counts.created.to_string()),
     ("202 payout accepted", |result| {
         result.counts.accepted.to_string()
@@ -78,10 +81,11 @@ const SUMMARY: &[SummaryRow] = &[
     ("402 refused (stored)", |result| {
         result.counts.payment_required.to_string()
     }),
-    ("409 paid already / busy / in progress", |result| {
-        result.counts.conflict.to_string()
-    }),
-    ("422 reuse / limit", |result| {
+    (
+        "409 paid already / not held / past the payment / busy / in progress",
+        |result| result.counts.conflict.to_string(),
+    ),
+    ("422 reuse / limit / above the hold", |result| {
         result.counts.unprocessable.to_string()
     }),
     ("429 rate-limited", |result| {

@@ -60,8 +60,8 @@ use crate::audit::{
 };
 use crate::client::{Api, ClientError, id};
 use crate::history::{
-    AccountRecord, Attempt, DESTINATION, FinalState, History, PayoutStatus, Role, SpendKind,
-    SpendRecord, TicketAttempt, TicketState,
+    AccountRecord, Attempt, DESTINATION, FinalState, History, HoldRead, PayoutStatus, Role,
+    SpendKind, SpendRecord, TicketAttempt, TicketState,
 };
 use crate::receiver::{Receipt, Receiver, ReceiverFaults};
 use crate::retry::RetryPolicy;
@@ -179,15 +179,22 @@ pub struct Mix {
     /// Taken from the withdrawals' share, and given back to it when the targets turn out to
     /// have no bank (see the module docs).
     pub payout: f64,
+    /// Holds: each placed — a third expiring in a second, captured as they expire (racing
+    /// the ledger's clock and the sweepers) or left to expire; the rest captured in part,
+    /// voided, captured and voided at once, or left held — and a captured one refunded by
+    /// two or three requests at once, which together may ask for more than was captured.
+    /// Paid orders are refunded likewise.
+    pub hold: f64,
 }
 
 impl Default for Mix {
     fn default() -> Self {
         Self {
             withdrawal: 0.4,
-            draw: 0.25,
+            draw: 0.2,
             order: 0.05,
             payout: 0.05,
+            hold: 0.05,
         }
     }
 }
@@ -241,6 +248,8 @@ pub struct Counts {
     pub orders: u64,
     /// Orders that could not be placed (nothing was paid for them).
     pub order_errors: u64,
+    /// 200 answers: holds captured or voided (executions and replays).
+    pub resolved: u64,
     /// 201 answers (executions and replays).
     pub created: u64,
     /// 202 answers: payouts accepted (executions and replays).
@@ -270,6 +279,7 @@ impl Counts {
             self.retries += 1;
         }
         match attempt.status {
+            Some(200) => self.resolved += 1,
             Some(201) => self.created += 1,
             Some(202) => self.accepted += 1,
             Some(402) => self.payment_required += 1,
@@ -293,6 +303,7 @@ impl Counts {
         self.ticket_retries += other.ticket_retries;
         self.orders += other.orders;
         self.order_errors += other.order_errors;
+        self.resolved += other.resolved;
         self.created += other.created;
         self.accepted += other.accepted;
         self.payment_required += other.payment_required;
@@ -752,6 +763,12 @@ struct Plan {
     duplicate: bool,
     /// Also sent later with a changed amount.
     changed: bool,
+    /// The order an order payment pays or an order's refund gives back.
+    order: Option<String>,
+    /// The hold a capture, a void or a hold's refund acts on.
+    hold: Option<String>,
+    /// A hold's lifetime, seconds.
+    expires_in: Option<i64>,
 }
 
 /// Which round's accounts a client last used, and whose turn (target) is next.
@@ -776,10 +793,10 @@ async fn client_loop(client: usize, shared: Arc<Shared>) -> Result<Gathered, Run
         };
         // Asked as late as can be: the stop may have come while the ticket was taken.
         let plan = shared.unless_payouts_stopped(plan);
-        let records = if plan.kind == SpendKind::OrderPayment {
-            shared.pay_order(&plan, ticket, &mut gathered).await
-        } else {
-            vec![shared.spend(&plan, ticket).await]
+        let records = match plan.kind {
+            SpendKind::OrderPayment => shared.pay_order(&plan, ticket, &mut gathered).await,
+            SpendKind::Hold => shared.hold(&plan, ticket, &mut gathered).await,
+            _ => vec![shared.spend(&plan, ticket).await],
         };
         for record in records {
             gathered.record(&record, &shared.live);
@@ -876,19 +893,33 @@ impl Shared {
             SpendKind::OrderPayment
         } else if roll < mix.withdrawal + mix.draw + mix.order + mix.payout {
             SpendKind::Payout
+        } else if roll < mix.withdrawal + mix.draw + mix.order + mix.payout + mix.hold {
+            SpendKind::Hold
         } else {
             SpendKind::Deposit
         };
         // The funding of each round counts on these ranges (see `opening`).
         let amount = match kind {
             SpendKind::LotteryDraw => rng.random_range(DRAW_POINTS),
-            SpendKind::Withdrawal | SpendKind::OrderPayment | SpendKind::Payout => {
-                rng.random_range(WITHDRAWAL)
-            }
+            SpendKind::Withdrawal
+            | SpendKind::OrderPayment
+            | SpendKind::Payout
+            | SpendKind::Hold
+            | SpendKind::Capture
+            | SpendKind::Refund => rng.random_range(WITHDRAWAL),
             SpendKind::Deposit => rng.random_range(DEPOSIT),
+            SpendKind::Void => 0,
         };
         let duplicate = rng.random::<f64>() < options.duplicate_fraction;
         let changed = duplicate && rng.random::<f64>() < options.changed_fraction;
+        // A third of the holds expire in a second, for the sweeper to race their captures.
+        let expires_in = (kind == SpendKind::Hold).then(|| {
+            if rng.random::<f64>() < 1.0 / 3.0 {
+                1
+            } else {
+                3600
+            }
+        });
         Plan {
             account,
             kind,
@@ -896,6 +927,9 @@ impl Shared {
             target,
             duplicate,
             changed,
+            order: None,
+            hold: None,
+            expires_in,
         }
     }
 
@@ -969,7 +1003,7 @@ impl Shared {
             shared: self,
             plan,
             ticket: &ticket,
-            order: None,
+            order: plan.order.as_deref(),
             fault: self
                 .options
                 .fault
@@ -997,11 +1031,11 @@ impl Shared {
                         .await,
                 );
             }
-            let executed = plan.kind.executed_status();
             let settled = attempts
                 .iter()
-                .any(|attempt| attempt.status == Some(executed) || attempt.status == Some(402));
-            if plan.changed && settled && !stopped {
+                .any(|attempt| crate::audit::is_definitive(plan.kind, attempt));
+            // A void's body is always `{}`: it has no other amount to send.
+            if plan.changed && settled && !stopped && plan.kind != SpendKind::Void {
                 attempts.extend(
                     spending
                         .request(Role::ChangedDuplicate, target + 2, amount + 1)
@@ -1016,7 +1050,9 @@ impl Shared {
             account: plan.account.id.clone(),
             kind: plan.kind,
             amount: plan.amount,
-            order: None,
+            order: plan.order.clone(),
+            hold: plan.hold.clone(),
+            expires_in: plan.expires_in,
             attempts,
         }
     }
@@ -1048,6 +1084,9 @@ impl Shared {
                     target: acknowledged.target + 1,
                     duplicate: false,
                     changed: false,
+                    order: spend.order.clone(),
+                    hold: spend.hold.clone(),
+                    expires_in: spend.expires_in,
                 };
                 Some((index, plan, spend.ticket.clone(), spend.order.clone()))
             })
@@ -1121,7 +1160,7 @@ impl Shared {
             }
         });
         let answered = futures::future::join_all(payments).await;
-        tickets
+        let mut records = tickets
             .into_iter()
             .zip(answered)
             .map(|(ticket, attempts)| SpendRecord {
@@ -1130,9 +1169,129 @@ impl Shared {
                 kind: SpendKind::OrderPayment,
                 amount: plan.amount,
                 order: Some(order.clone()),
+                hold: None,
+                expires_in: None,
                 attempts,
             })
-            .collect()
+            .collect::<Vec<_>>();
+        // A paid order is refunded, half the time, by two requests at once.
+        let paid = records.iter().any(|record| executed(record).is_some());
+        if paid && rand::random::<f64>() < 0.5 {
+            let mut refunds = self
+                .refunds(plan, plan.amount, Some(&order), None, gathered)
+                .await;
+            records.append(&mut refunds);
+        }
+        records
+    }
+
+    /// Places a hold with `ticket` (the plan's amount and lifetime) and does to it what a
+    /// roll says. A one-second hold is captured as it expires, or left to expire. A longer
+    /// one is captured in part; voided; captured and voided at once, with two tickets to
+    /// two targets; or left held. A captured hold is refunded by two or three requests at
+    /// once. One record per ticket.
+    async fn hold(&self, plan: &Plan, ticket: String, gathered: &mut Gathered) -> Vec<SpendRecord> {
+        let placed = self.spend(plan, ticket).await;
+        let Some(hold) =
+            executed(&placed).and_then(|body| body.get("hold_id")?.as_str().map(str::to_owned))
+        else {
+            return vec![placed];
+        };
+        let short = plan.expires_in == Some(1);
+        let mut records = vec![placed];
+        let roll: f64 = rand::random();
+        let part = rand::rng().random_range(1..=plan.amount);
+        let on_hold = |kind: SpendKind, amount: i64, target: usize| Plan {
+            account: plan.account.clone(),
+            kind,
+            amount,
+            target,
+            duplicate: plan.duplicate,
+            changed: plan.changed,
+            order: None,
+            hold: Some(hold.clone()),
+            expires_in: None,
+        };
+        let capture = on_hold(SpendKind::Capture, part, plan.target + 1);
+        let void = on_hold(SpendKind::Void, 0, plan.target + 2);
+        if short {
+            // A one-second hold is there to race its expiry: captured at it, give or take a
+            // tenth of a second (the ledger's clock decides, and a sweeper may come first),
+            // or left to expire.
+            if roll < 0.5
+                && let Some(ticket) = self.take_ticket(&capture, gathered).await
+            {
+                let wait = rand::rng().random_range(850..1150);
+                tokio::time::sleep(Duration::from_millis(wait)).await;
+                records.push(self.spend(&capture, ticket).await);
+            }
+        } else if roll < 0.4 {
+            if let Some(ticket) = self.take_ticket(&capture, gathered).await {
+                records.push(self.spend(&capture, ticket).await);
+            }
+        } else if roll < 0.6 {
+            if let Some(ticket) = self.take_ticket(&void, gathered).await {
+                records.push(self.spend(&void, ticket).await);
+            }
+        } else if roll < 0.85 {
+            let tickets = (
+                self.take_ticket(&capture, gathered).await,
+                self.take_ticket(&void, gathered).await,
+            );
+            if let (Some(first), Some(second)) = tickets {
+                let (captured, voided) =
+                    tokio::join!(self.spend(&capture, first), self.spend(&void, second));
+                records.extend([captured, voided]);
+            }
+        }
+        let captured = records
+            .iter()
+            .filter(|record| record.kind == SpendKind::Capture)
+            .find_map(|record| executed(record)?.get("captured_amount")?.as_i64());
+        if let Some(captured) = captured {
+            let mut refunds = self
+                .refunds(plan, captured, None, Some(&hold), gathered)
+                .await;
+            records.append(&mut refunds);
+        }
+        records
+    }
+
+    /// Two or three refunds of a payment of `paid` (an order's or a hold's) sent at once,
+    /// each with its own ticket to another target, each of a random part of it: together
+    /// they often ask for more than was paid.
+    async fn refunds(
+        &self,
+        plan: &Plan,
+        paid: i64,
+        order: Option<&str>,
+        hold: Option<&str>,
+        gathered: &mut Gathered,
+    ) -> Vec<SpendRecord> {
+        let count = rand::rng().random_range(2..=3);
+        let mut planned = Vec::new();
+        for index in 0..count {
+            let refund = Plan {
+                account: plan.account.clone(),
+                kind: SpendKind::Refund,
+                amount: rand::rng().random_range(1..=paid),
+                target: plan.target + index,
+                duplicate: plan.duplicate && index == 0,
+                changed: false,
+                order: order.map(str::to_owned),
+                hold: hold.map(str::to_owned),
+                expires_in: None,
+            };
+            if let Some(ticket) = self.take_ticket(&refund, gathered).await {
+                planned.push((refund, ticket));
+            }
+        }
+        futures::future::join_all(
+            planned
+                .into_iter()
+                .map(|(refund, ticket)| async move { self.spend(&refund, ticket).await }),
+        )
+        .await
     }
 }
 
@@ -1208,8 +1367,37 @@ impl Spending<'_> {
                 self.send(payonce.payout(account, &payout), ticket, &sent)
                     .await;
             }
-            // An order payment without its order is never planned.
-            (SpendKind::OrderPayment, None) => {}
+            (SpendKind::Hold, _) => {
+                let hold = payonce.hold(account, amount, self.plan.expires_in);
+                self.send(hold, ticket, &sent).await;
+            }
+            (SpendKind::Refund, Some(order)) => {
+                self.send(payonce.order_refund(account, order, amount), ticket, &sent)
+                    .await;
+            }
+            (SpendKind::Capture | SpendKind::Void | SpendKind::Refund, None) => {
+                // Its hold is the server's own id; one that is none is never planned.
+                let Some(Ok(hold)) = self.plan.hold.as_deref().map(|hold| id(hold, "a hold"))
+                else {
+                    return Vec::new();
+                };
+                match self.plan.kind {
+                    SpendKind::Capture => {
+                        let capture = payonce.capture(account, hold, Some(amount));
+                        self.send(capture, ticket, &sent).await;
+                    }
+                    SpendKind::Void => {
+                        self.send(payonce.void(account, hold), ticket, &sent).await;
+                    }
+                    _ => {
+                        let refund = payonce.hold_refund(account, hold, amount);
+                        self.send(refund, ticket, &sent).await;
+                    }
+                }
+            }
+            // An order payment without its order is never planned, nor a capture or a
+            // void of an order.
+            (SpendKind::OrderPayment, None) | (SpendKind::Capture | SpendKind::Void, Some(_)) => {}
         }
         let attempts = std::mem::take(&mut *lock(&seen));
         if self.plan.kind == SpendKind::Payout && attempts.iter().any(Attempt::payouts_unavailable)
@@ -1248,6 +1436,15 @@ impl Spending<'_> {
         }
         self.shared.options.retry.send(intent, sent).await;
     }
+}
+
+/// The body of the answer that executed the spend, if one did (a replay of it counts).
+fn executed(record: &SpendRecord) -> Option<&serde_json::Value> {
+    record
+        .attempts
+        .iter()
+        .find(|attempt| attempt.status == Some(record.kind.executed_status()))
+        .and_then(|attempt| attempt.body.as_ref())
 }
 
 /// The mutex's contents, even if a holder panicked (the records are plain data).
@@ -1313,7 +1510,7 @@ impl Gathered {
                 live.retries.fetch_add(1, Ordering::Relaxed);
             }
             match attempt.status {
-                Some(201 | 202) => live.created.fetch_add(1, Ordering::Relaxed),
+                Some(200..=202) => live.created.fetch_add(1, Ordering::Relaxed),
                 Some(400..=499) => live.refused.fetch_add(1, Ordering::Relaxed),
                 _ => live.errors.fetch_add(1, Ordering::Relaxed),
             };
@@ -1400,7 +1597,63 @@ async fn read_back(api: &Api, history: &History) -> Result<FinalState, RunError>
         let (id, read) = ticket?;
         state.tickets.insert(id, read);
     }
+    read_holds(api, history, &keys, &mut state).await?;
     Ok(state)
+}
+
+/// Reads every hold the run placed — its placing ticket answered or stores 201 — into
+/// `state`. A hold expiring in a second is read once that second is surely past, so that
+/// every hold reads as it will stay.
+async fn read_holds(
+    api: &Api,
+    history: &History,
+    keys: &std::collections::HashMap<&str, &str>,
+    state: &mut FinalState,
+) -> Result<(), RunError> {
+    let placed: Vec<(&SpendRecord, String)> = history
+        .spends
+        .iter()
+        .filter(|spend| spend.kind == SpendKind::Hold)
+        .filter_map(|spend| {
+            let answered = executed(spend).cloned();
+            let stored = state
+                .tickets
+                .get(&spend.ticket)
+                .filter(|ticket| ticket.status == Some(201))
+                .and_then(|ticket| ticket.body.clone());
+            let hold = answered.or(stored)?.get("hold_id")?.as_str()?.to_owned();
+            Some((spend, hold))
+        })
+        .collect();
+    if placed.iter().any(|(spend, _)| spend.expires_in == Some(1)) {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+    }
+    let reads = futures::stream::iter(placed.into_iter().enumerate())
+        .map(|(index, (spend, hold))| {
+            let key = keys
+                .get(spend.account.as_str())
+                .copied()
+                .unwrap_or_default();
+            async move {
+                let read = api.hold_state(index, &hold, key).await?;
+                Ok::<_, ClientError>((
+                    hold,
+                    HoldRead {
+                        account: spend.account.clone(),
+                        ticket: spend.ticket.clone(),
+                        ..read
+                    },
+                ))
+            }
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    for read in reads {
+        let (hold, read) = read?;
+        state.holds.insert(hold, read);
+    }
+    Ok(())
 }
 
 /// The final state, once the payouts (if the run sent any) have drained: every account,

@@ -68,6 +68,16 @@ pub enum ViolationKind {
     /// while the order has no payment, or a payment entry by a ticket that was not
     /// answered 201 when one was.
     OrderMismatch,
+    /// A hold resolved more than once: two of its captures and voids executed, or one
+    /// executed while the hold reads expired (or still held).
+    HoldResolvedTwice,
+    /// A hold disagrees with what was done to it: its state, its captured or refunded
+    /// amount against the requests that executed.
+    HoldMismatch,
+    /// A payment's executed refunds add up to more than it paid.
+    RefundedTooMuch,
+    /// The money available is below zero, or is not the balance less the holds read held.
+    AvailableMismatch,
     /// The run has no final state for something it must judge.
     Missing,
     /// A payout the bank executed more than once (under any keys).

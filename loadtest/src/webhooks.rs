@@ -3,10 +3,12 @@
 //! the audit.
 //!
 //! The committed outcomes come from the final state: each entry of a withdrawal, a lottery
-//! draw or an order payment is one (`withdrawal.succeeded`, `lottery.drawn`,
-//! `order.paid`); each withdrawal whose stored outcome is a 402 — answered so, or read
-//! back so — one `withdrawal.refused`; each settled payout one `payout.succeeded` or
-//! `payout.failed`. Then:
+//! draw, an order payment, a hold's capture or a refund is one (`withdrawal.succeeded`,
+//! `lottery.drawn`, `order.paid`, `hold.captured`, `refund.succeeded`); each withdrawal
+//! whose stored outcome is a 402 — answered so, or read back so — one
+//! `withdrawal.refused`; each void answered or stored 200 one `hold.voided`; each hold read
+//! expired one `hold.expired` (under the ticket that placed it); each settled payout one
+//! `payout.succeeded` or `payout.failed`. Then:
 //! - every one of them was delivered (the receiver took it) at least once;
 //! - nothing else came: no event for a request refused before it executed, or for a
 //!   transaction that rolled back;
@@ -33,6 +35,8 @@ pub fn expected_events(history: &History, state: &FinalState) -> BTreeMap<Expect
                 "withdrawal" => "withdrawal.succeeded",
                 "lottery_draw" => "lottery.drawn",
                 "order_payment" => "order.paid",
+                "hold_capture" => "hold.captured",
+                "refund" => "refund.succeeded",
                 _ => continue,
             };
             if let Some(ticket) = &entry.ticket_id {
@@ -61,6 +65,28 @@ pub fn expected_events(history: &History, state: &FinalState) -> BTreeMap<Expect
                 spend.account.clone(),
             );
         }
+    }
+    // A void moves no money and writes no entry: its stored 200 is the outcome.
+    for spend in history
+        .spends
+        .iter()
+        .filter(|spend| spend.kind == SpendKind::Void)
+    {
+        let answered = spend
+            .attempts
+            .iter()
+            .any(|attempt| attempt.status == Some(200));
+        let stored = state
+            .tickets
+            .get(&spend.ticket)
+            .is_some_and(|ticket| ticket.status == Some(200));
+        if answered || stored {
+            expected.insert((spend.ticket.clone(), "hold.voided"), spend.account.clone());
+        }
+    }
+    // An expiry is the sweep's event, naming the ticket that placed the hold.
+    for hold in state.holds.values().filter(|hold| hold.state == "expired") {
+        expected.insert((hold.ticket.clone(), "hold.expired"), hold.account.clone());
     }
     for payout in state.payouts.values() {
         let kind = match payout.status {

@@ -501,6 +501,8 @@ fn load_options(
             },
             // The instances have no bank: the dispatcher has rows of its own.
             payout: 0.0,
+            // Holds and refunds have no rows of the matrix yet.
+            hold: 0.0,
         },
         headers: vec![(
             "payonce-strategy".to_owned(),

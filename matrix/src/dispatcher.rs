@@ -269,6 +269,7 @@ async fn run_cell(
             draw: 0.0,
             order: 0.0,
             payout: 0.6,
+            hold: 0.0,
         },
         headers: Vec::new(),
         fault: None,

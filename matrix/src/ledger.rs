@@ -529,6 +529,7 @@ fn cell_load(
             draw: 0.1,
             order: 0.1,
             payout: 0.2,
+            hold: 0.0,
         },
         headers: Vec::new(),
         fault: None,

@@ -79,6 +79,7 @@ pub(crate) fn state_of(balance: i64, points: i64, entries: Vec<EntryRecord>) -> 
         AccountState {
             balance,
             points,
+            available: None,
             entries,
         },
     );
@@ -107,6 +108,8 @@ fn clean() -> (History, FinalState) {
                 kind: SpendKind::Withdrawal,
                 amount: 30,
                 order: None,
+                hold: None,
+                expires_in: None,
                 attempts: vec![
                     attempt(Role::Original, 201, false, moved.clone()),
                     attempt(Role::ConcurrentDuplicate, 201, true, moved.clone()),
@@ -125,6 +128,8 @@ fn clean() -> (History, FinalState) {
                 kind: SpendKind::Withdrawal,
                 amount: 500,
                 order: None,
+                hold: None,
+                expires_in: None,
                 attempts: vec![
                     attempt(Role::Original, 402, false, broke.clone()),
                     attempt(Role::LateDuplicate, 402, true, broke),
@@ -136,6 +141,8 @@ fn clean() -> (History, FinalState) {
                 kind: SpendKind::LotteryDraw,
                 amount: 2,
                 order: None,
+                hold: None,
+                expires_in: None,
                 attempts: vec![attempt(Role::Original, 201, false, drawn)],
             },
             SpendRecord {
@@ -144,6 +151,8 @@ fn clean() -> (History, FinalState) {
                 kind: SpendKind::Deposit,
                 amount: 5,
                 order: None,
+                hold: None,
+                expires_in: None,
                 attempts: vec![attempt(Role::Original, 503, false, problem(503, "timeout"))],
             },
             SpendRecord {
@@ -152,6 +161,8 @@ fn clean() -> (History, FinalState) {
                 kind: SpendKind::Withdrawal,
                 amount: 1,
                 order: None,
+                hold: None,
+                expires_in: None,
                 attempts: vec![
                     attempt(Role::Original, 409, false, problem(409, "account-busy")),
                     attempt(
@@ -309,6 +320,8 @@ fn lost_updates_count_each_overwritten_spend() {
             kind: SpendKind::Withdrawal,
             amount,
             order: None,
+            hold: None,
+            expires_in: None,
             attempts: vec![attempt(Role::Original, 201, false, body)],
         }
     };
@@ -360,6 +373,8 @@ fn lost_points_count_too() {
         kind: SpendKind::LotteryDraw,
         amount: 2,
         order: None,
+        hold: None,
+        expires_in: None,
         attempts: vec![attempt(Role::Original, 201, false, drawn)],
     });
     history
@@ -853,6 +868,8 @@ fn order_paid_once() -> (History, FinalState) {
             kind: SpendKind::OrderPayment,
             amount: 40,
             order: Some("o1".into()),
+            hold: None,
+            expires_in: None,
             attempts: vec![answer],
         });
     }
@@ -911,4 +928,158 @@ fn an_account_the_ledger_lost_is_one_acknowledged_outcome_lost() {
     assert_eq!(found.len(), 1, "{found:#?}");
     assert_eq!(found[0].kind, ViolationKind::AcknowledgedOutcomeLost);
     assert_eq!(found[0].account, ACCOUNT);
+}
+
+/// A spend of `kind` on `hold` (or `order`) by `ticket`, answered once with `status` and
+/// `body`.
+fn on_payment(
+    ticket: &str,
+    kind: SpendKind,
+    amount: i64,
+    (hold, order): (Option<&str>, Option<&str>),
+    status: u16,
+    body: Value,
+) -> SpendRecord {
+    SpendRecord {
+        ticket: ticket.into(),
+        account: ACCOUNT.into(),
+        kind,
+        amount,
+        order: order.map(str::to_owned),
+        hold: hold.map(str::to_owned),
+        expires_in: (kind == SpendKind::Hold).then_some(3600),
+        attempts: vec![attempt(Role::Original, status, false, body)],
+    }
+}
+
+/// Opened with 100: a hold of 50 (h1, by t1) captured in part — 30, by t2 — a void of it
+/// refused (t3), a refund of 10 of it (t4), and one of 25 refused as past the payment (t5);
+/// a hold of 20 (h2, by t6) still held. Balance 80, available 60.
+fn holds_clean() -> (History, FinalState) {
+    let hold = (Some("h1"), None);
+    let spends = vec![
+        on_payment(
+            "t1",
+            SpendKind::Hold,
+            50,
+            (None, None),
+            201,
+            json!({ "hold_id": "h1", "amount": 50, "balance": 100, "available": 50 }),
+        ),
+        on_payment(
+            "t2",
+            SpendKind::Capture,
+            30,
+            hold,
+            200,
+            json!({ "hold_id": "h1", "captured_amount": 30, "balance": 70, "available": 70 }),
+        ),
+        on_payment(
+            "t3",
+            SpendKind::Void,
+            0,
+            hold,
+            409,
+            json!({ "type": "/problems/hold-not-held", "state": "captured" }),
+        ),
+        on_payment(
+            "t4",
+            SpendKind::Refund,
+            10,
+            hold,
+            201,
+            json!({ "amount": 10, "refundable": 20, "balance": 80 }),
+        ),
+        on_payment(
+            "t5",
+            SpendKind::Refund,
+            25,
+            hold,
+            409,
+            json!({ "type": "/problems/refund-exceeds-payment", "refundable": 20 }),
+        ),
+        on_payment(
+            "t6",
+            SpendKind::Hold,
+            20,
+            (None, None),
+            201,
+            json!({ "hold_id": "h2", "amount": 20, "balance": 80, "available": 60 }),
+        ),
+    ];
+    let tickets = ["t1", "t2", "t3", "t4", "t5", "t6"]
+        .into_iter()
+        .map(|ticket| ticket_request(Some(201), Some(ticket), None))
+        .collect();
+    let history = history_of(0, tickets, spends);
+    let mut state = state_of(
+        80,
+        0,
+        vec![
+            entry(1, None, "opening", 100, 0, 100, 0),
+            entry(2, Some("t2"), "hold_capture", -30, 0, 70, 0),
+            entry(3, Some("t4"), "refund", 10, 0, 80, 0),
+        ],
+    );
+    state.accounts.get_mut(ACCOUNT).unwrap().available = Some(60);
+    let read =
+        |ticket: &str, amount, state: &str, captured, refunded| loadtest::history::HoldRead {
+            account: ACCOUNT.into(),
+            ticket: ticket.into(),
+            amount,
+            state: state.into(),
+            captured_amount: captured,
+            refunded_amount: refunded,
+        };
+    state
+        .holds
+        .insert("h1".into(), read("t1", 50, "captured", Some(30), 10));
+    state
+        .holds
+        .insert("h2".into(), read("t6", 20, "held", None, 0));
+    (history, state)
+}
+
+/// Holds and refunds as the ledger should leave them pass; a hold resolved twice (its
+/// capture executed, yet it reads expired), refunds beyond what was captured, and money
+/// available that is not the balance less what is held are each flagged.
+#[test]
+fn holds_resolved_twice_refunds_past_the_payment_and_available_are_flagged() {
+    let (history, state) = holds_clean();
+    assert_eq!(kinds(&history, &state), Vec::<ViolationKind>::new());
+
+    let mut expired = state.clone();
+    expired.holds.get_mut("h1").unwrap().state = "expired".into();
+    assert_flagged(
+        kinds(&history, &expired),
+        &[ViolationKind::HoldResolvedTwice],
+    );
+
+    // The refusal of 25 executed after all: 35 back of a capture of 30.
+    let mut past = history.clone();
+    past.spends[4] = on_payment(
+        "t5",
+        SpendKind::Refund,
+        25,
+        (Some("h1"), None),
+        201,
+        json!({ "amount": 25, "refundable": 0, "balance": 105 }),
+    );
+    let mut refunded = state.clone();
+    plant(
+        &mut refunded,
+        Some(105),
+        vec![entry(4, Some("t5"), "refund", 25, 0, 105, 0)],
+    );
+    refunded.holds.get_mut("h1").unwrap().refunded_amount = 35;
+    refunded.accounts.get_mut(ACCOUNT).unwrap().available = Some(85);
+    assert_flagged(kinds(&past, &refunded), &[ViolationKind::RefundedTooMuch]);
+
+    // The ledger forgot the hold still held: all 80 available.
+    let mut available = state;
+    available.accounts.get_mut(ACCOUNT).unwrap().available = Some(80);
+    assert_flagged(
+        kinds(&history, &available),
+        &[ViolationKind::AvailableMismatch],
+    );
 }

@@ -209,6 +209,83 @@ async fn a_run_against_the_embedded_mode_passes_the_audit() {
     );
 }
 
+/// Holds and refunds across two instances: holds placed, captured in part, voided,
+/// captured and voided at once, captured as a one-second hold expires while the sweepers
+/// (every 200 ms, on both instances) record expiries; captured holds and paid orders
+/// refunded by two or three requests at once — with duplicates and resends like every
+/// spend, and a webhook receiver. The audit passes (nothing resolved twice, no refund total
+/// above its payment, available never negative, every event of it delivered), and the run
+/// really saw each way a hold ends and refunds refused for going past the payment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holds_and_refunds_pass_the_audit() {
+    use loadtest::history::SpendKind;
+
+    let shared = Distributed::new().await;
+    let flags = ["--hold-sweep", "200ms", "--webhook-allow-private"];
+    let targets = vec![shared.serve(&flags).await, shared.serve(&flags).await];
+    let result = run(RunOptions {
+        mix: Mix {
+            withdrawal: 0.2,
+            draw: 0.0,
+            order: 0.2,
+            payout: 0.0,
+            hold: 0.5,
+        },
+        webhooks: Some(loadtest::receiver::ReceiverFaults::default()),
+        ..crate::plain_run::plain_run(targets, (4, 8), Duration::from_secs(6), Mix::default())
+    })
+    .await
+    .unwrap();
+    assert!(result.violations.is_empty(), "{:#?}", result.violations);
+    let history = &result.history;
+    let answered = |kind: SpendKind, status: u16, problem: &str| {
+        history
+            .spends
+            .iter()
+            .filter(|spend| spend.kind == kind)
+            .filter(|spend| {
+                spend.attempts.iter().any(|attempt| {
+                    attempt.status == Some(status)
+                        && (problem.is_empty()
+                            || attempt
+                                .problem()
+                                .is_some_and(|kind| kind.ends_with(problem)))
+                })
+            })
+            .count()
+    };
+    let seen = [
+        ("holds placed", answered(SpendKind::Hold, 201, "")),
+        ("captures", answered(SpendKind::Capture, 200, "")),
+        ("voids", answered(SpendKind::Void, 200, "")),
+        (
+            "resolutions refused",
+            answered(SpendKind::Capture, 409, "hold-not-held")
+                + answered(SpendKind::Void, 409, "hold-not-held"),
+        ),
+        ("refunds", answered(SpendKind::Refund, 201, "")),
+        (
+            "refunds refused past the payment",
+            answered(SpendKind::Refund, 409, "refund-exceeds-payment"),
+        ),
+    ];
+    let expired = result
+        .final_state
+        .holds
+        .values()
+        .filter(|hold| hold.state == "expired")
+        .count();
+    println!("{seen:?}, {expired} holds expired");
+    for (what, count) in seen {
+        assert!(count > 0, "no {what}: {seen:?}");
+    }
+    assert!(expired > 0, "no hold expired");
+    let ledger = ledger::Ledger::open(shared.database.url(), &ledger::LedgerOptions::default())
+        .await
+        .unwrap();
+    assert!(ledger.audit().await.unwrap().is_empty());
+}
+
 /// The share of withdrawals and draws whose outcome was a refusal (402), among those with
 /// a definitive outcome.
 fn refused_share(history: &loadtest::history::History) -> f64 {

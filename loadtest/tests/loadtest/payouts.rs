@@ -89,6 +89,8 @@ fn clean() -> (History, FinalState) {
         kind: SpendKind::Payout,
         amount,
         order: None,
+        hold: None,
+        expires_in: None,
         attempts: vec![attempt],
     };
     let history = history_of(
@@ -245,6 +247,8 @@ fn refused_for_want_of_a_bank(ticket: &str, amount: i64) -> SpendRecord {
         kind: SpendKind::Payout,
         amount,
         order: None,
+        hold: None,
+        expires_in: None,
         attempts: vec![
             refused(Role::Original, 0),
             refused(Role::ConcurrentDuplicate, 1),
