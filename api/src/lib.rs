@@ -4,7 +4,8 @@
 //! - `main.rs`: the binary — parses [`config::Cli`] and runs [`commands::run`], which
 //!   serves, audits or reconciles.
 //! - [`serve`] (this file): runs the app on a listener until the shutdown future completes,
-//!   with the reaper beside it. Tests call it with a port-0 listener.
+//!   with the reaper, the auditor and the holds' sweeper beside it. Tests call it with a
+//!   port-0 listener.
 //! - `config/`: flags and environment variables, the mode they select, the start-up
 //!   report generated from them; the sections of settings live beside their subsystems
 //!   (`config/lock.rs`, `config/ledger.rs`, `limits/config.rs`, `payouts/config.rs`,
@@ -12,7 +13,8 @@
 //! - `state.rs`: [`state::AppState`] — ledger, locks, settings, metrics.
 //! - `routes/`: the router and its OpenAPI document (`mod.rs`), with the error answers
 //!   many operations share (`responses.rs`); accounts, tickets, the
-//!   spends and their idempotency protocol (`spends.rs`), and the service endpoints.
+//!   spends and their idempotency protocol (`spends.rs`), holds and refunds (`holds.rs`,
+//!   spends too), and the service endpoints.
 //! - `auth.rs`: who sends a request — the caller's account by its key (`Caller`,
 //!   `OwnAccount`), the operator key, and what a wrong key costs; `extract.rs`: the
 //!   client's address, path ids, `Idempotency-Key`, JSON bodies.
@@ -80,7 +82,8 @@ use crate::state::{AppState, Settings};
 
 /// Serves the API on `listener` until `shutdown` completes, then lets in-flight requests
 /// finish. Reaps expired tickets and old outcomes every `reap_interval` meanwhile, audits
-/// the ledger every `audit_every`, and forgets the rate limits of clients gone quiet.
+/// the ledger every `audit_every`, records holds past their expiry every `hold_sweep`, and
+/// forgets the rate limits of clients gone quiet.
 pub fn serve(
     listener: TcpListener,
     state: AppState,
