@@ -41,6 +41,31 @@ fn assert_spent_twice(rows: &[Row]) {
     }
 }
 
+/// Each row of `lines` × `faults`, and each that spent nothing twice run again, up to
+/// `CHANCES` runs in all: that an unfenced lock *can* spend twice is shown by one run that
+/// does. A fault is timed, not aimed — a stopped holder whose stale write comes after only
+/// refusals (or no write) on its account undoes nothing — so one cell misses now and then
+/// (one in five or six for Redis under a stop, measured on this 2-core machine), and three in a row are rare.
+/// A fenced row gets one run, and must never spend twice in any.
+async fn cells_until_spent_twice(lines: &[Line], faults: &[Fault]) -> Vec<Row> {
+    const CHANCES: usize = 3;
+    let mut rows = cells(lines, faults).await;
+    for _ in 1..CHANCES {
+        for row in &mut rows {
+            if row.double_spends == 0 && row.skipped.is_none() {
+                let line = Line::new(row.service, row.guard);
+                let again = cells(&[line], &[row.fault]).await;
+                println!(
+                    "{:?} × {:?} again: {} double spends",
+                    line, row.fault, again[0].double_spends
+                );
+                *row = again.into_iter().next().unwrap();
+            }
+        }
+    }
+    rows
+}
+
 fn assert_never_spent_twice(rows: &[Row]) {
     for row in rows {
         assert!(row.skipped.is_none(), "{row:#?}");
@@ -85,7 +110,7 @@ async fn an_unfenced_lock_that_holds_spends_nothing_twice_without_a_fault() {
 /// instance is stopped past it, and when its instance is cut off from Redis past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unfenced_redis_spends_twice_under_pause_sigstop_and_partition() {
-    let rows = cells(
+    let rows = cells_until_spent_twice(
         &[Line::new(Service::Redis, Guard::Unfenced)],
         &[Fault::Pause, Fault::Sigstop, Fault::Partition],
     )
