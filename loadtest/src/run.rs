@@ -1088,16 +1088,16 @@ impl Shared {
                     hold: spend.hold.clone(),
                     expires_in: spend.expires_in,
                 };
-                Some((index, plan, spend.ticket.clone(), spend.order.clone()))
+                Some((index, plan, spend.ticket.clone()))
             })
             .collect::<Vec<_>>();
         let answered = futures::stream::iter(rechecks)
-            .map(|(index, plan, ticket, order)| async move {
+            .map(|(index, plan, ticket)| async move {
                 let spending = Spending {
                     shared: self,
                     plan: &plan,
                     ticket: &ticket,
-                    order: order.as_deref(),
+                    order: plan.order.as_deref(),
                     fault: None,
                     bank_fault: false,
                 };
@@ -1330,9 +1330,14 @@ impl Spending<'_> {
             id(&self.plan.account.id, "an account"),
             id(self.ticket, "a ticket"),
             self.order.map(|order| id(order, "an order")).transpose(),
+            self.plan
+                .hold
+                .as_deref()
+                .map(|hold| id(hold, "a hold"))
+                .transpose(),
         );
         // The ids are the server's own, and the ticket was read as one: none fails here.
-        let (Ok(account), Ok(ticket), Ok(order)) = ids else {
+        let (Ok(account), Ok(ticket), Ok(order), Ok(hold)) = ids else {
             return Vec::new();
         };
         let payonce = self
@@ -1342,24 +1347,24 @@ impl Spending<'_> {
             .starting_at(target)
             .on_attempt(observer);
         let sent = || lock(&seen).len() as u32;
-        match (self.plan.kind, order) {
-            (SpendKind::OrderPayment, Some(order)) => {
+        match (self.plan.kind, order, hold) {
+            (SpendKind::OrderPayment, Some(order), _) => {
                 self.send(payonce.order_payment(account, order), ticket, &sent)
                     .await;
             }
-            (SpendKind::Withdrawal, _) => {
+            (SpendKind::Withdrawal, ..) => {
                 self.send(payonce.withdrawal(account, amount), ticket, &sent)
                     .await;
             }
-            (SpendKind::Deposit, _) => {
+            (SpendKind::Deposit, ..) => {
                 self.send(payonce.deposit(account, amount), ticket, &sent)
                     .await;
             }
-            (SpendKind::LotteryDraw, _) => {
+            (SpendKind::LotteryDraw, ..) => {
                 self.send(payonce.lottery_draw(account, amount), ticket, &sent)
                     .await;
             }
-            (SpendKind::Payout, _) => {
+            (SpendKind::Payout, ..) => {
                 let payout = PayoutRequest {
                     amount,
                     destination: DESTINATION.to_owned(),
@@ -1367,37 +1372,29 @@ impl Spending<'_> {
                 self.send(payonce.payout(account, &payout), ticket, &sent)
                     .await;
             }
-            (SpendKind::Hold, _) => {
+            (SpendKind::Hold, ..) => {
                 let hold = payonce.hold(account, amount, self.plan.expires_in);
                 self.send(hold, ticket, &sent).await;
             }
-            (SpendKind::Refund, Some(order)) => {
+            (SpendKind::Refund, Some(order), _) => {
                 self.send(payonce.order_refund(account, order, amount), ticket, &sent)
                     .await;
             }
-            (SpendKind::Capture | SpendKind::Void | SpendKind::Refund, None) => {
-                // Its hold is the server's own id; one that is none is never planned.
-                let Some(Ok(hold)) = self.plan.hold.as_deref().map(|hold| id(hold, "a hold"))
-                else {
-                    return Vec::new();
-                };
-                match self.plan.kind {
-                    SpendKind::Capture => {
-                        let capture = payonce.capture(account, hold, Some(amount));
-                        self.send(capture, ticket, &sent).await;
-                    }
-                    SpendKind::Void => {
-                        self.send(payonce.void(account, hold), ticket, &sent).await;
-                    }
-                    _ => {
-                        let refund = payonce.hold_refund(account, hold, amount);
-                        self.send(refund, ticket, &sent).await;
-                    }
-                }
+            (SpendKind::Refund, None, Some(hold)) => {
+                let refund = payonce.hold_refund(account, hold, amount);
+                self.send(refund, ticket, &sent).await;
             }
-            // An order payment without its order is never planned, nor a capture or a
-            // void of an order.
-            (SpendKind::OrderPayment, None) | (SpendKind::Capture | SpendKind::Void, Some(_)) => {}
+            (SpendKind::Capture, _, Some(hold)) => {
+                let capture = payonce.capture(account, hold, Some(amount));
+                self.send(capture, ticket, &sent).await;
+            }
+            (SpendKind::Void, _, Some(hold)) => {
+                self.send(payonce.void(account, hold), ticket, &sent).await;
+            }
+            // An order payment without its order is never planned, nor a capture, a void
+            // or a refund without what it acts on.
+            (SpendKind::OrderPayment, None, _)
+            | (SpendKind::Capture | SpendKind::Void | SpendKind::Refund, _, None) => {}
         }
         let attempts = std::mem::take(&mut *lock(&seen));
         if self.plan.kind == SpendKind::Payout && attempts.iter().any(Attempt::payouts_unavailable)

@@ -138,20 +138,12 @@ pub async fn capture_hold(
     JsonBody(request): JsonBody<CaptureRequest>,
 ) -> Result<Response, ApiError> {
     let captured = request.amount.map(amount).transpose()?;
-    let hold = own_hold(&state, caller, hold).await?;
-    let operation = Operation::Capture {
-        hold: hold.id,
+    let operation = |hold| Operation::Capture {
+        hold,
         amount: captured,
     };
-    let path = format!("/v1/holds/{}/capture", hold.id);
-    spend(
-        &state,
-        hold.account_id,
-        key,
-        operation,
-        &path,
-        &request,
-        &headers,
+    spend_on_hold(
+        &state, caller, hold, "capture", operation, key, &request, &headers,
     )
     .await
 }
@@ -190,17 +182,9 @@ pub async fn void_hold(
     headers: HeaderMap,
     JsonBody(request): JsonBody<VoidRequest>,
 ) -> Result<Response, ApiError> {
-    let hold = own_hold(&state, caller, hold).await?;
-    let operation = Operation::Void { hold: hold.id };
-    let path = format!("/v1/holds/{}/void", hold.id);
-    spend(
-        &state,
-        hold.account_id,
-        key,
-        operation,
-        &path,
-        &request,
-        &headers,
+    let operation = |hold| Operation::Void { hold };
+    spend_on_hold(
+        &state, caller, hold, "void", operation, key, &request, &headers,
     )
     .await
 }
@@ -241,21 +225,13 @@ pub async fn refund_hold(
     JsonBody(request): JsonBody<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let refunded = amount(request.amount)?;
-    let hold = own_hold(&state, caller, hold).await?;
-    let operation = Operation::Refund {
+    let operation = |hold| Operation::Refund {
         refund: RefundId::random(),
-        payment: Payment::Hold(hold.id),
+        payment: Payment::Hold(hold),
         amount: refunded,
     };
-    let path = format!("/v1/holds/{}/refunds", hold.id);
-    spend(
-        &state,
-        hold.account_id,
-        key,
-        operation,
-        &path,
-        &request,
-        &headers,
+    spend_on_hold(
+        &state, caller, hold, "refunds", operation, key, &request, &headers,
     )
     .await
 }
@@ -304,6 +280,34 @@ pub async fn refund_order(
     };
     let path = format!("/v1/orders/{order}/refunds");
     spend(&state, caller.0, key, operation, &path, &request, &headers).await
+}
+
+/// A spend on the caller's hold — `operation` of it, at `/v1/holds/{hold_id}/{action}` —
+/// under the spends' protocol. Another account's hold is not found, before any ticket is
+/// looked at.
+#[allow(clippy::too_many_arguments)]
+async fn spend_on_hold(
+    state: &AppState,
+    caller: Caller,
+    hold: HoldId,
+    action: &str,
+    operation: impl FnOnce(HoldId) -> Operation,
+    key: IdempotencyKey,
+    request: &impl serde::Serialize,
+    headers: &HeaderMap,
+) -> Result<Response, ApiError> {
+    let hold = own_hold(state, caller, hold).await?;
+    let path = format!("/v1/holds/{}/{action}", hold.id);
+    spend(
+        state,
+        hold.account_id,
+        key,
+        operation(hold.id),
+        &path,
+        request,
+        headers,
+    )
+    .await
 }
 
 /// The caller's hold; another account's is not found, exactly as an unknown one.
