@@ -39,7 +39,7 @@ use ledger::{
     AccountId, Amount, ApplyRequest, Execution, Ledger, LedgerOptions, NewAccount, Operation,
 };
 use loadtest::receiver::{Receiver, ReceiverFaults};
-use loadtest::run::{Mix, RunOptions};
+use loadtest::run::{Limit, Mix, RunOptions};
 
 #[path = "../tests/support/plain_run.rs"]
 mod plain_run;
@@ -321,7 +321,7 @@ async fn latency(args: &Args) -> Fallible<(Option<u64>, Option<u64>, usize, f64)
         ..plain_run::plain_run(
             vec![target],
             (20, 16),
-            Duration::from_secs(args.latency_seconds),
+            Limit::Duration(Duration::from_secs(args.latency_seconds)),
             Mix {
                 withdrawal: 0.45,
                 payout: 0.0,

@@ -6,21 +6,21 @@ use std::time::Duration;
 use loadtest::retry::RetryPolicy;
 use loadtest::run::{Limit, Mix, RunOptions};
 
-/// `(accounts, clients)` against `targets` for `length`, with `mix`: no spend sent twice,
+/// `(accounts, clients)` against `targets` until `limit`, with `mix`: no spend sent twice,
 /// no progress bar; no headers, faults or bank; each client turning through the targets,
 /// every request expected to be answered, the default retries; 30 s to drain; no webhook
 /// receiver. Each caller sets what it runs otherwise.
 pub fn plain_run(
     targets: Vec<String>,
     (accounts, clients): (usize, usize),
-    length: Duration,
+    limit: Limit,
     mix: Mix,
 ) -> RunOptions {
     RunOptions {
         targets,
         accounts,
         clients,
-        limit: Limit::Duration(length),
+        limit,
         duplicate_fraction: 0.0,
         changed_fraction: 0.0,
         progress: false,

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use loadtest::run::{Mix, RunOptions};
+use loadtest::run::{Limit, Mix, RunOptions};
 
 /// One test at a time: each starts servers and instances of its own, and the cells'
 /// timing (a stall against a lease, a kill against the load) is what is under test — a
@@ -77,6 +77,6 @@ pub(crate) fn load(
     RunOptions {
         duplicate_fraction: 0.3,
         changed_fraction: 0.2,
-        ..plain_run::plain_run(targets, sizes, length, mix)
+        ..plain_run::plain_run(targets, sizes, Limit::Duration(length), mix)
     }
 }
