@@ -128,8 +128,9 @@ impl Faults {
 
 /// The unsafe strategy a request runs under, if any: the instance's, or under the
 /// demonstration mode (`demo`) the one `Payonce-Strategy` names. `None` for the fenced
-/// strategy, and for order payments and payouts, which run fenced only (the strategies
-/// are for spends of the account's balance).
+/// strategy, and for order payments, payouts and the placing, capture and void of holds,
+/// which run fenced only (the strategies are for spends of the account's balance, and for
+/// refunds).
 pub fn unsafe_strategy(
     instance: Strategy,
     demo: bool,
@@ -138,7 +139,11 @@ pub fn unsafe_strategy(
 ) -> Result<Option<Strategy>, ApiError> {
     if matches!(
         operation,
-        Operation::OrderPayment { .. } | Operation::Payout { .. }
+        Operation::OrderPayment { .. }
+            | Operation::Payout { .. }
+            | Operation::Hold { .. }
+            | Operation::Capture { .. }
+            | Operation::Void { .. }
     ) {
         return Ok(None);
     }
@@ -201,7 +206,8 @@ pub fn document(openapi: &mut utoipa::openapi::OpenApi) {
         };
         let by_strategy = ["/withdrawals", "/deposits", "/lottery-draws"]
             .iter()
-            .any(|spend| path.starts_with("/v1/accounts/") && path.ends_with(spend));
+            .any(|spend| path.starts_with("/v1/accounts/") && path.ends_with(spend))
+            || path.ends_with("/refunds");
         let parameters = operation.parameters.get_or_insert_with(Vec::new);
         if by_strategy {
             parameters.push(header("Payonce-Strategy", STRATEGY));
@@ -293,21 +299,41 @@ async fn take<'a>(
     })
 }
 
-/// A spend under an unsafe strategy: lock (or not), read, call out, write, release.
+/// What an unguarded spend read: its account, or a refund's payment.
+enum Read {
+    Account(ledger::UnguardedRead),
+    Payment(ledger::UnguardedPayment),
+}
+
+/// A spend under an unsafe strategy: lock `key` (or not), read, call out, write, release.
+#[allow(clippy::too_many_arguments)]
 pub async fn spend_unguarded(
     parts: Parts<'_>,
     strategy: Strategy,
+    key: &str,
     account: AccountId,
     ticket_id: TicketId,
     operation: Operation,
     fingerprint: &str,
     faults: Faults,
 ) -> Result<Option<ledger::Applied>, ApiError> {
-    let key = format!("lock:account:{account}");
     let deadline = Instant::now() + parts.lock_wait;
-    let mut held = take(parts, strategy, &key, deadline, faults).await?;
+    let mut held = take(parts, strategy, key, deadline, faults).await?;
 
-    let read = parts.ledger.read_unguarded(account).await;
+    let read = match operation {
+        Operation::Refund { payment, .. } => parts
+            .ledger
+            .read_payment_unguarded(account, payment)
+            .await
+            .map(Read::Payment)
+            .map_err(ApiError::from),
+        _ => parts
+            .ledger
+            .read_unguarded(account)
+            .await
+            .map(Read::Account)
+            .map_err(ApiError::from),
+    };
     // The call-out between reading and writing, where a pause hurts.
     if let Some(pause) = faults.pause {
         if let Held::Lock(guard) = &mut held {
@@ -318,13 +344,17 @@ pub async fn spend_unguarded(
     if let Some(slow) = faults.slow {
         tokio::time::sleep(slow).await;
     }
+    let ledger = parts.ledger;
     let written = match read {
-        Ok(read) => parts
-            .ledger
+        Ok(Read::Account(read)) => ledger
             .write_unguarded(ticket_id, account, operation, fingerprint, &read, &render)
             .await
             .map_err(ApiError::from),
-        Err(error) => Err(error.into()),
+        Ok(Read::Payment(read)) => ledger
+            .refund_unguarded(ticket_id, account, operation, fingerprint, &read, &render)
+            .await
+            .map_err(ApiError::from),
+        Err(error) => Err(error),
     };
     held.release(faults.clock_offset_ms).await;
     written

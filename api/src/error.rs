@@ -359,7 +359,7 @@ impl From<ApplyError> for ApiError {
             ApplyError::TicketExpired => Self::TicketExpired,
             ApplyError::FingerprintMismatch => Self::IdempotencyKeyReuse,
             ApplyError::OutcomePruned => Self::OutcomePruned,
-            ApplyError::StaleToken { .. } => Self::LockLost,
+            ApplyError::StaleToken { .. } | ApplyError::Overtaken => Self::LockLost,
             ApplyError::Ledger(error) => error.into(),
         }
     }

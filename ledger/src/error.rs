@@ -206,6 +206,11 @@ pub enum ApplyError {
     /// No such hold, or another account's. Nothing was stored; the ticket stays usable.
     #[error("unknown hold")]
     UnknownHold,
+    /// Demonstration only: an unguarded write found its row changed since its read past
+    /// what it would write (a refunded total only grows), and wrote nothing — the lock it
+    /// ran under was lost meanwhile.
+    #[error("the row changed past the unguarded read: nothing written")]
+    Overtaken,
     /// The ledger failed.
     #[error(transparent)]
     Ledger(#[from] LedgerError),

@@ -79,7 +79,7 @@ const INSERT_CAPTURE_ENTRY: &str = "
 
 /// A refund's credit: $2 back to account $1, unless the balance would pass its limit.
 /// Returns the balance and points after.
-const CREDIT: &str = "
+pub(crate) const CREDIT: &str = "
     UPDATE accounts SET balance = balance + $2
     WHERE id = $1 AND balance <= 9223372036854775807 - $2
     RETURNING balance, points";
@@ -107,13 +107,13 @@ const RECORD_ORDER_TOKEN: &str = "
 
 /// Parameters: $1 refund, $2 account, $3 ticket, $4 order or NULL, $5 hold or NULL,
 /// $6 amount, $7 now.
-const INSERT_REFUND: &str = "
+pub(crate) const INSERT_REFUND: &str = "
     INSERT INTO refunds (id, account_id, ticket_id, order_id, hold_id, amount, created_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// A refund's entry: $1 account, $2 ticket, $3 amount, $4 balance after, $5 points after,
 /// $6 the order's or hold's token, $7 now, $8 the refund.
-const INSERT_REFUND_ENTRY: &str = "
+pub(crate) const INSERT_REFUND_ENTRY: &str = "
     INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
                          points_after, fencing_token, created_at, refund_id)
     VALUES ($1, $2, 'refund', $3, 0, $4, $5, $6, $7, $8)";

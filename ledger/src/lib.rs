@@ -115,7 +115,7 @@ pub use bells::{CHANNEL as BELL_CHANNEL, JobKind};
 pub use claims::Claimed;
 pub use creates::{CreateRenderer, CreateScope, Created};
 #[cfg(feature = "demo")]
-pub use demo::UnguardedRead;
+pub use demo::{UnguardedPayment, UnguardedRead};
 pub use error::{ApplyError, LedgerError};
 pub use model::{
     Account, AccountId, Amount, Applied, ApplyRequest, Entry, EntryKind, Execution, InvalidInput,

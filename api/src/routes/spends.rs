@@ -307,6 +307,7 @@ impl Spend<'_> {
         let written = demo::spend_unguarded(
             parts,
             strategy,
+            &self.lock_key,
             self.account,
             self.ticket_id,
             self.operation,

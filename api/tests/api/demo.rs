@@ -231,3 +231,122 @@ async fn unsafe_strategies_refuse_to_start_without_what_they_need() {
         "{error}"
     );
 }
+
+/// A demonstration spend of `path` with `headers`: status and body.
+async fn demo_spend(
+    app: &TestApp,
+    account: &TestAccount,
+    path: &str,
+    body: serde_json::Value,
+    headers: &[(&str, &str)],
+) -> (StatusCode, serde_json::Value) {
+    let mut request = app
+        .client
+        .post(app.url(path))
+        .bearer_auth(&account.key)
+        .header("idempotency-key", app.ticket(account).await)
+        .json(&body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let (status, _, body) = read(request.send().await.unwrap()).await;
+    (status, body)
+}
+
+/// `none` on refunds: two refunds of 60 on an order of 100, each reading the order before
+/// the other writes (a slow call-out between read and write), both pass — 120 given back
+/// on a payment of 100 — and the ledger's audit finds refunds past the payment. Fenced,
+/// the same two give one 201 and one 409 (`holds::two_refunds_at_once_one_fits`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_lock_refunds_more_than_was_paid() {
+    for backend in [Backend::Embedded, Backend::Distributed] {
+        let app = spawn_app_with(backend, &["--demo"]).await;
+        let ada = app.create_account(1000, 0).await;
+        let (status, order) = demo_spend(
+            &app,
+            &ada,
+            &format!("/v1/accounts/{}/orders", ada.id),
+            serde_json::json!({ "amount": 100 }),
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{order}");
+        let order = order["order_id"].as_str().unwrap().to_owned();
+        let (status, paid) = demo_spend(
+            &app,
+            &ada,
+            &format!("/v1/orders/{order}/payments"),
+            serde_json::json!({}),
+            &[],
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED, "{paid}");
+        let path = format!("/v1/orders/{order}/refunds");
+        let unguarded = [
+            ("payonce-strategy", "none"),
+            ("payonce-fault", "slow=300ms"),
+        ];
+        let refund = || {
+            demo_spend(
+                &app,
+                &ada,
+                &path,
+                serde_json::json!({ "amount": 60 }),
+                &unguarded,
+            )
+        };
+        let (first, second) = tokio::join!(refund(), refund());
+        assert_eq!(
+            (first.0, second.0),
+            (StatusCode::CREATED, StatusCode::CREATED),
+            "{backend:?}: {first:?} {second:?}"
+        );
+        assert_eq!(app.balance(&ada).await, (1020, 0), "{backend:?}");
+        let violations = app.state.ledger().audit().await.unwrap();
+        assert!(
+            violations
+                .iter()
+                .any(|violation| violation.rule == ledger::Rule::RefundsWithinPayment),
+            "{backend:?}: {violations:#?}"
+        );
+    }
+}
+
+/// Placing, capturing and voiding holds run fenced whatever the strategy asked for (as
+/// order payments and payouts do): a capture and a void of one hold sent together under
+/// `none` settle to one, and the ledger's audit is clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn holds_run_fenced_under_any_strategy() {
+    let app = spawn_app_with(Backend::Distributed, &["--demo"]).await;
+    let ada = app.create_account(1000, 0).await;
+    let unguarded = [
+        ("payonce-strategy", "none"),
+        ("payonce-fault", "slow=100ms"),
+    ];
+    let (status, hold) = demo_spend(
+        &app,
+        &ada,
+        &format!("/v1/accounts/{}/holds", ada.id),
+        serde_json::json!({ "amount": 100 }),
+        &unguarded,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{hold}");
+    let hold = hold["hold_id"].as_str().unwrap().to_owned();
+    let (capture_path, void_path) = (
+        format!("/v1/holds/{hold}/capture"),
+        format!("/v1/holds/{hold}/void"),
+    );
+    let (capture, void) = tokio::join!(
+        demo_spend(&app, &ada, &capture_path, serde_json::json!({}), &unguarded),
+        demo_spend(&app, &ada, &void_path, serde_json::json!({}), &unguarded),
+    );
+    let mut statuses = [capture.0, void.0];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::CONFLICT],
+        "{capture:?} {void:?}"
+    );
+    app.assert_audit_clean().await;
+}

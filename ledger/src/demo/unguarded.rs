@@ -5,14 +5,18 @@ use serde_json::Value;
 use sqlx::types::Json;
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Type};
 
-use crate::db_types::Timestamp;
+use super::UnguardedPayment;
+use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
+use crate::holding::{CREDIT, INSERT_REFUND, INSERT_REFUND_ENTRY};
+use crate::holds::{HoldId, Payment, Refund, RefundId};
 use crate::model::{
-    AccountId, Applied, ApplyRequest, OperationResult, Renderer, StoredResponse, TicketId,
+    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer,
+    StoredResponse, TicketId,
 };
-use crate::rows::{INSERT_ENTRY, token_to_sql};
+use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
 use crate::webhooks::EventId;
 
@@ -39,6 +43,26 @@ pub(crate) trait Unguarded: Send + Sync {
         render: &Renderer,
         now: Timestamp,
     ) -> Result<Option<Applied>, ApplyError>;
+    /// A payment of `account`'s as it is now, read without a lock: what it paid (`None`:
+    /// an order not paid, a hold not captured), what its refunds add up to, its token.
+    /// `None`: no such payment of the account's.
+    async fn payment(
+        &self,
+        account: AccountId,
+        payment: Payment,
+    ) -> Result<Option<(Option<i64>, i64, i64)>, LedgerError>;
+    /// A refund decided from an earlier unlocked read of its payment, the payment's
+    /// refunded total written as an absolute value. `None`: another request completed the
+    /// ticket first.
+    async fn refund(
+        &self,
+        request: &ApplyRequest<'_>,
+        refund: RefundId,
+        payment: Payment,
+        amount: Amount,
+        read: &UnguardedPayment,
+        render: &Renderer,
+    ) -> Result<Option<Applied>, ApplyError>;
 }
 
 #[async_trait]
@@ -56,6 +80,19 @@ where
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
     usize: ColumnIndex<D::Row>,
+    for<'q> JsonText<'q>: Encode<'q, D> + Type<D>,
+    for<'r> TicketRow: FromRow<'r, D::Row>,
+    for<'r> OrderRow: FromRow<'r, D::Row>,
+    for<'q> OrderId: Encode<'q, D> + Type<D>,
+    for<'q> Option<TicketId>: Encode<'q, D>,
+    for<'q> Option<Timestamp>: Encode<'q, D>,
+    for<'r> (i64, i64): FromRow<'r, D::Row>,
+    for<'r> (i64,): FromRow<'r, D::Row>,
+    for<'q> HoldId: Encode<'q, D> + Type<D>,
+    for<'q> RefundId: Encode<'q, D> + Type<D>,
+    for<'q> Option<OrderId>: Encode<'q, D>,
+    for<'q> Option<HoldId>: Encode<'q, D>,
+    for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
 {
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
         let row: Option<(i64, i64, i64)> =
@@ -114,7 +151,7 @@ where
                 }
             }
         }
-        let completed: Option<TicketId> = sqlx::query_scalar(
+        let completed: Option<TicketId> = sqlx::query_scalar::<D, TicketId>(
             "UPDATE tickets
              SET operation = $2, fingerprint = $3, response_status = $4, response_body = $5,
                  completed_at = $6
@@ -143,5 +180,145 @@ where
             response: StoredResponse { status, body },
             replayed: false,
         }))
+    }
+
+    async fn payment(
+        &self,
+        account: AccountId,
+        payment: Payment,
+    ) -> Result<Option<(Option<i64>, i64, i64)>, LedgerError> {
+        // What it paid, or -1: an order not paid, a hold not captured (a captured hold,
+        // and only one, has a captured amount).
+        let (statement, id) = match payment {
+            Payment::Order(order) => (
+                "SELECT CASE WHEN paid_by_ticket IS NULL THEN -1 ELSE amount END,
+                        refunded_amount, fencing_token
+                 FROM orders WHERE id = $1 AND account_id = $2",
+                order.0,
+            ),
+            Payment::Hold(hold) => (
+                "SELECT coalesce(captured_amount, -1), refunded_amount, fencing_token
+                 FROM holds WHERE id = $1 AND account_id = $2",
+                hold.0,
+            ),
+        };
+        let row: Option<(i64, i64, i64)> = sqlx::query_as(statement)
+            .bind(id)
+            .bind(account)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|(paid, refunded, token)| ((paid >= 0).then_some(paid), refunded, token)))
+    }
+
+    async fn refund(
+        &self,
+        request: &ApplyRequest<'_>,
+        refund: RefundId,
+        payment: Payment,
+        amount: Amount,
+        read: &UnguardedPayment,
+        render: &Renderer,
+    ) -> Result<Option<Applied>, ApplyError> {
+        let mut tx = self.begin_write().await?;
+        // The ticket is judged as every spend's is: the flaw on display is the payment's.
+        let now = match Self::lock_and_judge(&mut tx, request).await? {
+            Ok(now) => now,
+            Err(answer) => return answer.map(Some),
+        };
+        let refusal = read.refusal.or_else(|| {
+            let refundable = read.paid - read.refunded;
+            (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
+        });
+        let credited: Option<(i64, i64)> = match refusal {
+            Some(_) => None,
+            None => sqlx::query_as(CREDIT)
+                .bind(request.account_id)
+                .bind(amount.get())
+                .fetch_optional(&mut *tx)
+                .await
+                .or_constraint()?,
+        };
+        let result = match (refusal, credited) {
+            (Some(refusal), _) => OperationResult::Refused(refusal),
+            (None, None) => {
+                let (balance,): (i64,) =
+                    sqlx::query_as("SELECT balance FROM accounts WHERE id = $1")
+                        .bind(request.account_id)
+                        .fetch_one(&mut *tx)
+                        .await?;
+                OperationResult::Refused(Refusal::BalanceLimit { balance })
+            }
+            (None, Some((balance, points))) => {
+                // The flaw on display: the total computed from a read that may be stale,
+                // written over whatever refunds came since. (Only where it does not go
+                // down: the database refuses a refunded total that does, and a lock that
+                // was lost is what this write met — nothing is written.)
+                let total = read.refunded + amount.get();
+                let (statement, id) = match payment {
+                    Payment::Order(order) => (
+                        "UPDATE orders SET refunded_amount = $2
+                         WHERE id = $1 AND refunded_amount <= $2 RETURNING refunded_amount",
+                        order.0,
+                    ),
+                    Payment::Hold(hold) => (
+                        "UPDATE holds SET refunded_amount = $2
+                         WHERE id = $1 AND refunded_amount <= $2 RETURNING refunded_amount",
+                        hold.0,
+                    ),
+                };
+                let written: Option<(i64,)> = sqlx::query_as(statement)
+                    .bind(id)
+                    .bind(total)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                if written.is_none() {
+                    return Err(ApplyError::Overtaken);
+                }
+                let (order, hold) = match payment {
+                    Payment::Order(order) => (Some(order), None),
+                    Payment::Hold(hold) => (None, Some(hold)),
+                };
+                sqlx::query(INSERT_REFUND)
+                    .bind(refund)
+                    .bind(request.account_id)
+                    .bind(request.ticket_id)
+                    .bind(order)
+                    .bind(hold)
+                    .bind(amount.get())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                sqlx::query(INSERT_REFUND_ENTRY)
+                    .bind(request.account_id)
+                    .bind(request.ticket_id)
+                    .bind(amount.get())
+                    .bind(balance)
+                    .bind(points)
+                    .bind(read.fencing_token)
+                    .bind(now)
+                    .bind(refund)
+                    .execute(&mut *tx)
+                    .await
+                    .or_constraint()?;
+                OperationResult::Refunded {
+                    refund: Refund {
+                        id: refund,
+                        account_id: request.account_id,
+                        ticket_id: request.ticket_id,
+                        payment,
+                        amount,
+                        created_at: now.0,
+                    },
+                    refunded_total: total,
+                    refundable: read.paid - total,
+                    balance,
+                }
+            }
+        };
+        self.conclude(tx, request, &result, now, render)
+            .await
+            .map(Some)
     }
 }
