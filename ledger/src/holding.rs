@@ -337,6 +337,16 @@ where
         if row.fencing_token >= token {
             return Err(stale(request, row.fencing_token));
         }
+        // The account's row, then the clock. A spend of the account that counted this
+        // hold expired — by a clock read past its expiry — and took the money it set
+        // aside has committed by now, so the clock read next is past the expiry too and
+        // the hold is expired: a capture never takes money a spend already took. (Read
+        // before the account's row, a clock short of the expiry let a capture commit after
+        // such a spend, and the account's available went below zero.)
+        let _: (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+            .bind(request.account_id)
+            .fetch_one(&mut *tx)
+            .await?;
         // The clock once the hold is ours: a request that waited for the lock past the
         // expiry finds the hold expired.
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;

@@ -1,5 +1,5 @@
-//! The table's rows (a lock service and how the application guards with it), its columns
-//! (the faults), and how one cell is run and counted.
+//! The table's rows (a lock service, how the application guards with it, and what the
+//! load races for), its columns (the faults), and how one cell is run and counted.
 
 use std::future::Future;
 use std::time::Duration;
@@ -159,40 +159,90 @@ impl From<Guard> for Strategy {
     }
 }
 
-/// A row of the table: a lock service and a guard.
+/// What a cell's load races for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Race {
+    /// Withdrawals and lottery draws (and, in fenced rows, order payments) on a few
+    /// accounts, under the account's lock: money or points spent twice.
+    Spends,
+    /// Paid orders and captured holds refunded by two or three requests at once, under the
+    /// payment's lock: more given back than was paid. Holds are placed, captured (some of
+    /// them as they expire, while the sweepers record expiries) and voided fenced in every
+    /// row: those run fenced whatever the strategy, and the database settles a hold once
+    /// on its own.
+    Refunds,
+}
+
+impl Race {
+    /// Every race, in the table's order.
+    pub const ALL: [Race; 2] = [Race::Spends, Race::Refunds];
+
+    /// Its name in the table and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Spends => "spends",
+            Self::Refunds => "refunds",
+        }
+    }
+
+    /// Parses a name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|race| race.name() == name)
+    }
+}
+
+/// A row of the table: a lock service, a guard, and what the load races for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Line {
     /// The lock service.
     pub service: Service,
     /// How the application guards its write with it.
     pub guard: Guard,
+    /// What the load races for.
+    pub race: Race,
 }
 
 impl Line {
     /// Every row, in the table's order: no lock, the classic recipes, then each service
-    /// unfenced and fenced (Redlock has no fencing token to check).
+    /// unfenced and fenced (Redlock has no fencing token to check); each racing for
+    /// spends, then for refunds.
     pub fn all() -> Vec<Line> {
-        let mut lines = vec![
-            Line::new(Service::None, Guard::None),
-            Line::new(Service::Redis, Guard::SetnxExpire),
-            Line::new(Service::Redis, Guard::Getset),
+        let mut guarded = vec![
+            (Service::None, Guard::None),
+            (Service::Redis, Guard::SetnxExpire),
+            (Service::Redis, Guard::Getset),
         ];
         for service in Service::ALL {
             match service {
                 Service::None => {}
-                Service::Redlock => lines.push(Line::new(service, Guard::Unfenced)),
+                Service::Redlock => guarded.push((service, Guard::Unfenced)),
                 _ => {
-                    lines.push(Line::new(service, Guard::Unfenced));
-                    lines.push(Line::new(service, Guard::Fenced));
+                    guarded.push((service, Guard::Unfenced));
+                    guarded.push((service, Guard::Fenced));
                 }
             }
         }
-        lines
+        guarded
+            .into_iter()
+            .flat_map(|(service, guard)| {
+                Race::ALL.map(|race| Line::new(service, guard).racing(race))
+            })
+            .collect()
     }
 
-    /// A row.
+    /// A row racing for spends.
     pub fn new(service: Service, guard: Guard) -> Self {
-        Self { service, guard }
+        Self {
+            service,
+            guard,
+            race: Race::Spends,
+        }
+    }
+
+    /// This row racing for `race` instead.
+    pub fn racing(self, race: Race) -> Self {
+        Self { race, ..self }
     }
 
     /// What payonce is asked for.
@@ -254,6 +304,8 @@ pub struct Row {
     pub service: Service,
     /// How the application guards its write with it.
     pub guard: Guard,
+    /// What the load raced for.
+    pub race: Race,
     /// What payonce was asked for (`Payonce-Strategy`).
     pub strategy: Strategy,
     /// The fault.
@@ -278,13 +330,17 @@ pub struct Row {
     /// Accounts whose accepted withdrawals (or draws) exceed everything they ever had,
     /// plus balances or points seen below zero.
     pub overdrafts: usize,
+    /// Payments (orders, captured holds) whose executed refunds add up to more than they
+    /// paid: money given back twice.
+    pub refunded_too_much: usize,
     /// Writes the ledger refused for carrying an old fencing token during the cell
     /// (`payonce_stale_fencing_tokens_total`, summed over the instances): fencing at work.
     pub stale_fencing_tokens: u64,
     /// Spend requests answered 503 `lock-lost`.
     pub lock_lost: u64,
-    /// 409s (but `order-already-paid`, a duplicated order's due answer), 503s, other
-    /// statuses, unanswered requests, and tickets or orders that could not be had.
+    /// 409s (but `order-already-paid`, `refund-exceeds-payment` and `hold-not-held`, due
+    /// answers), 503s, other statuses, unanswered requests, and tickets or orders that
+    /// could not be had.
     pub errors: u64,
     /// Spend requests per second.
     pub throughput: f64,
@@ -305,6 +361,7 @@ impl Row {
         Self {
             service: line.service,
             guard: line.guard,
+            race: line.race,
             strategy: line.strategy(),
             fault,
             seconds: 0.0,
@@ -313,6 +370,7 @@ impl Row {
             money_spent_twice: 0,
             points_spent_twice: 0,
             overdrafts: 0,
+            refunded_too_much: 0,
             stale_fencing_tokens: 0,
             lock_lost: 0,
             errors: 0,
@@ -324,9 +382,15 @@ impl Row {
         }
     }
 
-    /// Whether the audit found money or points spent twice, or an overdraft.
+    /// Whether the audit found money or points spent twice, an overdraft, or a payment
+    /// refunded past what it paid.
     pub fn spent_twice(&self) -> bool {
-        self.double_spends > 0 || self.overdrafts > 0
+        self.double_spends > 0 || self.overdrafts > 0 || self.refunded_too_much > 0
+    }
+
+    /// Its line.
+    pub fn line(&self) -> Line {
+        Line::new(self.service, self.guard).racing(self.race)
     }
 }
 
@@ -378,7 +442,7 @@ pub async fn run_cell(
         fault,
         load,
         seconds,
-        fault_plan(fault, stall),
+        fault_plan(fault, stall, line.race),
     );
     let stale_before = stale_tokens(&cluster.targets()).await;
     let mut unserved = None;
@@ -428,11 +492,17 @@ fn cell_length(fault: Fault, base: Duration, fault_at: Duration, bound: Duration
 
 /// The `Payonce-Fault` header a fault sends, to which share of requests and which
 /// instance; none for the faults done to processes and servers from outside.
-fn fault_plan(fault: Fault, stall: Duration) -> Option<FaultPlan> {
+fn fault_plan(fault: Fault, stall: Duration, race: Race) -> Option<FaultPlan> {
     match fault {
+        // A tenth of the spends. Of the refunds, three tenths: only a paused refund whose
+        // payment another refund reaches meanwhile can show anything, and a cell sends a
+        // few dozen refunds where it sends hundreds of spends.
         Fault::Pause => Some(FaultPlan {
             header: format!("pause={}ms", stall.as_millis()),
-            share: 0.1,
+            share: match race {
+                Race::Spends => 0.1,
+                Race::Refunds => 0.3,
+            },
             target: None,
         }),
         Fault::SlowCallout => Some(FaultPlan {
@@ -485,25 +555,7 @@ fn load_options(
         duplicate_fraction: if stalls_one { 0.0 } else { 0.1 },
         changed_fraction: 0.0,
         progress: false,
-        // Order payments run fenced under the order's lock whatever the row, and take
-        // their amount off the balance relatively. An unguarded spend of the same account,
-        // holding the account's lock, writes back a balance it read before such a payment
-        // and so gives the payment's money back: a flaw of the unguarded write that no lock
-        // on the account can prevent, which would show in every unfenced cell, `none`
-        // included. So only fenced rows pay orders.
-        mix: Mix {
-            withdrawal: 0.6,
-            draw: 0.25,
-            order: if line.guard == Guard::Fenced {
-                0.05
-            } else {
-                0.0
-            },
-            // The instances have no bank: the dispatcher has rows of its own.
-            payout: 0.0,
-            // Holds and refunds have no rows of the matrix yet.
-            hold: 0.0,
-        },
+        mix: mix(line),
         headers: vec![(
             "payonce-strategy".to_owned(),
             line.strategy().name().to_owned(),
@@ -521,6 +573,42 @@ fn load_options(
         bank: None,
         drain: Duration::ZERO,
         webhooks: None,
+    }
+}
+
+/// What a cell of `line` spends. The instances have no bank (the dispatcher has rows of its
+/// own): no payouts.
+fn mix(line: Line) -> Mix {
+    match line.race {
+        // Order payments run fenced under the order's lock whatever the row, and take
+        // their amount off the balance relatively. An unguarded spend of the same account,
+        // holding the account's lock, writes back a balance it read before such a payment
+        // and so gives the payment's money back: a flaw of the unguarded write that no lock
+        // on the account can prevent, which would show in every unfenced cell, `none`
+        // included. So only fenced rows pay orders here.
+        Race::Spends => Mix {
+            withdrawal: 0.6,
+            draw: 0.25,
+            order: if line.guard == Guard::Fenced {
+                0.05
+            } else {
+                0.0
+            },
+            payout: 0.0,
+            hold: 0.0,
+        },
+        // Only what moves money relatively (order payments, holds and their captures,
+        // refunds' credits), so that nothing but a refund decided on a stale read can go
+        // wrong: orders paid and, half of them, refunded by two or three requests at once;
+        // holds placed and captured, voided or left to expire, the captured ones refunded
+        // likewise.
+        Race::Refunds => Mix {
+            withdrawal: 0.0,
+            draw: 0.0,
+            order: 0.9,
+            payout: 0.0,
+            hold: 0.1,
+        },
     }
 }
 
@@ -583,7 +671,7 @@ fn stale_after(result: &RunResult, before: &[f64]) -> u64 {
 
 /// The audit's findings that are about the ledger's money and points (the rest are about
 /// answers: undeclared, unanswered, mismatched replays, missing state).
-const LEDGER_FINDINGS: [ViolationKind; 7] = [
+const LEDGER_FINDINGS: [ViolationKind; 11] = [
     ViolationKind::ExecutedTwice,
     ViolationKind::BalanceMismatch,
     ViolationKind::EntryMismatch,
@@ -591,6 +679,12 @@ const LEDGER_FINDINGS: [ViolationKind; 7] = [
     ViolationKind::UnknownEntry,
     ViolationKind::StaleWrite,
     ViolationKind::Negative,
+    ViolationKind::RefundedTooMuch,
+    // An unguarded refund of a hold writes its refunded total over another's: the hold
+    // then reads less refunded than its refunds gave back.
+    ViolationKind::HoldMismatch,
+    ViolationKind::HoldResolvedTwice,
+    ViolationKind::AvailableMismatch,
 ];
 
 /// A cell's row, from its run (the stale fencing tokens, read from the instances around
@@ -616,9 +710,12 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
             .count() as u64
     };
     let lock_lost = answered(503, "lock-lost");
-    // A duplicated order paid with a second ticket is refused by design: an answer, not
-    // an error.
-    let already_paid = answered(409, "order-already-paid");
+    // A duplicated order paid with a second ticket is refused by design, as are a refund
+    // past what is still refundable and a capture or a void of a hold already settled:
+    // answers, not errors.
+    let refused_by_design = answered(409, "order-already-paid")
+        + answered(409, "refund-exceeds-payment")
+        + answered(409, "hold-not-held");
     Row {
         requests: counts.requests,
         double_spends: result.tallies.iter().map(|tally| tally.double_spends).sum(),
@@ -638,8 +735,13 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
             .filter(|tally| tally.expected_balance < 0 || tally.expected_points < 0)
             .count()
             + negative,
+        refunded_too_much: result
+            .violations
+            .iter()
+            .filter(|v| v.kind == ViolationKind::RefundedTooMuch)
+            .count(),
         lock_lost,
-        errors: counts.conflict.saturating_sub(already_paid)
+        errors: counts.conflict.saturating_sub(refused_by_design)
             + counts.order_errors
             + counts.unavailable
             + counts.other

@@ -58,7 +58,7 @@ pub mod services;
 
 use std::path::PathBuf;
 
-pub use cells::{Fault, Guard, Line, Row, Strategy};
+pub use cells::{Fault, Guard, Line, Race, Row, Strategy};
 use cells::{LOCK_TTL, Load};
 use cluster::Cluster;
 use services::Servers;

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use matrix::dispatcher::{BankFault, DispatchOptions, DispatchRow, Keys};
 use matrix::ledger::{self, LedgerFault, LedgerOptions, LedgerRow, LocksOn, Replication};
-use matrix::{Fault, Guard, Line, MatrixOptions, Row, Service, report};
+use matrix::{Fault, Guard, Line, MatrixOptions, Race, Row, Service, report};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -41,6 +41,9 @@ struct Cli {
     /// Only these faults, comma-separated (default: all).
     #[arg(long, value_delimiter = ',')]
     faults: Vec<String>,
+    /// Only rows racing for these, comma-separated: spends, refunds (default: both).
+    #[arg(long, value_delimiter = ',')]
+    races: Vec<String>,
     /// Write the rows as JSON: {"rows": [...]}.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -200,9 +203,14 @@ fn options(cli: &Cli) -> Result<MatrixOptions, String> {
     } else {
         parse_all(&cli.faults, &Fault::ALL, Fault::parse, Fault::name, "fault")?
     };
+    let races = parse_all(&cli.races, &Race::ALL, Race::parse, Race::name, "race")?;
     let lines: Vec<Line> = Line::all()
         .into_iter()
-        .filter(|line| services.contains(&line.service) && guards.contains(&line.guard))
+        .filter(|line| {
+            services.contains(&line.service)
+                && guards.contains(&line.guard)
+                && races.contains(&line.race)
+        })
         .collect();
     let payonce = beside_this_program(cli.payonce.as_ref(), "payonce");
     Ok(MatrixOptions {
@@ -430,7 +438,7 @@ fn write_reports(rows: &[Row], dispatcher: &[DispatchRow], cli: &Cli) {
 }
 
 /// The exit code, said in words: 2 if a cell could not run, 1 if a fenced row spent money
-/// twice or payonce's one key paid out wrongly, else 0.
+/// twice or refunded past a payment, or payonce's one key paid out wrongly, else 0.
 fn verdict(rows: &[Row], dispatcher: &[DispatchRow]) -> ExitCode {
     let fenced_failed = rows
         .iter()
@@ -455,12 +463,12 @@ fn verdict(rows: &[Row], dispatcher: &[DispatchRow]) -> ExitCode {
         ExitCode::from(2)
     } else if fenced_failed || one_key_failed {
         println!(
-            "VERDICT: a fenced row spent money twice, or one key per payout paid out wrongly — a bug"
+            "VERDICT: a fenced row spent money twice or refunded more than was paid, or one key per payout paid out wrongly — a bug"
         );
         ExitCode::from(1)
     } else {
         println!(
-            "VERDICT: no fenced row spent money twice and one key per payout never paid out twice; \
+            "VERDICT: no fenced row spent money twice or refunded more than was paid, and one key per payout never paid out twice; \
              the tables show where the others do"
         );
         ExitCode::SUCCESS

@@ -13,30 +13,34 @@ use crate::ledger::LedgerRow;
 pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  note",
+        "{:<14} {:<13} {:<8} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>12} {:>7} {:>8} {:>8}  note",
         "service",
         "guard",
+        "race",
         "fault",
         "requests",
         "double spends",
         "money twice",
         "points twice",
         "overdrafts",
+        "refunded too",
         "stale tokens",
         "errors",
         "req/s",
         "p99 ms",
     )?;
-    writeln!(out, "{}", "-".repeat(154))?;
+    writeln!(out, "{}", "-".repeat(176))?;
     for row in rows {
         let note = note(row);
         if row.skipped.is_some() {
             writeln!(
                 out,
-                "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8} {:>8}  {}",
+                "{:<14} {:<13} {:<8} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>12} {:>7} {:>8} {:>8}  {}",
                 row.service.name(),
                 row.guard.name(),
+                row.race.name(),
                 row.fault.name(),
+                "-",
                 "-",
                 "-",
                 "-",
@@ -52,15 +56,17 @@ pub fn print_table(rows: &[Row], out: &mut impl std::io::Write) -> std::io::Resu
         }
         writeln!(
             out,
-            "{:<14} {:<13} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
+            "{:<14} {:<13} {:<8} {:<14} {:>8} {:>13} {:>11} {:>12} {:>10} {:>12} {:>12} {:>7} {:>8.0} {:>8.1}  {}",
             row.service.name(),
             row.guard.name(),
+            row.race.name(),
             row.fault.name(),
             row.requests,
             row.double_spends,
             row.money_spent_twice,
             row.points_spent_twice,
             row.overdrafts,
+            row.refunded_too_much,
             row.stale_fencing_tokens,
             row.errors,
             row.throughput,
@@ -243,7 +249,7 @@ fn lines_and_faults(rows: &[Row]) -> (Vec<Line>, Vec<Fault>) {
     let mut lines: Vec<Line> = Vec::new();
     let mut faults: Vec<Fault> = Vec::new();
     for row in rows {
-        let line = Line::new(row.service, row.guard);
+        let line = row.line();
         if !lines.contains(&line) {
             lines.push(line);
         }
@@ -255,10 +261,14 @@ fn lines_and_faults(rows: &[Row]) -> (Vec<Line>, Vec<Fault>) {
 }
 
 /// A cell's colour and text (its lines split at `|`): grey for not run, red for a double
-/// spend, green for none; empty for a cell the matrix did not have.
+/// spend or a payment refunded past what it paid, green for none; empty for a cell the matrix did not have.
 fn cell_look(found: Option<&Row>) -> (RGBColor, String) {
     match found {
         Some(row) if row.skipped.is_some() => (RGBColor(200, 200, 200), "n/a".to_owned()),
+        Some(row) if row.refunded_too_much > 0 => (
+            RGBColor(220, 70, 60),
+            format!("{} payments|refunded past it", row.refunded_too_much),
+        ),
         Some(row) if row.spent_twice() => (
             RGBColor(220, 70, 60),
             format!(
@@ -280,13 +290,13 @@ fn cell_look(found: Option<&Row>) -> (RGBColor, String) {
 pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::Error>> {
     create_parent(path)?;
     let (lines, faults) = lines_and_faults(rows);
-    let (cell_w, cell_h, left, top) = (150, 44, 190, 70);
+    let (cell_w, cell_h, left, top) = (150, 44, 250, 70);
     let width = left + cell_w * faults.len() as u32 + 20;
     let height = top + cell_h * lines.len() as u32 + 40;
     let root = SVGBackend::new(path, (width, height)).into_drawing_area();
     root.fill(&WHITE)?;
     root.draw(&Text::new(
-        "Double spends found by the audit, per lock service and guard × fault",
+        "Double spends and refunds past the payment found by the audit, per lock service, guard and race × fault",
         (10, 10),
         ("sans-serif", 20).into_font(),
     ))?;
@@ -302,15 +312,20 @@ pub fn draw_chart(rows: &[Row], path: &Path) -> Result<(), Box<dyn std::error::E
     for (index, line) in lines.iter().enumerate() {
         let y = top + index as u32 * cell_h;
         root.draw(&Text::new(
-            format!("{} {}", line.service.name(), line.guard.name()),
+            format!(
+                "{} {} · {}",
+                line.service.name(),
+                line.guard.name(),
+                line.race.name()
+            ),
             (10, y as i32 + 14),
             font.clone(),
         ))?;
         for (column, fault) in faults.iter().enumerate() {
             let x = left + column as u32 * cell_w;
-            let found = rows.iter().find(|row| {
-                row.service == line.service && row.guard == line.guard && row.fault == *fault
-            });
+            let found = rows
+                .iter()
+                .find(|row| row.line() == *line && row.fault == *fault);
             let (color, text) = cell_look(found);
             root.draw(&Rectangle::new(
                 [
