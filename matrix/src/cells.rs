@@ -348,6 +348,8 @@ pub struct Row {
     pub p99_ms: f64,
     /// Other audit findings (answers outside the contract, missing state).
     pub other_violations: usize,
+    /// What those findings were (a test's failure, and the JSON, say which).
+    pub other_findings: Vec<loadtest::violation::Violation>,
     /// `store-failover`: how long the killed master's slots (or, behind Sentinel, the
     /// master) went unserved, ms.
     pub unserved_ms: Option<u64>,
@@ -377,6 +379,7 @@ impl Row {
             throughput: 0.0,
             p99_ms: 0.0,
             other_violations: 0,
+            other_findings: Vec::new(),
             unserved_ms: None,
             skipped: Some(why.to_owned()),
         }
@@ -710,6 +713,12 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
             .count() as u64
     };
     let lock_lost = answered(503, "lock-lost");
+    let other_findings: Vec<_> = result
+        .violations
+        .iter()
+        .filter(|v| !LEDGER_FINDINGS.contains(&v.kind))
+        .cloned()
+        .collect();
     // A duplicated order paid with a second ticket is refused by design, as are a refund
     // past what is still refundable and a capture or a void of a hold already settled:
     // answers, not errors.
@@ -749,11 +758,8 @@ pub fn row(line: Line, fault: Fault, result: &RunResult) -> Row {
             + counts.ticket_errors,
         throughput: counts.requests as f64 / result.elapsed.as_secs_f64().max(0.001),
         p99_ms: result.latency.value_at_quantile(0.99) as f64 / 1000.0,
-        other_violations: result
-            .violations
-            .iter()
-            .filter(|v| !LEDGER_FINDINGS.contains(&v.kind))
-            .count(),
+        other_violations: other_findings.len(),
+        other_findings,
         skipped: None,
         ..Row::skipped(line, fault, "")
     }

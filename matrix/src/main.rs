@@ -386,15 +386,26 @@ fn print_dispatch_progress(row: &DispatchRow, started: std::time::Instant) {
 fn print_progress(row: &Row, started: std::time::Instant) {
     if row.skipped.is_none() {
         eprintln!(
-            "  {:<10} {:<13} {:<14} {:>6} requests, {} double spends, {} stale fencing tokens ({:.0} s)",
+            "  {:<10} {:<13} {:<8} {:<14} {:>6} requests, {} double spends, {} refunded too much, {} stale fencing tokens ({:.0} s)",
             row.service.name(),
             row.guard.name(),
+            row.race.name(),
             row.fault.name(),
             row.requests,
             row.double_spends,
+            row.refunded_too_much,
             row.stale_fencing_tokens,
             started.elapsed().as_secs_f64(),
         );
+        for finding in &row.other_findings {
+            eprintln!(
+                "    {:?} (account {}, ticket {}): {}",
+                finding.kind,
+                finding.account,
+                finding.ticket.as_deref().unwrap_or("-"),
+                finding.detail
+            );
+        }
     }
 }
 

@@ -10,6 +10,7 @@ use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
+use crate::holding::HoldRow;
 use crate::holding::{CREDIT, INSERT_REFUND, INSERT_REFUND_ENTRY};
 use crate::holds::{HoldId, Payment, Refund, RefundId};
 use crate::model::{
@@ -93,6 +94,7 @@ where
     for<'q> Option<OrderId>: Encode<'q, D>,
     for<'q> Option<HoldId>: Encode<'q, D>,
     for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
+    for<'r> HoldRow: FromRow<'r, D::Row>,
 {
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
         let row: Option<(i64, i64, i64)> =
@@ -225,6 +227,26 @@ where
             Ok(now) => now,
             Err(answer) => return answer.map(Some),
         };
+        // The payment's row before the account's, as every writer of both takes them (a
+        // refund the other way round deadlocks with one in flight beside it): a row lock
+        // for the write, not a guard on the read, which was made before and is what the
+        // refund is decided on.
+        match payment {
+            Payment::Order(order) => {
+                let _: Option<OrderRow> = sqlx::query_as(D::LOCK_ORDER)
+                    .bind(order)
+                    .bind(request.account_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            }
+            Payment::Hold(hold) => {
+                let _: Option<HoldRow> = sqlx::query_as(D::LOCK_HOLD)
+                    .bind(hold)
+                    .bind(request.account_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            }
+        }
         let refusal = read.refusal.or_else(|| {
             let refundable = read.paid - read.refunded;
             (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
