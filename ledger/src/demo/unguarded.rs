@@ -10,8 +10,7 @@ use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
-use crate::holding::HoldRow;
-use crate::holding::{CREDIT, INSERT_REFUND, INSERT_REFUND_ENTRY};
+use crate::holding::{CREDIT, HoldRow, INSERT_REFUND, INSERT_REFUND_ENTRY};
 use crate::holds::{HoldId, Payment, Refund, RefundId};
 use crate::model::{
     AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer,
@@ -227,10 +226,10 @@ where
             Ok(now) => now,
             Err(answer) => return answer.map(Some),
         };
-        // The payment's row before the account's, as every writer of both takes them (a
-        // refund the other way round deadlocks with one in flight beside it): a row lock
-        // for the write, not a guard on the read, which was made before and is what the
-        // refund is decided on.
+        // The payment's row before the account's, as every other writer of both takes
+        // them (the other way round, two such writers could wait for each other): a row
+        // lock for the write, not a guard on the read, which was made before and is what
+        // the refund is decided on.
         match payment {
             Payment::Order(order) => {
                 let _: Option<OrderRow> = sqlx::query_as(D::LOCK_ORDER)
