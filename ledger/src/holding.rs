@@ -79,7 +79,7 @@ const INSERT_CAPTURE_ENTRY: &str = "
 
 /// A refund's credit: $2 back to account $1, unless the balance would pass its limit.
 /// Returns the balance and points after.
-pub(crate) const CREDIT: &str = "
+const CREDIT: &str = "
     UPDATE accounts SET balance = balance + $2
     WHERE id = $1 AND balance <= 9223372036854775807 - $2
     RETURNING balance, points";
@@ -107,13 +107,13 @@ const RECORD_ORDER_TOKEN: &str = "
 
 /// Parameters: $1 refund, $2 account, $3 ticket, $4 order or NULL, $5 hold or NULL,
 /// $6 amount, $7 now.
-pub(crate) const INSERT_REFUND: &str = "
+const INSERT_REFUND: &str = "
     INSERT INTO refunds (id, account_id, ticket_id, order_id, hold_id, amount, created_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7)";
 
 /// A refund's entry: $1 account, $2 ticket, $3 amount, $4 balance after, $5 points after,
 /// $6 the order's or hold's token, $7 now, $8 the refund.
-pub(crate) const INSERT_REFUND_ENTRY: &str = "
+const INSERT_REFUND_ENTRY: &str = "
     INSERT INTO entries (account_id, ticket_id, kind, amount, points, balance_after,
                          points_after, fencing_token, created_at, refund_id)
     VALUES ($1, $2, 'refund', $3, 0, $4, $5, $6, $7, $8)";
@@ -500,21 +500,10 @@ where
         if recorded >= token {
             return Err(stale(request, recorded));
         }
-        let refundable = paid - refunded;
-        let refusal = refusal.or_else(|| {
-            (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
-        });
-        let credited: Option<(i64, i64)> = match refusal {
-            Some(_) => None,
-            None => sqlx::query_as(CREDIT)
-                .bind(request.account_id)
-                .bind(amount.get())
-                .fetch_optional(&mut *tx)
-                .await
-                .or_constraint()?,
-        };
-        let result = match (refusal, credited) {
-            (None, Some((balance, points))) => {
+        let credited =
+            Self::credit_refund(&mut tx, request, amount, refusal, paid - refunded).await?;
+        let result = match credited {
+            Ok((balance, points)) => {
                 let total = Self::raise_refunded(&mut tx, payment, amount, token).await?;
                 let refund = Refund {
                     id: refund_id,
@@ -532,17 +521,7 @@ where
                     balance,
                 }
             }
-            (refusal, _) => {
-                let refusal = match refusal {
-                    Some(refusal) => refusal,
-                    None => {
-                        let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
-                            .bind(request.account_id)
-                            .fetch_one(&mut *tx)
-                            .await?;
-                        Refusal::BalanceLimit { balance }
-                    }
-                };
+            Err(refusal) => {
                 let (record, id) = match payment {
                     Payment::Order(order) => (RECORD_ORDER_TOKEN, order.0),
                     Payment::Hold(hold) => (RECORD_HOLD_TOKEN, hold.0),
@@ -557,6 +536,38 @@ where
             }
         };
         self.conclude(tx, request, &result, now, render).await
+    }
+
+    /// A refund's credit: `amount` back on the account — unless `refusal` stands, the
+    /// amount is above what is still `refundable`, or the balance would pass its limit.
+    /// The balance and points after, or why not.
+    pub(crate) async fn credit_refund(
+        tx: &mut sqlx::Transaction<'static, D>,
+        request: &ApplyRequest<'_>,
+        amount: Amount,
+        refusal: Option<Refusal>,
+        refundable: i64,
+    ) -> Result<Result<(i64, i64), Refusal>, ApplyError> {
+        let refusal = refusal.or_else(|| {
+            (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
+        });
+        if let Some(refusal) = refusal {
+            return Ok(Err(refusal));
+        }
+        let credited: Option<(i64, i64)> = sqlx::query_as(CREDIT)
+            .bind(request.account_id)
+            .bind(amount.get())
+            .fetch_optional(&mut **tx)
+            .await
+            .or_constraint()?;
+        if let Some(credited) = credited {
+            return Ok(Ok(credited));
+        }
+        let (balance, _, _): (i64, i64, i64) = sqlx::query_as(D::LOCK_ACCOUNT)
+            .bind(request.account_id)
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(Err(Refusal::BalanceLimit { balance }))
     }
 
     /// The payment's refunded total raised by `amount` under `token`: the new total.
@@ -585,7 +596,7 @@ where
     }
 
     /// A refund's row and its entry.
-    async fn write_refund(
+    pub(crate) async fn write_refund(
         tx: &mut sqlx::Transaction<'static, D>,
         refund: &Refund,
         balance: i64,

@@ -10,11 +10,11 @@ use crate::db_types::{JsonText, Timestamp};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::announce_outcome;
-use crate::holding::{CREDIT, HoldRow, INSERT_REFUND, INSERT_REFUND_ENTRY};
+use crate::holding::HoldRow;
 use crate::holds::{HoldId, Payment, Refund, RefundId};
 use crate::model::{
-    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer,
-    StoredResponse, TicketId,
+    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Renderer, StoredResponse,
+    TicketId,
 };
 use crate::rows::{INSERT_ENTRY, OrderRow, TicketRow, token_to_sql};
 use crate::sql_store::SqlStore;
@@ -73,9 +73,9 @@ where
     for<'q> i64: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> i32: Encode<'q, D> + Type<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> AccountId: Encode<'q, D> + Type<D>,
+    for<'q> AccountId: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> TicketId: Encode<'q, D> + Decode<'q, D> + Type<D>,
-    for<'q> Timestamp: Encode<'q, D> + Type<D>,
+    for<'q> Timestamp: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> Json<&'q Value>: Encode<'q, D> + Type<D>,
     for<'q> EventId: Encode<'q, D> + Type<D>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
@@ -88,12 +88,13 @@ where
     for<'q> Option<Timestamp>: Encode<'q, D>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64,): FromRow<'r, D::Row>,
-    for<'q> HoldId: Encode<'q, D> + Type<D>,
+    for<'q> HoldId: Encode<'q, D> + Decode<'q, D> + Type<D>,
     for<'q> RefundId: Encode<'q, D> + Type<D>,
     for<'q> Option<OrderId>: Encode<'q, D>,
     for<'q> Option<HoldId>: Encode<'q, D>,
     for<'q> uuid::Uuid: Encode<'q, D> + Type<D>,
     for<'r> HoldRow: FromRow<'r, D::Row>,
+    for<'q> Option<i64>: Encode<'q, D>,
 {
     async fn holdings(&self, id: AccountId) -> Result<Option<(i64, i64, i64)>, LedgerError> {
         let row: Option<(i64, i64, i64)> =
@@ -246,30 +247,17 @@ where
                     .await?;
             }
         }
-        let refusal = read.refusal.or_else(|| {
-            let refundable = read.paid - read.refunded;
-            (amount.get() > refundable).then_some(Refusal::RefundExceedsPayment { refundable })
-        });
-        let credited: Option<(i64, i64)> = match refusal {
-            Some(_) => None,
-            None => sqlx::query_as(CREDIT)
-                .bind(request.account_id)
-                .bind(amount.get())
-                .fetch_optional(&mut *tx)
-                .await
-                .or_constraint()?,
-        };
-        let result = match (refusal, credited) {
-            (Some(refusal), _) => OperationResult::Refused(refusal),
-            (None, None) => {
-                let (balance,): (i64,) =
-                    sqlx::query_as("SELECT balance FROM accounts WHERE id = $1")
-                        .bind(request.account_id)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                OperationResult::Refused(Refusal::BalanceLimit { balance })
-            }
-            (None, Some((balance, points))) => {
+        let credited = Self::credit_refund(
+            &mut tx,
+            request,
+            amount,
+            read.refusal,
+            read.paid - read.refunded,
+        )
+        .await?;
+        let result = match credited {
+            Err(refusal) => OperationResult::Refused(refusal),
+            Ok((balance, points)) => {
                 // The flaw on display: the total computed from a read that may be stale,
                 // written over whatever refunds came since. (Only where it does not go
                 // down: the database refuses a refunded total that does, and a lock that
@@ -296,42 +284,17 @@ where
                 if written.is_none() {
                     return Err(ApplyError::Overtaken);
                 }
-                let (order, hold) = match payment {
-                    Payment::Order(order) => (Some(order), None),
-                    Payment::Hold(hold) => (None, Some(hold)),
+                let refund = Refund {
+                    id: refund,
+                    account_id: request.account_id,
+                    ticket_id: request.ticket_id,
+                    payment,
+                    amount,
+                    created_at: now.0,
                 };
-                sqlx::query(INSERT_REFUND)
-                    .bind(refund)
-                    .bind(request.account_id)
-                    .bind(request.ticket_id)
-                    .bind(order)
-                    .bind(hold)
-                    .bind(amount.get())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .or_constraint()?;
-                sqlx::query(INSERT_REFUND_ENTRY)
-                    .bind(request.account_id)
-                    .bind(request.ticket_id)
-                    .bind(amount.get())
-                    .bind(balance)
-                    .bind(points)
-                    .bind(read.fencing_token)
-                    .bind(now)
-                    .bind(refund)
-                    .execute(&mut *tx)
-                    .await
-                    .or_constraint()?;
+                Self::write_refund(&mut tx, &refund, balance, points, read.fencing_token).await?;
                 OperationResult::Refunded {
-                    refund: Refund {
-                        id: refund,
-                        account_id: request.account_id,
-                        ticket_id: request.ticket_id,
-                        payment,
-                        amount,
-                        created_at: now.0,
-                    },
+                    refund,
                     refunded_total: total,
                     refundable: read.paid - total,
                     balance,
