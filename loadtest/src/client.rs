@@ -283,10 +283,7 @@ impl Api {
             .hold_state(id(hold, "a hold")?)
             .await
             .map_err(ClientError::payonce("read a hold"))?;
-        let state = serde_json::to_value(view.state)
-            .ok()
-            .and_then(|state| state.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let state = wire_name(&view.state);
         Ok(HoldRead {
             account: String::new(),
             ticket: String::new(),
@@ -309,10 +306,7 @@ impl Api {
             .ticket(id(ticket, "a ticket")?)
             .await
             .map_err(ClientError::payonce("read a ticket"))?;
-        let state = serde_json::to_value(view.state)
-            .ok()
-            .and_then(|state| state.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let state = wire_name(&view.state);
         let (status, body) = match view.response {
             Some(stored) => (Some(stored.status), Some(stored.body)),
             None => (None, None),
@@ -469,6 +463,15 @@ impl Api {
         let _ = response.bytes().await;
         Some(status)
     }
+}
+
+/// The name a state enum goes by on the wire (`"held"`, `"completed"`), as the client
+/// serializes it; empty for one that is not a plain name.
+fn wire_name(state: &impl serde::Serialize) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|state| state.as_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
