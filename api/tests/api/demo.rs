@@ -93,13 +93,8 @@ async fn no_lock_spends_the_same_money_several_times() {
         .await;
         assert!(accepted > 1, "{backend:?}: only {accepted} accepted");
         assert_eq!(app.balance(&account).await, (0, 0));
-        let violations = app.state.ledger().audit().await.unwrap();
-        assert!(
-            violations
-                .iter()
-                .any(|violation| violation.rule == ledger::Rule::BalanceMatchesEntries),
-            "{violations:#?}"
-        );
+        app.assert_audit_finds(ledger::Rule::BalanceMatchesEntries, &format!("{backend:?}"))
+            .await;
     }
 }
 
@@ -302,13 +297,8 @@ async fn no_lock_refunds_more_than_was_paid() {
             "{backend:?}: {first:?} {second:?}"
         );
         assert_eq!(app.balance(&ada).await, (1020, 0), "{backend:?}");
-        let violations = app.state.ledger().audit().await.unwrap();
-        assert!(
-            violations
-                .iter()
-                .any(|violation| violation.rule == ledger::Rule::RefundsWithinPayment),
-            "{backend:?}: {violations:#?}"
-        );
+        app.assert_audit_finds(ledger::Rule::RefundsWithinPayment, &format!("{backend:?}"))
+            .await;
     }
 }
 

@@ -532,6 +532,17 @@ impl TestApp {
         assert!(violations.is_empty(), "{violations:#?}");
     }
 
+    /// Asserts the ledger's audit finds `rule` broken (`case` says which run, if it fails).
+    /// Only the demonstration's unguarded writes break one.
+    #[cfg(feature = "demo")]
+    pub async fn assert_audit_finds(&self, rule: ledger::Rule, case: &str) {
+        let violations = self.state.ledger().audit().await.expect("audit runs");
+        assert!(
+            violations.iter().any(|violation| violation.rule == rule),
+            "{case}: {violations:#?}"
+        );
+    }
+
     /// A metric's value from `/metrics` (summed over labels).
     pub async fn metric(&self, name: &str) -> f64 {
         let text = self.get("/metrics").await.text().await.expect("text");
