@@ -291,29 +291,7 @@ where
             status: kind.status(),
             event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
         };
-        let done = match batcher.apply(spend).await {
-            Ok(done) => done,
-            Err(failed) => return failed.error().map(|error| Err(error.into())),
-        };
-        if let Some(body) = done.written {
-            return Some(Ok(Applied {
-                kind,
-                response: StoredResponse {
-                    status: kind.status(),
-                    body,
-                },
-                replayed: false,
-            }));
-        }
-        // Not written: a used ticket's answer; a stale token, refused as the transaction
-        // path would; else a refusal, stored by the transaction path.
-        if let Err(answer) = judged(done.ticket, request) {
-            return Some(answer);
-        }
-        match done.recorded_token {
-            Some(recorded) if recorded >= token => Some(Err(stale(request, recorded))),
-            _ => None,
-        }
+        answer_from_batch(batcher.apply(spend).await, request, kind, token)
     }
 
     /// The transaction path: every step its own statement, in one transaction. Every early
@@ -673,6 +651,40 @@ where
             .execute(&mut **tx)
             .await?;
         Ok(())
+    }
+}
+
+/// What a group commit (`batch.rs`, `hold_batch.rs`) answered for `request`, sent with
+/// `token` to come to `kind` if written: the written outcome; a used ticket's answer; a
+/// stale token, refused as the transaction path would; the batch's failure. `None` when
+/// the transaction path must settle it: a refusal (the batch wrote nothing for it; the
+/// transaction path stores it), or a batch the database refused.
+pub(crate) fn answer_from_batch(
+    done: Result<batch::Done, batch::Failed>,
+    request: &ApplyRequest<'_>,
+    kind: OutcomeKind,
+    token: i64,
+) -> Option<Result<Applied, ApplyError>> {
+    let done = match done {
+        Ok(done) => done,
+        Err(failed) => return failed.error().map(|error| Err(error.into())),
+    };
+    if let Some(body) = done.written {
+        return Some(Ok(Applied {
+            kind,
+            response: StoredResponse {
+                status: kind.status(),
+                body,
+            },
+            replayed: false,
+        }));
+    }
+    if let Err(answer) = judged(done.ticket, request) {
+        return Some(answer);
+    }
+    match done.recorded_token {
+        Some(recorded) if recorded >= token => Some(Err(stale(request, recorded))),
+        _ => None,
     }
 }
 

@@ -35,6 +35,36 @@ use crate::model::{AccountId, TicketId};
 use crate::rows::TicketRow;
 use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 
+/// The last common table expressions of a batch's statement: the events its written items
+/// announce queued for delivery, as on the transaction path. It reads `written` (each
+/// item's `ticket_id`, `account_id` and `event_type`: NULL for none) and `judged`
+/// (`read_at`), and gives `deliveries_queued`.
+macro_rules! queue_written_events {
+    () => {
+        "announced AS (
+        -- An outcome's event is its ticket (its id, its stored outcome): no row of its own.
+        SELECT w.ticket_id AS id, w.account_id, w.event_type AS type
+        FROM written AS w WHERE w.event_type IS NOT NULL
+    ), subscribed AS (
+        -- Locked against a delete of the endpoint, as the transaction path's queue is
+        -- (dialect.rs, `SUBSCRIPTIONS_LOCK`): a delete waits for this commit, then ends
+        -- what it queued.
+        SELECT s.account_id, s.event_type, s.endpoint_id FROM webhook_subscriptions AS s
+        WHERE s.account_id IN (SELECT e.account_id FROM announced AS e)
+        FOR KEY SHARE
+    ), deliveries_queued AS (
+        INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
+        SELECT 'webhook', e.id, s.endpoint_id, e.type, j.read_at, j.read_at
+        FROM announced AS e
+             JOIN subscribed AS s
+                  ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
+             CROSS JOIN judged AS j
+        RETURNING 1
+    )"
+    };
+}
+pub(crate) use queue_written_events;
+
 /// A batch of spends, as parallel arrays, in one statement (one implicit transaction). For
 /// every spend it does what the ledger's transaction does on its usual path: judges the
 /// locked ticket by the database's clock, moves money and points under the fencing check
@@ -51,7 +81,9 @@ use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 ///   used ticket is read, not locked, so a replay writes nothing and its commit waits for
 ///   no flush. A ticket another transaction uses while the statement waits for it drops
 ///   out of the lock scan; it comes back as the snapshot saw it (unused), not written,
-///   and the transaction path judges it again.
+///   and the transaction path judges it again. The accounts are named by an array of ids
+///   (`= ANY (ARRAY (…))`), found by their primary key whatever the table's size: as a
+///   semi-join, a thousand accounts were planned as a scan of them all, once per batch.
 /// - **Several spends of one account** go in fencing-token order, each judged on the
 ///   balance and points the ones before it left (`usable`: running sums over the account's
 ///   spends whose ticket is usable and whose token is newer than the account's). Of
@@ -85,7 +117,8 @@ use crate::stand_ins::{BALANCE_STAND_IN, POINTS_STAND_IN, filled};
 /// there is no such ticket); `read_at`; and the fencing token its account had recorded
 /// when locked (`recorded_token`; NULL when the account was not locked: no such account,
 /// or no unused ticket to spend on it).
-const APPLY_SPENDS: &str = "
+const APPLY_SPENDS: &str = concat!(
+    "
     WITH spends AS (
         SELECT *
         FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::bigint[], $5::bigint[],
@@ -99,8 +132,8 @@ const APPLY_SPENDS: &str = "
         ORDER BY t.id FOR UPDATE
     ), locked_accounts AS (
         SELECT a.id, a.balance, a.points, a.fencing_token, a.held FROM accounts AS a
-        WHERE a.id IN (SELECT s.account_id FROM spends AS s
-                       JOIN locked_tickets AS t ON t.id = s.ticket_id)
+        WHERE a.id = ANY (ARRAY (SELECT s.account_id FROM spends AS s
+                                 JOIN locked_tickets AS t ON t.id = s.ticket_id))
         ORDER BY a.id FOR NO KEY UPDATE
     ), judged AS (
         SELECT clock_timestamp() AS read_at,
@@ -164,26 +197,9 @@ const APPLY_SPENDS: &str = "
         FROM written AS w CROSS JOIN judged AS j
         WHERE t.id = w.ticket_id
         RETURNING t.id, w.balance_after, w.points_after
-    ), announced AS (
-        -- An outcome's event is its ticket (its id, its stored outcome): no row of its own.
-        SELECT w.ticket_id AS id, w.account_id, w.event_type AS type
-        FROM written AS w WHERE w.event_type IS NOT NULL
-    ), subscribed AS (
-        -- Locked against a delete of the endpoint, as the transaction path's queue is
-        -- (dialect.rs, `SUBSCRIPTIONS_LOCK`): a delete waits for this commit, then ends
-        -- what it queued.
-        SELECT s.account_id, s.event_type, s.endpoint_id FROM webhook_subscriptions AS s
-        WHERE s.account_id IN (SELECT e.account_id FROM announced AS e)
-        FOR KEY SHARE
-    ), deliveries_queued AS (
-        INSERT INTO outbox (kind, event_id, endpoint_id, event_type, due_at, created_at)
-        SELECT 'webhook', e.id, s.endpoint_id, e.type, j.read_at, j.read_at
-        FROM announced AS e
-             JOIN subscribed AS s
-                  ON s.account_id = e.account_id AND s.event_type IN (e.type, '*')
-             CROSS JOIN judged AS j
-        RETURNING 1
-    )
+    ), ",
+    queue_written_events!(),
+    "
     SELECT c.id IS NOT NULL AS applied, c.balance_after, c.points_after,
            f.id, f.account_id, f.created_at, f.expires_at, f.operation, f.fingerprint,
            f.response_status, f.response_body, f.completed_at,
@@ -199,7 +215,8 @@ const APPLY_SPENDS: &str = "
                               AND c.id IS NULL OFFSET 0) AS f ON true
          LEFT JOIN locked_accounts AS la ON la.id = s.account_id
          CROSS JOIN judged AS j
-    ORDER BY s.slot";
+    ORDER BY s.slot"
+);
 
 /// One spend as [`APPLY_SPENDS`] takes it.
 #[derive(Debug)]
@@ -258,18 +275,67 @@ impl Failed {
     }
 }
 
-struct Queued {
-    spend: Spend,
+/// An item a batcher sends: one of the many a statement applies at once — a spend here, a
+/// hold's step in `hold_batch.rs`. The statement gives one row per item, in the order
+/// given, with the columns [`done`] reads.
+pub(crate) trait Batched: Sized + Send + Sync + 'static {
+    /// The account it is of: an account's items always go to the same worker.
+    fn account(&self) -> AccountId;
+
+    /// The ticket it spends.
+    fn ticket(&self) -> TicketId;
+
+    /// The fencing token it carries: its place among the account's items of a batch (the
+    /// statement applies them in this order), and what its write records.
+    fn token(&self) -> i64;
+
+    /// What no two items of one batch may share; an item sharing one waits for the next.
+    fn claims(&self) -> impl Iterator<Item = Claim>;
+
+    /// Sends `batch` once on `connection`, its statement bound to its columns, and reads the
+    /// answer ([`read_answer`]).
+    fn execute(
+        batch: &[&Self],
+        connection: &mut sqlx::PgConnection,
+    ) -> impl Future<Output = (Vec<PgRow>, Option<sqlx::Error>)> + Send;
+
+    /// The body the statement stored for the item, written, as `row` says it.
+    fn written_body(&self, row: &PgRow) -> Result<String, sqlx::Error>;
+
+    /// Of `items`, which an earlier try of their batch wrote: their tickets, with the
+    /// outcome each stores.
+    fn earlier_writes(
+        connection: &mut sqlx::PgConnection,
+        items: &[&Self],
+    ) -> impl Future<Output = Result<Vec<EarlierWrite>, sqlx::Error>> + Send;
+}
+
+/// An item an earlier try of its batch wrote: its ticket, and the outcome the ticket stores.
+pub(crate) type EarlierWrite = (TicketId, Option<Json<Value>>);
+
+/// A thing an item of a batch uses that no other item of the batch may use too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Claim {
+    Ticket(TicketId),
+    /// An account's fencing token: one write per grant.
+    Grant(AccountId, i64),
+    /// The whole account (a hold's step: one per account and batch).
+    Account(AccountId),
+    Hold(uuid::Uuid),
+}
+
+struct Queued<T: Batched> {
+    item: T,
     answer: oneshot::Sender<Result<Done, Failed>>,
-    /// The span the spend was sent from, which the batch's span links to.
+    /// The span the item was sent from, which the batch's span links to.
     span: tracing::Span,
 }
 
 /// The group commit's workers and their queues (see the module docs).
 #[derive(Debug)]
-pub(crate) struct Batcher {
-    /// One queue per worker; an account's spends always go to the same one.
-    queues: Vec<mpsc::Sender<Queued>>,
+pub(crate) struct Batcher<T: Batched = Spend> {
+    /// One queue per worker; an account's items always go to the same one.
+    queues: Vec<mpsc::Sender<Queued<T>>>,
     sizes: Arc<Batches>,
 }
 
@@ -281,7 +347,8 @@ pub struct Batches {
 }
 
 impl Batches {
-    fn new(max: usize) -> Self {
+    /// Counts for batches of up to `max` items.
+    pub(crate) fn new(max: usize) -> Self {
         Self {
             by_size: (0..=max).map(|_| AtomicU64::new(0)).collect(),
         }
@@ -307,14 +374,20 @@ pub(crate) struct Shape {
     pub tries: u32,
 }
 
-impl Batcher {
-    /// Starts the workers on the current runtime. They stop when the batcher is dropped.
-    pub(crate) fn start(pool: PgPool, bells: Arc<Bells>, shape: Shape) -> Self {
+impl<T: Batched> Batcher<T> {
+    /// Starts the workers on the current runtime, counting the sizes they send in `sizes`
+    /// (made for batches of at least `shape.max`). They stop when the batcher is dropped.
+    pub(crate) fn start(
+        pool: PgPool,
+        bells: Arc<Bells>,
+        shape: Shape,
+        sizes: Arc<Batches>,
+    ) -> Self {
         let max = shape.max.max(1);
-        let sizes = Arc::new(Batches::new(max));
+        assert!(sizes.by_size.len() > max, "batch sizes counted up to {max}");
         let queues = (0..shape.workers.max(1))
             .map(|_| {
-                let (queue, receiver) = mpsc::channel::<Queued>(max * 4);
+                let (queue, receiver) = mpsc::channel::<Queued<T>>(max * 4);
                 tokio::spawn(work(
                     receiver,
                     pool.clone(),
@@ -329,14 +402,14 @@ impl Batcher {
         Self { queues, sizes }
     }
 
-    /// Applies `spend` in its worker's next batch.
-    pub(crate) async fn apply(&self, spend: Spend) -> Result<Done, Failed> {
+    /// Applies `item` in its worker's next batch.
+    pub(crate) async fn apply(&self, item: T) -> Result<Done, Failed> {
         let (answer, answered) = oneshot::channel();
         // The account id's low bits pick the worker: an account always has the same one.
-        let worker = (spend.account_id.0.as_u64_pair().1 % self.queues.len() as u64) as usize;
+        let worker = (item.account().0.as_u64_pair().1 % self.queues.len() as u64) as usize;
         self.queues[worker]
             .send(Queued {
-                spend,
+                item,
                 answer,
                 span: tracing::Span::current(),
             })
@@ -344,7 +417,7 @@ impl Batcher {
             .map_err(|_| Failed::Unavailable)?;
         // A worker that went away holding the spend may have sent it.
         answered.await.map_err(|_| {
-            Failed::Unknown("the ledger shut down while the spend was in a batch".into())
+            Failed::Unknown("the ledger shut down while the item was in a batch".into())
         })?
     }
 
@@ -355,8 +428,8 @@ impl Batcher {
 }
 
 /// One worker: sends what its queue holds, a batch at a time, until the batcher is gone.
-async fn work(
-    mut queue: mpsc::Receiver<Queued>,
+async fn work<T: Batched>(
+    mut queue: mpsc::Receiver<Queued<T>>,
     pool: PgPool,
     bells: Arc<Bells>,
     sizes: Arc<Batches>,
@@ -365,7 +438,7 @@ async fn work(
 ) {
     // Spends that could not go in the last batch (their ticket, or their account and
     // token, was in it already): they go first in the next.
-    let mut waiting: Vec<Queued> = Vec::with_capacity(max);
+    let mut waiting: Vec<Queued<T>> = Vec::with_capacity(max);
     loop {
         if waiting.is_empty() {
             if queue.recv_many(&mut waiting, max).await == 0 {
@@ -386,17 +459,20 @@ async fn work(
     }
 }
 
-/// Takes out of `waiting` a batch of at most one spend per ticket and per account and
-/// fencing token, in account and token order (the order the statement applies an
-/// account's spends in, and the order a second spend of a ticket waits in).
-fn take_batch(waiting: &mut Vec<Queued>) -> Vec<Queued> {
-    waiting.sort_by_key(|queued| (queued.spend.account_id.0, queued.spend.token));
-    let mut grants = HashSet::new();
-    let mut tickets = HashSet::new();
+/// Takes out of `waiting` a batch of items that share no [`Claim`] — for spends, at most
+/// one per ticket and per account and fencing token — in account and token order
+/// (the order the statement applies an account's spends in, and the order a second spend
+/// of a ticket waits in).
+fn take_batch<T: Batched>(waiting: &mut Vec<Queued<T>>) -> Vec<Queued<T>> {
+    waiting.sort_by_key(|queued| (queued.item.account().0, queued.item.token()));
+    let mut claimed = HashSet::new();
     let (batch, rest) = std::mem::take(waiting).into_iter().partition(|queued| {
-        let spend = &queued.spend;
-        // Both inserts always run (`&`, not `&&`): a spend taken counts its ticket too.
-        grants.insert((spend.account_id, spend.token)) & tickets.insert(spend.ticket_id)
+        // Every claim is recorded, taken or not (`&`, not `&&`): an item left for the next
+        // batch keeps the ones after it that share its ticket waiting too, in order.
+        queued
+            .item
+            .claims()
+            .fold(true, |free, claim| claimed.insert(claim) & free)
     });
     *waiting = rest;
     batch
@@ -404,7 +480,7 @@ fn take_batch(waiting: &mut Vec<Queued>) -> Vec<Queued> {
 
 /// Sends one batch, hands each spend its answer, and rings the webhook workers when the
 /// batch queued deliveries.
-async fn run(pool: &PgPool, bells: &Bells, batch: Vec<Queued>, tries: u32) {
+async fn run<T: Batched>(pool: &PgPool, bells: &Bells, batch: Vec<Queued<T>>, tries: u32) {
     use tracing::Instrument;
     use tracing_opentelemetry::OpenTelemetrySpanExt;
     // One statement for many spends of many requests: its span is a root of its own,
@@ -415,7 +491,10 @@ async fn run(pool: &PgPool, bells: &Bells, batch: Vec<Queued>, tries: u32) {
         let origin = queued.span.context();
         span.add_link(origin.span().span_context().clone());
     }
-    match send(pool, &batch, tries).instrument(span).await {
+    let items: Vec<&T> = batch.iter().map(|queued| &queued.item).collect();
+    let sent = send(pool, &items, tries).instrument(span).await;
+    drop(items);
+    match sent {
         Ok((done, queued_deliveries)) => {
             if queued_deliveries {
                 bells.ring(JobKind::Webhook);
@@ -446,8 +525,11 @@ async fn run(pool: &PgPool, bells: &Bells, batch: Vec<Queued>, tries: u32) {
 /// after their commit too (a backend terminated while it waits for synchronous
 /// replication, a fast shutdown between the commit and ReadyForQuery), and a FATAL that
 /// was waiting on an idle pooled connection looks no different.
-async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<(Vec<Done>, bool), Failed> {
-    let columns = Columns::of(batch);
+async fn send<T: Batched>(
+    pool: &PgPool,
+    batch: &[&T],
+    tries: u32,
+) -> Result<(Vec<Done>, bool), Failed> {
     let mut maybe_sent: Option<sqlx::Error> = None;
     for _ in 0..tries.max(1) {
         let mut connection = match pool.acquire().await {
@@ -460,7 +542,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<(Vec<Done>,
                 });
             }
         };
-        let (rows, ended) = columns.send(&mut connection).await;
+        let (rows, ended) = T::execute(batch, &mut connection).await;
         match ended {
             None => {
                 return answered(&mut connection, batch, &rows, maybe_sent.is_some()).await;
@@ -484,7 +566,7 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<(Vec<Done>,
             // The server answered with an error: the statement, and so the batch, rolled
             // back.
             Some(error) => {
-                tracing::warn!(%error, spends = batch.len(), "a batch was refused; settling its spends one by one");
+                tracing::warn!(%error, items = batch.len(), "a batch was refused; settling its items one by one");
                 return Err(Failed::Refused);
             }
         }
@@ -495,77 +577,117 @@ async fn send(pool: &PgPool, batch: &[Queued], tries: u32) -> Result<(Vec<Done>,
     })
 }
 
-/// The spends of a batch as [`APPLY_SPENDS`] takes them: one array per column.
-struct Columns<'a> {
-    tickets: Vec<uuid::Uuid>,
-    accounts: Vec<uuid::Uuid>,
-    kinds: Vec<&'a str>,
-    debits: Vec<i64>,
-    credits: Vec<i64>,
-    points: Vec<i64>,
-    tokens: Vec<i64>,
-    fingerprints: Vec<&'a str>,
-    bodies: Vec<&'a str>,
-    statuses: Vec<i32>,
-    events: Vec<Option<&'a str>>,
-}
-
-impl<'a> Columns<'a> {
-    fn of(batch: &'a [Queued]) -> Self {
-        let spends = || batch.iter().map(|queued| &queued.spend);
-        Self {
-            tickets: spends().map(|spend| spend.ticket_id.0).collect(),
-            accounts: spends().map(|spend| spend.account_id.0).collect(),
-            kinds: spends().map(|spend| spend.kind).collect(),
-            debits: spends().map(|spend| spend.debit).collect(),
-            credits: spends().map(|spend| spend.credit).collect(),
-            points: spends().map(|spend| spend.points).collect(),
-            tokens: spends().map(|spend| spend.token).collect(),
-            fingerprints: spends().map(|spend| spend.fingerprint.as_str()).collect(),
-            bodies: spends().map(|spend| spend.body.as_str()).collect(),
-            statuses: spends().map(|spend| i32::from(spend.status)).collect(),
-            events: spends().map(|spend| spend.event).collect(),
-        }
+impl Batched for Spend {
+    fn account(&self) -> AccountId {
+        self.account_id
     }
 
-    /// Sends [`APPLY_SPENDS`] once on `connection`: the rows that came back, read one by
-    /// one to know whether any came before an error, and the error that ended the answer
-    /// if one did.
-    async fn send(&self, connection: &mut sqlx::PgConnection) -> (Vec<PgRow>, Option<sqlx::Error>) {
-        let mut answer = sqlx::query(APPLY_SPENDS)
-            .bind(&self.tickets)
-            .bind(&self.accounts)
-            .bind(&self.kinds)
-            .bind(&self.debits)
-            .bind(&self.credits)
-            .bind(&self.points)
-            .bind(&self.tokens)
-            .bind(&self.fingerprints)
-            .bind(&self.bodies)
+    fn ticket(&self) -> TicketId {
+        self.ticket_id
+    }
+
+    fn token(&self) -> i64 {
+        self.token
+    }
+
+    fn claims(&self) -> impl Iterator<Item = Claim> {
+        [
+            Claim::Grant(self.account_id, self.token),
+            Claim::Ticket(self.ticket_id),
+        ]
+        .into_iter()
+    }
+
+    async fn execute(
+        batch: &[&Self],
+        connection: &mut sqlx::PgConnection,
+    ) -> (Vec<PgRow>, Option<sqlx::Error>) {
+        let query = sqlx::query(APPLY_SPENDS)
+            .bind(column(batch, |spend| spend.ticket_id.0))
+            .bind(column(batch, |spend| spend.account_id.0))
+            .bind(column(batch, |spend| spend.kind))
+            .bind(column(batch, |spend| spend.debit))
+            .bind(column(batch, |spend| spend.credit))
+            .bind(column(batch, |spend| spend.points))
+            .bind(column(batch, |spend| spend.token))
+            .bind(column(batch, |spend| spend.fingerprint.as_str()))
+            .bind(column(batch, |spend| spend.body.as_str()))
             .bind(BALANCE_STAND_IN.to_string())
             .bind(POINTS_STAND_IN.to_string())
-            .bind(&self.statuses)
-            .bind(&self.events)
-            .fetch(connection);
-        let mut rows = Vec::with_capacity(self.tickets.len());
-        let ended = loop {
-            match answer.try_next().await {
-                Ok(Some(row)) => rows.push(row),
-                Ok(None) => break None,
-                Err(error) => break Some(error),
-            }
-        };
-        (rows, ended)
+            .bind(column(batch, |spend| i32::from(spend.status)))
+            .bind(column(batch, |spend| spend.event));
+        read_answer(query, batch.len(), connection).await
+    }
+
+    fn written_body(&self, row: &PgRow) -> Result<String, sqlx::Error> {
+        Ok(filled(
+            &self.body,
+            row.try_get("balance_after")?,
+            row.try_get("points_after")?,
+        ))
+    }
+
+    /// Those with an entry of their own: of the spend's account, under its fencing token
+    /// (a grant's token is the account's only once).
+    async fn earlier_writes(
+        connection: &mut sqlx::PgConnection,
+        items: &[&Self],
+    ) -> Result<Vec<EarlierWrite>, sqlx::Error> {
+        let tickets: Vec<uuid::Uuid> = items.iter().map(|spend| spend.ticket_id.0).collect();
+        let entries: Vec<(TicketId, AccountId, i64, Option<Json<Value>>)> = sqlx::query_as(
+            "SELECT e.ticket_id, e.account_id, e.fencing_token, t.response_body
+             FROM entries AS e JOIN tickets AS t ON t.id = e.ticket_id
+             WHERE e.ticket_id = ANY ($1)",
+        )
+        .bind(&tickets)
+        .fetch_all(connection)
+        .await?;
+        Ok(entries
+            .into_iter()
+            .filter(|(ticket, account, token, _)| {
+                items.iter().any(|spend| {
+                    spend.ticket_id == *ticket
+                        && spend.account_id == *account
+                        && spend.token == *token
+                })
+            })
+            .map(|(ticket, _, _, body)| (ticket, body))
+            .collect())
     }
 }
 
-/// What the statement's whole answer, `rows`, says of each spend of `batch` — after an
-/// earlier try that may have run (`maybe_sent`), with the spends that try wrote found
-/// ([`own_earlier_writes`]). The statement ran: an answer that cannot be read may hide
-/// written spends, so it is unknown.
-async fn answered(
+/// One column of a batch's items, as its statement takes it: an array.
+pub(crate) fn column<'a, I, T>(batch: &[&'a I], field: impl Fn(&'a I) -> T) -> Vec<T> {
+    batch.iter().map(|item| field(item)).collect()
+}
+
+/// Sends `query` (a batch's statement, bound) on `connection`: the rows that came back, read
+/// one by one to know whether any came before an error, and the error that ended the answer
+/// if one did.
+pub(crate) async fn read_answer<'q>(
+    query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+    items: usize,
     connection: &mut sqlx::PgConnection,
-    batch: &[Queued],
+) -> (Vec<PgRow>, Option<sqlx::Error>) {
+    let mut answer = query.fetch(connection);
+    let mut rows = Vec::with_capacity(items);
+    let ended = loop {
+        match answer.try_next().await {
+            Ok(Some(row)) => rows.push(row),
+            Ok(None) => break None,
+            Err(error) => break Some(error),
+        }
+    };
+    (rows, ended)
+}
+
+/// What the statement's whole answer, `rows`, says of each item of `batch` — after an
+/// earlier try that may have run (`maybe_sent`), with the items that try wrote found
+/// ([`own_earlier_writes`]) — and whether it queued webhook deliveries. The statement ran:
+/// an answer that cannot be read may hide written items, so it is unknown.
+async fn answered<T: Batched>(
+    connection: &mut sqlx::PgConnection,
+    batch: &[&T],
     rows: &[PgRow],
     maybe_sent: bool,
 ) -> Result<(Vec<Done>, bool), Failed> {
@@ -579,7 +701,7 @@ async fn answered(
     let mut done = rows
         .iter()
         .zip(batch)
-        .map(|(row, queued)| done(row, &queued.spend))
+        .map(|(row, item)| done(row, *item))
         .collect::<Result<Vec<_>, _>>()
         .map_err(unreadable)?;
     if maybe_sent {
@@ -590,44 +712,33 @@ async fn answered(
     Ok((done, queued_deliveries))
 }
 
-/// Finds, among the spends of `batch` that the last try did not write, those an earlier
-/// try wrote — their entry carries the spend's own account and fencing token — and
-/// answers them as written, with the outcome their ticket stores.
-async fn own_earlier_writes(
+/// Finds, among the items of `batch` that the last try did not write, those an earlier try
+/// wrote ([`Batched::earlier_writes`]), and answers them as written, with the outcome their
+/// ticket stores.
+async fn own_earlier_writes<T: Batched>(
     connection: &mut sqlx::PgConnection,
-    batch: &[Queued],
+    batch: &[&T],
     done: &mut [Done],
 ) -> Result<(), LedgerError> {
-    let not_written: Vec<uuid::Uuid> = batch
+    let not_written: Vec<&T> = batch
         .iter()
         .zip(done.iter())
         .filter(|(_, done)| done.written.is_none())
-        .map(|(queued, _)| queued.spend.ticket_id.0)
+        .map(|(item, _)| *item)
         .collect();
     if not_written.is_empty() {
         return Ok(());
     }
-    let entries: Vec<(TicketId, AccountId, i64, Option<Json<Value>>)> = sqlx::query_as(
-        "SELECT e.ticket_id, e.account_id, e.fencing_token, t.response_body
-         FROM entries AS e JOIN tickets AS t ON t.id = e.ticket_id
-         WHERE e.ticket_id = ANY ($1)",
-    )
-    .bind(&not_written)
-    .fetch_all(connection)
-    .await?;
-    for (queued, done) in batch.iter().zip(done.iter_mut()) {
-        let spend = &queued.spend;
-        let own = entries.iter().find(|(ticket, account, token, _)| {
-            *ticket == spend.ticket_id && *account == spend.account_id && *token == spend.token
-        });
-        // No entry of its own: another request's outcome, a replay, judged as one.
-        let Some((_, _, _, stored)) = own else {
+    let written = T::earlier_writes(connection, &not_written).await?;
+    for (item, done) in batch.iter().zip(done.iter_mut()) {
+        // None of its own: another request's outcome, a replay, judged as one.
+        let Some((_, stored)) = written.iter().find(|(ticket, _)| *ticket == item.ticket()) else {
             continue;
         };
         let Json(body) = stored.clone().ok_or_else(|| {
             LedgerError::Corrupt(format!(
                 "ticket {}: written by this batch but holds no outcome",
-                spend.ticket_id
+                item.ticket()
             ))
         })?;
         done.written = Some(body);
@@ -635,18 +746,14 @@ async fn own_earlier_writes(
     Ok(())
 }
 
-/// What the statement's answer `row` says of `spend`.
-fn done(row: &PgRow, spend: &Spend) -> Result<Done, LedgerError> {
+/// What the statement's answer `row` says of `item`.
+fn done<T: Batched>(row: &PgRow, item: &T) -> Result<Done, LedgerError> {
     let written = if row.try_get("applied")? {
-        let body = filled(
-            &spend.body,
-            row.try_get("balance_after")?,
-            row.try_get("points_after")?,
-        );
+        let body = item.written_body(row)?;
         Some(serde_json::from_str(&body).map_err(|error| {
             LedgerError::Corrupt(format!(
                 "ticket {}: the body written: {error}",
-                spend.ticket_id
+                item.ticket()
             ))
         })?)
     } else {
@@ -658,13 +765,13 @@ fn done(row: &PgRow, spend: &Spend) -> Result<Done, LedgerError> {
         None => None,
     };
     let recorded_token: Option<i64> = row.try_get("recorded_token")?;
-    // A written spend recorded its token on its account: the statement writes a spend only
-    // over an older token, never an equal or a newer one.
+    // A written item recorded its token: the statement writes one only over an older
+    // token, never an equal or a newer one.
     debug_assert!(
-        written.is_none() || recorded_token.is_some_and(|recorded| recorded < spend.token),
-        "ticket {}: written with token {} over the account's {recorded_token:?}",
-        spend.ticket_id,
-        spend.token
+        written.is_none() || recorded_token.is_some_and(|recorded| recorded < item.token()),
+        "ticket {}: written with token {} over {recorded_token:?}",
+        item.ticket(),
+        item.token()
     );
     Ok(Done {
         written,
@@ -677,9 +784,9 @@ fn done(row: &PgRow, spend: &Spend) -> Result<Done, LedgerError> {
 mod tests {
     use super::*;
 
-    fn queued(account: AccountId, ticket: TicketId, token: i64) -> Queued {
+    fn queued(account: AccountId, ticket: TicketId, token: i64) -> Queued<Spend> {
         Queued {
-            spend: Spend {
+            item: Spend {
                 ticket_id: ticket,
                 account_id: account,
                 kind: "withdrawal",
@@ -710,10 +817,10 @@ mod tests {
             queued(c, shared_ticket, 2),
         ];
         let batch = take_batch(&mut waiting);
-        let tokens = |queued: &[Queued]| {
+        let tokens = |queued: &[Queued<Spend>]| {
             queued
                 .iter()
-                .map(|queued| queued.spend.token)
+                .map(|queued| queued.item.token)
                 .collect::<Vec<_>>()
         };
         // In account order, and by token within an account.

@@ -17,21 +17,28 @@ use std::collections::BTreeMap;
 
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
-use crate::apply::{RECORD_TOKEN, available_covers, stale};
+use crate::apply::{RECORD_TOKEN, answer_from_batch, available_covers, stale};
+use crate::batch::Batcher;
 use crate::bells::JobKind;
 use crate::db_types::{JsonText, Timestamp, from_row};
 use crate::dialect::Dialect;
 use crate::error::{ApplyError, LedgerError, ResultExt, commit_or_unknown};
 use crate::events::{NewEvent, record_events};
+use crate::hold_batch::HoldStep;
 use crate::holds::{
     Hold, HoldCounts, HoldId, HoldLifetime, HoldRenderer, HoldState, Payment, Refund, RefundId,
 };
 use crate::model::{
-    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer, TicketId,
+    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, OutcomeKind, Refusal,
+    Renderer, TicketId,
 };
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
-use crate::webhooks::{EventId, EventType, hold_data};
+use crate::stand_ins::{
+    AVAILABLE_STAND_IN, BALANCE_STAND_IN, EXPIRY_STAND_IN, HOLD_AMOUNT_STAND_IN, NOW_STAND_IN,
+    PLACED_AT_STAND_IN, PLACED_BY_STAND_IN, substitutable,
+};
+use crate::webhooks::{EventId, EventType, event_of_outcome, hold_data};
 
 /// A hold's placing: its amount added to the account's `held` if the money available
 /// covers it, under the fencing check of the account's lock. Parameters: $1 account,
@@ -203,6 +210,7 @@ where
     /// A hold placed under the account's lock (fenced by its token): the ticket judged,
     /// the amount added to `held` if the money available covers it (else 402, stored),
     /// the hold written, expiring `expires_in` after the database's clock read now.
+    /// Through the group commit first where there is one (`hold_batch.rs`).
     pub(crate) async fn place_hold(
         &self,
         request: &ApplyRequest<'_>,
@@ -212,6 +220,26 @@ where
         token: i64,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
+        if let Some(batcher) = &self.hold_batcher {
+            let placed = Hold {
+                id: hold,
+                account_id: request.account_id,
+                ticket_id: request.ticket_id,
+                amount,
+                state: HoldState::Held,
+                captured_amount: None,
+                refunded_amount: 0,
+                expires_at: EXPIRY_STAND_IN,
+                created_at: NOW_STAND_IN,
+                resolved_at: None,
+                resolved_by_ticket: None,
+            };
+            let lifetime = i64::try_from(expires_in.duration().as_secs()).unwrap_or(i64::MAX);
+            let step = (hold, amount.get(), lifetime);
+            if let Some(answer) = in_batch(batcher, request, placed, step, token, render).await {
+                return answer;
+            }
+        }
         let mut tx = self.begin_write().await?;
         let now = match Self::lock_and_judge(&mut tx, request).await? {
             Ok(now) => now,
@@ -315,7 +343,7 @@ where
     /// [`ApplyError::UnknownHold`]); one not held by the database's clock read after its
     /// lock is refused 409, and a capture above the hold 422, both stored; else the hold
     /// resolved, released from `held`, and for a capture the amount taken out with its
-    /// entry.
+    /// entry. Through the group commit first where there is one (`hold_batch.rs`).
     pub(crate) async fn resolve_hold(
         &self,
         request: &ApplyRequest<'_>,
@@ -324,6 +352,33 @@ where
         token: i64,
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
+        if let Some(batcher) = &self.hold_batcher {
+            // What only the hold's row knows of it, the statement fills in.
+            let capture =
+                captured.map(|amount| amount.unwrap_or(Amount::stand_in(HOLD_AMOUNT_STAND_IN)));
+            let resolved = Hold {
+                id: hold_id,
+                account_id: request.account_id,
+                ticket_id: TicketId(PLACED_BY_STAND_IN),
+                amount: Amount::stand_in(HOLD_AMOUNT_STAND_IN),
+                state: match capture {
+                    Some(_) => HoldState::Captured,
+                    None => HoldState::Voided,
+                },
+                captured_amount: capture.map(Amount::get),
+                refunded_amount: 0,
+                expires_at: EXPIRY_STAND_IN,
+                created_at: PLACED_AT_STAND_IN,
+                resolved_at: Some(NOW_STAND_IN),
+                resolved_by_ticket: Some(request.ticket_id),
+            };
+            // 0: the whole hold, or nothing for a void.
+            let taken = captured.flatten().map_or(0, Amount::get);
+            let step = (hold_id, taken, 0);
+            if let Some(answer) = in_batch(batcher, request, resolved, step, token, render).await {
+                return answer;
+            }
+        }
         let mut tx = self.begin_write().await?;
         if let Err(answer) = Self::lock_and_judge(&mut tx, request).await? {
             return answer;
@@ -731,4 +786,41 @@ where
         let (row, now) = self.on_live_connection(query).await?;
         row.map(|row| row.read_at(now)).transpose()
     }
+}
+
+/// A hold's step through the group commit (`hold_batch.rs`): `shown` is the hold as its
+/// outcome shows it, with stand-ins for what the statement fills in; `step` the hold's id,
+/// the amount the step takes or sets aside, and a placing's lifetime in seconds. `None`
+/// when the transaction path must settle it (see
+/// [`answer_from_batch`](crate::apply::answer_from_batch)), or the body cannot be filled
+/// in by the database.
+async fn in_batch(
+    batcher: &Batcher<HoldStep>,
+    request: &ApplyRequest<'_>,
+    shown: Hold,
+    (hold, amount, lifetime): (HoldId, i64, i64),
+    token: i64,
+    render: &Renderer,
+) -> Option<Result<Applied, ApplyError>> {
+    let stand_in = OperationResult::HoldChanged {
+        hold: shown,
+        balance: BALANCE_STAND_IN,
+        available: AVAILABLE_STAND_IN,
+    };
+    let kind = OutcomeKind::of(&request.operation, &stand_in);
+    let body = substitutable(&render(&request.execution(&stand_in)))?;
+    let step = HoldStep {
+        ticket_id: request.ticket_id,
+        account_id: request.account_id,
+        kind: request.operation.kind().as_str(),
+        hold_id: hold.0,
+        amount,
+        lifetime,
+        token,
+        fingerprint: request.fingerprint.to_owned(),
+        body,
+        status: kind.status(),
+        event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
+    };
+    answer_from_batch(batcher.apply(step).await, request, kind, token)
 }

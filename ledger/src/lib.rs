@@ -40,7 +40,8 @@
 //!   endpoints' creation, rotation and deletion, and the outbox's steps for deliveries.
 //! - [`holds`] (`holds.rs`): holds and refunds — their identifiers, states and model;
 //!   the database holds their rules on its own, and the audit checks them;
-//!   `holding.rs`: their transactions — a hold placed, captured, voided, expired.
+//!   `holding.rs`: their transactions — a hold placed, captured, voided, expired;
+//!   `hold_batch.rs`: the group commit of holds placed, captured and voided on PostgreSQL.
 //! - `lottery.rs`: the prize table.
 //! - `audit.rs`: the invariants, the queries that check them, and the audit that runs them.
 //! - [`requests`] (`requests.rs`): the webhook endpoints' POSTs sent with an idempotency
@@ -82,6 +83,7 @@ mod demo;
 mod dialect;
 mod error;
 mod events;
+mod hold_batch;
 mod holding;
 pub mod holds;
 mod inserts;
@@ -300,17 +302,20 @@ impl Ledger {
             .await?;
         migrations::postgres().run(&pool).await?;
         let bells = Bells::on_postgres(pool.clone());
-        let batcher = batch::Batcher::start(
-            pool.clone(),
-            Arc::clone(&bells),
-            batch::Shape {
-                max: options.batch_max,
-                workers: options.batch_workers,
-                // As for BEGIN (`SqlStore::new`): a restart kills every pooled connection.
-                tries: options.max_connections + 1,
-            },
-        );
-        let store = SqlStore::new(pool.clone(), pool, Arc::clone(&bells)).with_batcher(batcher);
+        let shape = batch::Shape {
+            max: options.batch_max.max(1),
+            workers: options.batch_workers,
+            // As for BEGIN (`SqlStore::new`): a restart kills every pooled connection.
+            tries: options.max_connections + 1,
+        };
+        // Holds placed, captured and voided go through a group commit of their own, with
+        // as many workers; the sizes of both are counted together.
+        let sizes = Arc::new(batch::Batches::new(shape.max));
+        let batcher =
+            batch::Batcher::start(pool.clone(), Arc::clone(&bells), shape, Arc::clone(&sizes));
+        let hold_batcher = batch::Batcher::start(pool.clone(), Arc::clone(&bells), shape, sizes);
+        let store = SqlStore::new(pool.clone(), pool, Arc::clone(&bells))
+            .with_batchers(batcher, hold_batcher);
         Ok(Self::with_store(Arc::new(store), "postgres", bells))
     }
 
@@ -969,7 +974,8 @@ impl Ledger {
         self.store.sealing_key(name, fresh).await
     }
 
-    /// The sizes of the batches PostgreSQL's group commit sent so far; `None` on SQLite.
+    /// The sizes of the batches PostgreSQL's group commit sent so far — of spends and of
+    /// holds' steps, counted together; `None` on SQLite.
     pub fn batches(&self) -> Option<&Batches> {
         self.store.batches()
     }

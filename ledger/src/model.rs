@@ -144,6 +144,12 @@ impl Amount {
     pub fn get(self) -> i64 {
         self.0
     }
+
+    /// A number no amount can be, in an amount's place: a stand-in a group commit's
+    /// statement replaces (`stand_ins.rs`).
+    pub(crate) const fn stand_in(value: i64) -> Self {
+        Self(value)
+    }
 }
 
 /// Points spent by one lottery draw: 1 ..= [`MAX_AMOUNT`].

@@ -10,6 +10,7 @@ use crate::batch::Batcher;
 use crate::bells::Bells;
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, is_dead_connection};
+use crate::hold_batch::HoldStep;
 
 /// The ledger's tables in one database.
 pub(crate) struct SqlStore<D: Database> {
@@ -26,6 +27,8 @@ pub(crate) struct SqlStore<D: Database> {
     connection_tries: u32,
     /// PostgreSQL's group commit (`batch.rs`): spends go through it first.
     pub(crate) batcher: Option<Batcher>,
+    /// Its group commit of holds placed, captured and voided (`hold_batch.rs`).
+    pub(crate) hold_batcher: Option<Batcher<HoldStep>>,
     /// Rung after a commit that queued outbox jobs (`bells.rs`).
     pub(crate) bells: Arc<Bells>,
 }
@@ -43,14 +46,16 @@ impl<D: Database> SqlStore<D> {
             writer,
             connection_tries,
             batcher: None,
+            hold_batcher: None,
             bells,
         }
     }
 
-    /// Spends go through `batcher` first.
-    pub(crate) fn with_batcher(self, batcher: Batcher) -> Self {
+    /// Spends go through `batcher` first, and holds' steps through `hold_batcher`.
+    pub(crate) fn with_batchers(self, batcher: Batcher, hold_batcher: Batcher<HoldStep>) -> Self {
         Self {
             batcher: Some(batcher),
+            hold_batcher: Some(hold_batcher),
             ..self
         }
     }

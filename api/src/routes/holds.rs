@@ -138,14 +138,12 @@ pub async fn capture_hold(
     JsonBody(request): JsonBody<CaptureRequest>,
 ) -> Result<Response, ApiError> {
     let captured = request.amount.map(amount).transpose()?;
-    let operation = |hold| Operation::Capture {
+    let operation = Operation::Capture {
         hold,
         amount: captured,
     };
-    spend_on_hold(
-        &state, caller, hold, "capture", operation, key, &request, &headers,
-    )
-    .await
+    let path = format!("/v1/holds/{hold}/capture");
+    spend(&state, caller.0, key, operation, &path, &request, &headers).await
 }
 
 /// Voids a held hold: all of it released. At most once: a hold captured, voided or
@@ -182,9 +180,15 @@ pub async fn void_hold(
     headers: HeaderMap,
     JsonBody(request): JsonBody<VoidRequest>,
 ) -> Result<Response, ApiError> {
-    let operation = |hold| Operation::Void { hold };
-    spend_on_hold(
-        &state, caller, hold, "void", operation, key, &request, &headers,
+    let path = format!("/v1/holds/{hold}/void");
+    spend(
+        &state,
+        caller.0,
+        key,
+        Operation::Void { hold },
+        &path,
+        &request,
+        &headers,
     )
     .await
 }

@@ -1,19 +1,22 @@
 //! One spend, two paths: on PostgreSQL a spend that goes through is written by the group
-//! commit's one statement (`batch.rs`), everything else by the transaction path in Rust
-//! (`apply.rs`), and SQLite has only the latter. Here one set of spends — withdrawals that
-//! go through, refusals for want of money or points or for a balance that would overflow,
-//! stale and equal fencing tokens, replays and a reused ticket, lottery draws, several
-//! accounts with several spends each — runs through each path on a fresh database of its
-//! own: the group commit in batches of one, the group commit in batches of many (every
-//! account's spends of a round in one batch), PostgreSQL's transaction path alone, and
-//! SQLite. The answers and everything stored — entries, balances, fencing tokens, stored
-//! statuses and bodies, events, queued deliveries — must be equal, byte for byte, once
-//! what legitimately differs between two runs (generated ids, the clock) is named by what
-//! it belongs to.
+//! commit's one statement (`batch.rs`; a hold's step by `hold_batch.rs`'s), everything else
+//! by the transaction path in Rust (`apply.rs`, `holding.rs`), and SQLite has only the
+//! latter. Here one set of spends — withdrawals that go through, refusals for want of money
+//! or points or for a balance that would overflow, stale and equal fencing tokens, replays
+//! and a reused ticket, lottery draws; holds placed and refused, captured in part and
+//! whole, above the hold, voided, resolved twice, of no such hold, replayed and stale;
+//! several accounts with several spends each — runs through each path on a fresh database
+//! of its own: the group commit in batches of one, the group commit in batches of many
+//! (every account's spends of a round in one batch), PostgreSQL's transaction path alone,
+//! and SQLite. The answers and everything stored — entries, balances, fencing tokens,
+//! holds, stored statuses and bodies, events, queued deliveries — must be equal, byte for
+//! byte, once what legitimately differs between two runs (generated ids, the clock) is
+//! named by what it belongs to.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ledger::holds::{HoldId, HoldLifetime};
 use ledger::lottery::{PRIZES, Prize};
 use ledger::testing::{TestDatabase, with_prize};
 use ledger::webhooks::{EndpointId, EventType, NewEndpoint, Subscription};
@@ -49,6 +52,9 @@ const DECLINING_THE_GROUP_COMMIT: &Renderer = &declining_the_group_commit;
 fn declining_the_group_commit(execution: &Execution<'_>) -> Value {
     let mut body = render(execution);
     if let OperationResult::Applied {
+        balance: i64::MIN, ..
+    }
+    | OperationResult::HoldChanged {
         balance: i64::MIN, ..
     } = *execution.result
     {
@@ -98,14 +104,35 @@ enum Op {
     Withdraw(i64),
     Deposit(i64),
     Draw(i64),
+    /// A hold of this amount for an hour, placed by the step's ticket.
+    Hold(i64),
+    /// A capture of the hold the named ticket placed: that amount, or all of it.
+    Capture(&'static str, Option<i64>),
+    /// A void of the hold the named ticket placed.
+    Void(&'static str),
 }
 
 impl Op {
-    fn operation(self) -> Operation {
+    /// The operation, for `account`'s step with `ticket`: a hold is named by the ticket that
+    /// placed it, its id made by the run ([`Ids::holds`]).
+    fn operation(self, ids: &Ids, account: usize, ticket: &'static str) -> Operation {
+        let hold = |placed_by| ids.holds[&(account, placed_by)];
         match self {
             Self::Withdraw(amount) => Operation::Withdrawal(Amount::new(amount).unwrap()),
             Self::Deposit(amount) => Operation::Deposit(Amount::new(amount).unwrap()),
             Self::Draw(points) => Operation::LotteryDraw(PointsToSpend::new(points).unwrap()),
+            Self::Hold(amount) => Operation::Hold {
+                hold: hold(ticket),
+                amount: Amount::new(amount).unwrap(),
+                expires_in: HoldLifetime::new(3600).unwrap(),
+            },
+            Self::Capture(placed_by, amount) => Operation::Capture {
+                hold: hold(placed_by),
+                amount: amount.map(|amount| Amount::new(amount).unwrap()),
+            },
+            Self::Void(placed_by) => Operation::Void {
+                hold: hold(placed_by),
+            },
         }
     }
 }
@@ -118,7 +145,9 @@ type Step = (&'static str, Op, &'static str, u64);
 /// accounts go in one batch. Within a round an account's tokens grow, and a refusal is
 /// its last spend: the spends after a refusal in one batch settle on the transaction path
 /// side by side, in no set order, so only a refusal at the end has one right answer.
-const ROUNDS: [&[Step]; 3] = [
+/// Holds' steps come one a round: one per account goes in a batch, and the next waits
+/// for the one before it. A capture's or a void's token is its hold's lock's.
+const ROUNDS: [&[Step]; 15] = [
     &[
         ("t1", Op::Withdraw(300), "w300", 10),
         ("t2", Op::Withdraw(300), "w300", 11),
@@ -145,6 +174,31 @@ const ROUNDS: [&[Step]; 3] = [
         // Refused for the fourth profile: its balance would pass the limit.
         ("t10", Op::Deposit(1_000_000_000_000), "p1e12", 33),
     ],
+    // Back from the deposit of a trillion, where it went through.
+    &[("t11", Op::Withdraw(1_000_000_000_000), "w1e12", 34)],
+    &[("h1", Op::Hold(100), "h100", 40)],
+    // Refused for want of available money, but for the fourth profile.
+    &[("h2", Op::Hold(1_000_000), "h1e6", 41)],
+    &[("h3", Op::Hold(10), "h10", 42)],
+    &[("c1", Op::Capture("h1", Some(40)), "c40", 1)],
+    // Captured already: refused, stored.
+    &[("c2", Op::Capture("h1", None), "c", 2)],
+    // Above the hold for the fourth profile; no such hold for the others.
+    &[("c3", Op::Capture("h2", Some(2_000_000)), "c2e6", 1)],
+    &[("v1", Op::Void("h2"), "v", 2)],
+    // All of the hold.
+    &[("c4", Op::Capture("h3", None), "c", 1)],
+    // A replay, whatever the token.
+    &[("c1", Op::Capture("h1", Some(40)), "c40", 9)],
+    // Stale: the hold's lock gave 2 already.
+    &[("c5", Op::Capture("h2", None), "c", 1)],
+    // Captured: a void is refused, stored.
+    &[("v2", Op::Void("h3"), "v", 2)],
+];
+
+/// The blocker's ticket of each round.
+const BLOCKER_TICKETS: [&str; ROUNDS.len()] = [
+    "r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9", "r10", "r11", "r12", "r13", "r14",
 ];
 
 /// How a run sends its spends.
@@ -163,6 +217,9 @@ struct Ids {
     prizes: Vec<&'static Prize>,
     blocker: AccountId,
     tickets: BTreeMap<(usize, &'static str), TicketId>,
+    /// The hold each placing would make, by account and the ticket that places it (the
+    /// blocker's by [`ACCOUNTS`]).
+    holds: BTreeMap<(usize, &'static str), HoldId>,
     names: BTreeMap<Uuid, String>,
 }
 
@@ -188,6 +245,7 @@ async fn set_up(ledger: &Ledger) -> Ids {
     let mut accounts = Vec::new();
     let mut prizes = Vec::new();
     let mut tickets = BTreeMap::new();
+    let mut holds = BTreeMap::new();
     for (index, profile) in profiles().into_iter().enumerate() {
         let new = NewAccount::new("parity", profile.balance, profile.points).unwrap();
         let account = ledger.create_account(&new).await.unwrap().0.id;
@@ -204,13 +262,18 @@ async fn set_up(ledger: &Ledger) -> Ids {
             names.insert(id.0, format!("a{index} endpoint"));
         }
         for round in ROUNDS {
-            for &(ticket, ..) in round {
+            for &(ticket, op, ..) in round {
                 if let std::collections::btree_map::Entry::Vacant(slot) =
                     tickets.entry((index, ticket))
                 {
                     let id = ledger.issue_ticket(account, HOUR).await.unwrap().id;
                     names.insert(id.0, format!("a{index}/{ticket}"));
                     slot.insert(id);
+                }
+                if let Op::Hold(_) = op {
+                    let hold = HoldId::random();
+                    names.insert(hold.0, format!("a{index}/{ticket} hold"));
+                    holds.insert((index, ticket), hold);
                 }
             }
         }
@@ -224,16 +287,22 @@ async fn set_up(ledger: &Ledger) -> Ids {
         .0
         .id;
     names.insert(blocker.0, "blocker".to_owned());
-    for round in 0..ROUNDS.len() {
+    for (round, name) in BLOCKER_TICKETS.into_iter().enumerate() {
         let id = ledger.issue_ticket(blocker, HOUR).await.unwrap().id;
-        names.insert(id.0, format!("blocker/r{round}"));
-        tickets.insert((ACCOUNTS, ["r0", "r1", "r2"][round]), id);
+        names.insert(id.0, format!("blocker/{name}"));
+        tickets.insert((ACCOUNTS, name), id);
+        if let (_, Op::Hold(_), ..) = blocking_step(round) {
+            let hold = HoldId::random();
+            names.insert(hold.0, format!("blocker/{name} hold"));
+            holds.insert((ACCOUNTS, name), hold);
+        }
     }
     Ids {
         accounts,
         prizes,
         blocker,
         tickets,
+        holds,
         names,
     }
 }
@@ -254,7 +323,7 @@ async fn spend(
     let request = ApplyRequest {
         ticket_id: ids.tickets[&(account, ticket)],
         account_id,
-        operation: op.operation(),
+        operation: op.operation(ids, account, ticket),
         fingerprint,
         fencing_token: token,
     };
@@ -270,14 +339,18 @@ async fn spend(
     (format!("a{account}/{ticket} token {token}"), answer)
 }
 
-/// Every round's deposit of 1 into the blocker account.
+/// Every round's step on the blocker account: a deposit of 1, or, where the round's steps
+/// are holds', a hold of 1 — whose group commit the round must queue behind.
 fn blocking_step(round: usize) -> Step {
-    (
-        ["r0", "r1", "r2"][round],
-        Op::Deposit(1),
-        "p1",
-        round as u64 + 1,
-    )
+    let holds = ROUNDS[round]
+        .iter()
+        .any(|(_, op, ..)| matches!(op, Op::Hold(_) | Op::Capture(..) | Op::Void(_)));
+    let (op, fingerprint) = if holds {
+        (Op::Hold(1), "h1")
+    } else {
+        (Op::Deposit(1), "p1")
+    };
+    (BLOCKER_TICKETS[round], op, fingerprint, round as u64 + 1)
 }
 
 /// Runs every round; the answers, by spend.
@@ -351,6 +424,9 @@ struct Stored {
     /// Queued deliveries: event, endpoint, attempts, whether open, and whether due and
     /// made at the event's time (the outbox id, a sequence, is dropped as entry ids are).
     deliveries: Vec<String>,
+    /// Hold → its row: account, ticket, amounts, state, token, how long it was placed
+    /// for, and whether placed and resolved at the times of use of the tickets that did.
+    holds: BTreeMap<String, String>,
 }
 
 /// Rows as read, the same from both databases (times in microseconds since the epoch).
@@ -361,7 +437,25 @@ struct Raw {
     entries: Vec<EntryRaw>,
     events: Vec<(Uuid, Uuid, String, Uuid, String, i64)>,
     outbox: Vec<OutboxRaw>,
+    holds: Vec<HoldRaw>,
 }
+
+/// A hold's row: id, account, ticket, amount, state, captured, refunded, token, expires
+/// at, created at, resolved at, resolved by.
+type HoldRaw = (
+    Uuid,
+    Uuid,
+    Uuid,
+    i64,
+    String,
+    Option<i64>,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<i64>,
+    Option<Uuid>,
+);
 
 /// An outbox row: kind, event, endpoint, attempts, whether open, due at, made at.
 type OutboxRaw = (String, Option<Uuid>, Option<Uuid>, i64, bool, i64, i64);
@@ -458,6 +552,17 @@ macro_rules! read_raw {
             micros("created_at")
         );
         raw.outbox = sqlx::query_as(sqlx::AssertSqlSafe(outbox))
+            .fetch_all(&mut *connection)
+            .await
+            .unwrap();
+        let holds = format!(
+            "SELECT id, account_id, ticket_id, amount, state, captured_amount, refunded_amount,
+                    fencing_token, {}, {}, {}, resolved_by_ticket FROM holds",
+            micros("expires_at"),
+            micros("created_at"),
+            micros("resolved_at")
+        );
+        raw.holds = sqlx::query_as(sqlx::AssertSqlSafe(holds))
             .fetch_all(&mut *connection)
             .await
             .unwrap();
@@ -608,12 +713,35 @@ fn named(raw: &Raw, ids: &Ids) -> Stored {
         })
         .collect();
     deliveries.sort();
+    let holds = raw
+        .holds
+        .iter()
+        .map(|hold| {
+            let &(id, account, ticket, amount, ref state, captured, refunded, token, ..) = hold;
+            let (expires_at, created_at, resolved_at, resolved_by) =
+                (hold.8, hold.9, hold.10, hold.11);
+            let resolved = match (resolved_at, resolved_by) {
+                (Some(at), Some(by)) => format!("by {}, {}", ids.name(by), at_use(by, at)),
+                (at, by) => format!("at {at:?} by {by:?}"),
+            };
+            let line = format!(
+                "of {} by {}: {amount} {state} captured {captured:?} refunded {refunded} token \
+                 {token} for {} s, placed {}, resolved {resolved}",
+                ids.name(account),
+                ids.name(ticket),
+                (expires_at - created_at) as f64 / 1e6,
+                at_use(ticket, created_at),
+            );
+            (ids.name(id), line)
+        })
+        .collect();
     Stored {
         accounts,
         tickets,
         entries,
         events,
         deliveries,
+        holds,
     }
 }
 
@@ -656,6 +784,7 @@ fn assert_same(
         reference.deliveries, other.deliveries,
         "{what}: the deliveries"
     );
+    assert_eq!(reference.holds, other.holds, "{what}: the holds");
     assert_eq!(reference, other, "{what}");
 }
 
@@ -685,6 +814,10 @@ async fn every_path_answers_and_stores_the_same() {
         "422 replayed=false",
         "StaleToken",
         "FingerprintMismatch",
+        "200 replayed=false",
+        "200 replayed=true",
+        "409 replayed=false",
+        "UnknownHold",
     ] {
         assert!(
             answers.values().any(|answer| answer.starts_with(case)),
@@ -692,6 +825,16 @@ async fn every_path_answers_and_stores_the_same() {
         );
     }
     assert!(!stored.events.is_empty() && !stored.deliveries.is_empty());
+    for state in ["held", "captured", "voided"] {
+        assert!(
+            stored
+                .holds
+                .values()
+                .any(|hold| hold.contains(&format!(" {state} "))),
+            "no hold {state}: {:#?}",
+            stored.holds
+        );
+    }
     let reference = (answers, stored);
 
     // One worker, so that a round queued behind the blocked batch goes as one batch.
@@ -702,14 +845,16 @@ async fn every_path_answers_and_stores_the_same() {
         ..LedgerOptions::default()
     };
     let (ledger, answers, stored) = run_on(&batched, &many, Drive::InRounds, AS_RENDERED).await;
-    let sizes = batch_sizes(&ledger);
+    let sizes: BTreeMap<usize, u64> = batch_sizes(&ledger).into_iter().collect();
+    // Every round in a batch of its own: as many batches of a round's size as rounds.
+    let mut rounds_of_size: BTreeMap<usize, u64> = BTreeMap::new();
     for round in ROUNDS {
+        *rounds_of_size.entry(round.len() * ACCOUNTS).or_default() += 1;
+    }
+    for (size, rounds) in rounds_of_size {
         assert!(
-            sizes
-                .iter()
-                .any(|&(size, _)| size == round.len() * ACCOUNTS),
-            "a round of {} spends did not go in one batch: {sizes:?}",
-            round.len() * ACCOUNTS
+            sizes.get(&size).copied().unwrap_or(0) >= rounds,
+            "{rounds} rounds of {size} spends did not go in a batch each: {sizes:?}"
         );
     }
     crate::suite::assert_clean(&ledger).await;
