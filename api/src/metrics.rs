@@ -296,7 +296,7 @@ impl prometheus_client::collector::Collector for BatchSizes {
         }
         let mut metric = encoder.encode_descriptor(
             "ledger_batch_size",
-            "Spends per statement the ledger's group commit sent (PostgreSQL), counted since the instance started",
+            "Spends per statement the ledger's group commit sent (PostgreSQL; holds' steps included), counted since the instance started",
             None,
             prometheus_client::metrics::MetricType::Histogram,
         )?;

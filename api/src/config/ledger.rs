@@ -47,7 +47,7 @@ config_section! {
         #[arg(env = "PAYONCE_BATCH_MAX", default_value_t = 64)]
         pub batch_max: usize,
         /// PostgreSQL: how many batches of spends may be in flight at once (each account's
-        /// spends always go in the same one's batches).
+        /// spends always go in the same one's batches), and as many of holds' steps.
         #[arg(env = "PAYONCE_BATCH_WORKERS", default_value_t = 2)]
         pub batch_workers: usize,
         /// How long to keep trying to reach the database at start-up.

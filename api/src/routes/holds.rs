@@ -5,7 +5,10 @@
 //! Each is a spend: a ticket of the account, the spends' protocol (`spends.rs`), the outcome
 //! — refusals included — stored under the ticket. A new hold runs under the account's lock;
 //! a capture, a void and a hold's refunds under the hold's; an order's refunds under the
-//! order's. Two requests that race for one hold or one payment take turns on its lock, and
+//! order's. A refund looks its payment up first (another account's is not found, before any
+//! ticket is looked at); a capture and a void read nothing before the ledger's statement,
+//! which finds the hold with the account or answers 404 `hold-not-found` (a placing and
+//! its capture are each one round trip in the group commit). Two requests that race for one hold or one payment take turns on its lock, and
 //! the ledger settles each on the latest row, by the database's clock: one capture, void or
 //! expiry wins; refunds succeed exactly as far as the payment goes.
 
@@ -229,15 +232,14 @@ pub async fn refund_hold(
     JsonBody(request): JsonBody<RefundRequest>,
 ) -> Result<Response, ApiError> {
     let refunded = amount(request.amount)?;
-    let operation = |hold| Operation::Refund {
+    let hold = own_hold(&state, caller, hold).await?.id;
+    let operation = Operation::Refund {
         refund: RefundId::random(),
         payment: Payment::Hold(hold),
         amount: refunded,
     };
-    spend_on_hold(
-        &state, caller, hold, "refunds", operation, key, &request, &headers,
-    )
-    .await
+    let path = format!("/v1/holds/{hold}/refunds");
+    spend(&state, caller.0, key, operation, &path, &request, &headers).await
 }
 
 /// Refunds part or all of a paid order, back to its account; never more in all than it
@@ -284,34 +286,6 @@ pub async fn refund_order(
     };
     let path = format!("/v1/orders/{order}/refunds");
     spend(&state, caller.0, key, operation, &path, &request, &headers).await
-}
-
-/// A spend on the caller's hold — `operation` of it, at `/v1/holds/{hold_id}/{action}` —
-/// under the spends' protocol. Another account's hold is not found, before any ticket is
-/// looked at.
-#[allow(clippy::too_many_arguments)]
-async fn spend_on_hold(
-    state: &AppState,
-    caller: Caller,
-    hold: HoldId,
-    action: &str,
-    operation: impl FnOnce(HoldId) -> Operation,
-    key: IdempotencyKey,
-    request: &impl serde::Serialize,
-    headers: &HeaderMap,
-) -> Result<Response, ApiError> {
-    let hold = own_hold(state, caller, hold).await?;
-    let path = format!("/v1/holds/{}/{action}", hold.id);
-    spend(
-        state,
-        hold.account_id,
-        key,
-        operation(hold.id),
-        &path,
-        request,
-        headers,
-    )
-    .await
 }
 
 /// The caller's hold; another account's is not found, exactly as an unknown one.
