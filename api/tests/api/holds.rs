@@ -314,6 +314,87 @@ async fn an_expiry_is_recorded_once_and_announced(backend: Backend) {
     app.assert_audit_clean().await;
 }
 
+/// On PostgreSQL a placing, a capture and a void each go through the group commit — one
+/// statement a step, counted in `payonce_ledger_batch_size` — and what their answers show of
+/// the hold, filled in by that statement, is what reading the hold shows: its times as the
+/// API writes them, to the microsecond.
+async fn hold_steps_ride_the_group_commit_and_answer_as_the_hold_reads(backend: Backend) {
+    /// A capture's or a void's answer without the account's numbers: the hold it shows.
+    fn the_hold(answer: &Value) -> Value {
+        let mut hold = answer.clone();
+        let fields = hold.as_object_mut().expect("an object");
+        fields.remove("balance");
+        fields.remove("available");
+        hold
+    }
+    /// The batches sent so far (none shown before the first).
+    async fn batches(app: &TestApp) -> u64 {
+        let metrics = app.get("/metrics").await.text().await.unwrap();
+        metrics
+            .lines()
+            .find_map(|line| line.strip_prefix("payonce_ledger_batch_size_count "))
+            .map_or(0, |count| count.parse().expect("a count"))
+    }
+    let app = spawn_app(backend).await;
+    let ada = app.create_account(100, 0).await;
+    let before = batches(&app).await;
+    let (status, _, placed) = read(
+        app.post_spend(
+            &ada,
+            &format!("/v1/accounts/{}/holds", ada.id),
+            &app.ticket(&ada).await,
+            json!({ "amount": 60, "expires_in": 3600 }),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{placed}");
+    let hold = placed["hold_id"].as_str().unwrap().to_owned();
+    let held = app.get_json(&ada.key, &format!("/v1/holds/{hold}")).await;
+    assert_eq!(placed["expires_at"], held["expires_at"], "{placed} {held}");
+
+    let (status, _, captured) = read(
+        app.post_spend(
+            &ada,
+            &format!("/v1/holds/{hold}/capture"),
+            &app.ticket(&ada).await,
+            json!({}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{captured}");
+    let read_back = app.get_json(&ada.key, &format!("/v1/holds/{hold}")).await;
+    assert_eq!(the_hold(&captured), read_back);
+    assert_eq!(captured["captured_amount"], 60, "{captured}");
+    assert_eq!(
+        (captured["balance"].as_i64(), captured["available"].as_i64()),
+        (Some(40), Some(40))
+    );
+
+    let other = app.hold(&ada, 30, 3600).await;
+    let (status, _, voided) = read(
+        app.post_spend(
+            &ada,
+            &format!("/v1/holds/{other}/void"),
+            &app.ticket(&ada).await,
+            json!({}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{voided}");
+    let read_back = app.get_json(&ada.key, &format!("/v1/holds/{other}")).await;
+    assert_eq!(the_hold(&voided), read_back);
+    assert_eq!(batches(&app).await, before + 4, "a statement each");
+    app.assert_audit_clean().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_steps_ride_the_group_commit_on_postgres() {
+    hold_steps_ride_the_group_commit_and_answer_as_the_hold_reads(Backend::Distributed).await;
+}
+
 macro_rules! in_both_modes {
     ($($test:ident),* $(,)?) => {
         mod embedded {

@@ -470,6 +470,68 @@ async fn a_lost_batch_answer_is_asked_again() {
     assert_clean(&ledger).await;
 }
 
+/// The holds' group commit: the answer to the statement that places a hold is lost, and
+/// then the answer to the one that captures it. Each is sent again on another connection,
+/// finds its ticket used by this very step — the hold placed by it, resolved by it — and
+/// answers with what was stored: one hold, captured once, the money taken once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lost_hold_step_answer_is_asked_again() {
+    let (_database, cutter, ledger, account_id, ticket) =
+        behind_a_cutter(ledger::LedgerOptions::default()).await;
+    let hold = ledger::holds::HoldId::random();
+    let place = ledger::Operation::Hold {
+        hold,
+        amount: ledger::Amount::new(300).unwrap(),
+        expires_in: ledger::holds::HoldLifetime::new(3600).unwrap(),
+    };
+
+    cutter.arm_on(ticket.0.as_bytes(), 1);
+    let placed = apply(&ledger, account_id, ticket, place, "h300", 1)
+        .await
+        .unwrap();
+    assert_eq!(cutter.cuts(), 1);
+    assert!(!placed.replayed);
+    assert_eq!(
+        (placed.response.status, &placed.response.body["available"]),
+        (201, &serde_json::json!(700)),
+        "{:?}",
+        placed.response
+    );
+
+    let capturing = ledger.issue_ticket(account_id, HOUR).await.unwrap().id;
+    let capture = ledger::Operation::Capture { hold, amount: None };
+    cutter.arm_on(capturing.0.as_bytes(), 1);
+    let captured = apply(&ledger, account_id, capturing, capture, "c", 1)
+        .await
+        .unwrap();
+    assert_eq!(cutter.cuts(), 2);
+    assert!(!captured.replayed);
+    assert_eq!(
+        (
+            captured.response.status,
+            &captured.response.body["state"],
+            &captured.response.body["balance"]
+        ),
+        (200, &serde_json::json!("captured"), &serde_json::json!(700)),
+        "{:?}",
+        captured.response
+    );
+    let found = ledger.hold(hold).await.unwrap().unwrap();
+    assert_eq!(
+        (found.state, found.captured_amount, found.resolved_by_ticket),
+        (
+            ledger::holds::HoldState::Captured,
+            Some(300),
+            Some(capturing)
+        )
+    );
+    assert_eq!(
+        ledger.account(account_id).await.unwrap().unwrap().balance,
+        700
+    );
+    assert_clean(&ledger).await;
+}
+
 /// When every connection the batch is sent on is cut after sending, the spend's outcome
 /// is unknown — it did commit — and the same ticket then replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
