@@ -221,19 +221,7 @@ where
         render: &Renderer,
     ) -> Result<Applied, ApplyError> {
         if let Some(batcher) = &self.hold_batcher {
-            let placed = Hold {
-                id: hold,
-                account_id: request.account_id,
-                ticket_id: request.ticket_id,
-                amount,
-                state: HoldState::Held,
-                captured_amount: None,
-                refunded_amount: 0,
-                expires_at: EXPIRY_STAND_IN,
-                created_at: NOW_STAND_IN,
-                resolved_at: None,
-                resolved_by_ticket: None,
-            };
+            let placed = placed_hold(hold, request, amount, EXPIRY_STAND_IN, NOW_STAND_IN);
             let lifetime = i64::try_from(expires_in.duration().as_secs()).unwrap_or(i64::MAX);
             let step = (hold, amount.get(), lifetime);
             if let Some(answer) = in_batch(batcher, request, placed, step, token, render).await {
@@ -295,19 +283,7 @@ where
                     .or_constraint()?;
                 let set_aside = Self::set_aside(&mut tx, request.account_id, now).await?;
                 OperationResult::HoldChanged {
-                    hold: Hold {
-                        id: hold,
-                        account_id: request.account_id,
-                        ticket_id: request.ticket_id,
-                        amount,
-                        state: HoldState::Held,
-                        captured_amount: None,
-                        refunded_amount: 0,
-                        expires_at: expires_at.0,
-                        created_at: now.0,
-                        resolved_at: None,
-                        resolved_by_ticket: None,
-                    },
+                    hold: placed_hold(hold, request, amount, expires_at.0, now.0),
                     balance,
                     available: balance - set_aside,
                 }
@@ -785,6 +761,30 @@ where
         };
         let (row, now) = self.on_live_connection(query).await?;
         row.map(|row| row.read_at(now)).transpose()
+    }
+}
+
+/// Hold `id`, just placed by `request` for `amount`, expiring at `expires_at`, placed at
+/// `created_at`.
+fn placed_hold(
+    id: HoldId,
+    request: &ApplyRequest<'_>,
+    amount: Amount,
+    expires_at: time::OffsetDateTime,
+    created_at: time::OffsetDateTime,
+) -> Hold {
+    Hold {
+        id,
+        account_id: request.account_id,
+        ticket_id: request.ticket_id,
+        amount,
+        state: HoldState::Held,
+        captured_amount: None,
+        refunded_amount: 0,
+        expires_at,
+        created_at,
+        resolved_at: None,
+        resolved_by_ticket: None,
     }
 }
 
