@@ -73,8 +73,8 @@ macro_rules! rfc3339 {
 /// of the balance, the money available, the hold's amount, the clock's reading, the
 /// expiry, the time of the placing and its ticket. Returns, in the order given, what
 /// [`done`](crate::batch) reads: `applied`; the values filled in (`balance_after`,
-/// `available_after`, `hold_amount`, `now_text`, `expiry_text`, `placed_at_text`,
-/// `placed_by`); the ticket's columns as found when not written; `read_at`; the token
+/// `available_after`, `shown_amount`, `now_text`, `expiry_text`, `placed_at_text`,
+/// `placed_by_text`); the ticket's columns as found when not written; `read_at`; the token
 /// recorded where the step's lock writes it (`recorded_token`: the account's for a
 /// placing, the hold's else; NULL when not locked); and `queued_deliveries`.
 const APPLY_HOLD_STEPS: &str = concat!(
