@@ -240,3 +240,90 @@ pub fn wrk(
         p99_ms: value("latency_p99_us")? / 1000.0,
     })
 }
+
+/// CPU time taken so far, in seconds: by PostgreSQL's processes (the backends that exited
+/// included — the postmaster counts its children's time), by Redis's, and by this process
+/// (payonce and the load generator in it). Read from `/proc`, so only where the services
+/// run on this machine, as the benchmarks run them; `None` where there is no `/proc`.
+///
+/// A rate swings with whatever else the shared cores run; the CPU one operation takes, and
+/// where it is taken, swings far less, and says which part to make cheaper.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CpuTaken {
+    pub postgres: f64,
+    pub redis: f64,
+    pub this: f64,
+}
+
+impl CpuTaken {
+    pub fn now() -> Option<Self> {
+        let ticks_per_sec = clock_ticks_per_sec();
+        let seconds = |stat: &str, with_children: bool| -> Option<(String, f64)> {
+            // `pid (comm) state ppid …`: comm may hold spaces, so fields count from its `)`.
+            let (head, rest) = stat.rsplit_once(") ")?;
+            let comm = head.split_once(" (")?.1.to_owned();
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            // utime and stime are fields 14 and 15 of the line, cutime and cstime 16 and 17.
+            let wanted = if with_children { 11..15 } else { 11..13 };
+            let ticks: u64 = fields
+                .get(wanted)?
+                .iter()
+                .filter_map(|field| field.parse::<u64>().ok())
+                .sum();
+            Some((comm, ticks as f64 / ticks_per_sec))
+        };
+        let mut taken = Self {
+            this: seconds(&std::fs::read_to_string("/proc/self/stat").ok()?, false)?.1,
+            ..Self::default()
+        };
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            if !entry
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            // A process may end between the listing and the read: it is skipped.
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+                continue;
+            };
+            match seconds(&stat, true) {
+                Some((comm, spent)) if comm == "postgres" => taken.postgres += spent,
+                Some((comm, spent)) if comm == "redis-server" => taken.redis += spent,
+                _ => {}
+            }
+        }
+        Some(taken)
+    }
+
+    /// What was taken between `earlier` and `self`, per `operations`, in microseconds.
+    pub fn per_operation_since(self, earlier: Self, operations: f64) -> Self {
+        let each = |now: f64, then: f64| (now - then) * 1e6 / operations.max(1.0);
+        Self {
+            postgres: each(self.postgres, earlier.postgres),
+            redis: each(self.redis, earlier.redis),
+            this: each(self.this, earlier.this),
+        }
+    }
+
+    pub fn total(&self) -> f64 {
+        self.postgres + self.redis + self.this
+    }
+}
+
+/// The kernel's clock ticks per second, in which `/proc` counts CPU time (`getconf
+/// CLK_TCK`; 100, Linux's value, when that cannot say).
+fn clock_ticks_per_sec() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8(out.stdout).ok())
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}

@@ -7,10 +7,12 @@
 //!
 //! Each round makes a fresh database and starts one payonce server in this process
 //! (distributed mode, a Redis namespace of its own), opens 1,000 accounts through the API and
-//! issues tickets in bulk (the fixture; issuing is not what is measured). Then the same
-//! load generator — `--connections` clients in this process, each sending its next request
-//! as soon as the last was answered — measures, in alternating order (pairs first in odd
-//! rounds, withdrawals first in even ones):
+//! issues tickets in bulk (the fixture; issuing is not what is measured). Both works run
+//! unmeasured for `--warmup` seconds, and the tables they wrote are vacuumed and analyzed,
+//! so that what is measured is a server with history rather than a database's first
+//! minutes. Then the same load generator — `--connections` clients in this process, each
+//! sending its next request as soon as the last was answered — measures, in alternating
+//! order (pairs first in odd rounds, withdrawals first in even ones):
 //!
 //! - withdrawals of 1, each with its own ticket: a 201 each;
 //! - pairs: a hold of 1 placed with one ticket (201), then captured whole with another
@@ -19,7 +21,10 @@
 //!
 //! A pair is two requests, so half the withdrawals' rate is what two withdrawals would cost;
 //! the issue's bar is 0.45. Any other answer fails the round. The load generator shares the
-//! machine with the server, the same for both sides.
+//! machine with the server, the same for both sides. Each side also prints the CPU one
+//! operation took, and where: PostgreSQL's processes, Redis's, and this process (payonce
+//! and its clients), read from `/proc` — the ratio of the rates where the cores are the
+//! limit, and which part a pair spends more in than two withdrawals.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -48,6 +53,9 @@ struct Args {
     /// Rounds; the summary gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Seconds of each work sent, unmeasured, before the measured ones (see `run_round`).
+    #[arg(long, default_value_t = 3)]
+    warmup: u64,
     /// Accounts the spends spread over.
     #[arg(long, default_value_t = 1000)]
     accounts: usize,
@@ -62,6 +70,8 @@ struct Measured {
     /// Latency of one withdrawal, or of one whole pair.
     p50_ms: f64,
     p99_ms: f64,
+    /// The CPU one withdrawal, or one whole pair, took, in microseconds (where `/proc` says).
+    cpu: Option<http::CpuTaken>,
 }
 
 struct Round {
@@ -107,6 +117,14 @@ async fn main() -> Result<(), BoxError> {
             measured.pairs.p99_ms,
             measured.pairs.per_sec / measured.withdrawals.per_sec
         );
+        if let (Some(withdrawal), Some(pair)) = (measured.withdrawals.cpu, measured.pairs.cpu) {
+            println!(
+                "  CPU per withdrawal {} · per pair {} · ratio by CPU {:.2}",
+                cpu_text(&withdrawal),
+                cpu_text(&pair),
+                withdrawal.total() / pair.total()
+            );
+        }
         rounds.push(measured);
     }
     let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
@@ -127,7 +145,40 @@ async fn main() -> Result<(), BoxError> {
         "  ratio pairs/withdrawals   {:.2} (median of the rounds' ratios; target >= 0.45)",
         median(|r| r.pairs.per_sec / r.withdrawals.per_sec)
     );
+    // Medians of each part, over the rounds whose CPU `/proc` told.
+    let cpus: Vec<(http::CpuTaken, http::CpuTaken)> = rounds
+        .iter()
+        .filter_map(|r| r.withdrawals.cpu.zip(r.pairs.cpu))
+        .collect();
+    if !cpus.is_empty() {
+        for (name, side) in [("withdrawal", 0), ("pair", 1)] {
+            let part = |pick: fn(&http::CpuTaken) -> f64| {
+                http::median(&cpus, |both| {
+                    pick(if side == 0 { &both.0 } else { &both.1 })
+                })
+            };
+            println!(
+                "  CPU per {name:<10}        PostgreSQL {:.0} µs   Redis {:.0} µs   payonce and its clients {:.0} µs",
+                part(|c| c.postgres),
+                part(|c| c.redis),
+                part(|c| c.this)
+            );
+        }
+        println!(
+            "  ratio by CPU              {:.2} (a withdrawal's CPU over a pair's: the ratio of the rates where the cores are the limit)",
+            http::median(&cpus, |(withdrawal, pair)| withdrawal.total()
+                / pair.total())
+        );
+    }
     Ok(())
+}
+
+/// One operation's CPU, where it was taken.
+fn cpu_text(cpu: &http::CpuTaken) -> String {
+    format!(
+        "PostgreSQL {:.0} µs, Redis {:.0} µs, payonce and its clients {:.0} µs",
+        cpu.postgres, cpu.redis, cpu.this
+    )
 }
 
 /// One round on a fresh database: both sides on one server, in the round's order.
@@ -146,7 +197,7 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     .await?;
     let accounts = http::open_accounts(&server.address, args.accounts).await?;
     // Far more than either side can spend in its seconds here; running out fails the round.
-    let per_account = (args.seconds as usize * 30_000).div_ceil(args.accounts);
+    let per_account = ((args.seconds + args.warmup) as usize * 30_000).div_ceil(args.accounts);
     let raw = PgPoolOptions::new().max_connections(2).connect(url).await?;
     let spenders = issue(&raw, &accounts, per_account).await?;
     // What the fixture filled, and only that: analyzed empty, `holds` would be planned as a
@@ -155,8 +206,22 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     sqlx::query("VACUUM ANALYZE accounts, tickets, entries")
         .execute(&raw)
         .await?;
-    raw.close().await;
     let spenders = Arc::new(spenders);
+    // Both works once, unmeasured, then every table they write vacuumed and analyzed: the
+    // measured seconds see a ledger that has history, as a server that has run a while
+    // does — its connections open, their pages of shared memory mapped, its plans made on
+    // tables that are not empty — rather than the first minutes of a fresh database, where
+    // the autovacuum analyzes `holds` and `entries` again and again as they grow from
+    // nothing and every connection plans its statement anew after each analysis.
+    if args.warmup > 0 {
+        for work in [Work::Pairs, Work::Withdrawals] {
+            measure(&server.address, &spenders, work, args, args.warmup).await?;
+        }
+        sqlx::query("VACUUM ANALYZE accounts, tickets, entries, holds")
+            .execute(&raw)
+            .await?;
+    }
+    raw.close().await;
 
     let order = if round % 2 == 1 {
         [Work::Pairs, Work::Withdrawals]
@@ -166,7 +231,7 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     let mut withdrawals = None;
     let mut pairs = None;
     for work in order {
-        let measured = measure(&server.address, &spenders, work, args).await?;
+        let measured = measure(&server.address, &spenders, work, args, args.seconds).await?;
         match work {
             Work::Withdrawals => withdrawals = Some(measured),
             Work::Pairs => pairs = Some(measured),
@@ -223,20 +288,22 @@ fn take(
     Ok((spender.account, spender.key.clone(), tickets))
 }
 
-/// `work` sent by `args.connections` clients for `args.seconds`: completions per second and
-/// each completion's latency.
+/// `work` sent by `args.connections` clients for `seconds`: completions per second, each
+/// completion's latency, and the CPU each took.
 async fn measure(
     address: &str,
     spenders: &Arc<Vec<std::sync::Mutex<Spender>>>,
     work: Work,
     args: &Args,
+    seconds: u64,
 ) -> Result<Measured, BoxError> {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.connections)
         .build()?;
     let turn = Arc::new(AtomicUsize::new(0));
+    let cpu_before = http::CpuTaken::now();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(args.seconds);
+    let deadline = started + Duration::from_secs(seconds);
     let clients = (0..args.connections).map(|_| {
         let (client, spenders, turn) = (client.clone(), spenders.clone(), turn.clone());
         let address = address.to_owned();
@@ -270,10 +337,14 @@ async fn measure(
         all.add(finished??)?;
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let cpu = http::CpuTaken::now()
+        .zip(cpu_before)
+        .map(|(after, before)| after.per_operation_since(before, all.len() as f64));
     Ok(Measured {
         per_sec: all.len() as f64 / elapsed,
         p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
         p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
+        cpu,
     })
 }
 
