@@ -13,6 +13,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use uuid::Uuid;
 
+/// The allocator the `payonce` binary runs on (see `api/src/main.rs`): the server here is
+/// in the benchmark's process, so the benchmark chooses it.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 // The services a benchmark runs payonce on, flattened into its arguments: `--database-url`

@@ -44,6 +44,11 @@ use loadtest::run::{Limit, Mix, RunOptions};
 #[path = "../tests/support/plain_run.rs"]
 mod plain_run;
 
+/// The allocator the `payonce` binary runs on (`api/src/main.rs`): payonce runs in this
+/// process, so the benchmark chooses it — for the generator's baseline too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// The sealing key the benchmark's instances share with it (hex, 32 bytes).
