@@ -250,9 +250,12 @@ pub fn wrk(
 /// included — the postmaster counts its children's time), by Redis's, and by this process
 /// (payonce and the load generator in it). Read from `/proc`, so only where the services
 /// run on this machine, as the benchmarks run them; `None` where there is no `/proc`.
+/// Whatever else those servers do meanwhile counts too (another database's clients, say):
+/// the figures are the benchmark's only on an otherwise quiet machine.
 ///
-/// A rate swings with whatever else the shared cores run; the CPU one operation takes, and
-/// where it is taken, swings far less, and says which part to make cheaper.
+/// The CPU one operation takes, and where, says which part to make cheaper; set beside
+/// another operation's measured in the same round, it gives the ratio of their rates on a
+/// machine whose cores are the limit, as these are.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuTaken {
     pub postgres: f64,

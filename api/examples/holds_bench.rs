@@ -146,28 +146,27 @@ async fn main() -> Result<(), BoxError> {
         median(|r| r.pairs.per_sec / r.withdrawals.per_sec)
     );
     // Medians of each part, over the rounds whose CPU `/proc` told.
-    let cpus: Vec<(http::CpuTaken, http::CpuTaken)> = rounds
+    let (withdrawal_cpus, pair_cpus): (Vec<http::CpuTaken>, Vec<http::CpuTaken>) = rounds
         .iter()
         .filter_map(|r| r.withdrawals.cpu.zip(r.pairs.cpu))
-        .collect();
-    if !cpus.is_empty() {
-        for (name, side) in [("withdrawal", 0), ("pair", 1)] {
-            let part = |pick: fn(&http::CpuTaken) -> f64| {
-                http::median(&cpus, |both| {
-                    pick(if side == 0 { &both.0 } else { &both.1 })
-                })
-            };
+        .unzip();
+    if !withdrawal_cpus.is_empty() {
+        for (name, cpus) in [("withdrawal", &withdrawal_cpus), ("pair", &pair_cpus)] {
             println!(
-                "  CPU per {name:<10}        PostgreSQL {:.0} µs   Redis {:.0} µs   payonce and its clients {:.0} µs",
-                part(|c| c.postgres),
-                part(|c| c.redis),
-                part(|c| c.this)
+                "  CPU per {name:<17} PostgreSQL {:.0} µs   Redis {:.0} µs   payonce and its clients {:.0} µs",
+                http::median(cpus, |c| c.postgres),
+                http::median(cpus, |c| c.redis),
+                http::median(cpus, |c| c.this)
             );
         }
+        let by_cpu: Vec<f64> = withdrawal_cpus
+            .iter()
+            .zip(&pair_cpus)
+            .map(|(withdrawal, pair)| withdrawal.total() / pair.total())
+            .collect();
         println!(
             "  ratio by CPU              {:.2} (a withdrawal's CPU over a pair's: the ratio of the rates where the cores are the limit)",
-            http::median(&cpus, |(withdrawal, pair)| withdrawal.total()
-                / pair.total())
+            http::median(&by_cpu, |ratio| *ratio)
         );
     }
     Ok(())
