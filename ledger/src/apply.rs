@@ -276,20 +276,13 @@ where
             credit: planned.credit,
             prize: planned.prize,
         };
-        let kind = OutcomeKind::of(&request.operation, &stand_in);
-        let body = substitutable(&render(&request.execution(&stand_in)))?;
+        let (stored, kind) = stored_in_batch(request, &stand_in, render)?;
         let spend = batch::Spend {
-            ticket_id: request.ticket_id,
-            account_id: request.account_id,
-            kind: request.operation.kind().as_str(),
+            stored,
             debit: planned.debit,
             credit: planned.credit,
             points: planned.spend,
             token,
-            fingerprint: request.fingerprint.to_owned(),
-            body,
-            status: kind.status(),
-            event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
         };
         answer_from_batch(batcher.apply(spend).await, request, kind, token)
     }
@@ -659,6 +652,27 @@ where
 /// stale token, refused as the transaction path would; the batch's failure. `None` when
 /// the transaction path must settle it: a refusal (the batch wrote nothing for it; the
 /// transaction path stores it), or a batch the database refused.
+/// What `request` stores under its ticket if the group commit writes it, for the outcome
+/// `stand_in` (with stand-ins for what the statement fills in), and that outcome's kind;
+/// `None` when the body cannot be filled in by the database.
+pub(crate) fn stored_in_batch(
+    request: &ApplyRequest<'_>,
+    stand_in: &OperationResult,
+    render: &Renderer,
+) -> Option<(batch::Stored, OutcomeKind)> {
+    let kind = OutcomeKind::of(&request.operation, stand_in);
+    let stored = batch::Stored {
+        ticket_id: request.ticket_id,
+        account_id: request.account_id,
+        kind: request.operation.kind().as_str(),
+        fingerprint: request.fingerprint.to_owned(),
+        body: substitutable(&render(&request.execution(stand_in)))?,
+        status: kind.status(),
+        event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
+    };
+    Some((stored, kind))
+}
+
 pub(crate) fn answer_from_batch(
     done: Result<batch::Done, batch::Failed>,
     request: &ApplyRequest<'_>,

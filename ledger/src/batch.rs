@@ -218,16 +218,14 @@ const APPLY_SPENDS: &str = concat!(
     ORDER BY s.slot"
 );
 
-/// One spend as [`APPLY_SPENDS`] takes it.
+/// What an item of a batch — a spend, a hold's step — stores under its ticket when its
+/// statement writes it (built by [`stored_in_batch`](crate::apply::stored_in_batch)).
 #[derive(Debug)]
-pub(crate) struct Spend {
+pub(crate) struct Stored {
     pub ticket_id: TicketId,
     pub account_id: AccountId,
+    /// The operation's kind, as tickets store it.
     pub kind: &'static str,
-    pub debit: i64,
-    pub credit: i64,
-    pub points: i64,
-    pub token: i64,
     pub fingerprint: String,
     /// The success body, with the stand-ins (see
     /// [`substitutable`](crate::stand_ins::substitutable)).
@@ -236,6 +234,16 @@ pub(crate) struct Spend {
     pub status: u16,
     /// The event the success announces, if any.
     pub event: Option<&'static str>,
+}
+
+/// One spend as [`APPLY_SPENDS`] takes it.
+#[derive(Debug)]
+pub(crate) struct Spend {
+    pub stored: Stored,
+    pub debit: i64,
+    pub credit: i64,
+    pub points: i64,
+    pub token: i64,
 }
 
 /// What [`APPLY_SPENDS`] did with one spend.
@@ -579,11 +587,11 @@ async fn send<T: Batched>(
 
 impl Batched for Spend {
     fn account(&self) -> AccountId {
-        self.account_id
+        self.stored.account_id
     }
 
     fn ticket(&self) -> TicketId {
-        self.ticket_id
+        self.stored.ticket_id
     }
 
     fn token(&self) -> i64 {
@@ -592,8 +600,8 @@ impl Batched for Spend {
 
     fn claims(&self) -> impl Iterator<Item = Claim> {
         [
-            Claim::Grant(self.account_id, self.token),
-            Claim::Ticket(self.ticket_id),
+            Claim::Grant(self.stored.account_id, self.token),
+            Claim::Ticket(self.stored.ticket_id),
         ]
         .into_iter()
     }
@@ -603,25 +611,25 @@ impl Batched for Spend {
         connection: &mut sqlx::PgConnection,
     ) -> (Vec<PgRow>, Option<sqlx::Error>) {
         let query = sqlx::query(APPLY_SPENDS)
-            .bind(column(batch, |spend| spend.ticket_id.0))
-            .bind(column(batch, |spend| spend.account_id.0))
-            .bind(column(batch, |spend| spend.kind))
+            .bind(column(batch, |spend| spend.stored.ticket_id.0))
+            .bind(column(batch, |spend| spend.stored.account_id.0))
+            .bind(column(batch, |spend| spend.stored.kind))
             .bind(column(batch, |spend| spend.debit))
             .bind(column(batch, |spend| spend.credit))
             .bind(column(batch, |spend| spend.points))
             .bind(column(batch, |spend| spend.token))
-            .bind(column(batch, |spend| spend.fingerprint.as_str()))
-            .bind(column(batch, |spend| spend.body.as_str()))
+            .bind(column(batch, |spend| spend.stored.fingerprint.as_str()))
+            .bind(column(batch, |spend| spend.stored.body.as_str()))
             .bind(BALANCE_STAND_IN.to_string())
             .bind(POINTS_STAND_IN.to_string())
-            .bind(column(batch, |spend| i32::from(spend.status)))
-            .bind(column(batch, |spend| spend.event));
+            .bind(column(batch, |spend| i32::from(spend.stored.status)))
+            .bind(column(batch, |spend| spend.stored.event));
         read_answer(query, batch.len(), connection).await
     }
 
     fn written_body(&self, row: &PgRow) -> Result<String, sqlx::Error> {
         Ok(filled(
-            &self.body,
+            &self.stored.body,
             row.try_get("balance_after")?,
             row.try_get("points_after")?,
         ))
@@ -633,7 +641,7 @@ impl Batched for Spend {
         connection: &mut sqlx::PgConnection,
         items: &[&Self],
     ) -> Result<Vec<EarlierWrite>, sqlx::Error> {
-        let tickets: Vec<uuid::Uuid> = items.iter().map(|spend| spend.ticket_id.0).collect();
+        let tickets = column(items, |spend| spend.stored.ticket_id.0);
         let entries: Vec<(TicketId, AccountId, i64, Option<Json<Value>>)> = sqlx::query_as(
             "SELECT e.ticket_id, e.account_id, e.fencing_token, t.response_body
              FROM entries AS e JOIN tickets AS t ON t.id = e.ticket_id
@@ -646,8 +654,8 @@ impl Batched for Spend {
             .into_iter()
             .filter(|(ticket, account, token, _)| {
                 items.iter().any(|spend| {
-                    spend.ticket_id == *ticket
-                        && spend.account_id == *account
+                    spend.stored.ticket_id == *ticket
+                        && spend.stored.account_id == *account
                         && spend.token == *token
                 })
             })
@@ -787,17 +795,19 @@ mod tests {
     fn queued(account: AccountId, ticket: TicketId, token: i64) -> Queued<Spend> {
         Queued {
             item: Spend {
-                ticket_id: ticket,
-                account_id: account,
-                kind: "withdrawal",
+                stored: Stored {
+                    ticket_id: ticket,
+                    account_id: account,
+                    kind: "withdrawal",
+                    fingerprint: String::new(),
+                    body: String::new(),
+                    status: 201,
+                    event: None,
+                },
                 debit: 1,
                 credit: 0,
                 points: 0,
                 token,
-                fingerprint: String::new(),
-                body: String::new(),
-                status: 201,
-                event: None,
             },
             answer: oneshot::channel().0,
             span: tracing::Span::none(),

@@ -9,7 +9,7 @@
 use sqlx::Row;
 use sqlx::postgres::PgRow;
 
-use crate::batch::{Batched, Claim, EarlierWrite, column, read_answer};
+use crate::batch::{Batched, Claim, EarlierWrite, Stored, column, read_answer};
 use crate::model::{AccountId, TicketId};
 use crate::stand_ins::{
     AVAILABLE_STAND_IN, BALANCE_STAND_IN, EXPIRY_STAND_IN_TEXT, HOLD_AMOUNT_STAND_IN, HoldFill,
@@ -233,10 +233,8 @@ const EARLIER_HOLD_STEPS: &str = "
 /// One step as [`APPLY_HOLD_STEPS`] takes it.
 #[derive(Debug)]
 pub(crate) struct HoldStep {
-    pub ticket_id: TicketId,
-    pub account_id: AccountId,
-    /// `hold`, `hold_capture` or `hold_void` (the operation's kind, as tickets store it).
-    pub kind: &'static str,
+    /// Its kind is `hold`, `hold_capture` or `hold_void`.
+    pub stored: Stored,
     pub hold_id: uuid::Uuid,
     /// The hold's amount for a placing; the amount captured for a capture, 0 for the whole
     /// hold; 0 for a void.
@@ -244,20 +242,15 @@ pub(crate) struct HoldStep {
     /// A placing's lifetime, in seconds; 0 else.
     pub lifetime: i64,
     pub token: i64,
-    pub fingerprint: String,
-    /// The success body, with the stand-ins.
-    pub body: String,
-    pub status: u16,
-    pub event: Option<&'static str>,
 }
 
 impl Batched for HoldStep {
     fn account(&self) -> AccountId {
-        self.account_id
+        self.stored.account_id
     }
 
     fn ticket(&self) -> TicketId {
-        self.ticket_id
+        self.stored.ticket_id
     }
 
     fn token(&self) -> i64 {
@@ -266,8 +259,8 @@ impl Batched for HoldStep {
 
     fn claims(&self) -> impl Iterator<Item = Claim> {
         [
-            Claim::Account(self.account_id),
-            Claim::Ticket(self.ticket_id),
+            Claim::Account(self.stored.account_id),
+            Claim::Ticket(self.stored.ticket_id),
             Claim::Hold(self.hold_id),
         ]
         .into_iter()
@@ -278,17 +271,17 @@ impl Batched for HoldStep {
         connection: &mut sqlx::PgConnection,
     ) -> (Vec<PgRow>, Option<sqlx::Error>) {
         let query = sqlx::query(APPLY_HOLD_STEPS)
-            .bind(column(batch, |step| step.ticket_id.0))
-            .bind(column(batch, |step| step.account_id.0))
-            .bind(column(batch, |step| step.kind))
+            .bind(column(batch, |step| step.stored.ticket_id.0))
+            .bind(column(batch, |step| step.stored.account_id.0))
+            .bind(column(batch, |step| step.stored.kind))
             .bind(column(batch, |step| step.hold_id))
             .bind(column(batch, |step| step.amount))
             .bind(column(batch, |step| step.lifetime))
             .bind(column(batch, |step| step.token))
-            .bind(column(batch, |step| step.fingerprint.as_str()))
-            .bind(column(batch, |step| step.body.as_str()))
-            .bind(column(batch, |step| i32::from(step.status)))
-            .bind(column(batch, |step| step.event))
+            .bind(column(batch, |step| step.stored.fingerprint.as_str()))
+            .bind(column(batch, |step| step.stored.body.as_str()))
+            .bind(column(batch, |step| i32::from(step.stored.status)))
+            .bind(column(batch, |step| step.stored.event))
             .bind(BALANCE_STAND_IN.to_string())
             .bind(AVAILABLE_STAND_IN.to_string())
             .bind(HOLD_AMOUNT_STAND_IN.to_string())
@@ -309,7 +302,7 @@ impl Batched for HoldStep {
             placed_at: row.try_get("placed_at_text")?,
             placed_by: row.try_get("placed_by_text")?,
         };
-        Ok(filled_hold(&self.body, &fill))
+        Ok(filled_hold(&self.stored.body, &fill))
     }
 
     async fn earlier_writes(
@@ -317,7 +310,7 @@ impl Batched for HoldStep {
         items: &[&Self],
     ) -> Result<Vec<EarlierWrite>, sqlx::Error> {
         sqlx::query_as(EARLIER_HOLD_STEPS)
-            .bind(column(items, |step| step.ticket_id.0))
+            .bind(column(items, |step| step.stored.ticket_id.0))
             .bind(column(items, |step| step.hold_id))
             .fetch_all(connection)
             .await

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 
 use sqlx::{Decode, Encode, Executor, FromRow, Type};
 
-use crate::apply::{RECORD_TOKEN, answer_from_batch, available_covers, stale};
+use crate::apply::{RECORD_TOKEN, answer_from_batch, available_covers, stale, stored_in_batch};
 use crate::batch::Batcher;
 use crate::bells::JobKind;
 use crate::db_types::{JsonText, Timestamp, from_row};
@@ -29,16 +29,15 @@ use crate::holds::{
     Hold, HoldCounts, HoldId, HoldLifetime, HoldRenderer, HoldState, Payment, Refund, RefundId,
 };
 use crate::model::{
-    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, OutcomeKind, Refusal,
-    Renderer, TicketId,
+    AccountId, Amount, Applied, ApplyRequest, OperationResult, OrderId, Refusal, Renderer, TicketId,
 };
 use crate::rows::{OrderRow, TicketRow};
 use crate::sql_store::SqlStore;
 use crate::stand_ins::{
     AVAILABLE_STAND_IN, BALANCE_STAND_IN, EXPIRY_STAND_IN, HOLD_AMOUNT_STAND_IN, NOW_STAND_IN,
-    PLACED_AT_STAND_IN, PLACED_BY_STAND_IN, substitutable,
+    PLACED_AT_STAND_IN, PLACED_BY_STAND_IN,
 };
-use crate::webhooks::{EventId, EventType, event_of_outcome, hold_data};
+use crate::webhooks::{EventId, EventType, hold_data};
 
 /// A hold's placing: its amount added to the account's `held` if the money available
 /// covers it, under the fencing check of the account's lock. Parameters: $1 account,
@@ -807,20 +806,13 @@ async fn in_batch(
         balance: BALANCE_STAND_IN,
         available: AVAILABLE_STAND_IN,
     };
-    let kind = OutcomeKind::of(&request.operation, &stand_in);
-    let body = substitutable(&render(&request.execution(&stand_in)))?;
+    let (stored, kind) = stored_in_batch(request, &stand_in, render)?;
     let step = HoldStep {
-        ticket_id: request.ticket_id,
-        account_id: request.account_id,
-        kind: request.operation.kind().as_str(),
+        stored,
         hold_id: hold.0,
         amount,
         lifetime,
         token,
-        fingerprint: request.fingerprint.to_owned(),
-        body,
-        status: kind.status(),
-        event: event_of_outcome(request.operation.kind(), kind).map(EventType::as_str),
     };
     answer_from_batch(batcher.apply(step).await, request, kind, token)
 }
