@@ -6,13 +6,14 @@
 //! worker its account belongs to (by the account id's bits), so an account's spends are
 //! only ever in one batch at a time and go in order, and two batches never wait for each
 //! other's account rows. A worker takes whatever its queue holds, up to `max` spends, and
-//! sends it; spends arriving meanwhile wait for its next batch. Nobody waits on a timer:
-//! under light load a batch is one spend sent at once, and batches grow only while their
-//! worker is busy, so a spend waits at most for the batch ahead of it. A batch may hold
-//! several spends of one account — the statement applies them in fencing-token order,
-//! each on the balance the one before it left — but one spend per ticket, and one per
-//! account and token; another waits for the worker's next batch. [`Batches`] counts the
-//! sizes sent.
+//! sends it in its turn ([`Turn`]: the workers take turns, so that each batch takes all
+//! that queued while the last was out); spends arriving meanwhile wait for its next batch.
+//! Nobody waits for more spends to come: under light load a batch is one spend sent at
+//! once, and batches grow only while a batch is out, so a spend waits at most for the batch
+//! ahead of it — and never long for one that is stuck. A batch may hold several spends of
+//! one account — the statement applies them in fencing-token order, each on the balance
+//! the one before it left — but one spend per ticket, and one per account and token;
+//! another waits for the worker's next batch. [`Batches`] counts the sizes sent.
 //!
 //! A spend the statement did not write (a used, unknown or expired ticket, a refusal, a
 //! stale token) comes back with its ticket and its account's token as found; `apply.rs`
@@ -21,6 +22,7 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use futures::TryStreamExt;
 use serde_json::Value;
@@ -380,6 +382,84 @@ pub(crate) struct Shape {
     pub workers: usize,
     /// How often a batch is sent again after its connection failed (see [`send`]).
     pub tries: u32,
+    /// How long a worker waits for its turn while another's batch is out (see [`Turn`]).
+    pub patience: Duration,
+}
+
+/// How long a worker waits for its turn by default: several times what a batch takes on a
+/// busy database (1–3 ms here), so that only a batch that is stuck — waiting for a row
+/// another transaction holds, say — lets another go out beside it.
+pub(crate) const TURN_PATIENCE: Duration = Duration::from_millis(10);
+
+/// The workers of one batcher take turns: a batch goes out while no other is out, so each
+/// batch takes everything that queued meanwhile. Two batches out at once on a database
+/// that is busy cost more than one batch of both: each statement has a fixed price
+/// (PostgreSQL sets up its plan — some ninety nodes — checks, indexes and triggers, and
+/// commits) that a larger batch shares among more spends. In `http_bench`, two workers
+/// sending as they pleased made batches of 6 on average where one worker made 11, and
+/// took more of PostgreSQL's CPU per spend. A worker does not wait for its turn when its
+/// batch is full (the database then has more to do than one batch at a time can carry),
+/// nor for a batch that has been out longer than [`Shape::patience`] (one that is stuck —
+/// waiting on a row another transaction holds — holds back no other worker's accounts for
+/// longer than that).
+#[derive(Debug)]
+struct Turn {
+    out: tokio::sync::Semaphore,
+    patience: Duration,
+    started: tokio::time::Instant,
+    /// When the batch holding the turn went out, in microseconds since `started`.
+    out_since: AtomicU64,
+}
+
+impl Turn {
+    fn new(patience: Duration) -> Self {
+        Self {
+            out: tokio::sync::Semaphore::new(1),
+            patience,
+            started: tokio::time::Instant::now(),
+            out_since: AtomicU64::new(0),
+        }
+    }
+
+    /// Waits until this worker may send what `waiting` holds, adding to it what arrives on
+    /// `queue` meanwhile (up to `max`). The permit, when there is one, is held while the
+    /// batch is out; `None` is a batch sent beside another (full, or out of patience with
+    /// it: once a batch has been out for longer than the patience, no one waits for it).
+    async fn wait<'turn, T: Batched>(
+        &'turn self,
+        queue: &mut mpsc::Receiver<Queued<T>>,
+        waiting: &mut Vec<Queued<T>>,
+        max: usize,
+    ) -> Option<tokio::sync::SemaphorePermit<'turn>> {
+        if let Ok(permit) = self.out.try_acquire() {
+            return Some(self.taken(permit));
+        }
+        let out_since = Duration::from_micros(self.out_since.load(Ordering::Relaxed));
+        let out_of_patience = tokio::time::sleep_until(self.started + out_since + self.patience);
+        tokio::pin!(out_of_patience);
+        while waiting.len() < max {
+            tokio::select! {
+                permit = self.out.acquire() => return permit.ok().map(|permit| self.taken(permit)),
+                () = &mut out_of_patience => return None,
+                arrived = queue.recv() => match arrived {
+                    Some(queued) => waiting.push(queued),
+                    // The batcher is gone: what waits goes now.
+                    None => return None,
+                },
+            }
+        }
+        None
+    }
+
+    fn taken<'turn>(
+        &'turn self,
+        permit: tokio::sync::SemaphorePermit<'turn>,
+    ) -> tokio::sync::SemaphorePermit<'turn> {
+        let since = self.started.elapsed().as_micros();
+        self.out_since
+            .store(u64::try_from(since).unwrap_or(u64::MAX), Ordering::Relaxed);
+        permit
+    }
 }
 
 impl<T: Batched> Batcher<T> {
@@ -393,6 +473,7 @@ impl<T: Batched> Batcher<T> {
     ) -> Self {
         let max = shape.max.max(1);
         assert!(sizes.by_size.len() > max, "batch sizes counted up to {max}");
+        let turn = Arc::new(Turn::new(shape.patience));
         let queues = (0..shape.workers.max(1))
             .map(|_| {
                 let (queue, receiver) = mpsc::channel::<Queued<T>>(max * 4);
@@ -401,6 +482,7 @@ impl<T: Batched> Batcher<T> {
                     pool.clone(),
                     Arc::clone(&bells),
                     Arc::clone(&sizes),
+                    Arc::clone(&turn),
                     max,
                     shape.tries,
                 ));
@@ -435,12 +517,14 @@ impl<T: Batched> Batcher<T> {
     }
 }
 
-/// One worker: sends what its queue holds, a batch at a time, until the batcher is gone.
+/// One worker: sends what its queue holds, a batch at a time in its turn, until the
+/// batcher is gone.
 async fn work<T: Batched>(
     mut queue: mpsc::Receiver<Queued<T>>,
     pool: PgPool,
     bells: Arc<Bells>,
     sizes: Arc<Batches>,
+    turn: Arc<Turn>,
     max: usize,
     tries: u32,
 ) {
@@ -448,22 +532,21 @@ async fn work<T: Batched>(
     // token, was in it already): they go first in the next.
     let mut waiting: Vec<Queued<T>> = Vec::with_capacity(max);
     loop {
-        if waiting.is_empty() {
-            if queue.recv_many(&mut waiting, max).await == 0 {
-                return; // the batcher is gone
-            }
-        } else {
-            // Topped up with what is queued, never waiting: the leftovers go now.
-            while waiting.len() < max {
-                match queue.try_recv() {
-                    Ok(queued) => waiting.push(queued),
-                    Err(_) => break,
-                }
+        if waiting.is_empty() && queue.recv_many(&mut waiting, max).await == 0 {
+            return; // the batcher is gone
+        }
+        let permit = turn.wait(&mut queue, &mut waiting, max).await;
+        // Topped up with what is queued, never waiting.
+        while waiting.len() < max {
+            match queue.try_recv() {
+                Ok(queued) => waiting.push(queued),
+                Err(_) => break,
             }
         }
         let batch = take_batch(&mut waiting);
         sizes.by_size[batch.len()].fetch_add(1, Ordering::Relaxed);
         run(&pool, &bells, batch, tries).await;
+        drop(permit);
     }
 }
 

@@ -774,6 +774,56 @@ async fn one_accounts_spends_in_one_batch_each_see_the_balance_the_last_left() {
     assert_clean(&ledger).await;
 }
 
+/// The group commit's workers take turns sending, but a batch that is stuck holds back no
+/// other worker's accounts: while one worker's batch waits for an account row another
+/// transaction holds, a spend of an account of the other worker goes through, and the
+/// stuck one goes through once the row is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stuck_batch_holds_back_no_other_workers_accounts() {
+    let database = TestDatabase::postgres().await.unwrap();
+    let ledger = open(&database).await; // the default: two workers
+    let worker = |account: AccountId| account.0.as_u64_pair().1 % 2; // as batch.rs picks
+    let blocker = account(&ledger, 1000, 0).await;
+    let mut other = account(&ledger, 1000, 0).await;
+    while worker(other) == worker(blocker) {
+        other = account(&ledger, 1000, 0).await;
+    }
+    let blocker_ticket = ledger.issue_ticket(blocker, HOUR).await.unwrap().id;
+    let other_ticket = ledger.issue_ticket(other, HOUR).await.unwrap().id;
+
+    let mut holder = connect(&database).await;
+    let mut monitor = connect(&database).await;
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(blocker)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let blocked = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { apply(&ledger, blocker, blocker_ticket, withdrawal(1), "w1", 1).await }
+    });
+    assert!(blocked_or_finished(&mut monitor, &blocked).await);
+
+    let other_spend = apply(&ledger, other, other_ticket, withdrawal(1), "w1", 1);
+    let applied = tokio::time::timeout(Duration::from_secs(5), other_spend)
+        .await
+        .expect("the other worker's spend waited for the stuck batch")
+        .unwrap();
+    assert_eq!(applied.response.status, 201);
+    assert!(
+        !blocked.is_finished(),
+        "the blocked spend did not wait for its row"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(blocked.await.unwrap().unwrap().response.status, 201);
+    for account_id in [blocker, other] {
+        let balance = ledger.account(account_id).await.unwrap().unwrap().balance;
+        assert_eq!(balance, 999);
+    }
+    assert_clean(&ledger).await;
+}
+
 /// A spend whose ticket another transaction is using waits for that ticket; the other
 /// commits the use. The spend must answer with that stored outcome and move nothing: the
 /// group commit's statement finds the ticket used only after its snapshot was taken, and
