@@ -37,6 +37,8 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPoolOptions;
 use uuid::Uuid;
 
+#[path = "../../ledger/bench/batches.rs"]
+mod batches;
 #[path = "../bench/http.rs"]
 mod http;
 
@@ -72,6 +74,8 @@ struct Measured {
     p99_ms: f64,
     /// The CPU one withdrawal, or one whole pair, took, in microseconds (where `/proc` says).
     cpu: Option<http::CpuTaken>,
+    /// The group commit's batches in the measured seconds (spends' and holds' together).
+    batches: String,
 }
 
 struct Round {
@@ -125,6 +129,10 @@ async fn main() -> Result<(), BoxError> {
                 withdrawal.total() / pair.total()
             );
         }
+        println!(
+            "  group commit: withdrawals {} · pairs {}",
+            measured.withdrawals.batches, measured.pairs.batches
+        );
         rounds.push(measured);
     }
     let median = |pick: fn(&Round) -> f64| http::median(&rounds, pick);
@@ -229,8 +237,18 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     };
     let mut withdrawals = None;
     let mut pairs = None;
+    let batches = || {
+        server
+            .state
+            .ledger()
+            .batches()
+            .map(ledger::Batches::counts)
+            .unwrap_or_default()
+    };
     for work in order {
-        let measured = measure(&server.address, &spenders, work, args, args.seconds).await?;
+        let before = batches();
+        let mut measured = measure(&server.address, &spenders, work, args, args.seconds).await?;
+        measured.batches = batches::summary(&before, &batches());
         match work {
             Work::Withdrawals => withdrawals = Some(measured),
             Work::Pairs => pairs = Some(measured),
@@ -344,6 +362,7 @@ async fn measure(
         p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
         p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
         cpu,
+        batches: String::new(),
     })
 }
 
