@@ -101,6 +101,15 @@ impl Server {
         })
     }
 
+    /// The sizes of the batches its group commit has sent so far (`ledger::Batches`).
+    pub fn batches(&self) -> Vec<(usize, u64)> {
+        self.state
+            .ledger()
+            .batches()
+            .map(ledger::Batches::counts)
+            .unwrap_or_default()
+    }
+
     /// Stops it and waits until it has.
     pub async fn stop(self) -> Result<(), BoxError> {
         let _ = self.stop.send(());

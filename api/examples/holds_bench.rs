@@ -237,14 +237,7 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     };
     let mut withdrawals = None;
     let mut pairs = None;
-    let batches = || {
-        server
-            .state
-            .ledger()
-            .batches()
-            .map(ledger::Batches::counts)
-            .unwrap_or_default()
-    };
+    let batches = || server.batches();
     for work in order {
         let before = batches();
         let mut measured = measure(&server.address, &spenders, work, args, args.seconds).await?;

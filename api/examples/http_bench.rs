@@ -151,14 +151,7 @@ async fn run_round(
     sqlx::query("VACUUM ANALYZE").execute(&raw).await?;
     raw.close().await;
 
-    let batches = || {
-        server
-            .state
-            .ledger()
-            .batches()
-            .map(ledger::Batches::counts)
-            .unwrap_or_default()
-    };
+    let batches = || server.batches();
     // Replays of tickets the run used: the first four fifths of what it spent, which both
     // wrk threads (taking every other line) have used. Sent to the instance that ran them
     // at once (it remembers the last seconds' tickets and looks them up first), and to

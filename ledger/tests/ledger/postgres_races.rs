@@ -643,6 +643,34 @@ async fn open_with_one_batch_worker(database: &TestDatabase) -> Ledger {
     Ledger::open(database.url(), &options).await.unwrap()
 }
 
+/// A withdrawal of 1 from `account` with `ticket`, sent while another session holds the
+/// account's row in a transaction left open: returned once the withdrawal's batch waits for
+/// that row, with the session (`COMMIT` lets the row go).
+async fn withdrawal_blocked_on_its_account(
+    database: &TestDatabase,
+    ledger: &Ledger,
+    account: AccountId,
+    ticket: TicketId,
+) -> (
+    PgConnection,
+    JoinHandle<Result<ledger::Applied, ledger::ApplyError>>,
+) {
+    let mut holder = connect(database).await;
+    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
+        .bind(account)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let blocked = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { apply(&ledger, account, ticket, withdrawal(1), "w1", 1).await }
+    });
+    let mut monitor = connect(database).await;
+    assert!(blocked_or_finished(&mut monitor, &blocked).await);
+    (holder, blocked)
+}
+
 /// How many spends the group commit sent so far.
 fn batched_spends(ledger: &Ledger) -> u64 {
     ledger
@@ -713,19 +741,8 @@ async fn one_accounts_spends_in_one_batch_each_see_the_balance_the_last_left() {
         tickets.push(ledger.issue_ticket(account_id, HOUR).await.unwrap().id);
     }
 
-    let mut holder = connect(&database).await;
-    let mut monitor = connect(&database).await;
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
-        .bind(blocker)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let blocked = tokio::spawn({
-        let ledger = ledger.clone();
-        async move { apply(&ledger, blocker, blocker_ticket, withdrawal(1), "w1", 1).await }
-    });
-    assert!(blocked_or_finished(&mut monitor, &blocked).await);
+    let (mut holder, blocked) =
+        withdrawal_blocked_on_its_account(&database, &ledger, blocker, blocker_ticket).await;
     let before = batched_spends(&ledger);
     let spends: Vec<_> = tickets
         .into_iter()
@@ -739,7 +756,7 @@ async fn one_accounts_spends_in_one_batch_each_see_the_balance_the_last_left() {
         .collect();
     // The three reach the worker's queue while its batch is blocked.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    tx.commit().await.unwrap();
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
     assert_eq!(blocked.await.unwrap().unwrap().response.status, 201);
 
     let mut answers = Vec::new();
@@ -791,19 +808,8 @@ async fn a_stuck_batch_holds_back_no_other_workers_accounts() {
     let blocker_ticket = ledger.issue_ticket(blocker, HOUR).await.unwrap().id;
     let other_ticket = ledger.issue_ticket(other, HOUR).await.unwrap().id;
 
-    let mut holder = connect(&database).await;
-    let mut monitor = connect(&database).await;
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
-        .bind(blocker)
-        .execute(&mut *tx)
-        .await
-        .unwrap();
-    let blocked = tokio::spawn({
-        let ledger = ledger.clone();
-        async move { apply(&ledger, blocker, blocker_ticket, withdrawal(1), "w1", 1).await }
-    });
-    assert!(blocked_or_finished(&mut monitor, &blocked).await);
+    let (mut holder, blocked) =
+        withdrawal_blocked_on_its_account(&database, &ledger, blocker, blocker_ticket).await;
 
     let other_spend = apply(&ledger, other, other_ticket, withdrawal(1), "w1", 1);
     let applied = tokio::time::timeout(Duration::from_secs(5), other_spend)
@@ -815,7 +821,7 @@ async fn a_stuck_batch_holds_back_no_other_workers_accounts() {
         !blocked.is_finished(),
         "the blocked spend did not wait for its row"
     );
-    tx.commit().await.unwrap();
+    sqlx::query("COMMIT").execute(&mut holder).await.unwrap();
     assert_eq!(blocked.await.unwrap().unwrap().response.status, 201);
     for account_id in [blocker, other] {
         let balance = ledger.account(account_id).await.unwrap().unwrap().balance;
