@@ -647,11 +647,6 @@ where
     }
 }
 
-/// What a group commit (`batch.rs`, `hold_batch.rs`) answered for `request`, sent with
-/// `token` to come to `kind` if written: the written outcome; a used ticket's answer; a
-/// stale token, refused as the transaction path would; the batch's failure. `None` when
-/// the transaction path must settle it: a refusal (the batch wrote nothing for it; the
-/// transaction path stores it), or a batch the database refused.
 /// What `request` stores under its ticket if the group commit writes it, for the outcome
 /// `stand_in` (with stand-ins for what the statement fills in), and that outcome's kind;
 /// `None` when the body cannot be filled in by the database.
@@ -673,6 +668,11 @@ pub(crate) fn stored_in_batch(
     Some((stored, kind))
 }
 
+/// What a group commit (`batch.rs`, `hold_batch.rs`) answered for `request`, sent with
+/// `token` to come to `kind` if written: the written outcome; a used ticket's answer; a
+/// stale token, refused as the transaction path would; the batch's failure. `None` when
+/// the transaction path must settle it: a refusal (the batch wrote nothing for it; the
+/// transaction path stores it), or a batch the database refused.
 pub(crate) fn answer_from_batch(
     done: Result<batch::Done, batch::Failed>,
     request: &ApplyRequest<'_>,

@@ -382,14 +382,12 @@ pub(crate) struct Shape {
     pub workers: usize,
     /// How often a batch is sent again after its connection failed (see [`send`]).
     pub tries: u32,
-    /// How long a worker waits for its turn while another's batch is out (see [`Turn`]).
-    pub patience: Duration,
 }
 
-/// How long a worker waits for its turn by default: several times what a batch takes on a
+/// How long a worker waits for a batch out before it sends beside it: several times what a batch takes on a
 /// busy database (1–3 ms here), so that only a batch that is stuck — waiting for a row
 /// another transaction holds, say — lets another go out beside it.
-pub(crate) const TURN_PATIENCE: Duration = Duration::from_millis(10);
+const TURN_PATIENCE: Duration = Duration::from_millis(10);
 
 /// The workers of one batcher take turns: a batch goes out while no other is out, so each
 /// batch takes everything that queued meanwhile. Two batches out at once on a database
@@ -399,23 +397,21 @@ pub(crate) const TURN_PATIENCE: Duration = Duration::from_millis(10);
 /// sending as they pleased made batches of 6 on average where one worker made 11, and
 /// took more of PostgreSQL's CPU per spend. A worker does not wait for its turn when its
 /// batch is full (the database then has more to do than one batch at a time can carry),
-/// nor for a batch that has been out longer than [`Shape::patience`] (one that is stuck —
+/// nor for a batch that has been out longer than [`TURN_PATIENCE`] (one that is stuck —
 /// waiting on a row another transaction holds — holds back no other worker's accounts for
 /// longer than that).
 #[derive(Debug)]
 struct Turn {
     out: tokio::sync::Semaphore,
-    patience: Duration,
     started: tokio::time::Instant,
     /// When the batch holding the turn went out, in microseconds since `started`.
     out_since: AtomicU64,
 }
 
 impl Turn {
-    fn new(patience: Duration) -> Self {
+    fn new() -> Self {
         Self {
             out: tokio::sync::Semaphore::new(1),
-            patience,
             started: tokio::time::Instant::now(),
             out_since: AtomicU64::new(0),
         }
@@ -424,7 +420,7 @@ impl Turn {
     /// Waits until this worker may send what `waiting` holds, adding to it what arrives on
     /// `queue` meanwhile (up to `max`). The permit, when there is one, is held while the
     /// batch is out; `None` is a batch sent beside another (full, or out of patience with
-    /// it: once a batch has been out for longer than the patience, no one waits for it).
+    /// it: once a batch has been out for longer than [`TURN_PATIENCE`], no one waits for it).
     async fn wait<'turn, T: Batched>(
         &'turn self,
         queue: &mut mpsc::Receiver<Queued<T>>,
@@ -435,7 +431,7 @@ impl Turn {
             return Some(self.taken(permit));
         }
         let out_since = Duration::from_micros(self.out_since.load(Ordering::Relaxed));
-        let out_of_patience = tokio::time::sleep_until(self.started + out_since + self.patience);
+        let out_of_patience = tokio::time::sleep_until(self.started + out_since + TURN_PATIENCE);
         tokio::pin!(out_of_patience);
         while waiting.len() < max {
             tokio::select! {
@@ -473,7 +469,7 @@ impl<T: Batched> Batcher<T> {
     ) -> Self {
         let max = shape.max.max(1);
         assert!(sizes.by_size.len() > max, "batch sizes counted up to {max}");
-        let turn = Arc::new(Turn::new(shape.patience));
+        let turn = Arc::new(Turn::new());
         let queues = (0..shape.workers.max(1))
             .map(|_| {
                 let (queue, receiver) = mpsc::channel::<Queued<T>>(max * 4);

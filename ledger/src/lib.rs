@@ -307,7 +307,6 @@ impl Ledger {
             workers: options.batch_workers,
             // As for BEGIN (`SqlStore::new`): a restart kills every pooled connection.
             tries: options.max_connections + 1,
-            patience: batch::TURN_PATIENCE,
         };
         // Holds placed, captured and voided go through a group commit of their own, with
         // as many workers; the sizes of both are counted together.
