@@ -46,14 +46,14 @@ impl<J> Claimed<J> {
 }
 
 /// What [`SqlStore::claim_due`] found: a claim, or nothing due (and when something is).
-pub(crate) enum Looked<D: sqlx::Database, R> {
-    Claim(Claim<D, R>),
+pub(crate) enum Looked<R> {
+    Claim(Claim<R>),
     Nothing { next_due_in: Option<Duration> },
 }
 
-impl<D: sqlx::Database, R> Looked<D, R> {
+impl<R> Looked<R> {
     /// The claim; or, when nothing was claimed, the empty answer to return.
-    pub(crate) fn claim<J>(self) -> Result<Claim<D, R>, Claimed<J>> {
+    pub(crate) fn claim<J>(self) -> Result<Claim<R>, Claimed<J>> {
         match self {
             Self::Claim(claim) => Ok(claim),
             Self::Nothing { next_due_in } => Err(Claimed::nothing(next_due_in)),
@@ -61,10 +61,10 @@ impl<D: sqlx::Database, R> Looked<D, R> {
     }
 }
 
-/// A claim as made by [`SqlStore::claim_due`]: the write transaction it ran in (to read
-/// what the jobs need, then commit), the rows the claim returned, and the leases' end.
-pub(crate) struct Claim<D: sqlx::Database, R> {
-    pub tx: sqlx::Transaction<'static, D>,
+/// A claim as made by [`SqlStore::claim_due`], committed: the rows the claim returned, and
+/// the leases' end. What the jobs need is read after it, outside its transaction: the
+/// claim took the jobs, not what they name.
+pub(crate) struct Claim<R> {
     pub rows: Vec<R>,
     pub lease_until: Timestamp,
 }
@@ -85,6 +85,11 @@ where
     /// for `lease` by the database's clock — after a look on the read pool, so an idle
     /// worker never takes the writer. Nothing, with when the next job is due, when none
     /// was due; nothing, with no time, when other claims took the due ones first.
+    ///
+    /// The claim is one statement on its own, timed by the clock the look read: no
+    /// transaction around it, so a claim costs two round trips where it took five (BEGIN,
+    /// the clock, the claim, the reads of what the jobs name, COMMIT). The look's clock is
+    /// a moment older than the claim; a lease is that much shorter, never longer.
     pub(crate) async fn claim_due<R>(
         &self,
         kind: &str,
@@ -92,7 +97,7 @@ where
         worker: &str,
         lease: Duration,
         max: i64,
-    ) -> Result<Looked<D, R>, LedgerError>
+    ) -> Result<Looked<R>, LedgerError>
     where
         for<'r> R: FromRow<'r, D::Row> + Send + Unpin,
     {
@@ -102,32 +107,32 @@ where
                 .fetch_one(&self.pool)
                 .await?;
             // Due now: the difference is not positive, and waits nothing.
-            Ok::<_, sqlx::Error>(
+            Ok::<_, sqlx::Error>((
+                now,
                 first_due.map(|due_at| Duration::try_from(due_at.0 - now.0).unwrap_or_default()),
-            )
+            ))
         };
-        match self.on_live_connection(look).await? {
-            Some(wait) if wait.is_zero() => {}
-            next_due_in => return Ok(Looked::Nothing { next_due_in }),
-        }
-        let mut tx = self.begin_write().await?;
-        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
+        let now = match self.on_live_connection(look).await? {
+            (now, Some(wait)) if wait.is_zero() => now,
+            (_, next_due_in) => return Ok(Looked::Nothing { next_due_in }),
+        };
         let lease_until = Timestamp(now.0 + lease);
-        let rows: Vec<R> = sqlx::query_as(claim)
-            .bind(now)
-            .bind(lease_until)
-            .bind(worker)
-            .bind(max)
-            .fetch_all(&mut *tx)
+        // Run again on another connection when its own died under it: a claim whose
+        // first try did commit leaves those jobs leased to no one who knows, until their
+        // leases run out — delayed, never lost.
+        let rows: Vec<R> = self
+            .on_live_connection(|| {
+                sqlx::query_as(claim)
+                    .bind(now)
+                    .bind(lease_until)
+                    .bind(worker)
+                    .bind(max)
+                    .fetch_all(&self.writer)
+            })
             .await?;
         if rows.is_empty() {
-            tx.commit().await?;
             return Ok(Looked::Nothing { next_due_in: None });
         }
-        Ok(Looked::Claim(Claim {
-            tx,
-            rows,
-            lease_until,
-        }))
+        Ok(Looked::Claim(Claim { rows, lease_until }))
     }
 }

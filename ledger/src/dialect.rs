@@ -3,9 +3,15 @@
 //! PostgreSQL and SQLite. Everything else is one text for both (`$1`-style parameters
 //! work in both).
 
-use sqlx::{Database, IntoArguments};
+use futures::future::BoxFuture;
+use sqlx::{Database, Executor, IntoArguments};
 
+use crate::events::{AnswerRow, RECORD_ANSWERS_AT_ONCE};
 use crate::rows::{order_columns, ticket_columns};
+
+/// A batch of answers being recorded in one statement: when done, each delivery recorded,
+/// with its attempt.
+pub(crate) type Recording<'e> = BoxFuture<'e, Result<Vec<(i64, i32)>, sqlx::Error>>;
 
 /// What differs between the two databases.
 /// Its arguments go into a query: said once here, where every generic statement needs it
@@ -89,6 +95,20 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// The look before a claim ([`first_free`]): $1 the kind; returns the clock and when
     /// the first job not in flight is due.
     const FIRST_FREE: &'static str;
+
+    /// Records claimed deliveries' answers in one statement on `executor`, returning each
+    /// delivery recorded with its attempt — where the database can say it in one
+    /// ([`RECORD_ANSWERS_AT_ONCE`]: PostgreSQL). `None` where it cannot (SQLite, whose WITH
+    /// holds no update): the caller records in a transaction of two statements.
+    fn record_answers_at_once<'e, E>(
+        _executor: E,
+        _answers: &'e [AnswerRow<'e>],
+    ) -> Option<Recording<'e>>
+    where
+        E: 'e + Executor<'e, Database = Self>,
+    {
+        None
+    }
 }
 
 /// Delivery $1 of endpoint $2: when it was done and its lease, and when its endpoint was
@@ -390,6 +410,28 @@ impl Dialect for sqlx::Postgres {
     // A delete sets `deleted_at`, an update that `FOR SHARE` conflicts with.
     const DELIVERY_STATE: &'static str = delivery_state!("FOR SHARE OF ep");
     const FIRST_FREE: &'static str = first_free!(pg_clock!());
+
+    fn record_answers_at_once<'e, E>(
+        executor: E,
+        answers: &'e [AnswerRow<'e>],
+    ) -> Option<Recording<'e>>
+    where
+        E: 'e + Executor<'e, Database = Self>,
+    {
+        fn column<'a, T>(answers: &'a [AnswerRow<'a>], of: impl Fn(&AnswerRow<'a>) -> T) -> Vec<T> {
+            answers.iter().map(of).collect()
+        }
+        let query = sqlx::query_as(RECORD_ANSWERS_AT_ONCE)
+            .bind(column(answers, |a| a.job_id))
+            .bind(column(answers, |a| a.attempt))
+            .bind(column(answers, |a| a.outcome))
+            .bind(column(answers, |a| a.retry_after_us))
+            .bind(column(answers, |a| a.error))
+            .bind(column(answers, |a| a.duration_ms))
+            .bind(column(answers, |a| a.status))
+            .bind(column(answers, |a| a.body));
+        Some(Box::pin(query.fetch_all(executor)))
+    }
 }
 
 impl Dialect for sqlx::Sqlite {

@@ -90,9 +90,11 @@ const DISABLE_ENDPOINT: &str = "
     UPDATE webhook_endpoints SET disabled_at = $2, disabled_reason = $3
     WHERE id = $1 AND disabled_at IS NULL";
 
-/// Ends delivery $1 at $2 with outcome $3, unsent: its endpoint no longer gets events.
+/// Ends delivery $1, claimed at attempt $2, at $3 with outcome $4, unsent: its endpoint no
+/// longer gets events. (Left as it is when no longer at that attempt, or ended already.)
 const END_DELIVERY: &str = "
-    UPDATE outbox SET done_at = $2, outcome = $3, lease_until = NULL WHERE id = $1";
+    UPDATE outbox SET done_at = $3, outcome = $4, lease_until = NULL
+    WHERE id = $1 AND attempts = $2 AND outcome IS NULL";
 
 /// Ends endpoint $1's open deliveries at $2 with outcome $3.
 const END_OPEN_DELIVERIES: &str = "
@@ -152,6 +154,58 @@ fn record_answers(count: usize) -> String {
     )
 }
 
+/// One claimed delivery's answer as [`RECORD_ANSWERS_AT_ONCE`] takes it.
+pub(crate) struct AnswerRow<'a> {
+    pub job_id: i64,
+    /// The attempt the delivery was claimed at.
+    pub attempt: i32,
+    /// The outcome it ended with; `None`: tried again `retry_after_us` from now.
+    pub outcome: Option<&'static str>,
+    pub retry_after_us: Option<i64>,
+    pub error: Option<&'a str>,
+    pub duration_ms: i64,
+    pub status: Option<i32>,
+    pub body: Option<&'a str>,
+}
+
+/// [`record_answers`] and [`insert_attempts`] in one statement, on PostgreSQL, whose WITH
+/// may hold the update: each answer's delivery finished or postponed, then the attempts
+/// of those recorded inserted; returns each delivery recorded, with its attempt. The
+/// answers come as one array per column ($1 delivery, $2 attempt, $3 outcome, $4 the wait
+/// before the next attempt in microseconds, $5 what went wrong, $6 duration in ms, $7 the
+/// receiver's status, $8 the start of its answer), so the text is the same for a batch of
+/// any size and stays prepared; the clock is read in the statement.
+///
+/// One statement run on its own, where the two took a transaction of five round trips
+/// (BEGIN, the clock, the two, COMMIT): with batches of a few answers those round trips,
+/// and a commit for each, were most of what recording cost PostgreSQL.
+pub(crate) const RECORD_ANSWERS_AT_ONCE: &str = "
+    WITH clock AS (SELECT clock_timestamp() AS now),
+    answers AS (
+        SELECT * FROM unnest($1::bigint[], $2::int[], $3::text[], $4::bigint[], $5::text[],
+                             $6::bigint[], $7::int[], $8::text[])
+            AS a (job_id, attempt, outcome, retry_after_us, error, duration_ms, status, body)
+    ),
+    recorded AS (
+        UPDATE outbox
+        SET done_at = CASE WHEN a.outcome IS NULL THEN NULL ELSE clock.now END,
+            outcome = a.outcome,
+            due_at = COALESCE(clock.now + a.retry_after_us * interval '1 microsecond',
+                              outbox.due_at),
+            last_error = a.error,
+            lease_until = NULL,
+            leased_by = CASE WHEN a.outcome IS NULL THEN NULL ELSE outbox.leased_by END
+        FROM answers a, clock
+        WHERE outbox.id = a.job_id AND outbox.attempts = a.attempt
+          AND outbox.outcome IS NULL
+        RETURNING outbox.id, outbox.attempts
+    )
+    INSERT INTO webhook_attempts (job_id, attempt, recorded_at, duration_ms, response_status,
+                                  error, response_body)
+    SELECT a.job_id, a.attempt, clock.now, a.duration_ms, a.status, a.error, a.body
+    FROM answers a JOIN recorded r ON r.id = a.job_id AND r.attempts = a.attempt, clock
+    RETURNING job_id, attempt";
+
 /// Gives delivery $1, claimed at attempt $2, back unsent: due at $3, the claim's attempt
 /// uncounted.
 const HAND_BACK_DELIVERY: &str = "
@@ -193,6 +247,17 @@ const BACKLOG: &str = "
 const KEEP_SEALING_KEY: &str = "
     INSERT INTO sealing_keys (name, key, created_at) VALUES ($1, $2, $3)
     ON CONFLICT (name) DO NOTHING";
+
+/// What an attempt's outcome records: the status the delivery ends with, or the wait
+/// before its next attempt.
+fn ended_or_after(outcome: &DeliveryOutcome) -> (Option<DeliveryStatus>, Option<Duration>) {
+    match outcome {
+        DeliveryOutcome::Delivered => (Some(DeliveryStatus::Delivered), None),
+        DeliveryOutcome::Exhausted => (Some(DeliveryStatus::Exhausted), None),
+        DeliveryOutcome::EndpointGone => (Some(DeliveryStatus::EndpointDisabled), None),
+        DeliveryOutcome::Retry { after } => (None, Some(*after)),
+    }
+}
 
 /// The outcome names stored for a delivery that ended.
 fn outcome_name(status: DeliveryStatus) -> Option<&'static str> {
@@ -344,10 +409,12 @@ const ANNOUNCING_TICKETS: &str = "
     SELECT id, account_id, response_status, CAST(response_body AS TEXT) AS body, completed_at
     FROM tickets WHERE id IN ";
 
-/// The events `named` (by id, with the type the delivery carries), by id: an event written
-/// as a row of its own (a payout's settlement; any event older than migration 0013) is
-/// read from `events`; any other is an outcome's, whose id is its ticket's and whose data
-/// is the ticket's stored outcome. An event found in neither is left out.
+/// The events `named` (by id, with the type the delivery carries), by id: an outcome's
+/// event, whose id is its ticket's and whose data is the ticket's stored outcome, is read
+/// from `tickets`; any other — a payout's settlement, any event older than migration 0013
+/// — was written as a row of its own in `events`, read for those the tickets did not
+/// name. An event found in neither is left out. Tickets first: nearly every event is an
+/// outcome's, and a claim of them then reads once.
 async fn events_named<D>(
     connection: &mut D::Connection,
     named: &[(EventId, &str)],
@@ -359,40 +426,16 @@ where
     for<'r> EventRow: FromRow<'r, D::Row>,
     for<'r> AnnouncingRow: FromRow<'r, D::Row>,
 {
-    let mut ids: Vec<EventId> = named.iter().map(|(id, _)| *id).collect();
-    ids.sort();
-    ids.dedup();
+    let mut named: Vec<(EventId, &str)> = named.to_vec();
+    named.sort_unstable();
+    named.dedup();
     let mut events = HashMap::new();
-    if ids.is_empty() {
+    if named.is_empty() {
         return Ok(events);
     }
-    let select = format!(
-        "SELECT {} FROM events e WHERE e.id IN ({})",
-        event_columns!("e"),
-        placeholders(1, ids.len())
-    );
-    let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
-    for id in &ids {
-        query = query.bind(*id);
-    }
-    for row in query.fetch_all(&mut *connection).await? {
-        let event = Event::try_from(row)?;
-        events.insert(event.id, event);
-    }
-    let of_tickets: Vec<(EventId, &str)> = named
-        .iter()
-        .filter(|(id, _)| !events.contains_key(id))
-        .copied()
-        .collect();
-    if of_tickets.is_empty() {
-        return Ok(events);
-    }
-    let select = format!(
-        "{ANNOUNCING_TICKETS}({})",
-        placeholders(1, of_tickets.len())
-    );
+    let select = format!("{ANNOUNCING_TICKETS}({})", placeholders(1, named.len()));
     let mut query = sqlx::query_as::<_, AnnouncingRow>(sqlx::AssertSqlSafe(select));
-    for (id, _) in &of_tickets {
+    for (id, _) in &named {
         query = query.bind(*id);
     }
     let tickets: HashMap<EventId, AnnouncingRow> = query
@@ -401,38 +444,65 @@ where
         .into_iter()
         .map(|row| (EventId(row.id.0), row))
         .collect();
-    for (id, type_name) in of_tickets {
+    for &(id, type_name) in &named {
         let Some(ticket) = tickets.get(&id) else {
             continue;
         };
-        let corrupt = |what: &str| LedgerError::Corrupt(format!("event {id}: {what}"));
-        let event_type =
-            EventType::parse(type_name).ok_or_else(|| corrupt(&format!("type {type_name:?}")))?;
-        let (Some(status), Some(body), Some(completed_at)) = (
-            ticket.response_status,
-            ticket.body.as_deref(),
-            ticket.completed_at,
-        ) else {
-            return Err(corrupt("its ticket holds no stored outcome"));
-        };
-        events.insert(
-            id,
-            Event {
-                id,
-                account_id: ticket.account_id,
-                event_type,
-                ticket_id: ticket.id,
-                data: outcome_data(
-                    ticket.account_id,
-                    ticket.id,
-                    u16::try_from(status).unwrap_or_default(),
-                    body,
-                ),
-                created_at: completed_at.0,
-            },
-        );
+        events.insert(id, outcome_event(id, type_name, ticket)?);
+    }
+    let rows_of_their_own: Vec<EventId> = named
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| !events.contains_key(id))
+        .collect();
+    if rows_of_their_own.is_empty() {
+        return Ok(events);
+    }
+    let select = format!(
+        "SELECT {} FROM events e WHERE e.id IN ({})",
+        event_columns!("e"),
+        placeholders(1, rows_of_their_own.len())
+    );
+    let mut query = sqlx::query_as::<_, EventRow>(sqlx::AssertSqlSafe(select));
+    for id in &rows_of_their_own {
+        query = query.bind(*id);
+    }
+    for row in query.fetch_all(&mut *connection).await? {
+        let event = Event::try_from(row)?;
+        events.insert(event.id, event);
     }
     Ok(events)
+}
+
+/// The event `id` of type `type_name` that `ticket`'s stored outcome is.
+fn outcome_event(
+    id: EventId,
+    type_name: &str,
+    ticket: &AnnouncingRow,
+) -> Result<Event, LedgerError> {
+    let corrupt = |what: &str| LedgerError::Corrupt(format!("event {id}: {what}"));
+    let event_type =
+        EventType::parse(type_name).ok_or_else(|| corrupt(&format!("type {type_name:?}")))?;
+    let (Some(status), Some(body), Some(completed_at)) = (
+        ticket.response_status,
+        ticket.body.as_deref(),
+        ticket.completed_at,
+    ) else {
+        return Err(corrupt("its ticket holds no stored outcome"));
+    };
+    Ok(Event {
+        id,
+        account_id: ticket.account_id,
+        event_type,
+        ticket_id: ticket.id,
+        data: outcome_data(
+            ticket.account_id,
+            ticket.id,
+            u16::try_from(status).unwrap_or_default(),
+            body,
+        ),
+        created_at: completed_at.0,
+    })
 }
 
 from_row! {
@@ -848,7 +918,6 @@ where
         max: i64,
     ) -> Result<Claimed<DeliveryJob>, LedgerError> {
         let Claim {
-            mut tx,
             rows: claimed,
             lease_until,
         } = match self
@@ -863,11 +932,16 @@ where
             .iter()
             .map(|row| (row.event_id, row.event_type.as_str()))
             .collect();
-        let events = events_named::<D>(&mut tx, &named).await?;
-        let endpoints = Self::claimed_endpoints(&mut tx, &claimed).await?;
+        // The events and the endpoints side by side, each on a connection of its own.
+        let (mut for_events, mut for_endpoints) =
+            futures::try_join!(self.pool.acquire(), self.pool.acquire())?;
+        let (events, endpoints) = futures::try_join!(
+            events_named::<D>(&mut for_events, &named),
+            Self::claimed_endpoints(&mut for_endpoints, &claimed)
+        )?;
+        drop((for_events, for_endpoints));
         let claimed_at = Timestamp(lease_until.0 - lease);
-        let live = Self::end_stopped(&mut tx, claimed, &endpoints, claimed_at).await?;
-        tx.commit().await?;
+        let live = self.end_stopped(claimed, &endpoints, claimed_at).await?;
         live.into_iter()
             .map(|row| {
                 let missing = |what: &str| {
@@ -894,7 +968,7 @@ where
     /// The endpoints of the `claimed` deliveries, by id, each with why it takes no more
     /// deliveries if it does not (deleted, disabled).
     async fn claimed_endpoints(
-        tx: &mut sqlx::Transaction<'static, D>,
+        connection: &mut D::Connection,
         claimed: &[ClaimedRow],
     ) -> Result<HashMap<EndpointId, (Endpoint, Option<DeliveryStatus>)>, LedgerError> {
         let mut endpoint_ids: Vec<EndpointId> = claimed.iter().map(|row| row.endpoint_id).collect();
@@ -910,7 +984,7 @@ where
             query = query.bind(*id);
         }
         let mut endpoints = HashMap::new();
-        for row in query.fetch_all(&mut **tx).await? {
+        for row in query.fetch_all(&mut *connection).await? {
             let stopped = if row.deleted_at.is_some() {
                 Some(DeliveryStatus::EndpointDeleted)
             } else if row.disabled_at.is_some() {
@@ -930,33 +1004,40 @@ where
     /// endpoint did. (A delete ends every open delivery it can see, and the spends'
     /// queueing waits for it, so none should be found here; this makes sure of it.)
     async fn end_stopped(
-        tx: &mut sqlx::Transaction<'static, D>,
+        &self,
         claimed: Vec<ClaimedRow>,
         endpoints: &HashMap<EndpointId, (Endpoint, Option<DeliveryStatus>)>,
         at: Timestamp,
     ) -> Result<Vec<ClaimedRow>, LedgerError> {
-        let mut live = Vec::with_capacity(claimed.len());
-        for row in claimed {
-            match endpoints.get(&row.endpoint_id) {
-                Some((_, Some(stopped))) => {
-                    sqlx::query(END_DELIVERY)
-                        .bind(row.id)
-                        .bind(at)
-                        .bind(outcome_name(*stopped))
-                        .execute(&mut **tx)
-                        .await?;
-                }
-                _ => live.push(row),
-            }
+        let (stopped, live): (Vec<_>, Vec<_>) = claimed
+            .into_iter()
+            .partition(|row| matches!(endpoints.get(&row.endpoint_id), Some((_, Some(_)))));
+        if stopped.is_empty() {
+            return Ok(live);
         }
+        let mut tx = self.begin_write().await?;
+        for row in stopped {
+            let Some((_, Some(status))) = endpoints.get(&row.endpoint_id) else {
+                continue;
+            };
+            sqlx::query(END_DELIVERY)
+                .bind(row.id)
+                .bind(row.attempts)
+                .bind(at)
+                .bind(outcome_name(*status))
+                .execute(&mut *tx)
+                .await?;
+        }
+        commit_or_unknown(tx).await?;
         Ok(live)
     }
 
-    /// Records each claimed delivery's attempt and what comes of it, in one transaction of
-    /// two statements (and one more per endpoint gone) — each only if it is still at the
-    /// attempt it was claimed at (`false` in its place otherwise, nothing written for it).
+    /// Records each claimed delivery's attempt and what comes of it — each only if it is
+    /// still at the attempt it was claimed at (`false` in its place otherwise, nothing
+    /// written for it): on PostgreSQL in one statement, elsewhere in one transaction of two.
     /// A receiver gone for good (410) disables its endpoint and ends the endpoint's other
-    /// deliveries.
+    /// deliveries, in a transaction with the batch's answers (two statements, and more
+    /// per endpoint gone).
     pub(crate) async fn record_deliveries(
         &self,
         outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
@@ -964,8 +1045,6 @@ where
         if outcomes.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.begin_write().await?;
-        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let texts: Vec<_> = outcomes
             .iter()
             .map(|(_, answer, _)| {
@@ -976,16 +1055,62 @@ where
             })
             .collect();
         let attempt_of = |job: &DeliveryJob| i32::try_from(job.attempt).unwrap_or(i32::MAX);
+        let retried = outcomes
+            .iter()
+            .any(|(_, _, outcome)| matches!(outcome, DeliveryOutcome::Retry { .. }));
+        // A receiver gone for good disables its endpoint in the answers' transaction; any
+        // other batch is one statement where the database can say it in one.
+        if !outcomes
+            .iter()
+            .any(|(_, _, outcome)| **outcome == DeliveryOutcome::EndpointGone)
+        {
+            let rows: Vec<AnswerRow<'_>> = outcomes
+                .iter()
+                .zip(&texts)
+                .map(|(&(job, answer, outcome), (error, body))| {
+                    let (ended, after) = ended_or_after(outcome);
+                    AnswerRow {
+                        job_id: job.job_id,
+                        attempt: attempt_of(job),
+                        outcome: ended.and_then(outcome_name),
+                        retry_after_us: after
+                            .map(|after| i64::try_from(after.as_micros()).unwrap_or(i64::MAX)),
+                        error: error.as_deref(),
+                        duration_ms: i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX),
+                        status: answer.status.map(i32::from),
+                        body: body.as_deref(),
+                    }
+                })
+                .collect();
+            // Safe to run again when the connection dies under it: an answer the first
+            // try did record is then found recorded, and this batch says it was not.
+            let at_once = self
+                .on_live_connection(|| async {
+                    match D::record_answers_at_once(&self.writer, &rows) {
+                        Some(recording) => recording.await.map(Some),
+                        None => Ok(None),
+                    }
+                })
+                .await?;
+            if let Some(written) = at_once {
+                let written: std::collections::HashSet<(i64, i32)> = written.into_iter().collect();
+                if retried {
+                    self.bells.wake_here(JobKind::Webhook);
+                }
+                return Ok(outcomes
+                    .iter()
+                    .map(|(job, _, _)| written.contains(&(job.job_id, attempt_of(job))))
+                    .collect());
+            }
+        }
+        let mut tx = self.begin_write().await?;
+        let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let mut query =
             sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(record_answers(outcomes.len())))
                 .bind(now);
         for (&(job, _, outcome), (error, _)) in outcomes.iter().zip(&texts) {
-            let (ended, due) = match outcome {
-                DeliveryOutcome::Delivered => (Some(DeliveryStatus::Delivered), None),
-                DeliveryOutcome::Exhausted => (Some(DeliveryStatus::Exhausted), None),
-                DeliveryOutcome::EndpointGone => (Some(DeliveryStatus::EndpointDisabled), None),
-                DeliveryOutcome::Retry { after } => (None, Some(Timestamp(now.0 + *after))),
-            };
+            let (ended, after) = ended_or_after(outcome);
+            let due = after.map(|after| Timestamp(now.0 + after));
             query = query
                 .bind(job.job_id)
                 .bind(attempt_of(job))
@@ -1033,10 +1158,7 @@ where
         }
         commit_or_unknown(tx).await?;
         // A later attempt was scheduled: this process's dispatcher, asleep, learns when.
-        if outcomes
-            .iter()
-            .any(|(_, _, outcome)| matches!(outcome, DeliveryOutcome::Retry { .. }))
-        {
+        if retried {
             self.bells.wake_here(JobKind::Webhook);
         }
         Ok(recorded)

@@ -400,7 +400,6 @@ where
         max: i64,
     ) -> Result<Claimed<PayoutJob>, LedgerError> {
         let Claim {
-            mut tx,
             rows: claimed,
             lease_until,
         } = match self
@@ -422,11 +421,10 @@ where
             query = query.bind(*payout);
         }
         let mut payouts: HashMap<PayoutId, Payout> = HashMap::new();
-        for row in query.fetch_all(&mut *tx).await? {
+        for row in query.fetch_all(&self.pool).await? {
             let payout = Payout::try_from(row)?;
             payouts.insert(payout.id, payout);
         }
-        tx.commit().await?;
         claimed
             .into_iter()
             .map(|(job_id, payout, attempt, throttled)| {

@@ -23,7 +23,7 @@
 //! timeout, and one endpoint holds at most `PAYONCE_WEBHOOK_PER_ENDPOINT` of them (what a
 //! claim brings beyond that goes back, its attempt uncounted), so a receiver that never
 //! answers delays no other endpoint's deliveries. Answers are
-//! recorded in batches, in one transaction each. A dispatcher that dies leaves its
+//! recorded in batches, by one recorder, in one statement each on PostgreSQL. A dispatcher that dies leaves its
 //! deliveries leased; when the lease runs out another instance claims them as the next
 //! attempt, and the dead one's late word, if any, is not recorded.
 //!
@@ -124,11 +124,8 @@ const ANSWER_KEPT: usize = 1024;
 /// Deliveries claimed at once, at most.
 const CLAIM_BATCH: usize = 32;
 
-/// Answers recorded in one transaction, at most.
+/// Answers recorded in one statement, at most.
 const RECORD_BATCH: usize = 64;
-
-/// Recorders, each recording its share of the answers in transactions of its own.
-const RECORDERS: usize = 4;
 
 /// How long a delivery handed back for its endpoint's cap waits before it is due again:
 /// long enough that claims in between take other endpoints' deliveries first, short
@@ -382,7 +379,11 @@ pub async fn dispatch(
     stopping: CancellationToken,
 ) {
     let settings = webhooks.settings.clone();
-    let (finished, recorders) = start_recorders(&ledger, &metrics, settings.concurrency);
+    // One recorder: while it records a batch, the answers that come in wait for the
+    // next, so the batches grow with the rate and each costs one statement. (Four
+    // recorders, each with its share, made batches of about five.)
+    let (finished, answers) = mpsc::channel::<Finished>(settings.concurrency.max(1) * 2);
+    let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(&metrics)));
     let dispatcher = Dispatcher {
         slots: Arc::new(Semaphore::new(settings.concurrency)),
         in_flight: Arc::new(InFlight::default()),
@@ -410,40 +411,20 @@ pub async fn dispatch(
         }
     }
     // Attempts in flight finish (each within the timeout) and are recorded; past a short
-    // wait they are left to their leases. (The dispatcher holds the recorders' senders.)
+    // wait they are left to their leases. (The dispatcher holds the recorder's sender.)
     drop(dispatcher);
-    let _ =
-        tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(recorders)).await;
-}
-
-/// A few recorders side by side, each with its own transactions: one alone, waiting on
-/// the database for each batch, held the deliveries back. Their senders, and the tasks.
-fn start_recorders(
-    ledger: &Ledger,
-    metrics: &Arc<Metrics>,
-    concurrency: usize,
-) -> (
-    Vec<mpsc::Sender<Finished>>,
-    Vec<tokio::task::JoinHandle<()>>,
-) {
-    (0..RECORDERS)
-        .map(|_| {
-            let (finished, answers) = mpsc::channel::<Finished>(concurrency.max(1) * 2);
-            let recorder = tokio::spawn(record(ledger.clone(), answers, Arc::clone(metrics)));
-            (finished, recorder)
-        })
-        .unzip()
+    let _ = tokio::time::timeout(Duration::from_secs(2), recorder).await;
 }
 
 /// What the dispatcher's rounds share: where deliveries are claimed and sent, the slots
-/// for attempts in flight (all, and per endpoint), and the recorders' senders.
+/// for attempts in flight (all, and per endpoint), and the recorder's sender.
 struct Dispatcher {
     ledger: Ledger,
     webhooks: Arc<Webhooks>,
     settings: WebhookSettings,
     slots: Arc<Semaphore>,
     in_flight: Arc<InFlight>,
-    finished: Vec<mpsc::Sender<Finished>>,
+    finished: mpsc::Sender<Finished>,
     worker: String,
 }
 
@@ -514,7 +495,7 @@ impl Dispatcher {
                 },
             };
             let webhooks = Arc::clone(&self.webhooks);
-            let finished = self.finished[job.job_id.unsigned_abs() as usize % RECORDERS].clone();
+            let finished = self.finished.clone();
             sent += 1;
             tokio::spawn(async move {
                 let (answer, outcome) = webhooks.attempt(&job).await;
@@ -539,7 +520,7 @@ impl Dispatcher {
     }
 }
 
-/// Records finished attempts, as many as have come in (up to a batch) per transaction.
+/// Records finished attempts, as many as have come in (up to a batch) at a time.
 async fn record(ledger: Ledger, mut answers: mpsc::Receiver<Finished>, metrics: Arc<Metrics>) {
     let mut batch: Vec<Finished> = Vec::with_capacity(RECORD_BATCH);
     while answers.recv_many(&mut batch, RECORD_BATCH).await > 0 {
