@@ -55,7 +55,7 @@ impl JobKind {
         Self::ALL.into_iter().find(|kind| kind.as_str() == name)
     }
 
-    fn index(self) -> usize {
+    pub(crate) fn index(self) -> usize {
         match self {
             Self::Payout => 0,
             Self::Webhook => 1,

@@ -3,10 +3,12 @@
 //! kind's module so that neither depends on the other (the payouts' transactions write
 //! events; the deliveries' steps claim jobs).
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use sqlx::{Encode, Executor, FromRow, Type};
 
+use crate::bells::JobKind;
 use crate::db_types::Timestamp;
 use crate::dialect::Dialect;
 use crate::error::LedgerError;
@@ -81,18 +83,19 @@ where
     for<'r> (Timestamp, Option<Timestamp>): FromRow<'r, D::Row>,
 {
     /// Claims up to `max` due jobs of `kind` for `worker` with `claim` (the dialect's
-    /// claim statement for that kind: $1 now, $2 lease until, $3 worker, $4 at most), each
-    /// for `lease` by the database's clock — after a look on the read pool, so an idle
-    /// worker never takes the writer. Nothing, with when the next job is due, when none
-    /// was due; nothing, with no time, when other claims took the due ones first.
+    /// claim statement for that kind: $1 the lease in microseconds, $2 worker, $3 at most),
+    /// each for `lease` by the database's clock. Nothing, with when the next job is due,
+    /// when none was due; nothing, with no time, when other claims took the due ones first.
     ///
-    /// The claim is one statement on its own, timed by the clock the look read: no
-    /// transaction around it, so a claim costs two round trips where it took five (BEGIN,
-    /// the clock, the claim, the reads of what the jobs name, COMMIT). The look's clock is
-    /// a moment older than the claim; a lease is that much shorter, never longer.
+    /// A worker whose last claim came back short looks first, on the read pool, so an idle
+    /// worker never takes the writer. One whose last claim took all it asked for claims
+    /// straight away: more is likely due, and the look walks the same index the claim
+    /// does. Either way the claim is one statement on its own, timed by the clock it reads
+    /// itself; a claim costs one round trip where it took six (a look, BEGIN, the clock,
+    /// the claim, a read of what the jobs name, COMMIT).
     pub(crate) async fn claim_due<R>(
         &self,
-        kind: &str,
+        kind: JobKind,
         claim: &'static str,
         worker: &str,
         lease: Duration,
@@ -100,39 +103,58 @@ where
     ) -> Result<Looked<R>, LedgerError>
     where
         for<'r> R: FromRow<'r, D::Row> + Send + Unpin,
+        R: Leased,
     {
-        let look = || async {
-            let (now, first_due): (Timestamp, Option<Timestamp>) = sqlx::query_as(D::FIRST_FREE)
-                .bind(kind)
-                .fetch_one(&self.pool)
-                .await?;
-            // Due now: the difference is not positive, and waits nothing.
-            Ok::<_, sqlx::Error>((
-                now,
-                first_due.map(|due_at| Duration::try_from(due_at.0 - now.0).unwrap_or_default()),
-            ))
-        };
-        let now = match self.on_live_connection(look).await? {
-            (now, Some(wait)) if wait.is_zero() => now,
-            (_, next_due_in) => return Ok(Looked::Nothing { next_due_in }),
-        };
-        let lease_until = Timestamp(now.0 + lease);
+        let came_full = &self.claims_came_full[kind.index()];
+        let looked = !came_full.load(Ordering::Relaxed);
+        if looked {
+            match self.look(kind).await? {
+                Some(wait) if wait.is_zero() => {}
+                next_due_in => return Ok(Looked::Nothing { next_due_in }),
+            }
+        }
+        let lease_micros = i64::try_from(lease.as_micros()).unwrap_or(i64::MAX);
         // Run again on another connection when its own died under it: a claim whose
         // first try did commit leaves those jobs leased to no one who knows, until their
         // leases run out — delayed, never lost.
         let rows: Vec<R> = self
             .on_live_connection(|| {
                 sqlx::query_as(claim)
-                    .bind(now)
-                    .bind(lease_until)
+                    .bind(lease_micros)
                     .bind(worker)
                     .bind(max)
                     .fetch_all(&self.writer)
             })
             .await?;
-        if rows.is_empty() {
-            return Ok(Looked::Nothing { next_due_in: None });
-        }
+        came_full.store(
+            i64::try_from(rows.len()).unwrap_or(i64::MAX) >= max,
+            Ordering::Relaxed,
+        );
+        let Some(lease_until) = rows.first().map(Leased::lease_until) else {
+            let next_due_in = if looked { None } else { self.look(kind).await? };
+            return Ok(Looked::Nothing { next_due_in });
+        };
         Ok(Looked::Claim(Claim { rows, lease_until }))
     }
+
+    /// How long until the first job of `kind` not in flight is due, by the database's
+    /// clock (zero: due now); `None` when there is no such job.
+    async fn look(&self, kind: JobKind) -> Result<Option<Duration>, LedgerError> {
+        let look = || async {
+            let (now, first_due): (Timestamp, Option<Timestamp>) = sqlx::query_as(D::FIRST_FREE)
+                .bind(kind.as_str())
+                .fetch_one(&self.pool)
+                .await?;
+            // Due now: the difference is not positive, and waits nothing.
+            Ok::<_, sqlx::Error>(
+                first_due.map(|due_at| Duration::try_from(due_at.0 - now.0).unwrap_or_default()),
+            )
+        };
+        Ok(self.on_live_connection(look).await?)
+    }
+}
+
+/// A claimed job's row, which tells when its lease ends.
+pub(crate) trait Leased {
+    fn lease_until(&self) -> Timestamp;
 }

@@ -71,11 +71,12 @@ pub(crate) trait Dialect: Database<Arguments: IntoArguments<Self>> {
     /// Deletes up to $2 outbox jobs that finished before $1 (their attempts with them);
     /// returns their ids.
     const DELETE_FINISHED_JOBS: &'static str;
-    /// Claims due payout jobs ([`claim_jobs`]): $1 now, $2 lease until, $3 worker, $4 at
-    /// most; returns each one's id, payout, attempt and throttled claims.
+    /// Claims due payout jobs ([`claim_jobs`]): $1 the lease in microseconds, $2 worker, $3
+    /// at most; returns the leases' end, and each one's id, payout, attempt and throttled
+    /// claims.
     const CLAIM_JOBS: &'static str;
-    /// Claims due webhook deliveries: $1 now, $2 lease until, $3 worker, $4 at most; returns
-    /// each one's id, event, endpoint and attempt.
+    /// Claims due webhook deliveries: $1 the lease in microseconds, $2 worker, $3 at most;
+    /// returns the leases' end, and each one's id, event, endpoint and attempt.
     const CLAIM_DELIVERIES: &'static str;
     /// The row lock with which an outcome's transaction reads the subscriptions (`s`) it
     /// queues deliveries from (`events.rs`, `queue_deliveries`).
@@ -185,28 +186,36 @@ macro_rules! reap_statements {
                    AND created_at < $1
                  RETURNING key_hash"
             ),
-            // A delivery sent again by hand meanwhile is open again: the outer WHERE
-            // leaves it.
-            concat!(
-                "DELETE FROM outbox
-                 WHERE id IN (
-                     SELECT id FROM outbox WHERE done_at < $1 LIMIT $2 ",
-                $lock,
-                ")
-                   AND done_at < $1
-                 RETURNING id"
-            ),
         )
     };
 }
 
-/// Claims up to $4 due jobs of one kind whose lease ran out (or never was) at $1: leased to
-/// $3 until $2, the attempt counted. Returns what `$returning` names. (Each dialect's
-/// `CLAIM_JOBS` and `CLAIM_DELIVERIES`, with its row lock, and how the update finds the
-/// rows picked.)
+/// The reaper's deletion of finished outbox jobs (see `reap_statements!`), with the lock
+/// its pick takes. A delivery sent again by hand meanwhile is open again: the outer WHERE
+/// leaves it.
+macro_rules! delete_finished_jobs {
+    ($lock:literal) => {
+        concat!(
+            "DELETE FROM outbox
+             WHERE id IN (
+                 SELECT id FROM outbox WHERE done_at < $1 LIMIT $2 ",
+            $lock,
+            ")
+               AND done_at < $1
+             RETURNING id"
+        )
+    };
+}
+
+/// Claims up to $3 due jobs of one kind whose lease ran out (or never was) by the
+/// database's clock (`$clock`, read once): leased to $2 for $1 microseconds (`$lease_until`
+/// says how the dialect adds them), the attempt counted. Returns the leases' end, then what
+/// `$returning` names. (Each dialect's `CLAIM_JOBS` and `CLAIM_DELIVERIES`, with its row
+/// lock, and how the update finds the rows picked.) The clock is read in the statement, so
+/// a claim needs no look before it for the time.
 ///
 /// The pick is a materialized CTE, evaluated once. Written as `WHERE id IN (SELECT … LIMIT
-/// $4 FOR UPDATE SKIP LOCKED)`, PostgreSQL may plan the subquery as the inner side of a
+/// $3 FOR UPDATE SKIP LOCKED)`, PostgreSQL may plan the subquery as the inner side of a
 /// semi-join and run it again for each row — and each run, skipping what the last one
 /// locked, picks other rows: a claim of 32 took 140 in one measured case, and a worker that
 /// sends no more than it asked for leaves the rest leased until their leases end.
@@ -219,22 +228,27 @@ macro_rules! reap_statements {
 /// and it then walked every open job for each one picked: with 3,000 open, a claim took
 /// 48 ms instead of 2.6, and deliveries ran at a third of their rate.
 macro_rules! claim_jobs {
-    ($kind:literal, $returning:literal, $lock:literal, $picked:literal) => {
+    ($kind:literal, $returning:literal, $clock:expr, $lease_until:literal, $lock:literal, $picked:literal) => {
         concat!(
-            "WITH picked AS MATERIALIZED (
+            "WITH clock AS (SELECT ",
+            $clock,
+            " AS now),
+             picked AS MATERIALIZED (
                  SELECT id FROM outbox
                  WHERE kind = '",
             $kind,
-            "' AND done_at IS NULL AND due_at <= $1
-                   AND (lease_until IS NULL OR lease_until <= $1)
+            "' AND done_at IS NULL AND due_at <= (SELECT now FROM clock)
+                   AND (lease_until IS NULL OR lease_until <= (SELECT now FROM clock))
                  ORDER BY kind, due_at, id
-                 LIMIT $4 ",
+                 LIMIT $3 ",
             $lock,
             ")
-             UPDATE outbox SET attempts = attempts + 1, lease_until = $2, leased_by = $3
+             UPDATE outbox SET attempts = attempts + 1, lease_until = ",
+            $lease_until,
+            ", leased_by = $2
              WHERE ",
             $picked,
-            " RETURNING ",
+            " RETURNING lease_until, ",
             $returning
         )
     };
@@ -264,13 +278,7 @@ macro_rules! first_free {
 }
 
 /// The reaper's statements, in the order of [`Dialect`]'s constants.
-type ReapStatements = (
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-    &'static str,
-);
+type ReapStatements = (&'static str, &'static str, &'static str, &'static str);
 const POSTGRES_REAP: ReapStatements = reap_statements!("FOR UPDATE SKIP LOCKED");
 const SQLITE_REAP: ReapStatements = reap_statements!("");
 
@@ -392,17 +400,30 @@ impl Dialect for sqlx::Postgres {
     const PRUNE_OUTCOMES: &'static str = POSTGRES_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = POSTGRES_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = POSTGRES_REAP.3;
-    const DELETE_FINISHED_JOBS: &'static str = POSTGRES_REAP.4;
+    // The attempts go with their deliveries in the same statement: no foreign key
+    // cascades to them (migration 0018).
+    const DELETE_FINISHED_JOBS: &'static str = concat!(
+        "WITH gone AS (",
+        delete_finished_jobs!("FOR UPDATE SKIP LOCKED"),
+        "), attempts AS (
+             DELETE FROM webhook_attempts WHERE job_id IN (SELECT id FROM gone)
+         )
+         SELECT id FROM gone"
+    );
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
         "id, payout_id, attempts, throttled",
+        pg_clock!(),
+        "(SELECT now FROM clock) + $1 * interval '1 microsecond'",
         "FOR UPDATE SKIP LOCKED",
         "id = ANY (ARRAY(SELECT id FROM picked))"
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
         "webhook",
         "id, event_id, event_type, endpoint_id, attempts",
+        pg_clock!(),
+        "(SELECT now FROM clock) + $1 * interval '1 microsecond'",
         "FOR UPDATE SKIP LOCKED",
         "id = ANY (ARRAY(SELECT id FROM picked))"
     );
@@ -493,17 +514,22 @@ impl Dialect for sqlx::Sqlite {
     const PRUNE_OUTCOMES: &'static str = SQLITE_REAP.1;
     const DELETE_OLD_CREATIONS: &'static str = SQLITE_REAP.2;
     const DELETE_OLD_REQUESTS: &'static str = SQLITE_REAP.3;
-    const DELETE_FINISHED_JOBS: &'static str = SQLITE_REAP.4;
+    // The attempts go with their deliveries by the foreign key's cascade.
+    const DELETE_FINISHED_JOBS: &'static str = delete_finished_jobs!("");
     // One writer: claims never overlap.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
         "id, payout_id, attempts, throttled",
+        sqlite_clock!(),
+        "(SELECT now FROM clock) + $1",
         "",
         "id IN (SELECT id FROM picked)"
     );
     const CLAIM_DELIVERIES: &'static str = claim_jobs!(
         "webhook",
         "id, event_id, event_type, endpoint_id, attempts",
+        sqlite_clock!(),
+        "(SELECT now FROM clock) + $1",
         "",
         "id IN (SELECT id FROM picked)"
     );

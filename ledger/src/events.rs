@@ -371,11 +371,18 @@ impl TryFrom<EventRow> for Event {
 from_row! {
     /// A claimed delivery's outbox columns.
     pub(crate) struct ClaimedRow {
+        lease_until: Timestamp,
         id: i64,
         event_id: EventId,
         event_type: String,
         endpoint_id: EndpointId,
         attempts: i32,
+    }
+}
+
+impl crate::claims::Leased for ClaimedRow {
+    fn lease_until(&self) -> Timestamp {
+        self.lease_until
     }
 }
 
@@ -921,7 +928,7 @@ where
             rows: claimed,
             lease_until,
         } = match self
-            .claim_due::<ClaimedRow>("webhook", D::CLAIM_DELIVERIES, worker, lease, max)
+            .claim_due::<ClaimedRow>(JobKind::Webhook, D::CLAIM_DELIVERIES, worker, lease, max)
             .await?
             .claim()
         {

@@ -156,6 +156,23 @@ const CREDIT_BACK: &str = "
     RETURNING balance, points, fencing_token";
 
 from_row! {
+    /// A claimed payout job's outbox columns.
+    pub(crate) struct ClaimedJob {
+        lease_until: Timestamp,
+        id: i64,
+        payout_id: PayoutId,
+        attempts: i32,
+        throttled: i32,
+    }
+}
+
+impl crate::claims::Leased for ClaimedJob {
+    fn lease_until(&self) -> Timestamp {
+        self.lease_until
+    }
+}
+
+from_row! {
     /// A payout as read, with its job's attempts and last error.
     pub(crate) struct PayoutRow {
         id: PayoutId,
@@ -220,7 +237,7 @@ where
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64): FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, PayoutId, i32, i32): FromRow<'r, D::Row>,
+    for<'r> ClaimedJob: FromRow<'r, D::Row>,
     for<'r> (AccountId, i64): FromRow<'r, D::Row>,
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,
@@ -403,7 +420,7 @@ where
             rows: claimed,
             lease_until,
         } = match self
-            .claim_due::<(i64, PayoutId, i32, i32)>("payout", D::CLAIM_JOBS, worker, lease, max)
+            .claim_due::<ClaimedJob>(JobKind::Payout, D::CLAIM_JOBS, worker, lease, max)
             .await?
             .claim()
         {
@@ -417,8 +434,8 @@ where
             placeholders(1, claimed.len())
         );
         let mut query = sqlx::query_as::<_, PayoutRow>(sqlx::AssertSqlSafe(select));
-        for (_, payout, _, _) in &claimed {
-            query = query.bind(*payout);
+        for job in &claimed {
+            query = query.bind(job.payout_id);
         }
         let mut payouts: HashMap<PayoutId, Payout> = HashMap::new();
         for row in query.fetch_all(&self.pool).await? {
@@ -427,16 +444,17 @@ where
         }
         claimed
             .into_iter()
-            .map(|(job_id, payout, attempt, throttled)| {
+            .map(|job| {
                 Ok(PayoutJob {
-                    job_id,
-                    payout: payouts.remove(&payout).ok_or_else(|| {
+                    job_id: job.id,
+                    payout: payouts.remove(&job.payout_id).ok_or_else(|| {
                         LedgerError::Corrupt(format!(
-                            "outbox job {job_id}: payout {payout} is missing"
+                            "outbox job {}: payout {} is missing",
+                            job.id, job.payout_id
                         ))
                     })?,
-                    attempt: u32::try_from(attempt).unwrap_or_default(),
-                    throttled: u32::try_from(throttled).unwrap_or_default(),
+                    attempt: u32::try_from(job.attempts).unwrap_or_default(),
+                    throttled: u32::try_from(job.throttled).unwrap_or_default(),
                     claimed_at: lease_until.0 - lease,
                     lease_until: lease_until.0,
                 })

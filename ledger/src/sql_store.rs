@@ -3,11 +3,12 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use sqlx::{Database, Pool};
 
 use crate::batch::Batcher;
-use crate::bells::Bells;
+use crate::bells::{Bells, JobKind};
 use crate::dialect::Dialect;
 use crate::error::{LedgerError, is_dead_connection};
 use crate::hold_batch::HoldStep;
@@ -31,6 +32,10 @@ pub(crate) struct SqlStore<D: Database> {
     pub(crate) hold_batcher: Option<Batcher<HoldStep>>,
     /// Rung after a commit that queued outbox jobs (`bells.rs`).
     pub(crate) bells: Arc<Bells>,
+    /// For each kind of outbox job (by [`JobKind::index`]), whether this process's last
+    /// claim of it took all it asked for: more is likely due, and the next claim goes
+    /// without a look first (`claims.rs`).
+    pub(crate) claims_came_full: [AtomicBool; JobKind::ALL.len()],
 }
 
 impl<D: Database> SqlStore<D> {
@@ -48,6 +53,7 @@ impl<D: Database> SqlStore<D> {
             batcher: None,
             hold_batcher: None,
             bells,
+            claims_came_full: Default::default(),
         }
     }
 

@@ -30,7 +30,7 @@ use crate::model::{
     Account, AccountId, Applied, ApplyRequest, Entry, Operation, Order, OrderId, Renderer, Ticket,
     TicketId,
 };
-use crate::outbox::PayoutRow;
+use crate::outbox::{ClaimedJob, PayoutRow};
 use crate::payouts::{
     JobOutcome, Payout, PayoutCounts, PayoutId, PayoutJob, PayoutRenderer, PayoutStatus,
 };
@@ -251,7 +251,7 @@ where
     for<'q> Option<Timestamp>: Decode<'q, D>,
     for<'r> PayoutRow: FromRow<'r, D::Row>,
     for<'r> (i64, i64, i64): FromRow<'r, D::Row>,
-    for<'r> (i64, PayoutId, i32, i32): FromRow<'r, D::Row>,
+    for<'r> ClaimedJob: FromRow<'r, D::Row>,
     for<'r> (AccountId, i64): FromRow<'r, D::Row>,
     for<'r> (String, i64, Timestamp): FromRow<'r, D::Row>,
     for<'r> (PayoutId,): FromRow<'r, D::Row>,

@@ -124,6 +124,23 @@ impl TestDatabase {
         }
         Ok(())
     }
+
+    /// Reads one number behind the ledger's back: the first column of the one row that
+    /// `statement` returns.
+    pub async fn count(&self, statement: &str) -> Result<i64, LedgerError> {
+        let statement = sqlx::AssertSqlSafe(statement.to_owned());
+        Ok(if self.url.starts_with("sqlite:") {
+            let mut connection = SqliteConnection::connect(&self.url).await?;
+            sqlx::query_scalar(statement)
+                .fetch_one(&mut connection)
+                .await?
+        } else {
+            let mut connection = PgConnection::connect(&self.url).await?;
+            sqlx::query_scalar(statement)
+                .fetch_one(&mut connection)
+                .await?
+        })
+    }
 }
 
 /// Runs `future` with every lottery draw it makes winning `prize`: the same draws, so that

@@ -811,6 +811,23 @@ pub async fn ended_deliveries_are_reaped_after_the_retention(database: &TestData
         Err(RetryRefused::NotFound),
         "a reaped delivery is gone"
     );
+    let attempts_of =
+        |job: i64| format!("SELECT COUNT(*) FROM webhook_attempts WHERE job_id = {job}");
+    assert_eq!(
+        database
+            .count(&attempts_of(delivered.job_id))
+            .await
+            .unwrap(),
+        0,
+        "its attempts went with it"
+    );
+    assert_eq!(
+        database
+            .count(&attempts_of(exhausted.job_id))
+            .await
+            .unwrap(),
+        1
+    );
     assert_clean(&ledger).await;
 }
 
