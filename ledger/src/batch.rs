@@ -384,9 +384,9 @@ pub(crate) struct Shape {
     pub tries: u32,
 }
 
-/// How long a worker waits for a batch out before it sends beside it: several times what a batch takes on a
-/// busy database (1–3 ms here), so that only a batch that is stuck — waiting for a row
-/// another transaction holds, say — lets another go out beside it.
+/// How long a worker waits for a batch out before it sends beside it: several times what
+/// a batch takes on a busy database (1–3 ms here), so that only a batch that is stuck —
+/// waiting for a row another transaction holds, say — lets another go out beside it.
 const TURN_PATIENCE: Duration = Duration::from_millis(10);
 
 /// The workers of one batcher take turns: a batch goes out while no other is out, so each

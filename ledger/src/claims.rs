@@ -78,8 +78,6 @@ where
     for<'c> &'c mut D::Connection: Executor<'c, Database = D>,
     for<'q> i64: Encode<'q, D> + Type<D>,
     for<'q> &'q str: Encode<'q, D> + Type<D>,
-    for<'q> Timestamp: Encode<'q, D> + Type<D>,
-    for<'r> (Timestamp,): FromRow<'r, D::Row>,
     for<'r> (Timestamp, Option<Timestamp>): FromRow<'r, D::Row>,
 {
     /// Claims up to `max` due jobs of `kind` for `worker` with `claim` (the dialect's

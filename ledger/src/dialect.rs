@@ -446,7 +446,10 @@ impl Dialect for sqlx::Postgres {
             .bind(column(answers, |a| a.job_id))
             .bind(column(answers, |a| a.attempt))
             .bind(column(answers, |a| a.outcome))
-            .bind(column(answers, |a| a.retry_after_us))
+            .bind(column(answers, |a| {
+                a.retry_after
+                    .map(|after| i64::try_from(after.as_micros()).unwrap_or(i64::MAX))
+            }))
             .bind(column(answers, |a| a.error))
             .bind(column(answers, |a| a.duration_ms))
             .bind(column(answers, |a| a.status))

@@ -10,7 +10,7 @@
 //! records only at the attempt it claimed (a worker whose lease ran out while its receiver
 //! dawdled records nothing once another claimed the delivery again).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use sqlx::{ColumnIndex, Decode, Encode, Executor, FromRow, Row, Type};
@@ -159,9 +159,9 @@ pub(crate) struct AnswerRow<'a> {
     pub job_id: i64,
     /// The attempt the delivery was claimed at.
     pub attempt: i32,
-    /// The outcome it ended with; `None`: tried again `retry_after_us` from now.
+    /// The outcome it ended with; `None`: tried again `retry_after` from now.
     pub outcome: Option<&'static str>,
-    pub retry_after_us: Option<i64>,
+    pub retry_after: Option<Duration>,
     pub error: Option<&'a str>,
     pub duration_ms: i64,
     pub status: Option<i32>,
@@ -1061,93 +1061,97 @@ where
                 )
             })
             .collect();
-        let attempt_of = |job: &DeliveryJob| i32::try_from(job.attempt).unwrap_or(i32::MAX);
-        let retried = outcomes
+        let rows: Vec<AnswerRow<'_>> = outcomes
             .iter()
-            .any(|(_, _, outcome)| matches!(outcome, DeliveryOutcome::Retry { .. }));
+            .zip(&texts)
+            .map(|(&(job, answer, outcome), (error, body))| {
+                let (ended, retry_after) = ended_or_after(outcome);
+                AnswerRow {
+                    job_id: job.job_id,
+                    attempt: i32::try_from(job.attempt).unwrap_or(i32::MAX),
+                    outcome: ended.and_then(outcome_name),
+                    retry_after,
+                    error: error.as_deref(),
+                    duration_ms: i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX),
+                    status: answer.status.map(i32::from),
+                    body: body.as_deref(),
+                }
+            })
+            .collect();
         // A receiver gone for good disables its endpoint in the answers' transaction; any
         // other batch is one statement where the database can say it in one.
-        if !outcomes
+        let gone = outcomes
             .iter()
-            .any(|(_, _, outcome)| **outcome == DeliveryOutcome::EndpointGone)
-        {
-            let rows: Vec<AnswerRow<'_>> = outcomes
-                .iter()
-                .zip(&texts)
-                .map(|(&(job, answer, outcome), (error, body))| {
-                    let (ended, after) = ended_or_after(outcome);
-                    AnswerRow {
-                        job_id: job.job_id,
-                        attempt: attempt_of(job),
-                        outcome: ended.and_then(outcome_name),
-                        retry_after_us: after
-                            .map(|after| i64::try_from(after.as_micros()).unwrap_or(i64::MAX)),
-                        error: error.as_deref(),
-                        duration_ms: i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX),
-                        status: answer.status.map(i32::from),
-                        body: body.as_deref(),
-                    }
-                })
-                .collect();
+            .any(|(_, _, outcome)| **outcome == DeliveryOutcome::EndpointGone);
+        let at_once = if gone {
+            None
+        } else {
             // Safe to run again when the connection dies under it: an answer the first
             // try did record is then found recorded, and this batch says it was not.
-            let at_once = self
-                .on_live_connection(|| async {
-                    match D::record_answers_at_once(&self.writer, &rows) {
-                        Some(recording) => recording.await.map(Some),
-                        None => Ok(None),
-                    }
-                })
-                .await?;
-            if let Some(written) = at_once {
-                let written: std::collections::HashSet<(i64, i32)> = written.into_iter().collect();
-                if retried {
-                    self.bells.wake_here(JobKind::Webhook);
+            self.on_live_connection(|| async {
+                match D::record_answers_at_once(&self.writer, &rows) {
+                    Some(recording) => recording.await.map(Some),
+                    None => Ok(None),
                 }
-                return Ok(outcomes
-                    .iter()
-                    .map(|(job, _, _)| written.contains(&(job.job_id, attempt_of(job))))
-                    .collect());
-            }
+            })
+            .await?
+        };
+        let written: HashSet<(i64, i32)> = match at_once {
+            Some(written) => written.into_iter().collect(),
+            None => self.record_in_transaction(outcomes, &rows).await?,
+        };
+        // A later attempt was scheduled: this process's dispatcher, asleep, learns when.
+        if outcomes
+            .iter()
+            .any(|(_, _, outcome)| matches!(outcome, DeliveryOutcome::Retry { .. }))
+        {
+            self.bells.wake_here(JobKind::Webhook);
         }
+        Ok(rows
+            .iter()
+            .map(|row| written.contains(&(row.job_id, row.attempt)))
+            .collect())
+    }
+
+    /// [`record_deliveries`](Self::record_deliveries) in one transaction of two statements
+    /// ([`record_answers`], [`insert_attempts`]) and one more per endpoint gone: the
+    /// deliveries recorded, each with its attempt. `rows` are the `outcomes`' answers.
+    async fn record_in_transaction(
+        &self,
+        outcomes: &[(&DeliveryJob, &AttemptAnswer, &DeliveryOutcome)],
+        rows: &[AnswerRow<'_>],
+    ) -> Result<HashSet<(i64, i32)>, LedgerError> {
         let mut tx = self.begin_write().await?;
         let (now,): (Timestamp,) = sqlx::query_as(D::CLOCK).fetch_one(&mut *tx).await?;
         let mut query =
-            sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(record_answers(outcomes.len())))
+            sqlx::query_as::<_, (i64, i32)>(sqlx::AssertSqlSafe(record_answers(rows.len())))
                 .bind(now);
-        for (&(job, _, outcome), (error, _)) in outcomes.iter().zip(&texts) {
-            let (ended, after) = ended_or_after(outcome);
-            let due = after.map(|after| Timestamp(now.0 + after));
+        for row in rows {
             query = query
-                .bind(job.job_id)
-                .bind(attempt_of(job))
-                .bind(ended.and_then(outcome_name))
-                .bind(due)
-                .bind(error.as_deref());
+                .bind(row.job_id)
+                .bind(row.attempt)
+                .bind(row.outcome)
+                .bind(row.retry_after.map(|after| Timestamp(now.0 + after)))
+                .bind(row.error);
         }
-        let written: std::collections::HashSet<(i64, i32)> =
-            query.fetch_all(&mut *tx).await?.into_iter().collect();
-        let recorded: Vec<bool> = outcomes
+        let written: HashSet<(i64, i32)> = query.fetch_all(&mut *tx).await?.into_iter().collect();
+        let answered: Vec<(&AnswerRow<'_>, &DeliveryOutcome, EndpointId)> = rows
             .iter()
-            .map(|(job, _, _)| written.contains(&(job.job_id, attempt_of(job))))
-            .collect();
-        let answered: Vec<_> = outcomes
-            .iter()
-            .zip(&texts)
-            .zip(&recorded)
-            .filter_map(|(row, recorded)| recorded.then_some(row))
+            .zip(outcomes)
+            .filter(|(row, _)| written.contains(&(row.job_id, row.attempt)))
+            .map(|(row, (job, _, outcome))| (row, *outcome, job.endpoint.id))
             .collect();
         if !answered.is_empty() {
             let mut query =
                 sqlx::query(sqlx::AssertSqlSafe(insert_attempts(answered.len()))).bind(now);
-            for ((job, answer, _), (error, body)) in &answered {
+            for (row, _, _) in &answered {
                 query = query
-                    .bind(job.job_id)
-                    .bind(attempt_of(job))
-                    .bind(i64::try_from(answer.duration.as_millis()).unwrap_or(i64::MAX))
-                    .bind(answer.status.map(i32::from))
-                    .bind(error.as_deref())
-                    .bind(body.as_deref());
+                    .bind(row.job_id)
+                    .bind(row.attempt)
+                    .bind(row.duration_ms)
+                    .bind(row.status)
+                    .bind(row.error)
+                    .bind(row.body);
             }
             query.execute(&mut *tx).await?;
         }
@@ -1155,8 +1159,8 @@ where
         // the batch's own answers: one of them that did arrive is recorded as it was.
         let mut gone: Vec<EndpointId> = answered
             .iter()
-            .filter(|((_, _, outcome), _)| **outcome == DeliveryOutcome::EndpointGone)
-            .map(|((job, _, _), _)| job.endpoint.id)
+            .filter(|(_, outcome, _)| **outcome == DeliveryOutcome::EndpointGone)
+            .map(|(_, _, endpoint)| *endpoint)
             .collect();
         gone.sort_unstable();
         gone.dedup();
@@ -1164,11 +1168,7 @@ where
             Self::disable_gone_endpoint(&mut tx, endpoint, now).await?;
         }
         commit_or_unknown(tx).await?;
-        // A later attempt was scheduled: this process's dispatcher, asleep, learns when.
-        if retried {
-            self.bells.wake_here(JobKind::Webhook);
-        }
-        Ok(recorded)
+        Ok(written)
     }
 
     /// A receiver gone for good (410): its endpoint disabled at `now`, and the endpoint's
