@@ -54,10 +54,12 @@ macro_rules! rfc3339 {
 /// - **Exact `held`.** A step is written only where the account's `held` counts exactly
 ///   the holds not expired — none of the account's holds is past its expiry by the clock
 ///   read — so the placing's check against it is exact, and so is the money available
-///   the body shows (`balance - held` after). That is known from the statement's snapshot
-///   only if no hold was placed on the account since it was taken: the account's token,
-///   which every placing raises, must be the snapshot's. Anything else goes to the
-///   transaction path, which counts the holds.
+///   the body shows (`balance - held` after). A `held` of 0 in the locked row says so
+///   alone: nothing is held. Otherwise it is known from the statement's snapshot only if
+///   no hold was placed on the account since it was taken (the account's token, which
+///   every placing raises, must be the snapshot's), and then by one range of
+///   `holds_held`, the account's holds held by expiry (migration 0019). Anything else
+///   goes to the transaction path, which counts the holds.
 /// - **The body** arrives rendered with stand-ins (see
 ///   [`substitutable`](crate::stand_ins::substitutable)) for the balance and the money
 ///   available after, the clock's reading, and for a capture or a void what only the
@@ -129,15 +131,18 @@ const APPLY_HOLD_STEPS: &str = concat!(
         FROM steps AS s
              JOIN locked_tickets AS t ON t.id = s.ticket_id
              JOIN locked_accounts AS a ON a.id = s.account_id
-             -- The snapshot's version of the account: no placing since, if the same token.
-             JOIN accounts AS seen ON seen.id = s.account_id
-                                  AND seen.fencing_token = a.fencing_token
              LEFT JOIN locked_holds AS h ON h.id = s.hold_id AND h.account_id = s.account_id
              CROSS JOIN judged AS j
         WHERE j.distinct_steps AND t.account_id = s.account_id AND t.expires_at > j.read_at
-          AND NOT EXISTS (SELECT FROM holds AS x
-                          WHERE x.account_id = s.account_id AND x.state = 'held'
-                            AND x.expires_at <= j.read_at)
+          -- `held` exact: nothing held at all, or no placing since the snapshot (its
+          -- version of the account has the same token) and none of the account's holds
+          -- past its expiry. Inside the OR, each lookup is made for its step alone, by key.
+          AND (a.held = 0
+               OR (EXISTS (SELECT FROM accounts AS seen
+                           WHERE seen.id = s.account_id AND seen.fencing_token = a.fencing_token)
+                   AND NOT EXISTS (SELECT FROM holds AS x
+                                   WHERE x.account_id = s.account_id AND x.state = 'held'
+                                     AND x.expires_at <= j.read_at)))
           AND CASE WHEN s.kind = 'hold'
                    THEN s.token > a.fencing_token AND a.balance - s.amount >= a.held
                    ELSE h.state = 'held' AND h.expires_at > j.read_at

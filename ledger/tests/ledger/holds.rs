@@ -360,7 +360,7 @@ fn show(hold: &Hold) -> serde_json::Value {
     serde_json::json!({"hold_id": hold.id.0, "state": hold.state.as_str()})
 }
 
-fn place(amount: i64, seconds: i64) -> (HoldId, Operation) {
+pub(crate) fn place(amount: i64, seconds: i64) -> (HoldId, Operation) {
     let hold = HoldId::random();
     (
         hold,
@@ -372,7 +372,7 @@ fn place(amount: i64, seconds: i64) -> (HoldId, Operation) {
     )
 }
 
-fn capture(hold: HoldId, amount: Option<i64>) -> Operation {
+pub(crate) fn capture(hold: HoldId, amount: Option<i64>) -> Operation {
     Operation::Capture {
         hold,
         amount: amount.map(|amount| Amount::new(amount).unwrap()),
@@ -384,7 +384,7 @@ fn withdrawal(amount: i64) -> Operation {
 }
 
 /// Spends `operation` on a fresh ticket of `account_id` under `token`.
-async fn spend(
+pub(crate) async fn spend(
     ledger: &Ledger,
     account_id: AccountId,
     operation: Operation,

@@ -16,6 +16,7 @@ use ledger::testing::TestDatabase;
 use ledger::webhooks::{AttemptAnswer, DeliveryOutcome};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
+use crate::holds::{capture, place, spend};
 use crate::postgres_races::connect;
 use crate::suite::{account, open};
 
@@ -244,6 +245,80 @@ async fn payouts_are_settled_without_walking_the_pending_ones() {
         touched.iter().all(|blocks| *blocks < FEW),
         "{WORKED} payouts claimed and settled touched {} blocks of the open-work index and {} \
          of the pending payouts'",
+        touched[0],
+        touched[1]
+    );
+}
+
+/// Hold steps on an account with many holds held — authorizations outstanding by the
+/// thousand — on a database analysed when none was held. Each step asks whether a hold of
+/// its account is past its expiry and not yet recorded so: done right, a range of an
+/// index by account and expiry, empty here. Through an index of the account's held holds
+/// alone, each step walked all of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_steps_look_only_at_their_own_accounts_holds() {
+    let (database, ledger, account_id, mut setup) = fresh().await;
+    sqlx::raw_sql("ALTER TABLE holds SET (autovacuum_enabled = false)")
+        .execute(&mut setup)
+        .await
+        .unwrap();
+    // `$2` holds of 1 on account `$1`, each placed by a ticket of its own: expired a day
+    // ago when `$3`, else held for a day (and counted in the account's `held`).
+    let place_many = "
+        WITH placed AS (
+            INSERT INTO tickets (id, account_id, created_at, expires_at, operation,
+                                 fingerprint, response_status, response_body, completed_at)
+            SELECT gen_random_uuid(), $1, now(), now() + interval '1 day', 'hold', 'h', 201,
+                   '{}', now()
+            FROM generate_series(1, $2)
+            RETURNING id
+        ), held AS (
+            INSERT INTO holds (id, account_id, ticket_id, amount, state, expires_at,
+                               created_at, resolved_at)
+            SELECT gen_random_uuid(), $1, id, 1, CASE WHEN $3 THEN 'expired' ELSE 'held' END,
+                   now() + CASE WHEN $3 THEN interval '-1 day' ELSE interval '1 day' END,
+                   now() - interval '2 days', CASE WHEN $3 THEN now() - interval '1 day' END
+            FROM placed
+        )
+        UPDATE accounts SET held = held + CASE WHEN $3 THEN 0 ELSE $2 END WHERE id = $1";
+    for (count, expired) in [(HISTORY, true), (OPEN, false)] {
+        sqlx::query(place_many)
+            .bind(account_id)
+            .bind(count)
+            .bind(expired)
+            .execute(&mut setup)
+            .await
+            .unwrap();
+        if expired {
+            sqlx::query("ANALYZE holds, tickets")
+                .execute(&mut setup)
+                .await
+                .unwrap();
+        }
+    }
+    let setup_pid = setup_pid(setup).await;
+
+    let work = async {
+        for pair in 1..=u64::from(WORKED) {
+            let (hold, placing) = place(1, 3600);
+            let placed = spend(&ledger, account_id, placing, pair).await;
+            assert_eq!(placed.response.status, 201, "{}", placed.response.body);
+            let captured = spend(&ledger, account_id, capture(hold, None), pair).await;
+            assert_eq!(captured.response.status, 200, "{}", captured.response.body);
+        }
+        ledger.close().await;
+    };
+    let touched = touched_by(
+        &database,
+        setup_pid,
+        &["holds_expiring", "holds_held"],
+        work,
+    )
+    .await;
+    assert!(
+        touched.iter().all(|blocks| *blocks < FEW),
+        "{WORKED} holds placed and captured beside {OPEN} held touched {} blocks of the index \
+         of holds by expiry and {} of the index of an account's holds",
         touched[0],
         touched[1]
     );
