@@ -413,7 +413,7 @@ impl Dialect for sqlx::Postgres {
     // Instances claim different jobs: a job another claim holds is skipped, not waited for.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
-        "id, payout_id, attempts, throttled",
+        "id, payout_id, attempts, throttled, last_error",
         pg_clock!(),
         "(SELECT now FROM clock) + $1 * interval '1 microsecond'",
         "FOR UPDATE SKIP LOCKED",
@@ -522,7 +522,7 @@ impl Dialect for sqlx::Sqlite {
     // One writer: claims never overlap.
     const CLAIM_JOBS: &'static str = claim_jobs!(
         "payout",
-        "id, payout_id, attempts, throttled",
+        "id, payout_id, attempts, throttled, last_error",
         sqlite_clock!(),
         "(SELECT now FROM clock) + $1",
         "",

@@ -286,7 +286,7 @@ pub async fn a_failed_payout_is_credited_back_once(database: &TestDatabase) {
 }
 
 /// A postponed job is not claimed before it is due, keeps its error for the operators, and
-/// comes back as the next attempt once due.
+/// comes back as the next attempt once due, its error with it.
 pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
     let ledger = open(database).await;
     let account_id = account(&ledger, 1000, 0).await;
@@ -313,6 +313,11 @@ pub async fn a_postponed_job_waits_until_it_is_due(database: &TestDatabase) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let again = claim_one(&ledger, "w").await;
     assert_eq!((again.payout.id, again.attempt), (id, 2));
+    assert_eq!(
+        (again.payout.attempts, again.payout.last_error.as_deref()),
+        (2, Some("bank answered 503")),
+        "the claimed payout shows its attempts and its last error as a read of it does"
+    );
 }
 
 /// A claim that finds nothing due says when the first job not in flight will be — what
