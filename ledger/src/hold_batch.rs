@@ -57,9 +57,11 @@ macro_rules! rfc3339 {
 ///   the body shows (`balance - held` after). A `held` of 0 in the locked row says so
 ///   alone: nothing is held. Otherwise it is known from the statement's snapshot only if
 ///   no hold was placed on the account since it was taken (the account's token, which
-///   every placing raises, must be the snapshot's), and then by one range of
-///   `holds_held`, the account's holds held by expiry (migration 0019). Anything else
-///   goes to the transaction path, which counts the holds.
+///   every placing raises, must be the snapshot's), and then by one range of an index by
+///   expiry — `holds_held` (the account's held holds, by expiry since migration 0019) or
+///   `holds_expiring`, as the planner picks: either holds there only what the sweeper
+///   has yet to record. Anything else goes to the transaction path, which counts the
+///   holds.
 /// - **The body** arrives rendered with stand-ins (see
 ///   [`substitutable`](crate::stand_ins::substitutable)) for the balance and the money
 ///   available after, the clock's reading, and for a capture or a void what only the

@@ -441,8 +441,8 @@ where
         };
         // The claimed payouts in one statement, `… WHERE p.id IN ($1, …, $n)`, with their
         // jobs' attempts and last errors as the claim returned them. Joined to the outbox
-        // instead, the read was planned as a scan of every job queued, for each claim:
-        // a backlog cost each claim more the longer it was.
+        // instead, a claim of a few, planned while the queue was short, read every job
+        // queued through a hash join, and kept that plan as the queue grew.
         let select = format!(
             "SELECT {}, p.attempts, CAST(NULL AS TEXT) AS last_error
              FROM payouts p WHERE p.id IN ({})",
