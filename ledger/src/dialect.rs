@@ -6,6 +6,7 @@
 use futures::future::BoxFuture;
 use sqlx::{Database, Executor, IntoArguments};
 
+use crate::batch::column;
 use crate::events::{AnswerRow, RECORD_ANSWERS_AT_ONCE};
 use crate::rows::{order_columns, ticket_columns};
 
@@ -439,21 +440,20 @@ impl Dialect for sqlx::Postgres {
     where
         E: 'e + Executor<'e, Database = Self>,
     {
-        fn column<'a, T>(answers: &'a [AnswerRow<'a>], of: impl Fn(&AnswerRow<'a>) -> T) -> Vec<T> {
-            answers.iter().map(of).collect()
-        }
+        // `column` takes the items by reference, as a batch holds them.
+        let answers: Vec<&'e AnswerRow<'e>> = answers.iter().collect();
         let query = sqlx::query_as(RECORD_ANSWERS_AT_ONCE)
-            .bind(column(answers, |a| a.job_id))
-            .bind(column(answers, |a| a.attempt))
-            .bind(column(answers, |a| a.outcome))
-            .bind(column(answers, |a| {
+            .bind(column(&answers, |a| a.job_id))
+            .bind(column(&answers, |a| a.attempt))
+            .bind(column(&answers, |a| a.outcome))
+            .bind(column(&answers, |a| {
                 a.retry_after
                     .map(|after| i64::try_from(after.as_micros()).unwrap_or(i64::MAX))
             }))
-            .bind(column(answers, |a| a.error))
-            .bind(column(answers, |a| a.duration_ms))
-            .bind(column(answers, |a| a.status))
-            .bind(column(answers, |a| a.body));
+            .bind(column(&answers, |a| a.error))
+            .bind(column(&answers, |a| a.duration_ms))
+            .bind(column(&answers, |a| a.status))
+            .bind(column(&answers, |a| a.body));
         Some(Box::pin(query.fetch_all(executor)))
     }
 }
