@@ -468,12 +468,13 @@ where
                     ))
                 };
                 let mut payout = payouts.remove(&job.payout_id).ok_or_else(missing)?;
-                payout.attempts = u32::try_from(job.attempts).unwrap_or_default();
+                let attempt = u32::try_from(job.attempts).unwrap_or_default();
+                payout.attempts = attempt;
                 payout.last_error = job.last_error;
                 Ok(PayoutJob {
                     job_id: job.id,
                     payout,
-                    attempt: u32::try_from(job.attempts).unwrap_or_default(),
+                    attempt,
                     throttled: u32::try_from(job.throttled).unwrap_or_default(),
                     claimed_at: lease_until.0 - lease,
                     lease_until: lease_until.0,
