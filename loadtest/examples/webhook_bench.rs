@@ -12,7 +12,9 @@
 //!   through the ledger while no payonce runs, so their deliveries queue in the outbox.
 //!   Then one payonce server starts in this process (PostgreSQL + Redis,
 //!   `--concurrency` deliveries in flight); the clock starts at the first delivery and
-//!   runs until the receiver has taken every event: payonce's rate of deliveries.
+//!   runs until the receiver has taken every event: payonce's rate of deliveries. The
+//!   server then stops and the database is dropped, so that no round's server runs, nor
+//!   its database stays, beside the next.
 //! - **Baseline**: the same number of signed POSTs, bodies of the same size, sent straight
 //!   to a fresh receiver by `--concurrency` client tasks: the receiver's own rate.
 //! - **Latency**: then a fresh database and server, and the load test's load (withdrawals,
@@ -34,6 +36,7 @@ use std::time::{Duration, Instant};
 use api::webhooks::sealing::Sealer;
 use api::webhooks::signing;
 use clap::Parser;
+use ledger::testing::{ScratchDatabase, postgres_admin_url};
 use ledger::webhooks::{EndpointId, NewEndpoint, Subscription};
 use ledger::{
     AccountId, Amount, ApplyRequest, Execution, Ledger, LedgerOptions, NewAccount, Operation,
@@ -92,8 +95,25 @@ fn render(execution: &Execution<'_>) -> serde_json::Value {
     })
 }
 
+/// A payonce server in this process, delivering to loopback; stopped by [`Served::stop`]
+/// before its round's database is dropped, so that no round's server outlives it.
+struct Served {
+    address: String,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    /// Stops it and waits until it has.
+    async fn stop(self) -> Fallible<()> {
+        let _ = self.stop.send(());
+        self.task.await??;
+        Ok(())
+    }
+}
+
 /// A payonce server on `database` in this process, delivering to loopback.
-async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<String> {
+async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<Served> {
     let concurrency = args.concurrency.to_string();
     let key = hex::encode(KEY);
     let argv = [
@@ -116,13 +136,31 @@ async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<String>
     let state = api::state::AppState::connect(&config).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = format!("http://{}", listener.local_addr()?);
-    tokio::spawn(api::serve(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(api::serve(
         listener,
         state,
         config.request_timeout,
-        std::future::pending(),
+        async move {
+            let _ = stopped.await;
+        },
     ));
-    Ok(address)
+    Ok(Served {
+        address,
+        stop,
+        task,
+    })
+}
+
+/// A fresh PostgreSQL database for one round (`payonce_bench_<random>`), dropped once `run`
+/// is done with it, whatever came of it.
+async fn on_scratch<T, F: std::future::Future<Output = Fallible<T>>>(
+    run: impl FnOnce(String) -> F,
+) -> Fallible<T> {
+    let database = ScratchDatabase::create(&postgres_admin_url(), "payonce_bench").await?;
+    let result = run(database.url().to_owned()).await;
+    database.drop().await?;
+    result
 }
 
 /// `count` withdrawals of `account` announced to `endpoint` a day ago — each a completed
@@ -170,9 +208,13 @@ async fn delivered_history(
 /// Deliveries per second: events committed while no payonce ran, then drained by one;
 /// `history` delivered events already in the database.
 async fn delivery_round(args: &Args, round: usize, history: usize) -> Fallible<f64> {
-    let database = ledger::testing::TestDatabase::postgres().await?;
+    on_scratch(|database| deliver(args, round, history, database)).await
+}
+
+/// [`delivery_round`] on `database`.
+async fn deliver(args: &Args, round: usize, history: usize, database: String) -> Fallible<f64> {
     let receiver = Receiver::start(loopback(), ReceiverFaults::default()).await?;
-    let ledger = Ledger::open(database.url(), &LedgerOptions::default()).await?;
+    let ledger = Ledger::open(&database, &LedgerOptions::default()).await?;
     let sealer = Sealer::new(&KEY)?;
     let mut accounts: Vec<AccountId> = Vec::new();
     for _ in 0..args.accounts {
@@ -193,7 +235,7 @@ async fn delivery_round(args: &Args, round: usize, history: usize) -> Fallible<f
             .ok_or("the endpoint limit")?;
         receiver.register(&account.0.to_string(), &signing::shown(&secret));
         if history > 0 && accounts.is_empty() {
-            delivered_history(database.url(), account, id, history).await?;
+            delivered_history(&database, account, id, history).await?;
         }
         accounts.push(account);
     }
@@ -232,7 +274,7 @@ async fn delivery_round(args: &Args, round: usize, history: usize) -> Fallible<f
         task.await??;
     }
     let namespace = format!("webhook-bench-{round}-{}", std::process::id());
-    serve(args, database.url(), &namespace).await?;
+    let server = serve(args, &database, &namespace).await?;
     // The clock starts with the first delivery: the server's start is not delivering.
     let deadline = Instant::now() + Duration::from_secs(300);
     while receiver.taken() == 0 {
@@ -256,6 +298,8 @@ async fn delivery_round(args: &Args, round: usize, history: usize) -> Fallible<f
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let elapsed = started.elapsed();
+    server.stop().await?;
+    ledger.close().await;
     let receipts = receiver.receipts();
     assert!(
         receipts.iter().all(|receipt| receipt.verified),
@@ -317,14 +361,21 @@ async fn direct_round(args: &Args) -> Fallible<f64> {
 
 /// Commit to first arrival under the load test's load, no faults: (p50, p99, events).
 async fn latency(args: &Args) -> Fallible<(Option<u64>, Option<u64>, usize, f64)> {
-    let database = ledger::testing::TestDatabase::postgres().await?;
+    on_scratch(|database| latency_on(args, database)).await
+}
+
+/// [`latency`] on `database`.
+async fn latency_on(
+    args: &Args,
+    database: String,
+) -> Fallible<(Option<u64>, Option<u64>, usize, f64)> {
     let namespace = format!("webhook-bench-latency-{}", std::process::id());
-    let target = serve(args, database.url(), &namespace).await?;
+    let server = serve(args, &database, &namespace).await?;
     let result = loadtest::run::run(RunOptions {
         duplicate_fraction: 0.1,
         webhooks: Some(ReceiverFaults::default()),
         ..plain_run::plain_run(
-            vec![target],
+            vec![server.address.clone()],
             (20, 16),
             Limit::Duration(Duration::from_secs(args.latency_seconds)),
             Mix {
@@ -335,6 +386,7 @@ async fn latency(args: &Args) -> Fallible<(Option<u64>, Option<u64>, usize, f64)
         )
     })
     .await?;
+    server.stop().await?;
     assert!(result.violations.is_empty(), "{:#?}", result.violations);
     let tally = result.webhooks;
     let spends = result.counts.requests as f64 / result.elapsed.as_secs_f64();
