@@ -83,9 +83,10 @@ pub(crate) use queue_written_events;
 ///   used ticket is read, not locked, so a replay writes nothing and its commit waits for
 ///   no flush. A ticket another transaction uses while the statement waits for it drops
 ///   out of the lock scan; it comes back as the snapshot saw it (unused), not written,
-///   and the transaction path judges it again. The accounts are found one by one by
-///   their primary key, whatever the table's size: a lateral lookup of each account the
-///   batch names (`OFFSET 0` keeps the planner from making it a join again). As a
+///   and the transaction path judges it again. The accounts are looked up one by one,
+///   each by its id, whatever the table's size: a lateral lookup of each account the
+///   batch names, in id order (`OFFSET 0` keeps the planner from making it a join again;
+///   each row is locked as it is found, so the lookups' order is the lock order). As a
 ///   semi-join, and then as an array of ids (`= ANY (ARRAY (…))`), a thousand accounts
 ///   were planned as a scan of them all, once per batch, every row compared with every
 ///   id (`stale_statistics.rs` counts the scans).
@@ -138,7 +139,8 @@ const APPLY_SPENDS: &str = concat!(
     ), locked_accounts AS (
         SELECT a.id, a.balance, a.points, a.fencing_token, a.held
         FROM (SELECT DISTINCT s.account_id FROM spends AS s
-              JOIN locked_tickets AS t ON t.id = s.ticket_id) AS wanted,
+              JOIN locked_tickets AS t ON t.id = s.ticket_id
+              ORDER BY s.account_id) AS wanted,
              LATERAL (SELECT a.* FROM accounts AS a
                       WHERE a.id = wanted.account_id OFFSET 0) AS a
         ORDER BY a.id FOR NO KEY UPDATE OF a

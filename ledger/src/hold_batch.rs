@@ -49,7 +49,8 @@ macro_rules! rfc3339 {
 /// - **Looked up by key, whatever the statistics say.** The plan is made once per
 ///   connection, often while `holds` is small, and kept as it grows: a hold is found one
 ///   by one through a lateral lookup by id (`OFFSET 0` keeps the planner from making it
-///   a join again), always by its primary key, and so is each account; as semi-joins,
+///   a join again), always by its primary key, and so is each account, in id order (each
+///   row is locked as it is found, so the lookups' order is the lock order); as semi-joins,
 ///   both were planned as scans of the whole table, once per batch, and the accounts
 ///   again as an array of ids (`= ANY (ARRAY (…))`) on a table of a thousand.
 /// - **Exact `held`.** A step is written only where the account's `held` counts exactly
@@ -112,7 +113,8 @@ const APPLY_HOLD_STEPS: &str = concat!(
         FROM (SELECT DISTINCT s.account_id FROM steps AS s
               JOIN locked_tickets AS t ON t.id = s.ticket_id
               LEFT JOIN locked_holds AS h ON h.id = s.hold_id
-              WHERE s.kind = 'hold' OR h.id IS NOT NULL) AS wanted,
+              WHERE s.kind = 'hold' OR h.id IS NOT NULL
+              ORDER BY s.account_id) AS wanted,
              LATERAL (SELECT a.* FROM accounts AS a
                       WHERE a.id = wanted.account_id OFFSET 0) AS a
         ORDER BY a.id FOR NO KEY UPDATE OF a

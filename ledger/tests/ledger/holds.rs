@@ -379,7 +379,7 @@ pub(crate) fn capture(hold: HoldId, amount: Option<i64>) -> Operation {
     }
 }
 
-pub(crate) fn withdrawal(amount: i64) -> Operation {
+fn withdrawal(amount: i64) -> Operation {
     Operation::Withdrawal(Amount::new(amount).unwrap())
 }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use ledger::testing::TestDatabase;
 use ledger::webhooks::{AttemptAnswer, DeliveryOutcome, DeliveryStatus, EndpointId};
-use ledger::{AccountId, Ledger, Reaped, TicketId};
+use ledger::{AccountId, Ledger, Operation, Reaped, TicketId};
 use sqlx::{Connection, PgConnection};
 use tokio::task::JoinHandle;
 
@@ -828,6 +828,92 @@ async fn a_stuck_batch_holds_back_no_other_workers_accounts() {
         assert_eq!(balance, 999);
     }
     assert_clean(&ledger).await;
+}
+
+/// A group commit's statement locks its accounts in id order, as every writer of the
+/// ledger does, for spends and hold steps alike: while its batch waits for the row of its
+/// highest account, which another transaction holds, every lower one is already locked.
+/// (Locked in any other order, two batches that share accounts — a spends' batch and a
+/// hold steps' one — could each hold a row the other waits for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batch_locks_its_accounts_in_id_order() {
+    let spend = || withdrawal(1);
+    let placing = || crate::holds::place(1, 3600).1;
+    for operation in [&spend as &dyn Fn() -> Operation, &placing] {
+        let database = TestDatabase::postgres().await.unwrap();
+        // One worker: the batch behind a stuck one takes every spend queued meanwhile.
+        let ledger = open_with_one_batch_worker(&database).await;
+        let blocker = account(&ledger, 1000, 0).await;
+        let mut accounts = Vec::new();
+        for _ in 0..8 {
+            accounts.push(account(&ledger, 1000, 0).await);
+        }
+        accounts.sort();
+        let highest = *accounts.last().unwrap();
+
+        let mut first_holder = connect(&database).await;
+        hold_account(&mut first_holder, blocker).await;
+        let stuck = spawn_apply(&ledger, blocker, operation()).await;
+        let mut monitor = connect(&database).await;
+        assert!(blocked_or_finished(&mut monitor, &stuck).await);
+        let mut second_holder = connect(&database).await;
+        hold_account(&mut second_holder, highest).await;
+        let mut spends = Vec::new();
+        for account_id in &accounts {
+            spends.push(spawn_apply(&ledger, *account_id, operation()).await);
+        }
+        // The eight queue behind the stuck batch, then go as one, which waits for the
+        // highest account's row.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::query("COMMIT")
+            .execute(&mut first_holder)
+            .await
+            .unwrap();
+        assert_eq!(stuck.await.unwrap().unwrap().response.status, 201);
+        assert!(blocked_or_finished(&mut monitor, &spends[7]).await);
+
+        for account_id in &accounts[..7] {
+            let free = sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE NOWAIT")
+                .bind(account_id)
+                .execute(&mut monitor)
+                .await;
+            assert!(
+                free.is_err(),
+                "account {account_id} was not locked yet while its batch waited for a higher one"
+            );
+        }
+        sqlx::query("COMMIT")
+            .execute(&mut second_holder)
+            .await
+            .unwrap();
+        for spend in spends {
+            assert_eq!(spend.await.unwrap().unwrap().response.status, 201);
+        }
+        assert_clean(&ledger).await;
+    }
+}
+
+/// Holds `account`'s row in a transaction `holder` leaves open (`COMMIT` lets it go), as
+/// a writer of the account does: tickets can still be issued for it (their key check
+/// shares the row), the ledger's statements wait.
+async fn hold_account(holder: &mut PgConnection, account: AccountId) {
+    sqlx::query("BEGIN").execute(&mut *holder).await.unwrap();
+    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR NO KEY UPDATE")
+        .bind(account)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+}
+
+/// `operation` on `account` with a fresh ticket and token 1, in a task of its own.
+async fn spawn_apply(
+    ledger: &Ledger,
+    account: AccountId,
+    operation: Operation,
+) -> JoinHandle<Result<ledger::Applied, ledger::ApplyError>> {
+    let ticket = ledger.issue_ticket(account, HOUR).await.unwrap().id;
+    let ledger = ledger.clone();
+    tokio::spawn(async move { apply(&ledger, account, ticket, operation, "op", 1).await })
 }
 
 /// A spend whose ticket another transaction is using waits for that ticket; the other

@@ -18,9 +18,9 @@ use ledger::testing::TestDatabase;
 use ledger::webhooks::{AttemptAnswer, DeliveryOutcome};
 use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
-use crate::holds::{capture, place, spend, withdrawal};
+use crate::holds::{capture, place, spend};
 use crate::postgres_races::connect;
-use crate::suite::{account, open};
+use crate::suite::{account, open, withdrawal};
 
 const LEASE: Duration = Duration::from_secs(30);
 /// Finished work in the history, and open work queued after the statistics were taken.
