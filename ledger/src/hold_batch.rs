@@ -49,10 +49,9 @@ macro_rules! rfc3339 {
 /// - **Looked up by key, whatever the statistics say.** The plan is made once per
 ///   connection, often while `holds` is small, and kept as it grows: a hold is found one
 ///   by one through a lateral lookup by id (`OFFSET 0` keeps the planner from making it
-///   a join again), always by its primary key, and so is each account, in id order (each
-///   row is locked as it is found, so the lookups' order is the lock order); as semi-joins,
-///   both were planned as scans of the whole table, once per batch, and the accounts
-///   again as an array of ids (`= ANY (ARRAY (…))`) on a table of a thousand.
+///   a join again), always by its primary key, and the accounts by an array of ids, as
+///   the spends' statement finds them (by key on all but a small table; see `batch.rs`).
+///   As semi-joins, both were planned as scans of the whole table, once per batch.
 /// - **Exact `held`.** A step is written only where the account's `held` counts exactly
 ///   the holds not expired — none of the account's holds is past its expiry by the clock
 ///   read — so the placing's check against it is exact, and so is the money available
@@ -109,15 +108,12 @@ const APPLY_HOLD_STEPS: &str = concat!(
                       OFFSET 0) AS h
         ORDER BY h.id FOR NO KEY UPDATE OF h
     ), locked_accounts AS (
-        SELECT a.id, a.balance, a.fencing_token, a.held
-        FROM (SELECT DISTINCT s.account_id FROM steps AS s
-              JOIN locked_tickets AS t ON t.id = s.ticket_id
-              LEFT JOIN locked_holds AS h ON h.id = s.hold_id
-              WHERE s.kind = 'hold' OR h.id IS NOT NULL
-              ORDER BY s.account_id) AS wanted,
-             LATERAL (SELECT a.* FROM accounts AS a
-                      WHERE a.id = wanted.account_id OFFSET 0) AS a
-        ORDER BY a.id FOR NO KEY UPDATE OF a
+        SELECT a.id, a.balance, a.fencing_token, a.held FROM accounts AS a
+        WHERE a.id = ANY (ARRAY (SELECT s.account_id FROM steps AS s
+                                 JOIN locked_tickets AS t ON t.id = s.ticket_id
+                                 LEFT JOIN locked_holds AS h ON h.id = s.hold_id
+                                 WHERE s.kind = 'hold' OR h.id IS NOT NULL))
+        ORDER BY a.id FOR NO KEY UPDATE
     ), judged AS (
         SELECT clock_timestamp() AS read_at,
                (SELECT count(DISTINCT ticket_id) = count(*)

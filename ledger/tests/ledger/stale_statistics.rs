@@ -6,9 +6,7 @@
 //! touches. It happened three times (a claim's update, a delivery's recording, a payout's
 //! settlement), each shown only by a benchmark. These tests pin it by what PostgreSQL
 //! counts, not by time: the index entries read while the ledger claims and finishes a
-//! hundred jobs: the blocks of those indexes they touch. The same counts pin two more
-//! plans the statistics chose: the hold steps' look at an account's holds, and the scan
-//! of a small accounts table where the group commit means to find its accounts by key.
+//! hundred jobs: the blocks of those indexes they touch.
 
 use std::time::Duration;
 
@@ -20,7 +18,7 @@ use sqlx::{AssertSqlSafe, Connection, PgConnection};
 
 use crate::holds::{capture, place, spend};
 use crate::postgres_races::connect;
-use crate::suite::{account, open, withdrawal};
+use crate::suite::{account, open};
 
 const LEASE: Duration = Duration::from_secs(30);
 /// Finished work in the history, and open work queued after the statistics were taken.
@@ -34,19 +32,11 @@ const WORKED: u32 = 100;
 /// touched 10,301 and 1,803 when this was written.
 const FEW: i64 = 1_000;
 
-/// What a test counts of a relation (`$1` names it): the blocks of an index touched.
-const INDEX_BLOCKS: &str = "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes
-                            WHERE indexrelname = $1";
-/// What a test counts of a relation (`$1` names it): the scans of a whole table.
-const TABLE_SCANS: &str = "SELECT seq_scan FROM pg_stat_user_tables WHERE relname = $1";
-
-/// `counter` ([`INDEX_BLOCKS`], [`TABLE_SCANS`]) of `relation` so far, once the sessions
-/// of this database that `left` says have ended (a session's counts are published as it
-/// ends).
-async fn counted(
+/// Blocks of index `index` touched so far, once the sessions of this database that `left`
+/// says have ended (a session's counts are published as it ends).
+async fn blocks_touched(
     monitor: &mut PgConnection,
-    counter: &str,
-    relation: &str,
+    index: &str,
     left: &str,
     pid: Option<i32>,
 ) -> i64 {
@@ -64,35 +54,37 @@ async fn counted(
                 .execute(&mut *monitor)
                 .await
                 .unwrap();
-            return sqlx::query_scalar(AssertSqlSafe(counter))
-                .bind(relation)
-                .fetch_one(&mut *monitor)
-                .await
-                .unwrap();
+            return sqlx::query_scalar(
+                "SELECT idx_blks_hit + idx_blks_read FROM pg_statio_user_indexes
+                 WHERE indexrelname = $1",
+            )
+            .bind(index)
+            .fetch_one(&mut *monitor)
+            .await
+            .unwrap();
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("sessions of the database did not end within 10 s");
 }
 
-/// What the setup session, `pid`, left in `counter` of `relations` (once it ended), and
-/// what the ledger's sessions added (once they all ended, after `work`).
+/// What the setup session, `pid`, left in `indexes` (once it ended), and what the
+/// ledger's sessions added (once they all ended, after `work`).
 async fn touched_by<F: Future<Output = ()>>(
     database: &TestDatabase,
     pid: i32,
-    counter: &str,
-    relations: &[&str],
+    indexes: &[&str],
     work: F,
 ) -> Vec<i64> {
     let mut monitor = connect(database).await;
     let mut before = Vec::new();
-    for relation in relations {
-        before.push(counted(&mut monitor, counter, relation, "pid = $1", Some(pid)).await);
+    for index in indexes {
+        before.push(blocks_touched(&mut monitor, index, "pid = $1", Some(pid)).await);
     }
     work.await;
     let mut added = Vec::new();
-    for (relation, before) in relations.iter().zip(before) {
-        let after = counted(&mut monitor, counter, relation, "$1::int IS NULL", None).await;
+    for (index, before) in indexes.iter().zip(before) {
+        let after = blocks_touched(&mut monitor, index, "$1::int IS NULL", None).await;
         added.push(after - before);
     }
     added
@@ -176,7 +168,7 @@ async fn deliveries_are_recorded_without_walking_the_open_work() {
         }
         ledger.close().await;
     };
-    let touched = touched_by(&database, setup_pid, INDEX_BLOCKS, &["outbox_due"], work).await;
+    let touched = touched_by(&database, setup_pid, &["outbox_due"], work).await;
     assert!(
         touched[0] < FEW,
         "{WORKED} deliveries claimed and recorded touched {} blocks of the open-work index",
@@ -245,7 +237,6 @@ async fn payouts_are_settled_without_walking_the_pending_ones() {
     let touched = touched_by(
         &database,
         setup_pid,
-        INDEX_BLOCKS,
         &["outbox_due", "payouts_pending"],
         work,
     )
@@ -320,7 +311,6 @@ async fn hold_steps_look_only_at_their_own_accounts_holds() {
     let touched = touched_by(
         &database,
         setup_pid,
-        INDEX_BLOCKS,
         &["holds_expiring", "holds_held"],
         work,
     )
@@ -331,55 +321,6 @@ async fn hold_steps_look_only_at_their_own_accounts_holds() {
          of holds by expiry and {} of the index of an account's holds",
         touched[0],
         touched[1]
-    );
-}
-
-/// The accounts a group commit's statement locks are found by key, however few there
-/// are. Named by an array of ids (`= ANY (ARRAY (…))`), a thousand analysed accounts were
-/// planned as a scan of the whole table once per batch — few blocks (24), but every row
-/// compared with every id the batch named, about 0.16 ms a statement in `holds_bench`,
-/// in the spends' statement and the hold steps' alike.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn batches_find_their_accounts_by_key_however_few() {
-    let (database, first, account_id, mut setup) = fresh().await;
-    // Its sessions end, and so publish what they did (the migrations' scans among it),
-    // before the counting starts.
-    first.close().await;
-    sqlx::raw_sql(
-        "ALTER TABLE accounts SET (autovacuum_enabled = false);
-         INSERT INTO accounts (id, name, balance, points, api_key_hash, fencing_token,
-                               created_at)
-         SELECT gen_random_uuid(), 'other', 0, 0, sha256(n::text::bytea), 0, now()
-         FROM generate_series(1, 999) AS n;
-         ANALYZE accounts;",
-    )
-    .execute(&mut setup)
-    .await
-    .unwrap();
-    let setup_pid = setup_pid(setup).await;
-
-    let work = async {
-        let ledger = open(&database).await;
-        let mut token = 0;
-        for _ in 0..25 {
-            token += 1;
-            let spent = spend(&ledger, account_id, withdrawal(1), token).await;
-            assert_eq!(spent.response.status, 201, "{}", spent.response.body);
-            let (hold, placing) = place(1, 3600);
-            token += 1;
-            let placed = spend(&ledger, account_id, placing, token).await;
-            assert_eq!(placed.response.status, 201, "{}", placed.response.body);
-            let captured = spend(&ledger, account_id, capture(hold, None), token).await;
-            assert_eq!(captured.response.status, 200, "{}", captured.response.body);
-        }
-        ledger.close().await;
-    };
-    let scans = touched_by(&database, setup_pid, TABLE_SCANS, &["accounts"], work).await;
-    assert_eq!(
-        scans[0], 0,
-        "25 withdrawals and 25 holds placed and captured scanned the whole accounts table \
-         {} times",
-        scans[0]
     );
 }
 
