@@ -656,12 +656,7 @@ async fn withdrawal_blocked_on_its_account(
     JoinHandle<Result<ledger::Applied, ledger::ApplyError>>,
 ) {
     let mut holder = connect(database).await;
-    sqlx::query("BEGIN").execute(&mut holder).await.unwrap();
-    sqlx::query("SELECT 1 FROM accounts WHERE id = $1 FOR UPDATE")
-        .bind(account)
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    hold_account(&mut holder, account).await;
     let blocked = tokio::spawn({
         let ledger = ledger.clone();
         async move { apply(&ledger, account, ticket, withdrawal(1), "w1", 1).await }
