@@ -155,12 +155,15 @@ fn dashboard_queries() -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_recording_rule_and_dashboard_query_returns_data_from_a_real_prometheus() {
     let shared = Distributed::new().await;
+    // Retries soon, and enough of them that a delivery the receiver fails (a tenth of its
+    // attempts, drawn each time) is never exhausted: with four attempts one delivery in
+    // 10,000 was, and the run rightly reported its event missing; with nine, one in 10⁹.
     let flags = [
         "--audit-every",
         "1s",
         "--webhook-allow-private",
         "--webhook-retry-schedule",
-        "100ms,200ms,400ms",
+        "100ms,200ms,400ms,800ms,1s,1s,1s,1s",
         "--webhook-timeout",
         "1s",
     ];
