@@ -1,5 +1,6 @@
 //! HTTP withdrawals through an in-process payonce, shared by the API's benchmarks
-//! (`api/examples/http_bench.rs`, `api/examples/lock_costs.rs`; each includes this file):
+//! (`api/examples/http_bench.rs`, `api/examples/lock_costs.rs`, and the others; each
+//! includes this file, as the webhook benchmark does for its server):
 //! a server on a port-0 listener, accounts opened through the API, tickets inserted in bulk
 //! (the fixture: issuing is not what is measured), and `wrk` sending withdrawals of 1, each
 //! with its own ticket (`withdraw.lua`).

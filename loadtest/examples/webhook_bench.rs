@@ -44,13 +44,12 @@ use ledger::{
 use loadtest::receiver::{Receiver, ReceiverFaults};
 use loadtest::run::{Limit, Mix, RunOptions};
 
+// A server in this process, started and stopped as the API's benchmarks do; it brings the
+// allocator the `payonce` binary runs on, for the generator's baseline too.
+#[path = "../../api/bench/http.rs"]
+mod http;
 #[path = "../tests/support/plain_run.rs"]
 mod plain_run;
-
-/// The allocator the `payonce` binary runs on (`api/src/main.rs`): payonce runs in this
-/// process, so the benchmark chooses it — for the generator's baseline too.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
@@ -95,29 +94,12 @@ fn render(execution: &Execution<'_>) -> serde_json::Value {
     })
 }
 
-/// A payonce server in this process, delivering to loopback; stopped by [`Served::stop`]
+/// A payonce server on `database` in this process, delivering to loopback; stopped
 /// before its round's database is dropped, so that no round's server outlives it.
-struct Served {
-    address: String,
-    stop: tokio::sync::oneshot::Sender<()>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Served {
-    /// Stops it and waits until it has.
-    async fn stop(self) -> Fallible<()> {
-        let _ = self.stop.send(());
-        self.task.await??;
-        Ok(())
-    }
-}
-
-/// A payonce server on `database` in this process, delivering to loopback.
-async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<Served> {
+async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<http::Server> {
     let concurrency = args.concurrency.to_string();
     let key = hex::encode(KEY);
-    let argv = [
-        "payonce",
+    let config = http::config(&[
         "--database-url",
         database,
         "--redis-url",
@@ -131,25 +113,8 @@ async fn serve(args: &Args, database: &str, namespace: &str) -> Fallible<Served>
         &concurrency,
         "--webhook-poll",
         "100ms",
-    ];
-    let config = <api::config::Cli as clap::Parser>::parse_from(argv).config;
-    let state = api::state::AppState::connect(&config).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let address = format!("http://{}", listener.local_addr()?);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(api::serve(
-        listener,
-        state,
-        config.request_timeout,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    Ok(Served {
-        address,
-        stop,
-        task,
-    })
+    ]);
+    http::Server::start(config).await
 }
 
 /// A fresh PostgreSQL database for one round (`payonce_bench_<random>`), dropped once `run`
