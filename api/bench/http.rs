@@ -316,18 +316,40 @@ impl CpuTaken {
         Some(taken)
     }
 
-    /// What was taken between `earlier` and `self`, per `operations`, in microseconds.
-    pub fn per_operation_since(self, earlier: Self, operations: f64) -> Self {
-        let each = |now: f64, then: f64| (now - then) * 1e6 / operations.max(1.0);
+    /// What was taken between `earlier` and `self`, in microseconds.
+    pub fn since(self, earlier: Self) -> Self {
+        let micros = |now: f64, then: f64| (now - then) * 1e6;
         Self {
-            postgres: each(self.postgres, earlier.postgres),
-            redis: each(self.redis, earlier.redis),
-            this: each(self.this, earlier.this),
+            postgres: micros(self.postgres, earlier.postgres),
+            redis: micros(self.redis, earlier.redis),
+            this: micros(self.this, earlier.this),
+        }
+    }
+
+    /// Each part divided among `operations`.
+    pub fn per(self, operations: f64) -> Self {
+        let each = |taken: f64| taken / operations.max(1.0);
+        Self {
+            postgres: each(self.postgres),
+            redis: each(self.redis),
+            this: each(self.this),
         }
     }
 
     pub fn total(&self) -> f64 {
         self.postgres + self.redis + self.this
+    }
+}
+
+impl std::ops::Add for CpuTaken {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            postgres: self.postgres + other.postgres,
+            redis: self.redis + other.redis,
+            this: self.this + other.this,
+        }
     }
 }
 

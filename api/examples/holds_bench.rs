@@ -11,8 +11,12 @@
 //! unmeasured for `--warmup` seconds, and the tables they wrote are vacuumed and analyzed,
 //! so that what is measured is a server with history rather than a database's first
 //! minutes. Then the same load generator — `--connections` clients in this process, each
-//! sending its next request as soon as the last was answered — measures, in alternating
-//! order (pairs first in odd rounds, withdrawals first in even ones):
+//! sending its next request as soon as the last was answered — measures both works in
+//! alternating slices of `--slice` seconds (pairs first in odd rounds, withdrawals first in
+//! even ones) until each has had `--seconds`; each side's figures add up its slices. The
+//! machine's speed swings within a minute, and a slice of each work every few seconds
+//! shares those swings between the two sides, where one run of each after the other
+//! handed a slow ten seconds to one side alone:
 //!
 //! - withdrawals of 1, each with its own ticket: a 201 each;
 //! - pairs: a hold of 1 placed with one ticket (201), then captured whole with another
@@ -49,9 +53,12 @@ struct Args {
     /// Clients sending at once.
     #[arg(long, default_value_t = 32)]
     connections: usize,
-    /// Seconds per measurement.
+    /// Seconds of each work measured per round.
     #[arg(long, default_value_t = 10)]
     seconds: u64,
+    /// Seconds of one work before the other takes over, within a round.
+    #[arg(long, default_value_t = 2.0)]
+    slice: f64,
     /// Rounds; the summary gives medians.
     #[arg(long, default_value_t = 3)]
     rounds: usize,
@@ -65,7 +72,7 @@ struct Args {
     services: http::Services,
 }
 
-/// What one side measured.
+/// What one side measured: its slices of a round added up.
 struct Measured {
     /// Withdrawals, or pairs, completed per second.
     per_sec: f64,
@@ -101,8 +108,8 @@ struct Spender {
 async fn main() -> Result<(), BoxError> {
     let args = Args::parse();
     println!(
-        "holds bench: connections={} seconds={} rounds={} accounts={}",
-        args.connections, args.seconds, args.rounds, args.accounts
+        "holds bench: connections={} seconds={} slice={} rounds={} accounts={}",
+        args.connections, args.seconds, args.slice, args.rounds, args.accounts
     );
     let mut rounds = Vec::new();
     for round in 1..=args.rounds {
@@ -214,6 +221,10 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
         .execute(&raw)
         .await?;
     let spenders = Arc::new(spenders);
+    // One client for the round: its connections stay open from one slice to the next.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.connections)
+        .build()?;
     // Both works once, unmeasured, then every table they write vacuumed and analyzed: the
     // measured seconds see a ledger that has history, as a server that has run a while
     // does — its connections open, their pages of shared memory mapped, its plans made on
@@ -222,7 +233,8 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     // nothing and every connection plans its statement anew after each analysis.
     if args.warmup > 0 {
         for work in [Work::Pairs, Work::Withdrawals] {
-            measure(&server.address, &spenders, work, args, args.warmup).await?;
+            let warmup = Duration::from_secs(args.warmup);
+            measure(&client, &server.address, &spenders, work, args, warmup).await?;
         }
         sqlx::query("VACUUM ANALYZE accounts, tickets, entries, holds")
             .execute(&raw)
@@ -235,23 +247,85 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     } else {
         [Work::Withdrawals, Work::Pairs]
     };
-    let mut withdrawals = None;
-    let mut pairs = None;
-    let batches = || server.batches();
-    for work in order {
-        let before = batches();
-        let mut measured = measure(&server.address, &spenders, work, args, args.seconds).await?;
-        measured.batches = batches::summary(&before, &batches());
-        match work {
-            Work::Withdrawals => withdrawals = Some(measured),
-            Work::Pairs => pairs = Some(measured),
+    let slice = Duration::from_secs_f64(args.slice.clamp(0.1, args.seconds as f64));
+    let slices = (args.seconds as f64 / slice.as_secs_f64()).round().max(1.0) as usize;
+    let mut withdrawals = Tally::new()?;
+    let mut pairs = Tally::new()?;
+    for _ in 0..slices {
+        for work in order {
+            let before = server.batches();
+            let measured = measure(&client, &server.address, &spenders, work, args, slice).await?;
+            let tally = match work {
+                Work::Withdrawals => &mut withdrawals,
+                Work::Pairs => &mut pairs,
+            };
+            tally.add(measured, &before, &server.batches())?;
         }
     }
     server.stop().await?;
     Ok(Round {
-        withdrawals: withdrawals.ok_or("no withdrawals")?,
-        pairs: pairs.ok_or("no pairs")?,
+        withdrawals: withdrawals.measured(),
+        pairs: pairs.measured(),
     })
+}
+
+/// One work's slices of a round, added up.
+struct Tally {
+    seconds: f64,
+    latencies: Histogram<u64>,
+    /// The CPU the slices took, in microseconds, where `/proc` told it for every one.
+    cpu: Option<http::CpuTaken>,
+    /// How many batches of each size the slices sent.
+    batches: Vec<(usize, u64)>,
+}
+
+impl Tally {
+    fn new() -> Result<Self, BoxError> {
+        Ok(Self {
+            seconds: 0.0,
+            latencies: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+            cpu: Some(http::CpuTaken::default()),
+            batches: Vec::new(),
+        })
+    }
+
+    /// Adds a slice, with the batch counts read before and after it.
+    fn add(
+        &mut self,
+        slice: Slice,
+        before: &[(usize, u64)],
+        after: &[(usize, u64)],
+    ) -> Result<(), BoxError> {
+        self.seconds += slice.seconds;
+        self.latencies.add(&slice.latencies)?;
+        self.cpu = self.cpu.zip(slice.cpu).map(|(sum, cpu)| sum + cpu);
+        for (size, count) in batches::sent_between(before, after) {
+            match self.batches.iter_mut().find(|(seen, _)| *seen == size) {
+                Some((_, sum)) => *sum += count,
+                None => self.batches.push((size, count)),
+            }
+        }
+        Ok(())
+    }
+
+    fn measured(&self) -> Measured {
+        let operations = self.latencies.len() as f64;
+        Measured {
+            per_sec: operations / self.seconds,
+            p50_ms: self.latencies.value_at_quantile(0.5) as f64 / 1000.0,
+            p99_ms: self.latencies.value_at_quantile(0.99) as f64 / 1000.0,
+            cpu: self.cpu.map(|cpu| cpu.per(operations)),
+            batches: batches::summary(&[], &self.batches),
+        }
+    }
+}
+
+/// One slice of one work: each completion's latency, the seconds until the last client
+/// was done, and the CPU taken meanwhile (in microseconds).
+struct Slice {
+    latencies: Histogram<u64>,
+    seconds: f64,
+    cpu: Option<http::CpuTaken>,
 }
 
 /// `per_account` tickets for each account, inserted straight into the ledger's table.
@@ -298,22 +372,20 @@ fn take(
     Ok((spender.account, spender.key.clone(), tickets))
 }
 
-/// `work` sent by `args.connections` clients for `seconds`: completions per second, each
-/// completion's latency, and the CPU each took.
+/// `work` sent by `args.connections` clients for `duration`: each completion's latency,
+/// the time until the last client was done, and the CPU taken meanwhile.
 async fn measure(
+    client: &reqwest::Client,
     address: &str,
     spenders: &Arc<Vec<std::sync::Mutex<Spender>>>,
     work: Work,
     args: &Args,
-    seconds: u64,
-) -> Result<Measured, BoxError> {
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(args.connections)
-        .build()?;
+    duration: Duration,
+) -> Result<Slice, BoxError> {
     let turn = Arc::new(AtomicUsize::new(0));
     let cpu_before = http::CpuTaken::now();
     let started = Instant::now();
-    let deadline = started + Duration::from_secs(seconds);
+    let deadline = started + duration;
     let clients = (0..args.connections).map(|_| {
         let (client, spenders, turn) = (client.clone(), spenders.clone(), turn.clone());
         let address = address.to_owned();
@@ -346,16 +418,12 @@ async fn measure(
     for finished in futures::future::join_all(clients).await {
         all.add(finished??)?;
     }
-    let elapsed = started.elapsed().as_secs_f64();
-    let cpu = http::CpuTaken::now()
-        .zip(cpu_before)
-        .map(|(after, before)| after.per_operation_since(before, all.len() as f64));
-    Ok(Measured {
-        per_sec: all.len() as f64 / elapsed,
-        p50_ms: all.value_at_quantile(0.5) as f64 / 1000.0,
-        p99_ms: all.value_at_quantile(0.99) as f64 / 1000.0,
-        cpu,
-        batches: String::new(),
+    Ok(Slice {
+        seconds: started.elapsed().as_secs_f64(),
+        cpu: http::CpuTaken::now()
+            .zip(cpu_before)
+            .map(|(after, before)| after.since(before)),
+        latencies: all,
     })
 }
 

@@ -5,17 +5,7 @@
 /// [`ledger::Ledger::batches`]: how many, the spends in them, the mean size and the size
 /// the median spend went in.
 pub fn summary(before: &[(usize, u64)], after: &[(usize, u64)]) -> String {
-    let mut sizes: Vec<(usize, u64)> = after
-        .iter()
-        .map(|&(size, count)| {
-            let earlier = before
-                .iter()
-                .find(|&&(seen, _)| seen == size)
-                .map_or(0, |&(_, count)| count);
-            (size, count - earlier)
-        })
-        .filter(|&(_, count)| count > 0)
-        .collect();
+    let mut sizes = sent_between(before, after);
     sizes.sort_unstable();
     let batches: u64 = sizes.iter().map(|&(_, count)| count).sum();
     let spends: u64 = sizes.iter().map(|&(size, count)| size as u64 * count).sum();
@@ -35,4 +25,20 @@ pub fn summary(before: &[(usize, u64)], after: &[(usize, u64)]) -> String {
         spends as f64 / batches as f64,
         sizes.last().map_or(0, |&(size, _)| size)
     )
+}
+
+/// `(size, batches of that size)` sent between two readings, for every size sent at least
+/// once meanwhile.
+pub fn sent_between(before: &[(usize, u64)], after: &[(usize, u64)]) -> Vec<(usize, u64)> {
+    after
+        .iter()
+        .map(|&(size, count)| {
+            let earlier = before
+                .iter()
+                .find(|&&(seen, _)| seen == size)
+                .map_or(0, |&(_, count)| count);
+            (size, count - earlier)
+        })
+        .filter(|&(_, count)| count > 0)
+        .collect()
 }
