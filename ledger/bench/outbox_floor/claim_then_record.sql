@@ -1,0 +1,4 @@
+-- payonce's shape: a claim of 32 leases them (heap-only: no indexed column changes), then
+-- their answers are recorded — each job ended, its attempt inserted — in one statement.
+WITH picked AS MATERIALIZED (SELECT id FROM floor_outbox WHERE done_at IS NULL AND due_at <= clock_timestamp() AND (lease_until IS NULL OR lease_until <= clock_timestamp()) ORDER BY due_at, id LIMIT 32 FOR UPDATE SKIP LOCKED), leased AS (UPDATE floor_outbox AS o SET attempts = o.attempts + 1, lease_until = clock_timestamp() + interval '30 seconds', leased_by = 'floor' FROM picked WHERE o.id = picked.id RETURNING o.id) SELECT array_agg(id)::text AS ids FROM leased \gset
+WITH ended AS (UPDATE floor_outbox SET done_at = clock_timestamp() WHERE id = ANY (:ids::bigint[]) RETURNING id, attempts) INSERT INTO floor_attempts (job_id, attempt, status, created_at, duration_ms) SELECT id, attempts, 204, clock_timestamp(), 1 FROM ended;
