@@ -247,11 +247,15 @@ async fn run_round(args: &Args, url: &str, round: usize) -> Result<Round, BoxErr
     } else {
         [Work::Withdrawals, Work::Pairs]
     };
-    let slice = Duration::from_secs_f64(args.slice.clamp(0.1, args.seconds as f64));
-    let slices = (args.seconds as f64 / slice.as_secs_f64()).round().max(1.0) as usize;
+    // Slices of `--slice` seconds (at least a tenth of one), the last one what is left.
+    let total = Duration::from_secs(args.seconds);
+    let slice = Duration::from_secs_f64(args.slice.max(0.1));
     let mut withdrawals = Tally::new()?;
     let mut pairs = Tally::new()?;
-    for _ in 0..slices {
+    let mut sent = Duration::ZERO;
+    while sent < total {
+        let slice = slice.min(total - sent);
+        sent += slice;
         for work in order {
             let before = server.batches();
             let measured = measure(&client, &server.address, &spenders, work, args, slice).await?;
